@@ -1,0 +1,6 @@
+"""Online GP surrogates; each subclasses :class:`bo_online.models.base.OnlineModel`."""
+
+from bo_online.models.base import OnlineModel
+from bo_online.models.exact import OnlineExactGP
+
+__all__ = ["OnlineModel", "OnlineExactGP"]

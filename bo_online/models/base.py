@@ -1,0 +1,358 @@
+r"""The contract every bo_online surrogate implements.
+
+An :class:`OnlineModel` is a BoTorch ``Model`` (and ``FantasizeMixin``) whose state is a set of
+sufficient statistics and caches that absorb new observations at a cost independent of how many
+it already holds. Subclasses implement a handful of hooks; this class does everything the models
+share:
+
+* input validation before any state changes (NaN/inf, shapes, bounds, negative noise);
+* outcome standardisation kept inside the model (``y_std = (y - outcome_mean) / outcome_std``,
+  exactly BoTorch's ``Standardize`` in eval mode), undone in :meth:`posterior`;
+* the posterior as a ``GPyTorchPosterior`` with observation noise and posterior transforms;
+* ``condition_on_observations`` (new model, shared hyperparameter modules) and ``update``
+  (in place, what loops call every step);
+* one cache-invalidation mechanism: caches are tied to a snapshot of the hyperparameter values
+  and rebuilt (through :meth:`_rebuild_caches`) whenever the values differ;
+* ``state_dict`` / ``load_state_dict`` that carry the caches, including buffers that grow;
+* ``custom_fit``, BoTorch's hook, so ``fit_gpytorch_mll`` and Ax call the model's own ``fit``.
+
+Units: ``update(X, Y, noise)`` takes ``Y`` and ``noise`` (variances) in the user's units.
+``condition_on_observations`` and ``posterior(..., observation_noise=<Tensor>)`` follow BoTorch's
+convention for models with an outcome transform: ``Y`` in the user's units, a ``noise`` tensor in
+the model's standardised units (``noise_user / outcome_std**2``), which is what ``fantasize``
+passes.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from typing import Any, Iterator, Mapping
+
+import torch
+from botorch.acquisition.objective import PosteriorTransform
+from botorch.models.model import FantasizeMixin, Model
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.sampling.base import MCSampler
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DiagLinearOperator, LinearOperator
+from torch import Tensor
+from typing_extensions import Self
+
+from bo_online.models.validation import check_inputs, check_noise, check_observations
+
+__all__ = ["OnlineModel"]
+
+
+class OnlineModel(Model, FantasizeMixin, ABC):
+    r"""Abstract online surrogate (single output).
+
+    Subclasses implement:
+
+    * :meth:`_latent_posterior` -- the latent ``MultivariateNormal`` at transformed inputs, in
+      standardised outcome units;
+    * :meth:`_noise_variance` -- the observation-noise variance at inputs (standardised units);
+    * :meth:`_condition` -- a new model holding the extra data (batched over fantasy samples);
+    * :meth:`_update` -- the same, in place, for a single (non-batched) model;
+    * :meth:`_rebuild_caches` -- recompute every hyperparameter-dependent cache;
+    * :meth:`fit` -- refit hyperparameters from the model's own statistics.
+
+    Args:
+        dim: input dimension d.
+        bounds: optional ``2 x d`` box the (transformed) inputs must lie in.
+        input_transform: optional BoTorch ``InputTransform`` applied to every X.
+    """
+
+    _num_outputs: int = 1
+
+    def __init__(
+        self,
+        dim: int,
+        bounds: Tensor | None = None,
+        input_transform: Any | None = None,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}.")
+        self.dim = int(dim)
+        self.register_buffer(
+            "input_bounds",
+            None if bounds is None else torch.as_tensor(bounds, dtype=dtype, device=device),
+        )
+        self.register_buffer("outcome_mean", torch.zeros(1, dtype=dtype, device=device))
+        self.register_buffer("outcome_std", torch.ones(1, dtype=dtype, device=device))
+        if input_transform is not None:
+            self.input_transform = input_transform
+        self._batch_shape = torch.Size()
+        self._cache_key: list[Tensor] | None = None
+
+    # ------------------------------------------------------------------ properties BoTorch reads
+
+    @property
+    def num_outputs(self) -> int:
+        return self._num_outputs
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        r"""Batch shape of the model: ``sample_shape x X-batch`` for fantasy models, else ``[]``."""
+        return self._batch_shape
+
+    @property
+    def _dtype_device(self) -> dict[str, Any]:
+        return {"dtype": self.outcome_mean.dtype, "device": self.outcome_mean.device}
+
+    # ------------------------------------------------------------------ hooks for subclasses
+
+    @abstractmethod
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        r"""Latent posterior of f at ``X`` (``batch x q x d``, transformed, validated), standardised
+        units; batch shape is ``broadcast(X batch, model batch)``. Covariance may be lazy."""
+
+    @abstractmethod
+    def _noise_variance(self, X: Tensor) -> Tensor:
+        r"""Observation-noise variance at ``X`` (``batch x q x d``) in standardised units,
+        broadcastable to ``batch x q``."""
+
+    @abstractmethod
+    def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
+        r"""New model with ``(X, Y, noise)`` added. ``X``: ``batch x q x d``; ``Y``:
+        ``sample x batch x q`` (standardised); ``noise``: broadcastable to ``Y`` or None."""
+
+    @abstractmethod
+    def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""Add ``X`` (``q x d``), ``Y`` (``q``, standardised), ``noise`` (``q`` or None) in place.
+        Must not leave the model half-updated if it raises."""
+
+    @abstractmethod
+    def _rebuild_caches(self) -> None:
+        """Recompute every cache that depends on hyperparameters (called by ``ensure_caches``)."""
+
+    @abstractmethod
+    def fit(self, **kwargs: Any) -> Self:
+        """Refit hyperparameters from the model's sufficient statistics (warm-started)."""
+
+    def _default_fantasy_noise(self) -> Tensor | None:
+        r"""Noise for ``fantasize`` when none is given (standardised, ``1 x 1``); None means the
+        likelihood's own noise. Fixed-noise models return the mean training noise, as BoTorch."""
+        return None
+
+    def hyperparameters(self) -> Iterator[Tensor]:
+        """Tensors whose values the caches depend on; by default every parameter."""
+        return self.parameters()
+
+    # ------------------------------------------------------------------ the cache mechanism
+
+    def _current_key(self) -> list[Tensor]:
+        return [p.detach().clone() for p in self.hyperparameters()]
+
+    def _caches_valid(self) -> bool:
+        key = self._cache_key
+        if key is None:
+            return False
+        params = list(self.hyperparameters())
+        return len(params) == len(key) and all(
+            p.shape == k.shape and torch.equal(p.detach(), k) for p, k in zip(params, key)
+        )
+
+    def ensure_caches(self) -> None:
+        """Rebuild the caches if any hyperparameter changed since they were built."""
+        if not self._caches_valid():
+            with torch.no_grad():
+                self._rebuild_caches()
+            self._cache_key = self._current_key()
+
+    def invalidate_caches(self) -> None:
+        """Force a rebuild at the next use (e.g. after editing statistics by hand)."""
+        self._cache_key = None
+
+    # ------------------------------------------------------------------ outcome scaling
+
+    def _standardise(self, Y: Tensor) -> Tensor:
+        return (Y - self.outcome_mean) / self.outcome_std
+
+    def _unstandardise_mvn(self, mvn: MultivariateNormal) -> MultivariateNormal:
+        mean = mvn.mean * self.outcome_std + self.outcome_mean
+        covar = mvn.lazy_covariance_matrix * self.outcome_std.pow(2).squeeze()
+        return MultivariateNormal(mean, covar)
+
+    # ------------------------------------------------------------------ the BoTorch API
+
+    def _transform_and_check(self, X: Tensor) -> Tensor:
+        check_inputs(X, dim=self.dim if not hasattr(self, "input_transform") else X.shape[-1])
+        X = self.transform_inputs(X)
+        check_inputs(X, dim=self.dim, bounds=self.input_bounds)
+        return X
+
+    def posterior(
+        self,
+        X: Tensor,
+        output_indices: list[int] | None = None,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: PosteriorTransform | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Posterior at ``X`` (``batch x q x d``) in the user's outcome units.
+
+        Args:
+            X: ``batch x q x d`` inputs (a ``q x d`` tensor is a single batch).
+            output_indices: only ``None`` or ``[0]`` (single-output model).
+            observation_noise: False (latent f), True (add the likelihood's noise), or a tensor
+                ``batch x q x 1`` of noise variances in standardised units (BoTorch convention).
+            posterior_transform: optional BoTorch posterior transform applied last.
+        """
+        if output_indices is not None and list(output_indices) != [0]:
+            raise ValueError(f"Single-output model: output_indices must be None or [0].")
+        self.eval()
+        X = self._transform_and_check(X)
+        self.ensure_caches()
+        mvn = self._latent_posterior(X)
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                check_noise(observation_noise, X.shape[:-1] + torch.Size([1]))
+                noise = observation_noise.to(X).squeeze(-1)
+            else:
+                noise = self._noise_variance(X)
+            noise = noise.expand(mvn.mean.shape)
+            mvn = MultivariateNormal(
+                mvn.mean, _as_operator(mvn.lazy_covariance_matrix) + DiagLinearOperator(noise)
+            )
+        posterior = GPyTorchPosterior(self._unstandardise_mvn(mvn))
+        if posterior_transform is not None:
+            return posterior_transform(posterior)
+        return posterior
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> Self:
+        r"""A new model that also holds ``(X, Y)``; this model is untouched.
+
+        Args:
+            X: ``batch x q x d`` inputs.
+            Y: ``sample x batch x q x 1`` observations in the user's units (fantasies carry the
+                leading sample dims).
+            noise: optional noise variances broadcastable to ``Y``, standardised units (BoTorch's
+                convention for models with an outcome transform).
+
+        Returns:
+            A model of the same class with batch shape ``broadcast(sample x batch, self.batch)``,
+            sharing this model's hyperparameter modules. Cost independent of n where the model
+            allows it.
+        """
+        X = self._transform_and_check(X)
+        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        self.ensure_caches()
+        Ys = self._standardise(Y.to(X)).squeeze(-1)
+        if noise is not None:
+            noise = noise.to(X).expand(Y.shape).squeeze(-1)
+        return self._condition(X, Ys, noise)
+
+    def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
+        r"""Fold ``q`` new observations into this model in place and return it.
+
+        Args:
+            X: ``q x d`` inputs (untransformed, in the model's domain).
+            Y: ``q x 1`` (or ``q``) observations, user's units.
+            noise: optional ``q x 1`` (or ``q``) observation-noise variances, user's units.
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("update() is for a single model; fantasy/batched models are read-only.")
+        if isinstance(Y, Tensor) and Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        if isinstance(noise, Tensor) and noise.dim() == 1:
+            noise = noise.unsqueeze(-1)
+        if isinstance(X, Tensor) and X.dim() != 2:
+            raise ValueError(f"update() takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
+        X = self._transform_and_check(X)
+        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
+            raise ValueError("update() takes Y and noise of shape q x 1 (no batch dimensions).")
+        self.ensure_caches()
+        Ys = self._standardise(Y.to(X)).squeeze(-1)
+        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        self._update(X, Ys, noise_s)
+        return self
+
+    def fantasize(
+        self,
+        X: Tensor,
+        sampler: MCSampler,
+        observation_noise: Tensor | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        r"""BoTorch's fantasize (sample at X, condition on the samples). Y-independent parts of
+        the conditioning (covariance caches) are computed once and shared across samples by each
+        model's :meth:`_condition`."""
+        if observation_noise is None:
+            observation_noise = self._default_fantasy_noise()
+        return super().fantasize(X, sampler, observation_noise=observation_noise, **kwargs)
+
+    def custom_fit(self, mll: Any = None, **kwargs: Any) -> Any:
+        """BoTorch's hook: ``fit_gpytorch_mll(mll)`` ends up here and runs :meth:`fit`."""
+        fit_kwargs = {k: v for k, v in kwargs.items() if k in self._fit_kwarg_names()}
+        self.fit(**fit_kwargs)
+        if mll is not None:
+            mll.eval()
+        return mll
+
+    def _fit_kwarg_names(self) -> set[str]:
+        import inspect
+
+        return set(inspect.signature(self.fit).parameters)
+
+    # ------------------------------------------------------------------ copying and state
+
+    def _shallow_copy(self) -> Self:
+        r"""A new module object sharing every tensor and submodule with this one.
+
+        Subclasses then replace the buffers that change. Hyperparameter modules (kernel,
+        likelihood, mean) stay shared, as the contract requires; no data-sized tensor is copied.
+        """
+        new = copy.copy(self)
+        new._parameters = dict(self._parameters)
+        new._buffers = dict(self._buffers)
+        new._modules = dict(self._modules)
+        new._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
+        return new
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The state including fresh caches, so ``load_state_dict`` restores the model exactly."""
+        if self.batch_shape == torch.Size():
+            self.ensure_caches()
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        r"""Load a state, resizing buffers that grew (data, factors) to the saved shapes.
+
+        The loaded caches are trusted to match the loaded hyperparameters (``state_dict`` always
+        saves fresh caches), so no refactorisation happens here.
+        """
+        for name, value in state_dict.items():
+            module, _, leaf = self._locate(name)
+            if module is not None and leaf in module._buffers:
+                current = module._buffers[leaf]
+                if current is None or current.shape != value.shape:
+                    module._buffers[leaf] = torch.empty_like(value)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._after_load()
+        self._cache_key = self._current_key()
+        return result
+
+    def _after_load(self) -> None:
+        """Hook: derive any non-buffer attributes from freshly loaded buffers."""
+
+    def _locate(self, name: str) -> tuple[torch.nn.Module | None, str, str]:
+        parts = name.split(".")
+        module: torch.nn.Module | None = self
+        for part in parts[:-1]:
+            module = module._modules.get(part) if module is not None else None
+        return module, ".".join(parts[:-1]), parts[-1]
+
+
+def _as_operator(covar: Tensor | LinearOperator) -> LinearOperator:
+    from linear_operator import to_linear_operator
+
+    return to_linear_operator(covar)
