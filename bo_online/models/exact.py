@@ -32,7 +32,7 @@ from typing_extensions import Self
 
 from bo_online.linalg import cholesky_append, cholesky_solve, psd_cholesky, solve_lower
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import minimize_loss
+from bo_online.models.fitting import minimize_loss, trainable_parameters_and_bounds
 from bo_online.models.validation import check_observations
 
 __all__ = ["OnlineExactGP"]
@@ -228,8 +228,7 @@ class OnlineExactGP(OnlineModel):
         n = self.num_data
         mll = -0.5 * (w.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi))
         if include_priors:
-            for _, module, prior, closure, _ in self.named_priors():
-                mll = mll + prior.log_prob(closure(module)).sum()
+            mll = mll + self.log_prior()
         return mll / n
 
     def fit(
@@ -246,14 +245,15 @@ class OnlineExactGP(OnlineModel):
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
         if restandardize and self.num_data > 1:
             self._restandardize()
-        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        if self.fixed_noise:
-            params = {n: p for n, p in params.items() if not n.startswith("likelihood.")}
+        params, bounds = trainable_parameters_and_bounds(
+            self, name_filter=lambda n: not (self.fixed_noise and n.startswith("likelihood."))
+        )
         self.train()
         try:
             minimize_loss(
                 lambda: -self.marginal_log_likelihood(),
                 params,
+                bounds=bounds,
                 method=method,
                 max_iter=max_iter,
                 lr=lr,

@@ -1,0 +1,130 @@
+"""Cholesky maintenance routines against fresh dense factorisations."""
+
+import pytest
+import torch
+
+from bo_online.linalg import (
+    NotPositiveDefiniteError,
+    cholesky_append,
+    cholesky_downdate,
+    cholesky_logdet,
+    cholesky_solve,
+    cholesky_update,
+    psd_cholesky,
+    solve_lower,
+    solve_lower_transpose,
+)
+
+DT = torch.float64
+
+
+def _spd(m: int, batch=(), seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(*batch, m, m, generator=g, dtype=DT)
+    return A @ A.transpose(-1, -2) + m * torch.eye(m, dtype=DT)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_thousand_chained_rank_one_updates_match_fresh_cholesky():
+    g = torch.Generator().manual_seed(1)
+    m = 40
+    A = _spd(m)
+    L = torch.linalg.cholesky(A)
+    for _ in range(1000):
+        x = 0.3 * torch.randn(m, 1, generator=g, dtype=DT)
+        A = A + x @ x.T
+        L = cholesky_update(L, x)
+    assert _rel(L, torch.linalg.cholesky(A)) < 1e-9
+
+
+def test_two_hundred_chained_appends_match_fresh_cholesky():
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(200, 2, generator=g, dtype=DT)
+    K = torch.exp(-0.5 * torch.cdist(X, X).pow(2) / 0.3**2) + 1e-2 * torch.eye(200, dtype=DT)
+    L = torch.linalg.cholesky(K[:1, :1])
+    for n in range(1, 200):
+        L = cholesky_append(L, K[:n, n : n + 1], K[n : n + 1, n : n + 1])
+    assert _rel(L, torch.linalg.cholesky(K)) < 1e-9
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (2, 4)])
+@pytest.mark.parametrize("q", [1, 5])
+def test_rank_q_update_and_downdate_batched(batch, q):
+    A = _spd(17, batch, seed=3)
+    U = torch.randn(*batch, 17, q, generator=torch.Generator().manual_seed(4), dtype=DT)
+    L = torch.linalg.cholesky(A)
+    L_up = cholesky_update(L, U)
+    assert _rel(L_up, torch.linalg.cholesky(A + U @ U.transpose(-1, -2))) < 1e-12
+    assert _rel(cholesky_downdate(L_up, U), L) < 1e-10
+
+
+def test_update_broadcasts_shared_factor_over_batch():
+    L = torch.linalg.cholesky(_spd(9))
+    U = torch.randn(5, 9, 2, dtype=DT)
+    out = cholesky_update(L, U)
+    assert out.shape == (5, 9, 9)
+    for i in range(5):
+        ref = torch.linalg.cholesky(L @ L.T + U[i] @ U[i].T)
+        assert _rel(out[i], ref) < 1e-12
+
+
+def test_append_batched_and_from_empty():
+    A = _spd(8, (3,), seed=5)
+    L0 = torch.zeros(3, 0, 0, dtype=DT)
+    L = cholesky_append(L0, A[..., :0, :5], A[..., :5, :5])
+    L = cholesky_append(L, A[..., :5, 5:], A[..., 5:, 5:])
+    assert _rel(L, torch.linalg.cholesky(A)) < 1e-12
+
+
+def test_downdate_losing_definiteness_raises_and_leaves_factor():
+    A = _spd(6, seed=6)
+    L = torch.linalg.cholesky(A)
+    before = L.clone()
+    # Removing more than the matrix holds along one direction makes it indefinite.
+    v = torch.linalg.eigh(A).eigenvectors[:, :1] * (2.0 * torch.linalg.eigvalsh(A)[0].sqrt())
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite"):
+        cholesky_downdate(L, v)
+    assert torch.equal(L, before)
+
+
+def test_append_not_spd_raises_and_leaves_factor():
+    A = _spd(5, seed=7)
+    L = torch.linalg.cholesky(A)
+    before = L.clone()
+    # Appending a duplicate of column 0 with zero noise makes the bordered matrix singular.
+    with pytest.raises(NotPositiveDefiniteError, match="Schur complement"):
+        cholesky_append(L, A[:, :1], A[:1, :1] - 1.0)
+    assert torch.equal(L, before)
+
+
+def test_solves_and_logdet():
+    A = _spd(12, (2,), seed=8)
+    L = torch.linalg.cholesky(A)
+    B = torch.randn(2, 12, 3, dtype=DT)
+    assert _rel(L @ solve_lower(L, B), B) < 1e-12
+    assert _rel(L.transpose(-1, -2) @ solve_lower_transpose(L, B), B) < 1e-12
+    assert _rel(cholesky_solve(L, B), torch.linalg.solve(A, B)) < 1e-10
+    assert _rel(cholesky_logdet(L), torch.logdet(A)) < 1e-12
+
+
+def test_psd_cholesky_adds_jitter_for_singular_matrix():
+    x = torch.linspace(0, 1, 30, dtype=DT)
+    K = torch.exp(-0.5 * (x[:, None] - x[None, :]).pow(2) / 2.0**2)  # numerically singular
+    L = psd_cholesky(K)
+    assert torch.isfinite(L).all()
+    assert _rel(L @ L.T, K) < 1e-6
+    with pytest.raises(NotPositiveDefiniteError):
+        psd_cholesky(-torch.eye(3, dtype=DT))
+
+
+def test_update_under_autograd_matches_and_differentiates():
+    A = _spd(7, seed=9)
+    L = torch.linalg.cholesky(A).requires_grad_(True)
+    U = torch.randn(7, 2, dtype=DT, requires_grad=True)
+    out = cholesky_update(L, U)
+    assert _rel(out.detach(), torch.linalg.cholesky(A + U.detach() @ U.detach().T)) < 1e-12
+    out.sum().backward()
+    assert torch.isfinite(U.grad).all() and U.grad.abs().sum() > 0
