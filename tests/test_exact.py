@@ -124,8 +124,9 @@ def test_fantasize_matches_single_task_gp(fixed_noise):
     a, b = f_ours.posterior(Xt), f_ref.posterior(Xt)
     assert _close(a.mean, b.mean)
     assert _close(a.covariance_matrix, b.covariance_matrix)
-    # The appended factor is shared by every fantasy sample (no sample dim).
-    assert f_ours.chol.shape == (2, 33, 33)
+    # The parent's factor is shared, not copied; the new rows carry no fantasy-sample dim.
+    assert f_ours.chol is ours.chol
+    assert f_ours.tail_S.shape == (2, 3, 30) and f_ours.tail_L.shape == (2, 3, 3)
 
 
 def test_hyperparameter_change_invalidates_caches():
@@ -275,3 +276,18 @@ def test_qnipv_variance_reduction_matches_dense_conditioning():
     var = K(mc).to_dense().diagonal() - (Kmx @ Kinv @ Kmx.T).diagonal()
     assert float(val) == pytest.approx(-float(var.mean() * sd2), rel=1e-8)
     assert math.isfinite(float(val))
+
+
+def test_conditioning_a_conditioned_model_and_updating_it_match_in_place_updates():
+    _, ours, _, _ = _pair()
+    X1, Y1 = _data(2, seed=21)
+    X2, Y2 = _data(3, seed=22)
+    X3, Y3 = _data(1, seed=23)
+    chained = ours.condition_on_observations(X1, Y1).condition_on_observations(X2, Y2)
+    chained.update(X3, Y3)
+    for X, Y in ((X1, Y1), (X2, Y2), (X3, Y3)):
+        ours.update(X, Y)
+    Xt = torch.rand(6, 3, dtype=DT)
+    a, b = chained.posterior(Xt), ours.posterior(Xt)
+    assert _close(a.mean, b.mean) and _close(a.covariance_matrix, b.covariance_matrix)
+    assert chained.tail_S is None and chained.chol.shape == (36, 36)
