@@ -41,7 +41,7 @@ def main(steps: int = 20, seed: int = 0, out: str = "runs/demo") -> None:
             X, Y = torch.cat([X, x]), torch.cat([Y, y])
             if (step + 1) % 5 == 0:
                 model.fit(max_iter=50)
-            regret = float(-problem.optimal_value - (-Y.max()))
+            regret = float(-Y.max() - (-problem.optimal_value))
             rec = {"step": step, "n": len(Y), "best": float(-Y.max()), "regret": regret,
                    "seconds": time.perf_counter() - t0}
             f.write(json.dumps(rec) + "\n")
