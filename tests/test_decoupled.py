@@ -336,3 +336,26 @@ def test_fit_compresses_after_conditioning_and_small_data_is_exact():
     e.mean_module = s.mean_module
     assert torch.allclose(s.posterior(Xt).mean, e.posterior(Xt).mean, atol=1e-8)
     assert torch.allclose(s.posterior(Xt).variance, e.posterior(Xt).variance, atol=1e-8)
+
+
+def test_whitened_training_coordinates_round_trip_and_lbfgs_fit():
+    m = _generic_model(seed=8)
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    before = m.posterior(Xt)
+    m.fit(max_iter=0, restandardize=False, compress=False)  # whiten and un-whiten only
+    after = m.posterior(Xt)
+    assert torch.allclose(before.mean, after.mean, atol=1e-7)
+    assert torch.allclose(before.covariance_matrix, after.covariance_matrix, atol=1e-7)
+    e0 = float(m.elbo().detach())
+    m.fit(method="lbfgs", max_iter=15, restandardize=False, compress=False)
+    assert float(m.elbo().detach()) > e0
+
+
+def test_init_hyperparameters_maximise_exact_marginal_likelihood_of_subset():
+    X, Y = _data(40, seed=9)
+    m = DecoupledSVGP(X, Y, num_mean_bases=30, num_cov_bases=10)
+    e = OnlineExactGP(X, Y, covar_module=m.covar_module, likelihood=m.likelihood)
+    e.mean_module = m.mean_module
+    before = float(e.marginal_log_likelihood(include_priors=False))
+    m.fit(max_iter=0, init_hyperparameters=40, restandardize=False, compress=False)  # subset = all
+    assert float(e.marginal_log_likelihood(include_priors=False)) > before + 0.1

@@ -65,7 +65,8 @@ from bo_online.linalg import (
     solve_lower_transpose,
 )
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import minimize_loss
+from botorch.optim.closures import ForwardBackwardClosure
+from botorch.optim.core import scipy_minimize
 from bo_online.models.validation import check_finite, check_observations
 
 __all__ = ["DecoupledSVGP", "median_lengthscale", "pivoted_cholesky_select"]
@@ -386,6 +387,11 @@ class DecoupledSVGP(OnlineModel):
         H = H + torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
         return psd_cholesky(H)
 
+    def _chol_K(self, beta: Tensor) -> Tensor:
+        r"""Lower factor of ``K_beta + 1e-8 I`` (the whitening map used in training)."""
+        K = self.covar_module(beta).to_dense()
+        return psd_cholesky(K + 1e-8 * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device))
+
     def _rebuild_caches(self) -> None:
         self.chol_H = self._chol_H(self.beta_points, self.L)
 
@@ -587,6 +593,7 @@ class DecoupledSVGP(OnlineModel):
         method: Literal["adam", "lbfgs"] = "adam",
         max_iter: int = 200,
         lr: float = 0.01,
+        lr_variational: float | None = None,
         batch_size: int = 1024,
         num_kl_columns: int | None = None,
         grow: int = 0,
@@ -594,6 +601,7 @@ class DecoupledSVGP(OnlineModel):
         train_hyperparameters: bool = True,
         restandardize: bool = True,
         compress: bool = True,
+        init_hyperparameters: int = 0,
         timeout_sec: float | None = None,
     ) -> Self:
         r"""Train ``a, L, beta, alpha`` and the hyperparameters on the data the model holds.
@@ -612,10 +620,17 @@ class DecoupledSVGP(OnlineModel):
            optimum ``a = (K + N)^{-1}(y - c), L = N^{-1/2}`` for the fitted hyperparameters.
 
         Args:
+            lr: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
+            lr_variational: initial step for ``a`` and ``L`` (default ``lr``); a smaller one
+                keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
             batch_size: minibatch size (full batch when n is smaller).
             num_kl_columns: columns sampled for ``a^T K_alpha a`` (None: exact).
             grow: bases added per step (N_delta) until the caps are reached.
             learn_inducing: move the basis locations (default: yes unless bases = data).
+            init_hyperparameters: if > 0, first fit the hyperparameters by the exact marginal
+                likelihood (L-BFGS) of a random data subset of this size, O(size^3), and re-solve
+                the closed-form warm start of ``a, L``; a common SVGP initialisation that spares
+                Adam the slow joint drift of hyperparameters and coefficients.
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
@@ -626,15 +641,26 @@ class DecoupledSVGP(OnlineModel):
             with torch.no_grad():
                 self._compress()
             bases_are_data = False
+        if init_hyperparameters > 0:
+            self._init_hyperparameters(init_hyperparameters, bases_are_data)
         if learn_inducing is None:
             learn_inducing = not bases_are_data
-        kw = self._dtype_device
-        beta = self.beta_points.detach().clone().requires_grad_(learn_inducing)
-        alpha = self.alpha_points.detach().clone().requires_grad_(learn_inducing)
-        L = self.L.detach().clone().requires_grad_(True)
-        a_b = self.a_beta.detach().clone().requires_grad_(True)
-        a_a = self.a_alpha.detach().clone().requires_grad_(True)
-        var = {"beta": beta, "alpha": alpha, "L": L, "a_beta": a_b, "a_alpha": a_a}
+        # Training coordinates: the covariance-basis block is whitened by R = chol(K_beta), i.e.
+        # L = R^{-T} L0 and a_beta = R^{-T} a0 (the paper's Appendix A.1 "full preconditioner",
+        # affordable since M_beta is small); without it Adam is very slow and unstable because
+        # B and a_beta carry entries of size cond(K_beta). The mean-only coefficients stay raw
+        # (their Jacobi preconditioner is the identity for stationary kernels).
+        with torch.no_grad():
+            R = self._chol_K(self.beta_points)
+            L0 = R.transpose(-1, -2) @ self.L
+            a0 = (R.transpose(-1, -2) @ self.a_beta.unsqueeze(-1)).squeeze(-1)
+        var = {
+            "beta": self.beta_points.detach().clone().requires_grad_(learn_inducing),
+            "alpha": self.alpha_points.detach().clone().requires_grad_(learn_inducing),
+            "L0": L0.clone().requires_grad_(True),
+            "a0": a0.clone().requires_grad_(True),
+            "a_alpha": self.a_alpha.detach().clone().requires_grad_(True),
+        }
         hyper = {}
         if train_hyperparameters:
             names = {id(p) for p in self.hyperparameters()}
@@ -642,20 +668,29 @@ class DecoupledSVGP(OnlineModel):
         n = self.num_data
         gen = torch.Generator().manual_seed(self.seed + 7919 * n)
 
+        def unwhiten() -> tuple[Tensor, Tensor]:
+            R = self._chol_K(var["beta"])
+            L = solve_lower_transpose(R, var["L0"])
+            a_b = solve_lower_transpose(R, var["a0"].unsqueeze(-1)).squeeze(-1)
+            return L, a_b
+
         def loss(idx: Tensor | None) -> Tensor:
-            a = torch.cat([var["a_beta"], var["a_alpha"]], dim=-1)
+            L, a_b = unwhiten()
+            a = torch.cat([a_b, var["a_alpha"]], dim=-1)
             Z = torch.cat([var["beta"], var["alpha"]], dim=-2)
-            elbo = self.elbo(idx, num_kl_columns, gen, beta=var["beta"], L=var["L"], a=a, Z=Z)
+            elbo = self.elbo(idx, num_kl_columns, gen, beta=var["beta"], L=L, a=a, Z=Z)
             return -(elbo + self._log_prior()) / n
 
         self.train()
         try:
             if method == "lbfgs":
                 params = {**{k: v for k, v in var.items() if v.requires_grad}, **hyper}
-                minimize_loss(lambda: loss(None), params, method="lbfgs", max_iter=max_iter,
-                              timeout_sec=timeout_sec)
+                closure = ForwardBackwardClosure(forward=lambda: loss(None), parameters=params)
+                scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
+                               options={"maxiter": max_iter}, timeout_sec=timeout_sec)
             elif method == "adam":
-                self._adam(var, hyper, loss, max_iter, lr, batch_size, grow, gen, timeout_sec)
+                lr_v = lr if lr_variational is None else lr_variational
+                self._adam(var, hyper, loss, max_iter, lr, lr_v, batch_size, grow, gen, timeout_sec)
             else:
                 raise ValueError(f"Unknown fit method {method!r}; use 'adam' or 'lbfgs'.")
         finally:
@@ -664,10 +699,44 @@ class DecoupledSVGP(OnlineModel):
             if bases_are_data and not learn_inducing and self._gaussian():
                 self._set_exact_state(self.train_X)
             else:
-                self.set_variational_parameters(var["beta"], var["L"], var["a_beta"], var["alpha"], var["a_alpha"])
+                L, a_b = unwhiten()
+                self.set_variational_parameters(var["beta"], L, a_b, var["alpha"], var["a_alpha"])
         self.invalidate_caches()
         self.ensure_caches()
         return self
+
+    def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
+        r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
+        likelihood and mean modules), then the closed-form variational warm start."""
+        from bo_online.models.exact import OnlineExactGP
+
+        n = self.num_data
+        idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
+        X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
+        if self.fixed_noise:
+            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise[idx].unsqueeze(-1),
+                                covar_module=self.covar_module, standardize=False)
+        else:
+            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
+                                standardize=False)
+        sub.mean_module = self.mean_module
+        names = {id(p) for p in self.hyperparameters()}
+        params = {k: p for k, p in self.named_parameters() if p.requires_grad and id(p) in names}
+        # OnlineExactGP.marginal_log_likelihood(include_priors=True) needs ``named_priors``, which
+        # OnlineModel lacks (torch Module, not a GPyTorch one): add the priors here instead, and
+        # pass the constraint bounds (BoTorch's default constraints are untransformed).
+        closure = ForwardBackwardClosure(
+            forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
+                              + self._log_prior() / X.shape[0]),
+            parameters=params,
+        )
+        scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
+                       options={"maxiter": 200})
+        with torch.no_grad():
+            if bases_are_data and self._gaussian():
+                self._set_exact_state(self.train_X)
+            else:
+                self._warm_start(self.beta_points, self.alpha_points)
 
     def _log_prior(self) -> Tensor:
         """Sum of the hyperparameter log priors (GPyTorch modules' registered priors)."""
@@ -677,6 +746,20 @@ class DecoupledSVGP(OnlineModel):
                 for _, module, prior, closure, _ in child.named_priors():
                     total = total + prior.log_prob(closure(module)).sum()
         return total
+
+    def _bounds(self, params: dict[str, Tensor]) -> dict[str, tuple[float | None, float | None]]:
+        r"""L-BFGS-B bounds for parameters whose constraint is not enforced by a transform."""
+        out = {}
+        for prefix in ("covar_module", "likelihood", "mean_module"):
+            child = getattr(self, prefix)
+            if not hasattr(child, "named_parameters_and_constraints"):
+                continue
+            for name, _, constraint in child.named_parameters_and_constraints():
+                full = f"{prefix}.{name}"
+                if full in params and constraint is not None and not constraint.enforced:
+                    lb, ub = float(constraint.lower_bound.min()), float(constraint.upper_bound.max())
+                    out[full] = (lb if math.isfinite(lb) else None, ub if math.isfinite(ub) else None)
+        return out
 
     @torch.no_grad()
     def _clamp_to_constraints(self) -> None:
@@ -690,12 +773,15 @@ class DecoupledSVGP(OnlineModel):
                 if constraint is not None and not constraint.enforced:
                     param.clamp_(float(constraint.lower_bound.min()), float(constraint.upper_bound.max()))
 
-    def _adam(self, var, hyper, loss, max_iter, lr, batch_size, grow, gen, timeout_sec) -> None:
+    def _adam(self, var, hyper, loss, max_iter, lr, lr_v, batch_size, grow, gen, timeout_sec) -> None:
         r"""Adam with the paper's step schedule and online basis growth (Algorithm 1)."""
         import time
 
-        params = [v for v in var.values() if v.requires_grad] + list(hyper.values())
-        opt = torch.optim.Adam(params, lr=lr)
+        coef = [var[k] for k in ("L0", "a0", "a_alpha")]
+        locs = [var[k] for k in ("beta", "alpha") if var[k].requires_grad]
+        opt = torch.optim.Adam(
+            [{"params": coef, "lr": lr_v}, {"params": locs + list(hyper.values()), "lr": lr}]
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1.0 + 0.1 * math.sqrt(t)))
         n = self.num_data
         start = time.monotonic()
@@ -724,12 +810,12 @@ class DecoupledSVGP(OnlineModel):
             pick = pool[:n_b]
             noise = self._train_noise_diag(pick).detach()
             self._extend(var, opt, "beta", torch.cat([var["beta"].detach(), self.train_X[pick]]))
-            m = var["L"].shape[-1]
+            m = var["L0"].shape[-1]
             Lnew = torch.zeros(m + n_b, m + n_b, **self._dtype_device)
-            Lnew[:m, :m] = var["L"].detach()
+            Lnew[:m, :m] = var["L0"].detach()
             Lnew[m:, m:] = torch.diag_embed(noise.rsqrt())
-            self._extend(var, opt, "L", Lnew)
-            self._extend(var, opt, "a_beta", torch.cat([var["a_beta"].detach(), torch.zeros(n_b, **self._dtype_device)]))
+            self._extend(var, opt, "L0", Lnew)
+            self._extend(var, opt, "a0", torch.cat([var["a0"].detach(), torch.zeros(n_b, **self._dtype_device)]))
             pool = pool[n_b:]
         if n_a > 0:
             pick = pool[:n_a]
