@@ -602,6 +602,7 @@ class DecoupledSVGP(OnlineModel):
         restandardize: bool = True,
         compress: bool = True,
         init_hyperparameters: int = 0,
+        refresh: bool = False,
         timeout_sec: float | None = None,
     ) -> Self:
         r"""Train ``a, L, beta, alpha`` and the hyperparameters on the data the model holds.
@@ -621,8 +622,8 @@ class DecoupledSVGP(OnlineModel):
 
         Args:
             lr: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
-            lr_variational: initial step for ``a`` and ``L`` (default ``lr``); a smaller one
-                keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
+            lr_variational: initial step for ``a`` and ``L`` (default ``lr / 10``): a smaller
+                one keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
             batch_size: minibatch size (full batch when n is smaller).
             num_kl_columns: columns sampled for ``a^T K_alpha a`` (None: exact).
             grow: bases added per step (N_delta) until the caps are reached.
@@ -631,6 +632,10 @@ class DecoupledSVGP(OnlineModel):
                 likelihood (L-BFGS) of a random data subset of this size, O(size^3), and re-solve
                 the closed-form warm start of ``a, L``; a common SVGP initialisation that spares
                 Adam the slow joint drift of hyperparameters and coefficients.
+            refresh: finish by re-solving ``a`` and ``B`` at their closed-form Gaussian optimum
+                for the trained hyperparameters and bases (on ``warm_start_points`` data points,
+                O(points * M_alpha^2 + M_alpha^3)); Adam converges slowly in the raw mean-only
+                coefficients when ``K_alpha`` is ill-conditioned (the paper's Appendix A.1).
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
@@ -689,7 +694,7 @@ class DecoupledSVGP(OnlineModel):
                 scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
                                options={"maxiter": max_iter}, timeout_sec=timeout_sec)
             elif method == "adam":
-                lr_v = lr if lr_variational is None else lr_variational
+                lr_v = 0.1 * lr if lr_variational is None else lr_variational
                 self._adam(var, hyper, loss, max_iter, lr, lr_v, batch_size, grow, gen, timeout_sec)
             else:
                 raise ValueError(f"Unknown fit method {method!r}; use 'adam' or 'lbfgs'.")
@@ -701,6 +706,8 @@ class DecoupledSVGP(OnlineModel):
             else:
                 L, a_b = unwhiten()
                 self.set_variational_parameters(var["beta"], L, a_b, var["alpha"], var["a_alpha"])
+                if refresh and self._gaussian():
+                    self._warm_start(self.beta_points, self.alpha_points)
         self.invalidate_caches()
         self.ensure_caches()
         return self
