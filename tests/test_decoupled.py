@@ -387,3 +387,31 @@ def test_refresh_equals_closed_form_optimum():
     n.fit(method="lbfgs", max_iter=40, train_hyperparameters=False, learn_inducing=False,
           restandardize=False, compress=False)
     assert float(n.elbo().detach()) - e_raw > 1e-3 * abs(e_raw)
+
+
+def test_non_gaussian_likelihood_uses_quadrature_and_refuses_closed_form_conditioning():
+    from gpytorch.likelihoods import BernoulliLikelihood
+
+    X, _ = _data(12, seed=12)
+    labels = (torch.sin(6 * X[:, :1]) > 0).to(DT)
+    m = DecoupledSVGP(X, labels, num_mean_bases=12, num_cov_bases=6, likelihood=BernoulliLikelihood())
+    assert torch.equal(m.train_y, labels.squeeze(-1))  # labels are not standardised
+    m.ensure_caches()
+    mvn = m._latent_posterior(X.unsqueeze(0))
+    mean, var = mvn.mean.squeeze(0).detach(), mvn.variance.squeeze(0).detach()
+    nodes, weights = np.polynomial.hermite_e.hermegauss(60)
+    f = mean.unsqueeze(-1) + var.sqrt().unsqueeze(-1) * torch.tensor(nodes, dtype=DT)
+    normal = torch.distributions.Normal(0.0, 1.0)
+    y = labels
+    logp = y * normal.cdf(f).log() + (1 - y) * normal.cdf(-f).log()
+    ref = (logp * torch.tensor(weights / weights.sum(), dtype=DT)).sum()
+    ell = m.expected_log_likelihood(X, m.train_y)
+    assert abs(float(ell - ref)) < 1e-3 * abs(float(ref))  # GPyTorch's 20-point quadrature
+    before = float(m.elbo().detach())
+    m.fit(max_iter=15, lr=0.05)
+    assert torch.equal(m.train_y, labels.squeeze(-1))
+    assert float(m.elbo().detach()) > before
+    state = _state(m)
+    with pytest.raises(ValueError, match="Gaussian"):
+        m.update(X[:1], labels[:1])
+    assert _same_state(state, _state(m))

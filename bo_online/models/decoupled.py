@@ -124,7 +124,8 @@ class DecoupledSVGP(OnlineModel):
             likelihoods are trained with Gauss-Hermite expected log likelihoods but cannot be
             conditioned in closed form.
         bounds: optional ``2 x d`` input box.
-        standardize: standardise outcomes with the initial data's mean and std.
+        standardize: standardise outcomes with the initial data's mean and std (Gaussian
+            likelihoods only; labels or counts for other likelihoods are used as given).
         input_transform: optional BoTorch input transform.
         seed: seed for the random choices (basis seeding, minibatches).
 
@@ -173,7 +174,8 @@ class DecoupledSVGP(OnlineModel):
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):
             raise ValueError("train_Yvar must be > 0: the decoupled model's conditioning adds "
                              "precisions 1/noise, so zero noise is not representable.")
-        if standardize and train_Y.shape[0] > 1:
+        gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
+        if standardize and gaussian and train_Y.shape[0] > 1:  # labels/counts stay as given
             std = train_Y.std(dim=0)
             self.outcome_mean = train_Y.mean(dim=0).to(X)
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
@@ -277,9 +279,13 @@ class DecoupledSVGP(OnlineModel):
         return None
 
     def _train_noise_diag(self, idx: Tensor | None = None) -> Tensor:
+        r"""Per-point noise of held data; for a non-Gaussian likelihood a unit pseudo-noise, used
+        only to initialise ``a`` and ``L``."""
         if self.fixed_noise:
             return self.train_noise if idx is None else self.train_noise[idx]
         n = self.num_data if idx is None else idx.shape[0]
+        if not self._gaussian():
+            return torch.ones(n, **self._dtype_device)
         return self.likelihood.noise.squeeze(-1).expand(n)
 
     # ------------------------------------------------------------------ the variational state
@@ -360,10 +366,7 @@ class DecoupledSVGP(OnlineModel):
             idx = torch.arange(n)
         Xs, ys = self.train_X[idx], self.train_y[idx]
         scale = n / idx.shape[0]
-        if self._gaussian():
-            noise = self._train_noise_diag(idx)
-        else:
-            noise = torch.ones_like(ys)
+        noise = self._train_noise_diag(idx)
         w = (scale / noise).sqrt()  # sqrt of scaled precisions
         Kb = self.covar_module(beta).to_dense()
         Rb = psd_cholesky(Kb + 1e-8 * torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device))
@@ -639,7 +642,7 @@ class DecoupledSVGP(OnlineModel):
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
-        if restandardize and self.num_data > 1:
+        if restandardize and self.num_data > 1 and self._gaussian():
             self._restandardize()
         bases_are_data = self._bases_are_data()
         if compress and (self.num_beta > self.num_cov_bases or self.num_alpha > self.num_mean_bases):
