@@ -32,8 +32,12 @@ Design choices (documented because the paper leaves them open):
   do not depend on n. :meth:`fit` trains on them by minibatch Adam.
 * Training (:meth:`fit`): Adam on ``a, L, beta, alpha`` and the hyperparameters with the paper's
   step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
-  ``n / |batch|``, optional column subsampling of ``a^T K_alpha a``), online basis growth (``N_delta``
-  new bases per step taken from the minibatch, up to the caps), median-heuristic lengthscales.
+  ``n / |batch|``, optional column subsampling of ``a^T K_alpha a``), online basis growth
+  (``N_delta`` new bases per step from the minibatch, up to the caps), median-heuristic
+  lengthscales. The covariance block is trained in whitened coordinates ``L = R^{-T} L0``,
+  ``a_beta = R^{-T} a0`` (``R R^T = K_beta``; the paper's Appendix A.1 preconditioner). Options:
+  hyperparameters from an exact GP on a data subset, and a closed-form (Gaussian) refresh of
+  ``a, B`` after Adam; see :meth:`fit` and ``experiments/decoupled_sinc_kin40k.py`` for why.
 
 Use it when the data outgrow an exact GP (thousands of points and more) and the mean needs more
 resolution than the covariance; for small n it starts as the exact GP (bases = data).
@@ -72,7 +76,9 @@ from bo_online.models.validation import check_finite, check_observations
 __all__ = ["DecoupledSVGP", "median_lengthscale", "pivoted_cholesky_select"]
 
 
-def median_lengthscale(X: Tensor, max_points: int = 1000, generator: torch.Generator | None = None) -> Tensor:
+def median_lengthscale(
+    X: Tensor, max_points: int = 1000, generator: torch.Generator | None = None
+) -> Tensor:
     r"""Median of the pairwise Euclidean distances of (at most ``max_points`` of) ``X`` (``n x d``):
     the paper's median-heuristic lengthscale (Appendix C.2). Returns a scalar tensor (1.0 if n < 2
     or all points coincide)."""
@@ -159,14 +165,17 @@ class DecoupledSVGP(OnlineModel):
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
-            raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}.")
+            shape = getattr(train_X, "shape", train_X)
+            raise ValueError(f"train_X must be an n x d tensor, got {shape}.")
         if num_cov_bases < 1 or num_mean_bases < num_cov_bases:
             raise ValueError(
                 f"Need 1 <= num_cov_bases <= num_mean_bases, got num_cov_bases={num_cov_bases}, "
                 f"num_mean_bases={num_mean_bases}."
             )
         dim = train_X.shape[-1]
-        super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device)
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
         X = self._transform_and_check(train_X)
         check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
         if train_Y.dim() != 2 or X.shape[0] < 1:
@@ -326,7 +335,9 @@ class DecoupledSVGP(OnlineModel):
                         ("alpha_points", alpha_points), ("a_alpha", a_alpha)]:
             check_finite(name, t)
         kw = self._dtype_device
-        self.beta_points, self.L, self.a_beta = (t.detach().to(**kw) for t in (beta_points, L, a_beta))
+        self.beta_points, self.L, self.a_beta = (
+            t.detach().to(**kw) for t in (beta_points, L, a_beta)
+        )
         self.alpha_points, self.a_alpha = alpha_points.detach().to(**kw), a_alpha.detach().to(**kw)
         self.invalidate_caches()
         return self
@@ -349,7 +360,8 @@ class DecoupledSVGP(OnlineModel):
         r"""Bases = all data: ``a = (K + N)^{-1} (y - c)``, ``L = N^{-1/2}``, the exact GP."""
         noise = self._train_noise_diag()
         K = self.covar_module(beta).to_dense() + torch.diag_embed(noise)
-        a = cholesky_solve(psd_cholesky(K), (self.train_y - self.mean_module.constant).unsqueeze(-1))
+        resid = (self.train_y - self.mean_module.constant).unsqueeze(-1)
+        a = cholesky_solve(psd_cholesky(K), resid)
         self.set_variational_parameters(beta, torch.diag_embed(noise.rsqrt()), a.squeeze(-1))
 
     def _warm_start(self, beta: Tensor, alpha: Tensor) -> None:
@@ -371,7 +383,8 @@ class DecoupledSVGP(OnlineModel):
         Kb = self.covar_module(beta).to_dense()
         Rb = psd_cholesky(Kb + 1e-8 * torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device))
         G = self.covar_module(beta, Xs).to_dense() * w  # M_b x n_s
-        LP = psd_cholesky(G @ G.transpose(-1, -2) + 1e-6 * torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device))
+        eye = torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device)
+        LP = psd_cholesky(G @ G.transpose(-1, -2) + 1e-6 * eye)
         L = cholesky_solve(Rb, LP)
         Z = torch.cat([beta, alpha], dim=-2)
         KZ = self.covar_module(Z).to_dense()
@@ -401,7 +414,8 @@ class DecoupledSVGP(OnlineModel):
     # ------------------------------------------------------------------ prediction
 
     def _mean_at(self, X: Tensor) -> Tensor:
-        r"""Posterior mean at ``X`` (``batch x q x d``): ``c + k_{X,beta} a_beta + k_{X,alpha} a_alpha``."""
+        r"""Posterior mean at ``X`` (``batch x q x d``):
+        ``c + k_{X,beta} a_beta + k_{X,alpha} a_alpha``."""
         mean = self.mean_module.constant + (
             self.covar_module(X, self.beta_points).to_dense() @ self.a_beta.unsqueeze(-1)
         ).squeeze(-1)
@@ -535,7 +549,8 @@ class DecoupledSVGP(OnlineModel):
             K = self.covar_module(Z, Z[..., S, :]).to_dense()
             quad = (M / S.shape[0]) * ((a.unsqueeze(-2) @ K).squeeze(-2) * a[..., S]).sum(-1)
         else:
-            quad = (a.unsqueeze(-2) @ self.covar_module(Z).to_dense() @ a.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+            KZ = self.covar_module(Z).to_dense()
+            quad = (a.unsqueeze(-2) @ KZ @ a.unsqueeze(-1)).squeeze(-1).squeeze(-1)
         eye = torch.eye(chol_H.shape[-1], dtype=chol_H.dtype, device=chol_H.device)
         tr_Hinv = solve_lower(chol_H, eye).pow(2).sum((-1, -2))
         logdet = 2.0 * torch.diagonal(chol_H, dim1=-2, dim2=-1).log().sum(-1)
@@ -645,7 +660,8 @@ class DecoupledSVGP(OnlineModel):
         if restandardize and self.num_data > 1 and self._gaussian():
             self._restandardize()
         bases_are_data = self._bases_are_data()
-        if compress and (self.num_beta > self.num_cov_bases or self.num_alpha > self.num_mean_bases):
+        grown = self.num_beta > self.num_cov_bases or self.num_alpha > self.num_mean_bases
+        if compress and grown:
             with torch.no_grad():
                 self._compress()
             bases_are_data = False
@@ -767,8 +783,11 @@ class DecoupledSVGP(OnlineModel):
             for name, _, constraint in child.named_parameters_and_constraints():
                 full = f"{prefix}.{name}"
                 if full in params and constraint is not None and not constraint.enforced:
-                    lb, ub = float(constraint.lower_bound.min()), float(constraint.upper_bound.max())
-                    out[full] = (lb if math.isfinite(lb) else None, ub if math.isfinite(ub) else None)
+                    lb = float(constraint.lower_bound.min())
+                    ub = float(constraint.upper_bound.max())
+                    out[full] = (
+                        lb if math.isfinite(lb) else None, ub if math.isfinite(ub) else None
+                    )
         return out
 
     @torch.no_grad()
@@ -781,9 +800,12 @@ class DecoupledSVGP(OnlineModel):
                 continue
             for _, param, constraint in child.named_parameters_and_constraints():
                 if constraint is not None and not constraint.enforced:
-                    param.clamp_(float(constraint.lower_bound.min()), float(constraint.upper_bound.max()))
+                    lb = float(constraint.lower_bound.min())
+                    param.clamp_(lb, float(constraint.upper_bound.max()))
 
-    def _adam(self, var, hyper, loss, max_iter, lr, lr_v, batch_size, grow, gen, timeout_sec) -> None:
+    def _adam(
+        self, var, hyper, loss, max_iter, lr, lr_v, batch_size, grow, gen, timeout_sec
+    ) -> None:
         r"""Adam with the paper's step schedule and online basis growth (Algorithm 1)."""
         import time
 
@@ -815,7 +837,8 @@ class DecoupledSVGP(OnlineModel):
         pool = idx if idx is not None else torch.arange(self.num_data)
         pool = pool[torch.randperm(pool.shape[0], generator=gen)]
         n_b = min(grow, self.num_cov_bases - var["beta"].shape[-2])
-        n_a = min(grow, self.num_mean_bases - var["beta"].shape[-2] - var["alpha"].shape[-2] - max(n_b, 0))
+        m_now = var["beta"].shape[-2] + var["alpha"].shape[-2]
+        n_a = min(grow, self.num_mean_bases - m_now - max(n_b, 0))
         if n_b > 0:
             pick = pool[:n_b]
             noise = self._train_noise_diag(pick).detach()
@@ -825,12 +848,14 @@ class DecoupledSVGP(OnlineModel):
             Lnew[:m, :m] = var["L0"].detach()
             Lnew[m:, m:] = torch.diag_embed(noise.rsqrt())
             self._extend(var, opt, "L0", Lnew)
-            self._extend(var, opt, "a0", torch.cat([var["a0"].detach(), torch.zeros(n_b, **self._dtype_device)]))
+            zeros = torch.zeros(n_b, **self._dtype_device)
+            self._extend(var, opt, "a0", torch.cat([var["a0"].detach(), zeros]))
             pool = pool[n_b:]
         if n_a > 0:
             pick = pool[:n_a]
             self._extend(var, opt, "alpha", torch.cat([var["alpha"].detach(), self.train_X[pick]]))
-            self._extend(var, opt, "a_alpha", torch.cat([var["a_alpha"].detach(), torch.zeros(pick.shape[0], **self._dtype_device)]))
+            zeros = torch.zeros(pick.shape[0], **self._dtype_device)
+            self._extend(var, opt, "a_alpha", torch.cat([var["a_alpha"].detach(), zeros]))
 
     @staticmethod
     def _extend(var: dict, opt: torch.optim.Optimizer, key: str, value: Tensor) -> None:
@@ -887,7 +912,7 @@ class DecoupledSVGP(OnlineModel):
         std = torch.where(std > 0, std, torch.ones_like(std))
         ratio = self.outcome_std / std
         with torch.no_grad():
-            # Keep the posterior mean in user units: f_new = (f_old * s_old + m_old - m_new) / s_new.
+            # Keep the mean in user units: f_new = (f_old * s_old + m_old - m_new) / s_new.
             self.mean_module.constant.copy_(
                 ((self.mean_module.constant * self.outcome_std + self.outcome_mean - mean) / std)
                 .reshape(self.mean_module.constant.shape)
