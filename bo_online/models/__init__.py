@@ -1,6 +1,7 @@
 """Online GP surrogates; each subclasses :class:`bo_online.models.base.OnlineModel`."""
 
 from bo_online.models.base import OnlineModel
+from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import OnlineExactGP
 
-__all__ = ["OnlineModel", "OnlineExactGP"]
+__all__ = ["OnlineModel", "OnlineExactGP", "DecoupledSVGP"]
