@@ -23,6 +23,7 @@ def minimize_loss(
     max_iter: int = 200,
     lr: float = 0.05,
     timeout_sec: float | None = None,
+    bounds: dict[str, tuple[float | None, float | None]] | None = None,
 ) -> OptimizationResult:
     r"""Minimise ``loss()`` over ``parameters`` in place.
 
@@ -33,6 +34,9 @@ def minimize_loss(
         max_iter: iteration cap (L-BFGS ``maxiter`` or number of Adam steps).
         lr: Adam learning rate.
         timeout_sec: optional wall-clock limit.
+        bounds: optional name -> (lower, upper) box for parameters (BoTorch's GPyTorch modules
+            use constraints with ``transform=None``, which are enforced only through these
+            bounds; see ``botorch.optim.utils.get_parameters_and_bounds``).
 
     Returns:
         BoTorch's ``OptimizationResult`` (final loss, step count, status).
@@ -44,6 +48,7 @@ def minimize_loss(
         return scipy_minimize(
             closure=closure,
             parameters=parameters,
+            bounds=bounds,
             options={"maxiter": max_iter},
             timeout_sec=timeout_sec,
         )
@@ -52,6 +57,7 @@ def minimize_loss(
             closure=closure,
             parameters=parameters,
             optimizer=lambda params: torch.optim.Adam(params, lr=lr),
+            bounds=bounds,
             step_limit=max_iter,
             timeout_sec=timeout_sec,
         )
