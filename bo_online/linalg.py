@@ -30,6 +30,10 @@ __all__ = [
     "cholesky_update",
     "cholesky_downdate",
     "cholesky_append",
+    "cholesky_append_rows",
+    "schur_cholesky",
+    "solve_bordered",
+    "solve_bordered_transpose",
     "solve_lower",
     "solve_lower_transpose",
     "cholesky_solve",
@@ -179,16 +183,53 @@ def cholesky_append(L: Tensor, B: Tensor, C: Tensor) -> Tensor:
         NotPositiveDefiniteError: if the Schur complement ``C - S^T S`` (``S = L^{-1} B``) is not
             positive definite, i.e. the bordered matrix is not SPD.
     """
+    S_t, L22 = cholesky_append_rows(L, B, C)
+    n, q = L.shape[-1], L22.shape[-1]
+    batch = S_t.shape[:-2]
+    # One allocation, blocks copied in (two torch.cat calls would copy the n x n block twice).
+    out = L.new_zeros(*batch, n + q, n + q)
+    out[..., :n, :n] = L
+    out[..., n:, :n] = S_t
+    out[..., n:, n:] = L22
+    return out
+
+
+def cholesky_append_rows(L: Tensor, B: Tensor, C: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The new rows ``[S^T, L22]`` of the bordered factor of :func:`cholesky_append`, without
+    copying ``L``: a caller can keep ``L`` shared and solve blockwise (:func:`solve_bordered`).
+
+    Returns:
+        ``(S^T, L22)`` of shapes ``batch x q x n`` and ``batch x q x q`` (batch dims broadcast).
+    """
     n, q = B.shape[-2], B.shape[-1]
     if L.shape[-1] != n or C.shape[-1] != q or C.shape[-2] != q:
         raise ValueError(
             f"Shapes do not border: L {tuple(L.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)}."
         )
     batch = torch.broadcast_shapes(L.shape[:-2], B.shape[:-2], C.shape[:-2])
-    L = L.expand(*batch, n, n)
-    B = B.expand(*batch, n, q)
-    C = C.expand(*batch, q, q)
-    S = solve_lower(L, B) if n > 0 else B  # ... x n x q
+    S = solve_lower(L.expand(*batch, n, n), B.expand(*batch, n, q)) if n > 0 else B.expand(*batch, n, q)
+    return S.transpose(-1, -2), schur_cholesky(C.expand(*batch, q, q), S)
+
+
+def solve_bordered(L: Tensor, S_t: Tensor, L22: Tensor, B: Tensor) -> Tensor:
+    r"""Solve ``[[L, 0], [S^T, L22]] X = B`` blockwise (``B``: ``... x (n+q) x k``), O(n^2 k)."""
+    n = L.shape[-1]
+    X1 = solve_lower(L, B[..., :n, :])
+    X2 = solve_lower(L22, B[..., n:, :] - S_t @ X1)
+    return torch.cat([X1, X2], dim=-2)
+
+
+def solve_bordered_transpose(L: Tensor, S_t: Tensor, L22: Tensor, B: Tensor) -> Tensor:
+    r"""Solve ``[[L, 0], [S^T, L22]]^T X = B`` blockwise (``B``: ``... x (n+q) x k``)."""
+    n = L.shape[-1]
+    X2 = solve_lower_transpose(L22, B[..., n:, :])
+    X1 = solve_lower_transpose(L, B[..., :n, :] - S_t.transpose(-1, -2) @ X2)
+    return torch.cat([X1, X2], dim=-2)
+
+
+def schur_cholesky(C: Tensor, S: Tensor) -> Tensor:
+    r"""Lower factor of the Schur complement ``C - S^T S`` (``C``: ``... x q x q``, ``S``:
+    ``... x n x q``): the new diagonal block of a bordered Cholesky factor."""
     schur = C - S.transpose(-1, -2) @ S
     L22, info = torch.linalg.cholesky_ex(schur)
     if bool(info.any()):
@@ -196,6 +237,4 @@ def cholesky_append(L: Tensor, B: Tensor, C: Tensor) -> Tensor:
             "Bordered Cholesky append failed: the new block's Schur complement is not positive "
             "definite (duplicate inputs with zero noise?). The factor was left unchanged."
         )
-    top = torch.cat([L, torch.zeros(*batch, n, q, dtype=L.dtype, device=L.device)], dim=-1)
-    bottom = torch.cat([S.transpose(-1, -2), L22], dim=-1)
-    return torch.cat([top, bottom], dim=-2)
+    return L22

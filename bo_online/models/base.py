@@ -35,6 +35,7 @@ from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.models import GP
 from linear_operator.operators import DiagLinearOperator, LinearOperator
 from torch import Tensor
 from typing_extensions import Self
@@ -44,8 +45,11 @@ from bo_online.models.validation import check_inputs, check_noise, check_observa
 __all__ = ["OnlineModel"]
 
 
-class OnlineModel(Model, FantasizeMixin, ABC):
+class OnlineModel(Model, GP, FantasizeMixin, ABC):
     r"""Abstract online surrogate (single output).
+
+    It is also a GPyTorch ``GP`` (as BoTorch's own models are), so GPyTorch's marginal-likelihood
+    wrappers accept it and ``fit_gpytorch_mll`` dispatches to :meth:`custom_fit`.
 
     Subclasses implement:
 
@@ -141,6 +145,14 @@ class OnlineModel(Model, FantasizeMixin, ABC):
     def hyperparameters(self) -> Iterator[Tensor]:
         """Tensors whose values the caches depend on; by default every parameter."""
         return self.parameters()
+
+    def log_prior(self) -> Tensor:
+        """Sum of the log densities of every GPyTorch prior on the hyperparameter modules (as
+        GPyTorch's marginal likelihoods add them)."""
+        total = torch.zeros((), **self._dtype_device)
+        for _, module, prior, closure, _ in self.named_priors():
+            total = total + prior.log_prob(closure(module)).sum()
+        return total
 
     # ------------------------------------------------------------------ the cache mechanism
 

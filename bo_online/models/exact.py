@@ -30,9 +30,16 @@ from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.linalg import cholesky_append, cholesky_solve, psd_cholesky, solve_lower
+from bo_online.linalg import (
+    psd_cholesky,
+    schur_cholesky,
+    solve_bordered,
+    solve_bordered_transpose,
+    solve_lower,
+    solve_lower_transpose,
+)
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import minimize_loss
+from bo_online.models.fitting import minimize_loss, trainable_parameters_and_bounds
 from bo_online.models.validation import check_observations
 
 __all__ = ["OnlineExactGP"]
@@ -101,7 +108,12 @@ class OnlineExactGP(OnlineModel):
             None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
         )
         # Caches (rebuilt from the data whenever a hyperparameter changes).
-        self.register_buffer("chol", None)  # batch x n x n, lower factor of K + N
+        # The factor of K + N is [[chol, 0], [tail_S, tail_L]]: a conditioned (fantasy) model
+        # shares its parent's ``chol`` and only holds the q new rows, so conditioning never
+        # copies the n x n factor. ``update`` (in place) merges them into one factor.
+        self.register_buffer("chol", None)  # batch x n0 x n0
+        self.register_buffer("tail_S", None)  # batch x t x n0, or None
+        self.register_buffer("tail_L", None)  # batch x t x t, or None
         self.register_buffer("alpha", None)  # sample x batch x n, (K + N)^-1 (y - mu)
 
     # ------------------------------------------------------------------ what the model is
@@ -157,19 +169,43 @@ class OnlineExactGP(OnlineModel):
         return K + torch.diag_embed(self._train_noise_diag())
 
     def _rebuild_caches(self) -> None:
-        self.chol = psd_cholesky(self._kernel_plus_noise())
-        self.alpha = self._solve_alpha(self.chol, self.train_y, self.train_X)
+        self.chol, self.tail_S, self.tail_L = psd_cholesky(self._kernel_plus_noise()), None, None
+        self.alpha = self._solve_alpha(self.train_y)
 
-    def _solve_alpha(self, L: Tensor, y: Tensor, X: Tensor) -> Tensor:
-        resid = y - self.mean_module.constant  # sample x batch x n
-        return cholesky_solve(L, resid.unsqueeze(-1)).squeeze(-1)
+    def _factor_solve(self, B: Tensor) -> Tensor:
+        r"""``L^{-1} B`` for the full factor L of K + N; ``B``: ``... x n x k``."""
+        if self.tail_S is None:
+            return solve_lower(self.chol, B)
+        return solve_bordered(self.chol, self.tail_S, self.tail_L, B)
+
+    def _factor_solve_transpose(self, B: Tensor) -> Tensor:
+        r"""``L^{-T} B`` for the full factor L of K + N; ``B``: ``... x n x k``."""
+        if self.tail_S is None:
+            return solve_lower_transpose(self.chol, B)
+        return solve_bordered_transpose(self.chol, self.tail_S, self.tail_L, B)
+
+    def _full_factor(self) -> Tensor:
+        """The factor of K + N as one ``batch x n x n`` tensor (merges a pending tail)."""
+        if self.tail_S is None:
+            return self.chol
+        n0, t = self.chol.shape[-1], self.tail_L.shape[-1]
+        batch = self.tail_S.shape[:-2]
+        out = self.chol.new_zeros(*batch, n0 + t, n0 + t)
+        out[..., :n0, :n0] = self.chol
+        out[..., n0:, :n0] = self.tail_S
+        out[..., n0:, n0:] = self.tail_L
+        return out
+
+    def _solve_alpha(self, y: Tensor) -> Tensor:
+        resid = (y - self.mean_module.constant).unsqueeze(-1)  # sample x batch x n x 1
+        return self._factor_solve_transpose(self._factor_solve(resid)).squeeze(-1)
 
     # ------------------------------------------------------------------ prediction
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         K_xX = self.covar_module(X, self.train_X).to_dense()  # batch x q x n
         mean = self.mean_module.constant + (K_xX @ self.alpha.unsqueeze(-1)).squeeze(-1)
-        V = solve_lower(self.chol, K_xX.transpose(-1, -2))  # batch x n x q
+        V = self._factor_solve(K_xX.transpose(-1, -2))  # batch x n x q
         prior = self.covar_module(X)
         batch = torch.broadcast_shapes(mean.shape[:-1], V.shape[:-2])
         Vt = V.transpose(-1, -2).expand(*batch, *V.shape[-1:], V.shape[-2])
@@ -178,44 +214,54 @@ class OnlineExactGP(OnlineModel):
 
     # ------------------------------------------------------------------ conditioning
 
-    def _appended(self, X: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-        r"""Factor, inputs and noise with ``X`` (``batch x q x d``) appended; shared by fantasies."""
+    def _new_rows(self, X: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        r"""The new factor rows ``(S^T, L22)`` for ``X`` (``batch x q x d``), the inputs and the
+        noise with ``X`` appended. O(n^2 q); shared by every fantasy sample."""
         point_noise = self._noise_of_points(X, noise)
         batch = torch.broadcast_shapes(self.train_X.shape[:-2], X.shape[:-2])
         old_X = self.train_X.expand(*batch, *self.train_X.shape[-2:])
-        B = self.covar_module(old_X, X).to_dense()
+        B = self.covar_module(old_X, X).to_dense()  # batch x n x q
         C = self.covar_module(X).to_dense() + torch.diag_embed(point_noise)
-        L = cholesky_append(self.chol, B, C)
+        S_t = self._factor_solve(B).transpose(-1, -2)  # batch x q x n
+        L22 = schur_cholesky(C, S_t.transpose(-1, -2))
         new_X = torch.cat([old_X, X.expand(*batch, *X.shape[-2:])], dim=-2)
         new_noise = None
         if self.fixed_noise:
             old = self.train_noise.expand(*batch, self.train_noise.shape[-1])
             new_noise = torch.cat([old, point_noise.expand(*batch, X.shape[-2])], dim=-1)
-        return L, new_X, new_noise
+        return S_t, L22, new_X, new_noise
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         # The factor does not depend on Y: with fantasies (Y: sample x batch x q) it is built once.
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
             noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
-        L, new_X, new_noise = self._appended(X, noise)
+        S_t, L22, new_X, new_noise = self._new_rows(X, noise)
         batch_y = torch.broadcast_shapes(self.train_y.shape[:-1], Y.shape[:-1])
         y = torch.cat(
             [self.train_y.expand(*batch_y, self.train_y.shape[-1]), Y.expand(*batch_y, Y.shape[-1])],
             dim=-1,
         )
         new = self._shallow_copy()
-        new.train_X, new.train_y, new.train_noise, new.chol = new_X, y, new_noise, L
-        new.alpha = self._solve_alpha(L, y, new_X)
+        new.train_X, new.train_y, new.train_noise = new_X, y, new_noise
+        if self.tail_S is None:  # share this model's factor, keep only the new rows
+            new.chol, new.tail_S, new.tail_L = self.chol, S_t, L22
+        else:  # conditioning a conditioned model: merge the pending rows first
+            new.chol, new.tail_S, new.tail_L = self._full_factor(), S_t, L22
+        new.alpha = new._solve_alpha(y)
         new._batch_shape = torch.broadcast_shapes(y.shape[:-1], new_X.shape[:-2])
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
-        L, new_X, new_noise = self._appended(X, noise)  # raises before any state changes
+        S_t, L22, new_X, new_noise = self._new_rows(X, noise)  # raises before any state changes
+        n, q = S_t.shape[-1], L22.shape[-1]
+        L = self.chol.new_zeros(n + q, n + q)
+        L[:n, :n] = self._full_factor()
+        L[n:, :n], L[n:, n:] = S_t, L22
         y = torch.cat([self.train_y, Y], dim=-1)
-        alpha = self._solve_alpha(L, y, new_X)
         self.train_X, self.train_y, self.train_noise = new_X, y, new_noise
-        self.chol, self.alpha = L, alpha
+        self.chol, self.tail_S, self.tail_L = L, None, None
+        self.alpha = self._solve_alpha(y)
 
     # ------------------------------------------------------------------ hyperparameters
 
@@ -228,8 +274,7 @@ class OnlineExactGP(OnlineModel):
         n = self.num_data
         mll = -0.5 * (w.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi))
         if include_priors:
-            for _, module, prior, closure, _ in self.named_priors():
-                mll = mll + prior.log_prob(closure(module)).sum()
+            mll = mll + self.log_prior()
         return mll / n
 
     def fit(
@@ -246,14 +291,15 @@ class OnlineExactGP(OnlineModel):
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
         if restandardize and self.num_data > 1:
             self._restandardize()
-        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        if self.fixed_noise:
-            params = {n: p for n, p in params.items() if not n.startswith("likelihood.")}
+        params, bounds = trainable_parameters_and_bounds(
+            self, name_filter=lambda n: not (self.fixed_noise and n.startswith("likelihood."))
+        )
         self.train()
         try:
             minimize_loss(
                 lambda: -self.marginal_log_likelihood(),
                 params,
+                bounds=bounds,
                 method=method,
                 max_iter=max_iter,
                 lr=lr,

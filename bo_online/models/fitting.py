@@ -13,7 +13,22 @@ from typing import Callable, Literal
 import torch
 from botorch.optim.closures import ForwardBackwardClosure
 from botorch.optim.core import OptimizationResult, scipy_minimize, torch_minimize
+from botorch.optim.utils.model_utils import get_parameters_and_bounds
 from torch import Tensor
+from torch.nn import Module
+
+Bounds = dict[str, tuple[float | None, float | None]]
+
+
+def trainable_parameters_and_bounds(
+    model: Module, name_filter: Callable[[str], bool] | None = None
+) -> tuple[dict[str, Tensor], Bounds]:
+    r"""Trainable parameters of ``model`` and the optimiser bounds implied by GPyTorch constraints.
+
+    GPyTorch constraints with ``transform=None`` (BoTorch's default noise constraint, for one) are
+    enforced only through these bounds, so every fit must pass them on.
+    """
+    return get_parameters_and_bounds(model, requires_grad=True, name_filter=name_filter)
 
 
 def minimize_loss(
@@ -23,7 +38,7 @@ def minimize_loss(
     max_iter: int = 200,
     lr: float = 0.05,
     timeout_sec: float | None = None,
-    bounds: dict[str, tuple[float | None, float | None]] | None = None,
+    bounds: Bounds | None = None,
 ) -> OptimizationResult:
     r"""Minimise ``loss()`` over ``parameters`` in place.
 
@@ -34,9 +49,8 @@ def minimize_loss(
         max_iter: iteration cap (L-BFGS ``maxiter`` or number of Adam steps).
         lr: Adam learning rate.
         timeout_sec: optional wall-clock limit.
-        bounds: optional name -> (lower, upper) box for parameters (BoTorch's GPyTorch modules
-            use constraints with ``transform=None``, which are enforced only through these
-            bounds; see ``botorch.optim.utils.get_parameters_and_bounds``).
+        bounds: name -> (lower, upper) box for the raw values (see
+            :func:`trainable_parameters_and_bounds`).
 
     Returns:
         BoTorch's ``OptimizationResult`` (final loss, step count, status).
@@ -56,8 +70,8 @@ def minimize_loss(
         return torch_minimize(
             closure=closure,
             parameters=parameters,
-            optimizer=lambda params: torch.optim.Adam(params, lr=lr),
             bounds=bounds,
+            optimizer=lambda params: torch.optim.Adam(params, lr=lr),
             step_limit=max_iter,
             timeout_sec=timeout_sec,
         )

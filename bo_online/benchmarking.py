@@ -1,0 +1,103 @@
+r"""Side-by-side timing as BENCHMARKS.md prescribes.
+
+Every speed claim in bo_online is a ratio measured in one run: the candidates are timed
+interleaved (A B A B ...), after a warm-up, the median of at least five repetitions is reported
+with its min-max spread, and the environment (library versions, dtype, device, threads) is
+recorded beside the numbers. ``timeit`` does not interleave competitors or synchronise a GPU,
+hence this small module.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Timing:
+    """Seconds per call of one candidate: median, min, max over ``reps`` repetitions."""
+
+    median: float
+    min: float
+    max: float
+    reps: int
+
+
+def _sync(device: torch.device | str | None) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(
+    candidates: dict[str, Callable[[], Any]],
+    reps: int = 5,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+) -> dict[str, Timing]:
+    r"""Time each zero-argument callable ``reps`` times, interleaved, after ``warmup`` calls each.
+
+    Returns:
+        name -> :class:`Timing` (seconds per call).
+    """
+    if reps < 1:
+        raise ValueError("reps must be >= 1.")
+    for _ in range(warmup):
+        for fn in candidates.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(reps):
+        for name, fn in candidates.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            samples[name].append(time.perf_counter() - start)
+    return {
+        name: Timing(statistics.median(v), min(v), max(v), len(v)) for name, v in samples.items()
+    }
+
+
+def environment() -> dict[str, Any]:
+    """Library versions, threads and machine, recorded with every benchmark result."""
+    import botorch
+    import gpytorch
+    import linear_operator
+
+    import bo_online
+
+    return {
+        "bo_online": bo_online.__version__,
+        "torch": torch.__version__,
+        "botorch": botorch.__version__,
+        "gpytorch": gpytorch.__version__,
+        "linear_operator": linear_operator.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def write_results(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (plus :func:`environment`) as indented JSON, creating parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"environment": environment(), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=_json_default))
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Timing):
+        return asdict(obj)
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)
+    raise TypeError(f"Cannot serialise {type(obj).__name__}")
