@@ -401,7 +401,7 @@ class WISKI(OnlineModel):
         if N <= _DENSE_COVAR_MAX:
             covar = P @ P.mT - Q @ Q.mT
             return MultivariateNormal(mean, covar.expand(*batch, N, N))
-        return MultivariateNormal(mean, RootDifferenceLinearOperator(P, Q))
+        return MultivariateNormal(mean, RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch)))
 
     # ------------------------------------------------------------------ conditioning
 

@@ -11,8 +11,11 @@ this operator keeps the two roots with their own batch shapes and computes the d
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from linear_operator.operators import LinearOperator
+from linear_operator.operators import DenseLinearOperator, LinearOperator
+from linear_operator.utils.getitem import _is_noop_index
 from torch import Tensor
 
 
@@ -22,21 +25,32 @@ class RootDifferenceLinearOperator(LinearOperator):
     Args:
         P: ``batch_p x N x r`` (positive root).
         Q: ``batch_q x N x s`` (negative root; ``s`` may be 0); batches broadcast.
+        batch_shape: optional batch shape of the operator (broadcast with the roots' batches), so
+            that a covariance shared across samples can match the mean's batch without copies.
     """
 
-    def __init__(self, P: Tensor, Q: Tensor) -> None:
-        super().__init__(P, Q)
+    def __init__(self, P: Tensor, Q: Tensor, batch_shape: tuple[int, ...] = ()) -> None:
+        batch = tuple(torch.broadcast_shapes(P.shape[:-2], Q.shape[:-2], torch.Size(batch_shape)))
+        super().__init__(P, Q, batch_shape=batch)
         self.P = P
         self.Q = Q
+        self._batch = torch.Size(batch)
 
     def _size(self) -> torch.Size:
-        batch = torch.broadcast_shapes(self.P.shape[:-2], self.Q.shape[:-2])
         N = self.P.shape[-2]
-        return torch.Size([*batch, N, N])
+        return torch.Size([*self._batch, N, N])
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         P, Q = self.P, self.Q
-        return P @ (P.mT @ rhs) - Q @ (Q.mT @ rhs)
+        out = P @ (P.mT @ rhs) - Q @ (Q.mT @ rhs)
+        batch = torch.broadcast_shapes(self._batch, out.shape[:-2])
+        return out.expand(*batch, *out.shape[-2:])
+
+    def _permute_batch(self, *dims: int) -> LinearOperator:
+        batch = self._batch
+        P = self.P.expand(*batch, *self.P.shape[-2:])
+        Q = self.Q.expand(*batch, *self.Q.shape[-2:])
+        return self.__class__(P.permute(*dims, -2, -1), Q.permute(*dims, -2, -1))
 
     def _transpose_nonbatch(self) -> LinearOperator:
         return self
@@ -52,9 +66,17 @@ class RootDifferenceLinearOperator(LinearOperator):
         return dense.expand(*self.shape)
 
     def _expand_batch(self, batch_shape: torch.Size | list[int]) -> LinearOperator:
-        P = self.P.expand(*batch_shape, *self.P.shape[-2:])
-        Q = self.Q.expand(*batch_shape, *self.Q.shape[-2:])
-        return self.__class__(P, Q)
+        return self.__class__(self.P, self.Q, batch_shape=tuple(batch_shape))
+
+    def _getitem(self, row_index: Any, col_index: Any, *batch_indices: Any) -> LinearOperator:
+        batch = self.batch_shape
+        P = self.P.expand(*batch, *self.P.shape[-2:])
+        Q = self.Q.expand(*batch, *self.Q.shape[-2:])
+        if _is_noop_index(row_index) and _is_noop_index(col_index):
+            full = slice(None, None, None)
+            return self.__class__(P[(*batch_indices, full, full)], Q[(*batch_indices, full, full)])
+        dense = self.to_dense()[(*batch_indices, row_index, col_index)]
+        return DenseLinearOperator(dense)
 
     def _get_indices(self, row_index: Tensor, col_index: Tensor, *batch_indices: Tensor) -> Tensor:
         batch = self.batch_shape
