@@ -501,7 +501,10 @@ class WISKI(OnlineModel):
         active = torch.nonzero(torch.diagonal(self.G) > 0).squeeze(-1)
         full = active.numel() == self.G.shape[-1]
         G = self.G if full else self.G[active][:, active]
-        R = psd_cholesky(self._grid_kernel(None if full else self.grid_points[active]))
+        # The kernel is evaluated on the whole grid and then restricted, so the entries are
+        # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
+        K = self._grid_kernel()
+        R = psd_cholesky(K if full else K[active][:, active])
         sigma2 = self._sigma2()
         m = R.shape[-1]
         A = R.mT @ G @ R + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
@@ -605,7 +608,8 @@ class WISKI(OnlineModel):
 
         The statistics hold raw outcomes, so only the scaling changes; the caches follow through
         the cache key. The constant mean, the homoscedastic noise and a ``ScaleKernel``'s
-        outputscale are mapped so the model in the user's units is unchanged.
+        outputscale are mapped so the model in the user's units is unchanged (exactly, unless the
+        mapped noise would fall below the likelihood's lower bound, where it is clamped).
         """
         n = self.n
         if float(n) < 2:
