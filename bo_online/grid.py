@@ -202,8 +202,9 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     """
     batch, (n, K), c = idx.shape[:-2], idx.shape[-2:], M.shape[-1]
     fi, fv = idx.reshape(-1, K), val.reshape(-1, K)
-    if not (torch.is_grad_enabled() and (val.requires_grad or M.requires_grad)):
-        # Sparse product (CSR rows of K non-zeros): fast and light when no gradient is needed.
+    needs_grad = torch.is_grad_enabled() and (val.requires_grad or M.requires_grad)
+    if not needs_grad and fi.shape[0] * K * c > 2**16:
+        # Sparse product (CSR rows of K non-zeros): fast and light for many rows without grad.
         rows = fi.shape[0]
         crow = torch.arange(0, rows * K + 1, K, device=idx.device)
         with warnings.catch_warnings():
@@ -228,7 +229,13 @@ def interp_gram(
     out: Tensor | None = None,
     chunk: int = 2**22,
 ) -> Tensor:
-    r"""``W^T diag(weights) W`` (``m x m`` dense) by scatter-accumulating ``K^2`` products per row.
+    r"""``W^T diag(weights) W`` (``m x m`` dense) accumulated from the ``K`` non-zeros per row.
+
+    Few rows: every row's ``K x K`` outer product is scattered directly. Many rows: rows are
+    grouped by grid cell (all rows in a cell share one stencil, so ``idx[r] = idx[r, 0] +
+    offsets``), each cell's ``K x K`` block is one small dense product ``V_c^T diag(w_c) V_c``
+    and only the blocks are scattered -- the same flops, done by GEMMs instead of ``n K^2``
+    random scatter-adds.
 
     Args:
         idx, val: ``n x K`` interpolation indices and weights (no batch).
@@ -244,11 +251,24 @@ def interp_gram(
     if out is None:
         out = torch.zeros(m, m, dtype=val.dtype, device=val.device)
     G = out.view(-1)
+    wv = val * weights.unsqueeze(-1)
+    offsets = idx[:1] - idx[:1, :1]  # 1 x K stencil pattern
+    if n > 4 * K and bool((idx - idx[:, :1] == offsets).all()):
+        cells, inverse, counts = torch.unique(idx[:, 0], return_inverse=True, return_counts=True)
+        order = torch.argsort(inverse)
+        v_sorted, wv_sorted = val[order], wv[order]
+        blocks = [
+            a.mT @ b
+            for a, b in zip(wv_sorted.split(counts.tolist()), v_sorted.split(counts.tolist()))
+        ]
+        pair = (offsets.mT * m + offsets).reshape(-1)  # (a, b) -> a m + b
+        flat = cells.unsqueeze(-1) * (m + 1) + pair  # (c + a) m + (c + b)
+        G.index_add_(0, flat.reshape(-1), torch.stack(blocks).reshape(-1))
+        return out
     rows_per = max(1, chunk // (K * K))
     for start in range(0, n, rows_per):
-        ii, vv = idx[start:start + rows_per], val[start:start + rows_per]
-        ww = weights[start:start + rows_per]
+        ii, vv, ww = idx[start:start + rows_per], val[start:start + rows_per], wv[start:start + rows_per]
         pair_idx = (ii.unsqueeze(-1) * m + ii.unsqueeze(-2)).reshape(-1)
-        pair_val = ((vv * ww.unsqueeze(-1)).unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
+        pair_val = (ww.unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
         G.index_add_(0, pair_idx, pair_val)
     return out

@@ -116,3 +116,17 @@ def test_products_match_dense():
     w = torch.rand(30, dtype=DT) + 0.1
     Wf = W[0]
     torch.testing.assert_close(interp_gram(idx[0], val[0], w, m, chunk=64), Wf.T @ (w[:, None] * Wf))
+
+
+def test_gram_cell_blocked_path_matches_dense():
+    torch.manual_seed(3)
+    for sizes in ([11, 9], [8, 7, 9]):
+        grid = RegularGrid(sizes)
+        X = torch.rand(1500, len(sizes), dtype=DT)
+        X[:500] = 0.3 + 0.01 * X[:500]  # a crowded cell
+        idx, val = grid.interpolate(X)
+        w = torch.rand(1500, dtype=DT) + 0.1
+        W = grid.dense_weights(X)
+        G0 = torch.randn(grid.num_points, grid.num_points, dtype=DT)
+        G = interp_gram(idx, val, w, grid.num_points, out=G0.clone())
+        torch.testing.assert_close(G, G0 + W.T @ (w[:, None] * W), rtol=1e-12, atol=1e-12)
