@@ -142,7 +142,9 @@ class WISKI(OnlineModel):
             if not 1 <= k <= 3:
                 raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
             grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
-            self.projection = projection
+            self.projection = projection.to(dtype=dtype, device=device)
+            if X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
+                projection.set_normalisation(X)  # batch norm statistics of the initial data
         self.num_features = k
         if grid_size is None:
             grid_size = default_grid_size(k)
@@ -208,6 +210,8 @@ class WISKI(OnlineModel):
     def _features(self, X: Tensor) -> Tensor:
         """Grid coordinates of (transformed, validated) inputs: identity or the projection."""
         if hasattr(self, "projection"):
+            if self.projection.training and not getattr(self, "_fitting_projection", False):
+                self.projection.eval()  # a fixed map except while it is being learned
             return self.projection(X)
         return X
 
@@ -510,6 +514,83 @@ class WISKI(OnlineModel):
         self.ensure_caches()
         return self
 
+    def fit_projection(
+        self,
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None = None,
+        method: Literal["lbfgs", "adam"] = "adam",
+        max_iter: int = 100,
+        lr: float = 0.01,
+        include_priors: bool = True,
+    ) -> Self:
+        r"""Learn the input projection jointly with the GP hyperparameters on raw data the user
+        kept, then REBUILD the statistics from the new features (paper 002, Sec. 4.3).
+
+        The statistics of a projected model depend on the projection, so they cannot be
+        re-featurised without the raw inputs; this replaces them by those of ``(X, Y, Yvar)``
+        (pass every observation the model should hold). During optimisation the statistics are
+        rebuilt differentiably (O(n 16^k) per step) and the batch norm uses the batch statistics
+        of ``X``; afterwards its running statistics are set to those of the final map.
+
+        Args:
+            X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
+            method, max_iter, lr: optimiser settings (see :meth:`fit`).
+        """
+        if not hasattr(self, "projection"):
+            raise ValueError("This WISKI model has no projection; use fit().")
+        if self.batch_shape != torch.Size():
+            raise ValueError("fit_projection() is for a single model.")
+        if Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        X = self._transform_and_check(X)
+        check_observations(X, Y, Yvar, dim=self.dim, bounds=self.input_bounds)
+        if self.fixed_noise != (Yvar is not None):
+            raise ValueError("Pass Yvar exactly when the model has fixed noise.")
+        D = (
+            torch.ones(X.shape[0], dtype=X.dtype, device=X.device)
+            if Yvar is None
+            else self._check_D(Yvar.to(X).squeeze(-1))
+        )
+        y = Y.to(X).squeeze(-1)
+        if y.numel() > 1:
+            std = y.std()
+            self.outcome_mean = y.mean().reshape(1)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
+        params, bounds = self._trainable_parameters(include_projection=True)
+        zero = self._zero_statistics()
+        self._fitting_projection = True
+        self.projection.train()
+
+        def loss() -> Tensor:
+            idx, val = self._interp(X)
+            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+            mll = self._mll_from_stats(stats)
+            if include_priors:
+                mll = mll + self._log_prior()
+            return -mll / y.numel()
+
+        try:
+            minimize_loss(loss, params, method=method, max_iter=max_iter, lr=lr, bounds=bounds)
+        finally:
+            self._fitting_projection = False
+            self.projection.eval()
+        self.projection.set_normalisation(X)
+        with torch.no_grad():
+            idx, val = self._interp(X)
+            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+        for name in _DELTA_NAMES:
+            setattr(self, name, None)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        self._stats_shared = False
+        self.invalidate_caches()
+        self.ensure_caches()
+        return self
+
+    def _zero_statistics(self) -> dict[str, Tensor]:
+        return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
+
     def _materialize(self) -> None:
         """Turn a non-batched conditioned model into a plain one (statistics and factor)."""
         if self.d_idx is None:
@@ -536,36 +617,45 @@ class WISKI(OnlineModel):
         priors / n), from the statistics alone (MATH.md section 1); differentiable in every
         hyperparameter. O(m^3), independent of n."""
         self._materialize()
+        stats = {name: getattr(self, name) for name in _STAT_NAMES}
+        mll = self._mll_from_stats(stats)
+        if include_priors:
+            mll = mll + self._log_prior()
+        return mll / self.n
+
+    def _mll_from_stats(self, stats: dict[str, Tensor]) -> Tensor:
+        r"""``log p(y_std)`` (not divided by n) from statistics ``stats`` (which may themselves be
+        differentiable, as in :meth:`fit_projection`)."""
+        G = stats["G"]
         # Only the grid points that some observation weights (diag G > 0) enter the likelihood:
         # y ~ N(0, W_P K_PP W_P^T + sigma^2 D). Restricting to them is exact and makes early BO
         # steps (few points, r << m) cheap.
-        active = torch.nonzero(torch.diagonal(self.G) > 0).squeeze(-1)
-        full = active.numel() == self.G.shape[-1]
-        G = self.G if full else self.G[active][:, active]
+        active = torch.nonzero(torch.diagonal(G).detach() > 0).squeeze(-1)
+        full = active.numel() == G.shape[-1]
         # The kernel is evaluated on the whole grid and then restricted, so the entries are
         # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
         K = self._grid_kernel()
         R = psd_cholesky(K if full else K[active][:, active])
+        G = G if full else G[active][:, active]
         sigma2 = self._sigma2()
         m = R.shape[-1]
         A = R.mT @ G @ R + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
-        z_r, s_r = self._residual_stats()
+        beta, sd = self._offset(), self.outcome_std.reshape(())
+        z_r = (stats["z"] - beta * stats["h"]) / sd
+        s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
         if not full:
             z_r = z_r[active]
         w = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
-        n = self.n
+        n = stats["n"]
         # log det of the standardised noise sigma^2 D: n log sigma^2 + logdet D (D units).
-        mll = -0.5 * (
+        return -0.5 * (
             (s_r - w.pow(2).sum()) / sigma2
             + (n - m) * sigma2.log()
-            + self.logdet_D
+            + stats["logdet_D"]
             + 2 * torch.diagonal(L_A).log().sum()
             + n * math.log(2 * math.pi)
         )
-        if include_priors:
-            mll = mll + self._log_prior()
-        return mll / n
 
     def _log_prior(self) -> Tensor:
         r"""Sum of the hyperparameter priors' log densities (kernel, mean, homoscedastic noise)."""
@@ -672,6 +762,25 @@ class WISKI(OnlineModel):
             if isinstance(self.covar_module, ScaleKernel):
                 self.covar_module.outputscale = self.covar_module.outputscale * ratio**2
         self.outcome_mean, self.outcome_std = mean.to(old_mean), std.to(old_std)
+
+
+def _stats_with(
+    base: dict[str, Tensor], idx: Tensor, val: Tensor, D: Tensor, y: Tensor, m: int
+) -> dict[str, Tensor]:
+    r"""``base`` statistics plus points (``n x K`` weights, ``n`` noise, ``n`` outcomes),
+    out of place and differentiable in ``val`` (used to learn a projection)."""
+    Dinv = 1.0 / D
+    G = interp_gram(idx, val, Dinv, m, out=base["G"].clone())
+    flat = idx.reshape(-1)
+    return {
+        "G": G,
+        "z": base["z"].index_add(0, flat, (val * (Dinv * y).unsqueeze(-1)).reshape(-1)),
+        "h": base["h"].index_add(0, flat, (val * Dinv.unsqueeze(-1)).reshape(-1)),
+        "s": base["s"] + (y * y * Dinv).sum(), "t": base["t"] + (y * Dinv).sum(),
+        "c": base["c"] + Dinv.sum(), "n": base["n"] + y.numel(),
+        "logdet_D": base["logdet_D"] + D.log().sum(), "sum_y": base["sum_y"] + y.sum(),
+        "sum_y2": base["sum_y2"] + (y * y).sum(), "sum_D": base["sum_D"] + D.sum(),
+    }
 
 
 def _right_solve(C: Tensor, B: Tensor) -> Tensor:
