@@ -55,3 +55,40 @@ def test_fit_projection_improves_and_rebuilds_statistics():
     Xt = torch.rand(4, 5, dtype=DT)
     mean_ref, _ = dense_posterior(model, X, Y, None, Xt)
     assert _rel(model.posterior(Xt).mean.squeeze(-1), mean_ref) < 1e-8
+
+
+def test_dirichlet_targets_and_classifier():
+    import math
+
+    import pytest
+
+    from bo_online.models.wiski_classification import WISKIDirichletClassifier, dirichlet_targets
+
+    t, v = dirichlet_targets(torch.tensor([1, 0]), 3)
+    a_hit, a_miss = 1.01, 0.01
+    assert abs(float(v[0, 1]) - math.log(1 + 1 / a_hit)) < 1e-14
+    assert abs(float(t[0, 1]) - (math.log(a_hit) - math.log(1 + 1 / a_hit) / 2)) < 1e-14
+    assert abs(float(t[0, 0]) - (math.log(a_miss) - math.log(1 + 1 / a_miss) / 2)) < 1e-14
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(150, 2, generator=g, dtype=DT)
+    labels = (X[:, 0] + 0.3 * X[:, 1] > 0.65).long()
+    clf = WISKIDirichletClassifier(X[:100], labels[:100], 2, grid_size=12)
+    clf.update(X[100:], labels[100:])
+    clf.fit(max_iter=20)
+    # each class model is the fixed-noise WISKI regression on its Dirichlet targets
+    tt, vv = dirichlet_targets(labels, 2)
+    ref = WISKI(X, tt[:, 1:], vv[:, 1:], grid_size=12, covar_module=clf.models[1].covar_module)
+    ref.mean_module.constant = clf.models[1].mean_module.constant.detach()
+    Xt = torch.rand(200, 2, generator=g, dtype=DT)
+    assert _rel(clf.models[1].posterior(Xt[:20]).mean, ref.posterior(Xt[:20]).mean) < 1e-9
+    yt = (Xt[:, 0] + 0.3 * Xt[:, 1] > 0.65).long()
+    acc = float((clf.predict(Xt) == yt).double().mean())
+    assert acc > 0.9, acc
+    p = clf.predict_proba(Xt)
+    torch.testing.assert_close(p.sum(-1), torch.ones(200, dtype=DT))
+    assert float(((p.argmax(-1) == yt).double()).mean()) > 0.9
+    before = {k: v.clone() for k, v in clf.models[0].state_dict().items()}
+    with pytest.raises(ValueError, match="labels"):
+        clf.update(torch.rand(2, 2, dtype=DT), torch.tensor([0, 2]))
+    after = clf.models[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
