@@ -588,6 +588,63 @@ class WISKI(OnlineModel):
         self.ensure_caches()
         return self
 
+    def projection_step(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
+    ) -> Tensor:
+        r"""One online gradient-ascent step on the projection for new points (paper 002 Eq. 18,
+        App. A.4), to be followed by ``update(X, Y, noise)``.
+
+        Only the new points' interpolation weights depend on the projection; the statistics of
+        the old points stay fixed (the paper's approximation). The objective is the part of the
+        log marginal likelihood that depends on those weights, in the Woodbury/Sherman-Morrison
+        form on the cached factor: with ``P = L_A^-1 R^T W*^T D*^-1/2`` and
+        ``c = L_A^-1 R^T z' = v + P D*^-1/2 r*``, ``C C^T = I + P^T P``::
+
+            obj = (||c||^2 - ||C^-1 P^T c||^2) / (2 sigma^2) - sum log diag C
+
+        O(m^2 q) (no refactorisation). Returns the objective before the step.
+
+        Args:
+            X: ``q x d`` raw inputs; Y: ``q x 1`` user units; noise: ``q x 1`` (fixed noise).
+            lr: step size for plain gradient ascent on the projection parameters.
+        """
+        if not hasattr(self, "projection"):
+            raise ValueError("This WISKI model has no projection.")
+        if self.batch_shape != torch.Size():
+            raise ValueError("projection_step() is for a single model.")
+        if Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        if noise is not None and noise.dim() == 1:
+            noise = noise.unsqueeze(-1)
+        X = self._transform_and_check(X)
+        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        self._materialize()
+        self.ensure_caches()
+        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        D = self._to_D(X, noise_s).expand(X.shape[:-1])
+        params = [p for p in self.projection.parameters() if p.requires_grad]
+        with torch.enable_grad():
+            obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
+            grads = torch.autograd.grad(obj, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(lr * g)
+        return obj.detach()
+
+    def _projection_objective(self, X: Tensor, y: Tensor, D: Tensor) -> Tensor:
+        r"""The projection-dependent part of log p(y) for new points (see projection_step)."""
+        R, L_A = self.chol_K, self.chol_A
+        idx, val = self._interp(X)
+        Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # q x m
+        P = solve_lower(L_A, Ut.mT)  # m x q
+        r = (y - self._offset()) / self.outcome_std.reshape(())
+        c = self.v + P @ (r * D.rsqrt())
+        eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        C = torch.linalg.cholesky(eye + P.mT @ P)
+        corr = torch.linalg.solve_triangular(C, (P.mT @ c).unsqueeze(-1), upper=False)
+        quad = c.pow(2).sum() - corr.pow(2).sum()
+        return 0.5 * quad / self._sigma2() - torch.diagonal(C).log().sum()
+
     def _zero_statistics(self) -> dict[str, Tensor]:
         return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
 
