@@ -213,3 +213,17 @@ def test_acquisition_functions_with_optimize_acqf():
         with torch.no_grad():
             assert float(acq(cand.unsqueeze(0))) >= float(acq(torch.rand(1, 3, 2, dtype=DT))) - 1e-9, name
     model.update(cand, torch.randn(3, 1, dtype=DT))
+
+
+def test_float32_model_close_to_float64():
+    X, Y, _ = _data(50, 2, seed=9)
+    m64 = WISKI(X, Y, grid_size=12)
+    m32 = WISKI(X.float(), Y.float(), grid_size=12)
+    assert m32.G.dtype == torch.float32
+    Xt = torch.rand(5, 2, dtype=DT)
+    p64, p32 = m64.posterior(Xt), m32.posterior(Xt.float())
+    assert p32.mean.dtype == torch.float32
+    torch.testing.assert_close(p32.mean.double(), p64.mean, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(p32.variance.double(), p64.variance, rtol=1e-3, atol=1e-5)
+    m32.update(torch.rand(2, 2), torch.randn(2, 1))
+    assert m32.chol_A.dtype == torch.float32
