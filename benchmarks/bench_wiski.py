@@ -16,6 +16,8 @@ min-max spread printed beside it):
    q = 6, n = 1000 (2-D), WISKI vs ``SingleTaskGP``.
 4. ``flops``: rank-q Cholesky update (``bo_online.linalg.cholesky_update``, ~2 m^2 q flops) at
    m = 900 and 1000, q = 1 and 6, against the measured dense matmul rate (2 m^3 flops).
+5. ``chain`` (a check, not a timing): 2,000 chained updates of batch sizes 1-6 against statistics
+   built from scratch (1e-9) and the literal n x n dense SKI posterior (1e-7).
 
     python benchmarks/bench_wiski.py                          # defaults: a few minutes on 2 cores
     python benchmarks/bench_wiski.py --ns 1000 10000 --skip-conditioning --reps 7
@@ -119,7 +121,9 @@ def bench_conditioning(n: int, reps: int) -> dict:
     wiski = WISKI(X, Y, grid_size=32)
     exact = OnlineExactGP(X, Y)
     stgp = SingleTaskGP(X, Y)
-    for model in (wiski, exact, stgp):
+    # separate instances for the in-place updates, so the conditioned models' base stays fixed
+    wiski_u, exact_u = WISKI(X, Y, grid_size=32), OnlineExactGP(X, Y)
+    for model in (wiski, exact, stgp, wiski_u, exact_u):
         _set_hypers(model, d)
     ski_kernel = ScaleKernel(
         GridInterpolationKernel(RBFKernel(ard_num_dims=d), grid_size=30, num_dims=d,
@@ -130,7 +134,7 @@ def bench_conditioning(n: int, reps: int) -> dict:
     ski_kernel.outputscale = 1.0
     ski.likelihood.noise = torch.tensor([0.01], dtype=DT)
     with torch.no_grad():
-        for model in (wiski, exact, stgp):
+        for model in (wiski, exact, stgp, wiski_u, exact_u):
             model.posterior(Xt).variance  # prediction caches, as in a running loop
         with fast_computations(True, True, True):
             ski.posterior(Xt).variance
@@ -152,13 +156,16 @@ def bench_conditioning(n: int, reps: int) -> dict:
             model.update(torch.rand(1, d, dtype=DT), torch.zeros(1, 1, dtype=DT))
         return run
 
+    t0 = time.perf_counter()
+    cond(wiski)()  # first conditioned posterior on this base state builds S = R L_A^-T (O(m^3))
+    first = time.perf_counter() - t0
     cands = {
         "WISKI condition+posterior": cond(wiski),
         "OnlineExactGP condition+posterior": cond(exact),
         "SingleTaskGP condition+posterior": cond(stgp),
         "GPyTorch SKI fantasy condition+posterior": ski_cond,
-        "WISKI update": upd(wiski),
-        "OnlineExactGP update": upd(exact),
+        "WISKI update": upd(wiski_u),
+        "OnlineExactGP update": upd(exact_u),
     }
     t = time_interleaved(cands, reps=reps)
     base = t["WISKI condition+posterior"].median
@@ -169,10 +176,12 @@ def bench_conditioning(n: int, reps: int) -> dict:
     for name, tt in t.items():
         rows.append({"candidate": name, "time": tt, "ratio_to_wiski_condition": tt.median / base})
         print(f"{name:<42} {_fmt(tt):>34} {tt.median / base:9.1f}x")
+    print(f"WISKI first conditioned posterior on a new base state (builds S): {first * 1e3:.1f} ms")
     speedup = t["SingleTaskGP condition+posterior"].median / base
     verdict = "PASS" if speedup >= 1000 else "FAIL"
     print(f"check WISKI >= 1000x faster than SingleTaskGP conditioning: {speedup:.0f}x {verdict}")
-    return {"n": n, "rows": rows, "speedup_vs_singletaskgp": speedup, "check": verdict}
+    return {"n": n, "rows": rows, "speedup_vs_singletaskgp": speedup, "check": verdict,
+            "wiski_first_call_s": first}
 
 
 def bench_qnipv(n: int, num_mc: int, q: int, reps: int) -> dict:
@@ -231,6 +240,61 @@ def bench_flops(reps: int) -> dict:
     return {"rows": rows}
 
 
+def check_chain(num_updates: int, seed: int = 7) -> dict:
+    r"""``num_updates`` chained updates of random batch sizes 1-6 (2-D, grid 10^2, Matern-5/2):
+    statistics vs a model built from scratch, posterior vs the literal dense SKI posterior
+    (``W K W^T + sigma^2 I`` formed and factorised, n x n)."""
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    g = torch.Generator().manual_seed(seed)
+    d = 2
+    X0, Y0 = _data(5, d, seed)
+    covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
+    model = WISKI(X0, Y0, grid_size=10, covar_module=covar)
+    covar.outputscale, model.likelihood.noise = 1.7, 0.07
+    covar.base_kernel.lengthscale = torch.tensor([[0.25, 0.4]], dtype=DT)
+    model.mean_module.constant = 0.3
+    Xs, Ys = [X0], [Y0]
+    t0 = time.perf_counter()
+    for _ in range(num_updates):
+        q = int(torch.randint(1, 7, (1,), generator=g))
+        Xn = torch.rand(q, d, generator=g, dtype=DT)
+        Yn = torch.sin(5 * Xn).sum(-1, keepdim=True)
+        model.update(Xn, Yn)
+        Xs.append(Xn)
+        Ys.append(Yn)
+    chain_s = time.perf_counter() - t0
+    X, Y = torch.cat(Xs), torch.cat(Ys)
+    scratch = WISKI(X, Y, grid_size=10, covar_module=covar, likelihood=model.likelihood)
+    a, b = model.statistics(), scratch.statistics()
+    stat_err = max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-300)) for k in a)
+    Xt = torch.rand(9, d, generator=g, dtype=DT)
+    with torch.no_grad():
+        post = model.posterior(Xt)
+        W = model.grid.dense_weights(X)
+        K = covar(model.grid.points()).to_dense()
+        K = K + model.grid_jitter * torch.diagonal(K).mean() * torch.eye(K.shape[0], dtype=DT)
+        y = (Y.squeeze(-1) - model.outcome_mean) / model.outcome_std
+        C = W @ K @ W.T + model.likelihood.noise.reshape(()) * torch.eye(X.shape[0], dtype=DT)
+        L = torch.linalg.cholesky(C)
+        Ws = model.grid.dense_weights(Xt)
+        Kxs = Ws @ K @ W.T
+        c = model.mean_module.constant.reshape(())
+        mean = c + Kxs @ torch.cholesky_solve((y - c)[:, None], L).squeeze(-1)
+        V = torch.linalg.solve_triangular(L, Kxs.T, upper=False)
+        cov = Ws @ K @ Ws.T - V.T @ V
+        sd = model.outcome_std.reshape(())
+        mean_err = float((post.mean.squeeze(-1) - (mean * sd + model.outcome_mean)).abs().max()
+                         / (mean * sd + model.outcome_mean).abs().max())
+        cov_err = float((post.mvn.covariance_matrix / sd**2 - cov).abs().max() / cov.abs().max())
+    ok = stat_err < 1e-9 and mean_err < 1e-7 and cov_err < 1e-7
+    print(f"\n[chain] {num_updates} chained updates (batch 1-6), n = {X.shape[0]}, {chain_s:.1f} s: "
+          f"statistics vs scratch {stat_err:.1e}, posterior mean vs dense SKI {mean_err:.1e}, "
+          f"covariance {cov_err:.1e} -> {'PASS' if ok else 'FAIL'} (1e-9 / 1e-7)")
+    return {"updates": num_updates, "n": X.shape[0], "stat_rel_err": stat_err,
+            "mean_rel_err": mean_err, "cov_rel_err": cov_err, "check": "PASS" if ok else "FAIL"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6])
@@ -245,6 +309,8 @@ def main() -> None:
     parser.add_argument("--skip-conditioning", action="store_true")
     parser.add_argument("--skip-qnipv", action="store_true")
     parser.add_argument("--skip-flops", action="store_true")
+    parser.add_argument("--check-chain", type=int, default=2000,
+                        help="chained updates checked against dense SKI (0 to skip)")
     parser.add_argument("--out", default="benchmarks/results/bench_wiski.json")
     args = parser.parse_args()
 
@@ -260,6 +326,8 @@ def main() -> None:
         results["qnipv"] = bench_qnipv(args.n_qnipv, args.mc_points, args.q, args.reps)
     if not args.skip_flops:
         results["flops"] = bench_flops(args.reps)
+    if args.check_chain:
+        results["chain"] = check_chain(args.check_chain)
     path = write_results(args.out, results)
     print(f"\nresults: {path}")
 

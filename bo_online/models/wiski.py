@@ -347,10 +347,12 @@ class WISKI(OnlineModel):
     def _grid_root(self, idx: Tensor, val: Tensor) -> Tensor:
         r"""Rows ``E_x^T = w_x^T R L_A^-T`` (``xb x N x m``) of the base model's factor.
 
-        Uses the cached ``S = R L_A^-T`` (O(4^d m) per point) when the request is large or S
-        already exists, else a triangular solve (O(m^2) per point). ``S`` and the rows for a
-        repeated no-grad ``X`` (qNIPV's mc_points) are cached in ``_shared``, a dict shared with
-        conditioned models and replaced whenever the factors change.
+        Uses the cached ``S = R L_A^-T`` (O(4^d m) per point) when it exists, when the request
+        is large (``N >= m / 4``) or when a conditioned model asks (fantasies come in bulk: one
+        base model is conditioned on many candidate batches, so the O(m^3) of ``S`` is paid once
+        per base state and amortised); otherwise a triangular solve (O(m^2) per point). ``S``
+        and the rows for a repeated no-grad ``X`` (qNIPV's mc_points) are cached in ``_shared``,
+        a dict shared with conditioned models and replaced whenever the factors change.
         """
         R, L_A = self.chol_K, self.chol_A
         m = R.shape[-1]
@@ -364,7 +366,7 @@ class WISKI(OnlineModel):
                 return hit[2]
         total = idx.shape[:-1].numel()
         S = shared.get("S")
-        if S is None and total * 4 >= m:
+        if S is None and (total * 4 >= m or self.d_idx is not None):
             S = solve_lower(L_A, R.mT).mT  # m x m
             shared["S"] = S
         if S is not None:
