@@ -344,8 +344,9 @@ class WISKI(OnlineModel):
         b = u - (F @ corr).squeeze(-1)
         return F, C, self._mean_coef(R, L_A, b)
 
-    def _grid_root(self, idx: Tensor, val: Tensor) -> Tensor:
-        r"""Rows ``E_x^T = w_x^T R L_A^-T`` (``xb x N x m``) of the base model's factor.
+    def _grid_root(self, idx: Tensor, val: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Rows ``sigma E_x^T = sigma w_x^T R L_A^-T`` (``xb x N x m``) of the base model's
+        factor and their squared norms (``xb x N``: the base model's latent variances).
 
         Uses the cached ``S = R L_A^-T`` (O(4^d m) per point) when it exists, when the request
         is large (``N >= m / 4``) or when a conditioned model asks (fantasies come in bulk: one
@@ -358,12 +359,15 @@ class WISKI(OnlineModel):
         m = R.shape[-1]
         shared = self._shared
         needs_grad = torch.is_grad_enabled() and val.requires_grad
-        key = None
-        if not needs_grad:
-            key = (idx.data_ptr(), tuple(idx.shape), tuple(idx.stride()))
+        if not needs_grad:  # the same points again (qNIPV's mc_points): reuse their rows
             hit = shared.get("rows")
-            if hit is not None and hit[0] == key and torch.equal(hit[1], val):
-                return hit[2]
+            if (
+                hit is not None
+                and hit[0].shape == idx.shape
+                and torch.equal(hit[0], idx)
+                and torch.equal(hit[1], val)
+            ):
+                return hit[2], hit[3]
         total = idx.shape[:-1].numel()
         S = shared.get("S")
         if S is None and (total * 4 >= m or self.d_idx is not None):
@@ -373,9 +377,11 @@ class WISKI(OnlineModel):
             rows = interp_matmul(idx, val, S)
         else:
             rows = solve_lower(L_A, interp_matmul(idx, val, R).mT).mT
-        if key is not None and total >= 256:
-            shared["rows"] = (key, val.detach().clone(), rows, idx)
-        return rows
+        rows = self._sigma2().detach().sqrt() * rows
+        sqnorm = rows.pow(2).sum(-1)
+        if not needs_grad and total >= 256:
+            shared["rows"] = (idx, val.detach(), rows, sqnorm)
+        return rows, sqnorm
 
     # ------------------------------------------------------------------ prediction
 
@@ -392,10 +398,10 @@ class WISKI(OnlineModel):
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         idx, val = self._interp(X)
-        sigma = self._sigma2().sqrt()
+        # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
         coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
-        mean = self.mean_module.constant.reshape(()) + interp_vector(idx, val, coef)
-        P = sigma * self._grid_root(idx, val)  # xb x N x m
+        mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
+        P, p_diag = self._grid_root(idx, val)  # sigma E^T: xb x N x m, its row norms
         if self.d_idx is None:
             Q = P.new_zeros(*P.shape[:-1], 0)
         else:
@@ -407,7 +413,8 @@ class WISKI(OnlineModel):
         if N <= _DENSE_COVAR_MAX:
             covar = P @ P.mT - Q @ Q.mT
             return MultivariateNormal(mean, covar.expand(*batch, N, N))
-        return MultivariateNormal(mean, RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch)))
+        covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch), P_diag=p_diag)
+        return MultivariateNormal(mean, covar)
 
     # ------------------------------------------------------------------ conditioning
 

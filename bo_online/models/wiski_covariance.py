@@ -29,11 +29,21 @@ class RootDifferenceLinearOperator(LinearOperator):
             that a covariance shared across samples can match the mean's batch without copies.
     """
 
-    def __init__(self, P: Tensor, Q: Tensor, batch_shape: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        P: Tensor,
+        Q: Tensor,
+        batch_shape: tuple[int, ...] = (),
+        P_diag: Tensor | None = None,
+    ) -> None:
         batch = tuple(torch.broadcast_shapes(P.shape[:-2], Q.shape[:-2], torch.Size(batch_shape)))
-        super().__init__(P, Q, batch_shape=batch)
+        if P_diag is None:
+            super().__init__(P, Q, batch_shape=batch)
+        else:
+            super().__init__(P, Q, batch_shape=batch, P_diag=P_diag)
         self.P = P
         self.Q = Q
+        self.P_diag = P_diag  # optional precomputed row norms of P (shared across batches)
         self._batch = torch.Size(batch)
 
     def _size(self) -> torch.Size:
@@ -57,7 +67,8 @@ class RootDifferenceLinearOperator(LinearOperator):
 
     def _diagonal(self) -> Tensor:
         batch = self.batch_shape
-        diag = self.P.pow(2).sum(-1) - self.Q.pow(2).sum(-1)
+        p_diag = self.P.pow(2).sum(-1) if self.P_diag is None else self.P_diag
+        diag = p_diag - self.Q.pow(2).sum(-1)
         return diag.expand(*batch, diag.shape[-1])
 
     def to_dense(self) -> Tensor:
@@ -66,7 +77,7 @@ class RootDifferenceLinearOperator(LinearOperator):
         return dense.expand(*self.shape)
 
     def _expand_batch(self, batch_shape: torch.Size | list[int]) -> LinearOperator:
-        return self.__class__(self.P, self.Q, batch_shape=tuple(batch_shape))
+        return self.__class__(self.P, self.Q, batch_shape=tuple(batch_shape), P_diag=self.P_diag)
 
     def _getitem(self, row_index: Any, col_index: Any, *batch_indices: Any) -> LinearOperator:
         batch = self.batch_shape
