@@ -270,7 +270,7 @@ class WISKI(OnlineModel):
 
     def _accumulate(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
         r"""Add points (``q x K`` weights, ``q`` noise in D units, ``q`` user-unit y) to the
-        statistics IN PLACE on fresh copies when shared; returns nothing useful beyond state."""
+        statistics and store them; returns the new statistics."""
         stats = self._stats_added(idx, val, D, y)
         for name, value in stats.items():
             setattr(self, name, value)
@@ -278,8 +278,9 @@ class WISKI(OnlineModel):
         return stats
 
     def _stats_added(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
-        r"""The statistics with points added (new tensors; G updated in place only if this model
-        owns it exclusively)."""
+        r"""The statistics with points added. All are new tensors except ``G``, which is updated
+        in place when this model owns it exclusively (copy-on-write when a conditioned model
+        shares it); callers validate every input before calling, so nothing can fail after."""
         m = self.grid.num_points
         Dinv = 1.0 / D
         G = self.G.clone() if (self._stats_shared or self.d_idx is not None) else self.G
