@@ -227,3 +227,14 @@ def test_float32_model_close_to_float64():
     torch.testing.assert_close(p32.variance.double(), p64.variance, rtol=1e-3, atol=1e-5)
     m32.update(torch.rand(2, 2), torch.randn(2, 1))
     assert m32.chol_A.dtype == torch.float32
+
+
+def test_fit_gpytorch_mll_dispatches_to_custom_fit():
+    from botorch.fit import fit_gpytorch_mll
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    X, Y, _ = _data(30, 2, seed=10)
+    model = WISKI(X, Y, grid_size=10)
+    before = float(model.marginal_log_likelihood().detach())
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert float(model.marginal_log_likelihood().detach()) > before
