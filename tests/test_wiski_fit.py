@@ -238,3 +238,13 @@ def test_fit_gpytorch_mll_dispatches_to_custom_fit():
     before = float(model.marginal_log_likelihood().detach())
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     assert float(model.marginal_log_likelihood().detach()) > before
+
+
+def test_posterior_at_coincident_points_can_be_sampled():
+    X, Y, _ = _data(20, 3, seed=11)
+    model = WISKI(X, Y)
+    x = torch.rand(1, 3, dtype=DT)
+    Xq = torch.cat([x, x, x + 1e-9]).unsqueeze(0)  # a q-batch of (nearly) identical points
+    post = model.posterior(Xq)
+    samples = post.rsample(torch.Size([4]))
+    assert samples.shape == (4, 1, 3, 1) and bool(torch.isfinite(samples).all())

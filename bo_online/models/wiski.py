@@ -45,6 +45,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
+from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
@@ -412,8 +413,10 @@ class WISKI(OnlineModel):
         mean = mean.expand(*batch, mean.shape[-1])
         N = P.shape[-2]
         if N <= _DENSE_COVAR_MAX:
-            covar = P @ P.mT - Q @ Q.mT
-            return MultivariateNormal(mean, covar.expand(*batch, N, N))
+            covar = (P @ P.mT - Q @ Q.mT).expand(*batch, N, N)
+            # As an operator: a plain tensor makes torch factorise it eagerly, which fails for
+            # nearly coincident points; BoTorch's samplers add jitter when they need a root.
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
         covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch), P_diag=p_diag)
         return MultivariateNormal(mean, covar)
 
