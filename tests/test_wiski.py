@@ -267,3 +267,24 @@ def test_fantasize_fixed_noise_uses_mean_training_noise():
         mean_ref, cov_ref = dense_posterior(model, X, Y, Yvar, Xt[0], extra=(Xf[b], fm.d_y[s, b], noise))
         assert _rel(post.mean[s, b].squeeze(-1), mean_ref) < 1e-8
         assert _rel(post.variance[s, b].squeeze(-1) / sd2, torch.diagonal(cov_ref)) < 1e-8
+
+
+def test_add_observations_equals_updates_and_validates_first():
+    X, Y, Yvar = _data(300, 2, seed=16, hetero=True)
+    a = _model(X[:10], Y[:10], Yvar[:10], 12)
+    b = _model(X[:10], Y[:10], Yvar[:10], 12)
+    a.add_observations(X[10:], Y[10:], Yvar[10:], chunk_size=100)
+    for i in range(10, 300, 29):
+        b.update(X[i:i + 29], Y[i:i + 29], Yvar[i:i + 29])
+    _stats_close(a.statistics(), b.statistics(), 1e-12)
+    Xt = torch.rand(5, 2, dtype=DT)
+    assert _rel(a.posterior(Xt).mean, b.posterior(Xt).mean) < 1e-10
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    bad = X[:50].clone()
+    bad[37, 1] = 1.5  # one bad row deep inside the batch
+    import pytest
+
+    with pytest.raises(ValueError, match="outside"):
+        a.add_observations(bad, Y[:50], Yvar[:50], chunk_size=10)
+    after = a.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
