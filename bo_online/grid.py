@@ -1,0 +1,274 @@
+r"""Regular grids and sparse cubic interpolation weights for structured kernel interpolation.
+
+SKI (Wilson and Nickisch, 2015) approximates ``k(x, x') ~ w_x^T K_UU w_x'`` with ``K_UU`` the
+kernel on a fixed regular grid ``U`` and ``w_x`` a sparse vector of cubic interpolation weights.
+This module owns the grid and the weights; the models own the kernel.
+
+* :class:`RegularGrid` -- a product grid covering a data box plus two cells of padding on every
+  side (MATH.md section 1), with row-major flat indexing.
+* :meth:`RegularGrid.interpolate` -- Keys cubic-convolution weights, 4 points per dimension, so
+  ``4^d`` non-zeros per row; returned as ``(indices, values)`` and never as a dense ``n x m``
+  matrix. Inputs whose stencil would leave the grid raise ``ValueError`` (never a silent clamp).
+* :func:`interp_matmul`, :func:`interp_gram` -- products with the implicit sparse ``W`` by
+  gathering and scattering.
+
+GPyTorch's ``Interpolation`` class computes the same weights but clamps out-of-grid inputs and
+returns dense index tensors sized for its own operators; we need a strict domain check, a
+scatter-accumulated Gram matrix and products that stay differentiable in ``X``, hence this module.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector"]
+
+# Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
+_KEYS_A = -0.5
+
+#: The grid extends this many cells beyond the data box on every side (MATH.md section 1).
+PADDING_CELLS = 2
+
+
+def keys_cubic(s: Tensor) -> Tensor:
+    r"""Keys' cubic convolution kernel ``u(s)`` (support ``|s| < 2``), elementwise."""
+    a = _KEYS_A
+    s = s.abs()
+    near = ((a + 2) * s - (a + 3)) * s * s + 1
+    far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+    return torch.where(s <= 1, near, torch.where(s < 2, far, torch.zeros_like(s)))
+
+
+class RegularGrid:
+    r"""A regular product grid over a data box, padded by two cells on every side.
+
+    With ``g_k`` points in dimension k and data box ``[lo_k, hi_k]``, the spacing is
+    ``h_k = (hi_k - lo_k) / (g_k - 1 - 2 * PADDING_CELLS)`` and the grid runs from
+    ``lo_k - 2 h_k`` to ``hi_k + 2 h_k`` (MATH.md section 1).
+
+    The cubic stencil of a point in the box reaches at most one cell beyond the box, so the
+    outermost ring of grid points never receives a non-zero weight: every interpolation row, and
+    hence every statistic and prediction, lives on the ``g_k - 2`` *interior* points per
+    dimension. Indices returned by :meth:`interpolate` and points returned by :meth:`points` are
+    those of the interior sub-grid (``m = prod(g_k - 2)``, row-major, last dimension fastest);
+    dropping the ring is exact (its rows and columns of ``W`` are identically zero).
+
+    Args:
+        sizes: number of grid points per dimension including the padding (each >= 6).
+        bounds: ``2 x d`` data box (lower row, upper row); default the unit cube.
+        dtype, device: of the grid tensors.
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        bounds: Tensor | None = None,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
+        sizes = [int(g) for g in sizes]
+        d = len(sizes)
+        if d < 1:
+            raise ValueError("A grid needs at least one dimension.")
+        if min(sizes) < 2 * PADDING_CELLS + 2:
+            raise ValueError(
+                f"Grid sizes must be >= {2 * PADDING_CELLS + 2} per dimension (two padding cells "
+                f"per side plus at least one interior cell), got {sizes}."
+            )
+        if bounds is None:
+            bounds = torch.stack([torch.zeros(d), torch.ones(d)])
+        bounds = torch.as_tensor(bounds, dtype=dtype, device=device)
+        if bounds.shape != (2, d) or not bool((bounds[1] > bounds[0]).all()):
+            raise ValueError(f"bounds must be 2 x {d} with upper > lower, got {tuple(bounds.shape)}.")
+        self.sizes = tuple(sizes)
+        self.inner_sizes = tuple(g - 2 for g in sizes)
+        self.dim = d
+        self.bounds = bounds
+        g = torch.tensor(sizes, dtype=dtype, device=device)
+        self.spacing = (bounds[1] - bounds[0]) / (g - 1 - 2 * PADDING_CELLS)
+        self.lower = bounds[0] - PADDING_CELLS * self.spacing
+        strides = [1] * d
+        for k in range(d - 2, -1, -1):
+            strides[k] = strides[k + 1] * self.inner_sizes[k + 1]
+        self.strides = tuple(strides)
+
+    @property
+    def num_points(self) -> int:
+        """m, the number of interior grid points (those that can carry weight)."""
+        return math.prod(self.inner_sizes)
+
+    @property
+    def num_points_padded(self) -> int:
+        """The number of grid points including the never-weighted outer ring."""
+        return math.prod(self.sizes)
+
+    def points(self) -> Tensor:
+        r"""The ``m x d`` interior grid points, row-major (last dimension fastest)."""
+        axes = [
+            self.lower[k] + self.spacing[k] * torch.arange(
+                1, g - 1, dtype=self.lower.dtype, device=self.lower.device
+            )
+            for k, g in enumerate(self.sizes)
+        ]
+        mesh = torch.meshgrid(*axes, indexing="ij")
+        return torch.stack([a.reshape(-1) for a in mesh], dim=-1)
+
+    def interpolate(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Sparse cubic interpolation weights of ``X`` on the (interior) grid.
+
+        Args:
+            X: ``... x n x d`` inputs inside the data box.
+
+        Returns:
+            ``(indices, values)``, both ``... x n x 4^d``: flat interior-grid indices (long) and
+            weights (differentiable in ``X``); row r of the implicit ``W`` is ``sum_j
+            values[r, j] e_{indices[r, j]}``.
+
+        Raises:
+            ValueError: if some input lies outside the data box (its stencil would leave the
+                grid), is not finite, or ``X`` has the wrong width.
+        """
+        if X.shape[-1] != self.dim:
+            raise ValueError(f"X must have {self.dim} columns, got shape {tuple(X.shape)}.")
+        lower, spacing = self.lower.to(X), self.spacing.to(X)
+        t = (X - lower) / spacing  # grid coordinates (full grid)
+        sizes = torch.tensor(self.sizes, device=X.device)
+        td = t.detach()
+        # The box is [2, g - 3] in grid coordinates; allow a few ulps for points on its faces.
+        tol = 1e-9 * (sizes - 5).to(td)
+        bad = ~torch.isfinite(td) | (td < 2 - tol) | (td > (sizes - 3).to(td) + tol)
+        if bool(bad.any()):
+            where = bad.nonzero()[0].tolist()
+            raise ValueError(
+                f"{int(bad.any(-1).sum())} input(s) lie outside the interpolation grid's data box "
+                f"(first at index {where}, value {float(X[tuple(where)]):.6g}; box "
+                f"{self.bounds[0].tolist()} .. {self.bounds[1].tolist()}). Map inputs into the box "
+                "or build the model with larger `bounds`."
+            )
+        # base in [2, g - 4]: at the upper face (t = g - 3) use base g - 4 with frac = 1, which
+        # gives the same weights (0, 0, 1, 0) and keeps the stencil off the outer ring.
+        base_l = torch.minimum(torch.floor(td).long().clamp_min(2), sizes - 4)
+        frac = t - base_l.to(t)  # ... x n x d, in [0, 1]
+        offsets = torch.arange(-1, 3, device=X.device)  # stencil -1, 0, 1, 2
+        w_dim = keys_cubic(frac.unsqueeze(-1) - offsets.to(X))  # ... x n x d x 4
+        i_dim = base_l.unsqueeze(-1) + offsets - 1  # interior indices, in [0, g - 3]
+        idx = i_dim[..., 0, :] * self.strides[0]
+        val = w_dim[..., 0, :]
+        for k in range(1, self.dim):
+            idx = (idx.unsqueeze(-1) + self.strides[k] * i_dim[..., k, :].unsqueeze(-2)).flatten(-2)
+            val = (val.unsqueeze(-1) * w_dim[..., k, :].unsqueeze(-2)).flatten(-2)
+        return idx, val
+
+    def dense_weights(self, X: Tensor) -> Tensor:
+        r"""Dense ``n x m`` interpolation matrix; FOR TESTS ONLY (small n)."""
+        idx, val = self.interpolate(X)
+        W = torch.zeros(*X.shape[:-1], self.num_points, dtype=X.dtype, device=X.device)
+        return W.scatter_add(-1, idx, val)
+
+
+def interp_vector(idx: Tensor, val: Tensor, a: Tensor) -> Tensor:
+    r"""``W a`` for a grid vector ``a``.
+
+    Args:
+        idx, val: ``xb x n x K`` interpolation indices and weights.
+        a: ``ab x m`` grid vector(s).
+
+    Returns:
+        ``broadcast(xb, ab) x n``.
+    """
+    batch = torch.broadcast_shapes(idx.shape[:-2], a.shape[:-1])
+    n, K = idx.shape[-2:]
+    ab = a.expand(*batch, a.shape[-1]).reshape(-1, a.shape[-1])
+    flat_idx = idx.expand(*batch, n, K).reshape(-1, n * K)
+    gathered = torch.gather(ab, -1, flat_idx).reshape(*batch, n, K)
+    return (gathered * val).sum(-1)
+
+
+def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tensor:
+    r"""``W M`` for a dense ``m x c`` matrix ``M`` (no batch), without forming ``W``.
+
+    Args:
+        idx, val: ``... x n x K`` interpolation indices and weights.
+        M: ``m x c``.
+        chunk: bound on the elements of the gathered temporary (rows are processed in chunks).
+
+    Returns:
+        ``... x n x c``. Differentiable in ``val`` (hence in the inputs) and in ``M``.
+    """
+    batch, (n, K), c = idx.shape[:-2], idx.shape[-2:], M.shape[-1]
+    fi, fv = idx.reshape(-1, K), val.reshape(-1, K)
+    needs_grad = torch.is_grad_enabled() and (val.requires_grad or M.requires_grad)
+    if not needs_grad and fi.shape[0] * K * c > 2**16:
+        # Sparse product (CSR rows of K non-zeros): fast and light for many rows without grad.
+        rows = fi.shape[0]
+        crow = torch.arange(0, rows * K + 1, K, device=idx.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+            W = torch.sparse_csr_tensor(
+                crow, fi.reshape(-1), fv.reshape(-1), (rows, M.shape[0]), check_invariants=False
+            )
+            return (W @ M).reshape(*batch, n, c)
+    rows_per = max(1, chunk // max(1, K * c))
+    out = []
+    for start in range(0, fi.shape[0], rows_per):
+        ii, vv = fi[start:start + rows_per], fv[start:start + rows_per]
+        out.append((M[ii] * vv.unsqueeze(-1)).sum(-2))
+    return torch.cat(out, 0).reshape(*batch, n, c)
+
+
+def interp_gram(
+    idx: Tensor,
+    val: Tensor,
+    weights: Tensor,
+    m: int,
+    out: Tensor | None = None,
+    chunk: int = 2**22,
+) -> Tensor:
+    r"""``W^T diag(weights) W`` (``m x m`` dense) accumulated from the ``K`` non-zeros per row.
+
+    Few rows: every row's ``K x K`` outer product is scattered directly. Many rows: rows are
+    grouped by grid cell (all rows in a cell share one stencil, so ``idx[r] = idx[r, 0] +
+    offsets``), each cell's ``K x K`` block is one small dense product ``V_c^T diag(w_c) V_c``
+    and only the blocks are scattered -- the same flops, done by GEMMs instead of ``n K^2``
+    random scatter-adds.
+
+    Args:
+        idx, val: ``n x K`` interpolation indices and weights (no batch).
+        weights: ``n`` row weights (``D^{-1}``).
+        m: number of grid points.
+        out: optional ``m x m`` contiguous matrix to accumulate into IN PLACE (returned).
+        chunk: bound on the elements of the per-chunk ``rows x K x K`` temporaries.
+
+    Returns:
+        The ``m x m`` Gram matrix (symmetric), or ``out + W^T diag(weights) W``.
+    """
+    n, K = idx.shape
+    if out is None:
+        out = torch.zeros(m, m, dtype=val.dtype, device=val.device)
+    G = out.view(-1)
+    wv = val * weights.unsqueeze(-1)
+    offsets = idx[:1] - idx[:1, :1]  # 1 x K stencil pattern
+    if n > 4 * K and bool((idx - idx[:, :1] == offsets).all()):
+        cells, inverse, counts = torch.unique(idx[:, 0], return_inverse=True, return_counts=True)
+        order = torch.argsort(inverse)
+        v_sorted, wv_sorted = val[order], wv[order]
+        blocks = [
+            a.mT @ b
+            for a, b in zip(wv_sorted.split(counts.tolist()), v_sorted.split(counts.tolist()))
+        ]
+        pair = (offsets.mT * m + offsets).reshape(-1)  # (a, b) -> a m + b
+        flat = cells.unsqueeze(-1) * (m + 1) + pair  # (c + a) m + (c + b)
+        G.index_add_(0, flat.reshape(-1), torch.stack(blocks).reshape(-1))
+        return out
+    rows_per = max(1, chunk // (K * K))
+    for start in range(0, n, rows_per):
+        ii, vv, ww = idx[start:start + rows_per], val[start:start + rows_per], wv[start:start + rows_per]
+        pair_idx = (ii.unsqueeze(-1) * m + ii.unsqueeze(-2)).reshape(-1)
+        pair_val = (ww.unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
+        G.index_add_(0, pair_idx, pair_val)
+    return out

@@ -1,0 +1,887 @@
+r"""WISKI: structured kernel interpolation with O(1)-in-n online updates.
+
+``WISKI`` (Stanton, Maddox, Delbridge and Wilson, 2021; paper 002 in ``shared/papers``) is a GP
+whose kernel is the SKI approximation ``k(x, x') ~ w_x^T K_UU w_x'`` on a fixed regular grid
+``U`` of ``m`` points with sparse cubic interpolation weights ``w_x`` (``4^d`` non-zeros). All
+data enter only through hyperparameter-free sufficient statistics (MATH.md section 1)::
+
+    G = W^T D^-1 W (m x m),  z = W^T D^-1 y,  s = y^T D^-1 y,  n,  logdet D,
+    h = W^T D^-1 1,  t = 1^T D^-1 y,  c = 1^T D^-1 1,
+
+so the model stores no inputs, outputs or weights per observation. With ``R R^T = K_UU + jitter``
+and ``A = sigma^2 I + R^T G R = L_A L_A^T`` it gives the exact SKI marginal likelihood (and its
+gradient, by autograd through an O(m^3) computation independent of n), the posterior mean
+``w_x^T R A^-1 R^T z`` and covariance ``sigma^2 w_x^T R A^-1 R^T w_x'``. New observations update
+the statistics and ``L_A`` by a rank-q Cholesky update, O(m^2 q) whatever n is.
+
+Conditioning (``condition_on_observations``/``fantasize``) is lazy: the new model keeps the base
+model's factors and a rank-q correction ``F = L_A^-1 U``, ``C C^T = I + F^T F``; the covariance is
+shared by all fantasy samples (only the mean coefficients differ), and the variance at ``N`` fixed
+points costs O(m^2 q + m q N) per candidate batch, which is what makes
+``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
+
+Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed heteroscedastic
+(``train_Yvar`` given: ``D`` the variances in the user's units, ``sigma^2 = 1 / outcome_std^2``
+so that the standardised noise is exactly ``train_Yvar / outcome_std^2``).
+
+Use it for long BO / active-learning runs on d <= 3 inputs (or more through a learned projection
+to k <= 3 features, see :class:`bo_online.models.projection.TanhProjection`), where an exact GP
+becomes too slow. Inputs live in a box (default the unit cube); the grid covers it plus two cells
+of padding on every side, and inputs outside the box are an error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Sequence
+
+import torch
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from botorch.optim.utils import get_parameters_and_bounds
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+from linear_operator.operators import DenseLinearOperator
+from torch import Tensor
+from typing_extensions import Self
+
+from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vector
+from bo_online.linalg import cholesky_update, psd_cholesky, solve_lower, solve_lower_transpose
+from bo_online.models.base import OnlineModel
+from bo_online.models.fitting import minimize_loss
+from bo_online.models.validation import check_observations
+from bo_online.models.wiski_covariance import RootDifferenceLinearOperator
+
+__all__ = ["WISKI", "default_grid_size"]
+
+_STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D")
+_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef")
+# Below this many test points per batch the posterior covariance is returned dense.
+_DENSE_COVAR_MAX = 64
+
+
+def default_grid_size(k: int) -> int:
+    """Default points per dimension: 30 for k <= 2 (m = 900), 10 for k = 3 (m = 1000)."""
+    if k <= 2:
+        return 30
+    if k == 3:
+        return 10
+    raise ValueError(f"WISKI grids are for k <= 3 dimensions, got {k}.")
+
+
+class WISKI(OnlineModel):
+    r"""Woodbury-inversion SKI GP with constant-time online updates.
+
+    Args:
+        train_X: ``n x d`` initial inputs (n >= 1) inside ``bounds``.
+        train_Y: ``n x 1`` initial observations.
+        train_Yvar: optional ``n x 1`` fixed noise variances (user units); then every later
+            ``update`` must pass ``noise``.
+        grid_size: points per grid dimension (int or one per dimension); default 30 (k <= 2) or
+            10 (k = 3), see :func:`default_grid_size`.
+        bounds: ``2 x d`` input box (default the unit cube); inputs outside it are an error.
+        covar_module: any stationary GPyTorch kernel on the (projected) k-dim inputs; default
+            BoTorch's RBF with dimension-scaled lengthscale prior.
+        likelihood: ``GaussianLikelihood`` for the homoscedastic case; default BoTorch's.
+        standardize: standardise outcomes with the initial data's mean and std.
+        grid_jitter: relative jitter added to the grid kernel (``K + jitter * mean(diag K) I``);
+            part of the model (the dense SKI reference uses the same matrix).
+        projection: a module mapping ``... x d`` inputs to ``... x k`` features in
+            ``[-1, 1]^k`` (k <= 3); required when d > 3.
+        input_transform: optional BoTorch input transform.
+
+    Example:
+        >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
+        >>> model.fit()                                   # L-BFGS on the exact SKI MLL
+        >>> model.update(new_X, new_Y)                    # O(m^2 q), independent of n
+        >>> model.fit(method="adam", max_iter=3, lr=0.01, restandardize=False)  # streaming refit
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        grid_size: int | Sequence[int] | None = None,
+        bounds: Tensor | None = None,
+        covar_module: Kernel | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        standardize: bool = True,
+        grid_jitter: float = 1e-6,
+        projection: torch.nn.Module | None = None,
+        input_transform: Any | None = None,
+    ) -> None:
+        if not isinstance(train_X, Tensor) or train_X.dim() != 2:
+            raise ValueError(
+                f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', type(train_X))}."
+            )
+        dtype, device = train_X.dtype, train_X.device
+        dim = train_X.shape[-1]
+        if bounds is None:
+            bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(dtype=dtype, device=device)
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
+        X = self._transform_and_check(train_X)
+        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
+        if train_Y.dim() != 2 or train_X.shape[0] < 1:
+            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        if projection is None:
+            if dim > 3:
+                raise ValueError(
+                    f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
+                    f"3 input dimensions natively; got d = {dim}. Pass `projection=` (e.g. "
+                    "bo_online.models.projection.TanhProjection(d, k=2)) to learn k <= 3 features."
+                )
+            k, grid_bounds = dim, self.input_bounds
+        else:
+            k = int(getattr(projection, "out_dim"))
+            if not 1 <= k <= 3:
+                raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
+            grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
+            self.projection = projection.to(dtype=dtype, device=device)
+            if X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
+                projection.set_normalisation(X)  # batch norm statistics of the initial data
+        self.num_features = k
+        if grid_size is None:
+            grid_size = default_grid_size(k)
+        sizes = [int(grid_size)] * k if isinstance(grid_size, int) else [int(g) for g in grid_size]
+        if len(sizes) != k:
+            raise ValueError(f"grid_size must give {k} sizes (one per feature), got {sizes}.")
+        self.grid = RegularGrid(sizes, grid_bounds, dtype=dtype, device=device)
+        self.grid_jitter = float(grid_jitter)
+        if standardize and train_Y.shape[0] > 1:
+            std = train_Y.std(dim=0)
+            self.outcome_mean = train_Y.mean(dim=0).to(X)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+        self.fixed_noise = train_Yvar is not None
+        if self.fixed_noise and likelihood is not None:
+            raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
+        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=k)
+        self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
+        self.mean_module = ConstantMean()
+        self.to(dtype=dtype, device=device)
+        m = self.grid.num_points
+        self.register_buffer("grid_points", self.grid.points())
+        # Sufficient statistics (hyperparameter-free; raw user-unit outcomes, D in "D units").
+        zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
+        for name, shape in (("G", (m, m)), ("z", (m,)), ("h", (m,))):
+            self.register_buffer(name, zeros(*shape))
+        for name in ("s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D"):
+            self.register_buffer(name, zeros(()))
+        # Caches tied to the hyperparameters (rebuilt by ensure_caches).
+        for name in ("chol_K", "chol_A", "v", "mean_coef"):
+            self.register_buffer(name, None)
+        # Pending conditioning (set only on models made by condition_on_observations/fantasize).
+        for name in _DELTA_NAMES:
+            self.register_buffer(name, None)
+        self._shared: dict[str, Any] = {}  # lazy caches shared with conditioned models
+        self._stats_shared = False
+        D = None if train_Yvar is None else train_Yvar.to(X).squeeze(-1)
+        idx, val = self.grid.interpolate(self._features(X))
+        D = self._check_D(torch.ones_like(val[..., 0]) if D is None else D)
+        with torch.no_grad():
+            self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
+
+    # ------------------------------------------------------------------ small helpers
+
+    @property
+    def num_data(self) -> int:
+        return int(self.n.item())
+
+    @property
+    def num_grid_points(self) -> int:
+        return self.grid.num_points
+
+    def hyperparameters(self):
+        """Kernel, mean and (homoscedastic) noise parameters, plus the outcome scaling."""
+        for name, p in self.named_parameters():
+            if name.startswith("projection."):
+                continue  # the statistics themselves depend on it: see fit_projection
+            if self.fixed_noise and name.startswith("likelihood."):
+                continue
+            yield p
+        yield self.outcome_mean
+        yield self.outcome_std
+
+    def _features(self, X: Tensor) -> Tensor:
+        """Grid coordinates of (transformed, validated) inputs: identity or the projection."""
+        if hasattr(self, "projection"):
+            if self.projection.training and not getattr(self, "_fitting_projection", False):
+                self.projection.eval()  # a fixed map except while it is being learned
+            return self.projection(X)
+        return X
+
+    def _interp(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        return self.grid.interpolate(self._features(X))
+
+    def _sigma2(self) -> Tensor:
+        r"""``sigma^2`` in standardised units (scalar tensor): noise of point i is sigma^2 D_i."""
+        if self.fixed_noise:
+            return self.outcome_std.pow(-2).reshape(())
+        return self.likelihood.noise.reshape(())
+
+    def _check_D(self, D: Tensor) -> Tensor:
+        if bool((D <= 0).any()):
+            raise ValueError(
+                "WISKI needs strictly positive observation-noise variances (the Woodbury form "
+                f"divides by them); got {int((D <= 0).sum())} value(s) <= 0."
+            )
+        return D
+
+    def _to_D(self, X: Tensor, noise: Tensor | None) -> Tensor:
+        r"""Noise of new points in D units (``batch x q``) from standardised variances or None."""
+        if noise is None:
+            if self.fixed_noise:
+                raise ValueError(
+                    "This WISKI model has fixed per-point noise: pass `noise` (variances) with "
+                    "every new observation."
+                )
+            return torch.ones(X.shape[:-1], dtype=X.dtype, device=X.device)
+        if self.fixed_noise:
+            D = noise * self.outcome_std.pow(2)
+        else:  # explicit noise on a homoscedastic model: relative to the current noise level
+            D = noise / self._sigma2().detach()
+        return self._check_D(D)
+
+    def _grid_kernel(self, points: Tensor | None = None) -> Tensor:
+        r"""``K_UU + jitter I`` (``m x m``, or on a subset of grid ``points``), differentiable in
+        the kernel hyperparameters. ``jitter = grid_jitter * mean(diag K)`` (the same on any
+        subset for a stationary kernel)."""
+        K = self.covar_module(self.grid_points if points is None else points).to_dense()
+        jitter = self.grid_jitter * torch.diagonal(K).mean()
+        return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+
+    def _offset(self) -> Tensor:
+        r"""``beta = outcome_mean + outcome_std * constant``: residual r = (y - beta) / sd."""
+        return (self.outcome_mean + self.outcome_std * self.mean_module.constant).reshape(())
+
+    def _residual_stats(self) -> tuple[Tensor, Tensor]:
+        r"""Standardised residual statistics ``z_r = W^T D^-1 r`` and ``s_r = r^T D^-1 r``, O(m)."""
+        beta, sd = self._offset(), self.outcome_std.reshape(())
+        z_r = (self.z - beta * self.h) / sd
+        s_r = (self.s - 2 * beta * self.t + beta**2 * self.c) / sd**2
+        return z_r, s_r
+
+    # ------------------------------------------------------------------ statistics
+
+    def _accumulate(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
+        r"""Add points (``q x K`` weights, ``q`` noise in D units, ``q`` user-unit y) to the
+        statistics and store them; returns the new statistics."""
+        stats = self._stats_added(idx, val, D, y)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        self._stats_shared = False
+        return stats
+
+    def _stats_added(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
+        r"""The statistics with points added. All are new tensors except ``G``, which is updated
+        in place when this model owns it exclusively (copy-on-write when a conditioned model
+        shares it); callers validate every input before calling, so nothing can fail after."""
+        m = self.grid.num_points
+        Dinv = 1.0 / D
+        G = self.G.clone() if (self._stats_shared or self.d_idx is not None) else self.G
+        interp_gram(idx, val, Dinv, m, out=G)
+        flat_idx, wv = idx.reshape(-1), (val * Dinv.unsqueeze(-1)).reshape(-1)
+        z = self.z.index_add(0, flat_idx, (val * (Dinv * y).unsqueeze(-1)).reshape(-1))
+        h = self.h.index_add(0, flat_idx, wv)
+        return {
+            "G": G, "z": z, "h": h,
+            "s": self.s + (y * y * Dinv).sum(), "t": self.t + (y * Dinv).sum(),
+            "c": self.c + Dinv.sum(), "n": self.n + y.numel(),
+            "logdet_D": self.logdet_D + D.log().sum(), "sum_y": self.sum_y + y.sum(),
+            "sum_y2": self.sum_y2 + (y * y).sum(), "sum_D": self.sum_D + D.sum(),
+        }
+
+    def statistics(self) -> dict[str, Tensor]:
+        """The sufficient statistics (a dict of the model's tensors, not copies)."""
+        self._materialize()
+        return {name: getattr(self, name) for name in _STAT_NAMES}
+
+    # ------------------------------------------------------------------ caches
+
+    def _rebuild_caches(self) -> None:
+        R = psd_cholesky(self._grid_kernel())
+        sigma2 = self._sigma2()
+        m = R.shape[-1]
+        A = R.mT @ self.G @ R
+        A = A + sigma2 * torch.eye(m, dtype=A.dtype, device=A.device)
+        L_A = psd_cholesky(0.5 * (A + A.mT))
+        z_r, _ = self._residual_stats()
+        v = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
+        self.chol_K, self.chol_A, self.v = R, L_A, v
+        self.mean_coef = self._mean_coef(R, L_A, v)
+        self._shared = {}
+        if self.d_idx is not None:
+            self.d_F, self.d_C, self.d_mean_coef = self._delta_caches(
+                self.d_idx, self.d_val, self.d_D, self.d_y
+            )
+
+    @staticmethod
+    def _mean_coef(R: Tensor, L_A: Tensor, b: Tensor) -> Tensor:
+        r"""``R L_A^-T b`` for ``b``: ``... x m`` (one triangular solve with many right sides)."""
+        m = b.shape[-1]
+        cols = b.reshape(-1, m).mT
+        return (R @ solve_lower_transpose(L_A, cols)).mT.reshape(b.shape)
+
+    def _delta_caches(
+        self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r"""Rank-q correction for pending points: ``F = L_A^-1 U`` (``batch x m x q``),
+        ``C C^T = I + F^T F`` and the mean coefficients ``R A'^-1 R^T z'`` (``sample x batch x m``).
+        ``U = R^T W*^T D*^-1/2``; nothing of size m x m per batch is formed."""
+        R, L_A = self.chol_K, self.chol_A
+        m, q = R.shape[-1], idx.shape[-2]
+        Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # batch x q x m
+        F = solve_lower(L_A, Ut.mT)  # batch x m x q
+        eye = torch.eye(q, dtype=F.dtype, device=F.device)
+        C = torch.linalg.cholesky(eye + F.mT @ F)
+        r = (y - self._offset()) / self.outcome_std.reshape(())  # sample x batch x q
+        u = self.v + (F @ (r * D.rsqrt()).unsqueeze(-1)).squeeze(-1)  # sample x batch x m
+        corr = torch.cholesky_solve((F.mT @ u.unsqueeze(-1)), C)  # (I + F^T F)^-1 F^T u
+        b = u - (F @ corr).squeeze(-1)
+        return F, C, self._mean_coef(R, L_A, b)
+
+    def _grid_root(self, idx: Tensor, val: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Rows ``sigma E_x^T = sigma w_x^T R L_A^-T`` (``xb x N x m``) of the base model's
+        factor and their squared norms (``xb x N``: the base model's latent variances).
+
+        Uses the cached ``S = R L_A^-T`` (O(4^d m) per point) when it exists, when the request
+        is large (``N >= m / 4``) or when a conditioned model asks (fantasies come in bulk: one
+        base model is conditioned on many candidate batches, so the O(m^3) of ``S`` is paid once
+        per base state and amortised); otherwise a triangular solve (O(m^2) per point). ``S``
+        and the rows for a repeated no-grad ``X`` (qNIPV's mc_points) are cached in ``_shared``,
+        a dict shared with conditioned models and replaced whenever the factors change.
+        """
+        R, L_A = self.chol_K, self.chol_A
+        m = R.shape[-1]
+        shared = self._shared
+        needs_grad = torch.is_grad_enabled() and val.requires_grad
+        if not needs_grad:  # the same points again (qNIPV's mc_points): reuse their rows
+            hit = shared.get("rows")
+            if (
+                hit is not None
+                and hit[0].shape == idx.shape
+                and torch.equal(hit[0], idx)
+                and torch.equal(hit[1], val)
+            ):
+                return hit[2], hit[3]
+        total = idx.shape[:-1].numel()
+        S = shared.get("S")
+        if S is None and (total * 4 >= m or self.d_idx is not None):
+            S = solve_lower(L_A, R.mT).mT  # m x m
+            shared["S"] = S
+        if S is not None:
+            rows = interp_matmul(idx, val, S)
+        else:
+            rows = solve_lower(L_A, interp_matmul(idx, val, R).mT).mT
+        rows = self._sigma2().detach().sqrt() * rows
+        sqnorm = rows.pow(2).sum(-1)
+        if not needs_grad and total >= 256:
+            shared["rows"] = (idx, val.detach(), rows, sqnorm)
+        return rows, sqnorm
+
+    # ------------------------------------------------------------------ prediction
+
+    def _noise_variance(self, X: Tensor) -> Tensor:
+        if self.fixed_noise:  # as BoTorch: the mean training noise at new points
+            mean_D = self.sum_D / self.n.clamp_min(1)
+            return (mean_D / self.outcome_std.pow(2)).reshape(1).expand(X.shape[:-1])
+        return self.likelihood.noise.reshape(1).expand(X.shape[:-1])
+
+    def _default_fantasy_noise(self) -> Tensor | None:
+        if self.fixed_noise:
+            return (self.sum_D / self.n.clamp_min(1) / self.outcome_std.pow(2)).reshape(1, 1)
+        return None
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        idx, val = self._interp(X)
+        # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
+        coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
+        mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
+        P, p_diag = self._grid_root(idx, val)  # sigma E^T: xb x N x m, its row norms
+        if self.d_idx is None:
+            Q = P.new_zeros(*P.shape[:-1], 0)
+        else:
+            F, C = self.d_F, self.d_C  # batch x m x q, batch x q x q
+            Q = _right_solve(C, _shared_matmul(P, F))  # sigma H^T = P F C^-T: batch x N x q
+        batch = torch.broadcast_shapes(mean.shape[:-1], P.shape[:-2], Q.shape[:-2])
+        mean = mean.expand(*batch, mean.shape[-1])
+        N = P.shape[-2]
+        if N <= _DENSE_COVAR_MAX:
+            covar = (P @ P.mT - Q @ Q.mT).expand(*batch, N, N)
+            # As an operator: a plain tensor makes torch factorise it eagerly, which fails for
+            # nearly coincident points; BoTorch's samplers add jitter when they need a root.
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
+        covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch), P_diag=p_diag)
+        return MultivariateNormal(mean, covar)
+
+    # ------------------------------------------------------------------ conditioning
+
+    def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
+        if noise is not None and noise.dim() > X.dim() - 1:
+            # Noise carries fantasy sample dims; it is the same for every sample.
+            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
+        idx, val = self._interp(X)
+        D = self._to_D(X, noise).expand(X.shape[:-1])
+        y = Y * self.outcome_std.reshape(()) + self.outcome_mean.reshape(())  # user units
+        if self.d_idx is not None:  # chained conditioning: append to the pending points
+            idx, val, D, y = _append_pending(
+                (self.d_idx, self.d_val, self.d_D, self.d_y), (idx, val, D, y)
+            )
+        new = self._shallow_copy()
+        new._stats_shared = True
+        self._stats_shared = True
+        new.d_idx, new.d_val, new.d_D, new.d_y = idx, val, D, y
+        new.d_F, new.d_C, new.d_mean_coef = self._delta_caches(idx, val, D, y)
+        new._batch_shape = torch.broadcast_shapes(y.shape[:-1], idx.shape[:-2])
+        return new
+
+    def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        # Everything is computed before the first assignment, so a failure leaves the model as
+        # it was.
+        idx, val = self._interp(X)
+        D = self._to_D(X, noise).expand(X.shape[:-1])
+        y = Y * self.outcome_std.reshape(()) + self.outcome_mean.reshape(())
+        self._fold(idx.detach(), val.detach(), D.detach(), y.detach())
+
+    def _fold(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> None:
+        r"""Fold pending conditioned points and ``q`` new ones (non-batched) into the statistics
+        and the factor: rank-q Cholesky update of ``L_A`` (refactor if q is large)."""
+        if self.d_idx is not None:
+            if self.d_y.dim() != 1:
+                raise ValueError("A batched (fantasy) WISKI model is read-only.")
+            idx = torch.cat([self.d_idx, idx], 0)
+            val = torch.cat([self.d_val, val], 0)
+            D = torch.cat([self.d_D, D], 0)
+            y = torch.cat([self.d_y, y], 0)
+        q, m = idx.shape[0], self.grid.num_points
+        with torch.no_grad():
+            stats = self._stats_added(idx, val, D, y)
+            if 3 * q >= m:  # a refactorisation is cheaper than q rank-one updates
+                for name, value in stats.items():
+                    setattr(self, name, value)
+                for name in _DELTA_NAMES:
+                    setattr(self, name, None)
+                self._stats_shared = False
+                self.invalidate_caches()
+                self.ensure_caches()
+                return
+            R = self.chol_K
+            Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # q x m
+            L_A = cholesky_update(self.chol_A, Ut.mT)
+            beta, sd = self._offset(), self.outcome_std.reshape(())
+            z_r = (stats["z"] - beta * stats["h"]) / sd
+            v = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
+            mean_coef = self._mean_coef(R, L_A, v)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        for name in _DELTA_NAMES:
+            setattr(self, name, None)
+        self._stats_shared = False
+        self.chol_A, self.v, self.mean_coef = L_A, v, mean_coef
+        self._shared = {}
+
+    def add_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, chunk_size: int = 65536
+    ) -> Self:
+        r"""Bulk-load many observations: statistics accumulated in chunks (O(n 16^d) for the
+        Gram matrix, nothing stored per point), then ONE O(m^3) refactorisation.
+
+        The same result as :meth:`update` (which does a rank-q Cholesky update, O(m^2 q)), but
+        cheaper when q is large. Validates everything before changing any state.
+
+        Args:
+            X: ``n x d`` inputs; Y: ``n x 1`` (or ``n``) observations, user units.
+            noise: ``n x 1`` (or ``n``) noise variances, user units (required with fixed noise).
+            chunk_size: points per accumulation chunk (bounds the temporary memory).
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("add_observations() is for a single model, not a fantasy/batched one.")
+        if isinstance(Y, Tensor) and Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        if isinstance(noise, Tensor) and noise.dim() == 1:
+            noise = noise.unsqueeze(-1)
+        if isinstance(X, Tensor) and X.dim() != 2:
+            raise ValueError(f"add_observations() takes X of shape n x {self.dim}.")
+        X = self._transform_and_check(X)
+        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        self.ensure_caches()
+        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        D = self._to_D(X, noise_s).expand(X.shape[:-1])
+        self._materialize()
+        y = Y.to(X).squeeze(-1)
+        with torch.no_grad():
+            for start in range(0, X.shape[0], chunk_size):
+                sl = slice(start, start + chunk_size)
+                idx, val = self._interp(X[sl])
+                stats = self._stats_added(idx, val, D[sl], y[sl])
+                for name, value in stats.items():
+                    setattr(self, name, value)
+                self._stats_shared = False
+        self.invalidate_caches()
+        self.ensure_caches()
+        return self
+
+    def fit_projection(
+        self,
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None = None,
+        method: Literal["lbfgs", "adam"] = "adam",
+        max_iter: int = 100,
+        lr: float = 0.01,
+        include_priors: bool = True,
+    ) -> Self:
+        r"""Learn the input projection jointly with the GP hyperparameters on raw data the user
+        kept, then REBUILD the statistics from the new features (paper 002, Sec. 4.3).
+
+        The statistics of a projected model depend on the projection, so they cannot be
+        re-featurised without the raw inputs; this replaces them by those of ``(X, Y, Yvar)``
+        (pass every observation the model should hold). During optimisation the statistics are
+        rebuilt differentiably (O(n 16^k) per step) and the batch norm uses the batch statistics
+        of ``X``; afterwards its running statistics are set to those of the final map.
+
+        Args:
+            X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
+            method, max_iter, lr: optimiser settings (see :meth:`fit`).
+        """
+        if not hasattr(self, "projection"):
+            raise ValueError("This WISKI model has no projection; use fit().")
+        if self.batch_shape != torch.Size():
+            raise ValueError("fit_projection() is for a single model.")
+        if Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        X = self._transform_and_check(X)
+        check_observations(X, Y, Yvar, dim=self.dim, bounds=self.input_bounds)
+        if self.fixed_noise != (Yvar is not None):
+            raise ValueError("Pass Yvar exactly when the model has fixed noise.")
+        D = (
+            torch.ones(X.shape[0], dtype=X.dtype, device=X.device)
+            if Yvar is None
+            else self._check_D(Yvar.to(X).squeeze(-1))
+        )
+        y = Y.to(X).squeeze(-1)
+        if y.numel() > 1:
+            std = y.std()
+            self.outcome_mean = y.mean().reshape(1)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
+        params, bounds = self._trainable_parameters(include_projection=True)
+        zero = self._zero_statistics()
+        self._fitting_projection = True
+        self.projection.train()
+
+        def loss() -> Tensor:
+            idx, val = self._interp(X)
+            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+            mll = self._mll_from_stats(stats)
+            if include_priors:
+                mll = mll + self._log_prior()
+            return -mll / y.numel()
+
+        try:
+            minimize_loss(loss, params, method=method, max_iter=max_iter, lr=lr, bounds=bounds)
+        finally:
+            self._fitting_projection = False
+            self.projection.eval()
+        self.projection.set_normalisation(X)
+        with torch.no_grad():
+            idx, val = self._interp(X)
+            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+        for name in _DELTA_NAMES:
+            setattr(self, name, None)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        self._stats_shared = False
+        self.invalidate_caches()
+        self.ensure_caches()
+        return self
+
+    def projection_step(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
+    ) -> Tensor:
+        r"""One online gradient-ascent step on the projection for new points (paper 002 Eq. 18,
+        App. A.4), to be followed by ``update(X, Y, noise)``.
+
+        Only the new points' interpolation weights depend on the projection; the statistics of
+        the old points stay fixed (the paper's approximation). The objective is the part of the
+        log marginal likelihood that depends on those weights, in the Woodbury/Sherman-Morrison
+        form on the cached factor: with ``P = L_A^-1 R^T W*^T D*^-1/2`` and
+        ``c = L_A^-1 R^T z' = v + P D*^-1/2 r*``, ``C C^T = I + P^T P``::
+
+            obj = (||c||^2 - ||C^-1 P^T c||^2) / (2 sigma^2) - sum log diag C
+
+        O(m^2 q) (no refactorisation). Returns the objective before the step.
+
+        Args:
+            X: ``q x d`` raw inputs; Y: ``q x 1`` user units; noise: ``q x 1`` (fixed noise).
+            lr: step size for plain gradient ascent on the projection parameters.
+        """
+        if not hasattr(self, "projection"):
+            raise ValueError("This WISKI model has no projection.")
+        if self.batch_shape != torch.Size():
+            raise ValueError("projection_step() is for a single model.")
+        if Y.dim() == 1:
+            Y = Y.unsqueeze(-1)
+        if noise is not None and noise.dim() == 1:
+            noise = noise.unsqueeze(-1)
+        X = self._transform_and_check(X)
+        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        self._materialize()
+        self.ensure_caches()
+        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        D = self._to_D(X, noise_s).expand(X.shape[:-1])
+        params = [p for p in self.projection.parameters() if p.requires_grad]
+        with torch.enable_grad():
+            obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
+            grads = torch.autograd.grad(obj, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(lr * g)
+        return obj.detach()
+
+    def _projection_objective(self, X: Tensor, y: Tensor, D: Tensor) -> Tensor:
+        r"""The projection-dependent part of log p(y) for new points (see projection_step)."""
+        R, L_A = self.chol_K, self.chol_A
+        idx, val = self._interp(X)
+        Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # q x m
+        P = solve_lower(L_A, Ut.mT)  # m x q
+        r = (y - self._offset()) / self.outcome_std.reshape(())
+        c = self.v + P @ (r * D.rsqrt())
+        eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        C = torch.linalg.cholesky(eye + P.mT @ P)
+        corr = torch.linalg.solve_triangular(C, (P.mT @ c).unsqueeze(-1), upper=False)
+        quad = c.pow(2).sum() - corr.pow(2).sum()
+        return 0.5 * quad / self._sigma2() - torch.diagonal(C).log().sum()
+
+    def _zero_statistics(self) -> dict[str, Tensor]:
+        return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
+
+    def _materialize(self) -> None:
+        """Turn a non-batched conditioned model into a plain one (statistics and factor)."""
+        if self.d_idx is None:
+            return
+        if self.batch_shape != torch.Size():
+            raise ValueError("A batched (fantasy) WISKI model cannot be refit or updated.")
+        self.ensure_caches()
+        e = self.d_idx[:0]
+        self._fold(e, self.d_val[:0], self.d_D[:0], self.d_y[:0])
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.batch_shape == torch.Size():
+            self._materialize()
+        return super().state_dict(*args, **kwargs)
+
+    def _after_load(self) -> None:
+        self._shared = {}
+        self._stats_shared = False
+
+    # ------------------------------------------------------------------ hyperparameters
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""Exact SKI log marginal likelihood of the standardised outcomes divided by n (plus log
+        priors / n), from the statistics alone (MATH.md section 1); differentiable in every
+        hyperparameter. O(m^3), independent of n."""
+        self._materialize()
+        stats = {name: getattr(self, name) for name in _STAT_NAMES}
+        mll = self._mll_from_stats(stats)
+        if include_priors:
+            mll = mll + self._log_prior()
+        return mll / self.n
+
+    def _mll_from_stats(self, stats: dict[str, Tensor]) -> Tensor:
+        r"""``log p(y_std)`` (not divided by n) from statistics ``stats`` (which may themselves be
+        differentiable, as in :meth:`fit_projection`)."""
+        G = stats["G"]
+        # Only the grid points that some observation weights (diag G > 0) enter the likelihood:
+        # y ~ N(0, W_P K_PP W_P^T + sigma^2 D). Restricting to them is exact and makes early BO
+        # steps (few points, r << m) cheap.
+        active = torch.nonzero(torch.diagonal(G).detach() > 0).squeeze(-1)
+        full = active.numel() == G.shape[-1]
+        # The kernel is evaluated on the whole grid and then restricted, so the entries are
+        # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
+        K = self._grid_kernel()
+        R = psd_cholesky(K if full else K[active][:, active])
+        G = G if full else G[active][:, active]
+        sigma2 = self._sigma2()
+        m = R.shape[-1]
+        A = R.mT @ G @ R + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
+        L_A = psd_cholesky(0.5 * (A + A.mT))
+        beta, sd = self._offset(), self.outcome_std.reshape(())
+        z_r = (stats["z"] - beta * stats["h"]) / sd
+        s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
+        if not full:
+            z_r = z_r[active]
+        w = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
+        n = stats["n"]
+        # log det of the standardised noise sigma^2 D: n log sigma^2 + logdet D (D units).
+        return -0.5 * (
+            (s_r - w.pow(2).sum()) / sigma2
+            + (n - m) * sigma2.log()
+            + stats["logdet_D"]
+            + 2 * torch.diagonal(L_A).log().sum()
+            + n * math.log(2 * math.pi)
+        )
+
+    def _log_prior(self) -> Tensor:
+        r"""Sum of the hyperparameter priors' log densities (kernel, mean, homoscedastic noise)."""
+        total = torch.zeros((), dtype=self.G.dtype, device=self.G.device)
+        modules = [self.covar_module, self.mean_module]
+        if not self.fixed_noise:
+            modules.append(self.likelihood)
+        for module in modules:
+            if hasattr(module, "named_priors"):
+                for _, prior_module, prior, closure, _ in module.named_priors():
+                    total = total + prior.log_prob(closure(prior_module)).sum()
+        return total
+
+    def fit(
+        self,
+        method: Literal["lbfgs", "adam"] = "lbfgs",
+        max_iter: int = 200,
+        lr: float = 0.05,
+        restandardize: bool = True,
+        include_priors: bool = True,
+        timeout_sec: float | None = None,
+    ) -> Self:
+        r"""Maximise the exact SKI marginal likelihood from the statistics, warm-started.
+
+        Args:
+            method: ``"lbfgs"`` (to convergence) or ``"adam"`` (``max_iter`` steps; with a small
+                ``max_iter`` this is the paper's streaming mode, e.g. 1-5 steps per batch).
+            max_iter: iteration cap.
+            lr: Adam learning rate.
+            restandardize: first recompute the outcome mean/std from all data seen (exact, O(m)
+                through the statistics); the constant mean, noise and outputscale are mapped so
+                that the model in the user's units is unchanged before optimising.
+            include_priors: add the hyperparameter priors' log densities.
+            timeout_sec: optional wall-clock limit.
+
+        Each step costs O(m^3), whatever n is.
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("fit() is for a single model, not a fantasy/batched one.")
+        self._materialize()
+        if restandardize and self.num_data > 1:
+            self.restandardize()
+        params, bounds = self._trainable_parameters()
+        self.train()
+        try:
+            minimize_loss(
+                lambda: -self.marginal_log_likelihood(include_priors=include_priors),
+                params,
+                method=method,
+                max_iter=max_iter,
+                lr=lr,
+                timeout_sec=timeout_sec,
+                bounds=bounds,
+            )
+        finally:
+            self.eval()
+        self.ensure_caches()
+        return self
+
+    def _trainable_parameters(
+        self, include_projection: bool = False
+    ) -> tuple[dict[str, Tensor], dict[str, tuple[float | None, float | None]]]:
+        r"""Parameters ``fit`` moves (kernel, mean, homoscedastic noise) and their bounds from
+        the GPyTorch constraints (BoTorch's defaults use untransformed constraints that only the
+        optimiser's bounds enforce)."""
+        prefixes = ["covar_module", "mean_module"]
+        if not self.fixed_noise:
+            prefixes.append("likelihood")
+        if include_projection and hasattr(self, "projection"):
+            prefixes.append("projection")
+        params: dict[str, Tensor] = {}
+        bounds: dict[str, tuple[float | None, float | None]] = {}
+        for prefix in prefixes:
+            p, b = get_parameters_and_bounds(getattr(self, prefix), requires_grad=True)
+            params.update({f"{prefix}.{k}": v for k, v in p.items()})
+            bounds.update({f"{prefix}.{k}": v for k, v in b.items()})
+        return params, bounds
+
+    def restandardize(self) -> None:
+        r"""Recompute the outcome mean/std from all data seen (sum y, sum y^2, n), exactly.
+
+        The statistics hold raw outcomes, so only the scaling changes; the caches follow through
+        the cache key. The constant mean, the homoscedastic noise and a ``ScaleKernel``'s
+        outputscale are mapped so the model in the user's units is unchanged (exactly, unless the
+        mapped noise would fall below the likelihood's lower bound, where it is clamped).
+        """
+        n = self.n
+        if float(n) < 2:
+            return
+        mean = self.sum_y / n
+        var = ((self.sum_y2 - n * mean**2) / (n - 1)).clamp_min(0.0)
+        std = var.sqrt()
+        std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
+        mean = mean.reshape(1)
+        old_mean, old_std = self.outcome_mean.clone(), self.outcome_std.clone()
+        ratio = float(old_std / std)
+        with torch.no_grad():
+            const = self.mean_module.constant
+            const.copy_(((old_mean + old_std * const - mean) / std).reshape(const.shape))
+            if not self.fixed_noise:
+                lik_noise = self.likelihood.noise * ratio**2
+                lower = self.likelihood.noise_covar.raw_noise_constraint.lower_bound
+                self.likelihood.noise = lik_noise.clamp_min(float(lower) * (1 + 1e-6))
+            if isinstance(self.covar_module, ScaleKernel):
+                self.covar_module.outputscale = self.covar_module.outputscale * ratio**2
+        self.outcome_mean, self.outcome_std = mean.to(old_mean), std.to(old_std)
+
+
+def _stats_with(
+    base: dict[str, Tensor], idx: Tensor, val: Tensor, D: Tensor, y: Tensor, m: int
+) -> dict[str, Tensor]:
+    r"""``base`` statistics plus points (``n x K`` weights, ``n`` noise, ``n`` outcomes),
+    out of place and differentiable in ``val`` (used to learn a projection)."""
+    Dinv = 1.0 / D
+    G = interp_gram(idx, val, Dinv, m, out=base["G"].clone())
+    flat = idx.reshape(-1)
+    return {
+        "G": G,
+        "z": base["z"].index_add(0, flat, (val * (Dinv * y).unsqueeze(-1)).reshape(-1)),
+        "h": base["h"].index_add(0, flat, (val * Dinv.unsqueeze(-1)).reshape(-1)),
+        "s": base["s"] + (y * y * Dinv).sum(), "t": base["t"] + (y * Dinv).sum(),
+        "c": base["c"] + Dinv.sum(), "n": base["n"] + y.numel(),
+        "logdet_D": base["logdet_D"] + D.log().sum(), "sum_y": base["sum_y"] + y.sum(),
+        "sum_y2": base["sum_y2"] + (y * y).sum(), "sum_D": base["sum_D"] + D.sum(),
+    }
+
+
+def _right_solve(C: Tensor, B: Tensor) -> Tensor:
+    r"""``B C^-T`` for lower ``C`` (``batch x q x q``), ``B``: ``batch x N x q``."""
+    return torch.linalg.solve_triangular(C, B.mT, upper=False).mT
+
+
+def _shared_matmul(P: Tensor, F: Tensor) -> Tensor:
+    r"""``P F`` with ``P``: ``pb x N x m`` and ``F``: ``fb x m x q``, without copying ``P`` to
+    ``F``'s batch when ``P`` has a single batch element (one GEMM instead)."""
+    if P.shape[:-2].numel() == 1:
+        N, m = P.shape[-2:]
+        q = F.shape[-1]
+        P2 = P.reshape(N, m)
+        out = (P2 @ F.mT.reshape(-1, m).mT).reshape(N, *F.shape[:-2], q)
+        out = out.movedim(0, -2)  # fb x N x q
+        lead = torch.Size([1] * max(0, P.dim() - F.dim()))
+        return out.reshape(*lead, *out.shape)
+    return P @ F
+
+
+def _append_pending(
+    old: tuple[Tensor, Tensor, Tensor, Tensor], new: tuple[Tensor, Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Concatenate pending points along q after broadcasting batch shapes."""
+    (oi, ov, oD, oy), (ni, nv, nD, ny) = old, new
+    xb = torch.broadcast_shapes(oi.shape[:-2], ni.shape[:-2])
+    yb = torch.broadcast_shapes(oy.shape[:-1], ny.shape[:-1], xb)
+    K = oi.shape[-1]
+    idx = torch.cat([oi.expand(*xb, *oi.shape[-2:]), ni.expand(*xb, ni.shape[-2], K)], -2)
+    val = torch.cat([ov.expand(*xb, *ov.shape[-2:]), nv.expand(*xb, nv.shape[-2], K)], -2)
+    D = torch.cat([oD.expand(*xb, oD.shape[-1]), nD.expand(*xb, nD.shape[-1])], -1)
+    y = torch.cat([oy.expand(*yb, oy.shape[-1]), ny.expand(*yb, ny.shape[-1])], -1)
+    return idx, val, D, y

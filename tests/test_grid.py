@@ -1,0 +1,132 @@
+"""Tests for bo_online.grid: interpolation weights against GPyTorch's and against polynomials."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gpytorch.utils.interpolation import Interpolation
+
+from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vector, keys_cubic
+
+DT = torch.float64
+
+
+def _full_grid_dense_W_gpytorch(grid: RegularGrid, X: torch.Tensor) -> torch.Tensor:
+    """Dense n x prod(sizes) weights on the FULL padded grid from GPyTorch's implementation."""
+    axes = [grid.lower[k] + grid.spacing[k] * torch.arange(g, dtype=DT) for k, g in enumerate(grid.sizes)]
+    idx, val = Interpolation().interpolate(axes, X)
+    W = torch.zeros(X.shape[0], math.prod(grid.sizes), dtype=DT)
+    return W.scatter_add(-1, idx, val)
+
+
+def _interior_positions(grid: RegularGrid) -> torch.Tensor:
+    """Flat full-grid index of each interior point, in the interior ordering."""
+    ranges = [torch.arange(1, g - 1) for g in grid.sizes]
+    mesh = torch.meshgrid(*ranges, indexing="ij")
+    flat = torch.zeros_like(mesh[0])
+    for k, g in enumerate(grid.sizes):
+        flat = flat * g + mesh[k]
+    return flat.reshape(-1)
+
+
+@pytest.mark.parametrize("sizes", [[12], [9, 7], [6, 8, 7]])
+def test_weights_match_gpytorch_and_ring_is_empty(sizes):
+    torch.manual_seed(0)
+    d = len(sizes)
+    grid = RegularGrid(sizes)
+    X = torch.rand(50, d, dtype=DT)
+    X[0] = 0.0
+    X[1] = 1.0  # both faces of the box
+    W_ref = _full_grid_dense_W_gpytorch(grid, X)
+    pos = _interior_positions(grid)
+    W = grid.dense_weights(X)
+    assert W.shape == (50, math.prod(g - 2 for g in sizes))
+    torch.testing.assert_close(W, W_ref[:, pos], rtol=0, atol=1e-13)
+    # The outer ring of the padded grid never carries weight (what makes dropping it exact).
+    mask = torch.ones(W_ref.shape[-1], dtype=torch.bool)
+    mask[pos] = False
+    assert float(W_ref[:, mask].abs().max()) < 1e-14
+    idx, val = grid.interpolate(X)
+    assert idx.shape == (50, 4**d) and val.shape == (50, 4**d)
+
+
+def test_grid_points_and_padding():
+    grid = RegularGrid([10, 8], bounds=torch.tensor([[0.0, -1.0], [2.0, 1.0]], dtype=DT))
+    pts = grid.points()
+    h = grid.spacing
+    torch.testing.assert_close(h, torch.tensor([2.0 / 5, 2.0 / 3], dtype=DT))
+    # interior points run from lower - h to upper + h (two padding cells, outer ring dropped)
+    torch.testing.assert_close(pts.min(0).values, torch.tensor([-h[0], -1 - h[1]], dtype=DT))
+    torch.testing.assert_close(pts.max(0).values, torch.tensor([2 + h[0], 1 + h[1]], dtype=DT))
+    assert pts.shape == (8 * 6, 2)
+
+
+def test_cubic_reproduces_quadratics_and_partition_of_unity():
+    torch.manual_seed(1)
+    grid = RegularGrid([14, 11])
+    X = torch.rand(200, 2, dtype=DT)
+    W = grid.dense_weights(X)
+    P = grid.points()
+    torch.testing.assert_close(W.sum(-1), torch.ones(200, dtype=DT), rtol=0, atol=1e-13)
+    for f in (lambda Z: Z[:, 0], lambda Z: 3 * Z[:, 1] - 1, lambda Z: Z[:, 0] ** 2 - Z[:, 0] * Z[:, 1]):
+        torch.testing.assert_close(W @ f(P), f(X), rtol=0, atol=1e-12)
+
+
+def test_keys_kernel_values():
+    s = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 2.5], dtype=DT)
+    # u(0)=1, u(1)=u(2)=0, u(0.5)=0.5625, u(1.5)=-0.0625 for a = -1/2
+    expected = torch.tensor([1.0, 0.5625, 0.0, -0.0625, 0.0, 0.0], dtype=DT)
+    torch.testing.assert_close(keys_cubic(s), expected)
+    torch.testing.assert_close(keys_cubic(-s), expected)
+
+
+def test_out_of_box_and_bad_inputs_raise():
+    grid = RegularGrid([10, 10])
+    for bad in ([[1.01, 0.5]], [[-0.001, 0.5]], [[float("nan"), 0.5]], [[0.5, float("inf")]]):
+        with pytest.raises(ValueError, match="outside"):
+            grid.interpolate(torch.tensor(bad, dtype=DT))
+    with pytest.raises(ValueError, match="columns"):
+        grid.interpolate(torch.rand(3, 3, dtype=DT))
+    with pytest.raises(ValueError):
+        RegularGrid([5, 10])
+
+
+def test_products_match_dense():
+    torch.manual_seed(2)
+    grid = RegularGrid([9, 8, 7])
+    m = grid.num_points
+    X = torch.rand(2, 30, 3, dtype=DT)
+    W = grid.dense_weights(X)
+    idx, val = grid.interpolate(X)
+    M = torch.randn(m, 5, dtype=DT)
+    torch.testing.assert_close(interp_matmul(idx, val, M), W @ M)
+    # differentiable path (chunked gathers) gives the same numbers and gradients in X
+    Xg = X.clone().requires_grad_(True)
+    idx_g, val_g = grid.interpolate(Xg)
+    out = interp_matmul(idx_g, val_g, M, chunk=1000)
+    torch.testing.assert_close(out.detach(), W @ M)
+    out.sum().backward()
+    Xd = X.clone().requires_grad_(True)
+    (grid.dense_weights(Xd) @ M).sum().backward()
+    torch.testing.assert_close(Xg.grad, Xd.grad)
+    a = torch.randn(4, 1, m, dtype=DT)
+    torch.testing.assert_close(interp_vector(idx, val, a), (W @ a.unsqueeze(-1)).squeeze(-1))
+    w = torch.rand(30, dtype=DT) + 0.1
+    Wf = W[0]
+    torch.testing.assert_close(interp_gram(idx[0], val[0], w, m, chunk=64), Wf.T @ (w[:, None] * Wf))
+
+
+def test_gram_cell_blocked_path_matches_dense():
+    torch.manual_seed(3)
+    for sizes in ([11, 9], [8, 7, 9]):
+        grid = RegularGrid(sizes)
+        X = torch.rand(1500, len(sizes), dtype=DT)
+        X[:500] = 0.3 + 0.01 * X[:500]  # a crowded cell
+        idx, val = grid.interpolate(X)
+        w = torch.rand(1500, dtype=DT) + 0.1
+        W = grid.dense_weights(X)
+        G0 = torch.randn(grid.num_points, grid.num_points, dtype=DT)
+        G = interp_gram(idx, val, w, grid.num_points, out=G0.clone())
+        torch.testing.assert_close(G, G0 + W.T @ (w[:, None] * W), rtol=1e-12, atol=1e-12)

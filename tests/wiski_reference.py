@@ -1,0 +1,89 @@
+"""Dense SKI reference computations for the WISKI tests (built explicitly: W K W^T + sigma^2 D).
+
+Everything here forms the n x m interpolation matrix and n x n covariances densely, from the
+grid's points and weights (the weights are tested against GPyTorch's in test_grid.py) and the
+model's kernel module, independently of WISKI's statistics, factors and update formulas.
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+
+
+def grid_kernel(model) -> torch.Tensor:
+    K = model.covar_module(model.grid.points()).to_dense()
+    jitter = model.grid_jitter * torch.diagonal(K).mean()
+    return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype)
+
+
+def noise_std(model, n: int, Yvar: torch.Tensor | None) -> torch.Tensor:
+    """Standardised noise variances of the training points."""
+    if Yvar is None:
+        return model.likelihood.noise.reshape(()).expand(n)
+    return Yvar.reshape(-1) / model.outcome_std.reshape(()) ** 2
+
+
+def dense_mll(model, X, Y, Yvar=None) -> torch.Tensor:
+    """log p(y_std) / n for the SKI GP, differentiable in the hyperparameters."""
+    W = model.grid.dense_weights(model._features(X)).detach()
+    K = grid_kernel(model)
+    n = X.shape[0]
+    C = W @ K @ W.T + torch.diag(noise_std(model, n, Yvar))
+    y = ((Y.reshape(-1) - model.outcome_mean) / model.outcome_std).reshape(-1)
+    mean = model.mean_module.constant.reshape(()) * torch.ones(n, dtype=X.dtype)
+    return MultivariateNormal(mean, C).log_prob(y) / n
+
+
+def dense_posterior(model, X, Y, Yvar, Xs, extra=None):
+    """Latent posterior mean (user units) and covariance (standardised units) at Xs.
+
+    ``extra``: optional (X2, Y2, noise2_std) appended observations, noise in standardised units.
+    """
+    with torch.no_grad():
+        W = model.grid.dense_weights(model._features(X))
+        K = grid_kernel(model)
+        y = (Y.reshape(-1) - model.outcome_mean) / model.outcome_std
+        N = noise_std(model, X.shape[0], Yvar)
+        if extra is not None:
+            X2, Y2, N2 = extra
+            W = torch.cat([W, model.grid.dense_weights(model._features(X2))])
+            y = torch.cat([y, (Y2.reshape(-1) - model.outcome_mean) / model.outcome_std])
+            N = torch.cat([N, N2.reshape(-1)])
+        C = W @ K @ W.T + torch.diag(N)
+        Ws = model.grid.dense_weights(model._features(Xs))
+        Kxs = Ws @ K @ W.T
+        c = model.mean_module.constant.reshape(())
+        L = torch.linalg.cholesky(C)
+        alpha = torch.cholesky_solve((y - c).unsqueeze(-1), L).squeeze(-1)
+        mean = c + Kxs @ alpha
+        V = torch.linalg.solve_triangular(L, Kxs.T, upper=False)
+        cov = Ws @ K @ Ws.T - V.T @ V
+        return mean * model.outcome_std + model.outcome_mean, cov
+
+
+def dense_posterior_woodbury(model, X, Y, Yvar, Xs):
+    """The dense SKI posterior for LARGE n: W (n x m) is formed explicitly from the inputs and
+    (W K W^T + N)^-1 applied through the Woodbury identity with a fresh Cholesky of
+    I + R^T W^T N^-1 W R (R R^T = K). Independent of WISKI's statistics and incremental factor;
+    the identity itself is checked against the n x n computation in the small-n tests."""
+    with torch.no_grad():
+        W = model.grid.dense_weights(model._features(X))
+        K = grid_kernel(model)
+        R = torch.linalg.cholesky(K)
+        y = (Y.reshape(-1) - model.outcome_mean) / model.outcome_std
+        Ninv = 1.0 / noise_std(model, X.shape[0], Yvar)
+        c = model.mean_module.constant.reshape(())
+        B = W @ R  # n x m
+        M = torch.eye(R.shape[0], dtype=X.dtype) + B.T @ (Ninv[:, None] * B)
+        LM = torch.linalg.cholesky(M)
+
+        def cinv(V):  # (W K W^T + N)^-1 V
+            NV = Ninv[:, None] * V
+            return NV - Ninv[:, None] * (B @ torch.cholesky_solve(B.T @ NV, LM))
+
+        Ws = model.grid.dense_weights(model._features(Xs))
+        Kxs = Ws @ K @ W.T
+        mean = c + Kxs @ cinv((y - c)[:, None]).squeeze(-1)
+        cov = Ws @ K @ Ws.T - Kxs @ cinv(Kxs.T)
+        return mean * model.outcome_std + model.outcome_mean, cov
