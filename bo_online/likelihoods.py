@@ -112,7 +112,13 @@ class SiteLikelihood(Module):
 
     # ---------------------------------------------------------------- quadrature
 
-    def _expect(self, fn, mean: Tensor, var: Tensor) -> Tensor:
+    def _expect(self, fn, mean: Tensor, var: Tensor, *others: Tensor | None) -> Tensor:
+        # The nodes are laid out along a new leading dim, so mean/var must already carry the
+        # full broadcast shape (y may have extra leading sample dims).
+        shape = torch.broadcast_shapes(
+            mean.shape, var.shape, *(o.shape for o in others if o is not None)
+        )
+        mean, var = mean.expand(shape), var.expand(shape)
         quad = self.quadrature
         if quad.locations.dtype != mean.dtype or quad.locations.device != mean.device:
             quad.to(dtype=mean.dtype, device=mean.device)
@@ -124,15 +130,15 @@ class SiteLikelihood(Module):
     ) -> Tensor:
         r"""``E_{N(f; mean, var)}[log p(y | f)]`` elementwise (differentiable in mean, var and the
         likelihood's parameters)."""
-        return self._expect(lambda f: self.log_prob(y, f, noise), mean, var)
+        return self._expect(lambda f: self.log_prob(y, f, noise), mean, var, y, noise)
 
     def expected_derivatives(
         self, y: Tensor, mean: Tensor, var: Tensor, noise: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         r"""``(alpha, beta)`` with ``alpha = E_q[d log p/df]`` and ``beta = max(-E_q[d^2 log p/df^2],
         beta_min)`` under ``q = N(mean, var)``, elementwise (MATH.md §2, E-step)."""
-        alpha = self._expect(lambda f: self.d1(y, f, noise), mean, var)
-        beta = -self._expect(lambda f: self.d2(y, f, noise), mean, var)
+        alpha = self._expect(lambda f: self.d1(y, f, noise), mean, var, y, noise)
+        beta = -self._expect(lambda f: self.d2(y, f, noise), mean, var, y, noise)
         return alpha, beta.clamp_min(self.beta_min)
 
     def sample(self, f: Tensor, generator: torch.Generator | None = None, noise=None) -> Tensor:
