@@ -48,6 +48,9 @@ from typing import Any, Literal
 
 import torch
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+from botorch.optim.closures import ForwardBackwardClosure
+from botorch.optim.core import scipy_minimize, torch_minimize
+from botorch.optim.utils import get_parameters_and_bounds
 from botorch.sampling.base import MCSampler
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
@@ -65,7 +68,6 @@ from bo_online.linalg import (
     solve_lower,
 )
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import minimize_loss
 from bo_online.models.inducing import select_inducing_points
 from bo_online.models.validation import check_finite, check_observations
 
@@ -666,25 +668,44 @@ class TSVGP(OnlineModel):
     def _m_step(
         self, method: str, max_iter: int, lr: float, learn_z: bool, include_priors: bool
     ) -> None:
-        params = {}
-        for name, p in self.named_parameters():
-            if not p.requires_grad or (name == "inducing_points" and not learn_z):
+        params, bounds = {}, {}
+        for child_name, child in self.named_children():
+            if child_name == "likelihood" and self.fixed_noise:
                 continue
-            if name.startswith("likelihood.") and self.fixed_noise:
-                continue
-            params[name] = p
+            # Constraints without a transform (BoTorch's noise constraint) are enforced as
+            # optimiser bounds, as fit_gpytorch_mll does.
+            cp, cb = get_parameters_and_bounds(child, requires_grad=True)
+            params.update({f"{child_name}.{k}": v for k, v in cp.items()})
+            bounds.update({f"{child_name}.{k}": v for k, v in cb.items()})
+        if learn_z and self.inducing_points.requires_grad:
+            params["inducing_points"] = self.inducing_points
+        bounds = {k: b for k, b in bounds.items() if k in params}
         n = self._n
 
         def loss() -> Tensor:
             obj = self.elbo()
-            if include_priors:
-                for _, module, prior, closure, _ in self.named_priors():
-                    obj = obj + prior.log_prob(closure(module)).sum()
+            if include_priors:  # (OnlineModel is not a gpytorch Module: ask each child)
+                for child in self.children():
+                    if hasattr(child, "named_priors"):
+                        for _, module, prior, closure, _ in child.named_priors():
+                            obj = obj + prior.log_prob(closure(module)).sum()
             return -obj / n
 
         self.train()
         try:
-            minimize_loss(loss, params, method=method, max_iter=max_iter, lr=lr)
+            closure = ForwardBackwardClosure(forward=loss, parameters=params)
+            if method == "lbfgs":
+                scipy_minimize(closure, params, bounds=bounds, options={"maxiter": max_iter})
+            elif method == "adam":
+                torch_minimize(
+                    closure,
+                    params,
+                    bounds=bounds,
+                    optimizer=lambda ps: torch.optim.Adam(ps, lr=lr),
+                    step_limit=max_iter,
+                )
+            else:
+                raise ValueError(f"Unknown fit method {method!r}; use 'lbfgs' or 'adam'.")
         finally:
             self.eval()
         self.ensure_caches()
