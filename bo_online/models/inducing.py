@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 from gpytorch.kernels import Kernel
-from linear_operator.functions import pivoted_cholesky
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
@@ -49,19 +48,7 @@ def select_inducing_points(
     n, d = X.shape
     picked = X[:0]
     if n > 0:
-        with torch.no_grad():
-            K = kernel(X.detach()).to_dense()
-            prior = torch.diagonal(K).max().clamp_min(1e-300)
-            rank = min(num_inducing, n)
-            # Greedy variance reduction is pivoted Cholesky (linear_operator's implementation).
-            L, pivots = pivoted_cholesky(K, rank=rank, error_tol=0.0, return_pivots=True)
-            # The j-th pivot's residual variance when it was picked is L[p_j, j]^2; keep the
-            # greedy prefix whose residual exceeded the tolerance (no duplicates).
-            r = L.shape[-1]
-            resid = L[pivots[:r], torch.arange(r)].pow(2)
-            above = (resid > tol * prior).to(torch.int64)
-            keep = pivots[: int(above.cumprod(0).sum())]
-            picked = X.detach()[keep]
+        picked = X.detach()[_greedy_variance_pivots(X.detach(), kernel, min(num_inducing, n), tol)]
     missing = num_inducing - picked.shape[0]
     if missing <= 0:
         return picked
@@ -75,3 +62,27 @@ def select_inducing_points(
         lo, hi = bounds[0].to(X), bounds[1].to(X)
     sobol = SobolEngine(d, scramble=True, seed=seed).draw(missing).to(X)
     return torch.cat([picked, lo + (hi - lo) * sobol], dim=0)
+
+
+def _greedy_variance_pivots(X: Tensor, kernel: Kernel, rank: int, tol: float) -> Tensor:
+    r"""Pivots of the partial pivoted Cholesky of ``K_XX``, one kernel column per pick.
+
+    Written out (rather than ``linear_operator``'s ``pivoted_cholesky``) so that memory stays
+    O(n m): the n x n kernel matrix is never formed, which matters for n = 1e5 and beyond.
+    """
+    with torch.no_grad():
+        resid = kernel(X, diag=True).clone()  # residual variances
+        top = resid.max().clamp_min(1e-300)
+        L = X.new_zeros(X.shape[0], rank)
+        pivots: list[int] = []
+        for j in range(rank):
+            i = int(torch.argmax(resid))
+            if resid[i] <= tol * top:
+                break
+            col = kernel(X, X[i : i + 1]).to_dense().squeeze(-1)
+            col = (col - L[:, :j] @ L[i, :j]) / resid[i].sqrt()
+            L[:, j] = col
+            resid = (resid - col * col).clamp_min(0.0)
+            resid[i] = 0.0
+            pivots.append(i)
+    return torch.tensor(pivots, dtype=torch.long, device=X.device)
