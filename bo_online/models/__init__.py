@@ -2,5 +2,6 @@
 
 from bo_online.models.base import OnlineModel
 from bo_online.models.exact import OnlineExactGP
+from bo_online.models.tsvgp import TSVGP
 
-__all__ = ["OnlineModel", "OnlineExactGP"]
+__all__ = ["OnlineModel", "OnlineExactGP", "TSVGP"]
