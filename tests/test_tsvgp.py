@@ -601,3 +601,24 @@ def test_student_t_e_steps_converge_with_the_beta_clip():
     # the outlier barely moves the fit: the posterior mean at x_3 stays near the clean curve
     m3 = float(model.posterior(X[3:4]).mean)
     assert abs(m3 - float(torch.sin(6 * X[3]))) < 0.5
+
+
+def test_bernoulli_condition_steps_reach_the_new_sites_fixed_point():
+    X, _ = _data(n=30)
+    Y = (X.sum(-1, keepdim=True) > 1.0).to(DT)
+    model = TSVGP(X, Y, inducing_points=X[::3].clone(), likelihood=Bernoulli("probit"))
+    Xs = torch.rand(3, 2, dtype=DT, generator=torch.Generator().manual_seed(8))
+    Ys = torch.tensor([[1.0], [0.0], [0.0]], dtype=DT)
+    one = model.condition_on_observations(Xs, Ys)
+    model.condition_steps = 40
+    many = model.condition_on_observations(Xs, Ys)
+    # at the fixed point the new sites equal the E-step result at their own updated marginals
+    post = many.posterior(Xs)
+    c = model.mean_module.constant.detach()
+    mean, var = post.mean.squeeze(-1).detach(), post.variance.squeeze(-1).detach()
+    alpha, beta = model.likelihood.expected_derivatives(Ys.squeeze(-1), mean, var)
+    assert torch.allclose(many._cbeta, beta, atol=1e-8)
+    assert torch.allclose(many._cg1, beta * (mean - c) + alpha, atol=1e-8)
+    # one step (the default) is not yet there, and only the new sites moved
+    assert not torch.allclose(one._cg1, many._cg1, atol=1e-6)
+    assert torch.equal(many.sites[0], model.sites[0])
