@@ -32,7 +32,8 @@ the collapsed SGPR bound.
 
 Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood is
 not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap: ``fantasize``
-for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood.
+for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one updates for
+q < ``refactor_min_q``; from there on one BLAS-3 refactorisation of the m x m factor is faster).
 
 ``posterior(X, observation_noise=True)``: Gaussian likelihoods add the noise variance. For the
 others the returned distribution is still Gaussian: the latent posterior plus ``Var[y | f]``
