@@ -3,6 +3,7 @@
 from bo_online.models.base import OnlineModel
 from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import OnlineExactGP
+from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski import WISKI
 
-__all__ = ["OnlineModel", "OnlineExactGP", "WISKI", "DecoupledSVGP"]
+__all__ = ["OnlineModel", "OnlineExactGP", "WISKI", "TSVGP", "DecoupledSVGP"]

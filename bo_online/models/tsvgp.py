@@ -1,0 +1,736 @@
+r"""t-SVGP: a sparse variational GP in dual (site) parameters, with additive online conditioning.
+
+``TSVGP`` is the sparse variational GP of Adam, Chang, Khan & Solin (NeurIPS 2021,
+``../shared/papers/003_1cf42fdc1944cbcb.txt``) written in the notation and sign convention of
+MATH.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
+latent ``h = f - c`` (``c`` the constant prior mean), with a POSITIVE site precision ``beta_i``.
+The sites enter the posterior only through two m-dimensional summaries::
+
+    lam = sum_i k_u(x_i) g1_i          Lam = sum_i k_u(x_i) beta_i k_u(x_i)^T
+    q(u) = N(K (K + Lam)^-1 lam, K (K + Lam)^-1 K)
+    mean(x) = c + k_xu (K + Lam)^-1 lam
+    cov(x, x') = k(x, x') - k_xu K^-1 k_ux' + k_xu (K + Lam)^-1 k_ux'
+
+so a new observation is folded in by ADDING its site: a rank-q update of a Cholesky factor, O(m^2 q),
+independent of n. For a Gaussian likelihood ``g1_i = (y_i - c)/sigma^2``, ``beta_i = 1/sigma^2``
+and the model is exactly SGPR (Titsias 2009); for other likelihoods (Bernoulli probit/logit,
+Poisson, Student-t: ``bo_online.likelihoods``) the sites come from natural-gradient E-steps
+(``alpha_i = E_q[d log p/df]``, ``beta_i = -E_q[d^2 log p/df^2]``, ``g1_i = beta_i m_i + alpha_i``).
+
+Factorisation used (a stable form of "the Cholesky of K + Lam"): with ``L_K L_K^T = K`` and the
+whitened ``B = I + L_K^-1 Lam L_K^-T = L_B L_B^T`` (eigenvalues >= 1), ``chol(K + Lam) = L_K L_B``.
+The caches are ``L_K``, ``L_B``, ``lam_w = L_K^-1 lam`` and ``v = B^-1 lam_w``; then
+``mean(x) = c + a_x^T v`` and ``var(x) = k_xx - |a_x|^2 + |L_B^-1 a_x|^2`` with ``a_x = L_K^-1 k_ux``,
+and ``KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2)`` (MATH.md §2's KL, whitened).
+
+Learning is variational EM (paper Sec. 3-4): E-steps move the sites by natural gradients
+(full batch or minibatch with the N/|B| scaling of Eqs. 22-23); M-steps maximise the TIGHTER bound
+of Eq. 15 -- sites frozen per point, q rebuilt from them with the new hyperparameters and inducing
+points -- with Adam or L-BFGS. The per-point sites (O(n)) are kept so any refit re-projects them
+exactly. For a Gaussian likelihood the E-step is exact in closed form and the M-step objective is
+the collapsed SGPR bound.
+
+Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood is
+not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap: ``fantasize``
+for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one updates for
+q < ``refactor_min_q``; from there on one BLAS-3 refactorisation of the m x m factor is faster).
+
+``posterior(X, observation_noise=True)``: Gaussian likelihoods add the noise variance. For the
+others the returned distribution is still Gaussian: the latent posterior plus ``Var[y | f]``
+evaluated at the posterior mean of f (Bernoulli ``p (1 - p)``, Poisson ``exp(m)``, Student-t
+``scale^2 nu / (nu - 2)``), i.e. a moment-style approximation of the predictive spread of y, never
+the exact (non-Gaussian) predictive distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+from botorch.optim.closures import ForwardBackwardClosure
+from botorch.optim.core import scipy_minimize, torch_minimize
+from botorch.optim.utils import get_parameters_and_bounds
+from botorch.sampling.base import MCSampler
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel
+from gpytorch.means import ConstantMean
+from linear_operator.operators import MatmulLinearOperator
+from torch import Tensor
+from typing_extensions import Self
+
+from bo_online.likelihoods import FixedNoiseGaussian, Gaussian, SiteLikelihood
+from bo_online.linalg import (
+    cholesky_logdet,
+    cholesky_solve,
+    cholesky_update,
+    psd_cholesky,
+    solve_lower,
+)
+from bo_online.models.base import OnlineModel
+from bo_online.models.inducing import select_inducing_points
+from bo_online.models.validation import check_finite, check_observations
+
+__all__ = ["TSVGP"]
+
+DEFAULT_NUM_INDUCING = 128
+
+
+class TSVGP(OnlineModel):
+    r"""Sparse variational GP in dual (site) parameters with O(m^2 q) online conditioning.
+
+    Args:
+        train_X: ``n x d`` initial inputs (n >= 1).
+        train_Y: ``n x 1`` initial observations (labels in {0, 1} for Bernoulli, counts for Poisson).
+        train_Yvar: optional ``n x 1`` known noise variances (user units): a fixed-noise Gaussian
+            model; every later ``update`` must then pass ``noise``.
+        inducing_points: ``m x d`` tensor, or an int m, or None for
+            ``DEFAULT_NUM_INDUCING`` (128). An int/None selects them by greedy variance reduction
+            (pivoted Cholesky) on ``train_X`` and fills the remaining slots with Sobol points over
+            ``bounds`` (default the unit cube), so m may exceed n.
+        likelihood: a :class:`~bo_online.likelihoods.SiteLikelihood`; default :class:`Gaussian`
+            (or :class:`FixedNoiseGaussian` when ``train_Yvar`` is given).
+        covar_module: GPyTorch kernel; default BoTorch's RBF with dimension-scaled priors.
+        bounds: optional ``2 x d`` input box; inputs outside it are rejected.
+        standardize: standardise outcomes (only for likelihoods on real-valued targets).
+        input_transform: optional BoTorch input transform.
+        num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods
+            (the first from the prior marginals).
+        condition_steps: further fixed-point steps on the new sites when conditioning with a
+            non-Gaussian likelihood (0 = one step at the current marginal, MATH.md §2).
+
+    Example:
+        >>> model = TSVGP(train_X, train_Y)               # Gaussian, 128 inducing points
+        >>> model.fit()                                    # M-step on the collapsed bound
+        >>> model.update(new_X, new_Y)                     # O(m^2 q), in place
+        >>> clf = TSVGP(X, labels, likelihood=Bernoulli())
+        >>> clf.fit(num_em_iters=3)                        # variational EM
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        inducing_points: Tensor | int | None = None,
+        likelihood: SiteLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        bounds: Tensor | None = None,
+        standardize: bool = True,
+        input_transform: Any | None = None,
+        num_init_e_steps: int = 5,
+        condition_steps: int = 0,
+    ) -> None:
+        dtype, device = train_X.dtype, train_X.device
+        if not isinstance(train_X, Tensor) or train_X.dim() != 2:
+            raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}.")
+        dim = train_X.shape[-1]
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
+        X = self._transform_and_check(train_X)
+        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
+        if train_Y.dim() != 2 or train_X.shape[0] < 1:
+            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        if train_Yvar is not None:
+            if likelihood is not None and not isinstance(likelihood, FixedNoiseGaussian):
+                raise ValueError("train_Yvar (fixed noise) only goes with a FixedNoiseGaussian likelihood.")
+            likelihood = likelihood or FixedNoiseGaussian()
+        elif isinstance(likelihood, FixedNoiseGaussian):
+            raise ValueError("A FixedNoiseGaussian likelihood needs train_Yvar.")
+        self.likelihood = likelihood if likelihood is not None else Gaussian()
+        self.likelihood.check_targets(train_Y)
+        self.fixed_noise = train_Yvar is not None
+        if standardize and self.likelihood.standardizable and train_Y.shape[0] > 1:
+            std = train_Y.std(dim=0)
+            self.outcome_mean = train_Y.mean(dim=0).to(X)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.mean_module = ConstantMean()
+        self.condition_steps = int(condition_steps)
+        self.to(dtype=dtype, device=device)
+        if inducing_points is None or isinstance(inducing_points, int):
+            m = DEFAULT_NUM_INDUCING if inducing_points is None else int(inducing_points)
+            Z = select_inducing_points(X, self.covar_module, m, bounds=self.input_bounds)
+        else:
+            Z = torch.as_tensor(inducing_points).to(X)
+            if Z.dim() != 2 or Z.shape[-1] != dim or Z.shape[0] < 1:
+                raise ValueError(f"inducing_points must be m x {dim}, got {tuple(Z.shape)}.")
+            check_finite("inducing_points", Z)
+        self.inducing_points = torch.nn.Parameter(Z.clone())
+
+        # Per-point state, stored with spare capacity so an update appends in O(q) amortised.
+        n = X.shape[0]
+        y = self._standardise(train_Y.to(X)).squeeze(-1)
+        noise = None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1)
+        self.register_buffer("num_data_", torch.tensor(n, device=device))
+        self.register_buffer("_X", X.clone())
+        self.register_buffer("_y", y.clone())
+        self.register_buffer("_noise", None if noise is None else noise.clone())
+        self.register_buffer("_g1", torch.zeros_like(y))  # sites, standardised units
+        self.register_buffer("_beta", torch.zeros_like(y))
+        # Sites added by conditioning a (fantasy) model: batched, kept apart from the shared base.
+        for name in ("_cX", "_cy", "_cnoise", "_cg1", "_cbeta"):
+            self.register_buffer(name, None)
+        # Caches (functions of the sites and the hyperparameters).
+        for name in ("chol_K", "chol_B", "lam_w", "v"):
+            self.register_buffer(name, None)
+        self._n = n
+        self.ensure_caches()  # conjugate: exact sites; otherwise the prior (sites = 0)
+        if not self.likelihood.conjugate:
+            for _ in range(num_init_e_steps):
+                self.e_step(rho=1.0)
+
+    # ------------------------------------------------------------------ what the model is
+
+    @property
+    def num_data(self) -> int:
+        return self._n
+
+    @property
+    def num_inducing(self) -> int:
+        return int(self.inducing_points.shape[-2])
+
+    @property
+    def train_X(self) -> Tensor:
+        return self._X[: self._n]
+
+    @property
+    def train_y(self) -> Tensor:
+        """Standardised targets of the base data (``n``)."""
+        return self._y[: self._n]
+
+    @property
+    def train_noise(self) -> Tensor | None:
+        return None if self._noise is None else self._noise[: self._n]
+
+    @property
+    def sites(self) -> tuple[Tensor, Tensor]:
+        r"""Per-point sites ``(g1, beta)`` of the base data (``n`` each, standardised units)."""
+        return self._g1[: self._n], self._beta[: self._n]
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        return (self.train_X,)
+
+    @property
+    def train_targets(self) -> Tensor:
+        """Training targets in the user's units (``n``)."""
+        return self.train_y * self.outcome_std + self.outcome_mean
+
+    def hyperparameters(self):
+        r"""Kernel, mean and inducing points; the likelihood's parameters only for a Gaussian
+        likelihood (its sites are exact functions of the noise). Non-Gaussian sites are frozen
+        across hyperparameter changes (the M-step's tighter bound), so they do not key the caches."""
+        for name, p in self.named_parameters():
+            if name.startswith("likelihood.") and not self.likelihood.conjugate:
+                continue
+            yield p
+
+    def _after_load(self) -> None:
+        self._n = int(self.num_data_)
+
+    # ------------------------------------------------------------------ sites and caches
+
+    def _point_noise(self, n_shape: torch.Size, noise: Tensor | None) -> Tensor | None:
+        r"""Gaussian noise variance for sites: per-point if given, else the likelihood's."""
+        if noise is not None:
+            return noise
+        if self.fixed_noise or not self.likelihood.conjugate:
+            return None
+        return self.likelihood.noise.expand(n_shape)
+
+    def _exact_sites(self, y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        r"""Gaussian sites (MATH.md §2): ``g1 = (y - c)/sigma^2``, ``beta = 1/sigma^2``."""
+        s2 = self.likelihood._var(self._point_noise(y.shape, noise))
+        c = self.mean_module.constant
+        return (y - c) / s2, (1.0 / s2).expand(y.shape)
+
+    def _chunks(self) -> list[tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]]:
+        r"""``(X, y, noise, g1, beta)`` for the base data and (for conditioned models) the added
+        points; the conditioned chunk carries the model's batch dims."""
+        chunks = [(self.train_X, self.train_y, self.train_noise, *self.sites)]
+        if self._cX is not None:
+            chunks.append((self._cX, self._cy, self._cnoise, self._cg1, self._cbeta))
+        return chunks
+
+    def _kuu_chol(self) -> Tensor:
+        Z = self.inducing_points
+        return psd_cholesky(self.covar_module(Z).to_dense())
+
+    def _whiten(self, L_K: Tensor, X: Tensor) -> Tensor:
+        r"""``a_X = L_K^-1 K_uX`` (``batch x m x q`` for ``X``: ``batch x q x d``)."""
+        Z = self.inducing_points
+        K_uX = self.covar_module(Z, X).to_dense() if X.dim() == 2 else self.covar_module(
+            Z.expand(*X.shape[:-2], *Z.shape), X
+        ).to_dense()
+        return solve_lower(L_K, K_uX)
+
+    @staticmethod
+    def _summaries(A: Tensor, g1: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Whitened contributions ``(A g1, A diag(beta) A^T)`` of sites at points with ``A``."""
+        lam_w = (A @ g1.unsqueeze(-1)).squeeze(-1)
+        P = (A * beta.unsqueeze(-2)) @ A.transpose(-1, -2)
+        return lam_w, P
+
+    @staticmethod
+    def _factor(P: Tensor, lam_w: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``L_B = chol(I + P)`` and ``v = (I + P)^-1 lam_w``."""
+        eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        L_B = psd_cholesky(eye + P)
+        v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
+        return L_B, v
+
+    def _rebuild_caches(self) -> None:
+        r"""Re-project the per-point sites onto the current hyperparameters, O(n m^2 + m^3)."""
+        L_K = self._kuu_chol()
+        lam_w, P = 0.0, 0.0
+        for j, (X, y, noise, g1, beta) in enumerate(self._chunks()):
+            if self.likelihood.conjugate:  # the exact E-step: sites follow sigma^2 and c
+                g1, beta = self._exact_sites(y, noise)
+                if j == 0:
+                    self._g1[: self._n], self._beta[: self._n] = g1, beta
+            A = self._whiten(L_K, X)
+            lw, Pc = self._summaries(A, g1, beta)
+            lam_w, P = lam_w + lw, P + Pc
+        self.chol_K = L_K
+        self.chol_B, self.v = self._factor(P, lam_w)
+        self.lam_w = lam_w
+
+    def set_sites(self, g1: Tensor, beta: Tensor) -> Self:
+        r"""Replace the base data's per-point sites (``n`` each, standardised units, ``beta > 0``)
+        and rebuild q from them (for tests, warm starts and custom inference loops)."""
+        if self.batch_shape != torch.Size():
+            raise ValueError("set_sites() is for a single model, not a fantasy/batched one.")
+        n = self._n
+        g1, beta = torch.as_tensor(g1).to(self._X), torch.as_tensor(beta).to(self._X)
+        if g1.shape != (n,) or beta.shape != (n,):
+            raise ValueError(f"Sites must have shape ({n},), got {tuple(g1.shape)}, {tuple(beta.shape)}.")
+        check_finite("g1", g1)
+        check_finite("beta", beta)
+        if bool((beta < 0).any()):
+            raise ValueError("Site precisions beta must be >= 0 (MATH.md §2 sign convention).")
+        self._set_base_sites(g1, beta)
+        return self
+
+    def _set_base_sites(self, g1: Tensor, beta: Tensor) -> None:
+        with torch.no_grad():
+            L_K = self._kuu_chol()
+            A = self._whiten(L_K, self.train_X)
+            lam_w, P = self._summaries(A, g1, beta)
+            L_B, v = self._factor(P, lam_w)
+        self._g1[: self._n], self._beta[: self._n] = g1, beta
+        self.chol_K, self.chol_B, self.lam_w, self.v = L_K, L_B, lam_w, v
+        self._cache_key = self._current_key()
+
+    # ------------------------------------------------------------------ prediction
+
+    def _marginals(
+        self, A: Tensor, L_B: Tensor, v: Tensor, X: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        r"""Marginal mean of h = f - c and variance of f at points with whitened ``A``."""
+        mean = (A.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
+        W = solve_lower(L_B, A)
+        kdiag = self.covar_module(X, diag=True)
+        var = kdiag - A.pow(2).sum(-2) + W.pow(2).sum(-2)
+        return mean, var.clamp_min(1e-12)
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        A = self._whiten(self.chol_K, X)  # batch x m x q
+        W = solve_lower(self.chol_B, A)  # broadcast(batch, model batch) x m x q
+        mean = self.mean_module.constant + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
+        batch = torch.broadcast_shapes(mean.shape[:-1], W.shape[:-2])
+        q = X.shape[-2]
+        m = A.shape[-2]
+        A = A.expand(*batch, m, q)
+        W = W.expand(*batch, m, q)
+        prior = self.covar_module(X).expand(*batch, q, q)
+        covar = (
+            prior
+            + MatmulLinearOperator(W.transpose(-1, -2), W)
+            + MatmulLinearOperator(A.transpose(-1, -2), A) * -1.0
+        )
+        return MultivariateNormal(mean.expand(*batch, q), covar)
+
+    def _latent_mean(self, X: Tensor) -> Tensor:
+        A = self._whiten(self.chol_K, X)
+        return self.mean_module.constant + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
+
+    def _noise_variance(self, X: Tensor) -> Tensor:
+        lik = self.likelihood
+        if self.fixed_noise:  # as BoTorch: the mean training noise at new points
+            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+        if lik.conjugate:
+            return lik.noise.expand(X.shape[:-1])
+        # Non-Gaussian: Var[y | f] at the posterior mean of f (see the module docstring).
+        return lik.noise_variance(self._latent_mean(X))
+
+    def _default_fantasy_noise(self) -> Tensor | None:
+        if self.fixed_noise:
+            return self.train_noise.mean().reshape(1, 1)
+        return None
+
+    # ------------------------------------------------------------------ conditioning
+
+    def _new_sites(
+        self, X: Tensor, A: Tensor, Y: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        r"""``(L_B, lam_w, v, g1, beta)`` after adding the sites of ``(X, Y)``.
+
+        Gaussian: exact sites; ``L_B`` depends only on X and the noise, so it is updated once
+        and shared by every fantasy sample (Y carries the sample dims). Otherwise: one E-step at
+        the current marginal (rho = 1), then ``condition_steps`` further fixed-point steps on the
+        new sites alone, each from the pre-conditioning state.
+        """
+        lik = self.likelihood
+        if lik.conjugate:
+            g1, beta = self._exact_sites(Y, noise)
+            if noise is None and not self.fixed_noise:
+                beta = beta.reshape(-1)[:1].expand(X.shape[:-1])  # one precision for all samples
+            elif noise is not None:
+                beta = beta.reshape(-1, *X.shape[:-1])[0]  # noise is the same for every sample
+            L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
+            lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
+            v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
+            return L_B, lam_w, v, g1, beta
+        if noise is not None:
+            raise ValueError(
+                "noise can only be given for a Gaussian likelihood; this TSVGP has a "
+                f"{type(lik).__name__} likelihood."
+            )
+        L_B, v = self.chol_B, self.v
+        c = self.mean_module.constant
+        for _ in range(1 + self.condition_steps):
+            mean_h, var = self._marginals(A, L_B, v, X)
+            alpha, beta = lik.expected_derivatives(Y, c + mean_h, var)
+            g1 = beta * mean_h + alpha
+            L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
+            lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
+            v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
+        return L_B, lam_w, v, g1, beta
+
+    #: From this many new points on, the factor of ``B + U U^T`` is recomputed (one BLAS-3
+    #: product and Cholesky, O(m^3)) instead of q sequential rank-one updates (O(m^2 q) but
+    #: memory-bound passes): measured crossover q ~ 2-4 for m in 128-512 on a CPU. Both give the
+    #: same factor (the Cholesky factor is unique).
+    refactor_min_q: int = 4
+
+    def _add_low_rank(self, L: Tensor, U: Tensor) -> Tensor:
+        r"""Lower factor of ``L L^T + U U^T`` (``U``: ``... x m x q``)."""
+        if U.shape[-1] < self.refactor_min_q:
+            return cholesky_update(L, U)
+        return psd_cholesky(L @ L.transpose(-1, -2) + U @ U.transpose(-1, -2))
+
+    def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
+        self.likelihood.check_targets(Y * self.outcome_std + self.outcome_mean)
+        if noise is not None and self.likelihood.conjugate:
+            noise = noise.expand(Y.shape)
+        A = self._whiten(self.chol_K, X)  # X-batch x m x q, shared by every sample
+        L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)
+        new = self._shallow_copy()
+        new.chol_B, new.lam_w, new.v = L_B, lam_w, v
+        batch = torch.broadcast_shapes(v.shape[:-1], L_B.shape[:-2])
+        Xb = X.expand(*batch, *X.shape[-2:])
+        yb, g1b, betab = (t.expand(*batch, X.shape[-2]) for t in (Y, g1, beta))
+        nb = None if noise is None else noise.expand(*batch, X.shape[-2])
+        if self._cX is not None:  # conditioning a conditioned model: extend its added chunk
+            cat = lambda old, new_: torch.cat([old.expand(*batch, old.shape[-1]), new_], -1)
+            Xb = torch.cat([self._cX.expand(*batch, *self._cX.shape[-2:]), Xb], -2)
+            yb, g1b, betab = cat(self._cy, yb), cat(self._cg1, g1b), cat(self._cbeta, betab)
+            if self._cnoise is not None or nb is not None:
+                old_n = self._cnoise
+                if old_n is None:
+                    old_n = self._point_noise(self._cy.shape, None)
+                if nb is None:
+                    nb = self._point_noise(torch.Size([*batch, X.shape[-2]]), None)
+                nb = cat(old_n, nb)
+        new._cX, new._cy, new._cg1, new._cbeta, new._cnoise = Xb, yb, g1b, betab, nb
+        new._batch_shape = batch
+        return new
+
+    def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        lik = self.likelihood
+        lik.check_targets(Y * self.outcome_std + self.outcome_mean)
+        if self.fixed_noise and noise is None:
+            raise ValueError(
+                "This TSVGP has fixed per-point noise: pass `noise` (variances) with every update."
+            )
+        if noise is not None and not self.fixed_noise:
+            raise ValueError(
+                "This TSVGP infers its noise (or has a non-Gaussian likelihood): do not pass "
+                "`noise` to update(); build the model with train_Yvar for known noise."
+            )
+        with torch.no_grad():
+            A = self._whiten(self.chol_K, X)
+            L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)  # raises before changes
+            if self.lam_w.dim() != 1 or L_B.dim() != 2:
+                raise ValueError("update() needs an unbatched model.")
+        self._append(X, Y, noise, g1, beta)
+        self.chol_B, self.lam_w, self.v = L_B, lam_w, v
+
+    def _append(self, X: Tensor, y: Tensor, noise: Tensor | None, g1: Tensor, beta: Tensor) -> None:
+        n, q = self._n, X.shape[0]
+        if n + q > self._X.shape[0]:  # grow the storage geometrically: amortised O(q) appends
+            cap = max(2 * self._X.shape[0], n + q)
+            grow = lambda t: torch.cat([t[:n], t.new_zeros(cap - n, *t.shape[1:])], 0)
+            self._X, self._y, self._g1, self._beta = map(grow, (self._X, self._y, self._g1, self._beta))
+            if self._noise is not None:
+                self._noise = grow(self._noise)
+        self._X[n : n + q] = X
+        self._y[n : n + q] = y
+        self._g1[n : n + q] = g1
+        self._beta[n : n + q] = beta
+        if self._noise is not None:
+            self._noise[n : n + q] = noise
+        self._n = n + q
+        self.num_data_.fill_(self._n)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """State with the per-point storage trimmed to the data held (no spare capacity)."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for name in ("_X", "_y", "_g1", "_beta", "_noise"):
+            key = prefix + name
+            if key in state and state[key] is not None:
+                state[key] = state[key][: self._n].clone()
+        return state
+
+    def fantasize(
+        self,
+        X: Tensor,
+        sampler: MCSampler,
+        observation_noise: Tensor | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        r"""Fantasy model conditioned on sampled observations at ``X`` (``batch x q x d``).
+
+        Gaussian likelihoods: BoTorch's fantasize (Gaussian samples with noise), with one factor
+        update shared by all samples. Other likelihoods: latent samples ``f`` from ``sampler``,
+        then real likelihood samples ``y ~ p(y | f)`` (e.g. Bernoulli labels) by inverse CDF from
+        uniforms fixed by the sampler's seed (so a fixed sampler gives fixed fantasies), and the
+        model conditioned on them.
+        """
+        if self.likelihood.conjugate:
+            return super().fantasize(X, sampler, observation_noise=observation_noise, **kwargs)
+        if observation_noise is not None:
+            raise ValueError("observation_noise only applies to Gaussian likelihoods.")
+        post = self.posterior(X)
+        F = sampler(post)  # sample x batch x q x 1, user units
+        Fs = self._standardise(F)
+        gen = torch.Generator(device="cpu").manual_seed(int(getattr(sampler, "seed", 0) or 0))
+        U = torch.rand(Fs.shape, generator=gen, dtype=Fs.dtype).to(Fs.device)
+        Ys = self.likelihood.sample_from_uniform(Fs, U)
+        Y = Ys * self.outcome_std + self.outcome_mean
+        return self.condition_on_observations(X, Y.detach())
+
+    # ------------------------------------------------------------------ the variational bound
+
+    def elbo(self, frozen_sites: bool = True) -> Tensor:
+        r"""The ELBO (sum over points) of q rebuilt from the per-point sites with the CURRENT
+        hyperparameters and inducing points -- the tighter bound of the paper's Eq. 15 --,
+        differentiable in them, O(n m^2 + m^3). For a Gaussian likelihood the sites are re-derived
+        in closed form (exact E-step), so this is the collapsed SGPR bound.
+
+        Returns:
+            scalar ``sum_i E_q[log p(y_i | f_i)] - KL[q(u) || p(u)]`` (standardised units).
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("elbo() is for a single model, not a fantasy/batched one.")
+        X, y, noise = self.train_X, self.train_y, self.train_noise
+        L_K = self._kuu_chol()
+        A = self._whiten(L_K, X)
+        if self.likelihood.conjugate:
+            g1, beta = self._exact_sites(y, noise)
+        else:
+            g1, beta = self.sites
+        lam_w, P = self._summaries(A, g1, beta)
+        L_B, v = self._factor(P, lam_w)
+        mean_h, var = self._marginals(A, L_B, v, X)
+        c = self.mean_module.constant
+        ell = self.likelihood.expected_log_prob(y, c + mean_h, var, noise).sum()
+        return ell - self._kl(L_B, v)
+
+    def _kl(self, L_B: Tensor, v: Tensor) -> Tensor:
+        r"""KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2) (MATH.md §2, whitened)."""
+        m = L_B.shape[-1]
+        eye = torch.eye(m, dtype=L_B.dtype, device=L_B.device)
+        tr_inv = solve_lower(L_B, eye).pow(2).sum((-1, -2))
+        return 0.5 * (cholesky_logdet(L_B) + tr_inv - m + v.pow(2).sum(-1))
+
+    def kl_divergence(self) -> Tensor:
+        """KL[q(u) || p(u)] of the current q (from the caches)."""
+        self.ensure_caches()
+        return self._kl(self.chol_B, self.v)
+
+    def q_u(self) -> tuple[Tensor, Tensor]:
+        r"""``(m_u, S_u)`` of q(u) (standardised units; ``u`` is h = f - c at Z), MATH.md §2:
+        ``m_u = K (K + Lam)^-1 lam = L_K v``, ``S_u = K (K + Lam)^-1 K = L_K B^-1 L_K^T``."""
+        self.ensure_caches()
+        L_K = self.chol_K
+        m_u = (L_K @ self.v.unsqueeze(-1)).squeeze(-1)
+        R = solve_lower(self.chol_B, L_K.transpose(-1, -2))
+        return m_u, R.transpose(-1, -2) @ R
+
+    # ------------------------------------------------------------------ learning
+
+    def e_step(
+        self,
+        rho: float = 1.0,
+        batch_size: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Self:
+        r"""One natural-gradient E-step on the sites (MATH.md §2; paper Eqs. 18, 22-23).
+
+        Full batch (``batch_size`` None or >= n): every site moves,
+        ``lambda_i <- (1 - rho) lambda_i + rho g_i`` with ``g_i = (beta_i m_i + alpha_i, beta_i)``
+        at the current marginals, and q is rebuilt from the sites -- identical to the tied update.
+        Minibatch: the tied summaries move by Eqs. 22-23 with the ``N/|B|`` scaling,
+        ``lam <- (1 - rho) lam + rho (N/|B|) sum_B k_u(x_i) g1_i`` (``Lam`` likewise), and the
+        batch's own per-point sites take the untied step (so a later re-projection uses them).
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("e_step() is for a single model, not a fantasy/batched one.")
+        if not 0.0 < rho <= 1.0:
+            raise ValueError(f"rho must be in (0, 1], got {rho}.")
+        self.ensure_caches()
+        n = self._n
+        minibatch = batch_size is not None and batch_size < n
+        idx = torch.randperm(n, generator=generator)[:batch_size] if minibatch else slice(None)
+        with torch.no_grad():
+            X, y = self.train_X[idx], self.train_y[idx]
+            noise = None if self.train_noise is None else self.train_noise[idx]
+            A = self._whiten(self.chol_K, X)
+            mean_h, var = self._marginals(A, self.chol_B, self.v, X)
+            c = self.mean_module.constant
+            noise_arg = noise if self.likelihood.conjugate else None
+            if self.likelihood.conjugate and noise_arg is None:
+                noise_arg = self._point_noise(y.shape, None)
+            alpha, beta = self.likelihood.expected_derivatives(y, c + mean_h, var, noise_arg)
+            g1 = beta * mean_h + alpha
+            g1_old, beta_old = self.sites
+            g1_new = (1 - rho) * g1_old[idx] + rho * g1
+            beta_new = (1 - rho) * beta_old[idx] + rho * beta
+            if not minibatch:
+                self._set_base_sites(g1_new, beta_new)
+                return self
+            scale = n / X.shape[0]
+            lam_b, P_b = self._summaries(A, g1, beta)
+            L_B = self.chol_B
+            P_old = L_B @ L_B.transpose(-1, -2) - torch.eye(L_B.shape[-1], dtype=L_B.dtype)
+            lam_w = (1 - rho) * self.lam_w + rho * scale * lam_b
+            P = (1 - rho) * P_old + rho * scale * P_b
+            L_B, v = self._factor(P, lam_w)
+            self._g1[idx], self._beta[idx] = g1_new, beta_new
+            self.chol_B, self.lam_w, self.v = L_B, lam_w, v
+        return self
+
+    def fit(
+        self,
+        method: Literal["lbfgs", "adam"] = "lbfgs",
+        max_iter: int = 100,
+        lr: float = 0.05,
+        num_em_iters: int = 3,
+        num_e_steps: int = 5,
+        rho: float = 1.0,
+        batch_size: int | None = None,
+        learn_inducing_points: bool = True,
+        reinit_inducing: bool = False,
+        restandardize: bool = True,
+        include_priors: bool = True,
+    ) -> Self:
+        r"""Variational EM: ``num_em_iters`` x (``num_e_steps`` E-steps, one M-step), then
+        ``num_e_steps`` final E-steps.
+
+        The M-step maximises the tighter bound (:meth:`elbo`, sites frozen per point, q rebuilt
+        with the new hyperparameters) plus log priors, over the kernel, the constant mean, the
+        likelihood's parameters and (with ``learn_inducing_points``) the inducing inputs, by
+        L-BFGS-B (``max_iter`` iterations) or Adam (``max_iter`` steps at ``lr``). For a Gaussian
+        likelihood one M-step on the collapsed bound is the whole fit.
+
+        Args:
+            reinit_inducing: re-select the inducing points (greedy variance reduction on the
+                data held, Sobol fill) before fitting; the per-point sites re-project exactly.
+            restandardize: recompute the outcome scaling from all data held (Gaussian
+                likelihoods, whose sites are exact; other likelihoods keep their initial scaling
+                because their sites are tied to it).
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("fit() is for a single model, not a fantasy/batched one.")
+        if restandardize and self.likelihood.conjugate and self._n > 1:
+            self._restandardize()
+        if reinit_inducing:
+            with torch.no_grad():
+                Z = select_inducing_points(
+                    self.train_X, self.covar_module, self.num_inducing, bounds=self.input_bounds
+                )
+                self.inducing_points.copy_(Z)
+            self.invalidate_caches()
+        conjugate = self.likelihood.conjugate
+        iters = 1 if conjugate else num_em_iters
+        for _ in range(iters):
+            if not conjugate:
+                for _ in range(num_e_steps):
+                    self.e_step(rho=rho, batch_size=batch_size)
+            self._m_step(method, max_iter, lr, learn_inducing_points, include_priors)
+        if not conjugate:
+            for _ in range(num_e_steps):
+                self.e_step(rho=rho, batch_size=batch_size)
+        return self
+
+    def _m_step(
+        self, method: str, max_iter: int, lr: float, learn_z: bool, include_priors: bool
+    ) -> None:
+        params, bounds = {}, {}
+        for child_name, child in self.named_children():
+            if child_name == "likelihood" and self.fixed_noise:
+                continue
+            # Constraints without a transform (BoTorch's noise constraint) are enforced as
+            # optimiser bounds, as fit_gpytorch_mll does.
+            cp, cb = get_parameters_and_bounds(child, requires_grad=True)
+            params.update({f"{child_name}.{k}": v for k, v in cp.items()})
+            bounds.update({f"{child_name}.{k}": v for k, v in cb.items()})
+        if learn_z and self.inducing_points.requires_grad:
+            params["inducing_points"] = self.inducing_points
+        bounds = {k: b for k, b in bounds.items() if k in params}
+        n = self._n
+
+        def loss() -> Tensor:
+            obj = self.elbo()
+            if include_priors:  # (OnlineModel is not a gpytorch Module: ask each child)
+                for child in self.children():
+                    if hasattr(child, "named_priors"):
+                        for _, module, prior, closure, _ in child.named_priors():
+                            obj = obj + prior.log_prob(closure(module)).sum()
+            return -obj / n
+
+        self.train()
+        try:
+            closure = ForwardBackwardClosure(forward=loss, parameters=params)
+            if method == "lbfgs":
+                scipy_minimize(closure, params, bounds=bounds, options={"maxiter": max_iter})
+            elif method == "adam":
+                torch_minimize(
+                    closure,
+                    params,
+                    bounds=bounds,
+                    optimizer=lambda ps: torch.optim.Adam(ps, lr=lr),
+                    step_limit=max_iter,
+                )
+            else:
+                raise ValueError(f"Unknown fit method {method!r}; use 'lbfgs' or 'adam'.")
+        finally:
+            self.eval()
+        self.ensure_caches()
+
+    def _restandardize(self) -> None:
+        y = self.train_targets
+        mean, std = y.mean(-1, keepdim=True).reshape(1), y.std(-1).reshape(1)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        ratio = self.outcome_std / std
+        n = self._n
+        if self._noise is not None:
+            self._noise[:n] = self._noise[:n] * ratio**2
+        self._y[:n] = y / std - mean / std
+        self.outcome_mean, self.outcome_std = mean, std
+        self.invalidate_caches()
