@@ -243,6 +243,7 @@ class BayesOptLoop(OnlineLoop):
         ckpt: dict[str, Any],
         out_dir: str | Path | None,
         problem: Problem | None = None,
+        data_dir: str | None = None,
         **overrides: Any,
     ) -> "BayesOptLoop":
         r"""Rebuild a loop from a checkpoint (``problem`` is needed for user callables)."""
