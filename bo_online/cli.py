@@ -238,17 +238,18 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         ]
     elif loop.kind == "active":
         first = records[0]
+        last_rmse = next((r["rmse"] for r in reversed(records) if r.get("rmse") is not None), None)
         rows += [
-            ("test RMSE: initial -> final", f"{_fmt(first['rmse'], 4)} -> {_fmt(last['rmse'], 4)}"),
-            ("mean predictive variance", _fmt(last["mean_var"], 4)),
-            ("test NLL", _fmt(last["nll"], 4)),
+            ("test RMSE: initial -> final", f"{_fmt(first.get('rmse'), 4)} -> {_fmt(last_rmse, 4)}"),
+            ("mean predictive variance", _fmt(last.get("mean_var"), 4)),
+            ("test NLL", _fmt(last.get("nll"), 4)),
         ]
     else:
         rows += [
             ("prequential RMSE", _fmt(last.get("prequential_rmse"), 4)),
             ("prequential NLL", _fmt(last.get("prequential_nll"), 4)),
-            ("final test RMSE", _fmt(last.get("test_rmse"), 4)),
-            ("final test NLL", _fmt(last.get("test_nll"), 4)),
+            ("last test RMSE", _fmt(next((r["test_rmse"] for r in reversed(records) if r.get("test_rmse") is not None), None), 4)),
+            ("last test NLL", _fmt(next((r["test_nll"] for r in reversed(records) if r.get("test_nll") is not None), None), 4)),
         ]
     if steps:
         rows += [

@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from bo_online.acquisition import _optimizer_kwargs, build_acquisition, propose, propose_from_pool
-from bo_online.loops.bayesopt import _shared_kwargs
-from bo_online.loops.core import OnlineLoop
+from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import PoolProblem, make_problem, to_unit
 
 __all__ = ["ActiveLearningLoop", "predictive_metrics"]
@@ -132,10 +131,9 @@ class ActiveLearningLoop(OnlineLoop):
         return "" if last is None else f"test RMSE {last['rmse']:.4g}"
 
     def _metrics(self) -> dict[str, Any]:
-        due = self.step_count % self.config["eval_every"] == 0 or (
-            self.target_steps is not None and self.step_count >= self.target_steps
-        )
-        if not due:
+        # Only on the eval_every grid (not "at the end"): records must not depend on how many
+        # steps a run was asked for, or a run extended by resume would differ from a long one.
+        if self.step_count % self.config["eval_every"] != 0:
             return {"rmse": None, "mean_var": None, "nll": None}
         return predictive_metrics(self.model, self.U_test, self.problem.y_test)
 

@@ -29,8 +29,7 @@ from bo_online.acquisition import (
     thompson_sample,
     _optimizer_kwargs,
 )
-from bo_online.loops import history
-from bo_online.loops.core import OnlineLoop
+from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
 __all__ = ["BayesOptLoop"]
@@ -269,20 +268,3 @@ class BayesOptLoop(OnlineLoop):
         loop._restore(ckpt, loop._unit(loop.X[:n0]), loop._model_y(loop.y[:n0]))
         return loop
 
-
-def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "model",
-        "model_options",
-        "q",
-        "n_init",
-        "seed",
-        "refit_every",
-        "fit_max_iter",
-        "init_fit_max_iter",
-        "fit_options",
-        "checkpoint_every",
-        "device",
-        "dtype",
-    )
-    return {k: cfg[k] for k in keys}

@@ -19,7 +19,7 @@ import shutil
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -192,8 +192,7 @@ class OnlineLoop:
         record.setdefault("time_step", time.perf_counter() - t0)
         self.wall_time += record["time_step"]
         record["wall_time"] = self.wall_time
-        self._commit(record)
-        return record
+        return self._commit(record)
 
     def _model_options(self) -> dict[str, Any]:
         options = dict(self.config["model_options"])
@@ -249,9 +248,12 @@ class OnlineLoop:
         self.ask()
         return self.tell(**self._evaluate_pending())
 
-    def run(self, steps: int | None = None) -> list[dict[str, Any]]:
+    def run(
+        self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
         r"""Run until ``steps`` steps after the initial design are done (a resumed loop
-        continues where it stopped). Returns all records."""
+        continues where it stopped). ``callback(record)`` is called after each step's record
+        and checkpoint are written. Returns all records."""
         if steps is None:
             steps = self.target_steps if self.target_steps is not None else self.default_steps()
         if steps is None or int(steps) != steps or steps < 0:
@@ -259,11 +261,15 @@ class OnlineLoop:
         self.target_steps = int(steps)
         with self._progress() as advance:
             if not self.initialized:
-                self.initialize()
+                record = self.initialize()
                 advance()
+                if callback is not None:
+                    callback(record)
             while self.step_count < self.target_steps:
-                self.step()
+                record = self.step()
                 advance()
+                if callback is not None:
+                    callback(record)
         return self.records
 
     def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -271,19 +277,20 @@ class OnlineLoop:
         record["time_step"] = float(sum(times))
         self.wall_time += record["time_step"]
         record["wall_time"] = self.wall_time
-        self._commit(record)
-        return record
+        return self._commit(record)
 
-    def _commit(self, record: dict[str, Any]) -> None:
+    def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
+        record = history.to_jsonable(record)  # in memory exactly what the JSONL file holds
         self.records.append(record)
         if self.out_dir is None:
-            return
+            return record
         if not self._files_started:
             self._start_files()
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
         if self.step_count % self.config["checkpoint_every"] == 0 or last:
             self.save_checkpoint()
+        return record
 
     def _start_files(self) -> None:
         assert self.out_dir is not None
@@ -386,3 +393,22 @@ class OnlineLoop:
                 )
 
             yield advance
+
+
+def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The shared constructor options stored in a checkpoint's config."""
+    keys = (
+        "model",
+        "model_options",
+        "q",
+        "n_init",
+        "seed",
+        "refit_every",
+        "fit_max_iter",
+        "init_fit_max_iter",
+        "fit_options",
+        "checkpoint_every",
+        "device",
+        "dtype",
+    )
+    return {k: cfg[k] for k in keys}

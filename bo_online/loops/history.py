@@ -62,22 +62,23 @@ TIMING_KEYS = (
 )
 
 
-def _jsonable(value: Any) -> Any:
+def to_jsonable(value: Any) -> Any:
+    """Tensors to (nested) lists, non-finite floats to None: what a JSON record holds."""
     if isinstance(value, torch.Tensor):
-        return _jsonable(value.detach().cpu().tolist())
+        return to_jsonable(value.detach().cpu().tolist())
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     return value
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one record as a JSON line and flush it to the OS."""
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(_jsonable(record)) + "\n")
+        f.write(json.dumps(to_jsonable(record)) + "\n")
         f.flush()
 
 
@@ -99,12 +100,12 @@ def _atomic_write(path: Path, write: Any, binary: bool) -> None:
 def rewrite_records(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace the records file atomically with ``records``."""
     _atomic_write(
-        path, lambda f: f.writelines(json.dumps(_jsonable(r)) + "\n" for r in records), False
+        path, lambda f: f.writelines(json.dumps(to_jsonable(r)) + "\n" for r in records), False
     )
 
 
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, lambda f: json.dump(_jsonable(obj), f, indent=2), False)
+    _atomic_write(path, lambda f: json.dump(to_jsonable(obj), f, indent=2), False)
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
