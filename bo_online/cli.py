@@ -261,11 +261,11 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         table.add_row(name, str(value))
     console = Console()
     console.print(table)
-    if out is not None:
-        console.print(f"records:    {out / history.RECORDS_FILE}")
-        console.print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
+    if out is not None:  # plain print: paths must never be wrapped
+        print(f"records:    {out / history.RECORDS_FILE}")
+        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
         for path in written:
-            console.print(f"plot:       {path}")
+            print(f"plot:       {path}")
 
 
 def _executor(workers: int) -> Executor | None:

@@ -259,12 +259,12 @@ class OnlineLoop:
         if steps is None or int(steps) != steps or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
         self.target_steps = int(steps)
+        if not self.initialized:
+            # Before the progress bar: a failure here (bad model options, ...) prints nothing else.
+            record = self.initialize()
+            if callback is not None:
+                callback(record)
         with self._progress() as advance:
-            if not self.initialized:
-                record = self.initialize()
-                advance()
-                if callback is not None:
-                    callback(record)
             while self.step_count < self.target_steps:
                 record = self.step()
                 advance()
