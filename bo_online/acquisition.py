@@ -163,7 +163,7 @@ def build_acquisition(
             like = X_observed if X_observed is not None else torch.empty(0, dtype=torch.float64)
             n_mc = int(opts.get("num_mc_points", 256))
             seed = int(torch.randint(0, 2**31 - 1, (1,)))  # from the (per-step seeded) global RNG
-            mc_points = SobolEngine(dim, scramble=True, seed=seed).draw(n_mc).to(like)
+            mc_points = SobolEngine(dim, scramble=True, seed=seed).draw(n_mc, dtype=torch.float64).to(like)
         return qNegIntegratedPosteriorVariance(
             model, mc_points=mc_points, sampler=_sampler(int(opts.get("num_fantasies", 1)))
         )
@@ -186,7 +186,8 @@ def thompson_sample(
     scrambled Sobol points in the unit cube (BoTorch's ``MaxPosteriorSampling``, without
     replacement). Returns ``q x d``."""
     seed = int(torch.randint(0, 2**31 - 1, (1,)))
-    cands = SobolEngine(dim, scramble=True, seed=seed).draw(int(num_candidates)).to(**tensor_kwargs)
+    sobol = SobolEngine(dim, scramble=True, seed=seed)
+    cands = sobol.draw(int(num_candidates), dtype=torch.float64).to(**tensor_kwargs)
     with torch.no_grad():
         return MaxPosteriorSampling(model, replacement=False)(cands, num_samples=q)
 

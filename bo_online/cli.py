@@ -323,13 +323,15 @@ def bo(
     threads: ThreadsOpt = None,
 ) -> None:
     """Bayesian optimisation of a test function with an online surrogate."""
+    # Cheap checks first, before torch/BoTorch are imported: bad options fail fast.
+    _nonneg("--steps", steps)
+    _check(math.isfinite(noise) and noise >= 0, f"--noise must be >= 0, got {noise}.")
+    _positive("--q", q)
     from bo_online.acquisition import ACQUISITIONS, BETA_SCHEDULES
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
     _setup(threads)
-    _nonneg("--steps", steps)
-    _check(math.isfinite(noise) and noise >= 0, f"--noise must be >= 0, got {noise}.")
     _check(acq in ACQUISITIONS and acq != "qnipv", f"Unknown --acq {acq!r}; choose one of "
            f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}.")
     _check(beta_schedule in BETA_SCHEDULES, f"Unknown --beta-schedule {beta_schedule!r}; choose one of {', '.join(BETA_SCHEDULES)}.")
@@ -394,11 +396,12 @@ def active(
     threads: ThreadsOpt = None,
 ) -> None:
     """Active learning of a real field from a pool (qNIPV), reporting test RMSE each step."""
+    _nonneg("--steps", steps)
+    _positive("--q", q)
     from bo_online.loops import ActiveLearningLoop
     from bo_online.problems import POOL_PROBLEMS, magnetometer_problem
 
     _setup(threads)
-    _nonneg("--steps", steps)
     _check(problem in POOL_PROBLEMS, f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}.")
     _check(acq in ("qnipv", "random"), f"Unknown --acq {acq!r}; choose qnipv or random.")
     _check(selection in ("snap", "pool"), f"--selection must be snap or pool, got {selection!r}.")
@@ -447,13 +450,14 @@ def stream(
     threads: ThreadsOpt = None,
 ) -> None:
     """Streaming regression on a UCI set: predict each arriving point, then update."""
+    if steps is not None:
+        _nonneg("--steps", steps)
+    _positive("--q", q)
     from bo_online.datasets import UCI_DATASETS
     from bo_online.loops import StreamingLoop
     from bo_online.problems import uci_problem
 
     _setup(threads)
-    if steps is not None:
-        _nonneg("--steps", steps)
     _check(problem.lower() in UCI_DATASETS, f"Unknown UCI set {problem!r}; choose one of {', '.join(UCI_DATASETS)}.")
     _positive("--n-init", n_init)
     _positive("--eval-every", eval_every)

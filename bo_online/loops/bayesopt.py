@@ -126,7 +126,7 @@ class BayesOptLoop(OnlineLoop):
     def _initial_design(self) -> dict[str, Any]:
         n0, d = self.config["n_init"], self.problem.dim
         sobol = SobolEngine(d, scramble=True, seed=self.config["seed"])
-        U0 = sobol.draw(n0).to(torch.float64)
+        U0 = sobol.draw(n0, dtype=torch.float64)
         X0 = from_unit(U0, self.problem.bounds)
         t0 = self._now()
         y0, y0_true = self._evaluate(X0)
@@ -196,6 +196,13 @@ class BayesOptLoop(OnlineLoop):
         y_true = y if y_true is None else torch.as_tensor(y_true, dtype=torch.float64).reshape(-1)
         if y.shape[0] != X.shape[0] or y_true.shape[0] != X.shape[0]:
             raise ValueError(f"tell() got {X.shape[0]} points but {y.shape[0]} values.")
+        lo, hi = self.problem.bounds
+        tol = 1e-9 * (hi - lo)
+        if bool(((X < lo - tol) | (X > hi + tol)).any()):
+            raise ValueError(
+                "tell() got points outside the problem's bounds "
+                f"{self.problem.bounds.tolist()}; the surrogate only covers that box."
+            )
         pending = self._pending or {}
         self._pending = None
         t0 = self._now()
