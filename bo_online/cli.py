@@ -376,7 +376,8 @@ def active(
     q: QOpt = 6,
     steps: Annotated[int, typer.Option(help="Active-learning steps after the initial design.")] = 50,
     n_init: Annotated[int, typer.Option(help="Random pool points of the initial design.")] = 10,
-    num_mc_points: Annotated[int, typer.Option(help="Test points qNIPV integrates over.")] = 256,
+    num_mc_points: Annotated[int, typer.Option(help="Points qNIPV integrates the posterior variance over.")] = 256,
+    integrate_over: Annotated[str, typer.Option(help="test (random held-out test inputs, fixed for the run) or sobol (Sobol points of the box, redrawn each step).")] = "test",
     num_pool_candidates: Annotated[int, typer.Option(help="Pool points scored per step with --selection pool.")] = 2048,
     eval_every: Annotated[int, typer.Option(help="Compute test RMSE/variance/NLL every this many steps.")] = 1,
     seed: SeedOpt = 0,
@@ -405,6 +406,7 @@ def active(
     _check(problem in POOL_PROBLEMS, f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}.")
     _check(acq in ("qnipv", "random"), f"Unknown --acq {acq!r}; choose qnipv or random.")
     _check(selection in ("snap", "pool"), f"--selection must be snap or pool, got {selection!r}.")
+    _check(integrate_over in ("test", "sobol"), f"--integrate-over must be test or sobol, got {integrate_over!r}.")
     for name, value in (("--n-init", n_init), ("--num-mc-points", num_mc_points),
                         ("--num-pool-candidates", num_pool_candidates), ("--eval-every", eval_every)):
         _positive(name, value)
@@ -414,7 +416,7 @@ def active(
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype)
     loop = ActiveLearningLoop(
-        prob, acq=acq, selection=selection, num_mc_points=num_mc_points,
+        prob, acq=acq, selection=selection, num_mc_points=num_mc_points, integrate_over=integrate_over,
         num_pool_candidates=num_pool_candidates, eval_every=eval_every, n_init=n_init,
         optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter, batch_limit, False),
         **shared,

@@ -112,8 +112,8 @@ def test_help_documents_every_option(capsys):
 def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     out = tmp_path / "branin"
     code, stdout, err = _run(
-        ["bo", "--problem", "branin", "--model", "exact", "--acq", "logei", "--steps", "3",
-         "--seed", "1", "--out", str(out), *SMALL], capsys)
+        ["bo", "--problem", "branin", "--model", "exact", "--acq", "ts", "--num-candidates", "128",
+         "--steps", "3", "--seed", "1", "--out", str(out), *SMALL], capsys)
     assert code == 0, err
     assert "simple regret" in stdout and f"records:    {out / 'records.jsonl'}" in stdout
     assert "progress.png" in stdout and "time_per_step.png" in stdout
@@ -121,7 +121,8 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     config = json.loads((out / "config.json").read_text())
     assert config["problem"] == {"name": "branin", "dim": 2, "noise_std": 0.0}
-    assert config["acq"] == "logei" and config["fit_max_iter"] == 10
+    assert config["acq"] == "ts" and config["fit_max_iter"] == 10
+    assert config["acq_options"]["num_candidates"] == 128
     for png in ("progress.png", "time_per_step.png"):
         assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     # the same --out again is refused, the run untouched

@@ -298,8 +298,8 @@ def test_resume_active_and_streaming_loops(tmp_path):
 # --------------------------------------------------------------------------- active learning
 
 
-@pytest.mark.parametrize("selection,steps", [("pool", 8), ("snap", 2)])
-def test_qnipv_active_learning_lowers_test_rmse(selection, steps):
+@pytest.mark.parametrize("selection,steps,over", [("pool", 8, "test"), ("snap", 2, "sobol")])
+def test_qnipv_active_learning_lowers_test_rmse(selection, steps, over):
     r"""qNIPV with q = 6 on the magnetometer field (small pool/test set, OnlineExactGP): after 8
     steps the test RMSE is well below the initial design's; labelled points are distinct, unused
     pool rows whose outcomes are the pool's. (The continuous "snap" selection costs more per step
@@ -307,7 +307,7 @@ def test_qnipv_active_learning_lowers_test_rmse(selection, steps):
     pool = _data_or_skip()
     loop = ActiveLearningLoop(
         pool, q=6, n_init=10, seed=0, selection=selection, num_mc_points=128,
-        num_pool_candidates=256, **FAST,
+        integrate_over=over, num_pool_candidates=256, **FAST,
     )
     records = loop.run(steps)
     rmse = [r["rmse"] for r in records]

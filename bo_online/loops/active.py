@@ -2,7 +2,7 @@ r"""Active learning of a field from a finite pool, in the ask/tell style.
 
 Per step the loop picks ``q`` unused pool points that most reduce the integrated posterior variance
 (BoTorch's ``qNegIntegratedPosteriorVariance``, integrated over a fixed random subset of the
-held-out test inputs), reads their outcomes, folds them into the surrogate with ``model.update``
+held-out test inputs, or over Sobol points), reads their outcomes, folds them into the surrogate with ``model.update``
 and reports the test RMSE, the mean predictive variance and the test NLL.
 
 Two ways to choose from the pool (``selection``):
@@ -65,7 +65,9 @@ class ActiveLearningLoop(OnlineLoop):
         problem: pool with known outcomes and a held-out test set.
         acq: ``"qnipv"`` or ``"random"``.
         selection: ``"snap"`` or ``"pool"`` (see the module docstring).
-        num_mc_points: test points (random, fixed for the run) qNIPV integrates over.
+        num_mc_points: number of points qNIPV integrates the posterior variance over.
+        integrate_over: ``"test"`` (a random subset of the held-out test inputs, fixed for the
+            run) or ``"sobol"`` (scrambled Sobol points of the unit cube, redrawn each step).
         num_pool_candidates: pool points scored per step with ``selection="pool"``.
         acq_options, optimizer_options: as for :class:`bo_online.loops.BayesOptLoop`.
         eval_every: compute the test metrics every this many steps (and at step 0).
@@ -81,6 +83,7 @@ class ActiveLearningLoop(OnlineLoop):
         acq: str = "qnipv",
         selection: str = "snap",
         num_mc_points: int = 256,
+        integrate_over: str = "test",
         num_pool_candidates: int = 2048,
         acq_options: dict[str, Any] | None = None,
         optimizer_options: dict[str, Any] | None = None,
@@ -92,6 +95,8 @@ class ActiveLearningLoop(OnlineLoop):
             raise ValueError(f"ActiveLearningLoop needs a PoolProblem, got {type(problem).__name__}.")
         if acq.lower() not in ("qnipv", "random"):
             raise ValueError(f"Unknown active-learning acquisition {acq!r}; choose qnipv or random.")
+        if integrate_over not in ("test", "sobol"):
+            raise ValueError(f"integrate_over must be 'test' or 'sobol', got {integrate_over!r}.")
         if selection not in ("snap", "pool"):
             raise ValueError(f"selection must be 'snap' or 'pool', got {selection!r}.")
         for name, value in (
@@ -110,6 +115,7 @@ class ActiveLearningLoop(OnlineLoop):
             acq=acq.lower(),
             selection=selection,
             num_mc_points=int(num_mc_points),
+            integrate_over=integrate_over,
             num_pool_candidates=int(num_pool_candidates),
             acq_options=dict(acq_options or {}),
             optimizer_options=dict(optimizer_options or {}),
@@ -185,8 +191,10 @@ class ActiveLearningLoop(OnlineLoop):
                     q=q,
                     step=self.step_count + 1,
                     dim=d,
-                    mc_points=self.U_test[self.mc_idx],
-                    options=self.config["acq_options"],
+                    mc_points=(
+                        self.U_test[self.mc_idx] if self.config["integrate_over"] == "test" else None
+                    ),
+                    options={"num_mc_points": self.config["num_mc_points"], **self.config["acq_options"]},
                 )
                 if self.config["selection"] == "snap":
                     U = propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)
@@ -273,6 +281,7 @@ class ActiveLearningLoop(OnlineLoop):
             acq=cfg["acq"],
             selection=cfg["selection"],
             num_mc_points=cfg["num_mc_points"],
+            integrate_over=cfg.get("integrate_over", "test"),
             num_pool_candidates=cfg["num_pool_candidates"],
             acq_options=cfg["acq_options"],
             optimizer_options=cfg["optimizer_options"],
