@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from bo_online import datasets
 from bo_online.problems import (
-    SYNTHETIC_PROBLEMS,
     CallableProblem,
     SyntheticProblem,
     from_unit,

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
