@@ -46,6 +46,7 @@ __all__ = [
     "thompson_sample",
     "propose",
     "propose_from_pool",
+    "optimizer_kwargs",
 ]
 
 ACQUISITIONS = ("qucb", "ucb", "logei", "ei", "qlognei", "qnipv", "ts")
@@ -192,7 +193,9 @@ def thompson_sample(
         return MaxPosteriorSampling(model, replacement=False)(cands, num_samples=q)
 
 
-def _optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]:
+def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]:
+    r"""``optimize_acqf`` keyword arguments from the loops' flat settings (defaults filled in,
+    unknown names rejected)."""
     opts = {**DEFAULT_OPTIMIZER_OPTIONS, **(optimizer_options or {})}
     unknown = set(opts) - set(DEFAULT_OPTIMIZER_OPTIONS) - {"options"}
     if unknown:
@@ -223,7 +226,7 @@ def propose(
     ``optimize_acqf``'s ``options``).
     """
     bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tensor_kwargs)
-    X, _ = optimize_acqf(acq, bounds=bounds, q=q, **_optimizer_kwargs(optimizer_options))
+    X, _ = optimize_acqf(acq, bounds=bounds, q=q, **optimizer_kwargs(optimizer_options))
     return X.detach().clamp(0.0, 1.0)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bo_online.acquisition import _optimizer_kwargs, build_acquisition, propose, propose_from_pool
+from bo_online.acquisition import optimizer_kwargs, build_acquisition, propose, propose_from_pool
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import PoolProblem, make_problem, to_unit
 
@@ -106,7 +106,7 @@ class ActiveLearningLoop(OnlineLoop):
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
-        _optimizer_kwargs(optimizer_options)
+        optimizer_kwargs(optimizer_options)
         if n_init > problem.X_pool.shape[0]:
             raise ValueError(f"n_init={n_init} exceeds the pool size {problem.X_pool.shape[0]}.")
         super().__init__(n_init=n_init, **kwargs)

@@ -26,7 +26,7 @@ from bo_online.acquisition import (
     build_acquisition,
     propose,
     thompson_sample,
-    _optimizer_kwargs,
+    optimizer_kwargs,
 )
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
@@ -70,7 +70,7 @@ class BayesOptLoop(OnlineLoop):
                 f"Unknown BO acquisition {acq!r}; choose one of "
                 f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}."
             )
-        _optimizer_kwargs(optimizer_options)  # validate the names now
+        optimizer_kwargs(optimizer_options)  # validate the names now
         n_init = max(5, 2 * problem.dim) if n_init is None else n_init
         super().__init__(n_init=n_init, **kwargs)
         self.problem = problem
