@@ -16,8 +16,10 @@ written.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 import statistics
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -60,8 +62,10 @@ ModelOptionOpt = Annotated[
     typer.Option(
         "--model-option",
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
-        "when possible (numbers, true/false, lists), else kept as strings. Passed unchanged to "
-        "the model class, e.g. --model-option grid_size=64.",
+        "when possible (numbers, true/false, lists), else kept as strings; a value "
+        "package.module.Class(literal args) builds that object. Passed unchanged to the model "
+        "class, e.g. --model-option grid_size=64 or --model-option "
+        "'projection=bo_online.models.projection.TanhProjection(6, out_dim=2)'.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]
@@ -123,15 +127,35 @@ def _positive(name: str, value: int) -> None:
     _check(value >= 1, f"{name} must be >= 1, got {value}.")
 
 
+_CALL = re.compile(r"^\s*([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)\s*\((.*)\)\s*$", re.S)
+
+
+def _parse_call(raw: str) -> dict[str, Any] | None:
+    r"""``package.module.Class(1, k=2)`` -> ``{"__class__": ..., "args": [1], "kwargs": {"k": 2}}``
+    (arguments must be literals), or None if ``raw`` is not such a call."""
+    match = _CALL.match(raw)
+    if match is None:
+        return None
+    try:
+        call = ast.parse(f"f({match.group(2)})", mode="eval").body
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    except (SyntaxError, ValueError) as e:
+        raise CLIError(f"--model-option value {raw!r}: arguments must be literals ({e}).") from e
+    return {"__class__": match.group(1), "args": args, "kwargs": kwargs}
+
+
 def _parse_options(items: list[str] | None) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         _check(bool(sep) and key.strip() != "", f"--model-option expects key=value, got {item!r}.")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = {"True": True, "False": False, "None": None}.get(raw, raw)
+        value = _parse_call(raw)
+        if value is None:
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = {"True": True, "False": False, "None": None}.get(raw, raw)
         options[key.strip()] = value
     return options
 

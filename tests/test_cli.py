@@ -94,6 +94,22 @@ def test_bad_option_in_a_real_process_is_one_line():
     assert proc.stdout == ""
 
 
+def test_model_option_values():
+    from bo_online.cli import CLIError, _parse_options
+
+    parsed = _parse_options([
+        "grid_size=64", "sizes=[10, 20]", "learn=true", "name=abc",
+        "projection=bo_online.models.projection.TanhProjection(6, out_dim=2)",
+    ])
+    assert parsed == {
+        "grid_size": 64, "sizes": [10, 20], "learn": True, "name": "abc",
+        "projection": {"__class__": "bo_online.models.projection.TanhProjection",
+                       "args": [6], "kwargs": {"out_dim": 2}},
+    }
+    with pytest.raises(CLIError, match="literals"):
+        _parse_options(["p=torch.nn.Linear(x, 2)"])
+
+
 def test_help_documents_every_option(capsys):
     from typer.main import get_command
 

@@ -74,6 +74,15 @@ def _data_or_skip():
 ONLINE_MODELS = [m for m in available_models() if m != "singletaskgp"]
 
 
+def model_options(model: str, dim: int) -> dict:
+    """Per-model options the BO test needs: WISKI's grid covers d <= 3, so in higher dimensions it
+    learns a projection to 2 features (the option as the WISKI branch defines it)."""
+    if model == "wiski" and dim > 3:
+        return {"projection": {"__class__": "bo_online.models.projection.TanhProjection",
+                               "args": [dim], "kwargs": {"out_dim": 2, "seed": 0}}}
+    return {}
+
+
 @pytest.mark.parametrize("model", ONLINE_MODELS)
 @pytest.mark.parametrize("name", ["branin", "hartmann6"])
 def test_bo_beats_sobol_over_five_seeds(model, name):
@@ -85,7 +94,8 @@ def test_bo_beats_sobol_over_five_seeds(model, name):
     for seed in range(5):
         problem = synthetic_problem(name)
         loop = BayesOptLoop(
-            problem, model=model, acq="ts", seed=seed, acq_options={"num_candidates": 256},
+            problem, model=model, model_options=model_options(model, problem.dim), acq="ts",
+            seed=seed, acq_options={"num_candidates": 256},
             **{k: v for k, v in FAST.items() if k != "optimizer_options"},
         )
         records = loop.run(30)
@@ -204,6 +214,26 @@ def test_out_dir_with_a_run_is_not_overwritten(tmp_path):
         BayesOptLoop(synthetic_problem("branin"), out_dir=tmp_path)
     BayesOptLoop(synthetic_problem("branin"), acq="ts", out_dir=tmp_path, overwrite=True, **FAST).run(1)
     assert len(read_records(tmp_path)) == 2
+
+
+def test_object_model_options_are_built_and_survive_resume(tmp_path):
+    r"""A model option given as {"__class__": ..., "args", "kwargs"} is built for the model (here
+    a Matern kernel for OnlineExactGP) and rebuilt on resume, with its learnt state restored."""
+    from gpytorch.kernels import MaternKernel
+
+    opts = {"covar_module": {"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 1.5}}}
+    kw = dict(acq="ts", seed=1, model_options=opts, acq_options={"num_candidates": 64}, **FAST)
+    problem = synthetic_problem("branin")
+    reference = BayesOptLoop(problem, **kw).run(3)
+    loop = BayesOptLoop(problem, out_dir=tmp_path, **kw)
+    loop.run(1)
+    assert isinstance(loop.model.covar_module, MaternKernel) and loop.model.covar_module.nu == 1.5
+    resumed = load_loop(tmp_path)
+    assert isinstance(resumed.model.covar_module, MaternKernel)
+    assert torch.equal(resumed.model.covar_module.raw_lengthscale, loop.model.covar_module.raw_lengthscale)
+    assert without_timing(resumed.run(3)) == without_timing(reference)
+    with pytest.raises(ValueError, match="Cannot import"):
+        BayesOptLoop(problem, model_options={"covar_module": {"__class__": "no.such.Kernel"}}).run(0)
 
 
 def test_bad_model_options_write_nothing(tmp_path):

@@ -195,7 +195,7 @@ class OnlineLoop:
         return self._commit(record)
 
     def _model_options(self) -> dict[str, Any]:
-        options = dict(self.config["model_options"])
+        options = instantiate(self.config["model_options"])
         if getattr(self.model_cls, "refits_on_update", False):
             options.setdefault("refit_max_iter", self.config["fit_max_iter"])
         return options
@@ -393,6 +393,32 @@ class OnlineLoop:
                 )
 
             yield advance
+
+
+def instantiate(value: Any) -> Any:
+    r"""Build the objects described in a (JSON-able) option value.
+
+    A dict ``{"__class__": "package.module.Class", "args": [...], "kwargs": {...}}`` becomes
+    ``Class(*args, **kwargs)`` (recursively), so options that are objects -- e.g. WISKI's
+    ``projection`` module -- can be given on the command line and stored in a run's config; a
+    fresh object is built whenever the model is (its learnt state comes from the checkpoint).
+    """
+    if isinstance(value, dict) and "__class__" in value:
+        import importlib
+
+        module_name, _, attribute = str(value["__class__"]).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"Cannot import {value['__class__']!r} for a model option: {e}") from e
+        args = [instantiate(a) for a in value.get("args", [])]
+        kwargs = {k: instantiate(v) for k, v in value.get("kwargs", {}).items()}
+        return cls(*args, **kwargs)
+    if isinstance(value, dict):
+        return {k: instantiate(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [instantiate(v) for v in value]
+    return value
 
 
 def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
