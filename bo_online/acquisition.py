@@ -1,0 +1,242 @@
+r"""Acquisition builders for the loops, all thin wrappers around BoTorch classes.
+
+* ``qucb`` -- ``qUpperConfidenceBound`` with a beta schedule (:func:`ucb_beta`); ``ucb`` its
+  analytic q = 1 form;
+* ``logei`` / ``ei`` -- ``LogExpectedImprovement`` / ``ExpectedImprovement`` for q = 1, their MC
+  forms ``qLogExpectedImprovement`` / ``qExpectedImprovement`` for q > 1;
+* ``qlognei`` -- ``qLogNoisyExpectedImprovement`` with the observed inputs as baseline;
+* ``qnipv`` -- ``qNegIntegratedPosteriorVariance`` over given integration points (active learning);
+* ``ts`` -- Thompson sampling: BoTorch's ``MaxPosteriorSampling`` over a Sobol candidate set,
+  i.e. a joint posterior sample at the candidates (any model with a joint posterior supports it).
+
+Everything here works in the model's space (the unit cube) and maximises: loops negate
+objectives that are minimised before the model sees them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from botorch.acquisition import (
+    AcquisitionFunction,
+    ExpectedImprovement,
+    LogExpectedImprovement,
+    UpperConfidenceBound,
+    qExpectedImprovement,
+    qLogExpectedImprovement,
+    qLogNoisyExpectedImprovement,
+    qUpperConfidenceBound,
+)
+from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
+from botorch.generation.sampling import MaxPosteriorSampling
+from botorch.models.model import Model
+from botorch.optim import optimize_acqf, optimize_acqf_discrete
+from botorch.sampling import SobolQMCNormalSampler
+from torch import Tensor
+from torch.quasirandom import SobolEngine
+
+__all__ = [
+    "ACQUISITIONS",
+    "BETA_SCHEDULES",
+    "DEFAULT_OPTIMIZER_OPTIONS",
+    "ucb_beta",
+    "build_acquisition",
+    "thompson_sample",
+    "propose",
+    "propose_from_pool",
+    "optimizer_kwargs",
+]
+
+ACQUISITIONS = ("qucb", "ucb", "logei", "ei", "qlognei", "qnipv", "ts")
+BETA_SCHEDULES = ("constant", "kandasamy", "srinivas")
+
+#: BoTorch's ``optimize_acqf`` settings the loops use unless told otherwise.
+DEFAULT_OPTIMIZER_OPTIONS: dict[str, Any] = {
+    "num_restarts": 10,
+    "raw_samples": 512,
+    "maxiter": 200,
+    "batch_limit": 5,
+    "sequential": False,
+}
+
+
+def ucb_beta(
+    step: int,
+    dim: int,
+    schedule: str | Callable[[int, int], float] = "constant",
+    beta: float = 2.0,
+    delta: float = 0.1,
+) -> float:
+    r"""The exploration weight of (q)UCB at BO step ``step`` (1-based).
+
+    Schedules:
+        * ``"constant"``: ``beta``;
+        * ``"kandasamy"``: ``beta * 0.1 * d * log(2 t)``, the practical GP-UCB schedule of
+          Kandasamy et al. (2015, Sec. 3; ``beta = 2`` gives their 0.2 d log 2t);
+        * ``"srinivas"``: ``beta / 2 * 2 log(d t^2 pi^2 / (6 delta))``, Srinivas et al. (2010,
+          Theorem 1) with ``|D|`` replaced by d as is usual in practice;
+        * a callable ``(step, dim) -> beta``.
+    """
+    t = max(int(step), 1)
+    if callable(schedule):
+        return float(schedule(t, dim))
+    if schedule == "constant":
+        return float(beta)
+    if schedule == "kandasamy":
+        return float(beta * 0.1 * dim * math.log(2 * t))
+    if schedule == "srinivas":
+        return float(beta / 2 * 2 * math.log(dim * t**2 * math.pi**2 / (6 * delta)))
+    raise ValueError(f"Unknown beta schedule {schedule!r}; choose one of {BETA_SCHEDULES}.")
+
+
+def _sampler(num_samples: int) -> SobolQMCNormalSampler:
+    # No explicit seed: drawn from the global torch RNG, which the loops seed per step.
+    return SobolQMCNormalSampler(sample_shape=torch.Size([int(num_samples)]))
+
+
+def build_acquisition(
+    name: str,
+    model: Model,
+    *,
+    q: int,
+    step: int,
+    dim: int,
+    X_observed: Tensor | None = None,
+    Y_observed: Tensor | None = None,
+    noisy: bool = False,
+    mc_points: Tensor | None = None,
+    options: dict[str, Any] | None = None,
+) -> AcquisitionFunction:
+    r"""Build the acquisition function ``name`` (see :data:`ACQUISITIONS`; not ``ts``).
+
+    Args:
+        name: acquisition name.
+        model: a BoTorch model on the unit cube (maximisation).
+        q: batch size.
+        step: 1-based BO step (for the beta schedule).
+        dim: input dimension.
+        X_observed: ``n x d`` observed inputs (unit cube), needed by EI (incumbent) and qLogNEI.
+        Y_observed: ``n x 1`` observed values (maximisation sense), needed by EI.
+        noisy: EI's incumbent is the best posterior mean at ``X_observed`` rather than the best
+            observation.
+        mc_points: ``m x d`` integration points for qNIPV.
+        options: ``beta``, ``beta_schedule``, ``delta`` (UCB), ``num_mc_samples`` (MC
+            acquisitions, default 128), ``prune_baseline`` (qLogNEI, default True).
+    """
+    opts = dict(options or {})
+    key = name.lower()
+    num_mc = int(opts.get("num_mc_samples", 128))
+    if key in ("qucb", "ucb"):
+        beta = ucb_beta(
+            step,
+            dim,
+            schedule=opts.get("beta_schedule", "constant"),
+            beta=float(opts.get("beta", 2.0)),
+            delta=float(opts.get("delta", 0.1)),
+        )
+        if key == "ucb" and q == 1:
+            return UpperConfidenceBound(model, beta=beta)
+        return qUpperConfidenceBound(model, beta=beta, sampler=_sampler(num_mc))
+    if key in ("logei", "ei"):
+        if X_observed is None or Y_observed is None:
+            raise ValueError(f"{key} needs the observed data for its incumbent.")
+        best_f = _incumbent(model, X_observed, Y_observed, noisy)
+        if q == 1:
+            return (LogExpectedImprovement if key == "logei" else ExpectedImprovement)(
+                model, best_f=best_f
+            )
+        cls = qLogExpectedImprovement if key == "logei" else qExpectedImprovement
+        return cls(model, best_f=best_f, sampler=_sampler(num_mc))
+    if key == "qlognei":
+        if X_observed is None:
+            raise ValueError("qlognei needs the observed inputs as its baseline.")
+        return qLogNoisyExpectedImprovement(
+            model,
+            X_baseline=X_observed,
+            sampler=_sampler(num_mc),
+            prune_baseline=bool(opts.get("prune_baseline", True)),
+            cache_root=False,
+        )
+    if key == "qnipv":
+        if mc_points is None:  # integrate over scrambled Sobol points of the cube
+            like = X_observed if X_observed is not None else torch.empty(0, dtype=torch.float64)
+            n_mc = int(opts.get("num_mc_points", 256))
+            seed = int(torch.randint(0, 2**31 - 1, (1,)))  # from the (per-step seeded) global RNG
+            mc_points = SobolEngine(dim, scramble=True, seed=seed).draw(n_mc, dtype=torch.float64).to(like)
+        return qNegIntegratedPosteriorVariance(
+            model, mc_points=mc_points, sampler=_sampler(int(opts.get("num_fantasies", 1)))
+        )
+    if key == "ts":
+        raise ValueError("Thompson sampling is not an acquisition function: use thompson_sample.")
+    raise ValueError(f"Unknown acquisition {name!r}; choose one of {', '.join(ACQUISITIONS)}.")
+
+
+def _incumbent(model: Model, X: Tensor, Y: Tensor, noisy: bool) -> Tensor:
+    if not noisy:
+        return Y.max()
+    with torch.no_grad():  # marginal means only: n x 1 x d keeps the cost linear in n
+        return model.posterior(X.unsqueeze(-2)).mean.max()
+
+
+def thompson_sample(
+    model: Model, q: int, dim: int, num_candidates: int = 1000, **tensor_kwargs: Any
+) -> Tensor:
+    r"""Thompson sampling: ``q`` maximisers of joint posterior samples over ``num_candidates``
+    scrambled Sobol points in the unit cube (BoTorch's ``MaxPosteriorSampling``, without
+    replacement). Returns ``q x d``."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,)))
+    sobol = SobolEngine(dim, scramble=True, seed=seed)
+    cands = sobol.draw(int(num_candidates), dtype=torch.float64).to(**tensor_kwargs)
+    with torch.no_grad():
+        return MaxPosteriorSampling(model, replacement=False)(cands, num_samples=q)
+
+
+def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]:
+    r"""``optimize_acqf`` keyword arguments from the loops' flat settings (defaults filled in,
+    unknown names rejected)."""
+    opts = {**DEFAULT_OPTIMIZER_OPTIONS, **(optimizer_options or {})}
+    unknown = set(opts) - set(DEFAULT_OPTIMIZER_OPTIONS) - {"options"}
+    if unknown:
+        raise ValueError(
+            f"Unknown optimize_acqf option(s) {sorted(unknown)}; known: "
+            f"{sorted(DEFAULT_OPTIMIZER_OPTIONS)} and 'options' (a dict passed on)."
+        )
+    return {
+        "num_restarts": int(opts["num_restarts"]),
+        "raw_samples": int(opts["raw_samples"]),
+        "sequential": bool(opts["sequential"]),
+        "options": {
+            "maxiter": int(opts["maxiter"]),
+            "batch_limit": int(opts["batch_limit"]),
+            **opts.get("options", {}),
+        },
+    }
+
+
+def propose(
+    acq: AcquisitionFunction, q: int, dim: int, optimizer_options: dict[str, Any] | None = None,
+    **tensor_kwargs: Any,
+) -> Tensor:
+    r"""Maximise ``acq`` over the unit cube with BoTorch's ``optimize_acqf``; returns ``q x d``.
+
+    ``optimizer_options``: ``num_restarts``, ``raw_samples``, ``maxiter``, ``batch_limit``,
+    ``sequential`` (see :data:`DEFAULT_OPTIMIZER_OPTIONS`), ``options`` (extra dict for
+    ``optimize_acqf``'s ``options``).
+    """
+    bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tensor_kwargs)
+    X, _ = optimize_acqf(acq, bounds=bounds, q=q, **optimizer_kwargs(optimizer_options))
+    return X.detach().clamp(0.0, 1.0)
+
+
+def propose_from_pool(
+    acq: AcquisitionFunction, q: int, choices: Tensor, max_batch_size: int = 2048
+) -> tuple[Tensor, Tensor]:
+    r"""Pick ``q`` of the ``choices`` (``N x d``) greedily by ``acq`` (BoTorch's
+    ``optimize_acqf_discrete``, sequential, without repeats). Returns the points (``q x d``) and
+    their row indices in ``choices``."""
+    X, _ = optimize_acqf_discrete(acq, q=q, choices=choices, max_batch_size=max_batch_size)
+    # optimize_acqf_discrete returns points, not indices: recover the rows (exact copies).
+    idx = torch.cdist(X.to(choices), choices).argmin(-1)
+    return choices[idx], idx

@@ -1,0 +1,297 @@
+r"""Active learning of a field from a finite pool, in the ask/tell style.
+
+Per step the loop picks ``q`` unused pool points that most reduce the integrated posterior variance
+(BoTorch's ``qNegIntegratedPosteriorVariance``, integrated over a fixed random subset of the
+held-out test inputs, or over Sobol points), reads their outcomes, folds them into the surrogate with ``model.update``
+and reports the test RMSE, the mean predictive variance and the test NLL.
+
+Two ways to choose from the pool (``selection``):
+
+* ``"snap"``: maximise qNIPV over the continuous unit cube with ``optimize_acqf``, then snap each
+  candidate to the nearest unused pool point (distinct points, in candidate order);
+* ``"pool"``: score a random subset of ``num_pool_candidates`` unused pool points directly
+  (``optimize_acqf_discrete``, greedy sequential over the batch).
+
+``acq="random"`` picks unused pool points uniformly at random (the passive baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bo_online.acquisition import optimizer_kwargs, build_acquisition, propose, propose_from_pool
+from bo_online.loops.core import OnlineLoop, _shared_kwargs
+from bo_online.problems import PoolProblem, make_problem, to_unit
+
+__all__ = ["ActiveLearningLoop", "predictive_metrics"]
+
+
+def predictive_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) -> dict[str, float]:
+    r"""Test metrics of ``model`` at ``X`` (``m x d``, model space) against ``y`` (``m``).
+
+    Returns ``rmse`` (of the predictive mean), ``mean_var`` (mean latent predictive variance,
+    the quantity qNIPV reduces) and ``nll`` (mean Gaussian negative log predictive density with
+    observation noise). Marginals only: points are evaluated as ``m x 1 x d`` batches.
+    """
+    sq, var_f, nll = [], [], []
+    with torch.no_grad():
+        for i in range(0, X.shape[0], chunk):
+            Xi = X[i : i + chunk].unsqueeze(-2)
+            yi = y[i : i + chunk].to(Xi)
+            post_f = model.posterior(Xi)
+            post_y = model.posterior(Xi, observation_noise=True)
+            mean = post_f.mean.reshape(-1)
+            vf = post_f.variance.reshape(-1)
+            vy = post_y.variance.reshape(-1).clamp_min(1e-12)
+            sq.append((mean - yi).pow(2))
+            var_f.append(vf)
+            nll.append(0.5 * (torch.log(2 * math.pi * vy) + (yi - mean).pow(2) / vy))
+    return {
+        "rmse": float(torch.cat(sq).mean().sqrt()),
+        "mean_var": float(torch.cat(var_f).mean()),
+        "nll": float(torch.cat(nll).mean()),
+    }
+
+
+class ActiveLearningLoop(OnlineLoop):
+    r"""Active learning on a :class:`bo_online.problems.PoolProblem`.
+
+    Args:
+        problem: pool with known outcomes and a held-out test set.
+        acq: ``"qnipv"`` or ``"random"``.
+        selection: ``"snap"`` or ``"pool"`` (see the module docstring).
+        num_mc_points: number of points qNIPV integrates the posterior variance over.
+        integrate_over: ``"test"`` (a random subset of the held-out test inputs, fixed for the
+            run) or ``"sobol"`` (scrambled Sobol points of the unit cube, redrawn each step).
+        num_pool_candidates: pool points scored per step with ``selection="pool"``.
+        acq_options, optimizer_options: as for :class:`bo_online.loops.BayesOptLoop`.
+        eval_every: compute the test metrics every this many steps (and at step 0).
+        n_init: random pool points of the initial design.
+        **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop`.
+    """
+
+    kind = "active"
+
+    def __init__(
+        self,
+        problem: PoolProblem,
+        acq: str = "qnipv",
+        selection: str = "snap",
+        num_mc_points: int = 256,
+        integrate_over: str = "test",
+        num_pool_candidates: int = 2048,
+        acq_options: dict[str, Any] | None = None,
+        optimizer_options: dict[str, Any] | None = None,
+        eval_every: int = 1,
+        n_init: int = 10,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(problem, PoolProblem):
+            raise ValueError(f"ActiveLearningLoop needs a PoolProblem, got {type(problem).__name__}.")
+        if acq.lower() not in ("qnipv", "random"):
+            raise ValueError(f"Unknown active-learning acquisition {acq!r}; choose qnipv or random.")
+        if integrate_over not in ("test", "sobol"):
+            raise ValueError(f"integrate_over must be 'test' or 'sobol', got {integrate_over!r}.")
+        if selection not in ("snap", "pool"):
+            raise ValueError(f"selection must be 'snap' or 'pool', got {selection!r}.")
+        for name, value in (
+            ("num_mc_points", num_mc_points),
+            ("num_pool_candidates", num_pool_candidates),
+            ("eval_every", eval_every),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        optimizer_kwargs(optimizer_options)
+        if n_init > problem.X_pool.shape[0]:
+            raise ValueError(f"n_init={n_init} exceeds the pool size {problem.X_pool.shape[0]}.")
+        super().__init__(n_init=n_init, **kwargs)
+        self.problem = problem
+        self.config.update(
+            acq=acq.lower(),
+            selection=selection,
+            num_mc_points=int(num_mc_points),
+            integrate_over=integrate_over,
+            num_pool_candidates=int(num_pool_candidates),
+            acq_options=dict(acq_options or {}),
+            optimizer_options=dict(optimizer_options or {}),
+            eval_every=int(eval_every),
+        )
+        self.U_pool = to_unit(problem.X_pool, problem.bounds).to(**self.tkwargs)
+        self.U_test = to_unit(problem.X_test, problem.bounds).to(**self.tkwargs)
+        gen = torch.Generator().manual_seed(self.config["seed"])
+        m = min(int(num_mc_points), problem.X_test.shape[0])
+        self.mc_idx = torch.randperm(problem.X_test.shape[0], generator=gen)[:m]
+        self.used = torch.zeros(problem.X_pool.shape[0], dtype=torch.bool)
+        self.chosen = torch.empty(0, dtype=torch.long)
+
+    def _problem_spec(self) -> dict[str, Any] | None:
+        return self.problem.spec
+
+    def _status(self) -> str:
+        last = next((r for r in reversed(self.records) if r.get("rmse") is not None), None)
+        return "" if last is None else f"test RMSE {last['rmse']:.4g}"
+
+    def _metrics(self) -> dict[str, Any]:
+        # Only on the eval_every grid (not "at the end"): records must not depend on how many
+        # steps a run was asked for, or a run extended by resume would differ from a long one.
+        if self.step_count % self.config["eval_every"] != 0:
+            return {"rmse": None, "mean_var": None, "nll": None}
+        return predictive_metrics(self.model, self.U_test, self.problem.y_test)
+
+    def _take(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        self.used[idx] = True
+        self.chosen = torch.cat([self.chosen, idx])
+        return self.problem.X_pool[idx], self.problem.y_pool[idx]
+
+    def _initial_design(self) -> dict[str, Any]:
+        n0 = self.config["n_init"]
+        t0 = self._now()
+        idx = torch.randperm(self.problem.X_pool.shape[0])[:n0]  # global RNG, seeded
+        X0, y0 = self._take(idx)
+        t_eval = self._now() - t0
+        t0 = self._now()
+        self.model = self._build_model(self.U_pool[idx], y0.reshape(-1, 1))
+        t_update = self._now() - t0
+        t_fit = self._fit(self.config["init_fit_max_iter"])
+        return {
+            "step": 0,
+            "n": int(self.chosen.shape[0]),
+            "indices": idx,
+            "X": X0,
+            "y": y0,
+            **self._metrics(),
+            "refit": self.config["init_fit_max_iter"] > 0,
+            "time_fit": t_fit,
+            "time_acquisition": 0.0,
+            "time_evaluation": t_eval,
+            "time_update": t_update,
+        }
+
+    def ask(self) -> Tensor:
+        r"""Row indices (``q``) of the pool points to label next."""
+        if not self.initialized:
+            self.initialize()
+        t0 = self._now()
+        q, d = self.config["q"], self.problem.dim
+        free = (~self.used).nonzero().squeeze(-1)
+        if free.numel() < q:
+            raise ValueError(f"Only {free.numel()} unused pool points left for a batch of {q}.")
+        with self._seeded("ask"):
+            if self.config["acq"] == "random":
+                idx = free[torch.randperm(free.numel())[:q]]
+            else:
+                acq = build_acquisition(
+                    "qnipv",
+                    self.model,
+                    q=q,
+                    step=self.step_count + 1,
+                    dim=d,
+                    mc_points=(
+                        self.U_test[self.mc_idx] if self.config["integrate_over"] == "test" else None
+                    ),
+                    options={"num_mc_points": self.config["num_mc_points"], **self.config["acq_options"]},
+                )
+                if self.config["selection"] == "snap":
+                    U = propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)
+                    idx = self._snap(U, free)
+                else:
+                    k = min(self.config["num_pool_candidates"], free.numel())
+                    cand = free[torch.randperm(free.numel())[:k]]
+                    _, rows = propose_from_pool(acq, q, self.U_pool[cand])
+                    idx = cand[rows.cpu()]
+        self._pending = {"indices": idx, "time_acquisition": self._now() - t0}
+        return idx
+
+    def _snap(self, U: Tensor, free: Tensor) -> Tensor:
+        r"""Nearest unused pool point to each candidate, distinct, in candidate order."""
+        dist = torch.cdist(U.to(self.U_pool), self.U_pool[free])  # q x |free|
+        picked: list[int] = []
+        for row in dist:
+            if picked:
+                row = row.clone()
+                row[torch.tensor(picked)] = math.inf
+            picked.append(int(row.argmin()))
+        return free[torch.tensor(picked)]
+
+    def _evaluate_pending(self) -> dict[str, Any]:
+        assert self._pending is not None
+        return {"indices": self._pending["indices"]}
+
+    def tell(self, indices: Tensor) -> dict[str, Any]:
+        r"""Label pool rows ``indices`` (``q``) and fold them into the surrogate."""
+        if not self.initialized:
+            raise RuntimeError("Call ask() (or initialize()) before tell().")
+        indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        if bool(self.used[indices].any()) or indices.unique().numel() != indices.numel():
+            raise ValueError("tell() got pool points that are already labelled or repeated.")
+        pending = self._pending or {}
+        self._pending = None
+        t0 = self._now()
+        X, y = self._take(indices)  # the "evaluation" of a pool problem is a lookup
+        t_eval = self._now() - t0
+        t0 = self._now()
+        self.model.update(self.U_pool[indices], y.reshape(-1, 1).to(**self.tkwargs))
+        t_update = self._now() - t0
+        self.step_count += 1
+        refit = self._refit_due()
+        with self._seeded("tell"):
+            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+        record = {
+            "step": self.step_count,
+            "n": int(self.chosen.shape[0]),
+            "indices": indices,
+            "X": X,
+            "y": y,
+            **self._metrics(),
+            "refit": refit,
+            "time_fit": t_fit,
+            "time_acquisition": pending.get("time_acquisition", 0.0),
+            "time_evaluation": t_eval,
+            "time_update": t_update,
+        }
+        return self._finish_record(record)
+
+    def _state(self) -> dict[str, Any]:
+        return {"used": self.used, "chosen": self.chosen}
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        self.used, self.chosen = state["used"].clone(), state["chosen"].clone()
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        out_dir: str | Path | None,
+        problem: PoolProblem | None = None,
+        data_dir: str | None = None,
+        **overrides: Any,
+    ) -> "ActiveLearningLoop":
+        cfg = ckpt["config"]
+        if problem is None:
+            if ckpt["problem"] is None:
+                raise ValueError("This run's pool was built by hand: pass problem= to resume it.")
+            problem = make_problem(ckpt["problem"], data_dir=data_dir)
+        loop = cls(
+            problem,
+            acq=cfg["acq"],
+            selection=cfg["selection"],
+            num_mc_points=cfg["num_mc_points"],
+            integrate_over=cfg.get("integrate_over", "test"),
+            num_pool_candidates=cfg["num_pool_candidates"],
+            acq_options=cfg["acq_options"],
+            optimizer_options=cfg["optimizer_options"],
+            eval_every=cfg["eval_every"],
+            **_shared_kwargs(cfg),
+            out_dir=out_dir,
+            overwrite=True,
+            **overrides,
+        )
+        loop._restore_state(ckpt["state"])
+        idx0 = loop.chosen[: cfg["n_init"]]
+        loop._restore(ckpt, loop.U_pool[idx0], problem.y_pool[idx0].reshape(-1, 1))
+        return loop

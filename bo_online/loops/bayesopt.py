@@ -1,0 +1,276 @@
+r"""Bayesian optimisation with an online surrogate, in the ask/tell style.
+
+Per step: build the acquisition (qUCB with a beta schedule, LogEI/EI, qLogNEI, or Thompson
+sampling), maximise it with BoTorch's ``optimize_acqf`` over the unit cube, evaluate the batch
+(through the user's executor), fold it into the surrogate with ``model.update`` (in place) and
+refit hyperparameters on the schedule. The initial design is a scrambled Sobol sequence.
+
+Example:
+    >>> from bo_online.problems import synthetic_problem
+    >>> loop = BayesOptLoop(synthetic_problem("branin"), model="exact", acq="logei", seed=0)
+    >>> records = loop.run(steps=30)
+    >>> records[-1]["best_value"], records[-1]["regret"]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.quasirandom import SobolEngine
+
+from bo_online.acquisition import (
+    ACQUISITIONS,
+    build_acquisition,
+    propose,
+    thompson_sample,
+    optimizer_kwargs,
+)
+from bo_online.loops.core import OnlineLoop, _shared_kwargs
+from bo_online.problems import Problem, from_unit, make_problem, to_unit
+
+__all__ = ["BayesOptLoop"]
+
+
+class BayesOptLoop(OnlineLoop):
+    r"""BO on a :class:`bo_online.problems.Problem`.
+
+    Args:
+        problem: the objective (bounds, noise level, direction, optimum).
+        acq: one of ``qucb``, ``ucb``, ``logei``, ``ei``, ``qlognei``, ``ts``.
+        acq_options: acquisition options (``beta``, ``beta_schedule``, ``num_mc_samples``,
+            ``num_candidates`` for ``ts``, ...; see :func:`bo_online.acquisition.build_acquisition`).
+        optimizer_options: ``optimize_acqf`` settings (``num_restarts``, ``raw_samples``,
+            ``maxiter``, ``batch_limit``, ``sequential``).
+        n_init: initial Sobol points (default ``max(5, 2 d)``).
+        **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (model,
+            model_options, q, seed, refit_every, fit_max_iter, out_dir, quiet, device, dtype,
+            executor, ...).
+    """
+
+    kind = "bo"
+
+    def __init__(
+        self,
+        problem: Problem,
+        acq: str = "qucb",
+        acq_options: dict[str, Any] | None = None,
+        optimizer_options: dict[str, Any] | None = None,
+        n_init: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(problem, Problem):
+            raise ValueError(
+                f"BayesOptLoop needs a bo_online.problems.Problem, got {type(problem).__name__}."
+            )
+        if acq.lower() not in ACQUISITIONS or acq.lower() == "qnipv":
+            raise ValueError(
+                f"Unknown BO acquisition {acq!r}; choose one of "
+                f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}."
+            )
+        optimizer_kwargs(optimizer_options)  # validate the names now
+        n_init = max(5, 2 * problem.dim) if n_init is None else n_init
+        super().__init__(n_init=n_init, **kwargs)
+        self.problem = problem
+        self.sign = 1.0 if problem.maximize else -1.0  # the model always maximises
+        self.config.update(
+            acq=acq.lower(),
+            acq_options=dict(acq_options or {}),
+            optimizer_options=dict(optimizer_options or {}),
+        )
+        self.X = torch.empty(0, problem.dim, dtype=torch.float64)  # problem units
+        self.y = torch.empty(0, dtype=torch.float64)  # observed (noisy), problem sense
+        self.y_true = torch.empty(0, dtype=torch.float64)  # noiseless
+        self.noise_generator = torch.Generator().manual_seed(self.config["seed"])
+
+    # ------------------------------------------------------------------ helpers
+
+    def _problem_spec(self) -> dict[str, Any] | None:
+        return self.problem.spec
+
+    def _unit(self, X: Tensor) -> Tensor:
+        return to_unit(X.to(torch.float64), self.problem.bounds).to(**self.tkwargs)
+
+    def _model_y(self, y: Tensor) -> Tensor:
+        return (self.sign * y).reshape(-1, 1).to(**self.tkwargs)
+
+    def _evaluate(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        y_true = self.evaluate_batch(self.problem.evaluate_true, X)
+        noise = torch.randn(y_true.shape, generator=self.noise_generator, dtype=torch.float64)
+        return y_true + self.problem.noise_std * noise, y_true
+
+    def _best(self, values: Tensor) -> float:
+        return float(values.max() if self.problem.maximize else values.min())
+
+    def _summary_fields(self) -> dict[str, Any]:
+        best_true = self._best(self.y_true)
+        return {
+            "n": int(self.y.shape[0]),
+            "best_value": self._best(self.y),
+            "best_true_value": best_true,
+            "regret": self.problem.regret(best_true),
+        }
+
+    def _status(self) -> str:
+        if not self.records:
+            return ""
+        r = self.records[-1]
+        regret = "" if r.get("regret") is None else f"  regret {r['regret']:.4g}"
+        return f"best {r['best_value']:.5g}{regret}"
+
+    # ------------------------------------------------------------------ initial design
+
+    def _initial_design(self) -> dict[str, Any]:
+        n0, d = self.config["n_init"], self.problem.dim
+        sobol = SobolEngine(d, scramble=True, seed=self.config["seed"])
+        U0 = sobol.draw(n0, dtype=torch.float64)
+        X0 = from_unit(U0, self.problem.bounds)
+        t0 = self._now()
+        y0, y0_true = self._evaluate(X0)
+        t_eval = self._now() - t0
+        self.X, self.y, self.y_true = X0, y0, y0_true
+        t0 = self._now()
+        self.model = self._build_model(self._unit(X0), self._model_y(y0))
+        t_update = self._now() - t0
+        t_fit = self._fit(self.config["init_fit_max_iter"])
+        return {
+            "step": 0,
+            "X": X0,
+            "y": y0,
+            "y_true": y0_true,
+            **self._summary_fields(),
+            "refit": self.config["init_fit_max_iter"] > 0,
+            "time_fit": t_fit,
+            "time_acquisition": 0.0,
+            "time_evaluation": t_eval,
+            "time_update": t_update,
+        }
+
+    # ------------------------------------------------------------------ ask / tell
+
+    def ask(self) -> Tensor:
+        r"""Propose the next batch: ``q x d`` in problem units."""
+        if not self.initialized:
+            self.initialize()
+        t0 = self._now()
+        q, d, name = self.config["q"], self.problem.dim, self.config["acq"]
+        self.model.eval()
+        with self._seeded("ask"):
+            if name == "ts":
+                n_cand = int(self.config["acq_options"].get("num_candidates", 1000))
+                U = thompson_sample(self.model, q, d, num_candidates=n_cand, **self.tkwargs)
+            else:
+                acq = build_acquisition(
+                    name,
+                    self.model,
+                    q=q,
+                    step=self.step_count + 1,
+                    dim=d,
+                    X_observed=self._unit(self.X),
+                    Y_observed=self._model_y(self.y),
+                    noisy=self.problem.noise_std > 0,
+                    options=self.config["acq_options"],
+                )
+                U = propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)
+        X = from_unit(U.detach().cpu().to(torch.float64), self.problem.bounds)
+        self._pending = {"X": X, "time_acquisition": self._now() - t0}
+        return X
+
+    def _evaluate_pending(self) -> dict[str, Any]:
+        assert self._pending is not None
+        t0 = self._now()
+        y, y_true = self._evaluate(self._pending["X"])
+        self._pending["time_evaluation"] = self._now() - t0
+        return {"X": self._pending["X"], "y": y, "y_true": y_true}
+
+    def tell(self, X: Tensor, y: Tensor, y_true: Tensor | None = None) -> dict[str, Any]:
+        r"""Fold observations in: ``X`` (``q x d``, problem units), ``y`` (``q``, observed, the
+        problem's sense), optional noiseless ``y_true`` (for regret; defaults to ``y``)."""
+        if not self.initialized:
+            raise RuntimeError("Call ask() (or initialize()) before tell().")
+        X = torch.as_tensor(X, dtype=torch.float64).reshape(-1, self.problem.dim)
+        y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
+        y_true = y if y_true is None else torch.as_tensor(y_true, dtype=torch.float64).reshape(-1)
+        if y.shape[0] != X.shape[0] or y_true.shape[0] != X.shape[0]:
+            raise ValueError(f"tell() got {X.shape[0]} points but {y.shape[0]} values.")
+        lo, hi = self.problem.bounds
+        tol = 1e-9 * (hi - lo)
+        if bool(((X < lo - tol) | (X > hi + tol)).any()):
+            raise ValueError(
+                "tell() got points outside the problem's bounds "
+                f"{self.problem.bounds.tolist()}; the surrogate only covers that box."
+            )
+        pending = self._pending or {}
+        self._pending = None
+        t0 = self._now()
+        self.model.update(self._unit(X), self._model_y(y))  # validates before changing anything
+        t_update = self._now() - t0
+        self.X = torch.cat([self.X, X])
+        self.y = torch.cat([self.y, y])
+        self.y_true = torch.cat([self.y_true, y_true])
+        self.step_count += 1
+        refit = self._refit_due()
+        with self._seeded("tell"):
+            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+        record = {
+            "step": self.step_count,
+            "X": X,
+            "y": y,
+            "y_true": y_true,
+            **self._summary_fields(),
+            "refit": refit,
+            "time_fit": t_fit,
+            "time_acquisition": pending.get("time_acquisition", 0.0),
+            "time_evaluation": pending.get("time_evaluation", 0.0),
+            "time_update": t_update,
+        }
+        return self._finish_record(record)
+
+    # ------------------------------------------------------------------ checkpoint / resume
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "X": self.X,
+            "y": self.y,
+            "y_true": self.y_true,
+            "noise_generator": self.noise_generator.get_state(),
+        }
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        self.X, self.y, self.y_true = state["X"], state["y"], state["y_true"]
+        self.noise_generator.set_state(state["noise_generator"])
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        out_dir: str | Path | None,
+        problem: Problem | None = None,
+        data_dir: str | None = None,
+        **overrides: Any,
+    ) -> "BayesOptLoop":
+        r"""Rebuild a loop from a checkpoint (``problem`` is needed for user callables)."""
+        cfg = dict(ckpt["config"])
+        if problem is None:
+            if ckpt["problem"] is None:
+                raise ValueError(
+                    "This run's objective is a user callable: pass problem= to resume it."
+                )
+            problem = make_problem(ckpt["problem"])
+        loop = cls(
+            problem,
+            acq=cfg["acq"],
+            acq_options=cfg["acq_options"],
+            optimizer_options=cfg["optimizer_options"],
+            **_shared_kwargs(cfg),
+            out_dir=out_dir,
+            overwrite=True,
+            **overrides,
+        )
+        loop._restore_state(ckpt["state"])
+        n0 = cfg["n_init"]
+        loop._restore(ckpt, loop._unit(loop.X[:n0]), loop._model_y(loop.y[:n0]))
+        return loop
+

@@ -1,0 +1,440 @@
+r"""What every loop shares: the surrogate, the refit schedule, timing, records, checkpoints,
+resume and the progress bar.
+
+A loop is an ask/tell object (Trieste's ``AskTellOptimizer`` style): :meth:`OnlineLoop.ask`
+proposes a batch, the caller (or :meth:`OnlineLoop.step`) evaluates it, :meth:`OnlineLoop.tell`
+folds the result into the surrogate with ``model.update`` (in place) and refits hyperparameters
+every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations).
+:meth:`OnlineLoop.run` is a thin driver over ``step``. Subclasses implement the initial design,
+``ask``, the evaluation and the per-step record.
+
+Nothing is written until the initial design has been evaluated and the surrogate built, so a run
+that fails on bad options leaves no files behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+from bo_online.loops import history
+from bo_online.models.registry import get_model_class
+
+__all__ = ["OnlineLoop", "RunDirectoryError"]
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class RunDirectoryError(ValueError):
+    """The output directory already holds a run (resume it, or ask to overwrite)."""
+
+
+class OnlineLoop:
+    r"""Base class of the BO, active-learning and streaming loops.
+
+    Args:
+        model: registered surrogate name (see :func:`bo_online.models.registry.available_models`).
+        model_options: keyword options passed to the surrogate's constructor unchanged.
+        q: batch size per step.
+        n_init: size of the initial design.
+        seed: seed of everything random in the run.
+        refit_every: refit hyperparameters after every ``refit_every``-th step (0: never after
+            the initial fit).
+        fit_max_iter: iteration cap of each refit (warm-started from the current values).
+        init_fit_max_iter: iteration cap of the fit on the initial design (default:
+            ``4 * fit_max_iter``).
+        fit_options: other keyword options of ``model.fit``.
+        out_dir: run directory for records and checkpoints (None: keep everything in memory).
+        checkpoint_every: write the checkpoint every this many steps (1: every step).
+        overwrite: replace an existing run in ``out_dir``.
+        quiet: no progress bar.
+        device, dtype: where and in which precision the surrogate and acquisition run.
+        executor: a ``concurrent.futures.Executor`` for objective evaluations (None: in-process).
+    """
+
+    kind: ClassVar[str] = "loop"
+
+    def __init__(
+        self,
+        *,
+        model: str = "exact",
+        model_options: dict[str, Any] | None = None,
+        q: int = 1,
+        n_init: int = 10,
+        seed: int = 0,
+        refit_every: int = 10,
+        fit_max_iter: int = 50,
+        init_fit_max_iter: int | None = None,
+        fit_options: dict[str, Any] | None = None,
+        out_dir: str | Path | None = None,
+        checkpoint_every: int = 1,
+        overwrite: bool = False,
+        quiet: bool = True,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "float64",
+        executor: Executor | None = None,
+    ) -> None:
+        for name, value, low in (
+            ("q", q, 1),
+            ("n_init", n_init, 1),
+            ("refit_every", refit_every, 0),
+            ("fit_max_iter", fit_max_iter, 0),
+            ("checkpoint_every", checkpoint_every, 1),
+        ):
+            if int(value) != value or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value}.")
+        if init_fit_max_iter is not None and init_fit_max_iter < 0:
+            raise ValueError(f"init_fit_max_iter must be >= 0, got {init_fit_max_iter}.")
+        self.model_cls = get_model_class(model)  # raises for unknown / unavailable models
+        if isinstance(dtype, str):
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}.")
+            dtype = _DTYPES[dtype]
+        self.dtype = dtype
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"Invalid device {device!r}: {e}") from e
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available.")
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
+            raise RunDirectoryError(
+                f"{str(self.out_dir)!r} already holds a run; resume it (bo-online resume "
+                f"{self.out_dir}) or pass overwrite=True / --overwrite."
+            )
+        self._overwrite = overwrite
+        self.config: dict[str, Any] = {
+            "kind": self.kind,
+            "model": model.lower(),
+            "model_options": dict(model_options or {}),
+            "q": int(q),
+            "n_init": int(n_init),
+            "seed": int(seed),
+            "refit_every": int(refit_every),
+            "fit_max_iter": int(fit_max_iter),
+            "init_fit_max_iter": (
+                4 * int(fit_max_iter) if init_fit_max_iter is None else int(init_fit_max_iter)
+            ),
+            "fit_options": dict(fit_options or {}),
+            "checkpoint_every": int(checkpoint_every),
+            "device": str(self.device),
+            "dtype": str(dtype).replace("torch.", ""),
+        }
+        self.quiet = quiet
+        self.executor = executor
+        self.model: Any = None
+        self.records: list[dict[str, Any]] = []
+        self.step_count = 0  # completed steps after the initial design
+        self.target_steps: int | None = None
+        self.wall_time = 0.0  # summed step times (continues across resume)
+        self._files_started = False
+        self._pending: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def _initial_design(self) -> dict[str, Any]:
+        """Evaluate the initial design, build and fit the model; return the step-0 record."""
+        raise NotImplementedError
+
+    def ask(self) -> Tensor:
+        raise NotImplementedError
+
+    def _evaluate_pending(self) -> dict[str, Any]:
+        """Evaluate the batch proposed by the last ``ask``; keyword arguments of ``tell``."""
+        raise NotImplementedError
+
+    def tell(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _state(self) -> dict[str, Any]:
+        """Loop-specific state for the checkpoint (data seen, generators, ...)."""
+        raise NotImplementedError
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _problem_spec(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _status(self) -> str:
+        """One short phrase for the progress bar (e.g. the best value so far)."""
+        return ""
+
+    def default_steps(self) -> int | None:
+        """Steps ``run()`` takes when none are given (streaming: to the end of the stream)."""
+        return None
+
+    # ------------------------------------------------------------------ shared machinery
+
+    @property
+    def tkwargs(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "device": self.device}
+
+    @property
+    def initialized(self) -> bool:
+        return self.model is not None
+
+    def initialize(self) -> dict[str, Any]:
+        """Run the initial design (once); writes the first record and checkpoint."""
+        if self.initialized:
+            raise RuntimeError("The loop is already initialised.")
+        t0 = time.perf_counter()
+        with self._seeded("init"):
+            record = self._initial_design()
+        record.setdefault("time_step", time.perf_counter() - t0)
+        self.wall_time += record["time_step"]
+        record["wall_time"] = self.wall_time
+        return self._commit(record)
+
+    def _model_options(self) -> dict[str, Any]:
+        options = instantiate(self.config["model_options"])
+        if getattr(self.model_cls, "refits_on_update", False):
+            options.setdefault("refit_max_iter", self.config["fit_max_iter"])
+        return options
+
+    def _build_model(self, X: Tensor, Y: Tensor) -> Any:
+        r"""The surrogate on ``X`` (``n x d``, unit cube) and ``Y`` (``n x 1``)."""
+        try:
+            model = self.model_cls(X.to(**self.tkwargs), Y.to(**self.tkwargs), **self._model_options())
+        except TypeError as e:  # unknown option names: say which model rejected them
+            raise ValueError(
+                f"Model {self.config['model']!r} rejected its options "
+                f"{self.config['model_options']}: {e}"
+            ) from e
+        return model.to(**self.tkwargs)
+
+    def _fit(self, max_iter: int) -> float:
+        if max_iter <= 0:
+            return 0.0
+        t0 = self._now()
+        self.model.fit(max_iter=max_iter, **self.config["fit_options"])
+        return self._now() - t0
+
+    def _refit_due(self) -> bool:
+        k = self.config["refit_every"]
+        if k == 0 or getattr(self.model_cls, "refits_on_update", False):
+            return False
+        return self.step_count % k == 0
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _seeded(self, phase: str) -> contextlib.AbstractContextManager:
+        return history.seeded(self.config["seed"], self.step_count, phase, self.device)
+
+    def evaluate_batch(self, fn: Any, X: Tensor) -> Tensor:
+        r"""``fn`` at each row of ``X`` (``q x d``, CPU float64) -> ``q``, one executor task per
+        row when an executor was given (results gathered in order), else one in-process call."""
+        X = X.detach().to(device="cpu", dtype=torch.float64)
+        if self.executor is None:
+            return fn(X).reshape(-1)
+        futures = [self.executor.submit(fn, X[i : i + 1]) for i in range(X.shape[0])]
+        return torch.cat([torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures])
+
+    def step(self) -> dict[str, Any]:
+        """One ask -> evaluate -> tell round; returns its record."""
+        if not self.initialized:
+            self.initialize()
+        self.ask()
+        return self.tell(**self._evaluate_pending())
+
+    def run(
+        self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
+        r"""Run until ``steps`` steps after the initial design are done (a resumed loop
+        continues where it stopped). ``callback(record)`` is called after each step's record
+        and checkpoint are written. Returns all records."""
+        if steps is None:
+            steps = self.target_steps if self.target_steps is not None else self.default_steps()
+        if steps is None or int(steps) != steps or steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {steps}.")
+        self.target_steps = int(steps)
+        if not self.initialized:
+            # Before the progress bar: a failure here (bad model options, ...) prints nothing else.
+            record = self.initialize()
+            if callback is not None:
+                callback(record)
+        with self._progress() as advance:
+            while self.step_count < self.target_steps:
+                record = self.step()
+                advance()
+                if callback is not None:
+                    callback(record)
+        return self.records
+
+    def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        times = [record.get(k, 0.0) for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")]
+        record["time_step"] = float(sum(times))
+        self.wall_time += record["time_step"]
+        record["wall_time"] = self.wall_time
+        return self._commit(record)
+
+    def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
+        record = history.to_jsonable(record)  # in memory exactly what the JSONL file holds
+        self.records.append(record)
+        if self.out_dir is None:
+            return record
+        if not self._files_started:
+            self._start_files()
+        history.append_record(self.out_dir / history.RECORDS_FILE, record)
+        last = self.target_steps is not None and self.step_count >= self.target_steps
+        if self.step_count % self.config["checkpoint_every"] == 0 or last:
+            self.save_checkpoint()
+        return record
+
+    def _start_files(self) -> None:
+        assert self.out_dir is not None
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self._overwrite:
+            for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE, history.CONFIG_FILE):
+                (self.out_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(self.out_dir / "plots", ignore_errors=True)
+        history.write_json(
+            self.out_dir / history.CONFIG_FILE,
+            {**self.config, "problem": self._problem_spec()},
+        )
+        history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records[:-1])
+        self._files_started = True
+
+    @staticmethod
+    def _holds_run(out_dir: Path) -> bool:
+        return any(
+            (out_dir / name).exists()
+            for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE)
+        )
+
+    # ------------------------------------------------------------------ checkpoint / resume
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything needed to continue this run exactly."""
+        return {
+            "format": 1,
+            "kind": self.kind,
+            "config": self.config,
+            "problem": self._problem_spec(),
+            "step_count": self.step_count,
+            "target_steps": self.target_steps,
+            "wall_time": self.wall_time,
+            "records": self.records,
+            "model_state": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in self.model.state_dict().items()},
+            "state": self._state(),
+        }
+
+    def save_checkpoint(self) -> None:
+        if self.out_dir is None:
+            raise ValueError("This loop has no out_dir to checkpoint to.")
+        history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
+
+    def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_Y: Tensor) -> None:
+        r"""Rebuild the model on the initial data, load its saved state, restore the rest."""
+        self.model = self._build_model(init_X, init_Y)
+        self.model.load_state_dict(
+            {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in ckpt["model_state"].items()}
+        )
+        self.model.eval()
+        self.step_count = int(ckpt["step_count"])
+        self.target_steps = ckpt["target_steps"]
+        self.wall_time = float(ckpt["wall_time"])
+        self.records = list(ckpt["records"])
+        if self.out_dir is not None:
+            # Drop a record appended after the last checkpoint: that step is redone.
+            history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records)
+            self._files_started = True
+
+    # ------------------------------------------------------------------ progress bar
+
+    @contextlib.contextmanager
+    def _progress(self):
+        if self.quiet:
+            yield lambda: None
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        total = (self.target_steps or 0) + 1
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        done = self.step_count + (1 if self.initialized else 0)
+        with progress:
+            task = progress.add_task(
+                f"{self.kind} {self.config['model']}", total=total, completed=done, status=""
+            )
+
+            def advance() -> None:
+                last = self.records[-1] if self.records else {}
+                per_step = last.get("time_step", float("nan"))
+                progress.update(
+                    task, advance=1, status=f"{self._status()}  {per_step:.3f} s/step"
+                )
+
+            yield advance
+
+
+def instantiate(value: Any) -> Any:
+    r"""Build the objects described in a (JSON-able) option value.
+
+    A dict ``{"__class__": "package.module.Class", "args": [...], "kwargs": {...}}`` becomes
+    ``Class(*args, **kwargs)`` (recursively), so options that are objects -- e.g. WISKI's
+    ``projection`` module -- can be given on the command line and stored in a run's config; a
+    fresh object is built whenever the model is (its learnt state comes from the checkpoint).
+    """
+    if isinstance(value, dict) and "__class__" in value:
+        import importlib
+
+        module_name, _, attribute = str(value["__class__"]).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"Cannot import {value['__class__']!r} for a model option: {e}") from e
+        args = [instantiate(a) for a in value.get("args", [])]
+        kwargs = {k: instantiate(v) for k, v in value.get("kwargs", {}).items()}
+        return cls(*args, **kwargs)
+    if isinstance(value, dict):
+        return {k: instantiate(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [instantiate(v) for v in value]
+    return value
+
+
+def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The shared constructor options stored in a checkpoint's config."""
+    keys = (
+        "model",
+        "model_options",
+        "q",
+        "n_init",
+        "seed",
+        "refit_every",
+        "fit_max_iter",
+        "init_fit_max_iter",
+        "fit_options",
+        "checkpoint_every",
+        "device",
+        "dtype",
+    )
+    return {k: cfg[k] for k in keys}

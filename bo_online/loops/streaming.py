@@ -1,0 +1,193 @@
+r"""Streaming regression with prequential evaluation, in the ask/tell style.
+
+The data arrive in order (a :class:`bo_online.problems.StreamProblem`). Each step takes the next
+``q`` points, first *predicts* them (the prequential, test-then-train protocol: squared error and
+Gaussian negative log predictive density with observation noise), then folds them into the
+surrogate with ``model.update`` and refits on the schedule. Every ``eval_every`` steps the test
+RMSE and NLL are recorded as well, and every step its time, so time per step vs n can be plotted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bo_online.loops.active import predictive_metrics
+from bo_online.loops.core import OnlineLoop, _shared_kwargs
+from bo_online.problems import StreamProblem, make_problem, to_unit
+
+__all__ = ["StreamingLoop"]
+
+
+class StreamingLoop(OnlineLoop):
+    r"""Prequential streaming regression.
+
+    Args:
+        problem: the stream and its test set.
+        eval_every: record test RMSE/NLL every this many steps (and at step 0).
+        n_init: stream points the surrogate starts from.
+        **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (``q`` is the
+            number of points per step).
+    """
+
+    kind = "stream"
+
+    def __init__(
+        self, problem: StreamProblem, eval_every: int = 50, n_init: int = 100, **kwargs: Any
+    ) -> None:
+        if not isinstance(problem, StreamProblem):
+            raise ValueError(f"StreamingLoop needs a StreamProblem, got {type(problem).__name__}.")
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+        if n_init >= problem.X_stream.shape[0]:
+            raise ValueError(
+                f"n_init={n_init} leaves nothing to stream ({problem.X_stream.shape[0]} points)."
+            )
+        super().__init__(n_init=n_init, **kwargs)
+        self.problem = problem
+        self.config.update(eval_every=int(eval_every))
+        self.U_stream = to_unit(problem.X_stream, problem.bounds).to(**self.tkwargs)
+        self.U_test = to_unit(problem.X_test, problem.bounds).to(**self.tkwargs)
+        self.position = 0  # stream rows consumed
+        self.sq_err_sum = 0.0
+        self.nll_sum = 0.0
+        self.num_predicted = 0
+
+    def default_steps(self) -> int:
+        """Steps until the stream is exhausted."""
+        return (self.problem.X_stream.shape[0] - self.config["n_init"]) // self.config["q"]
+
+    def _problem_spec(self) -> dict[str, Any] | None:
+        return self.problem.spec
+
+    def _status(self) -> str:
+        if not self.num_predicted:
+            return ""
+        return f"prequential RMSE {math.sqrt(self.sq_err_sum / self.num_predicted):.4g}"
+
+    def _test_metrics(self) -> dict[str, Any]:
+        # Only on the eval_every grid (not "at the end"): records must not depend on how many
+        # steps a run was asked for, or a run extended by resume would differ from a long one.
+        if self.step_count % self.config["eval_every"] != 0:
+            return {"test_rmse": None, "test_nll": None}
+        m = predictive_metrics(self.model, self.U_test, self.problem.y_test)
+        return {"test_rmse": m["rmse"], "test_nll": m["nll"]}
+
+    def _initial_design(self) -> dict[str, Any]:
+        n0 = self.config["n_init"]
+        t0 = self._now()
+        self.model = self._build_model(
+            self.U_stream[:n0], self.problem.y_stream[:n0].reshape(-1, 1)
+        )
+        t_update = self._now() - t0
+        self.position = n0
+        t_fit = self._fit(self.config["init_fit_max_iter"])
+        return {
+            "step": 0,
+            "n": n0,
+            **self._test_metrics(),
+            "refit": self.config["init_fit_max_iter"] > 0,
+            "time_fit": t_fit,
+            "time_acquisition": 0.0,
+            "time_evaluation": 0.0,
+            "time_update": t_update,
+        }
+
+    def ask(self) -> Tensor:
+        r"""The next ``q`` stream rows (indices); also predicts them (prequential)."""
+        if not self.initialized:
+            self.initialize()
+        q = self.config["q"]
+        if self.position + q > self.problem.X_stream.shape[0]:
+            raise ValueError("The stream is exhausted.")
+        rows = torch.arange(self.position, self.position + q)
+        t0 = self._now()
+        pred = predictive_metrics(self.model, self.U_stream[rows], self.problem.y_stream[rows])
+        self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
+        return rows
+
+    def _evaluate_pending(self) -> dict[str, Any]:
+        assert self._pending is not None
+        return {"rows": self._pending["rows"]}
+
+    def tell(self, rows: Tensor) -> dict[str, Any]:
+        r"""Fold stream rows ``rows`` (the ones ``ask`` returned) into the surrogate."""
+        if self._pending is None or not torch.equal(torch.as_tensor(rows), self._pending["rows"]):
+            raise ValueError("tell() must receive the rows the last ask() returned, in order.")
+        pending, self._pending = self._pending, None
+        rows = pending["rows"]
+        q = rows.numel()
+        t0 = self._now()
+        self.model.update(self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs))
+        t_update = self._now() - t0
+        self.position += q
+        self.step_count += 1
+        pred = pending["pred"]
+        self.sq_err_sum += pred["rmse"] ** 2 * q
+        self.nll_sum += pred["nll"] * q
+        self.num_predicted += q
+        refit = self._refit_due()
+        with self._seeded("tell"):
+            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+        record = {
+            "step": self.step_count,
+            "n": self.position,
+            "rows": rows,
+            "y": self.problem.y_stream[rows],
+            "pred_rmse": pred["rmse"],
+            "pred_nll": pred["nll"],
+            "prequential_rmse": math.sqrt(self.sq_err_sum / self.num_predicted),
+            "prequential_nll": self.nll_sum / self.num_predicted,
+            **self._test_metrics(),
+            "refit": refit,
+            "time_fit": t_fit,
+            "time_acquisition": pending["time_acquisition"],
+            "time_evaluation": 0.0,
+            "time_update": t_update,
+        }
+        return self._finish_record(record)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "sq_err_sum": self.sq_err_sum,
+            "nll_sum": self.nll_sum,
+            "num_predicted": self.num_predicted,
+        }
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+        self.sq_err_sum = float(state["sq_err_sum"])
+        self.nll_sum = float(state["nll_sum"])
+        self.num_predicted = int(state["num_predicted"])
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        out_dir: str | Path | None,
+        problem: StreamProblem | None = None,
+        data_dir: str | None = None,
+        **overrides: Any,
+    ) -> "StreamingLoop":
+        cfg = ckpt["config"]
+        if problem is None:
+            if ckpt["problem"] is None:
+                raise ValueError("This run's stream was built by hand: pass problem= to resume it.")
+            problem = make_problem(ckpt["problem"], data_dir=data_dir)
+        loop = cls(
+            problem,
+            eval_every=cfg["eval_every"],
+            **_shared_kwargs(cfg),
+            out_dir=out_dir,
+            overwrite=True,
+            **overrides,
+        )
+        loop._restore_state(ckpt["state"])
+        n0 = cfg["n_init"]
+        loop._restore(ckpt, loop.U_stream[:n0], problem.y_stream[:n0].reshape(-1, 1))
+        return loop

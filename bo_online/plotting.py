@@ -1,0 +1,158 @@
+r"""Plots of run records (matplotlib, PNG files; no display needed).
+
+* :func:`plot_progress` -- best value (or regret, log scale) vs step and vs wall time;
+* :func:`plot_time_per_step` -- time per step vs n, one line per run (how the surrogate's cost
+  grows with the data it holds);
+* :func:`plot_rmse` -- test RMSE vs step (active learning / streaming);
+* :func:`plot_runs` -- every plot that fits the runs given, written into a directory.
+
+Each function takes run directories (or record lists with labels) and writes one PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
+
+__all__ = ["load_runs", "plot_progress", "plot_time_per_step", "plot_rmse", "plot_runs"]
+
+Run = tuple[str, list[dict[str, Any]]]
+
+
+def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
+    r"""``(label, records)`` for each run directory; the label is ``model/acq`` from the run's
+    config when the directory names alone would be ambiguous, else the directory name."""
+    runs = []
+    for p in paths:
+        p = Path(p)
+        records = read_records(p)
+        if not records:
+            raise ValueError(f"Run {str(p)!r} has no records yet.")
+        label = p.name or str(p)
+        cfg_file = p / CONFIG_FILE
+        if cfg_file.is_file():
+            cfg = json.loads(cfg_file.read_text())
+            label = f"{p.name} ({cfg.get('model')}{'/' + cfg['acq'] if 'acq' in cfg else ''})"
+        runs.append((label, records))
+    return runs
+
+
+def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = [r for r in records if r.get(key) is not None]
+    step = np.array([r["step"] for r in rows], float)
+    wall = np.array([r.get("wall_time", np.nan) for r in rows], float)
+    value = np.array([r[key] for r in rows], float)
+    return step, wall, value
+
+
+def plot_progress(runs: Sequence[Run], out: str | os.PathLike, metric: str = "auto") -> Path:
+    r"""Best value (or regret) vs step (left) and vs cumulative wall time (right).
+
+    Args:
+        runs: ``(label, records)`` of BO runs.
+        out: PNG path.
+        metric: ``"regret"`` (log scale), ``"best_value"``, or ``"auto"`` (regret when every run
+            has it).
+    """
+    if metric == "auto":
+        has_regret = all(any(r.get("regret") is not None for r in rec) for _, rec in runs)
+        metric = "regret" if has_regret else "best_value"
+    if metric not in ("regret", "best_value"):
+        raise ValueError(f"metric must be 'regret', 'best_value' or 'auto', got {metric!r}.")
+    ylabel = "simple regret (log scale)" if metric == "regret" else "best observed value"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, records in runs:
+        step, wall, value = _series(records, metric)
+        if metric == "regret":
+            value = np.maximum(value, 1e-12)
+        ax1.step(step, value, where="post", label=label)
+        ax2.step(wall, value, where="post", label=label)
+    for ax, xlabel in ((ax1, "BO step (0 = initial design)"), (ax2, "wall time (s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if metric == "regret":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    ax1.set_title(f"{'Regret' if metric == 'regret' else 'Best value'} vs step")
+    ax2.set_title(f"{'Regret' if metric == 'regret' else 'Best value'} vs wall time")
+    ax1.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def plot_time_per_step(runs: Sequence[Run], out: str | os.PathLike) -> Path:
+    r"""Time per step (fit + acquisition + evaluation + update) vs n, with the update time
+    alone dashed; steps after the initial design only."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, records in runs:
+        rows = [r for r in records if r["step"] > 0]
+        if not rows:
+            continue
+        n = np.array([r["n"] for r in rows], float)
+        total = np.array([r["time_step"] for r in rows], float)
+        update = np.array([r["time_update"] for r in rows], float)
+        (line,) = ax.plot(n, total, label=f"{label}: step", lw=1.2)
+        ax.plot(n, update, ls="--", color=line.get_color(), label=f"{label}: update", lw=1)
+    ax.set_xlabel("n (observations held by the surrogate)")
+    ax.set_ylabel("seconds")
+    ax.set_yscale("log")
+    ax.set_title("Time per step vs n")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
+    r"""Test RMSE vs step (active-learning ``rmse`` or streaming ``test_rmse`` records)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, records in runs:
+        key = "rmse" if any(r.get("rmse") is not None for r in records) else "test_rmse"
+        step, _, value = _series(records, key)
+        ax.plot(step, value, marker="o", ms=3, label=label)
+    ax.set_xlabel("step (0 = initial design)")
+    ax.set_ylabel("test RMSE")
+    ax.set_title("Test RMSE vs step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def plot_runs(
+    paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike, prefix: str = ""
+) -> list[Path]:
+    r"""Every plot that applies to the runs in ``paths``, written to ``out_dir``:
+    ``progress.png`` (BO runs), ``rmse.png`` (runs with test RMSE), ``time_per_step.png`` (all)."""
+    runs = load_runs(paths)
+    out_dir = Path(out_dir)
+    written = []
+    bo = [(lab, rec) for lab, rec in runs if any("best_value" in r for r in rec)]
+    if bo:
+        written.append(plot_progress(bo, out_dir / f"{prefix}progress.png"))
+    rmse = [
+        (lab, rec)
+        for lab, rec in runs
+        if any(r.get("rmse") is not None or r.get("test_rmse") is not None for r in rec)
+    ]
+    if rmse:
+        written.append(plot_rmse(rmse, out_dir / f"{prefix}rmse.png"))
+    if any(len(rec) > 1 for _, rec in runs):
+        written.append(plot_time_per_step(runs, out_dir / f"{prefix}time_per_step.png"))
+    return written

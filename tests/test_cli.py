@@ -1,0 +1,184 @@
+r"""The `bo-online` command: bad options give one line and a non-zero exit with nothing written;
+--help documents every option; bo/active/stream/resume/plot work end to end (small sizes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bo_online import datasets
+from bo_online.cli import app, main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--num-restarts", "2", "--raw-samples", "32", "--acqf-maxiter", "20",
+         "--fit-max-iter", "10", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_threads():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def _run(argv, capsys):
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _has_data() -> bool:
+    return (datasets.resolve_data_dir() / "magnetometer" / "1-loc.csv").is_file()
+
+
+BAD = {
+    "unknown problem": (["bo", "--problem", "nope"], "Unknown problem 'nope'"),
+    "unsupported dim": (["bo", "--problem", "branin", "--dim", "3"], "dim in [2]"),
+    "hartmann dim": (["bo", "--problem", "hartmann", "--dim", "5"], "dim in [3, 4, 6]"),
+    "negative steps": (["bo", "--problem", "levy", "--steps", "-1"], "--steps must be >= 0"),
+    "non-integer steps": (["bo", "--problem", "levy", "--steps", "abc"], "--steps"),
+    "negative noise": (["bo", "--problem", "levy", "--noise", "-2"], "--noise"),
+    "unknown option": (["bo", "--problem", "levy", "--bogus", "1"], "--bogus"),
+    "unknown model": (["bo", "--problem", "levy", "--model", "gpt"], "Unknown model 'gpt'"),
+    "bad acquisition": (["bo", "--problem", "levy", "--acq", "qnipv"], "Unknown --acq"),
+    "model option syntax": (["bo", "--problem", "levy", "--model-option", "x"], "key=value"),
+    "rejected model option": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model-option", "no_such_option=3", *SMALL],
+        "no_such_option",
+    ),
+    "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
+    "missing data dir (active)": (["active", "--data-dir", "{missing}"], "magnetometer/1-loc.csv"),
+    "missing data dir (stream)": (["stream", "--problem", "yacht", "--data-dir", "{missing}"],
+                                  "uci/yacht/data.csv.gz"),
+    "unknown UCI set": (["stream", "--problem", "iris"], "Unknown UCI set"),
+    "resume nothing": (["resume", "{missing}"], "No run directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_options_print_one_line_and_write_nothing(case, tmp_path, capsys):
+    argv, expected = BAD[case]
+    missing = tmp_path / "no-data-here"
+    out_dir = tmp_path / "out"
+    argv = [a.replace("{missing}", str(missing)) for a in argv]
+    if argv[0] in ("bo", "active", "stream"):
+        argv = [*argv, "--out", str(out_dir)]
+    code, out, err = _run(argv, capsys)
+    assert code == 2, (code, out, err)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("bo-online: error: ") and expected in lines[0], lines[0]
+    if "data dir" in case:
+        assert str(missing) in lines[0] and "--data-dir" in lines[0]
+    assert not out_dir.exists() and not missing.exists()
+
+
+def test_bad_option_in_a_real_process_is_one_line():
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "levy", "--steps", "-5"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "bo-online: error: --steps must be >= 0, got -5."
+    assert proc.stdout == ""
+
+
+def test_model_option_values():
+    from bo_online.cli import CLIError, _parse_options
+
+    parsed = _parse_options([
+        "grid_size=64", "sizes=[10, 20]", "learn=true", "name=abc",
+        "projection=bo_online.models.projection.TanhProjection(6, out_dim=2)",
+    ])
+    assert parsed == {
+        "grid_size": 64, "sizes": [10, 20], "learn": True, "name": "abc",
+        "projection": {"__class__": "bo_online.models.projection.TanhProjection",
+                       "args": [6], "kwargs": {"out_dim": 2}},
+    }
+    with pytest.raises(CLIError, match="literals"):
+        _parse_options(["p=torch.nn.Linear(x, 2)"])
+
+
+def test_help_documents_every_option(capsys):
+    from typer.main import get_command
+
+    group = get_command(app)
+    assert set(group.commands) == {"bo", "active", "stream", "resume", "plot"}
+    for name, command in group.commands.items():
+        assert command.help, name
+        for param in command.params:
+            assert getattr(param, "help", None), f"{name}: {param.name} has no help"
+        code, out, _ = _run([name, "--help"], capsys)
+        assert code == 0 and "Usage" in out
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0 and all(c in out for c in ("bo", "active", "stream", "resume", "plot"))
+
+
+def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
+    out = tmp_path / "branin"
+    code, stdout, err = _run(
+        ["bo", "--problem", "branin", "--model", "exact", "--acq", "ts", "--num-candidates", "128",
+         "--steps", "3", "--seed", "1", "--out", str(out), *SMALL], capsys)
+    assert code == 0, err
+    assert "simple regret" in stdout and f"records:    {out / 'records.jsonl'}" in stdout
+    assert "progress.png" in stdout and "time_per_step.png" in stdout
+    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    config = json.loads((out / "config.json").read_text())
+    assert config["problem"] == {"name": "branin", "dim": 2, "noise_std": 0.0}
+    assert config["acq"] == "ts" and config["fit_max_iter"] == 10
+    assert config["acq_options"]["num_candidates"] == 128
+    for png in ("progress.png", "time_per_step.png"):
+        assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    # the same --out again is refused, the run untouched
+    code, _, err = _run(["bo", "--problem", "branin", "--out", str(out), "--steps", "1"], capsys)
+    assert code == 2 and "already holds a run" in err
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4
+    # resume to a longer target, quietly
+    code, stdout, err = _run(["resume", str(out), "--steps", "5", "--quiet"], capsys)
+    assert code == 0 and stdout == "", err
+    assert len((out / "records.jsonl").read_text().splitlines()) == 6
+    # plot two runs together
+    other = tmp_path / "branin-ts"
+    code, _, err = _run(["bo", "--problem", "branin", "--acq", "ts", "--steps", "2", "--quiet",
+                         "--no-plots", "--out", str(other), *SMALL], capsys)
+    assert code == 0, err
+    assert not (other / "plots").exists()
+    code, stdout, _ = _run(["plot", str(out), str(other), "--out", str(tmp_path / "cmp")], capsys)
+    assert code == 0 and (tmp_path / "cmp" / "progress.png").is_file()
+    assert stdout.count("plot: ") == 2
+
+
+@pytest.mark.skipif(not _has_data(), reason="real data not available")
+def test_active_and_stream_commands(tmp_path, capsys):
+    out = tmp_path / "mag"
+    code, stdout, err = _run(
+        ["active", "--test-size", "300", "--pool-size", "2000", "--q", "6", "--steps", "2",
+         "--n-init", "8", "--num-mc-points", "64", "--out", str(out), *SMALL], capsys)
+    assert code == 0, err
+    assert "test RMSE: initial -> final" in stdout
+    assert (out / "plots" / "rmse.png").is_file()
+    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in records] == [8, 14, 20]
+    out = tmp_path / "yacht"
+    code, stdout, err = _run(
+        ["stream", "--problem", "yacht", "--max-stream", "60", "--max-test", "30", "--n-init", "20",
+         "--q", "4", "--eval-every", "5", "--steps", "10", "--out", str(out), "--threads", "1"], capsys)
+    assert code == 0, err
+    assert "prequential RMSE" in stdout
+    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in records] == list(range(20, 61, 4))
+    code, _, err = _run(["stream", "--problem", "yacht", "--max-stream", "60", "--n-init", "20",
+                         "--steps", "100", "--out", str(tmp_path / "y2")], capsys)
+    assert code == 2 and "exceeds" in err and not (tmp_path / "y2").exists()

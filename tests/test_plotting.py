@@ -1,0 +1,90 @@
+r"""Plots: each figure shows what its title says -- the plotted data are the records' numbers."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+import pytest
+
+from bo_online import plotting
+from bo_online.loops.history import append_record, write_json
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _bo_records(scale: float, n0: int = 5):
+    recs, wall = [], 0.0
+    for step in range(6):
+        wall += 0.1 * (step + 1)
+        recs.append({"step": step, "n": n0 + step, "best_value": 1.0 + scale / (step + 1),
+                     "regret": scale / (step + 1), "time_step": 0.1 * (step + 1),
+                     "time_update": 0.01 * (step + 1), "wall_time": wall})
+    return recs
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    figs = []
+    real = plotting._save
+
+    def save(fig, out):
+        figs.append(fig)
+        matplotlib.pyplot.figure(fig.number)
+        return real(fig, out)
+
+    monkeypatch.setattr(plotting, "_save", save)
+    return figs
+
+
+def test_progress_plot_data_are_the_records(tmp_path, captured):
+    runs = [("a", _bo_records(1.0)), ("b", _bo_records(2.0))]
+    out = plotting.plot_progress(runs, tmp_path / "p.png")
+    assert out.read_bytes()[:8] == PNG
+    ax_step, ax_wall = captured[0].axes
+    assert ax_step.get_title() == "Regret vs step" and ax_wall.get_title() == "Regret vs wall time"
+    assert ax_step.get_yscale() == "log"
+    for line, (_, recs) in zip(ax_step.get_lines(), runs):
+        np.testing.assert_allclose(line.get_xdata(), [r["step"] for r in recs])
+        np.testing.assert_allclose(line.get_ydata(), [r["regret"] for r in recs])
+    for line, (_, recs) in zip(ax_wall.get_lines(), runs):
+        np.testing.assert_allclose(line.get_xdata(), [r["wall_time"] for r in recs])
+    # without regret in every run, the best value is plotted
+    no_regret = [("c", [{**r, "regret": None} for r in _bo_records(1.0)])]
+    plotting.plot_progress(no_regret, tmp_path / "q.png")
+    assert captured[1].axes[0].get_title() == "Best value vs step"
+    np.testing.assert_allclose(captured[1].axes[0].get_lines()[0].get_ydata(),
+                               [r["best_value"] for r in no_regret[0][1]])
+
+
+def test_time_per_step_and_rmse_plots(tmp_path, captured):
+    runs = [("exact", _bo_records(1.0)), ("wiski", _bo_records(1.0, n0=50))]
+    plotting.plot_time_per_step(runs, tmp_path / "t.png")
+    ax = captured[0].axes[0]
+    assert ax.get_title() == "Time per step vs n"
+    lines = ax.get_lines()
+    assert len(lines) == 4  # step and update time for each run
+    np.testing.assert_allclose(lines[2].get_xdata(), [r["n"] for r in runs[1][1][1:]])
+    np.testing.assert_allclose(lines[0].get_ydata(), [r["time_step"] for r in runs[0][1][1:]])
+    np.testing.assert_allclose(lines[1].get_ydata(), [r["time_update"] for r in runs[0][1][1:]])
+    al = [{"step": s, "n": 10 + 6 * s, "rmse": 10.0 - s, "time_step": 1.0, "time_update": 0.1}
+          for s in range(5)]
+    plotting.plot_rmse([("qnipv", al)], tmp_path / "r.png")
+    ax = captured[1].axes[0]
+    assert ax.get_title() == "Test RMSE vs step"
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [r["rmse"] for r in al])
+
+
+def test_plot_runs_from_directories(tmp_path):
+    for name, recs in (("r1", _bo_records(1.0)), ("r2", _bo_records(3.0))):
+        d = tmp_path / name
+        d.mkdir()
+        write_json(d / "config.json", {"model": "exact", "acq": "qucb"})
+        for r in recs:
+            append_record(d / "records.jsonl", r)
+    written = plotting.plot_runs([tmp_path / "r1", tmp_path / "r2"], tmp_path / "plots")
+    assert sorted(p.name for p in written) == ["progress.png", "time_per_step.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
+    assert plotting.load_runs([tmp_path / "r1"])[0][0] == "r1 (exact/qucb)"
+    with pytest.raises(FileNotFoundError):
+        plotting.load_runs([tmp_path / "missing"])

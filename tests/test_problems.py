@@ -1,0 +1,153 @@
+r"""Problems: test functions by name (optimum, dims, noise), user callables, pools from real data."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from bo_online import datasets
+from bo_online.problems import (
+    CallableProblem,
+    SyntheticProblem,
+    from_unit,
+    magnetometer_problem,
+    make_problem,
+    problem_names,
+    synthetic_problem,
+    to_unit,
+    uci_problem,
+)
+
+REQUIRED = ["branin", "hartmann3", "hartmann6", "ackley", "levy", "rastrigin", "griewank",
+            "michalewicz", "styblinskitang", "rosenbrock"]
+
+
+def _data_or_skip():
+    root = datasets.resolve_data_dir()
+    if not (root / "magnetometer" / "1-loc.csv").is_file():
+        pytest.skip(f"real data not found under {root}")
+    return root
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_known_optimum_is_attained_at_the_known_minimiser(name):
+    dim = {"michalewicz": 2}.get(name)
+    p = synthetic_problem(name, dim=dim)
+    assert p.optimal_value is not None and not p.maximize
+    # independent: the published minimiser (BoTorch's table) attains the published optimum
+    x_star = torch.tensor(p._fn._optimizers[0], dtype=torch.float64).reshape(1, -1)
+    assert float(p.evaluate_true(x_star)) == pytest.approx(p.optimal_value, abs=1e-4)
+    assert p.regret(float(p.evaluate_true(x_star))) == pytest.approx(0.0, abs=1e-4)
+    # anywhere else the value is no better than the optimum and the regret is >= 0
+    X = from_unit(torch.rand(64, p.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)), p.bounds)
+    values = p.evaluate_true(X)
+    assert bool((values >= p.optimal_value - 1e-6).all())
+    assert p.regret(float(values.min())) >= 0
+
+
+def test_formulas_by_hand():
+    # Branin at (pi, 2.275) and Rastrigin/Levy at simple points, computed independently
+    b = synthetic_problem("branin")
+    x1, x2 = math.pi, 2.275
+    a, bb, c, r, s, t = 1, 5.1 / (4 * math.pi**2), 5 / math.pi, 6, 10, 1 / (8 * math.pi)
+    by_hand = a * (x2 - bb * x1**2 + c * x1 - r) ** 2 + s * (1 - t) * math.cos(x1) + s
+    assert float(b.evaluate_true(torch.tensor([[x1, x2]], dtype=torch.float64))) == pytest.approx(by_hand)
+    ras = synthetic_problem("rastrigin", dim=3)
+    x = torch.tensor([[1.0, -0.5, 2.0]], dtype=torch.float64)
+    by_hand = 30 + sum(v**2 - 10 * math.cos(2 * math.pi * v) for v in (1.0, -0.5, 2.0))
+    assert float(ras.evaluate_true(x)) == pytest.approx(by_hand)
+
+
+def test_dims_names_and_noise_are_validated():
+    assert set(REQUIRED) <= set(problem_names())
+    assert synthetic_problem("Hartmann", dim=3).name == "hartmann3"
+    assert synthetic_problem("styblinski_tang", dim=4).dim == 4
+    assert synthetic_problem("levy", dim=7).bounds.shape == (2, 7)
+    with pytest.raises(ValueError, match="Unknown problem 'nope'"):
+        synthetic_problem("nope")
+    with pytest.raises(ValueError, match=r"dim in \[3, 4, 6\]"):
+        synthetic_problem("hartmann", dim=5)
+    with pytest.raises(ValueError, match="dim in \\[2\\]"):
+        synthetic_problem("branin", dim=3)
+    with pytest.raises(ValueError, match="dim >= 2"):
+        synthetic_problem("rosenbrock", dim=1)
+    with pytest.raises(ValueError, match="noise"):
+        synthetic_problem("levy", noise_std=-1.0)
+    # an optimum BoTorch does not know is None (no regret), not an error
+    assert synthetic_problem("michalewicz", dim=3).optimal_value is None
+    assert synthetic_problem("michalewicz", dim=3).regret(0.0) is None
+
+
+def test_evaluate_true_is_noiseless_and_spec_round_trips():
+    p = synthetic_problem("levy", dim=3, noise_std=10.0)
+    X = from_unit(torch.rand(5, 3, dtype=torch.float64), p.bounds)
+    assert torch.equal(p.evaluate_true(X), p.evaluate_true(X))
+    q = make_problem(p.spec)
+    assert isinstance(q, SyntheticProblem) and q.noise_std == 10.0 and q.dim == 3
+    assert torch.equal(q.evaluate_true(X), p.evaluate_true(X))
+
+
+def test_unit_cube_maps_are_inverse_and_affine():
+    bounds = torch.tensor([[-5.0, 0.0, 10.0], [10.0, 15.0, 11.0]], dtype=torch.float64)
+    X = torch.tensor([[-5.0, 15.0, 10.5]], dtype=torch.float64)
+    U = to_unit(X, bounds)
+    assert torch.allclose(U, torch.tensor([[0.0, 1.0, 0.5]], dtype=torch.float64))
+    R = torch.rand(10, 3, dtype=torch.float64)
+    assert torch.allclose(to_unit(from_unit(R, bounds), bounds), R)
+
+
+def test_callable_problem():
+    p = CallableProblem(lambda X: X.sum(-1), bounds=[[0, 0], [1, 2]], maximize=True,
+                        optimal_value=3.0, name="sum")
+    assert p.dim == 2 and p.spec is None
+    assert torch.equal(p.evaluate_true(torch.tensor([[1.0, 2.0]])), torch.tensor([3.0], dtype=torch.float64))
+    assert p.regret(2.5) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="lower < upper"):
+        CallableProblem(lambda X: X.sum(-1), bounds=[[0, 1], [1, 1]])
+    bad = CallableProblem(lambda X: torch.zeros(3), bounds=[[0], [1]])
+    with pytest.raises(ValueError, match="returned 3 values for 2 points"):
+        bad.evaluate_true(torch.zeros(2, 1))
+
+
+def test_magnetometer_pool_and_held_out_test_set():
+    root = _data_or_skip()
+    p = magnetometer_problem(seed=0)
+    assert p.X_test.shape == (10_000, 2) and p.X_pool.shape == (76_027 - 10_000, 2)
+    # no row in both: compare (x, y, value) triples
+    pool = {tuple(r) for r in torch.cat([p.X_pool, p.y_pool[:, None]], 1).tolist()}
+    test = [tuple(r) for r in torch.cat([p.X_test, p.y_test[:, None]], 1).tolist()]
+    assert sum(t in pool for t in test) <= 5  # only exact duplicate rows of the raw data could repeat
+    assert bool(((p.X_pool >= p.bounds[0]) & (p.X_pool <= p.bounds[1])).all())
+    # values are the norm of the three field components, from the raw file read by hand
+    with open(root / "magnetometer" / "1-mag.csv") as f:
+        first = [float(v) for v in next(csv.reader(f))]
+    with open(root / "magnetometer" / "1-loc.csv") as f:
+        loc = [float(v) for v in next(csv.reader(f))]
+    both = torch.cat([p.X_pool, p.X_test])
+    values = torch.cat([p.y_pool, p.y_test])
+    hit = ((both - torch.tensor(loc, dtype=torch.float64)).abs().sum(-1) == 0).nonzero()
+    assert hit.numel() >= 1
+    assert float(values[hit[0, 0]]) == pytest.approx(math.sqrt(sum(v * v for v in first)))
+    # seeded: same seed same split, another seed another split
+    assert torch.equal(magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test,
+                       magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test)
+    assert not torch.equal(magnetometer_problem(seed=1, tracks=(1,), test_size=100).X_test,
+                           magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test)
+    with pytest.raises(ValueError, match="test_size"):
+        magnetometer_problem(test_size=0)
+
+
+def test_uci_stream_uses_the_fixed_split():
+    _data_or_skip()
+    p = uci_problem("yacht", split=2, seed=0)
+    d = datasets.load_uci("yacht", split=2)
+    assert p.X_stream.shape[0] == int((~d.test_mask).sum()) and p.X_test.shape[0] == int(d.test_mask.sum())
+    # the stream is a permutation of the training rows
+    rows = sorted(map(tuple, torch.tensor(d.train[0]).tolist()))
+    assert sorted(map(tuple, p.X_stream.tolist())) == rows
+    assert p.dim == 6 and make_problem(p.spec).X_stream.shape == p.X_stream.shape
+    with pytest.raises(ValueError, match="Unknown UCI"):
+        uci_problem("nope")
