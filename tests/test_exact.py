@@ -291,3 +291,14 @@ def test_conditioning_a_conditioned_model_and_updating_it_match_in_place_updates
     a, b = chained.posterior(Xt), ours.posterior(Xt)
     assert _close(a.mean, b.mean) and _close(a.covariance_matrix, b.covariance_matrix)
     assert chained.tail_S is None and chained.chol.shape == (36, 36)
+
+
+def test_update_keeps_no_autograd_graph_in_caches():
+    """In-place updates must not chain an autograd graph through the cached factor (it would
+    keep every previous factor alive); caches built by a rebuild carry none either."""
+    _, ours, _, _ = _pair()
+    for seed in (31, 32):
+        Xn, Yn = _data(1, seed=seed)
+        ours.update(Xn, Yn)
+    assert not ours.chol.requires_grad and not ours.alpha.requires_grad
+    assert not ours.train_y.requires_grad and not ours.train_X.requires_grad
