@@ -253,3 +253,15 @@ def test_posterior_at_coincident_points_can_be_sampled():
         warnings.simplefilter("ignore", NumericalWarning)
         samples = post.rsample(torch.Size([4]))
     assert samples.shape == (4, 1, 3, 1) and bool(torch.isfinite(samples).all())
+
+
+def test_changing_grid_jitter_rebuilds_caches():
+    X, Y, _ = _data(30, 2, seed=12)
+    model = WISKI(X, Y, grid_size=10)
+    Xt = torch.rand(4, 2, dtype=DT)
+    model.posterior(Xt)  # caches built with the default jitter
+    model.grid_jitter = 1e-2
+    mean_ref, cov_ref = dense_posterior(model, X, Y, None, Xt)
+    post = model.posterior(Xt)
+    assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
+    assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
