@@ -302,3 +302,19 @@ def test_update_keeps_no_autograd_graph_in_caches():
         ours.update(Xn, Yn)
     assert not ours.chol.requires_grad and not ours.alpha.requires_grad
     assert not ours.train_y.requires_grad and not ours.train_X.requires_grad
+
+
+def test_load_state_dict_leaves_conditioned_models_intact():
+    """A conditioned model shares its parent's buffers; loading a state into the parent must not
+    change it."""
+    _, ours, _, _ = _pair()
+    Xn, Yn = _data(2, seed=41)
+    child = ours.condition_on_observations(Xn, Yn)
+    Xt = torch.rand(5, 3, dtype=DT)
+    before = child.posterior(Xt)
+    other = OnlineExactGP(*_data(30, seed=42))
+    _set_hypers(other)
+    ours.load_state_dict(other.state_dict())
+    after = child.posterior(Xt)
+    assert torch.equal(after.mean, before.mean)
+    assert torch.equal(after.covariance_matrix, before.covariance_matrix)

@@ -265,3 +265,16 @@ def test_changing_grid_jitter_rebuilds_caches():
     post = model.posterior(Xt)
     assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
     assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
+
+
+def test_load_state_dict_leaves_conditioned_models_intact():
+    X, Y, _ = _data(20, 2, seed=13)
+    model = WISKI(X, Y, grid_size=10)
+    child = model.condition_on_observations(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    Xt = torch.rand(5, 2, dtype=DT)
+    before = child.posterior(Xt)
+    other = WISKI(*_data(25, 2, seed=14)[:2], grid_size=10)
+    model.load_state_dict(other.state_dict())
+    after = child.posterior(Xt)
+    assert torch.equal(after.mean, before.mean)
+    assert torch.equal(after.mvn.covariance_matrix, before.mvn.covariance_matrix)
