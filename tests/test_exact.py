@@ -318,3 +318,17 @@ def test_load_state_dict_leaves_conditioned_models_intact():
     after = child.posterior(Xt)
     assert torch.equal(after.mean, before.mean)
     assert torch.equal(after.covariance_matrix, before.covariance_matrix)
+
+
+@pytest.mark.parametrize("x_batch", [(), (2,)])
+def test_fixed_noise_fantasy_posterior_with_observation_noise(x_batch):
+    """observation_noise=True on a fixed-noise fantasy model (batch 8 x 2) at X with or without
+    the model's batch dims: BoTorch's mean training noise per batch, as SingleTaskGP."""
+    ref, ours, _, _ = _pair(fixed_noise=True)
+    Xf = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(4), dtype=DT)
+    f_ref = ref.fantasize(Xf, SobolQMCNormalSampler(torch.Size([8]), seed=7))
+    f_ours = ours.fantasize(Xf, SobolQMCNormalSampler(torch.Size([8]), seed=7))
+    Xt = torch.rand(*x_batch, 5, 3, generator=torch.Generator().manual_seed(6), dtype=DT)
+    a, b = f_ours.posterior(Xt, observation_noise=True), f_ref.posterior(Xt, observation_noise=True)
+    assert _close(a.mean, b.mean)
+    assert _close(a.covariance_matrix, b.covariance_matrix)

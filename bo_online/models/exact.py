@@ -154,7 +154,8 @@ class OnlineExactGP(OnlineModel):
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+            # batch x 1 (a fantasy model's noise has its own batch): broadcast, do not expand to X.
+            return self.train_noise.mean(-1, keepdim=True)
         return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:
