@@ -283,7 +283,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self.ensure_caches()
         Ys = self._standardise(Y.to(X)).squeeze(-1)
         noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
-        self._update(X, Ys, noise_s)
+        # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
+        # every later update would extend, keeping all previous caches alive.
+        with torch.no_grad():
+            self._update(X, Ys, noise_s)
         return self
 
     def fantasize(

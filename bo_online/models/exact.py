@@ -253,10 +253,7 @@ class OnlineExactGP(OnlineModel):
         new._batch_shape = torch.broadcast_shapes(y.shape[:-1], new_X.shape[:-2])
         return new
 
-    @torch.no_grad()
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
-        # No autograd: the new rows depend on the hyperparameters, and a graph kept in the cached
-        # factor would chain every update to the previous one (memory growing with each step).
         S_t, L22, new_X, new_noise = self._new_rows(X, noise)  # raises before any state changes
         n, q = S_t.shape[-1], L22.shape[-1]
         L = self.chol.new_zeros(n + q, n + q)
