@@ -332,3 +332,13 @@ def test_fixed_noise_fantasy_posterior_with_observation_noise(x_batch):
     a, b = f_ours.posterior(Xt, observation_noise=True), f_ref.posterior(Xt, observation_noise=True)
     assert _close(a.mean, b.mean)
     assert _close(a.covariance_matrix, b.covariance_matrix)
+
+
+def test_fixed_noise_marginal_likelihood_matches_gpytorch():
+    """With fixed noise the (unused) likelihood's noise prior must not enter the MLL."""
+    ref, ours, _, _ = _pair(fixed_noise=True)
+    ref_mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
+    ref.train()
+    target = ref_mll(ref(*ref.train_inputs), ref.train_targets)
+    ref.eval()
+    assert _close(ours.marginal_log_likelihood(), target, tol=1e-10)

@@ -136,6 +136,16 @@ class OnlineExactGP(OnlineModel):
             return (p for n, p in self.named_parameters() if not n.startswith("likelihood."))
         return self.parameters()
 
+    def log_prior(self) -> Tensor:
+        """Log priors of the hyperparameters in use (with fixed noise the likelihood is unused and
+        its noise prior is left out, as GPyTorch does for a fixed-noise ``SingleTaskGP``)."""
+        total = torch.zeros((), **self._dtype_device)
+        for name, module, prior, closure, _ in self.named_priors():
+            if self.fixed_noise and name.startswith("likelihood."):
+                continue
+            total = total + prior.log_prob(closure(module)).sum()
+        return total
+
     def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
         r"""Per-point noise (``batch x q``) for new points: given, or the likelihood's."""
         if noise is not None:
