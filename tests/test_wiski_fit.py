@@ -58,12 +58,16 @@ def test_streaming_adam_steps_and_fixed_noise_fit():
     X, Y, Yvar = _data(30, 1, seed=1, hetero=True)
     model = WISKI(X, Y, Yvar, grid_size=20)
     noise_params = [p.clone() for p in model.likelihood.parameters()]
-    before = float(model.marginal_log_likelihood().detach())
     for _ in range(3):
         Xn, Yn, Vn = _data(2, 1, seed=int(torch.randint(100, (1,))), hetero=True)
         model.update(Xn, Yn, noise=Vn)
+        hypers = [p.detach().clone() for p in model._trainable_parameters()[0].values()]
+        before = float(model.marginal_log_likelihood().detach())
         model.fit(method="adam", max_iter=2, lr=0.05, restandardize=False)
-    assert float(model.marginal_log_likelihood().detach()) != before
+        # the two Adam steps moved every hyperparameter and raised the MLL on the same data
+        after = [p.detach() for p in model._trainable_parameters()[0].values()]
+        assert all(not torch.equal(a, b) for a, b in zip(after, hypers))
+        assert float(model.marginal_log_likelihood().detach()) > before
     # fixed noise: the likelihood's noise is not a hyperparameter of this model
     for p, q in zip(model.likelihood.parameters(), noise_params):
         assert torch.equal(p, q)
