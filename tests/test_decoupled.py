@@ -419,3 +419,13 @@ def test_non_gaussian_likelihood_uses_quadrature_and_refuses_closed_form_conditi
     with pytest.raises(ValueError, match="Gaussian"):
         m.update(X[:1], labels[:1])
     assert _same_state(state, _state(m))
+
+
+def test_update_keeps_no_autograd_graph_in_caches():
+    """In-place updates (OnlineModel.update) leave no autograd graph in the cached state."""
+    m = _generic_model()
+    for seed in (1, 2):
+        Xn, Yn = _data(1, seed=40 + seed)
+        m.update(Xn, Yn)
+    grads = [k for k, v in m._buffers.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    assert grads == []

@@ -291,3 +291,54 @@ def test_conditioning_a_conditioned_model_and_updating_it_match_in_place_updates
     a, b = chained.posterior(Xt), ours.posterior(Xt)
     assert _close(a.mean, b.mean) and _close(a.covariance_matrix, b.covariance_matrix)
     assert chained.tail_S is None and chained.chol.shape == (36, 36)
+
+
+def test_update_keeps_no_autograd_graph_in_caches():
+    """In-place updates must not chain an autograd graph through the cached factor (it would
+    keep every previous factor alive); caches built by a rebuild carry none either."""
+    _, ours, _, _ = _pair()
+    for seed in (31, 32):
+        Xn, Yn = _data(1, seed=seed)
+        ours.update(Xn, Yn)
+    assert not ours.chol.requires_grad and not ours.alpha.requires_grad
+    assert not ours.train_y.requires_grad and not ours.train_X.requires_grad
+
+
+def test_load_state_dict_leaves_conditioned_models_intact():
+    """A conditioned model shares its parent's buffers; loading a state into the parent must not
+    change it."""
+    _, ours, _, _ = _pair()
+    Xn, Yn = _data(2, seed=41)
+    child = ours.condition_on_observations(Xn, Yn)
+    Xt = torch.rand(5, 3, dtype=DT)
+    before = child.posterior(Xt)
+    other = OnlineExactGP(*_data(30, seed=42))
+    _set_hypers(other)
+    ours.load_state_dict(other.state_dict())
+    after = child.posterior(Xt)
+    assert torch.equal(after.mean, before.mean)
+    assert torch.equal(after.covariance_matrix, before.covariance_matrix)
+
+
+@pytest.mark.parametrize("x_batch", [(), (2,)])
+def test_fixed_noise_fantasy_posterior_with_observation_noise(x_batch):
+    """observation_noise=True on a fixed-noise fantasy model (batch 8 x 2) at X with or without
+    the model's batch dims: BoTorch's mean training noise per batch, as SingleTaskGP."""
+    ref, ours, _, _ = _pair(fixed_noise=True)
+    Xf = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(4), dtype=DT)
+    f_ref = ref.fantasize(Xf, SobolQMCNormalSampler(torch.Size([8]), seed=7))
+    f_ours = ours.fantasize(Xf, SobolQMCNormalSampler(torch.Size([8]), seed=7))
+    Xt = torch.rand(*x_batch, 5, 3, generator=torch.Generator().manual_seed(6), dtype=DT)
+    a, b = f_ours.posterior(Xt, observation_noise=True), f_ref.posterior(Xt, observation_noise=True)
+    assert _close(a.mean, b.mean)
+    assert _close(a.covariance_matrix, b.covariance_matrix)
+
+
+def test_fixed_noise_marginal_likelihood_matches_gpytorch():
+    """With fixed noise the (unused) likelihood's noise prior must not enter the MLL."""
+    ref, ours, _, _ = _pair(fixed_noise=True)
+    ref_mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
+    ref.train()
+    target = ref_mll(ref(*ref.train_inputs), ref.train_targets)
+    ref.eval()
+    assert _close(ours.marginal_log_likelihood(), target, tol=1e-10)

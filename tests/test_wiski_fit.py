@@ -58,12 +58,16 @@ def test_streaming_adam_steps_and_fixed_noise_fit():
     X, Y, Yvar = _data(30, 1, seed=1, hetero=True)
     model = WISKI(X, Y, Yvar, grid_size=20)
     noise_params = [p.clone() for p in model.likelihood.parameters()]
-    before = float(model.marginal_log_likelihood().detach())
     for _ in range(3):
         Xn, Yn, Vn = _data(2, 1, seed=int(torch.randint(100, (1,))), hetero=True)
         model.update(Xn, Yn, noise=Vn)
+        hypers = [p.detach().clone() for p in model._trainable_parameters()[0].values()]
+        before = float(model.marginal_log_likelihood().detach())
         model.fit(method="adam", max_iter=2, lr=0.05, restandardize=False)
-    assert float(model.marginal_log_likelihood().detach()) != before
+        # the two Adam steps moved every hyperparameter and raised the MLL on the same data
+        after = [p.detach() for p in model._trainable_parameters()[0].values()]
+        assert all(not torch.equal(a, b) for a, b in zip(after, hypers))
+        assert float(model.marginal_log_likelihood().detach()) > before
     # fixed noise: the likelihood's noise is not a hyperparameter of this model
     for p, q in zip(model.likelihood.parameters(), noise_params):
         assert torch.equal(p, q)
@@ -253,3 +257,28 @@ def test_posterior_at_coincident_points_can_be_sampled():
         warnings.simplefilter("ignore", NumericalWarning)
         samples = post.rsample(torch.Size([4]))
     assert samples.shape == (4, 1, 3, 1) and bool(torch.isfinite(samples).all())
+
+
+def test_changing_grid_jitter_rebuilds_caches():
+    X, Y, _ = _data(30, 2, seed=12)
+    model = WISKI(X, Y, grid_size=10)
+    Xt = torch.rand(4, 2, dtype=DT)
+    model.posterior(Xt)  # caches built with the default jitter
+    model.grid_jitter = 1e-2
+    mean_ref, cov_ref = dense_posterior(model, X, Y, None, Xt)
+    post = model.posterior(Xt)
+    assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
+    assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
+
+
+def test_load_state_dict_leaves_conditioned_models_intact():
+    X, Y, _ = _data(20, 2, seed=13)
+    model = WISKI(X, Y, grid_size=10)
+    child = model.condition_on_observations(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    Xt = torch.rand(5, 2, dtype=DT)
+    before = child.posterior(Xt)
+    other = WISKI(*_data(25, 2, seed=14)[:2], grid_size=10)
+    model.load_state_dict(other.state_dict())
+    after = child.posterior(Xt)
+    assert torch.equal(after.mean, before.mean)
+    assert torch.equal(after.mvn.covariance_matrix, before.mvn.covariance_matrix)

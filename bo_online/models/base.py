@@ -283,7 +283,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self.ensure_caches()
         Ys = self._standardise(Y.to(X)).squeeze(-1)
         noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
-        self._update(X, Ys, noise_s)
+        # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
+        # every later update would extend, keeping all previous caches alive.
+        with torch.no_grad():
+            self._update(X, Ys, noise_s)
         return self
 
     def fantasize(
@@ -345,9 +348,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for name, value in state_dict.items():
             module, _, leaf = self._locate(name)
             if module is not None and leaf in module._buffers:
-                current = module._buffers[leaf]
-                if current is None or current.shape != value.shape:
-                    module._buffers[leaf] = torch.empty_like(value)
+                # Always a fresh buffer (not only when it grew): models made by
+                # condition_on_observations share this model's buffers, and loading into them in
+                # place would silently change those models too.
+                module._buffers[leaf] = torch.empty_like(value)
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._after_load()
         self._cache_key = self._current_key()

@@ -136,6 +136,16 @@ class OnlineExactGP(OnlineModel):
             return (p for n, p in self.named_parameters() if not n.startswith("likelihood."))
         return self.parameters()
 
+    def log_prior(self) -> Tensor:
+        """Log priors of the hyperparameters in use (with fixed noise the likelihood is unused and
+        its noise prior is left out, as GPyTorch does for a fixed-noise ``SingleTaskGP``)."""
+        total = torch.zeros((), **self._dtype_device)
+        for name, module, prior, closure, _ in self.named_priors():
+            if self.fixed_noise and name.startswith("likelihood."):
+                continue
+            total = total + prior.log_prob(closure(module)).sum()
+        return total
+
     def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
         r"""Per-point noise (``batch x q``) for new points: given, or the likelihood's."""
         if noise is not None:
@@ -154,7 +164,8 @@ class OnlineExactGP(OnlineModel):
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+            # batch x 1 (a fantasy model's noise has its own batch): broadcast, do not expand to X.
+            return self.train_noise.mean(-1, keepdim=True)
         return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:

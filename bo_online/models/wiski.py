@@ -197,6 +197,17 @@ class WISKI(OnlineModel):
     def num_grid_points(self) -> int:
         return self.grid.num_points
 
+    @property
+    def grid_jitter(self) -> float:
+        """Relative jitter of the grid kernel; part of the model, so setting it rebuilds caches."""
+        return self._grid_jitter
+
+    @grid_jitter.setter
+    def grid_jitter(self, value: float) -> None:
+        # A plain float, not a tensor in hyperparameters(): invalidate explicitly.
+        self._grid_jitter = float(value)
+        self.invalidate_caches()
+
     def hyperparameters(self):
         """Kernel, mean and (homoscedastic) noise parameters, plus the outcome scaling."""
         for name, p in self.named_parameters():
