@@ -41,11 +41,11 @@ def _model(X, Y, Yvar, grid_size, kernel="matern"):
     return model
 
 
-CASES = [  # (d, grid size per dim incl. padding, n)
-    (3, 10, 40),
-    (3, 10, 700),
-    (2, 30, 60),
-    (2, 30, 1100),
+CASES = [  # (d, grid size per dim incl. the unused outer ring, n): 10 x 10 x 10 and 30 x 30
+    (3, 12, 40),  # grid points carrying weight (m = 1000, as in the issue)
+    (3, 12, 700),
+    (2, 32, 60),  # m = 900
+    (2, 32, 1100),
 ]
 
 
