@@ -154,7 +154,7 @@ def test_json_round_trip(tmp_path):
     boax.clear_sessions()
     loaded = Client.load_from_json_file(str(path))
     assert len(loaded._experiment.trials) == 7
-    spec = loaded._generation_strategy.nodes[1].generator_specs[0]
+    spec = loaded._generation_strategy._nodes[1].generator_specs[0]
     config = spec.generator_kwargs["surrogate_spec"].model_configs[0]
     assert config.botorch_model_class is boax.AxOnlineExactGP
     trials = loaded.get_next_trials(max_trials=1)
@@ -175,7 +175,7 @@ def _reference(model, X, Y):
     hyperparameters and outcome scaling of ``model``: the data are fed in ``model``'s
     standardised units with the model's own standardisation off, then the scaling is set."""
     base = type(model)._bo_online_base
-    if "standardize" not in inspect.signature(base).parameters:
+    if "standardize" not in inspect.signature(base.__init__).parameters:
         pytest.skip(f"{base.__name__} has no `standardize` option to build the reference with.")
     Z = (Y - model.outcome_mean) / model.outcome_std
     transform = getattr(model, "input_transform", None)
@@ -217,6 +217,7 @@ def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatc
     model = surrogate.model
     data = surrogate.training_data[0]
     assert calls == {"condition": 1, "init": 0}
+    monkeypatch.undo()
     assert isinstance(model, ax_cls) and data.X.shape[0] == 7
     # Ax's standardisation moved, so the affine re-expression was exercised.
     assert not torch.allclose(data.Y[: old_Y.shape[0]], old_Y)
