@@ -366,8 +366,12 @@ class AxOnlineMixin:
             _SESSIONS.stats.reasons.append(plan)
         self._ax_refit_every = ax_refit_every
         self._ax_fit_options = dict(ax_fit_options or {})
+        # Remembered once Ax's fitting step has run (``ax_fit``), and only for the models Ax
+        # builds to generate trials: a model that Ax loads a ``state_dict`` into is a
+        # cross-validation fold or a warm start on other data, and is never remembered.
+        self._ax_pending = None
         if key is not None:
-            _SESSIONS.put(
+            self._ax_pending = (
                 key,
                 _Session(
                     model=self,  # type: ignore[arg-type]
@@ -388,11 +392,15 @@ class AxOnlineMixin:
         return every is not None and since >= every
 
     def ax_fit(self) -> None:
-        """Refit if due (Ax's ``fit_botorch_model`` lands here), else keep the hyperparameters."""
+        """Refit if due (Ax's ``fit_botorch_model`` lands here), else keep the hyperparameters;
+        then remember this model for the next trial's construction."""
         if self.refit_due:
             self.fit(**self._ax_fit_options)  # type: ignore[attr-defined]
             self._ax_obs_since_fit = 0
             _SESSIONS.stats.refits += 1
+        if self._ax_pending is not None:
+            _SESSIONS.put(*self._ax_pending)
+            self._ax_pending = None
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
@@ -410,6 +418,7 @@ class AxOnlineMixin:
                 if name in hyper:
                     param.copy_(hyper[name])
         self._ax_obs_since_fit = 0  # loaded hyperparameters count as fitted
+        self._ax_pending = None  # a fold or a warm start: not the experiment's model
         return None
 
 
@@ -617,7 +626,12 @@ def make_generation_strategy(
                     GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": seed})
                 ],
                 transition_criteria=[
-                    MinTrials(threshold=num_initial_trials, transition_to=name),
+                    # Trials attached by hand count towards the start as well ...
+                    MinTrials(
+                        threshold=num_initial_trials,
+                        transition_to=name,
+                        use_all_trials_in_exp=True,
+                    ),
                     MinTrials(  # ... and their data are in before the model is asked
                         threshold=num_initial_trials,
                         transition_to=name,

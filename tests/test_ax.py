@@ -242,9 +242,15 @@ def _dataset(X, Y, Yvar=None):
     )
 
 
-def _build(ax_cls, X, Y, Yvar=None, **options):
+def _build(ax_cls, X, Y, Yvar=None, fit=True, **options):
+    """What Ax's Surrogate does: construct_inputs, the constructor, fit_botorch_model."""
+    from ax.generators.torch.botorch_modular.utils import fit_botorch_model
+
     inputs = ax_cls.construct_inputs(_dataset(X, Y, Yvar), **options)
-    return ax_cls(**inputs)
+    model = ax_cls(**inputs)
+    if fit:
+        fit_botorch_model(model, mll_class=None)
+    return model
 
 
 @pytest.mark.parametrize("fixed_noise", [False, True])
@@ -254,7 +260,7 @@ def test_reuse_decisions_and_exactness(fixed_noise):
     X = torch.rand(12, 2, dtype=torch.float64, generator=g)
     raw = torch.sin(6 * X[:, :1]) + X[:, 1:] ** 2
     Yvar = torch.full_like(raw, 1e-3) if fixed_noise else None
-    opts = {"refit_every": None, "fit_options": {"max_iter": 20}}
+    opts = {"refit_every": None, "fit_options": {"max_iter": 5}}
 
     def units(n):  # Ax-style standardisation of the first n raw values
         y = raw[:n]
@@ -263,7 +269,6 @@ def test_reuse_decisions_and_exactness(fixed_noise):
 
     y8, v8 = units(8)
     m8 = _build(ax_cls, X[:8], y8, v8, **opts)
-    m8.ax_fit()
     stats = boax.session_stats()
     assert (stats.rebuilds, stats.incremental, stats.refits) == (1, 0, 1)
 
@@ -309,10 +314,10 @@ def test_reuse_decisions_and_exactness(fixed_noise):
     # incremental with no new rows.
     _build(ax_cls, X[:12], y12_bad, v12, standardize=False, **opts)
     assert stats.rebuilds == 5 and "options" in stats.reasons[-1]
-    same = _build(ax_cls, X[:12], y12_bad, v12, standardize=False, refit_every=3)
+    same = _build(ax_cls, X[:12], y12_bad, v12, standardize=False, refit_every=3, fit=False)
     assert stats.incremental == 2 and same.num_data == 12
     if fixed_noise:  # changed earlier noise -> rebuild
-        _build(ax_cls, X[:12], y12_bad, v12 * 2, standardize=False)
+        _build(ax_cls, X[:12], y12_bad, v12 * 2, standardize=False, fit=False)
         assert "noise" in stats.reasons[-1]
 
 
@@ -324,7 +329,7 @@ def test_refit_schedule():
     opts = {"refit_every": 3, "fit_options": {"max_iter": 10}}
     due = []
     for n in range(6, 14):
-        model = _build(ax_cls, X[:n], Y[:n], **opts)
+        model = _build(ax_cls, X[:n], Y[:n], fit=False, **opts)
         due.append(model.refit_due)
         model.ax_fit()
     # Fit at the build, then after every 3 new observations.
@@ -333,19 +338,37 @@ def test_refit_schedule():
     # incremental=False: Ax's own behaviour, rebuild and refit every time.
     boax.clear_sessions()
     for n in (6, 7):
-        model = _build(ax_cls, X[:n], Y[:n], incremental=False, **opts)
+        model = _build(ax_cls, X[:n], Y[:n], fit=False, incremental=False, **opts)
         assert model.refit_due
     assert boax.session_stats().rebuilds == 2
+
+
+def test_cross_validation_folds_are_not_remembered():
+    """Ax's cross-validation builds fold models and loads the full model's state into them;
+    those must neither disturb the remembered model nor be remembered themselves."""
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    Y = torch.sin(4 * X.sum(-1, keepdim=True))
+    opts = {"fit_options": {"max_iter": 10}}
+    main = _build(ax_cls, X[:10], Y[:10], **opts)
+    keep = torch.arange(10) != 3
+    fold = _build(ax_cls, X[:10][keep], Y[:10][keep], fit=False, **opts)
+    fold.load_state_dict(main.state_dict())
+    fold.ax_fit()
+    assert fold.num_data == 9
+    _build(ax_cls, X[:12], Y[:12], **opts)
+    stats = boax.session_stats()
+    assert (stats.rebuilds, stats.incremental) == (2, 1)  # main, fold; then main extended
 
 
 def test_load_state_dict_carries_hyperparameters_only():
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     Y = X.sum(-1, keepdim=True)
-    big = _build(ax_cls, X, Y, incremental=False)
+    big = _build(ax_cls, X, Y, fit=False, incremental=False)
     with torch.no_grad():
         big.covar_module.raw_lengthscale.fill_(0.3)
-    small = _build(ax_cls, X[:5], Y[:5], incremental=False)
+    small = _build(ax_cls, X[:5], Y[:5], fit=False, incremental=False)
     small.load_state_dict(big.state_dict())
     assert small.num_data == 5 and not small.refit_due
     torch.testing.assert_close(
