@@ -42,6 +42,7 @@ from __future__ import annotations
 import importlib
 import math
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -106,6 +107,8 @@ class _Stats:
     incremental: int = 0
     refits: int = 0
     reasons: list[str] = field(default_factory=list)
+    construct_seconds: float = 0.0  # wall time in the constructor (rebuild or condition)
+    fit_seconds: float = 0.0  # wall time in Ax's fitting step (refits)
 
 
 class _SessionStore:
@@ -336,6 +339,7 @@ class AxOnlineMixin:
         ax_incremental: bool = True,
         **options: Any,
     ) -> None:
+        t0 = time.perf_counter()
         if covar_module is not None:
             options["covar_module"] = covar_module
         if likelihood is not None:
@@ -381,6 +385,7 @@ class AxOnlineMixin:
                     fingerprint=fingerprint,
                 ),
             )
+        _SESSIONS.stats.construct_seconds += time.perf_counter() - t0
 
     @property
     def refit_due(self) -> bool:
@@ -395,9 +400,11 @@ class AxOnlineMixin:
         """Refit if due (Ax's ``fit_botorch_model`` lands here), else keep the hyperparameters;
         then remember this model for the next trial's construction."""
         if self.refit_due:
+            t0 = time.perf_counter()
             self.fit(**self._ax_fit_options)  # type: ignore[attr-defined]
             self._ax_obs_since_fit = 0
             _SESSIONS.stats.refits += 1
+            _SESSIONS.stats.fit_seconds += time.perf_counter() - t0
         if self._ax_pending is not None:
             _SESSIONS.put(*self._ax_pending)
             self._ax_pending = None
