@@ -7,7 +7,9 @@ bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExactGP``,
 that keeps what online surrogates are for inside that loop:
 
 * **Incremental construction.** A small in-process store remembers, per (model class, outcome,
-  features), the last model built and the training data Ax handed it. When the new training data
+  features), the last model Ax built *and fitted* to generate a trial, with the training data Ax
+  handed it (cross-validation folds, into which Ax loads a ``state_dict``, are never
+  remembered). When the new training data
   *extends* those data (identical earlier inputs, earlier outcomes equal up to the positive affine
   map Ax's ``StandardizeY`` introduces as its statistics move), the new model is the previous one
   conditioned on the new rows only (``condition_on_observations``) -- not a rebuild. Anything else

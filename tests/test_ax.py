@@ -15,6 +15,7 @@ import torch
 from ax.api.client import Client
 from ax.api.configs import RangeParameterConfig
 from botorch.acquisition.logei import qLogExpectedImprovement
+from botorch.sampling import SobolQMCNormalSampler
 from botorch.test_functions import Branin, Hartmann
 from botorch.utils.datasets import SupervisedDataset
 
@@ -24,7 +25,7 @@ from bo_online.models import OnlineExactGP
 logging.getLogger("ax").setLevel(logging.ERROR)
 
 MODELS = sorted(boax.register_all())  # every bo_online model importable today
-FAST_OPT = {"num_restarts": 2, "raw_samples": 32, "options": {"maxiter": 25}}
+FAST_OPT = {"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 20}}
 
 
 def _supports_dim(name: str, d: int) -> bool:
@@ -62,6 +63,7 @@ def _client(problem: str, model: str, seed: int = 0, **gs_options) -> tuple[Clie
     client.configure_optimization(objective="-y")
     options = dict(
         botorch_acqf_class=qLogExpectedImprovement,
+        acquisition_options={"sampler": SobolQMCNormalSampler(torch.Size([64]), seed=seed)},
         seed=seed,
         optimizer_options=FAST_OPT,
         fit_options={"max_iter": 50},
