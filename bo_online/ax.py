@@ -17,11 +17,13 @@ that keeps what online surrogates are for inside that loop:
   outcome transform such as ``Winsorize`` moving earlier values) rebuilds from scratch.
 * **Exact under changing standardisation.** Ax standardises outcomes with the statistics of the
   data it currently holds, so the same raw value arrives as a different number every trial. The
-  map between the old and the new Ax units is affine, ``y_new = a y_old + b`` (``a > 0``); it is
-  absorbed exactly into the model's own outcome scaling (``outcome_mean <- a m + b``,
-  ``outcome_std <- a s``), which leaves every standardised statistic and cache valid (noise
-  variances scale by ``a^2`` in both numerator and denominator). ``a, b`` are recovered from the
-  earlier rows by least squares and the fit is checked to round-off; no exact fit, no reuse.
+  map between the old and the new Ax units is affine, ``y_new = a y_old + b`` (``a > 0``);
+  ``a, b`` are recovered from the earlier rows by least squares and the fit is checked to
+  round-off (no exact fit, no reuse). The model keeps the units of the trial it was built at
+  ("anchor" units) and the Ax subclass carries the composed map from anchor to current Ax
+  units: posteriors are mapped out (``mean a + b``, covariance ``a^2``), new observations are
+  mapped in (``(y - b) / a``, variances ``/ a^2``). That is exactly the model of the same data,
+  whatever the model stores internally.
 * **Refit on a schedule.** Hyperparameters are refit after a rebuild and, on the incremental
   path, once ``refit_every`` new observations have arrived since the last fit (``None``: never).
 * **Storage.** Every bo_online class and its Ax subclass are registered with Ax's JSON/SQA
@@ -252,18 +254,22 @@ def _extended_model(
 ) -> OnlineModel:
     r"""``previous`` re-expressed in the new Ax units and conditioned on the new rows.
 
-    The change of units only touches ``outcome_mean``/``outcome_std`` of a shallow copy: every
-    statistic the model holds is in its standardised units, which do not change (section
-    "Outcome scaling" of :mod:`bo_online.models.base`). ``previous`` itself is untouched.
+    The model itself keeps the units of the trial at which it was built (its *anchor* units);
+    only the affine map from those to Ax's current units, ``(_ax_scale, _ax_shift)``, is
+    composed with the new ``y_new = a y_old + b`` on a shallow copy. The Ax subclass applies the
+    map in ``posterior`` and inverts it in ``condition_on_observations`` / ``update``, so nothing
+    is assumed about how a model stores its statistics. ``previous`` itself is untouched.
     """
     model = previous._shallow_copy()
-    if (a, b) != (1.0, 0.0):
-        model.outcome_mean = previous.outcome_mean * a + b
-        model.outcome_std = previous.outcome_std * a
+    model._ax_scale = a * previous._ax_scale
+    model._ax_shift = a * previous._ax_shift + b
     if X_new.shape[0] == 0:
         return model
-    # BoTorch's convention: Y in user units, noise in the model's standardised units.
-    noise = None if Yvar_new is None else Yvar_new / model.outcome_std.pow(2)
+    # BoTorch's convention: Y in (Ax) user units, noise in the model's standardised units,
+    # i.e. anchor-unit variances over outcome_std^2.
+    noise = None
+    if Yvar_new is not None:
+        noise = Yvar_new / (model._ax_scale**2 * model.outcome_std.pow(2))
     return model.condition_on_observations(X_new, Y_new, noise=noise)
 
 
@@ -388,6 +394,60 @@ class AxOnlineMixin:
                 ),
             )
         _SESSIONS.stats.construct_seconds += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ Ax units <-> anchor units
+
+    _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
+    _ax_shift: float = 0.0
+
+    def _ax_identity(self) -> bool:
+        return self._ax_scale == 1.0 and self._ax_shift == 0.0
+
+    def posterior(
+        self,
+        X: Tensor,
+        output_indices: list[int] | None = None,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""The model's posterior mapped from its anchor units to Ax's current units
+        (``observation_noise`` tensors are in the model's standardised units, as BoTorch's)."""
+        post = super().posterior(  # type: ignore[misc]
+            X, output_indices=output_indices, observation_noise=observation_noise, **kwargs
+        )
+        if not self._ax_identity():
+            from botorch.posteriors.gpytorch import GPyTorchPosterior
+            from gpytorch.distributions import MultivariateNormal
+
+            mvn = post.distribution
+            post = GPyTorchPosterior(
+                MultivariateNormal(
+                    mvn.mean * self._ax_scale + self._ax_shift,
+                    mvn.lazy_covariance_matrix * (self._ax_scale**2),
+                )
+            )
+        if posterior_transform is not None:
+            return posterior_transform(post)
+        return post
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        r"""``Y`` in Ax's current units (as ``posterior`` speaks them, so ``fantasize`` works);
+        ``noise`` in the model's standardised units."""
+        if not self._ax_identity():
+            Y = (Y - self._ax_shift) / self._ax_scale
+        return super().condition_on_observations(X, Y, noise=noise, **kwargs)  # type: ignore[misc]
+
+    def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Any:
+        r"""``Y`` and ``noise`` (variances) in Ax's current units."""
+        if not self._ax_identity():
+            Y = (Y - self._ax_shift) / self._ax_scale
+            noise = None if noise is None else noise / self._ax_scale**2
+        return super().update(X, Y, noise)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ fitting
 
     @property
     def refit_due(self) -> bool:
