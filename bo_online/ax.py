@@ -47,7 +47,7 @@ import importlib
 import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -110,7 +110,7 @@ class _Stats:
     rebuilds: int = 0
     incremental: int = 0
     refits: int = 0
-    reasons: list[str] = field(default_factory=list)
+    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=100))  # latest rebuilds
     construct_seconds: float = 0.0  # wall time in the constructor (rebuild or condition)
     fit_seconds: float = 0.0  # wall time in Ax's fitting step (refits)
 
@@ -358,12 +358,18 @@ class AxOnlineMixin:
         plan: tuple[float, float] | str = "no previous model"
         if session is not None:
             plan = _plan_reuse(session, train_X, train_Y, train_Yvar, fingerprint)
+        extended = None
         if isinstance(plan, tuple):
             n_old = session.X.shape[0]
             new_yvar = None if train_Yvar is None else train_Yvar[n_old:]
-            extended = _extended_model(
-                session.model, *plan, train_X[n_old:], train_Y[n_old:], new_yvar
-            )
+            try:
+                extended = _extended_model(
+                    session.model, *plan, train_X[n_old:], train_Y[n_old:], new_yvar
+                )
+            except Exception as err:  # e.g. a factor update that lost definiteness
+                # A rebuild is always correct; input that is truly bad fails there as well.
+                plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
+        if extended is not None:
             # Become that model: the same thing ``copy.copy`` does to a fresh instance.
             self.__dict__.update(extended.__dict__)
             since = session.model._ax_obs_since_fit  # None: never fitted, so still due

@@ -413,3 +413,20 @@ def test_bad_input():
     with pytest.raises(ValueError):
         _build(ax_cls, bad, X[:, :1])
     assert boax.session_stats().rebuilds == 0  # nothing was stored
+
+
+def test_failed_update_falls_back_to_rebuild(monkeypatch):
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    Y = X.prod(-1, keepdim=True)
+    opts = {"fit_options": {"max_iter": 5}}
+    _build(ax_cls, X[:7], Y[:7], **opts)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("factor lost definiteness")
+
+    monkeypatch.setattr(boax, "_extended_model", broken)
+    model = _build(ax_cls, X, Y, **opts)
+    stats = boax.session_stats()
+    assert stats.rebuilds == 2 and "incremental update failed" in stats.reasons[-1]
+    assert model.num_data == 9 and model._ax_scale == 1.0
