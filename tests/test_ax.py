@@ -254,6 +254,10 @@ def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatc
         # 1. The previous model conditioned by hand on the new row in its own (anchor) units,
         #    through the plain bo_online class (no Ax mapping), then mapped to Ax's units.
         n_old = old_Y.shape[0]
+        # 0. The composed map takes the earlier rows, in the anchor units the previous model
+        #    holds them in, to exactly the values Ax hands over now.
+        old_anchor = (old_Y - previous._ax_shift) / previous._ax_scale
+        torch.testing.assert_close(old_anchor * scale + shift, data.Y[:n_old], atol=1e-10, rtol=0)
         Y_anchor = (data.Y[n_old:] - shift) / scale
         by_hand = base.condition_on_observations(previous, data.X[n_old:], Y_anchor)
         p_hand = base.posterior(by_hand, test_X)
