@@ -233,11 +233,11 @@ def main() -> None:
                 "model_s": model_times if arm == "bo_online" else None,
             }
             rows.append(row)
+            rebuilt = "" if row["rebuilds_during_timing"] is None else row["rebuilds_during_timing"]
+            model_s = "" if row["model_s_median"] is None else f"{row['model_s_median']:.3f}"
             print(
                 f"{n:>5} {arm:>10} {row['median_s']:>15.3f} "
-                f"{row['min_s']:>8.3f}-{row['max_s']:<8.3f} "
-                f"{'' if row['rebuilds_during_timing'] is None else row['rebuilds_during_timing']:>9} "
-                f"{'' if row['model_s_median'] is None else format(row['model_s_median'], '.3f'):>17}"
+                f"{row['min_s']:>8.3f}-{row['max_s']:<8.3f} {rebuilt:>9} {model_s:>17}"
             )
 
     ratios = {}

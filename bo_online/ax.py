@@ -2,9 +2,9 @@ r"""Ax integration: every bo_online surrogate as an Ax (Modular BoTorch) surroga
 
 Ax 1.x builds the BoTorch model of a ``BoTorchGenerator`` afresh for every trial it generates:
 ``Cls.construct_inputs(training_data, **model_options)``, then ``Cls(**inputs)`` (with the
-``input_transform`` Ax makes), then ``fit_botorch_model(model, ...)``. This module supplies, for each
-bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExactGP``, ``AxWISKI``, ...)
-that keeps what online surrogates are for inside that loop:
+``input_transform`` Ax makes), then ``fit_botorch_model(model, ...)``. This module supplies, for
+each bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExactGP``,
+``AxWISKI``, ...) that keeps what online surrogates are for inside that loop:
 
 * **Incremental construction.** A small in-process store remembers, per (model class, outcome,
   features), the last model Ax built *and fitted* to generate a trial, with the training data Ax

@@ -167,7 +167,8 @@ def test_json_round_trip(tmp_path):
     assert loaded._generation_strategy.current_node_name == "OnlineExactGP"
     model = loaded._generation_strategy.adapter.generator.surrogate.model
     assert isinstance(model, boax.AxOnlineExactGP) and model.num_data == 7
-    loaded.complete_trial(index, raw_data={"y": float(f(torch.tensor([[params["x0"], params["x1"]]])))})
+    x = torch.tensor([[params["x0"], params["x1"]]], dtype=torch.float64)
+    loaded.complete_trial(index, raw_data={"y": float(f(x))})
     loaded.get_next_trials(max_trials=1)  # ... and goes on incrementally
     assert boax.session_stats().incremental == 1
 
@@ -319,7 +320,9 @@ def test_reuse_decisions_and_exactness(fixed_noise):
     predict = _reference(m10, X[:10], y10) if not fixed_noise else None
     test_X = torch.rand(16, 2, dtype=torch.float64, generator=g)
     if predict is not None:
-        torch.testing.assert_close(m10.posterior(test_X).mean, predict(test_X)[0], atol=1e-8, rtol=0)
+        torch.testing.assert_close(
+            m10.posterior(test_X).mean, predict(test_X)[0], atol=1e-8, rtol=0
+        )
     # The same posterior as m8 conditioned by hand in m8's units, re-expressed.
     s8, s10 = raw[:8].std(), raw[:10].std()
     a = s8 / s10
