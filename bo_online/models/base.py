@@ -179,6 +179,17 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         """Force a rebuild at the next use (e.g. after editing statistics by hand)."""
         self._cache_key = None
 
+    # ------------------------------------------------------------------ input transforms
+
+    def _set_transformed_inputs(self) -> None:
+        r"""No-op: training inputs are transformed once, when they arrive, and stored transformed.
+
+        BoTorch's ``Model.eval()`` would otherwise re-transform ``train_inputs`` through
+        ``set_train_data`` (a GPyTorch ``ExactGP`` method these models do not have)."""
+
+    def _revert_to_original_inputs(self) -> None:
+        r"""No-op counterpart of :meth:`_set_transformed_inputs` (called by ``Model.train()``)."""
+
     # ------------------------------------------------------------------ outcome scaling
 
     def _standardise(self, Y: Tensor) -> Tensor:

@@ -1,0 +1,454 @@
+"""Tests of bo_online.ax: bo_online surrogates inside Ax's Client, storage, the incremental path.
+
+Sizes are small on purpose (Ax's acquisition optimisation dominates the time); the Branin regret
+test runs the 40 trials the issue names, with cheap optimiser settings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+
+import pytest
+import torch
+from ax.api.client import Client
+from ax.api.configs import RangeParameterConfig
+from botorch.acquisition.logei import qLogExpectedImprovement
+from botorch.sampling import SobolQMCNormalSampler
+from botorch.test_functions import Branin, Hartmann
+from botorch.utils.datasets import SupervisedDataset
+
+import bo_online.ax as boax
+from bo_online.models import OnlineExactGP
+
+logging.getLogger("ax").setLevel(logging.ERROR)
+
+MODELS = sorted(boax.register_all())  # every bo_online model importable today
+# Models whose incremental update gives exactly the model rebuilt on all the data.
+REBUILD_EQUIVALENT = {"OnlineExactGP", "WISKI", "TSVGP"}
+FAST_OPT = {"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 20}}
+
+
+def _supports_dim(name: str, d: int) -> bool:
+    cls = boax.available_models()[name]._bo_online_base
+    X = torch.rand(4, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    try:
+        cls(X, X.sum(-1, keepdim=True))
+    except (ValueError, NotImplementedError):
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store():
+    boax.clear_sessions()
+    yield
+    boax.clear_sessions()
+
+
+def _client(problem: str, model: str, seed: int = 0, **gs_options) -> tuple[Client, object]:
+    if problem == "branin":
+        f = Branin()
+        params = [
+            RangeParameterConfig(name="x0", parameter_type="float", bounds=(-5.0, 10.0)),
+            RangeParameterConfig(name="x1", parameter_type="float", bounds=(0.0, 15.0)),
+        ]
+    else:
+        f = Hartmann(dim=6)
+        params = [
+            RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
+            for i in range(6)
+        ]
+    client = Client(random_seed=seed)
+    client.configure_experiment(parameters=params, name=f"{problem}_{model}")
+    client.configure_optimization(objective="-y")
+    options = dict(
+        botorch_acqf_class=qLogExpectedImprovement,
+        acquisition_options={"sampler": SobolQMCNormalSampler(torch.Size([64]), seed=seed)},
+        seed=seed,
+        optimizer_options=FAST_OPT,
+        fit_options={"max_iter": 50},
+    )
+    options.update(gs_options)
+    client.set_generation_strategy(boax.make_generation_strategy(model, **options))
+    return client, f
+
+
+def _run(client: Client, f, n_trials: int, batch_at: tuple[int, ...] = ()) -> list[float]:
+    values: list[float] = []
+    step = 0
+    while len(values) < n_trials:
+        size = 3 if step in batch_at else 1
+        size = min(size, n_trials - len(values))
+        trials = client.get_next_trials(max_trials=size)
+        assert len(trials) == size
+        for index, params in trials.items():
+            x = torch.tensor([[params[f"x{i}"] for i in range(f.dim)]], dtype=torch.float64)
+            y = float(f(x))
+            values.append(y)
+            client.complete_trial(index, raw_data={"y": y})
+        step += 1
+    return values
+
+
+# ---------------------------------------------------------------------- registration
+
+
+def test_registration_and_storage_registry():
+    from ax.storage.botorch_modular_registry import CLASS_TO_REVERSE_REGISTRY
+    from botorch.models.model import Model
+
+    assert "OnlineExactGP" in MODELS
+    ax_cls = boax.register_model_class(OnlineExactGP)
+    assert ax_cls is boax.AxOnlineExactGP and issubclass(ax_cls, OnlineExactGP)
+    assert boax.register_model_class("OnlineExactGP") is ax_cls  # by name, idempotent
+    reverse = CLASS_TO_REVERSE_REGISTRY[Model]
+    assert reverse["AxOnlineExactGP"] is ax_cls and reverse["OnlineExactGP"] is OnlineExactGP
+    # Ax checks constructor arguments by name before passing submodules.
+    assert "input_transform" in inspect.getfullargspec(ax_cls).args
+    # Absent classes are skipped, bad ones refused.
+    assert "Nope" not in boax.register_all(["bo_online.models.Nope", "no_such_pkg.Model"])
+    with pytest.raises(ValueError, match="No bo_online model"):
+        boax.register_model_class("NoSuchModel")
+    with pytest.raises(ValueError, match="not a subclass"):
+        boax.register_model_class(torch.nn.Linear)
+
+
+# ---------------------------------------------------------------------- Ax Client runs
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m in ("OnlineExactGP", "WISKI")])
+def test_branin_regret_40_trials(model):
+    client, f = _client(
+        "branin", model, seed=0, num_initial_trials=6, fit_options={"max_iter": 30}
+    )
+    values = _run(client, f, 40, batch_at=(8, 14, 20))
+    regret = min(values) - f.optimal_value
+    assert regret < 0.05, f"{model}: regret {regret:.4f} after 40 trials"
+    stats = boax.session_stats()
+    # The model was carried from trial to trial, not rebuilt (one build, then updates).
+    assert stats.rebuilds == 1, stats.reasons
+    assert stats.incremental >= 20
+    assert 1 < stats.refits < stats.incremental
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m not in ("OnlineExactGP", "WISKI")])
+def test_branin_short_run_each_model(model):
+    client, f = _client("branin", model, num_initial_trials=5)
+    values = _run(client, f, 10, batch_at=(6,))  # 5 Sobol, 1, a batch of 3, 1
+    assert len(values) == 10 and all(math.isfinite(v) for v in values)
+    stats = boax.session_stats()
+    assert stats.rebuilds == 1 and stats.incremental == 2, stats.reasons
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if _supports_dim(m, 6)])
+def test_hartmann6_short_run(model):
+    client, f = _client("hartmann6", model, num_initial_trials=6)
+    values = _run(client, f, 10, batch_at=(6,))  # 6 Sobol, a batch of 3, one more
+    assert len(values) == 10 and all(-3.33 < v <= 0 for v in values)  # Hartmann6's range
+    stats = boax.session_stats()
+    assert stats.rebuilds == 1 and stats.incremental == 1, stats.reasons
+
+
+def test_json_round_trip(tmp_path):
+    client, f = _client("branin", "OnlineExactGP", num_initial_trials=5)
+    _run(client, f, 7)
+    path = tmp_path / "snapshot.json"
+    client.save_to_json_file(str(path))
+    boax.clear_sessions()
+    loaded = Client.load_from_json_file(str(path))
+    assert len(loaded._experiment.trials) == 7
+    spec = loaded._generation_strategy._nodes[1].generator_specs[0]
+    config = spec.generator_kwargs["surrogate_spec"].model_configs[0]
+    assert config.botorch_model_class is boax.AxOnlineExactGP
+    trials = loaded.get_next_trials(max_trials=1)
+    (index, params), = trials.items()
+    assert loaded._generation_strategy.current_node_name == "OnlineExactGP"
+    model = loaded._generation_strategy.adapter.generator.surrogate.model
+    assert isinstance(model, boax.AxOnlineExactGP) and model.num_data == 7
+    x = torch.tensor([[params["x0"], params["x1"]]], dtype=torch.float64)
+    loaded.complete_trial(index, raw_data={"y": float(f(x))})
+    loaded.get_next_trials(max_trials=1)  # ... and goes on incrementally
+    assert boax.session_stats().incremental == 1
+
+
+# ---------------------------------------------------------------------- the incremental path
+
+
+def _reference(model, X, Y):
+    r"""Posterior (mean, variance) function of a model of the same class built from scratch on all
+    of ``(X, Y)`` (Y in Ax's current units) with ``model``'s hyperparameters.
+
+    The incremental model holds its data in the units of the trial it was built at (anchor
+    units) and maps its posterior to Ax's current units; the reference is built on the same data
+    in anchor units and mapped the same way. Its outcome scaling is made equal to ``model``'s:
+    directly where the model treats the scaling as a hyperparameter over user-unit statistics
+    (WISKI), else by feeding the data standardised with ``model``'s scaling and
+    ``standardize=False`` (OnlineExactGP, whose stored targets are standardised)."""
+    base = type(model)._bo_online_base
+    scale, shift = model._ax_scale, model._ax_shift
+    Y_anchor = (Y - shift) / scale
+    transform = getattr(model, "input_transform", None)
+    if any(t is model.outcome_mean for t in model.hyperparameters()):
+        ref = base(X, Y_anchor, input_transform=transform)
+        ref.outcome_mean, ref.outcome_std = model.outcome_mean.clone(), model.outcome_std.clone()
+    else:
+        if "standardize" not in inspect.signature(base.__init__).parameters:
+            pytest.skip(f"{base.__name__} has no `standardize` option to build the reference.")
+        Z = (Y_anchor - model.outcome_mean) / model.outcome_std
+        ref = base(X, Z, standardize=False, input_transform=transform)
+        ref.outcome_mean, ref.outcome_std = model.outcome_mean.clone(), model.outcome_std.clone()
+    own = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(own[name])
+
+    def predict(test_X):
+        post = ref.posterior(test_X)
+        return post.mean * scale + shift, post.variance * scale**2
+
+    return predict
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatch):
+    ax_cls = boax.available_models()[model_name]
+    base = ax_cls._bo_online_base
+    client, f = _client("branin", model_name, num_initial_trials=5, refit_every=None)
+    _run(client, f, 7)
+    gs = client._generation_strategy
+    before = gs.adapter.generator.surrogate
+    old_Y = before.training_data[0].Y.clone()
+    previous = before.model  # what the store holds: built, fitted, used for the last trial
+
+    calls = {"condition": 0, "init": 0}
+    original_condition = base.condition_on_observations
+    original_init = base.__init__
+
+    def spy_condition(self, *args, **kwargs):
+        calls["condition"] += 1
+        return original_condition(self, *args, **kwargs)
+
+    def spy_init(self, *args, **kwargs):
+        calls["init"] += 1
+        return original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(base, "condition_on_observations", spy_condition)
+    monkeypatch.setattr(base, "__init__", spy_init)
+    _run(client, f, 1)  # one more trial: Ax builds a new model for it
+    surrogate = gs.adapter.generator.surrogate
+    model = surrogate.model
+    data = surrogate.training_data[0]
+    assert calls == {"condition": 1, "init": 0}
+    monkeypatch.undo()
+    assert isinstance(model, ax_cls) and data.X.shape[0] == 7
+    # Ax's standardisation moved, so the affine re-expression was exercised.
+    assert not torch.allclose(data.Y[: old_Y.shape[0]], old_Y)
+
+    assert model._ax_scale != 1.0  # ... and the model maps its anchor units to the new ones
+    scale, shift = model._ax_scale, model._ax_shift
+    test_X = torch.rand(32, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    test_X = test_X * torch.tensor([15.0, 15.0]) + torch.tensor([-5.0, 0.0])
+    with torch.no_grad():
+        p_inc = model.posterior(test_X)
+        # 1. The previous model conditioned by hand on the new row in its own (anchor) units,
+        #    through the plain bo_online class (no Ax mapping), then mapped to Ax's units.
+        n_old = old_Y.shape[0]
+        # 0. The composed map takes the earlier rows, in the anchor units the previous model
+        #    holds them in, to exactly the values Ax hands over now.
+        old_anchor = (old_Y - previous._ax_shift) / previous._ax_scale
+        torch.testing.assert_close(old_anchor * scale + shift, data.Y[:n_old], atol=1e-10, rtol=0)
+        Y_anchor = (data.Y[n_old:] - shift) / scale
+        by_hand = base.condition_on_observations(previous, data.X[n_old:], Y_anchor)
+        p_hand = base.posterior(by_hand, test_X)
+        torch.testing.assert_close(p_inc.mean, p_hand.mean * scale + shift, atol=1e-6, rtol=0)
+        torch.testing.assert_close(p_inc.variance, p_hand.variance * scale**2, atol=1e-6, rtol=0)
+        # 2. A model rebuilt from scratch on all the data with the same hyperparameters, for the
+        #    models whose update is exact (DecoupledSVGP and QSGP choose inducing points / bases
+        #    from the data they are built on, so a rebuild on more data is another model).
+        if model_name in REBUILD_EQUIVALENT:
+            ref_mean, ref_var = _reference(model, data.X, data.Y)(test_X)
+            torch.testing.assert_close(p_inc.mean, ref_mean, atol=1e-6, rtol=0)
+            torch.testing.assert_close(p_inc.variance, ref_var, atol=1e-6, rtol=0)
+        # ... and the model predicts the data it was handed, in Ax's current units.
+        fit = model.posterior(data.X).mean
+        assert (fit - data.Y).abs().max() < 0.5
+
+
+def _dataset(X, Y, Yvar=None):
+    return SupervisedDataset(
+        X=X, Y=Y, Yvar=Yvar, feature_names=[f"x{i}" for i in range(X.shape[-1])],
+        outcome_names=["y"],
+    )
+
+
+def _build(ax_cls, X, Y, Yvar=None, fit=True, **options):
+    """What Ax's Surrogate does: construct_inputs, the constructor, fit_botorch_model."""
+    from ax.generators.torch.botorch_modular.utils import fit_botorch_model
+
+    inputs = ax_cls.construct_inputs(_dataset(X, Y, Yvar), **options)
+    model = ax_cls(**inputs)
+    if fit:
+        fit_botorch_model(model, mll_class=None)
+    return model
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_reuse_decisions_and_exactness(fixed_noise):
+    ax_cls = boax.AxOnlineExactGP
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(12, 2, dtype=torch.float64, generator=g)
+    raw = torch.sin(6 * X[:, :1]) + X[:, 1:] ** 2
+    Yvar = torch.full_like(raw, 1e-3) if fixed_noise else None
+    opts = {"refit_every": None, "fit_options": {"max_iter": 5}}
+
+    def units(n):  # Ax-style standardisation of the first n raw values
+        y = raw[:n]
+        m, s = y.mean(), y.std()
+        return (y - m) / s, None if Yvar is None else Yvar[:n] / s**2
+
+    y8, v8 = units(8)
+    m8 = _build(ax_cls, X[:8], y8, v8, **opts)
+    stats = boax.session_stats()
+    assert (stats.rebuilds, stats.incremental, stats.refits) == (1, 0, 1)
+
+    y10, v10 = units(10)
+    m10 = _build(ax_cls, X[:10], y10, v10, **opts)
+    assert stats.incremental == 1 and not m10.refit_due
+    assert m10 is not m8 and m8.num_data == 8  # the previous model is untouched
+    predict = _reference(m10, X[:10], y10) if not fixed_noise else None
+    test_X = torch.rand(16, 2, dtype=torch.float64, generator=g)
+    if predict is not None:
+        torch.testing.assert_close(
+            m10.posterior(test_X).mean, predict(test_X)[0], atol=1e-8, rtol=0
+        )
+    # The same posterior as m8 conditioned by hand in m8's units, re-expressed.
+    s8, s10 = raw[:8].std(), raw[:10].std()
+    a = s8 / s10
+    by_hand = m8.condition_on_observations(
+        X[8:10], ((raw[8:10] - raw[:8].mean()) / s8),
+        noise=None if Yvar is None else Yvar[8:10] / s8**2 / m8.outcome_std**2,
+    )
+    torch.testing.assert_close(
+        m10.posterior(test_X).mean,
+        a * by_hand.posterior(test_X).mean + (raw[:8].mean() - raw[:10].mean()) / s10,
+        atol=1e-8, rtol=0,
+    )
+
+    # Reordered earlier rows -> rebuild.
+    perm = torch.tensor([1, 0, *range(2, 11)])
+    y11, v11 = units(11)
+    _build(ax_cls, X[:11][perm], y11[perm], None if v11 is None else v11[perm], **opts)
+    assert stats.rebuilds == 2 and stats.reasons[-1].startswith("earlier inputs")
+    # Back to the ordered data: extends the 10-point model? No -- the store now holds the
+    # permuted model, so this rebuilds as well.
+    _build(ax_cls, X[:11], y11, v11, **opts)
+    assert stats.rebuilds == 3
+    # A changed earlier outcome (not an affine image) -> rebuild.
+    y12, v12 = units(12)
+    y12_bad = y12.clone()
+    y12_bad[3] += 0.1
+    _build(ax_cls, X[:12], y12_bad, v12, **opts)
+    assert stats.rebuilds == 4 and "affine" in stats.reasons[-1]
+    # Different model options -> rebuild (the refit schedule alone is not one); same again ->
+    # incremental with no new rows.
+    _build(ax_cls, X[:12], y12_bad, v12, standardize=False, **opts)
+    assert stats.rebuilds == 5 and "options" in stats.reasons[-1]
+    same = _build(ax_cls, X[:12], y12_bad, v12, standardize=False, refit_every=3, fit=False)
+    assert stats.incremental == 2 and same.num_data == 12
+    if fixed_noise:  # changed earlier noise -> rebuild
+        _build(ax_cls, X[:12], y12_bad, v12 * 2, standardize=False, fit=False)
+        assert "noise" in stats.reasons[-1]
+
+
+def test_refit_schedule():
+    ax_cls = boax.AxOnlineExactGP
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(14, 2, dtype=torch.float64, generator=g)
+    Y = torch.cos(5 * X.sum(-1, keepdim=True))
+    opts = {"refit_every": 3, "fit_options": {"max_iter": 10}}
+    due = []
+    for n in range(6, 14):
+        model = _build(ax_cls, X[:n], Y[:n], fit=False, **opts)
+        due.append(model.refit_due)
+        model.ax_fit()
+    # Fit at the build, then after every 3 new observations.
+    assert due == [True, False, False, True, False, False, True, False]
+    assert boax.session_stats().refits == 3
+    # incremental=False: Ax's own behaviour, rebuild and refit every time.
+    boax.clear_sessions()
+    for n in (6, 7):
+        model = _build(ax_cls, X[:n], Y[:n], fit=False, incremental=False, **opts)
+        assert model.refit_due
+    assert boax.session_stats().rebuilds == 2
+
+
+def test_cross_validation_folds_are_not_remembered():
+    """Ax's cross-validation builds fold models and loads the full model's state into them;
+    those must neither disturb the remembered model nor be remembered themselves."""
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    Y = torch.sin(4 * X.sum(-1, keepdim=True))
+    opts = {"fit_options": {"max_iter": 10}}
+    main = _build(ax_cls, X[:10], Y[:10], **opts)
+    keep = torch.arange(10) != 3
+    fold = _build(ax_cls, X[:10][keep], Y[:10][keep], fit=False, **opts)
+    fold.load_state_dict(main.state_dict())
+    fold.ax_fit()
+    assert fold.num_data == 9
+    _build(ax_cls, X[:12], Y[:12], **opts)
+    stats = boax.session_stats()
+    assert (stats.rebuilds, stats.incremental) == (2, 1)  # main, fold; then main extended
+
+
+def test_load_state_dict_carries_hyperparameters_only():
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    Y = X.sum(-1, keepdim=True)
+    big = _build(ax_cls, X, Y, fit=False, incremental=False)
+    with torch.no_grad():
+        big.covar_module.raw_lengthscale.fill_(0.3)
+    small = _build(ax_cls, X[:5], Y[:5], fit=False, incremental=False)
+    small.load_state_dict(big.state_dict())
+    assert small.num_data == 5 and not small.refit_due
+    torch.testing.assert_close(
+        small.covar_module.raw_lengthscale, big.covar_module.raw_lengthscale
+    )
+
+
+def test_bad_input():
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(5, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="refit_every"):
+        ax_cls.construct_inputs(_dataset(X, X[:, :1]), refit_every=0)
+    with pytest.raises(ValueError, match="continuous parameters only"):
+        ax_cls.construct_inputs(_dataset(X, X[:, :1]), categorical_features=[1])
+    with pytest.raises(ValueError, match="single-output"):
+        ax_cls.construct_inputs(
+            SupervisedDataset(X=X, Y=X, feature_names=["a", "b"], outcome_names=["p", "q"])
+        )
+    with pytest.raises(ValueError, match="num_initial_trials"):
+        boax.make_generation_strategy("OnlineExactGP", num_initial_trials=1)
+    bad = X.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError):
+        _build(ax_cls, bad, X[:, :1])
+    assert boax.session_stats().rebuilds == 0  # nothing was stored
+
+
+def test_failed_update_falls_back_to_rebuild(monkeypatch):
+    ax_cls = boax.AxOnlineExactGP
+    X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    Y = X.prod(-1, keepdim=True)
+    opts = {"fit_options": {"max_iter": 5}}
+    _build(ax_cls, X[:7], Y[:7], **opts)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("factor lost definiteness")
+
+    monkeypatch.setattr(boax, "_extended_model", broken)
+    model = _build(ax_cls, X, Y, **opts)
+    stats = boax.session_stats()
+    assert stats.rebuilds == 2 and "incremental update failed" in stats.reasons[-1]
+    assert model.num_data == 9 and model._ax_scale == 1.0
