@@ -456,8 +456,7 @@ class TSVGP(OnlineModel):
                 beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
             L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
-            v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
-            return L_B, lam_w, v, g1, beta
+            return L_B, lam_w, self._solve_shared(L_B, lam_w), g1, beta
         if noise is not None:
             raise ValueError(
                 "noise can only be given for a Gaussian likelihood; this TSVGP has a "
@@ -473,6 +472,21 @@ class TSVGP(OnlineModel):
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
             v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
         return L_B, lam_w, v, g1, beta
+
+    @staticmethod
+    def _solve_shared(L: Tensor, b: Tensor) -> Tensor:
+        r"""``(L L^T)^-1 b`` for ``b``: ``extra x batch_L x m`` with ``L``: ``batch_L x m x m``.
+
+        The extra (fantasy-sample) dims become columns of ONE triangular solve pair (BLAS-3)
+        instead of broadcasting ``L`` over them (a copy of L and one BLAS-2 solve per sample).
+        """
+        lb = L.shape[:-2]
+        if b.dim() - 1 <= len(lb) or b.shape[b.dim() - 1 - len(lb) : -1] != lb:
+            return cholesky_solve(L, b.unsqueeze(-1)).squeeze(-1)
+        extra = b.shape[: b.dim() - 1 - len(lb)]
+        cols = b.reshape(-1, *lb, L.shape[-1]).movedim(0, -1)  # batch_L x m x E
+        out = cholesky_solve(L, cols).movedim(-1, 0)
+        return out.reshape(*extra, *lb, L.shape[-1])
 
     #: From this many new points on, the factor of ``B + U U^T`` is recomputed (one BLAS-3
     #: product and Cholesky, O(m^3)) instead of q sequential rank-one updates (O(m^2 q) but
