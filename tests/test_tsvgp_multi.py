@@ -228,3 +228,26 @@ def test_non_gaussian_several_outputs_rejected():
     labels = (torch.rand(N, 2, dtype=DT) > 0.5).to(DT)
     with pytest.raises(ValueError, match="Gaussian likelihoods only"):
         TSVGP(X, labels, inducing_points=Z, likelihood=Bernoulli())
+
+
+def test_e_steps_and_noise_tensor_match_singles():
+    X, Y, Z = data()
+    multi, singles = models(X, Y, Z)
+    g1, beta = (t.clone() for t in multi.sites)  # m x n
+    multi.set_sites(0.5 * g1, 0.7 * beta)
+    for j, s in enumerate(singles):
+        s.set_sites(0.5 * g1[j], 0.7 * beta[j])
+    Xt = torch.rand(5, D, dtype=DT, generator=torch.Generator().manual_seed(7))
+    multi.e_step(rho=0.5)
+    for s in singles:
+        s.e_step(rho=0.5)
+    assert_matches(multi.posterior(Xt), [s.posterior(Xt) for s in singles])
+    multi.e_step(rho=0.5, batch_size=10, generator=torch.Generator().manual_seed(0))
+    for s in singles:  # same minibatch for every output
+        s.e_step(rho=0.5, batch_size=10, generator=torch.Generator().manual_seed(0))
+    assert_matches(multi.posterior(Xt), [s.posterior(Xt) for s in singles])
+    obs = 0.1 * torch.rand(5, M_OUT, dtype=DT, generator=torch.Generator().manual_seed(8))
+    assert_matches(
+        multi.posterior(Xt, observation_noise=obs),
+        [s.posterior(Xt, observation_noise=obs[:, j : j + 1]) for j, s in enumerate(singles)],
+    )
