@@ -18,7 +18,9 @@ set-up mistake; shown by the 'stock OVC' column against a dense reference):
    ``("mean_cache", (nan_policy,))``, but OVC (``amortized_exact_gp`` / ``_VariationalStrategy.
    get_fantasy_model``) writes its pseudo-point mean cache with ``add_to_cache(ps, "mean_cache", v)``,
    key ``("mean_cache", ())``. The cache is ignored and the mean is recomputed with the likelihood
-   noise ``sigma^2 I`` on the pseudo-points instead of their pseudo-noise ``D``.
+   noise ``sigma^2 I`` on the pseudo-points instead of their pseudo-noise ``D``. (The key mismatch is
+   cornellius-gp/gpytorch issue #2669, reported there as a performance bug of exact-GP fantasies,
+   where recomputing gives the same values; for OVC the recomputation is wrong.)
 2. With ``fast_pred_var(False)`` the exact predictive covariance is recomputed from
    ``likelihood(train_prior_dist)``, again ``sigma^2 I`` on the pseudo-points instead of ``D``.
 
