@@ -252,3 +252,12 @@ def test_e_steps_and_noise_tensor_match_singles():
         multi.posterior(Xt, observation_noise=obs),
         [s.posterior(Xt, observation_noise=obs[:, j : j + 1]) for j, s in enumerate(singles)],
     )
+
+
+def test_default_inducing_points_shared_by_outputs():
+    X, Y, _ = data()
+    multi = TSVGP(X, Y, inducing_points=10)
+    single = TSVGP(X, Y[:, :1], inducing_points=10)  # same default kernel before fitting
+    assert torch.equal(multi.inducing_points, single.inducing_points)
+    assert multi.covar_module.lengthscale.shape == (M_OUT, 1, D)
+    assert multi.likelihood.noise.shape == (M_OUT, 1)
