@@ -167,8 +167,10 @@ class Gaussian(SiteLikelihood):
 
     @property
     def noise(self) -> Tensor:
-        """The noise variance (a 1-element tensor)."""
-        return self.gaussian.noise.reshape(1)
+        """The noise variance: a 1-element tensor, or ``m x 1`` for a likelihood with batch shape
+        ``[m]`` (one noise per output of a multi-output model)."""
+        noise = self.gaussian.noise
+        return noise.reshape(1) if noise.numel() == 1 else noise
 
     def _var(self, noise: Tensor | None) -> Tensor:
         return (self.noise if noise is None else noise).clamp_min(NOISE_MIN)

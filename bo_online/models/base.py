@@ -34,7 +34,7 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
-from gpytorch.distributions import MultivariateNormal
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.models import GP
 from linear_operator.operators import DiagLinearOperator, LinearOperator
 from torch import Tensor
@@ -46,7 +46,8 @@ __all__ = ["OnlineModel"]
 
 
 class OnlineModel(Model, GP, FantasizeMixin, ABC):
-    r"""Abstract online surrogate (single output).
+    r"""Abstract online surrogate (single output; a subclass may hold ``m > 1`` independent
+    outputs by setting ``_num_outputs`` and using the layout of :meth:`_to_internal`).
 
     It is also a GPyTorch ``GP`` (as BoTorch's own models are), so GPyTorch's marginal-likelihood
     wrappers accept it and ``fit_gpytorch_mll`` dispatches to :meth:`custom_fit`.
@@ -195,10 +196,31 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     def _standardise(self, Y: Tensor) -> Tensor:
         return (Y - self.outcome_mean) / self.outcome_std
 
-    def _unstandardise_mvn(self, mvn: MultivariateNormal) -> MultivariateNormal:
-        mean = mvn.mean * self.outcome_std + self.outcome_mean
-        covar = mvn.lazy_covariance_matrix * self.outcome_std.pow(2).squeeze()
-        return MultivariateNormal(mean, covar)
+    def _unstandardise_mvn(
+        self, mvn: MultivariateNormal, output_indices: list[int] | None = None
+    ) -> MultivariateNormal:
+        r"""Back to the user's units. For ``m > 1`` outputs the internal ``batch x m x q`` MVN
+        (independent outputs as a batch dimension) becomes a ``MultitaskMultivariateNormal``
+        (``batch x q x m``) over ``output_indices`` (a plain MVN if only one is asked for)."""
+        if self.num_outputs == 1:
+            mean = mvn.mean * self.outcome_std + self.outcome_mean
+            covar = mvn.lazy_covariance_matrix * self.outcome_std.pow(2).squeeze()
+            return MultivariateNormal(mean, covar)
+        idx = list(range(self.num_outputs)) if output_indices is None else list(output_indices)
+        mean, covar = mvn.mean, _as_operator(mvn.lazy_covariance_matrix)
+        if idx != list(range(self.num_outputs)):
+            mean, covar = mean[..., idx, :], _as_operator(covar.to_dense()[..., idx, :, :])
+        std, mu = self.outcome_std[idx], self.outcome_mean[idx]
+        mean = mean * std.unsqueeze(-1) + mu.unsqueeze(-1)
+        covar = covar * std.pow(2).unsqueeze(-1).unsqueeze(-1)
+        if len(idx) == 1:
+            return MultivariateNormal(mean.squeeze(-2), covar.squeeze(-3))
+        return MultitaskMultivariateNormal.from_batch_mvn(MultivariateNormal(mean, covar), task_dim=-1)
+
+    def _to_internal(self, Y: Tensor) -> Tensor:
+        r"""``... x q x m`` (BoTorch's layout) -> the subclass's layout: ``... x q`` for one
+        output, ``... x m x q`` (outputs as a batch dimension) for ``m > 1``."""
+        return Y.squeeze(-1) if self.num_outputs == 1 else Y.transpose(-1, -2)
 
     # ------------------------------------------------------------------ the BoTorch API
 
@@ -220,28 +242,32 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
         Args:
             X: ``batch x q x d`` inputs (a ``q x d`` tensor is a single batch).
-            output_indices: only ``None`` or ``[0]`` (single-output model).
+            output_indices: outputs to return (None = all; ``m = 1``: only ``[0]``).
             observation_noise: False (latent f), True (add the likelihood's noise), or a tensor
                 ``batch x q x 1`` of noise variances in standardised units (BoTorch convention).
             posterior_transform: optional BoTorch posterior transform applied last.
         """
-        if output_indices is not None and list(output_indices) != [0]:
-            raise ValueError(f"Single-output model: output_indices must be None or [0].")
+        m = self.num_outputs
+        if output_indices is not None and (
+            len(output_indices) == 0 or any(not 0 <= int(i) < m for i in output_indices)
+        ):
+            raise ValueError(f"output_indices must be a non-empty list of indices in [0, {m}).")
         self.eval()
         X = self._transform_and_check(X)
         self.ensure_caches()
         mvn = self._latent_posterior(X)
         if observation_noise is not False:
             if isinstance(observation_noise, Tensor):
-                check_noise(observation_noise, X.shape[:-1] + torch.Size([1]))
-                noise = observation_noise.to(X).squeeze(-1)
+                check_noise(observation_noise, X.shape[:-1] + torch.Size([m]))
+                noise = self._to_internal(observation_noise.to(X).expand(*X.shape[:-1], m))
             else:
                 noise = self._noise_variance(X)
             noise = noise.expand(mvn.mean.shape)
             mvn = MultivariateNormal(
                 mvn.mean, _as_operator(mvn.lazy_covariance_matrix) + DiagLinearOperator(noise)
             )
-        posterior = GPyTorchPosterior(self._unstandardise_mvn(mvn))
+        mvn = self._unstandardise_mvn(mvn, output_indices)
+        posterior = GPyTorchPosterior(mvn)
         if posterior_transform is not None:
             return posterior_transform(posterior)
         return posterior
@@ -264,11 +290,13 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             allows it.
         """
         X = self._transform_and_check(X)
-        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        check_observations(
+            X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
+        )
         self.ensure_caches()
-        Ys = self._standardise(Y.to(X)).squeeze(-1)
+        Ys = self._to_internal(self._standardise(Y.to(X)))
         if noise is not None:
-            noise = noise.to(X).expand(Y.shape).squeeze(-1)
+            noise = self._to_internal(noise.to(X).expand(Y.shape))
         return self._condition(X, Ys, noise)
 
     def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
@@ -276,8 +304,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
         Args:
             X: ``q x d`` inputs (untransformed, in the model's domain).
-            Y: ``q x 1`` (or ``q``) observations, user's units.
-            noise: optional ``q x 1`` (or ``q``) observation-noise variances, user's units.
+            Y: ``q x m`` (or ``q`` for one output) observations, user's units.
+            noise: optional ``q x m`` (or ``q``) observation-noise variances, user's units.
         """
         if self.batch_shape != torch.Size():
             raise ValueError("update() is for a single model; fantasy/batched models are read-only.")
@@ -288,12 +316,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if isinstance(X, Tensor) and X.dim() != 2:
             raise ValueError(f"update() takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
         X = self._transform_and_check(X)
-        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        check_observations(
+            X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
+        )
         if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
-            raise ValueError("update() takes Y and noise of shape q x 1 (no batch dimensions).")
+            raise ValueError("update() takes Y and noise of shape q x m (no batch dimensions).")
         self.ensure_caches()
-        Ys = self._standardise(Y.to(X)).squeeze(-1)
-        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        Ys = self._to_internal(self._standardise(Y.to(X)))
+        noise_s = None if noise is None else self._to_internal(
+            (noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
+        )
         # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
         # every later update would extend, keeping all previous caches alive.
         with torch.no_grad():

@@ -35,6 +35,10 @@ not Gaussian (binary success/failure, counts, outliers), or when fantasies must 
 for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one updates for
 q < ``refactor_min_q``; from there on one BLAS-3 refactorisation of the m x m factor is faster).
 
+Several outputs (``train_Y`` ``n x m``, Gaussian likelihoods): the outputs are an internal batch
+dimension -- per-point tensors ``m x n``, caches ``batch x m x ...`` -- exactly m independent
+single-output models computed together (``kl_divergence`` returns the m KLs, ``elbo`` their sum).
+
 ``posterior(X, observation_noise=True)``: Gaussian likelihoods add the noise variance. For the
 others the returned distribution is still Gaussian: the latent posterior plus ``Var[y | f]``
 evaluated at the posterior mean of f (Bernoulli ``p (1 - p)``, Poisson ``exp(m)``, Student-t
@@ -48,7 +52,10 @@ import math
 from typing import Any, Literal
 
 import torch
-from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
 from botorch.optim.closures import ForwardBackwardClosure
 from botorch.optim.core import scipy_minimize, torch_minimize
 from botorch.optim.utils import get_parameters_and_bounds
@@ -82,8 +89,13 @@ class TSVGP(OnlineModel):
 
     Args:
         train_X: ``n x d`` initial inputs (n >= 1).
-        train_Y: ``n x 1`` initial observations (labels in {0, 1} for Bernoulli, counts for Poisson).
-        train_Yvar: optional ``n x 1`` known noise variances (user units): a fixed-noise Gaussian
+        train_Y: ``n x m`` initial observations (labels in {0, 1} for Bernoulli, counts for
+            Poisson). ``m > 1`` (Gaussian likelihoods only): ``m`` independent outputs sharing the
+            inputs and the inducing inputs, each with its own sites, kernel, constant mean, noise
+            and outcome scaling (batch shape ``[m]``, as BoTorch's batched multi-output models);
+            ``posterior`` then returns a ``MultitaskMultivariateNormal`` (``batch x q x m``) and
+            ``update`` / ``condition_on_observations`` take ``Y`` of shape ``... x q x m``.
+        train_Yvar: optional ``n x m`` known noise variances (user units): a fixed-noise Gaussian
             model; every later ``update`` must then pass ``noise``.
         inducing_points: ``m x d`` tensor, or an int m, or None for
             ``DEFAULT_NUM_INDUCING`` (128). An int/None selects them by greedy variance reduction
@@ -91,7 +103,8 @@ class TSVGP(OnlineModel):
             ``bounds`` (default the unit cube), so m may exceed n.
         likelihood: a :class:`~bo_online.likelihoods.SiteLikelihood`; default :class:`Gaussian`
             (or :class:`FixedNoiseGaussian` when ``train_Yvar`` is given).
-        covar_module: GPyTorch kernel; default BoTorch's RBF with dimension-scaled priors.
+        covar_module: GPyTorch kernel; default BoTorch's RBF with dimension-scaled priors (batch
+            shape ``[m]`` for ``m > 1`` outputs; a user kernel must then have that batch shape).
         bounds: optional ``2 x d`` input box; inputs outside it are rejected.
         standardize: standardise outcomes (only for likelihoods on real-valued targets).
         input_transform: optional BoTorch input transform.
@@ -130,29 +143,48 @@ class TSVGP(OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._transform_and_check(train_X)
-        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
+        check_observations(
+            X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds,
+            num_outputs=train_Y.shape[-1] if isinstance(train_Y, Tensor) and train_Y.dim() else 1,
+        )
         if train_Y.dim() != 2 or train_X.shape[0] < 1:
-            raise ValueError("train_Y must be n x 1 with n >= 1.")
+            raise ValueError("train_Y must be n x m with n >= 1.")
+        num_out = train_Y.shape[-1]
+        self._num_outputs = num_out
+        #: the output batch dims of every per-output tensor: [] for one output, [m] for m > 1
+        self._out = torch.Size([num_out]) if num_out > 1 else torch.Size()
+        if num_out > 1 and likelihood is not None and not likelihood.conjugate:
+            raise ValueError(
+                "Several outputs are supported for Gaussian likelihoods only; use one TSVGP per "
+                "output for other likelihoods."
+            )
         if train_Yvar is not None:
             if likelihood is not None and not isinstance(likelihood, FixedNoiseGaussian):
                 raise ValueError("train_Yvar (fixed noise) only goes with a FixedNoiseGaussian likelihood.")
             likelihood = likelihood or FixedNoiseGaussian()
+        elif likelihood is None and num_out > 1:  # one learnable noise per output
+            likelihood = Gaussian(get_gaussian_likelihood_with_lognormal_prior(batch_shape=self._out))
         elif isinstance(likelihood, FixedNoiseGaussian):
             raise ValueError("A FixedNoiseGaussian likelihood needs train_Yvar.")
         self.likelihood = likelihood if likelihood is not None else Gaussian()
         self.likelihood.check_targets(train_Y)
         self.fixed_noise = train_Yvar is not None
+        if self._out:  # outcome scaling per output
+            self.outcome_mean = torch.zeros(num_out).to(X)
+            self.outcome_std = torch.ones(num_out).to(X)
         if standardize and self.likelihood.standardizable and train_Y.shape[0] > 1:
             std = train_Y.std(dim=0)
             self.outcome_mean = train_Y.mean(dim=0).to(X)
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
-        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        self.mean_module = ConstantMean()
+        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
+            ard_num_dims=dim, batch_shape=self._out
+        )
+        self.mean_module = ConstantMean(batch_shape=self._out)
         self.condition_steps = int(condition_steps)
         self.to(dtype=dtype, device=device)
         if inducing_points is None or isinstance(inducing_points, int):
             m = DEFAULT_NUM_INDUCING if inducing_points is None else int(inducing_points)
-            Z = select_inducing_points(X, self.covar_module, m, bounds=self.input_bounds)
+            Z = select_inducing_points(X, self._selection_kernel(), m, bounds=self.input_bounds)
         else:
             Z = torch.as_tensor(inducing_points).to(X)
             if Z.dim() != 2 or Z.shape[-1] != dim or Z.shape[0] < 1:
@@ -162,8 +194,8 @@ class TSVGP(OnlineModel):
 
         # Per-point state, stored with spare capacity so an update appends in O(q) amortised.
         n = X.shape[0]
-        y = self._standardise(train_Y.to(X)).squeeze(-1)
-        noise = None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1)
+        y = self._to_internal(self._standardise(train_Y.to(X)))  # (m x) n
+        noise = None if train_Yvar is None else self._to_internal(train_Yvar.to(X) / self.outcome_std**2)
         self.register_buffer("num_data_", torch.tensor(n, device=device))
         self.register_buffer("_X", X.clone())
         self.register_buffer("_y", y.clone())
@@ -199,16 +231,16 @@ class TSVGP(OnlineModel):
     @property
     def train_y(self) -> Tensor:
         """Standardised targets of the base data (``n``)."""
-        return self._y[: self._n]
+        return self._y[..., : self._n]
 
     @property
     def train_noise(self) -> Tensor | None:
-        return None if self._noise is None else self._noise[: self._n]
+        return None if self._noise is None else self._noise[..., : self._n]
 
     @property
     def sites(self) -> tuple[Tensor, Tensor]:
         r"""Per-point sites ``(g1, beta)`` of the base data (``n`` each, standardised units)."""
-        return self._g1[: self._n], self._beta[: self._n]
+        return self._g1[..., : self._n], self._beta[..., : self._n]
 
     @property
     def train_inputs(self) -> tuple[Tensor]:
@@ -217,7 +249,7 @@ class TSVGP(OnlineModel):
     @property
     def train_targets(self) -> Tensor:
         """Training targets in the user's units (``n``)."""
-        return self.train_y * self.outcome_std + self.outcome_mean
+        return self._user_units(self.train_y)
 
     def hyperparameters(self):
         r"""Kernel, mean and inducing points; the likelihood's parameters only for a Gaussian
@@ -230,6 +262,35 @@ class TSVGP(OnlineModel):
 
     def _after_load(self) -> None:
         self._n = int(self.num_data_)
+
+    # ------------------------------------------------------------------ several outputs
+    # m > 1 independent outputs are an internal batch dimension (as BoTorch's batched
+    # multi-output models): kernel, mean and noise have batch shape [m], per-point tensors
+    # (y, sites, noise) are ``m x n``, caches ``batch x m x ...``; inducing inputs are shared.
+
+    def _const(self) -> Tensor:
+        r"""The constant prior mean, broadcastable against ``... x (m x) q``."""
+        c = self.mean_module.constant
+        return c.unsqueeze(-1) if self._out else c
+
+    def _kx(self, X: Tensor) -> Tensor:
+        r"""Inputs ``batch x q x d`` as the (output-batched) kernel wants them."""
+        return X.unsqueeze(-3) if self._out else X
+
+    def _user_units(self, Y: Tensor) -> Tensor:
+        r"""Standardised ``... x (m x) q`` (internal layout) -> the user's units."""
+        if self._out:
+            return Y * self.outcome_std.unsqueeze(-1) + self.outcome_mean.unsqueeze(-1)
+        return Y * self.outcome_std + self.outcome_mean
+
+    def _selection_kernel(self) -> Kernel:
+        r"""Kernel for choosing the shared inducing inputs: the model's own for one output; for
+        several, an unbatched default kernel (the outputs share Z)."""
+        if not self._out:
+            return self.covar_module
+        return get_covar_module_with_dim_scaled_prior(ard_num_dims=self.dim).to(
+            self.outcome_mean
+        )
 
     # ------------------------------------------------------------------ sites and caches
 
@@ -244,7 +305,7 @@ class TSVGP(OnlineModel):
     def _exact_sites(self, y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
         r"""Gaussian sites (MATH.md §2): ``g1 = (y - c)/sigma^2``, ``beta = 1/sigma^2``."""
         s2 = self.likelihood._var(self._point_noise(y.shape, noise))
-        c = self.mean_module.constant
+        c = self._const()
         return (y - c) / s2, (1.0 / s2).expand(y.shape)
 
     def _chunks(self) -> list[tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]]:
@@ -262,6 +323,7 @@ class TSVGP(OnlineModel):
     def _whiten(self, L_K: Tensor, X: Tensor) -> Tensor:
         r"""``a_X = L_K^-1 K_uX`` (``batch x m x q`` for ``X``: ``batch x q x d``)."""
         Z = self.inducing_points
+        X = self._kx(X)
         K_uX = self.covar_module(Z, X).to_dense() if X.dim() == 2 else self.covar_module(
             Z.expand(*X.shape[:-2], *Z.shape), X
         ).to_dense()
@@ -290,7 +352,7 @@ class TSVGP(OnlineModel):
             if self.likelihood.conjugate:  # the exact E-step: sites follow sigma^2 and c
                 g1, beta = self._exact_sites(y, noise)
                 if j == 0:
-                    self._g1[: self._n], self._beta[: self._n] = g1, beta
+                    self._g1[..., : self._n], self._beta[..., : self._n] = g1, beta
             A = self._whiten(L_K, X)
             lw, Pc = self._summaries(A, g1, beta)
             lam_w, P = lam_w + lw, P + Pc
@@ -305,8 +367,9 @@ class TSVGP(OnlineModel):
             raise ValueError("set_sites() is for a single model, not a fantasy/batched one.")
         n = self._n
         g1, beta = torch.as_tensor(g1).to(self._X), torch.as_tensor(beta).to(self._X)
-        if g1.shape != (n,) or beta.shape != (n,):
-            raise ValueError(f"Sites must have shape ({n},), got {tuple(g1.shape)}, {tuple(beta.shape)}.")
+        shape = (*self._out, n)
+        if g1.shape != shape or beta.shape != shape:
+            raise ValueError(f"Sites must have shape {shape}, got {tuple(g1.shape)}, {tuple(beta.shape)}.")
         check_finite("g1", g1)
         check_finite("beta", beta)
         if bool((beta < 0).any()):
@@ -320,7 +383,7 @@ class TSVGP(OnlineModel):
             A = self._whiten(L_K, self.train_X)
             lam_w, P = self._summaries(A, g1, beta)
             L_B, v = self._factor(P, lam_w)
-        self._g1[: self._n], self._beta[: self._n] = g1, beta
+        self._g1[..., : self._n], self._beta[..., : self._n] = g1, beta
         self.chol_K, self.chol_B, self.lam_w, self.v = L_K, L_B, lam_w, v
         self._cache_key = self._current_key()
 
@@ -332,20 +395,20 @@ class TSVGP(OnlineModel):
         r"""Marginal mean of h = f - c and variance of f at points with whitened ``A``."""
         mean = (A.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
         W = solve_lower(L_B, A)
-        kdiag = self.covar_module(X, diag=True)
+        kdiag = self.covar_module(self._kx(X), diag=True)
         var = kdiag - A.pow(2).sum(-2) + W.pow(2).sum(-2)
         return mean, var.clamp_min(1e-12)
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         A = self._whiten(self.chol_K, X)  # batch x m x q
         W = solve_lower(self.chol_B, A)  # broadcast(batch, model batch) x m x q
-        mean = self.mean_module.constant + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
+        mean = self._const() + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
         batch = torch.broadcast_shapes(mean.shape[:-1], W.shape[:-2])
         q = X.shape[-2]
         m = A.shape[-2]
         A = A.expand(*batch, m, q)
         W = W.expand(*batch, m, q)
-        prior = self.covar_module(X).expand(*batch, q, q)
+        prior = self.covar_module(self._kx(X)).expand(*batch, q, q)
         covar = (
             prior
             + MatmulLinearOperator(W.transpose(-1, -2), W)
@@ -355,20 +418,20 @@ class TSVGP(OnlineModel):
 
     def _latent_mean(self, X: Tensor) -> Tensor:
         A = self._whiten(self.chol_K, X)
-        return self.mean_module.constant + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
+        return self._const() + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         lik = self.likelihood
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+            return self.train_noise.mean(-1, keepdim=True).expand(*X.shape[:-2], *self._out, X.shape[-2])
         if lik.conjugate:
-            return lik.noise.expand(X.shape[:-1])
+            return lik.noise.expand(*X.shape[:-2], *self._out, X.shape[-2])
         # Non-Gaussian: Var[y | f] at the posterior mean of f (see the module docstring).
         return lik.noise_variance(self._latent_mean(X))
 
     def _default_fantasy_noise(self) -> Tensor | None:
         if self.fixed_noise:
-            return self.train_noise.mean().reshape(1, 1)
+            return self.train_noise.mean(-1).reshape(1, -1)
         return None
 
     # ------------------------------------------------------------------ conditioning
@@ -387,20 +450,20 @@ class TSVGP(OnlineModel):
         if lik.conjugate:
             g1, beta = self._exact_sites(Y, noise)
             if noise is None and not self.fixed_noise:
-                beta = beta.reshape(-1)[:1].expand(X.shape[:-1])  # one precision for all samples
-            elif noise is not None:
-                beta = beta.reshape(-1, *X.shape[:-1])[0]  # noise is the same for every sample
+                # one precision (per output) for all samples
+                beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(*self._out, X.shape[-2])
+            elif noise is not None:  # noise is the same for every sample
+                beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
             L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
-            v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
-            return L_B, lam_w, v, g1, beta
+            return L_B, lam_w, self._solve_shared(L_B, lam_w), g1, beta
         if noise is not None:
             raise ValueError(
                 "noise can only be given for a Gaussian likelihood; this TSVGP has a "
                 f"{type(lik).__name__} likelihood."
             )
         L_B, v = self.chol_B, self.v
-        c = self.mean_module.constant
+        c = self._const()
         for _ in range(1 + self.condition_steps):
             mean_h, var = self._marginals(A, L_B, v, X)
             alpha, beta = lik.expected_derivatives(Y, c + mean_h, var)
@@ -409,6 +472,21 @@ class TSVGP(OnlineModel):
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
             v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
         return L_B, lam_w, v, g1, beta
+
+    @staticmethod
+    def _solve_shared(L: Tensor, b: Tensor) -> Tensor:
+        r"""``(L L^T)^-1 b`` for ``b``: ``extra x batch_L x m`` with ``L``: ``batch_L x m x m``.
+
+        The extra (fantasy-sample) dims become columns of ONE triangular solve pair (BLAS-3)
+        instead of broadcasting ``L`` over them (a copy of L and one BLAS-2 solve per sample).
+        """
+        lb = L.shape[:-2]
+        if b.dim() - 1 <= len(lb) or b.shape[b.dim() - 1 - len(lb) : -1] != lb:
+            return cholesky_solve(L, b.unsqueeze(-1)).squeeze(-1)
+        extra = b.shape[: b.dim() - 1 - len(lb)]
+        cols = b.reshape(-1, *lb, L.shape[-1]).movedim(0, -1)  # batch_L x m x E
+        out = cholesky_solve(L, cols).movedim(-1, 0)
+        return out.reshape(*extra, *lb, L.shape[-1])
 
     #: From this many new points on, the factor of ``B + U U^T`` is recomputed (one BLAS-3
     #: product and Cholesky, O(m^3)) instead of q sequential rank-one updates (O(m^2 q) but
@@ -423,20 +501,21 @@ class TSVGP(OnlineModel):
         return psd_cholesky(L @ L.transpose(-1, -2) + U @ U.transpose(-1, -2))
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
-        self.likelihood.check_targets(Y * self.outcome_std + self.outcome_mean)
+        self.likelihood.check_targets(self._user_units(Y))
         if noise is not None and self.likelihood.conjugate:
             noise = noise.expand(Y.shape)
         A = self._whiten(self.chol_K, X)  # X-batch x m x q, shared by every sample
         L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)
         new = self._shallow_copy()
         new.chol_B, new.lam_w, new.v = L_B, lam_w, v
-        batch = torch.broadcast_shapes(v.shape[:-1], L_B.shape[:-2])
-        Xb = X.expand(*batch, *X.shape[-2:])
+        batch = torch.broadcast_shapes(v.shape[:-1], L_B.shape[:-2])  # model batch x (m)
+        model_batch = batch[: len(batch) - len(self._out)]
+        Xb = X.expand(*model_batch, *X.shape[-2:])
         yb, g1b, betab = (t.expand(*batch, X.shape[-2]) for t in (Y, g1, beta))
         nb = None if noise is None else noise.expand(*batch, X.shape[-2])
         if self._cX is not None:  # conditioning a conditioned model: extend its added chunk
             cat = lambda old, new_: torch.cat([old.expand(*batch, old.shape[-1]), new_], -1)
-            Xb = torch.cat([self._cX.expand(*batch, *self._cX.shape[-2:]), Xb], -2)
+            Xb = torch.cat([self._cX.expand(*model_batch, *self._cX.shape[-2:]), Xb], -2)
             yb, g1b, betab = cat(self._cy, yb), cat(self._cg1, g1b), cat(self._cbeta, betab)
             if self._cnoise is not None or nb is not None:
                 old_n = self._cnoise
@@ -446,12 +525,12 @@ class TSVGP(OnlineModel):
                     nb = self._point_noise(torch.Size([*batch, X.shape[-2]]), None)
                 nb = cat(old_n, nb)
         new._cX, new._cy, new._cg1, new._cbeta, new._cnoise = Xb, yb, g1b, betab, nb
-        new._batch_shape = batch
+        new._batch_shape = model_batch
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
         lik = self.likelihood
-        lik.check_targets(Y * self.outcome_std + self.outcome_mean)
+        lik.check_targets(self._user_units(Y))
         if self.fixed_noise and noise is None:
             raise ValueError(
                 "This TSVGP has fixed per-point noise: pass `noise` (variances) with every update."
@@ -464,7 +543,7 @@ class TSVGP(OnlineModel):
         with torch.no_grad():
             A = self._whiten(self.chol_K, X)
             L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)  # raises before changes
-            if self.lam_w.dim() != 1 or L_B.dim() != 2:
+            if self.lam_w.dim() != 1 + len(self._out) or L_B.dim() != 2 + len(self._out):
                 raise ValueError("update() needs an unbatched model.")
         self._append(X, Y, noise, g1, beta)
         self.chol_B, self.lam_w, self.v = L_B, lam_w, v
@@ -473,16 +552,17 @@ class TSVGP(OnlineModel):
         n, q = self._n, X.shape[0]
         if n + q > self._X.shape[0]:  # grow the storage geometrically: amortised O(q) appends
             cap = max(2 * self._X.shape[0], n + q)
-            grow = lambda t: torch.cat([t[:n], t.new_zeros(cap - n, *t.shape[1:])], 0)
-            self._X, self._y, self._g1, self._beta = map(grow, (self._X, self._y, self._g1, self._beta))
+            self._X = torch.cat([self._X[:n], self._X.new_zeros(cap - n, self._X.shape[-1])], 0)
+            grow = lambda t: torch.cat([t[..., :n], t.new_zeros(*t.shape[:-1], cap - n)], -1)
+            self._y, self._g1, self._beta = map(grow, (self._y, self._g1, self._beta))
             if self._noise is not None:
                 self._noise = grow(self._noise)
         self._X[n : n + q] = X
-        self._y[n : n + q] = y
-        self._g1[n : n + q] = g1
-        self._beta[n : n + q] = beta
+        self._y[..., n : n + q] = y
+        self._g1[..., n : n + q] = g1
+        self._beta[..., n : n + q] = beta
         if self._noise is not None:
-            self._noise[n : n + q] = noise
+            self._noise[..., n : n + q] = noise
         self._n = n + q
         self.num_data_.fill_(self._n)
 
@@ -493,7 +573,8 @@ class TSVGP(OnlineModel):
         for name in ("_X", "_y", "_g1", "_beta", "_noise"):
             key = prefix + name
             if key in state and state[key] is not None:
-                state[key] = state[key][: self._n].clone()
+                t = state[key]
+                state[key] = (t[: self._n] if name == "_X" else t[..., : self._n]).clone()
         return state
 
     def fantasize(
@@ -521,7 +602,7 @@ class TSVGP(OnlineModel):
         gen = torch.Generator(device="cpu").manual_seed(int(getattr(sampler, "seed", 0) or 0))
         U = torch.rand(Fs.shape, generator=gen, dtype=Fs.dtype).to(Fs.device)
         Ys = self.likelihood.sample_from_uniform(Fs, U)
-        Y = Ys * self.outcome_std + self.outcome_mean
+        Y = Ys * self.outcome_std + self.outcome_mean  # user layout ... x q x m
         return self.condition_on_observations(X, Y.detach())
 
     # ------------------------------------------------------------------ the variational bound
@@ -547,9 +628,9 @@ class TSVGP(OnlineModel):
         lam_w, P = self._summaries(A, g1, beta)
         L_B, v = self._factor(P, lam_w)
         mean_h, var = self._marginals(A, L_B, v, X)
-        c = self.mean_module.constant
+        c = self._const()
         ell = self.likelihood.expected_log_prob(y, c + mean_h, var, noise).sum()
-        return ell - self._kl(L_B, v)
+        return ell - self._kl(L_B, v).sum()  # summed over independent outputs
 
     def _kl(self, L_B: Tensor, v: Tensor) -> Tensor:
         r"""KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2) (MATH.md §2, whitened)."""
@@ -598,19 +679,19 @@ class TSVGP(OnlineModel):
         minibatch = batch_size is not None and batch_size < n
         idx = torch.randperm(n, generator=generator)[:batch_size] if minibatch else slice(None)
         with torch.no_grad():
-            X, y = self.train_X[idx], self.train_y[idx]
-            noise = None if self.train_noise is None else self.train_noise[idx]
+            X, y = self.train_X[idx], self.train_y[..., idx]
+            noise = None if self.train_noise is None else self.train_noise[..., idx]
             A = self._whiten(self.chol_K, X)
             mean_h, var = self._marginals(A, self.chol_B, self.v, X)
-            c = self.mean_module.constant
+            c = self._const()
             noise_arg = noise if self.likelihood.conjugate else None
             if self.likelihood.conjugate and noise_arg is None:
                 noise_arg = self._point_noise(y.shape, None)
             alpha, beta = self.likelihood.expected_derivatives(y, c + mean_h, var, noise_arg)
             g1 = beta * mean_h + alpha
             g1_old, beta_old = self.sites
-            g1_new = (1 - rho) * g1_old[idx] + rho * g1
-            beta_new = (1 - rho) * beta_old[idx] + rho * beta
+            g1_new = (1 - rho) * g1_old[..., idx] + rho * g1
+            beta_new = (1 - rho) * beta_old[..., idx] + rho * beta
             if not minibatch:
                 self._set_base_sites(g1_new, beta_new)
                 return self
@@ -621,7 +702,7 @@ class TSVGP(OnlineModel):
             lam_w = (1 - rho) * self.lam_w + rho * scale * lam_b
             P = (1 - rho) * P_old + rho * scale * P_b
             L_B, v = self._factor(P, lam_w)
-            self._g1[idx], self._beta[idx] = g1_new, beta_new
+            self._g1[..., idx], self._beta[..., idx] = g1_new, beta_new
             self.chol_B, self.lam_w, self.v = L_B, lam_w, v
         return self
 
@@ -724,13 +805,14 @@ class TSVGP(OnlineModel):
         self.ensure_caches()
 
     def _restandardize(self) -> None:
-        y = self.train_targets
-        mean, std = y.mean(-1, keepdim=True).reshape(1), y.std(-1).reshape(1)
+        y = self.train_targets  # (m x) n
+        mean, std = y.mean(-1).reshape(-1), y.std(-1).reshape(-1)
         std = torch.where(std > 0, std, torch.ones_like(std))
         ratio = self.outcome_std / std
         n = self._n
+        col = (lambda t: t.unsqueeze(-1)) if self._out else (lambda t: t)
         if self._noise is not None:
-            self._noise[:n] = self._noise[:n] * ratio**2
-        self._y[:n] = y / std - mean / std
+            self._noise[..., :n] = self._noise[..., :n] * col(ratio) ** 2
+        self._y[..., :n] = (y - col(mean)) / col(std)
         self.outcome_mean, self.outcome_std = mean, std
         self.invalidate_caches()
