@@ -20,15 +20,6 @@ from bo_online.models.decoupled import median_lengthscale
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These problems are tiny; on a shared 2-core machine one thread avoids contention stalls.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n: int = 30, d: int = 2, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)

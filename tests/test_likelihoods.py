@@ -22,15 +22,6 @@ from bo_online.likelihoods import (
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These matrices are tiny: one thread avoids thread start-up and oversubscription costs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _liks():
     return [
         ("gaussian", Gaussian().to(DT)),

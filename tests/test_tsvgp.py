@@ -16,15 +16,6 @@ from bo_online.models.tsvgp import TSVGP
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These matrices are tiny: one thread avoids thread start-up and oversubscription costs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n=30, d=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
