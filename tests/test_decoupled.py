@@ -15,7 +15,6 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import LinearKernel
 
 from bo_online.models import DecoupledSVGP, OnlineExactGP
-from bo_online.models.decoupled import median_lengthscale
 
 DT = torch.float64
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -345,7 +344,6 @@ def test_works_under_botorch_acquisitions(lik):
         mc = torch.rand(32, 2, dtype=DT)
         acq = qNegIntegratedPosteriorVariance(model, mc_points=mc)
         Xq = torch.rand(1, 2, 2, dtype=DT)
-        noise = model.likelihood.noise.reshape(1, 1)
         cond = model.condition_on_observations(Xq[0], torch.zeros(2, 1, dtype=DT), noise=None)
         ref = -cond.posterior(mc).variance.mean()
         assert torch.allclose(acq(Xq), ref.reshape(1), atol=1e-10)

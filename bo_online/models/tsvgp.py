@@ -48,7 +48,6 @@ the exact (non-Gaussian) predictive distribution.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
