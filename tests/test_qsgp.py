@@ -1,0 +1,298 @@
+"""QSGP against independent dense computations (Gaussian algebra by hand, exact GPs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gpytorch.kernels import RBFKernel, ScaleKernel
+
+from bo_online.models import QSGP
+from bo_online.models.qsgp_bases import InducingBasis, RFFBasis, RVMBasis, hashed_uniform
+
+DT = torch.float64
+
+
+def _data(n=25, d=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(5 * X[:, :1]) + X[:, 1:2] ** 2 + 0.05 * torch.randn(n, 1, generator=g, dtype=DT)
+    return X, Y
+
+
+def _kernel(d, ls=0.3, os=1.3):
+    k = ScaleKernel(RBFKernel(ard_num_dims=d)).to(DT)
+    k.base_kernel.lengthscale = torch.full((1, d), ls, dtype=DT)
+    k.outputscale = torch.tensor(os, dtype=DT)
+    return k
+
+
+def _set_noise(model, value):
+    model.likelihood.noise = torch.tensor([value], dtype=DT)
+
+
+def _dense_gp_post(Kxx, Kxs, Kss, noise, y):
+    """Dense GP posterior by hand (Cholesky of the n x n matrix)."""
+    L = torch.linalg.cholesky(Kxx + noise * torch.eye(Kxx.shape[0], dtype=DT))
+    A = torch.cholesky_solve(Kxs, L)
+    mean = A.T @ y
+    cov = Kss - Kxs.T @ A
+    return mean, cov
+
+
+# ------------------------------------------------------------------------------ bases
+
+
+def test_rff_columns_regenerated_from_seed():
+    X, _ = _data(10, 3)
+    b = RFFBasis(3, 5000, kernel=_kernel(3), seed=7).to(DT)
+    full = b.features(X)
+    idx = torch.tensor([4999, 3, 3, 1200])
+    # equal up to BLAS summation order
+    assert torch.allclose(b.features(X, idx), full[:, idx], rtol=0, atol=1e-15)
+    again = RFFBasis(3, 5000, kernel=_kernel(3), seed=7).to(DT).features(X, idx)
+    assert torch.equal(again, b.features(X, idx))
+    other = RFFBasis(3, 5000, kernel=_kernel(3), seed=8).to(DT).features(X, idx)
+    assert not torch.allclose(other, full[:, idx])
+    u = hashed_uniform(3, torch.arange(200000), 1, 0, DT)
+    assert abs(float(u.mean()) - 0.5) < 0.003 and abs(float(u.var()) - 1 / 12) < 0.002
+
+
+def test_rff_kernel_converges_to_se_ard():
+    X, _ = _data(15, 2)
+    k = _kernel(2, ls=0.4, os=0.8)
+    b = RFFBasis(2, 40000, kernel=k, seed=1).to(DT)
+    F = b.features(X)
+    K = k(X).to_dense()
+    # Monte-Carlo error of an m-feature estimate is O(os / sqrt(m)) ~ 0.004
+    assert float((F @ F.T - K).abs().max()) < 0.03
+
+
+# ------------------------------------------------------------------------------ Eq. 2, prediction
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_eq2_at_closed_form_optimum_equals_exact_lml(fixed_noise):
+    X, Y = _data(25, 2)
+    Yvar = torch.full_like(Y, 0.02) * (1 + torch.rand(Y.shape, generator=torch.Generator().manual_seed(3), dtype=DT)) if fixed_noise else None
+    model = QSGP(X, Y, Yvar, num_features=40, family="full", kernel=_kernel(2))
+    if not fixed_noise:
+        _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    elbo = model.exact_elbo()
+    # Independent: y ~ N(0, Phi S^-1 Phi^T + N) densely (n x n), S = I for RFF.
+    Phi = model.basis.features(model.train_X).detach()
+    noise = model.train_noise if fixed_noise else torch.full((25,), 0.03, dtype=DT)
+    cov = Phi @ Phi.T + torch.diag(noise)
+    ref = torch.distributions.MultivariateNormal(torch.zeros(25, dtype=DT), cov).log_prob(model.train_y)
+    assert abs(float(elbo) - float(ref)) < 1e-8
+    assert abs(float(model.exact_log_marginal()) - float(ref)) < 1e-8
+
+
+def test_inducing_basis_eq2_optimum_is_exact_gp_evidence():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.25)
+    model = QSGP(X, Y, basis=InducingBasis(X.clone(), k, jitter=0.0), family="full", standardize=False)
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    K = k(X).to_dense().detach()
+    ref = torch.distributions.MultivariateNormal(
+        torch.zeros(20, dtype=DT), K + 0.05 * torch.eye(20, dtype=DT)).log_prob(Y.squeeze(-1))
+    assert abs(float(model.exact_elbo()) - float(ref)) < 1e-7 * abs(float(ref)) + 1e-8
+    # Posterior mean recovers the exact GP mean (App. I.2).
+    Xs = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    mean, _ = _dense_gp_post(K, k(X, Xs).to_dense().detach(), k(Xs).to_dense().detach(), 0.05,
+                             Y.squeeze(-1))
+    with torch.no_grad():
+        got = model.posterior(Xs).mean.squeeze(-1)
+    assert torch.allclose(got, mean, atol=1e-6)
+
+
+def test_full_family_posterior_equals_dense_gp_on_features():
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=50, family="full", kernel=_kernel(2))
+    _set_noise(model, 0.02)
+    model.set_optimal_variational()
+    Xs = torch.rand(6, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
+    with torch.no_grad():
+        post = model.posterior(Xs)
+        F, Fs = model.basis.features(model.train_X), model.basis.features(Xs)
+    mean, cov = _dense_gp_post(F @ F.T, F @ Fs.T, Fs @ Fs.T, 0.02, model.train_y)
+    sd = model.outcome_std
+    assert torch.allclose(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix, cov * sd**2, atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["mean_field", "chevron"])
+def test_family_optimum_is_stationary(family):
+    from bo_online.models.qsgp_estimators import exact_terms
+
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=4, kernel=_kernel(2))
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    Phi = model.basis.features(model.train_X).detach()
+    w = torch.full((25,), 1 / 0.05, dtype=DT)
+    mu = model.var_mean.clone().requires_grad_(True)
+    ld = model.var_log_diag.clone().requires_grad_(True)
+    cols = model.var_cols.clone().requires_grad_(True)
+    m, k = 30, model.num_dense
+    C = torch.diag(ld.exp())
+    if k:
+        C = C + torch.nn.functional.pad(torch.tril(cols, -1) if k == m else
+                                        cols * (torch.arange(m)[:, None] > torch.arange(k)[None]), (0, m - k))
+    elbo = exact_terms(Phi, model.train_y, w, mu, C, torch.eye(m, dtype=DT))["elbo"]
+    grads = torch.autograd.grad(elbo, [mu, ld, cols] if k else [mu, ld])
+    for g in grads:
+        assert float(g.abs().max()) < 1e-8
+    # Prop. 1 closed form for diagonal columns: c_rr = sigma / sqrt(||phi_r||^2 + sigma^2 s_rr)
+    r = m - 1
+    expect = math.sqrt(0.05 / (float(Phi[:, r] @ Phi[:, r]) + 0.05))
+    assert abs(float(model.var_log_diag[r].exp()) - expect) < 1e-12
+
+
+def test_prop4_augmentation_by_hand():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.2)
+    model = QSGP(X, Y, basis=InducingBasis(X.clone(), k), family="mean_field", standardize=False)
+    assert model.augment_variance
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    Xs = torch.cat([torch.rand(4, 2, dtype=DT), torch.full((1, 2), 30.0, dtype=DT)])
+    with torch.no_grad():
+        var = model.posterior(Xs).variance.squeeze(-1)
+        kx = k(Xs, X).to_dense()
+        base = (kx.pow(2) * model.var_log_diag.exp().pow(2)).sum(-1)
+        kxx = k(Xs, diag=True)
+        aug = 0.05 * kxx**2 / ((kx**2).sum(-1) + 0.05 * kxx)
+    assert torch.allclose(var, base + aug, atol=1e-10)
+    assert abs(float(var[-1]) - float(kxx[-1])) < 1e-8  # Remark 2: prior variance far away
+
+
+# ------------------------------------------------------------------------------ conditioning
+
+
+def _joint(model, Xa):
+    """Base posterior mean/cov by hand: Phi mu and (Phi C)(Phi C)^T from the dense C."""
+    F = model.basis.features(Xa).detach()
+    V = F @ model.dense_C()
+    return F @ model.var_mean, V @ V.T
+
+
+@pytest.mark.parametrize("family", ["full", "chevron", "mean_field"])
+def test_condition_equals_dense_gaussian_conditioning(family):
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    g = torch.Generator().manual_seed(11)
+    Xn = torch.rand(3, 2, generator=g, dtype=DT)
+    Yn = torch.randn(3, 1, generator=g, dtype=DT)
+    Xs = torch.rand(5, 2, generator=g, dtype=DT)
+    cond = model.condition_on_observations(Xn, Yn)
+    with torch.no_grad():
+        post = cond.posterior(Xs)
+        mu, S = _joint(model, torch.cat([Xs, Xn]))
+    ys = ((Yn - model.outcome_mean) / model.outcome_std).squeeze(-1)
+    G = S[5:, 5:] + 0.03 * torch.eye(3, dtype=DT)
+    mean = mu[:5] + S[:5, 5:] @ torch.linalg.solve(G, ys - mu[5:])
+    cov = S[:5, :5] - S[:5, 5:] @ torch.linalg.solve(G, S[5:, :5])
+    sd = model.outcome_std
+    assert torch.allclose(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix, cov * sd**2, atol=1e-8)
+    # Sequential updates in place equal the one-shot conditioning.
+    model.update(Xn[:1], Yn[:1])
+    model.update(Xn[1:], Yn[1:])
+    with torch.no_grad():
+        seq = model.posterior(Xs)
+    assert torch.allclose(seq.mean, post.mean, atol=1e-8)
+    assert torch.allclose(seq.covariance_matrix, post.covariance_matrix, atol=1e-8)
+
+
+def test_fantasize_batches_match_single_conditioning():
+    from botorch.sampling import SobolQMCNormalSampler
+
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    Xf = torch.rand(4, 2, 2, dtype=DT)  # batch 4, q 2
+    fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([3]), seed=0))
+    assert fm.batch_shape == torch.Size([3, 4])
+    Xs = torch.rand(4, 5, 2, dtype=DT)
+    with torch.no_grad():
+        post = fm.posterior(Xs)
+        assert post.mean.shape == torch.Size([3, 4, 5, 1])
+        Yf = fm.cond_y[1, 2] * model.outcome_std + model.outcome_mean
+        single = model.condition_on_observations(Xf[2], Yf.unsqueeze(-1)).posterior(Xs[2])
+    assert torch.allclose(post.mean[1, 2], single.mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix[1, 2], single.covariance_matrix, atol=1e-8)
+
+
+def test_sample_paths_deterministic_and_match_posterior():
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    paths = model.sample_paths(6000, generator=torch.Generator().manual_seed(0))
+    Xs = torch.rand(3, 2, generator=torch.Generator().manual_seed(2), dtype=DT)
+    with torch.no_grad():
+        f = paths(Xs)
+        assert torch.equal(f, paths(Xs))
+        post = model.posterior(Xs)
+    assert f.shape == (6000, 3)
+    se = post.variance.squeeze(-1).sqrt() / math.sqrt(6000)
+    assert bool(((f.mean(0) - post.mean.squeeze(-1)).abs() < 4 * se).all())
+    emp = torch.cov(f.T)
+    assert torch.allclose(emp, post.covariance_matrix, rtol=0.1, atol=0.1 * float(post.variance.max()))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_bad_input_raises_and_leaves_state_unchanged():
+    X, Y = _data(15, 2)
+    model = QSGP(X, Y, num_features=20, kernel=_kernel(2), bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT))
+    model.set_optimal_variational()
+    model.update(torch.rand(1, 2, dtype=DT), torch.randn(1, 1, dtype=DT))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = [
+        (torch.tensor([[float("nan"), 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.rand(1, 3, dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.tensor([[1.5, 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.rand(1, 2, dtype=DT), torch.tensor([[float("inf")]], dtype=DT), None),
+        (torch.rand(1, 2, dtype=DT), torch.zeros(1, 1, dtype=DT), -torch.ones(1, 1, dtype=DT)),
+        (torch.rand(2, 2, dtype=DT), torch.zeros(3, 1, dtype=DT), None),
+    ]
+    for Xb, Yb, nb in bad:
+        with pytest.raises(ValueError):
+            model.update(Xb, Yb, nb)
+        after = model.state_dict()
+        assert before.keys() == after.keys()
+        for key in before:
+            assert torch.equal(before[key], after[key]), key
+    with pytest.raises(ValueError):
+        QSGP(X, Y, family="diagonalish")
+    with pytest.raises(ValueError):
+        QSGP(X, Y, likelihood="poisson")
+    with pytest.raises(ValueError):
+        QSGP(X, Y, basis="fourier")
+    with pytest.raises(ValueError):
+        QSGP(X, torch.rand(15, 1, dtype=DT) + 2, likelihood="logistic")
+
+
+def test_state_dict_roundtrip_restores_conditioned_model():
+    X, Y = _data(15, 2)
+    model = QSGP(X, Y, num_features=20, kernel=_kernel(2))
+    model.set_optimal_variational()
+    model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    sd = model.state_dict()
+    other = QSGP(X, Y, num_features=20, kernel=_kernel(2, ls=0.7))
+    other.load_state_dict(sd)
+    Xs = torch.rand(4, 2, dtype=DT)
+    with torch.no_grad():
+        a, b = model.posterior(Xs), other.posterior(Xs)
+    assert torch.allclose(a.mean, b.mean, atol=1e-12)
+    assert torch.allclose(a.covariance_matrix, b.covariance_matrix, atol=1e-12)
