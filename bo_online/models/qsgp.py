@@ -47,6 +47,7 @@ from botorch.models.utils.gpytorch_modules import (
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood
+from linear_operator.operators import DenseLinearOperator
 from torch import Tensor, nn
 from typing_extensions import Self
 
@@ -874,6 +875,8 @@ class QSGPSamplePaths(nn.Module):
         return out * model.outcome_std + model.outcome_mean
 
 
-def _psd(cov: Tensor) -> Tensor:
-    r"""Symmetrise (rounding) so downstream Cholesky factorisations see an exactly symmetric matrix."""
-    return 0.5 * (cov + cov.transpose(-1, -2))
+def _psd(cov: Tensor) -> DenseLinearOperator:
+    r"""Symmetrised covariance as a lazy operator: a finite basis gives covariances of rank at most
+    ``m`` over many points, which linear_operator factorises with jitter (a dense tensor would make
+    torch's ``MultivariateNormal`` demand strict positive definiteness)."""
+    return DenseLinearOperator(0.5 * (cov + cov.transpose(-1, -2)))
