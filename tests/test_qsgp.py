@@ -14,6 +14,16 @@ from bo_online.models.qsgp_bases import InducingBasis, RFFBasis, RVMBasis, hashe
 DT = torch.float64
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small linear algebra runs ~100x slower with 2 spinning threads on the shared, overloaded
+    2-core machine; these tests are single-threaded by nature. Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def _data(n=25, d=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
