@@ -698,42 +698,20 @@ class QSGP(OnlineModel):
         acc_cols = torch.zeros(m, k, **dd)
         use_cv = gaussian and cv_rank > 0
         if use_cv:
-            p = torch.randperm(n, generator=gen, device=dev)[: min(cv_rank, n)]
-            frozen = self.basis.frozen_state()  # App. F.3: CV features fixed at the start
-            Xp = self.train_X[p]
-            a = torch.zeros(p.numel(), 1 + k, **dd)
-            if bool((self.var_mean != 0).any()) or bool((self.var_cols != 0).any()):
-                with torch.no_grad():
-                    for idx in self._chunks():
-                        Fp = self.basis.features(Xp, idx, frozen)
-                        a[:, 0] += Fp @ self.var_mean[idx]
-                        if k:
-                            a[:, 1:] += Fp @ self._lower_cols(idx, torch.arange(k, device=dev),
-                                                              self.var_cols[idx])
+            p, Xp, frozen, a = self.control_variate_state(cv_rank, gen)
         self.train()
         try:
             for t in range(max_iter):
                 s = sample_indices(n, m, k, nr, nc, num_diag_cols, num_dense_cols, gen, dev)
-                U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
-                ni, nrr = s.i.numel(), s.r.numel()
-                inv_i, inv_j = inv[:ni], inv[ni:2 * ni]
-                inv_r, inv_dr = inv[2 * ni:2 * ni + nrr], inv[2 * ni + nrr:]
-                dr_u, dr_inv = torch.unique(s.dr, return_inverse=True)
-                mu_U = self.var_mean[U].clone().requires_grad_(True)
-                ld_U = self.var_log_diag[U].clone().requires_grad_(True)
-                cols_U = self.var_cols[U][:, dr_u].clone().requires_grad_(True) if k else None
                 hyper_on = opt is not None and t >= freeze
-                with torch.set_grad_enabled(True):
-                    loss, extras = self._step_loss(s, U, inv_i, inv_j, inv_r, inv_dr, dr_u, dr_inv,
-                                                   mu_U, ld_U, cols_U, hyper_on,
-                                                   (p, Xp, frozen, a) if use_cv else None,
-                                                   use_priors)
-                    leaves = [mu_U, ld_U] + ([cols_U] if k else [])
-                    if hyper_on:
-                        opt.zero_grad()
-                    grads = torch.autograd.grad(
-                        loss, leaves + (list(hypers.values()) if hyper_on else []),
-                        allow_unused=True)
+                loss, st = self.stochastic_loss(
+                    s, cv_state=(p, Xp, frozen, a) if use_cv else None, hyper_grad=hyper_on,
+                    use_priors=use_priors)
+                U, dr_u = st["U"], st["dr_u"]
+                leaves = st["leaves"]
+                grads = torch.autograd.grad(
+                    loss, leaves + (list(hypers.values()) if hyper_on else []), allow_unused=True)
+                extras = st
                 lr_t = lr * gamma**t
                 with torch.no_grad():
                     old_mu, old_cols = self.var_mean[U].clone(), (
@@ -763,6 +741,61 @@ class QSGP(OnlineModel):
         finally:
             self.eval()
         return self
+
+    @torch.no_grad()
+    def control_variate_state(self, cv_rank: int, generator: torch.Generator | None = None
+                              ) -> tuple[Tensor, Tensor, dict, Tensor]:
+        r"""Support rows ``p`` (``n_bar`` drawn without replacement), their inputs, the frozen basis
+        hyperparameters (App. F.3) and ``a = Phi_p [mu, l_0..l_{k-1}]`` (``n_bar x (1+k)``, Prop. 3;
+        one ``O(n_bar m)`` pass unless ``q(w)`` is still at its zero-mean initialisation)."""
+        n, k = self.num_data, self.num_dense
+        dd = self._dtype_device
+        p = torch.randperm(n, generator=generator, device=dd["device"])[: min(cv_rank, n)]
+        frozen = self.basis.frozen_state()
+        Xp = self.train_X[p]
+        a = torch.zeros(p.numel(), 1 + k, **dd)
+        if bool((self.var_mean != 0).any()) or bool((self.var_cols != 0).any()):
+            for idx in self._chunks():
+                Fp = self.basis.features(Xp, idx, frozen)
+                a[:, 0] += Fp @ self.var_mean[idx]
+                if k:
+                    a[:, 1:] += Fp @ self._lower_cols(idx, torch.arange(k, device=idx.device),
+                                                      self.var_cols[idx])
+        return p, Xp, frozen, a
+
+    def stochastic_loss(
+        self,
+        s: IndexSample,
+        cv_state: tuple | None = None,
+        hyper_grad: bool = False,
+        use_priors: bool = False,
+    ) -> tuple[Tensor, dict]:
+        r"""One draw of the negative-ELBO estimator at the index sample ``s``.
+
+        Gaussian likelihood: ``(L_mu + L_Sigma + L_const) / 2`` estimated by Theorems 1-2 and
+        Prop. 2 (unbiased for ``-ELBO`` of Eq. 2; with a dense ``S`` the constant ``-log|S|/2``
+        is omitted), plus the Eq. 3 control variates when ``cv_state = (p, X_p, frozen, a)``.
+        Other likelihoods: ``-`` Theorem 3 + the KL estimate.
+
+        Returns:
+            ``(loss, state)``; ``state["leaves"]`` are the gathered variational coordinates
+            (``mu[U]``, ``log c[U]``, ``l[U, dr]``) the loss is differentiable in, with ``U``,
+            ``dr_u`` and (with control variates) ``Fp_U``.
+        """
+        k = self.num_dense
+        U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
+        ni, nrr = s.i.numel(), s.r.numel()
+        inv_i, inv_j = inv[:ni], inv[ni:2 * ni]
+        inv_r, inv_dr = inv[2 * ni:2 * ni + nrr], inv[2 * ni + nrr:]
+        dr_u, dr_inv = torch.unique(s.dr, return_inverse=True)
+        mu_U = self.var_mean[U].clone().requires_grad_(True)
+        ld_U = self.var_log_diag[U].clone().requires_grad_(True)
+        cols_U = self.var_cols[U][:, dr_u].clone().requires_grad_(True) if k else None
+        with torch.enable_grad():
+            loss, extras = self._step_loss(s, U, inv_i, inv_j, inv_r, inv_dr, dr_u, dr_inv, mu_U,
+                                           ld_U, cols_U, hyper_grad, cv_state, use_priors)
+        extras.update(U=U, dr_u=dr_u, leaves=[mu_U, ld_U] + ([cols_U] if k else []))
+        return loss, extras
 
     @staticmethod
     def _adagrad(param: Tensor, acc: Tensor, U: Tensor, g: Tensor | None, lr: float) -> None:

@@ -385,3 +385,44 @@ def theorem3_estimate(
         var = var + s.dense_scale * (a.pow(2) + a * (bi + bj) + bi * bj).sum(-1)
     std = var.clamp_min(0.0).sqrt()
     return s.row_scale * expected_log_lik(likelihood, y, mean, std, scale).sum()
+
+
+# ----------------------------------------------------------------------------- diagnostics
+
+
+def control_variate_gradient_variance(
+    model, num_rows: int, num_cols: int, cv_rank: int, reps: int, seed: int = 0
+) -> tuple[float, float]:
+    r"""Element-averaged variance of the gradient (w.r.t. ``mu``) of the Theorem 1 Phi-quadratic
+    term, without and with the Eq. 3 / Prop. 3 control variate (App. F.1 gradient scaling).
+
+    The set-up of the paper's Fig. 1 (there: kin40k, ``m = 10^4`` RFF, ``m~ = n~ = 500``, ``mu``
+    a prior draw). ``model`` is a :class:`~bo_online.models.qsgp.QSGP`; its current ``mu`` is used.
+
+    Returns:
+        ``(variance_without, variance_with)``.
+    """
+    gen = torch.Generator(device=model.train_X.device).manual_seed(seed)
+    n, m = model.num_data, model.num_features
+    p, Xp, frozen, a = model.control_variate_state(cv_rank, gen)
+    wp = 1.0 / model._row_noise(p).detach()
+    G0 = torch.zeros(reps, m, dtype=model.train_X.dtype)
+    G1 = torch.zeros_like(G0)
+    for t in range(reps):
+        s = sample_indices(n, m, 0, num_rows, num_cols, 1, generator=gen)
+        U, inv = torch.unique(torch.cat([s.i, s.j]), return_inverse=True)
+        inv_i, inv_j = inv[: s.i.numel()], inv[s.i.numel():]
+        mu_U = model.var_mean[U].clone().requires_grad_(True)
+        with torch.no_grad():
+            F_U = model.basis.features(model.train_X[s.rows], U)
+            Fp_U = model.basis.features(Xp, U, frozen)
+        wl = 1.0 / model._row_noise(s.rows).detach()
+        vi, vj = mu_U[inv_i].unsqueeze(-1), mu_U[inv_j].unsqueeze(-1)
+        quad = quad_phi_estimate(s, F_U[:, inv_i], F_U[:, inv_j], wl, vi, vj).sum()
+        a_live = a[:, :1] + Fp_U @ (mu_U - mu_U.detach()).unsqueeze(-1)
+        cv = control_variate(s, n / p.numel(), Fp_U[:, inv_i], Fp_U[:, inv_j], wp, vi, vj,
+                             a_live, U.numel()).sum()
+        (g0,) = torch.autograd.grad(quad, mu_U, retain_graph=True)
+        (g1,) = torch.autograd.grad(quad + cv, mu_U)
+        G0[t, U], G1[t, U] = g0, g1
+    return float(G0.var(0).mean()), float(G1.var(0).mean())
