@@ -65,7 +65,7 @@ def test_rff_columns_regenerated_from_seed():
     assert torch.equal(again, b.features(X, idx))
     other = RFFBasis(3, 5000, kernel=_kernel(3), seed=8).to(DT).features(X, idx)
     assert not torch.allclose(other, full[:, idx])
-    u = hashed_uniform(3, torch.arange(200000), 1, 0, DT)
+    u = hashed_uniform(3, torch.arange(200000), 3, DT)
     assert abs(float(u.mean()) - 0.5) < 0.003 and abs(float(u.var()) - 1 / 12) < 0.002
 
 
@@ -479,3 +479,106 @@ def test_control_variate_reduces_gradient_variance():
     model.var_mean = torch.randn(m, generator=g, dtype=DT)  # a draw from the prior (S = I)
     v0, v1 = control_variate_gradient_variance(model, 300, 100, 300, reps=150, seed=1)
     assert v0 / v1 >= 2.5, (v0, v1)
+
+
+# ------------------------------------------------------------------------------ likelihoods, SGD
+
+
+@pytest.mark.parametrize("lik", ["gaussian", "laplace", "logistic"])
+def test_expected_log_lik_against_brute_force_integration(lik):
+    from bo_online.models.qsgp_estimators import expected_log_lik
+
+    y = torch.tensor([0.3, -1.0, 1.0, 2.0], dtype=DT)
+    if lik == "logistic":
+        y = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=DT)
+    mean = torch.tensor([0.1, 0.5, -2.0, 1.9], dtype=DT)
+    std = torch.tensor([0.2, 1.0, 0.7, 0.05], dtype=DT)
+    scale = torch.tensor(0.4, dtype=DT)
+    got = expected_log_lik(lik, y, mean, std, scale, num_nodes=64)
+    f = mean[:, None] + std[:, None] * torch.linspace(-10, 10, 200001, dtype=DT)[None]
+    dens = torch.exp(-0.5 * ((f - mean[:, None]) / std[:, None]) ** 2) / (std[:, None] * math.sqrt(2 * math.pi))
+    if lik == "gaussian":
+        logp = -0.5 * torch.log(2 * math.pi * scale) - (y[:, None] - f) ** 2 / (2 * scale)
+    elif lik == "laplace":
+        logp = -torch.log(2 * scale) - (y[:, None] - f).abs() / scale
+    else:
+        logp = torch.nn.functional.logsigmoid(y[:, None] * f)
+    ref = torch.trapezoid(dens * logp, f, dim=-1)
+    assert torch.allclose(got, ref, atol=1e-6), (got, ref)
+
+
+def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
+    """For the Gaussian likelihood Thm 3 with the standard deviation in place of the variance
+    (MATH.md §4) is a lower bound in expectation; with the paper's variance it is not even the
+    right scale, so the fix is what makes it match the exact term as m~ -> m."""
+    from bo_online.models.qsgp_estimators import expected_log_lik, sample_indices, theorem3_estimate
+
+    Phi, y, w, mu, ld, low, S, C = _random_problem(k=0)
+    m = Phi.shape[1]
+    f = Phi @ mu
+    v = ((Phi @ C) ** 2).sum(-1)
+    noise = torch.tensor(0.3, dtype=DT)
+    exact = float(expected_log_lik("gaussian", y, f, v.sqrt(), noise).sum())
+    g = torch.Generator().manual_seed(0)
+    vals = []
+    for _ in range(2000):
+        s = sample_indices(30, m, 0, 10, 8, 8, generator=g)
+        Fl = Phi[s.rows]
+        vals.append(float(theorem3_estimate(s, "gaussian", Fl[:, s.i], y[s.rows], mu[s.i],
+                                            Fl[:, s.r], ld[s.r], noise)))
+    vals = torch.tensor(vals)
+    assert float(vals.mean()) <= exact + 3 * float(vals.std()) / math.sqrt(len(vals))
+    # and it is exact without column subsampling noise (all columns once, no replacement)
+    from bo_online.models.qsgp_estimators import IndexSample
+
+    full = IndexSample(torch.arange(30), torch.arange(m), torch.arange(m), torch.arange(m),
+                       torch.zeros(0, dtype=torch.long), 30, m, 0, True)
+    val = theorem3_estimate(full, "gaussian", Phi, y, mu, Phi, ld, noise)
+    assert abs(float(val) - exact) < 1e-10
+
+
+def test_sgd_approaches_family_optimum_and_freezes_hypers():
+    X, Y = _data(100, 2)
+
+    def make():
+        mdl = QSGP(X, Y, num_features=40, family="mean_field", kernel=_kernel(2))
+        _set_noise(mdl, 0.1)
+        return mdl
+
+    ref = make()
+    ref.set_optimal_variational()
+    model = make()
+    with torch.no_grad():
+        init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
+    ls0 = model.basis.kernel.base_kernel.lengthscale.detach().clone()
+    seen = []
+    model.fit_sgd(max_iter=800, num_rows=20, num_cols=10, cv_rank=20, lr=0.3, freeze_iters=700,
+                  use_priors=False,
+                  callback=lambda t, loss: seen.append(
+                      (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())))
+    assert all(torch.equal(l, ls0) for t, l in seen if t < 700)
+    assert not torch.equal(seen[-1][1], ls0)  # learned after the warm-up freeze
+    with torch.no_grad():
+        final = float(model.exact_elbo())
+    assert (final - init) / (opt - init) > 0.95, (init, final, opt)
+
+
+def test_logistic_and_laplace_sgd_fit():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(200, 1, generator=g, dtype=DT)
+    labels = torch.where(torch.sin(6 * X) > 0, 1.0, -1.0).to(DT)
+    clf = QSGP(X, labels, num_features=40, family="mean_field", likelihood="logistic",
+               kernel=_kernel(1, ls=0.2, os=4.0))
+    clf.fit(max_iter=600, num_rows=50, num_cols=20, lr=0.3)
+    with torch.no_grad():
+        f = clf.posterior(X).mean.squeeze(-1)
+    assert float((torch.sign(f) == labels.squeeze(-1)).to(DT).mean()) > 0.9
+    # Laplace: robust to gross outliers.
+    Y = torch.sin(6 * X) + 0.05 * torch.randn(200, 1, generator=g, dtype=DT)
+    Y[::10] += 8.0
+    rob = QSGP(X, Y, num_features=40, family="mean_field", likelihood="laplace",
+               kernel=_kernel(1, ls=0.2), standardize=False)
+    rob.fit(max_iter=600, num_rows=50, num_cols=20, lr=0.3)
+    with torch.no_grad():
+        pred = rob.posterior(X).mean
+    assert float((pred - torch.sin(6 * X)).pow(2).mean().sqrt()) < 0.25

@@ -50,28 +50,27 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def hashed_uniform(seed: int, rows: Tensor, width: int, stream: int, dtype: torch.dtype) -> Tensor:
-    r"""Uniform(0, 1) numbers that are a pure function of ``(seed, row, column, stream)``.
+def hashed_uniform(seed: int, rows: Tensor, width: int, dtype: torch.dtype) -> Tensor:
+    r"""Uniform(0, 1) numbers that are a pure function of ``(seed, row, column)``.
 
     PyTorch's generators cannot jump to the j-th draw of a stream, which regenerating one
-    feature column out of millions needs; hence this small counter-based generator.
+    feature column out of millions needs; hence this small counter-based generator (three rounds
+    of a 32-bit avalanche mixer over seed, row and column; rows < 2^32).
 
     Args:
         seed: integer seed of the dictionary.
         rows: ``k`` int64 feature indices.
-        width: numbers per row (e.g. the input dimension d).
-        stream: independent stream id (frequencies, phases, ...).
+        width: numbers per row.
 
     Returns:
         ``k x width`` tensor of numbers in ``(0, 1)``.
     """
     rows = rows.to(torch.int64)
-    cols = torch.arange(width, dtype=torch.int64, device=rows.device)
-    s = _mix32(torch.tensor((seed * 0x9E3779B1 + stream * 0x85EBCA77) & _M32, dtype=torch.int64))
+    cols = torch.arange(1, width + 1, dtype=torch.int64, device=rows.device)
+    s = int(_mix32(torch.tensor((seed * 0x9E3779B1 + 0x632BE5AB) & _M32, dtype=torch.int64)))
     h = _mix32((rows & _M32) ^ s)
-    h = _mix32(h ^ ((rows >> 32) & _M32))
-    h = _mix32((h.unsqueeze(-1) + _mul32(cols + 1, 0x27D4EB2F)) & _M32)
-    h = _mix32(h ^ s)
+    h = _mix32((h.unsqueeze(-1) + _mul32(cols, 0x27D4EB2F)) & _M32)
+    h = _mix32(h ^ ((s * 0x165667B1) & _M32))
     return (h.to(dtype) + 0.5) / 4294967296.0
 
 
@@ -140,14 +139,22 @@ class RFFBasis(QSGPBasis):
             raise ValueError("RFFBasis needs a ScaleKernel(RBFKernel(ard_num_dims=d)) kernel.")
         self.kernel = kernel
         self.register_buffer("_dtype_ref", torch.zeros((), dtype=torch.float64))
+        self._freq_cache: tuple | None = None
 
     def frequencies(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Standard-normal frequencies (``|idx| x d``) and phases (``|idx|``) of columns idx."""
-        dt = self.dtype
-        u1 = hashed_uniform(self.seed, idx, self.dim, 0, dt)
-        u2 = hashed_uniform(self.seed, idx, self.dim, 1, dt)
-        omega = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)  # Box-Muller
-        phase = 2.0 * math.pi * hashed_uniform(self.seed, idx, 1, 2, dt).squeeze(-1)
+        r"""Standard-normal frequencies (``|idx| x d``) and phases (``|idx|``) of columns idx.
+
+        One hashed draw of ``2d + 1`` uniforms per column (Box-Muller for the frequencies). The
+        last result is kept, so the data rows and the control-variate rows of one SGD step share
+        a single generation."""
+        cached = self._freq_cache
+        if cached is not None and cached[0] is idx:
+            return cached[1], cached[2]
+        d, dt = self.dim, self.dtype
+        u = hashed_uniform(self.seed, idx, 2 * d + 1, dt)
+        omega = torch.sqrt(-2.0 * torch.log(u[:, :d])) * torch.cos(2.0 * math.pi * u[:, d:2 * d])
+        phase = 2.0 * math.pi * u[:, 2 * d]
+        self._freq_cache = (idx, omega, phase)
         return omega, phase
 
     def frozen_state(self) -> dict:
