@@ -691,6 +691,7 @@ class QSGP(OnlineModel):
         nr, nc = min(num_rows, n), num_cols
         hypers = self._trainable_hypers() if train_hypers else {}
         opt = torch.optim.Adam(list(hypers.values()), lr=lr_hyper) if hypers else None
+        bounds = self._hyper_bounds(hypers)
         gamma = lr_decay_final ** (1.0 / max(max_iter, 1))
         freeze = max_iter // 10 if freeze_iters is None else freeze_iters
         acc_mu = torch.zeros(m, **dd)
@@ -730,6 +731,8 @@ class QSGP(OnlineModel):
                         for group in opt.param_groups:
                             group["lr"] = lr_hyper * gamma**t
                         opt.step()
+                        for name, (lo, hi) in bounds.items():  # projected Adam
+                            hypers[name].clamp_(min=lo, max=hi)
                     if use_cv:  # Prop. 3: a <- a + Phi_{p,U} (v_U - v_U^old)
                         Fp_U = extras["Fp_U"]
                         a[:, 0] += Fp_U @ (self.var_mean[U] - old_mu)
