@@ -147,30 +147,32 @@ def main() -> None:
     ap.add_argument("--cv-m-tilde", type=int, default=500)
     ap.add_argument("--cv-n-tilde", type=int, default=500)
     ap.add_argument("--skip-cv", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = {"env": _env(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     ok = True
 
-    t0 = time.time()
-    rows = step_times(args.ms, args.n, args.d, args.n_tilde, args.m_tilde, args.n_bar, args.steps,
-                      args.reps, args.warmup)
-    base = rows[0]["median_s"]
-    print(f"\nPer-step SGD time, QSGP-0, n={args.n}, d={args.d}, n~={args.n_tilde}, "
-          f"m~={args.m_tilde}, n_bar={args.n_bar}; median of {args.reps} interleaved runs of "
-          f"{args.steps} steps (min-max)")
-    print(f"{'m':>10} {'ms/step':>9} {'min':>7} {'max':>7} {'ratio':>6}")
-    for r in rows:
-        r["ratio_to_smallest_m"] = r["median_s"] / base
-        print(f"{r['m']:>10} {1e3 * r['median_s']:>9.2f} {1e3 * r['min_s']:>7.2f} "
-              f"{1e3 * r['max_s']:>7.2f} {r['ratio_to_smallest_m']:>6.2f}")
-    worst = max(r["ratio_to_smallest_m"] for r in rows)
-    flat = worst <= 1.3
-    ok &= flat
-    print(f"CHECK per-step time flat within 1.3x over m: {'PASS' if flat else 'FAIL'} "
-          f"(largest ratio {worst:.2f}); {time.time() - t0:.0f} s")
-    out["step_time"] = rows
+    if not args.skip_steps:
+        t0 = time.time()
+        rows = step_times(args.ms, args.n, args.d, args.n_tilde, args.m_tilde, args.n_bar, args.steps,
+                          args.reps, args.warmup)
+        base = rows[0]["median_s"]
+        print(f"\nPer-step SGD time, QSGP-0, n={args.n}, d={args.d}, n~={args.n_tilde}, "
+              f"m~={args.m_tilde}, n_bar={args.n_bar}; median of {args.reps} interleaved runs of "
+              f"{args.steps} steps (min-max)")
+        print(f"{'m':>10} {'ms/step':>9} {'min':>7} {'max':>7} {'ratio':>6}")
+        for r in rows:
+            r["ratio_to_smallest_m"] = r["median_s"] / base
+            print(f"{r['m']:>10} {1e3 * r['median_s']:>9.2f} {1e3 * r['min_s']:>7.2f} "
+                  f"{1e3 * r['max_s']:>7.2f} {r['ratio_to_smallest_m']:>6.2f}")
+        worst = max(r["ratio_to_smallest_m"] for r in rows)
+        flat = worst <= 1.3
+        ok &= flat
+        print(f"CHECK per-step time flat within 1.3x over m: {'PASS' if flat else 'FAIL'} "
+              f"(largest ratio {worst:.2f}); {time.time() - t0:.0f} s")
+        out["step_time"] = rows
 
     if not args.skip_cv:
         data_dir = args.data_dir or Path(os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data"))

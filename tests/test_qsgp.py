@@ -582,3 +582,17 @@ def test_logistic_and_laplace_sgd_fit():
     with torch.no_grad():
         pred = rob.posterior(X).mean
     assert float((pred - torch.sin(6 * X)).pow(2).mean().sqrt()) < 0.25
+
+
+def test_predict_matches_posterior_marginals():
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, family="chevron", num_dense_columns=4, kernel=_kernel(2))
+    model.set_optimal_variational()
+    Xs = torch.rand(7, 2, dtype=DT)
+    for step in range(2):  # unconditioned, then with conditioning data held
+        mean, var = model.predict(Xs, observation_noise=True, batch_size=3)
+        with torch.no_grad():
+            post = model.posterior(Xs, observation_noise=True)
+        assert torch.allclose(mean, post.mean.squeeze(-1), atol=1e-10)
+        assert torch.allclose(var, post.variance.squeeze(-1), atol=1e-10)
+        model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))

@@ -392,6 +392,28 @@ class QSGP(OnlineModel):
         out_batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
         return MultivariateNormal(mean.expand(*out_batch, q), _psd(cov.expand(*out_batch, q, q)))
 
+    @torch.no_grad()
+    def predict(self, X: Tensor, observation_noise: bool = False, batch_size: int = 1024
+                ) -> tuple[Tensor, Tensor]:
+        r"""Marginal predictive mean and variance at many points, user units (``n* x d`` ->
+        two ``n*`` tensors), in blocks of rows and basis columns: no ``n* x n*`` covariance."""
+        means, variances = [], []
+        for start in range(0, X.shape[-2], batch_size):
+            Xb = self._transform_and_check(X[..., start:start + batch_size, :])
+            self.ensure_caches()
+            if self.cond_X is None:
+                mean, var = self._moments(Xb, cov=False)
+                if self.augment_variance:
+                    var = var + self._augmentation(Xb)
+            else:
+                mvn = self._latent_posterior(Xb.unsqueeze(-2))  # q = 1 per point
+                mean, var = mvn.mean.squeeze(-1), mvn.variance.squeeze(-1)
+            if observation_noise:
+                var = var + self._noise_variance(Xb)
+            means.append(mean * self.outcome_std + self.outcome_mean)
+            variances.append(var * self.outcome_std**2)
+        return torch.cat(means, -1), torch.cat(variances, -1)
+
     # ------------------------------------------------------------------ conditioning (MATH.md §5)
 
     def _point_noise(self, X: Tensor, noise: Tensor | None) -> Tensor:

@@ -419,9 +419,12 @@ def control_variate_gradient_variance(
         wl = 1.0 / model._row_noise(s.rows).detach()
         vi, vj = mu_U[inv_i].unsqueeze(-1), mu_U[inv_j].unsqueeze(-1)
         quad = quad_phi_estimate(s, F_U[:, inv_i], F_U[:, inv_j], wl, vi, vj).sum()
-        a_live = a[:, :1] + Fp_U @ (mu_U - mu_U.detach()).unsqueeze(-1)
-        cv = control_variate(s, n / p.numel(), Fp_U[:, inv_i], Fp_U[:, inv_j], wp, vi, vj,
-                             a_live, U.numel()).sum()
+        if p.numel() == 0:  # no control variate
+            cv = torch.zeros((), dtype=quad.dtype)
+        else:
+            a_live = a[:, :1] + Fp_U @ (mu_U - mu_U.detach()).unsqueeze(-1)
+            cv = control_variate(s, n / p.numel(), Fp_U[:, inv_i], Fp_U[:, inv_j], wp, vi, vj,
+                                 a_live, U.numel()).sum()
         (g0,) = torch.autograd.grad(quad, mu_U, retain_graph=True)
         (g1,) = torch.autograd.grad(quad + cv, mu_U)
         G0[t, U], G1[t, U] = g0, g1
