@@ -596,3 +596,23 @@ def test_predict_matches_posterior_marginals():
         assert torch.allclose(mean, post.mean.squeeze(-1), atol=1e-10)
         assert torch.allclose(var, post.variance.squeeze(-1), atol=1e-10)
         model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+
+
+def test_rvm_basis_evidence_and_learned_precisions():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.3)
+    model = QSGP(X, Y, basis=RVMBasis(X.clone(), k, init_precision=2.0), family="full",
+                 standardize=False)
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    K = k(X).to_dense().detach()
+    s = model.basis.log_precision.detach().exp()
+    ref = torch.distributions.MultivariateNormal(
+        torch.zeros(20, dtype=DT), K @ torch.diag(1 / s) @ K.T + 0.05 * torch.eye(20, dtype=DT)
+    ).log_prob(Y.squeeze(-1))
+    assert abs(float(model.exact_elbo()) - float(ref)) < 1e-8
+    before = float(model.exact_log_marginal())
+    model.fit(max_iter=30, method="closed_form")
+    assert float(model.exact_log_marginal()) > before
+    assert not torch.allclose(model.basis.log_precision.detach(), torch.full((20,), math.log(2.0), dtype=DT))
+    assert torch.allclose(model.basis.kernel.base_kernel.lengthscale.detach(), torch.full((1, 2), 0.3, dtype=DT))
