@@ -63,7 +63,7 @@ def load_split(data_dir: Path, name: str = "kin40k", split: int = 0):
     return (Xtr - mx) / sx, (ytr - my) / sy, (Xte - mx) / sx, (yte - my) / sy
 
 
-def exact_gp_init(X, Y, num_points: int, seed: int):
+def exact_gp_init(X, Y, num_points: int, seed: int, maxiter: int = 100):
     r"""SE-ARD lengthscales, outputscale and noise of an exact GP on random training points."""
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
@@ -74,7 +74,8 @@ def exact_gp_init(X, Y, num_points: int, seed: int):
     sub = torch.randperm(X.shape[0], generator=g)[:num_points]
     gp = SingleTaskGP(X[sub], Y[sub], outcome_transform=None,
                       covar_module=ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])))
-    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp),
+                     optimizer_kwargs={"options": {"maxiter": maxiter}})
     return (gp.covar_module.base_kernel.lengthscale.detach(),
             gp.covar_module.outputscale.detach(), gp.likelihood.noise.detach())
 
@@ -191,6 +192,7 @@ def main() -> None:
                          "exact-GP initialisation (the paper uses 1e-5, i.e. nearly frozen)")
     ap.add_argument("--lr-decay-final", type=float, default=0.1)
     ap.add_argument("--init-points", type=int, default=1000)
+    ap.add_argument("--init-maxiter", type=int, default=100)
     ap.add_argument("--svgp-inducing", type=int, default=512)
     ap.add_argument("--svgp-epochs", type=int, default=10)
     ap.add_argument("--svgp-batch", type=int, default=1024)
@@ -208,7 +210,7 @@ def main() -> None:
     Xtr, Ytr, Xte, Yte = load_split(data_dir, split=args.split)
     print(f"kin40k split {args.split}: {Xtr.shape[0]} train, {Xte.shape[0]} test, d={Xtr.shape[1]}")
     t0 = time.time()
-    init = exact_gp_init(Xtr, Ytr, args.init_points, args.seed)
+    init = exact_gp_init(Xtr, Ytr, args.init_points, args.seed, args.init_maxiter)
     init_s = time.time() - t0
     print(f"exact-GP initialisation on {args.init_points} points: {init_s:.0f} s; noise "
           f"{float(init[2]):.4g}, outputscale {float(init[1]):.3g}")

@@ -552,11 +552,11 @@ def test_sgd_approaches_family_optimum_and_freezes_hypers():
         init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
     ls0 = model.basis.kernel.base_kernel.lengthscale.detach().clone()
     seen = []
-    model.fit_sgd(max_iter=800, num_rows=20, num_cols=10, cv_rank=20, lr=0.3, freeze_iters=700,
+    model.fit_sgd(max_iter=500, num_rows=20, num_cols=10, cv_rank=20, lr=0.3, freeze_iters=450,
                   use_priors=False,
                   callback=lambda t, loss: seen.append(
                       (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())))
-    assert all(torch.equal(l, ls0) for t, l in seen if t < 700)
+    assert all(torch.equal(l, ls0) for t, l in seen if t < 450)
     assert not torch.equal(seen[-1][1], ls0)  # learned after the warm-up freeze
     with torch.no_grad():
         final = float(model.exact_elbo())
@@ -569,7 +569,7 @@ def test_logistic_and_laplace_sgd_fit():
     labels = torch.where(torch.sin(6 * X) > 0, 1.0, -1.0).to(DT)
     clf = QSGP(X, labels, num_features=40, family="mean_field", likelihood="logistic",
                kernel=_kernel(1, ls=0.2, os=4.0))
-    clf.fit(max_iter=600, num_rows=50, num_cols=20, lr=0.3)
+    clf.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
     with torch.no_grad():
         f = clf.posterior(X).mean.squeeze(-1)
     assert float((torch.sign(f) == labels.squeeze(-1)).to(DT).mean()) > 0.9
@@ -578,7 +578,7 @@ def test_logistic_and_laplace_sgd_fit():
     Y[::10] += 8.0
     rob = QSGP(X, Y, num_features=40, family="mean_field", likelihood="laplace",
                kernel=_kernel(1, ls=0.2), standardize=False)
-    rob.fit(max_iter=600, num_rows=50, num_cols=20, lr=0.3)
+    rob.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
     with torch.no_grad():
         pred = rob.posterior(X).mean
     assert float((pred - torch.sin(6 * X)).pow(2).mean().sqrt()) < 0.25
