@@ -45,15 +45,14 @@ from botorch.models.utils.gpytorch_modules import (
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
-from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood
+from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.likelihoods import LaplaceLikelihood
 from linear_operator.operators import DenseLinearOperator
 from torch import Tensor, nn
 from typing_extensions import Self
 
 from bo_online.linalg import cholesky_append, cholesky_solve, psd_cholesky, solve_lower
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import minimize_loss
 from bo_online.models.qsgp_bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp_estimators import (
     IndexSample,
@@ -115,7 +114,8 @@ class QSGP(OnlineModel):
         **fit_options: Any,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
-            raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', None)}.")
+            shape = getattr(train_X, "shape", None)
+            raise ValueError(f"train_X must be an n x d tensor, got {shape}.")
         dtype, device = train_X.dtype, train_X.device
         dim = train_X.shape[-1]
         super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype,
@@ -125,9 +125,11 @@ class QSGP(OnlineModel):
         if train_Y.dim() != 2 or train_X.shape[0] < 1:
             raise ValueError("train_Y must be n x 1 with n >= 1.")
         if likelihood not in ("gaussian", "laplace", "logistic"):
-            raise ValueError(f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}.")
+            raise ValueError(
+                f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}.")
         if train_Yvar is not None and likelihood != "gaussian":
-            raise ValueError("train_Yvar (fixed noise) is only meaningful for the Gaussian likelihood.")
+            raise ValueError(
+                "train_Yvar (fixed noise) is only meaningful for the Gaussian likelihood.")
         if family is None:  # exact inference when affordable (BO with small n), QSGP-0 beyond
             family = "full" if (basis in ("rff",) and num_features <= 2048) else "mean_field"
         if family not in ("mean_field", "chevron", "full"):
@@ -161,7 +163,8 @@ class QSGP(OnlineModel):
             cls = InducingBasis if basis == "inducing" else RVMBasis
             self.basis = cls(X.clone(), kernel)
         else:
-            raise ValueError(f"basis must be 'rff', 'inducing', 'rvm' or a QSGPBasis, got {basis!r}.")
+            raise ValueError(
+                f"basis must be 'rff', 'inducing', 'rvm' or a QSGPBasis, got {basis!r}.")
         m = self.basis.num_features
         self.family = family
         k = {"mean_field": 0, "full": m}.get(family, min(m, 10 if num_dense_columns is None
@@ -499,7 +502,8 @@ class QSGP(OnlineModel):
         if self.cond_X is not None:
             Xc = self.cond_X
             p = Xc.shape[-2]
-            e = torch.randn(p, num_samples, generator=generator, **dd) * self.cond_noise.sqrt().unsqueeze(-1)
+            e = torch.randn(p, num_samples, generator=generator, **dd)
+            e = e * self.cond_noise.sqrt().unsqueeze(-1)  # observation-noise draws
             Fc_W = torch.zeros(p, num_samples, **dd)
             CtPhiT = torch.zeros(m, p, **dd)  # C^T Phi_c^T, by blocks
             k = self.num_dense
@@ -660,7 +664,8 @@ class QSGP(OnlineModel):
         w = 1.0 / self._row_noise()
         A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
         L_A = psd_cholesky(A)
-        self.var_mean = cholesky_solve(L_A, (Phi.transpose(-1, -2) @ (w * self.train_y)).unsqueeze(-1)).squeeze(-1)
+        b = Phi.transpose(-1, -2) @ (w * self.train_y)
+        self.var_mean = cholesky_solve(L_A, b.unsqueeze(-1)).squeeze(-1)
         m, k = self.num_features, self.num_dense
         log_diag = -0.5 * torch.diagonal(A).log()
         cols = torch.zeros(m, k, **self._dtype_device)
