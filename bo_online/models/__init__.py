@@ -3,7 +3,8 @@
 from bo_online.models.base import OnlineModel
 from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import OnlineExactGP
+from bo_online.models.qsgp import QSGP
 from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski import WISKI
 
-__all__ = ["OnlineModel", "OnlineExactGP", "WISKI", "TSVGP", "DecoupledSVGP"]
+__all__ = ["OnlineModel", "OnlineExactGP", "WISKI", "TSVGP", "DecoupledSVGP", "QSGP"]

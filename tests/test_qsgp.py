@@ -1,0 +1,618 @@
+"""QSGP against independent dense computations (Gaussian algebra by hand, exact GPs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gpytorch.kernels import RBFKernel, ScaleKernel
+
+from bo_online.models import QSGP
+from bo_online.models.qsgp_bases import InducingBasis, RFFBasis, RVMBasis, hashed_uniform
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small linear algebra runs ~100x slower with 2 spinning threads on the shared, overloaded
+    2-core machine; these tests are single-threaded by nature. Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _data(n=25, d=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(5 * X[:, :1]) + X[:, 1:2] ** 2 + 0.05 * torch.randn(n, 1, generator=g, dtype=DT)
+    return X, Y
+
+
+def _kernel(d, ls=0.3, os=1.3):
+    k = ScaleKernel(RBFKernel(ard_num_dims=d)).to(DT)
+    k.base_kernel.lengthscale = torch.full((1, d), ls, dtype=DT)
+    k.outputscale = torch.tensor(os, dtype=DT)
+    return k
+
+
+def _set_noise(model, value):
+    model.likelihood.noise = torch.tensor([value], dtype=DT)
+
+
+def _dense_gp_post(Kxx, Kxs, Kss, noise, y):
+    """Dense GP posterior by hand (Cholesky of the n x n matrix)."""
+    L = torch.linalg.cholesky(Kxx + noise * torch.eye(Kxx.shape[0], dtype=DT))
+    A = torch.cholesky_solve(Kxs, L)
+    mean = A.T @ y
+    cov = Kss - Kxs.T @ A
+    return mean, cov
+
+
+# ------------------------------------------------------------------------------ bases
+
+
+def test_rff_columns_regenerated_from_seed():
+    X, _ = _data(10, 3)
+    b = RFFBasis(3, 5000, kernel=_kernel(3), seed=7).to(DT)
+    full = b.features(X)
+    idx = torch.tensor([4999, 3, 3, 1200])
+    # equal up to BLAS summation order
+    assert torch.allclose(b.features(X, idx), full[:, idx], rtol=0, atol=1e-15)
+    again = RFFBasis(3, 5000, kernel=_kernel(3), seed=7).to(DT).features(X, idx)
+    assert torch.equal(again, b.features(X, idx))
+    other = RFFBasis(3, 5000, kernel=_kernel(3), seed=8).to(DT).features(X, idx)
+    assert not torch.allclose(other, full[:, idx])
+    u = hashed_uniform(3, torch.arange(200000), 3, DT)
+    assert abs(float(u.mean()) - 0.5) < 0.003 and abs(float(u.var()) - 1 / 12) < 0.002
+
+
+def test_rff_kernel_converges_to_se_ard():
+    X, _ = _data(15, 2)
+    k = _kernel(2, ls=0.4, os=0.8)
+    b = RFFBasis(2, 40000, kernel=k, seed=1).to(DT)
+    F = b.features(X)
+    K = k(X).to_dense()
+    # Monte-Carlo error of an m-feature estimate is O(os / sqrt(m)) ~ 0.004
+    assert float((F @ F.T - K).abs().max()) < 0.03
+
+
+# ------------------------------------------------------------------------------ Eq. 2, prediction
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_eq2_at_closed_form_optimum_equals_exact_lml(fixed_noise):
+    X, Y = _data(25, 2)
+    Yvar = torch.full_like(Y, 0.02) * (1 + torch.rand(Y.shape, generator=torch.Generator().manual_seed(3), dtype=DT)) if fixed_noise else None
+    model = QSGP(X, Y, Yvar, num_features=40, family="full", kernel=_kernel(2))
+    if not fixed_noise:
+        _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    elbo = model.exact_elbo()
+    # Independent: y ~ N(0, Phi S^-1 Phi^T + N) densely (n x n), S = I for RFF.
+    Phi = model.basis.features(model.train_X).detach()
+    noise = model.train_noise if fixed_noise else torch.full((25,), 0.03, dtype=DT)
+    cov = Phi @ Phi.T + torch.diag(noise)
+    ref = torch.distributions.MultivariateNormal(torch.zeros(25, dtype=DT), cov).log_prob(model.train_y)
+    assert abs(float(elbo) - float(ref)) < 1e-8
+    assert abs(float(model.exact_log_marginal()) - float(ref)) < 1e-8
+
+
+def test_inducing_basis_eq2_optimum_is_exact_gp_evidence():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.25)
+    model = QSGP(X, Y, basis=InducingBasis(X.clone(), k, jitter=0.0), family="full", standardize=False)
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    K = k(X).to_dense().detach()
+    ref = torch.distributions.MultivariateNormal(
+        torch.zeros(20, dtype=DT), K + 0.05 * torch.eye(20, dtype=DT)).log_prob(Y.squeeze(-1))
+    assert abs(float(model.exact_elbo()) - float(ref)) < 1e-7 * abs(float(ref)) + 1e-8
+    # Posterior mean recovers the exact GP mean (App. I.2).
+    Xs = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    mean, _ = _dense_gp_post(K, k(X, Xs).to_dense().detach(), k(Xs).to_dense().detach(), 0.05,
+                             Y.squeeze(-1))
+    with torch.no_grad():
+        got = model.posterior(Xs).mean.squeeze(-1)
+    assert torch.allclose(got, mean, atol=1e-6)
+
+
+def test_full_family_posterior_equals_dense_gp_on_features():
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=50, family="full", kernel=_kernel(2))
+    _set_noise(model, 0.02)
+    model.set_optimal_variational()
+    Xs = torch.rand(6, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
+    with torch.no_grad():
+        post = model.posterior(Xs)
+        F, Fs = model.basis.features(model.train_X), model.basis.features(Xs)
+    mean, cov = _dense_gp_post(F @ F.T, F @ Fs.T, Fs @ Fs.T, 0.02, model.train_y)
+    sd = model.outcome_std
+    assert torch.allclose(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix, cov * sd**2, atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["mean_field", "chevron"])
+def test_family_optimum_is_stationary(family):
+    from bo_online.models.qsgp_estimators import exact_terms
+
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=4, kernel=_kernel(2))
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    Phi = model.basis.features(model.train_X).detach()
+    w = torch.full((25,), 1 / 0.05, dtype=DT)
+    mu = model.var_mean.clone().requires_grad_(True)
+    ld = model.var_log_diag.clone().requires_grad_(True)
+    cols = model.var_cols.clone().requires_grad_(True)
+    m, k = 30, model.num_dense
+    C = torch.diag(ld.exp())
+    if k:
+        C = C + torch.nn.functional.pad(torch.tril(cols, -1) if k == m else
+                                        cols * (torch.arange(m)[:, None] > torch.arange(k)[None]), (0, m - k))
+    elbo = exact_terms(Phi, model.train_y, w, mu, C, torch.eye(m, dtype=DT))["elbo"]
+    grads = torch.autograd.grad(elbo, [mu, ld, cols] if k else [mu, ld])
+    for g in grads:
+        assert float(g.abs().max()) < 1e-8
+    # Prop. 1 closed form for diagonal columns: c_rr = sigma / sqrt(||phi_r||^2 + sigma^2 s_rr)
+    r = m - 1
+    expect = math.sqrt(0.05 / (float(Phi[:, r] @ Phi[:, r]) + 0.05))
+    assert abs(float(model.var_log_diag[r].exp()) - expect) < 1e-12
+
+
+def test_prop4_augmentation_by_hand():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.2)
+    model = QSGP(X, Y, basis=InducingBasis(X.clone(), k), family="mean_field", standardize=False)
+    assert model.augment_variance
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    Xs = torch.cat([torch.rand(4, 2, dtype=DT), torch.full((1, 2), 30.0, dtype=DT)])
+    with torch.no_grad():
+        var = model.posterior(Xs).variance.squeeze(-1)
+        kx = k(Xs, X).to_dense()
+        base = (kx.pow(2) * model.var_log_diag.exp().pow(2)).sum(-1)
+        kxx = k(Xs, diag=True)
+        aug = 0.05 * kxx**2 / ((kx**2).sum(-1) + 0.05 * kxx)
+    assert torch.allclose(var, base + aug, atol=1e-10)
+    assert abs(float(var[-1]) - float(kxx[-1])) < 1e-8  # Remark 2: prior variance far away
+
+
+# ------------------------------------------------------------------------------ conditioning
+
+
+def _joint(model, Xa):
+    """Base posterior mean/cov by hand: Phi mu and (Phi C)(Phi C)^T from the dense C."""
+    F = model.basis.features(Xa).detach()
+    V = F @ model.dense_C()
+    return F @ model.var_mean, V @ V.T
+
+
+@pytest.mark.parametrize("family", ["full", "chevron", "mean_field"])
+def test_condition_equals_dense_gaussian_conditioning(family):
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    g = torch.Generator().manual_seed(11)
+    Xn = torch.rand(3, 2, generator=g, dtype=DT)
+    Yn = torch.randn(3, 1, generator=g, dtype=DT)
+    Xs = torch.rand(5, 2, generator=g, dtype=DT)
+    cond = model.condition_on_observations(Xn, Yn)
+    with torch.no_grad():
+        post = cond.posterior(Xs)
+        mu, S = _joint(model, torch.cat([Xs, Xn]))
+    ys = ((Yn - model.outcome_mean) / model.outcome_std).squeeze(-1)
+    G = S[5:, 5:] + 0.03 * torch.eye(3, dtype=DT)
+    mean = mu[:5] + S[:5, 5:] @ torch.linalg.solve(G, ys - mu[5:])
+    cov = S[:5, :5] - S[:5, 5:] @ torch.linalg.solve(G, S[5:, :5])
+    sd = model.outcome_std
+    assert torch.allclose(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix, cov * sd**2, atol=1e-8)
+    # Sequential updates in place equal the one-shot conditioning.
+    model.update(Xn[:1], Yn[:1])
+    model.update(Xn[1:], Yn[1:])
+    with torch.no_grad():
+        seq = model.posterior(Xs)
+    assert torch.allclose(seq.mean, post.mean, atol=1e-8)
+    assert torch.allclose(seq.covariance_matrix, post.covariance_matrix, atol=1e-8)
+
+
+def test_fantasize_batches_match_single_conditioning():
+    from botorch.sampling import SobolQMCNormalSampler
+
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    Xf = torch.rand(4, 2, 2, dtype=DT)  # batch 4, q 2
+    fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([3]), seed=0))
+    assert fm.batch_shape == torch.Size([3, 4])
+    Xs = torch.rand(4, 5, 2, dtype=DT)
+    with torch.no_grad():
+        post = fm.posterior(Xs)
+        assert post.mean.shape == torch.Size([3, 4, 5, 1])
+        Yf = fm.cond_y[1, 2] * model.outcome_std + model.outcome_mean
+        single = model.condition_on_observations(Xf[2], Yf.unsqueeze(-1)).posterior(Xs[2])
+    assert torch.allclose(post.mean[1, 2], single.mean, atol=1e-8)
+    assert torch.allclose(post.covariance_matrix[1, 2], single.covariance_matrix, atol=1e-8)
+
+
+def test_sample_paths_deterministic_and_match_posterior():
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    paths = model.sample_paths(6000, generator=torch.Generator().manual_seed(0))
+    Xs = torch.rand(3, 2, generator=torch.Generator().manual_seed(2), dtype=DT)
+    with torch.no_grad():
+        f = paths(Xs)
+        assert torch.equal(f, paths(Xs))
+        post = model.posterior(Xs)
+    assert f.shape == (6000, 3)
+    se = post.variance.squeeze(-1).sqrt() / math.sqrt(6000)
+    assert bool(((f.mean(0) - post.mean.squeeze(-1)).abs() < 4 * se).all())
+    emp = torch.cov(f.T)
+    assert torch.allclose(emp, post.covariance_matrix, rtol=0.1, atol=0.1 * float(post.variance.max()))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_bad_input_raises_and_leaves_state_unchanged():
+    X, Y = _data(15, 2)
+    model = QSGP(X, Y, num_features=20, kernel=_kernel(2), bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT))
+    model.set_optimal_variational()
+    model.update(torch.rand(1, 2, dtype=DT), torch.randn(1, 1, dtype=DT))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = [
+        (torch.tensor([[float("nan"), 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.rand(1, 3, dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.tensor([[1.5, 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT), None),
+        (torch.rand(1, 2, dtype=DT), torch.tensor([[float("inf")]], dtype=DT), None),
+        (torch.rand(1, 2, dtype=DT), torch.zeros(1, 1, dtype=DT), -torch.ones(1, 1, dtype=DT)),
+        (torch.rand(2, 2, dtype=DT), torch.zeros(3, 1, dtype=DT), None),
+    ]
+    for Xb, Yb, nb in bad:
+        with pytest.raises(ValueError):
+            model.update(Xb, Yb, nb)
+        after = model.state_dict()
+        assert before.keys() == after.keys()
+        for key in before:
+            assert torch.equal(before[key], after[key]), key
+    with pytest.raises(ValueError):
+        QSGP(X, Y, family="diagonalish")
+    with pytest.raises(ValueError):
+        QSGP(X, Y, likelihood="poisson")
+    with pytest.raises(ValueError):
+        QSGP(X, Y, basis="fourier")
+    with pytest.raises(ValueError):
+        QSGP(X, torch.rand(15, 1, dtype=DT) + 2, likelihood="logistic")
+
+
+def test_state_dict_roundtrip_restores_conditioned_model():
+    X, Y = _data(15, 2)
+    model = QSGP(X, Y, num_features=20, kernel=_kernel(2))
+    model.set_optimal_variational()
+    model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+    sd = model.state_dict()
+    other = QSGP(X, Y, num_features=20, kernel=_kernel(2, ls=0.7))
+    other.load_state_dict(sd)
+    Xs = torch.rand(4, 2, dtype=DT)
+    with torch.no_grad():
+        a, b = model.posterior(Xs), other.posterior(Xs)
+    assert torch.allclose(a.mean, b.mean, atol=1e-12)
+    assert torch.allclose(a.covariance_matrix, b.covariance_matrix, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ BO
+
+
+def _bo_model():
+    X, Y = _data(12, 2, seed=3)
+    model = QSGP(X, -Y, num_features=64, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT))
+    model.fit(max_iter=30)
+    return model
+
+
+@pytest.mark.parametrize("acq", ["qUCB", "qLogEI"])
+def test_works_under_botorch_acquisitions(acq):
+    from botorch.acquisition import qLogExpectedImprovement, qUpperConfidenceBound
+    from botorch.optim import optimize_acqf
+    from botorch.sampling import SobolQMCNormalSampler
+
+    model = _bo_model()
+    sampler = SobolQMCNormalSampler(torch.Size([32]), seed=0)
+    if acq == "qUCB":
+        af = qUpperConfidenceBound(model, beta=2.0, sampler=sampler)
+    else:
+        af = qLogExpectedImprovement(model, best_f=model.train_targets.max(), sampler=sampler)
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+    cand, val = optimize_acqf(af, bounds=bounds, q=2, num_restarts=2, raw_samples=16,
+                              options={"maxiter": 20})
+    assert cand.shape == (2, 2) and bool(torch.isfinite(val))
+    assert bool(((cand >= 0) & (cand <= 1)).all())
+    # The chosen batch is at least as good as random batches (the optimiser saw a real surface).
+    rand = torch.rand(64, 2, 2, dtype=DT, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert float(af(cand.unsqueeze(0))) >= float(af(rand).max()) - 1e-6
+    model.update(cand, torch.randn(2, 1, dtype=DT))
+    model.fit(max_iter=5)
+    assert model.num_data == 14 and model.cond_X is None
+
+
+def test_thompson_sampling_paths_and_max_posterior_sampling():
+    from botorch.generation.sampling import MaxPosteriorSampling
+
+    model = _bo_model()
+    cands = torch.rand(200, 2, dtype=DT, generator=torch.Generator().manual_seed(9))
+    ts = MaxPosteriorSampling(model=model, replacement=False)
+    chosen = ts(cands, num_samples=3)
+    assert chosen.shape == (3, 2)
+    # Explicit sample paths: argmax of each path over the candidates is one of them, and
+    # optimising a path with gradients works (deterministic callable).
+    paths = model.sample_paths(4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        vals = paths(cands)  # 4 x 200
+    best = cands[vals.argmax(-1)]
+    assert best.shape == (4, 2)
+    x = best[:1].clone().requires_grad_(True)
+    f = paths(x)[0].sum()
+    f.backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+
+
+def test_fit_gpytorch_mll_uses_custom_fit():
+    from botorch.fit import fit_gpytorch_mll
+
+    X, Y = _data(15, 2)
+    model = QSGP(X, Y, num_features=32)
+    before = model.basis.kernel.base_kernel.lengthscale.detach().clone()
+    # GPyTorch's MLL classes only accept gpytorch GP objects; any module with .model will do,
+    # since fit_gpytorch_mll dispatches to model.custom_fit first.
+    mll = torch.nn.Module()
+    mll.model = model
+    fit_gpytorch_mll(mll, max_iter=20)
+    assert not torch.equal(before, model.basis.kernel.base_kernel.lengthscale.detach())
+
+
+# ------------------------------------------------------------------------------ estimators
+
+
+def _random_problem(n=30, m=20, k=3, dense_S=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Phi = torch.randn(n, m, generator=g, dtype=DT) / math.sqrt(m)
+    y = torch.randn(n, generator=g, dtype=DT)
+    w = 1.0 / (0.1 + torch.rand(n, generator=g, dtype=DT))  # heteroscedastic precisions
+    mu = torch.randn(m, generator=g, dtype=DT)
+    ld = -0.5 + 0.3 * torch.randn(m, generator=g, dtype=DT)
+    cols = 0.3 * torch.randn(m, k, generator=g, dtype=DT)
+    if dense_S:
+        B = torch.randn(m, m, generator=g, dtype=DT)
+        S = B @ B.T / m + 0.5 * torch.eye(m, dtype=DT)
+    else:
+        S = torch.diag(0.5 + torch.rand(m, generator=g, dtype=DT))
+    low = cols * (torch.arange(m)[:, None] > torch.arange(k)[None])
+    C = torch.diag(ld.exp()) + torch.nn.functional.pad(low, (0, m - k))
+    return Phi, y, w, mu, ld, low, S, C
+
+
+def _gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S):
+    from bo_online.models.qsgp_estimators import (
+        prop2_estimate, theorem1_estimate, theorem2_estimate)
+
+    Fl = Phi[s.rows]
+    Fi, Fj, Fr, Fd = Fl[:, s.i], Fl[:, s.j], Fl[:, s.r], Fl[:, s.dr]
+    yl, wl = y[s.rows], w[s.rows]
+    diag = torch.diagonal(S)
+    Si = None if dense_S else diag[s.i]
+    Sji = S[s.j][:, s.i] if dense_S else None
+    Sdi = S[s.dr][:, s.i] if dense_S else None
+    Li, Lj = low[s.i][:, s.dr], low[s.j][:, s.dr]
+    t1 = theorem1_estimate(s, Fi, Fj, yl, wl, mu[s.i], mu[s.j], Si, Sji)
+    t2 = theorem2_estimate(s, Fr, wl, ld[s.r], diag[s.r], Fi, Fj, Fd, ld[s.dr], diag[s.dr], Li, Lj,
+                           Si, Sji, Sdi)
+    p2 = prop2_estimate(s, yl, wl, None if dense_S else diag[s.i].log())
+    return torch.stack([t1, t2, p2])
+
+
+@pytest.mark.parametrize("dense_S", [False, True])
+def test_theorem1_theorem2_prop2_unbiased(dense_S):
+    from bo_online.models.qsgp_estimators import exact_terms, sample_indices
+
+    Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=dense_S)
+    ex = exact_terms(Phi, y, w, mu, C, S)
+    exact = torch.stack([ex["L_mu"], ex["L_Sigma"], ex["L_const"]])
+    if dense_S:  # Prop. 2 needs a diagonal S; the dense estimator omits -log|S|
+        exact[2] = exact[2] + torch.linalg.slogdet(S)[1]
+    g = torch.Generator().manual_seed(1)
+    draws = torch.stack([
+        _gather_estimates(sample_indices(30, 20, 3, 6, 7, 5, 2, generator=g), Phi, y, w, mu, ld,
+                          low, S, dense_S)
+        for _ in range(3000)
+    ])
+    mean, se = draws.mean(0), draws.std(0) / math.sqrt(draws.shape[0])
+    assert bool(((mean - exact).abs() < 3 * se + 1e-12).all()), (mean, exact, se)
+    # Not trivially unbiased: a single draw is far from the exact value.
+    assert bool((draws.std(0)[:2] > 1e-3 * exact[:2].abs()).all())
+
+
+def test_model_stochastic_loss_unbiased_with_control_variates():
+    X, Y = _data(40, 2)
+    model = QSGP(X, Y, num_features=24, family="chevron", num_dense_columns=3, kernel=_kernel(2))
+    _set_noise(model, 0.05)
+    g = torch.Generator().manual_seed(0)
+    model.var_mean = torch.randn(24, generator=g, dtype=DT)
+    model.var_log_diag = -1 + 0.2 * torch.randn(24, generator=g, dtype=DT)
+    model.var_cols = 0.2 * torch.randn(24, 3, generator=g, dtype=DT)
+    from bo_online.models.qsgp_estimators import sample_indices
+
+    with torch.no_grad():
+        exact = -float(model.exact_elbo())
+    cv = model.control_variate_state(10, g)
+    vals = []
+    for _ in range(800):
+        s = sample_indices(40, 24, 3, 5, 6, 4, None, generator=g)
+        loss, _ = model.stochastic_loss(s, cv_state=cv)
+        vals.append(float(loss.detach()))
+    v = torch.tensor(vals, dtype=DT)
+    assert abs(float(v.mean()) - exact) < 3 * float(v.std()) / math.sqrt(len(vals))
+
+
+def test_control_variate_reduces_gradient_variance():
+    """Fig. 1 set-up in miniature: kin40k's fitted SE-ARD lengthscales on standard-normal inputs,
+    mu a prior draw, the Thm 1 Phi-quadratic term, n_bar = 300, m / m~ = 20 as in the paper.
+    The >= 5x requirement on the real kin40k set (m = 1e4, m~ = n~ = 500) is checked by
+    ``benchmarks/bench_qsgp.py``; this modest size gives 3.6-4.6x over seeds, asserted >= 2.5x."""
+    from bo_online.models.qsgp_estimators import control_variate_gradient_variance
+
+    g = torch.Generator().manual_seed(0)
+    n, d, m = 4000, 8, 2000
+    X = torch.randn(n, d, generator=g, dtype=DT)
+    Y = torch.sin(X.sum(-1, keepdim=True))
+    k = _kernel(d)
+    k.base_kernel.lengthscale = torch.tensor([[3.07, 2.97, 1.65, 1.88, 1.78, 1.44, 1.35, 1.86]], dtype=DT)
+    model = QSGP(X, Y, num_features=m, family="mean_field", kernel=k)
+    model.var_mean = torch.randn(m, generator=g, dtype=DT)  # a draw from the prior (S = I)
+    v0, v1 = control_variate_gradient_variance(model, 300, 100, 300, reps=150, seed=1)
+    assert v0 / v1 >= 2.5, (v0, v1)
+
+
+# ------------------------------------------------------------------------------ likelihoods, SGD
+
+
+@pytest.mark.parametrize("lik", ["gaussian", "laplace", "logistic"])
+def test_expected_log_lik_against_brute_force_integration(lik):
+    from bo_online.models.qsgp_estimators import expected_log_lik
+
+    y = torch.tensor([0.3, -1.0, 1.0, 2.0], dtype=DT)
+    if lik == "logistic":
+        y = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=DT)
+    mean = torch.tensor([0.1, 0.5, -2.0, 1.9], dtype=DT)
+    std = torch.tensor([0.2, 1.0, 0.7, 0.05], dtype=DT)
+    scale = torch.tensor(0.4, dtype=DT)
+    got = expected_log_lik(lik, y, mean, std, scale, num_nodes=64)
+    f = mean[:, None] + std[:, None] * torch.linspace(-10, 10, 200001, dtype=DT)[None]
+    dens = torch.exp(-0.5 * ((f - mean[:, None]) / std[:, None]) ** 2) / (std[:, None] * math.sqrt(2 * math.pi))
+    if lik == "gaussian":
+        logp = -0.5 * torch.log(2 * math.pi * scale) - (y[:, None] - f) ** 2 / (2 * scale)
+    elif lik == "laplace":
+        logp = -torch.log(2 * scale) - (y[:, None] - f).abs() / scale
+    else:
+        logp = torch.nn.functional.logsigmoid(y[:, None] * f)
+    ref = torch.trapezoid(dens * logp, f, dim=-1)
+    assert torch.allclose(got, ref, atol=1e-6), (got, ref)
+
+
+def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
+    """For the Gaussian likelihood Thm 3 with the standard deviation in place of the variance
+    (MATH.md §4) is a lower bound in expectation; with the paper's variance it is not even the
+    right scale, so the fix is what makes it match the exact term as m~ -> m."""
+    from bo_online.models.qsgp_estimators import expected_log_lik, sample_indices, theorem3_estimate
+
+    Phi, y, w, mu, ld, low, S, C = _random_problem(k=0)
+    m = Phi.shape[1]
+    f = Phi @ mu
+    v = ((Phi @ C) ** 2).sum(-1)
+    noise = torch.tensor(0.3, dtype=DT)
+    exact = float(expected_log_lik("gaussian", y, f, v.sqrt(), noise).sum())
+    g = torch.Generator().manual_seed(0)
+    vals = []
+    for _ in range(2000):
+        s = sample_indices(30, m, 0, 10, 8, 8, generator=g)
+        Fl = Phi[s.rows]
+        vals.append(float(theorem3_estimate(s, "gaussian", Fl[:, s.i], y[s.rows], mu[s.i],
+                                            Fl[:, s.r], ld[s.r], noise)))
+    vals = torch.tensor(vals)
+    assert float(vals.mean()) <= exact + 3 * float(vals.std()) / math.sqrt(len(vals))
+    # and it is exact without column subsampling noise (all columns once, no replacement)
+    from bo_online.models.qsgp_estimators import IndexSample
+
+    full = IndexSample(torch.arange(30), torch.arange(m), torch.arange(m), torch.arange(m),
+                       torch.zeros(0, dtype=torch.long), 30, m, 0, True)
+    val = theorem3_estimate(full, "gaussian", Phi, y, mu, Phi, ld, noise)
+    assert abs(float(val) - exact) < 1e-10
+
+
+def test_sgd_approaches_family_optimum_and_freezes_hypers():
+    X, Y = _data(100, 2)
+
+    def make():
+        mdl = QSGP(X, Y, num_features=40, family="mean_field", kernel=_kernel(2))
+        _set_noise(mdl, 0.1)
+        return mdl
+
+    ref = make()
+    ref.set_optimal_variational()
+    model = make()
+    with torch.no_grad():
+        init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
+    ls0 = model.basis.kernel.base_kernel.lengthscale.detach().clone()
+    seen = []
+    model.fit_sgd(max_iter=500, num_rows=20, num_cols=10, cv_rank=20, lr=0.3, freeze_iters=450,
+                  use_priors=False,
+                  callback=lambda t, loss: seen.append(
+                      (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())))
+    assert all(torch.equal(l, ls0) for t, l in seen if t < 450)
+    assert not torch.equal(seen[-1][1], ls0)  # learned after the warm-up freeze
+    with torch.no_grad():
+        final = float(model.exact_elbo())
+    assert (final - init) / (opt - init) > 0.95, (init, final, opt)
+
+
+def test_logistic_and_laplace_sgd_fit():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(200, 1, generator=g, dtype=DT)
+    labels = torch.where(torch.sin(6 * X) > 0, 1.0, -1.0).to(DT)
+    clf = QSGP(X, labels, num_features=40, family="mean_field", likelihood="logistic",
+               kernel=_kernel(1, ls=0.2, os=4.0))
+    clf.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
+    with torch.no_grad():
+        f = clf.posterior(X).mean.squeeze(-1)
+    assert float((torch.sign(f) == labels.squeeze(-1)).to(DT).mean()) > 0.9
+    # Laplace: robust to gross outliers.
+    Y = torch.sin(6 * X) + 0.05 * torch.randn(200, 1, generator=g, dtype=DT)
+    Y[::10] += 8.0
+    rob = QSGP(X, Y, num_features=40, family="mean_field", likelihood="laplace",
+               kernel=_kernel(1, ls=0.2), standardize=False)
+    rob.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
+    with torch.no_grad():
+        pred = rob.posterior(X).mean
+    assert float((pred - torch.sin(6 * X)).pow(2).mean().sqrt()) < 0.25
+
+
+def test_predict_matches_posterior_marginals():
+    X, Y = _data(20, 2)
+    model = QSGP(X, Y, num_features=30, family="chevron", num_dense_columns=4, kernel=_kernel(2))
+    model.set_optimal_variational()
+    Xs = torch.rand(7, 2, dtype=DT)
+    for step in range(2):  # unconditioned, then with conditioning data held
+        mean, var = model.predict(Xs, observation_noise=True, batch_size=3)
+        with torch.no_grad():
+            post = model.posterior(Xs, observation_noise=True)
+        assert torch.allclose(mean, post.mean.squeeze(-1), atol=1e-10)
+        assert torch.allclose(var, post.variance.squeeze(-1), atol=1e-10)
+        model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
+
+
+def test_rvm_basis_evidence_and_learned_precisions():
+    X, Y = _data(20, 2)
+    k = _kernel(2, ls=0.3)
+    model = QSGP(X, Y, basis=RVMBasis(X.clone(), k, init_precision=2.0), family="full",
+                 standardize=False)
+    _set_noise(model, 0.05)
+    model.set_optimal_variational()
+    K = k(X).to_dense().detach()
+    s = model.basis.log_precision.detach().exp()
+    ref = torch.distributions.MultivariateNormal(
+        torch.zeros(20, dtype=DT), K @ torch.diag(1 / s) @ K.T + 0.05 * torch.eye(20, dtype=DT)
+    ).log_prob(Y.squeeze(-1))
+    assert abs(float(model.exact_elbo()) - float(ref)) < 1e-8
+    before = float(model.exact_log_marginal())
+    model.fit(max_iter=30, method="closed_form")
+    assert float(model.exact_log_marginal()) > before
+    assert not torch.allclose(model.basis.log_precision.detach(), torch.full((20,), math.log(2.0), dtype=DT))
+    assert torch.allclose(model.basis.kernel.base_kernel.lengthscale.detach(), torch.full((1, 2), 0.3, dtype=DT))
