@@ -37,8 +37,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000, 4000])
     parser.add_argument("--dim", type=int, default=3)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--out", default="benchmarks/results/exact_conditioning.json")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     warnings.filterwarnings("ignore")
     Xt = torch.rand(50, args.dim, dtype=torch.float64)
