@@ -391,13 +391,18 @@ class WISKI(OnlineModel):
         m = R.shape[-1]
         shared = self._shared
         needs_grad = torch.is_grad_enabled() and val.requires_grad
-        same = lambda key: (  # noqa: E731
-            key[0].shape == idx.shape and torch.equal(key[0], idx) and torch.equal(key[1], val)
+        K = idx.shape[-1]
+        same = lambda key: (  # noqa: E731  (the same points, whatever their batch dims of size 1)
+            key[0].numel() == idx.numel()
+            and torch.equal(key[0], idx.reshape(-1, K))
+            and torch.equal(key[1], val.reshape(-1, K))
         )
         if not needs_grad:  # the same points again (qNIPV's mc_points): reuse their rows
             hit = shared.get("rows")
-            if hit is not None and same(hit):
+            if hit is not None and same(hit) and hit[2].shape[:-1] == idx.shape[:-1]:
                 return hit[2], hit[3]
+            if hit is not None and same(hit) and idx.shape[:-2].numel() == 1:
+                return hit[2].reshape(*idx.shape[:-1], -1), hit[3].reshape(idx.shape[:-1])
         total = idx.shape[:-1].numel()
         S = shared.get("S")
         if S is None and (total * 4 >= m or self.d_idx is not None):
@@ -413,10 +418,11 @@ class WISKI(OnlineModel):
             # every fantasy model): pool scoring interleaves them with fresh candidate batches,
             # which must neither evict them nor be stored (their keys, 4^d per point, are).
             seen = shared.setdefault("seen", [])
-            if any(same(key) for key in seen):
-                shared["rows"] = (idx, val.detach(), rows, sqnorm)
+            key = (idx.reshape(-1, K), val.detach().reshape(-1, K))
+            if any(same(k) for k in seen):
+                shared["rows"] = (*key, rows, sqnorm)
             else:
-                seen.insert(0, (idx, val.detach()))
+                seen.insert(0, key)
                 del seen[4:]
         return rows, sqnorm
 
@@ -429,11 +435,11 @@ class WISKI(OnlineModel):
         """
         hit = self._shared.get("rows")
         grad = torch.is_grad_enabled() and (P.requires_grad or self.d_val.requires_grad)
-        if grad or hit is None or hit[2] is not P or P.shape[:-2].numel() != 1:
+        if grad or hit is None or P.shape[:-2].numel() != 1 or hit[2].data_ptr() != P.data_ptr():
             return _shared_matmul(P, self.d_F)
         if len(hit) == 4:
-            T = self._sigma2().detach().sqrt() * interp_matmul(idx, val, self._factor_gram())
-            hit = self._shared["rows"] = (*hit, T.reshape(P.shape[-2], -1))
+            T = self._sigma2().detach().sqrt() * interp_matmul(hit[0], hit[1], self._factor_gram())
+            hit = self._shared["rows"] = (*hit, T)
         T = hit[4]  # N x m
         wv = self.d_val * self.d_D.rsqrt().unsqueeze(-1)
         out = interp_matmul(self.d_idx, wv, T.mT).mT  # batch x N x q
