@@ -17,8 +17,10 @@ the statistics and ``L_A`` by a rank-q Cholesky update, O(m^2 q) whatever n is.
 Conditioning (``condition_on_observations``/``fantasize``) is lazy: the new model keeps the base
 model's factors and a rank-q correction ``F = L_A^-1 U``, ``C C^T = I + F^T F``; the covariance is
 shared by all fantasy samples (only the mean coefficients differ), and the variance at ``N`` fixed
-points costs O(m^2 q + m q N) per candidate batch, which is what makes
-``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
+points costs O(m^2 q + m q N) per candidate batch (MATH.md section 1) -- here O(4^d (m + N) q):
+the correction reads rows of ``R L_A^-T`` and ``R A^-1 R^T``, cached once per base state (O(m^3)),
+and, for points asked for repeatedly (qNIPV's ``mc_points``), their rows times those matrices --
+which is what makes ``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
 
 Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed heteroscedastic
 (``train_Yvar`` given: ``D`` the variances in the user's units, ``sigma^2 = 1 / outcome_std^2``
