@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bo_online.models import WISKI
@@ -118,3 +119,37 @@ def test_online_projection_step_matches_full_mll_gradient():
     assert float(obj1.detach()) > float(obj0)  # the step ascends the objective
     model.update(Xn, Yn)
     assert model.num_data == 53
+
+
+def test_qnipv_fast_path_matches_dense_ski_on_repeated_mc_points():
+    r"""qNIPV's pattern: one base model fantasised on many candidate batches, each fantasy asked
+    for the variance at the SAME mc_points. From the second request on the mc_points' rows (and
+    their product with R A^-1 R^T) are cached; the fantasy variances and means must still equal
+    the dense SKI posterior of the base data plus the candidate batch (variance: independent of
+    the fantasy values)."""
+    from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
+    from botorch.sampling import SobolQMCNormalSampler
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(40, 2, generator=g, dtype=DT)
+    Y = torch.sin(5 * X[:, :1]) * X[:, 1:] + 0.05 * torch.randn(40, 1, generator=g, dtype=DT)
+    model = WISKI(X, Y, grid_size=12)
+    mc = torch.rand(70, 2, generator=g, dtype=DT)
+    acq = qNegIntegratedPosteriorVariance(
+        model, mc_points=mc, sampler=SobolQMCNormalSampler(torch.Size([1]), seed=0)
+    )
+    for call in range(3):  # cold cache, then cached rows
+        Xc = torch.rand(4, 3, 2, generator=g, dtype=DT)
+        with torch.no_grad():
+            value = acq(Xc)
+            fant = model.fantasize(Xc, SobolQMCNormalSampler(torch.Size([2]), seed=call))
+            post = fant.posterior(mc)
+        for b in (0, 3):
+            Yb = fant.d_y[0, b].unsqueeze(-1)  # the fantasy values (user units)
+            Xall, Yall = torch.cat([X, Xc[b]]), torch.cat([Y, Yb])
+            mean_ref, cov_ref = dense_posterior(model, Xall, Yall, None, mc)
+            var = post.variance[0, b].squeeze(-1) / model.outcome_std**2
+            assert _rel(var, torch.diagonal(cov_ref)) < 1e-7
+            assert _rel(post.mean[0, b].squeeze(-1), mean_ref) < 1e-7
+            assert float(value[b]) == pytest.approx(-float(post.variance[0, b].mean()), rel=1e-9)
+        assert len(model._shared["rows"]) == 5  # the mc_points' rows and their T are cached

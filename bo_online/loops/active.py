@@ -143,6 +143,9 @@ class ActiveLearningLoop(OnlineLoop):
             return {"rmse": None, "mean_var": None, "nll": None}
         return predictive_metrics(self.model, self.U_test, self.problem.y_test)
 
+    def _training_data(self) -> tuple[Tensor, Tensor]:
+        return self.U_pool[self.chosen], self.problem.y_pool[self.chosen].reshape(-1, 1).to(**self.tkwargs)
+
     def _take(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         self.used[idx] = True
         self.chosen = torch.cat([self.chosen, idx])

@@ -96,6 +96,9 @@ class BayesOptLoop(OnlineLoop):
     def _model_y(self, y: Tensor) -> Tensor:
         return (self.sign * y).reshape(-1, 1).to(**self.tkwargs)
 
+    def _training_data(self) -> tuple[Tensor, Tensor]:
+        return self._unit(self.X), self._model_y(self.y)
+
     def _evaluate(self, X: Tensor) -> tuple[Tensor, Tensor]:
         y_true = self.evaluate_batch(self.problem.evaluate_true, X)
         noise = torch.randn(y_true.shape, generator=self.noise_generator, dtype=torch.float64)

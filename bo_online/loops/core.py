@@ -211,11 +211,39 @@ class OnlineLoop:
             ) from e
         return model.to(**self.tkwargs)
 
+    def _training_data(self) -> tuple[Tensor, Tensor] | None:
+        r"""Every observation the surrogate holds: ``n x d`` inputs in its space (the unit cube)
+        and ``n x 1`` outcomes as it sees them; None where the loop keeps no raw data."""
+        return None
+
     def _fit(self, max_iter: int) -> float:
+        r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations).
+
+        A surrogate with a learned input map whose statistics depend on it (duck-typed: a
+        ``projection`` attribute and a ``fit_projection(X, Y, ...)`` method, as WISKI on d > 3)
+        cannot learn that map from its statistics alone; the loop keeps every observation, so it
+        refits through ``fit_projection`` on them (map and hyperparameters jointly, statistics
+        rebuilt). ``fit_options`` that ``fit_projection`` accepts are passed on; its optimiser
+        defaults to L-BFGS here (bounded by ``max_iter``, like ``fit``).
+        """
         if max_iter <= 0:
             return 0.0
         t0 = self._now()
-        self.model.fit(max_iter=max_iter, **self.config["fit_options"])
+        fit_projection = getattr(self.model, "fit_projection", None)
+        data = self._training_data()
+        if (
+            callable(fit_projection)
+            and getattr(self.model, "projection", None) is not None
+            and data is not None
+        ):
+            import inspect
+
+            accepted = set(inspect.signature(fit_projection).parameters)
+            options = {"method": "lbfgs", **self.config["fit_options"]}
+            options = {k: v for k, v in options.items() if k in accepted}
+            fit_projection(*data, max_iter=max_iter, **options)
+        else:
+            self.model.fit(max_iter=max_iter, **self.config["fit_options"])
         return self._now() - t0
 
     def _refit_due(self) -> bool:

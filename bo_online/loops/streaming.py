@@ -97,6 +97,10 @@ class StreamingLoop(OnlineLoop):
             "time_update": t_update,
         }
 
+    def _training_data(self) -> tuple[Tensor, Tensor]:
+        rows = slice(0, self.position)
+        return self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs)
+
     def ask(self) -> Tensor:
         r"""The next ``q`` stream rows (indices); also predicts them (prequential)."""
         if not self.initialized:

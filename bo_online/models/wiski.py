@@ -17,8 +17,10 @@ the statistics and ``L_A`` by a rank-q Cholesky update, O(m^2 q) whatever n is.
 Conditioning (``condition_on_observations``/``fantasize``) is lazy: the new model keeps the base
 model's factors and a rank-q correction ``F = L_A^-1 U``, ``C C^T = I + F^T F``; the covariance is
 shared by all fantasy samples (only the mean coefficients differ), and the variance at ``N`` fixed
-points costs O(m^2 q + m q N) per candidate batch, which is what makes
-``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
+points costs O(m^2 q + m q N) per candidate batch (MATH.md section 1) -- here O(4^d (m + N) q):
+the correction reads rows of ``R L_A^-T`` and ``R A^-1 R^T``, cached once per base state (O(m^3)),
+and, for points asked for repeatedly (qNIPV's ``mc_points``), their rows times those matrices --
+which is what makes ``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
 
 Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed heteroscedastic
 (``train_Yvar`` given: ``D`` the variances in the user's units, ``sigma^2 = 1 / outcome_std^2``
@@ -345,17 +347,46 @@ class WISKI(OnlineModel):
         r"""Rank-q correction for pending points: ``F = L_A^-1 U`` (``batch x m x q``),
         ``C C^T = I + F^T F`` and the mean coefficients ``R A'^-1 R^T z'`` (``sample x batch x m``).
         ``U = R^T W*^T D*^-1/2``; nothing of size m x m per batch is formed."""
-        R, L_A = self.chol_K, self.chol_A
-        m, q = R.shape[-1], idx.shape[-2]
-        Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # batch x q x m
-        F = solve_lower(L_A, Ut.mT)  # batch x m x q
+        q = idx.shape[-2]
+        # Everything per candidate batch reads 4^d rows of two m x m matrices cached once per
+        # base state (fantasies come in thousands of batches from one base model):
+        #   F^T = D*^-1/2 W* R L_A^-T = D*^-1/2 W* S                      (O(4^d m q))
+        #   S F = D*^-1/2 W* S S^T  (transposed), S S^T = R A^-1 R^T = M  (O(4^d m q))
+        # instead of a triangular solve with L_A (O(m^2 q)) and a product with S (O(m^2)) per
+        # batch and sample.
+        wv = val * D.rsqrt().unsqueeze(-1)
+        F = interp_matmul(idx, wv, self._factor_root()).mT  # batch x m x q
+        SF = interp_matmul(idx, wv, self._factor_gram()).mT  # batch x m x q
         eye = torch.eye(q, dtype=F.dtype, device=F.device)
-        C = torch.linalg.cholesky(eye + F.mT @ F)
+        FtF = F.mT @ F
+        C = torch.linalg.cholesky(eye + FtF)
         r = (y - self._offset()) / self.outcome_std.reshape(())  # sample x batch x q
-        u = self.v + (F @ (r * D.rsqrt()).unsqueeze(-1)).squeeze(-1)  # sample x batch x m
-        corr = torch.cholesky_solve((F.mT @ u.unsqueeze(-1)), C)  # (I + F^T F)^-1 F^T u
-        b = u - (F @ corr).squeeze(-1)
-        return F, C, self._mean_coef(R, L_A, b)
+        a = r * D.rsqrt()  # sample x batch x q
+        # u = v + F a; b = u - F (I + F^T F)^-1 F^T u = v + F (a - corr); coefficients S b.
+        Ftu = (F.mT @ self.v.unsqueeze(-1)).squeeze(-1) + (FtF @ a.unsqueeze(-1)).squeeze(-1)
+        corr = torch.cholesky_solve(Ftu.unsqueeze(-1), C).squeeze(-1)
+        mean_coef = self.mean_coef + (SF @ (a - corr).unsqueeze(-1)).squeeze(-1)
+        return F, C, mean_coef
+
+    def _factor_root(self) -> Tensor:
+        r"""``S = R L_A^-T`` (``m x m``, ``S S^T = R A^-1 R^T``), O(m^3) once per factor state,
+        cached in ``_shared`` (shared with conditioned models, replaced when the factors
+        change)."""
+        S = self._shared.get("S")
+        if S is None:
+            S = solve_lower(self.chol_A, self.chol_K.mT).mT
+            self._shared["S"] = S
+        return S
+
+    def _factor_gram(self) -> Tensor:
+        r"""``M = S S^T = R A^-1 R^T`` (``m x m``, symmetric), cached like :meth:`_factor_root`."""
+        M = self._shared.get("M")
+        if M is None:
+            S = self._factor_root()
+            M = S @ S.mT
+            M = 0.5 * (M + M.mT)
+            self._shared["M"] = M
+        return M
 
     def _grid_root(self, idx: Tensor, val: Tensor) -> tuple[Tensor, Tensor]:
         r"""Rows ``sigma E_x^T = sigma w_x^T R L_A^-T`` (``xb x N x m``) of the base model's
@@ -365,36 +396,68 @@ class WISKI(OnlineModel):
         is large (``N >= m / 4``) or when a conditioned model asks (fantasies come in bulk: one
         base model is conditioned on many candidate batches, so the O(m^3) of ``S`` is paid once
         per base state and amortised); otherwise a triangular solve (O(m^2) per point). ``S``
-        and the rows for a repeated no-grad ``X`` (qNIPV's mc_points) are cached in ``_shared``,
-        a dict shared with conditioned models and replaced whenever the factors change.
+        and the rows for a no-grad ``X`` requested again (qNIPV's mc_points, from their second
+        request on) are cached in ``_shared``, a dict shared with conditioned models and
+        replaced whenever the factors change.
         """
         R, L_A = self.chol_K, self.chol_A
         m = R.shape[-1]
         shared = self._shared
         needs_grad = torch.is_grad_enabled() and val.requires_grad
+        K = idx.shape[-1]
+        same = lambda key: (  # noqa: E731  (the same points, whatever their batch dims of size 1)
+            key[0].numel() == idx.numel()
+            and torch.equal(key[0], idx.reshape(-1, K))
+            and torch.equal(key[1], val.reshape(-1, K))
+        )
         if not needs_grad:  # the same points again (qNIPV's mc_points): reuse their rows
             hit = shared.get("rows")
-            if (
-                hit is not None
-                and hit[0].shape == idx.shape
-                and torch.equal(hit[0], idx)
-                and torch.equal(hit[1], val)
-            ):
+            if hit is not None and same(hit) and hit[2].shape[:-1] == idx.shape[:-1]:
                 return hit[2], hit[3]
+            if hit is not None and same(hit) and idx.shape[:-2].numel() == 1:
+                return hit[2].reshape(*idx.shape[:-1], -1), hit[3].reshape(idx.shape[:-1])
         total = idx.shape[:-1].numel()
         S = shared.get("S")
         if S is None and (total * 4 >= m or self.d_idx is not None):
-            S = solve_lower(L_A, R.mT).mT  # m x m
-            shared["S"] = S
+            S = self._factor_root()
         if S is not None:
             rows = interp_matmul(idx, val, S)
         else:
             rows = solve_lower(L_A, interp_matmul(idx, val, R).mT).mT
         rows = self._sigma2().detach().sqrt() * rows
         sqnorm = rows.pow(2).sum(-1)
-        if not needs_grad and total >= 256:
-            shared["rows"] = (idx, val.detach(), rows, sqnorm)
+        if not needs_grad:
+            # Rows are cached for points requested a second time (the mc_points, asked for by
+            # every fantasy model): pool scoring interleaves them with fresh candidate batches,
+            # which must neither evict them nor be stored (their keys, 4^d per point, are).
+            seen = shared.setdefault("seen", [])
+            key = (idx.reshape(-1, K), val.detach().reshape(-1, K))
+            if any(same(k) for k in seen):
+                shared["rows"] = (*key, rows, sqnorm)
+            else:
+                seen.insert(0, key)
+                del seen[4:]
         return rows, sqnorm
+
+    def _rows_times_F(self, idx: Tensor, val: Tensor, P: Tensor) -> Tensor:
+        r"""``P F`` (``batch x N x q``) for the rows ``P = sigma W_x S`` of :meth:`_grid_root`.
+
+        For cached rows (qNIPV's mc_points) ``T = P S^T = sigma W_x M`` (``N x m``) is cached
+        too, and ``P F = T W*^T D*^-1/2`` reads 4^d columns of ``T`` per pending point:
+        O(4^d N q) per candidate batch instead of the O(m N q) product.
+        """
+        hit = self._shared.get("rows")
+        grad = torch.is_grad_enabled() and (P.requires_grad or self.d_val.requires_grad)
+        if grad or hit is None or P.shape[:-2].numel() != 1 or hit[2].data_ptr() != P.data_ptr():
+            return _shared_matmul(P, self.d_F)
+        if len(hit) == 4:
+            T = self._sigma2().detach().sqrt() * interp_matmul(hit[0], hit[1], self._factor_gram())
+            hit = self._shared["rows"] = (*hit, T)
+        T = hit[4]  # N x m
+        wv = self.d_val * self.d_D.rsqrt().unsqueeze(-1)
+        out = interp_matmul(self.d_idx, wv, T.mT).mT  # batch x N x q
+        lead = torch.Size([1] * max(0, P.dim() - out.dim()))
+        return out.reshape(*lead, *out.shape)
 
     # ------------------------------------------------------------------ prediction
 
@@ -418,8 +481,8 @@ class WISKI(OnlineModel):
         if self.d_idx is None:
             Q = P.new_zeros(*P.shape[:-1], 0)
         else:
-            F, C = self.d_F, self.d_C  # batch x m x q, batch x q x q
-            Q = _right_solve(C, _shared_matmul(P, F))  # sigma H^T = P F C^-T: batch x N x q
+            C = self.d_C  # batch x q x q
+            Q = _right_solve(C, self._rows_times_F(idx, val, P))  # sigma H^T = P F C^-T
         batch = torch.broadcast_shapes(mean.shape[:-1], P.shape[:-2], Q.shape[:-2])
         mean = mean.expand(*batch, mean.shape[-1])
         N = P.shape[-2]
