@@ -268,6 +268,13 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
             ("mean predictive variance", _fmt(last.get("mean_var"), 4)),
             ("test NLL", _fmt(last.get("nll"), 4)),
         ]
+    elif getattr(loop, "classify", False):
+        rows += [
+            ("prequential accuracy", _fmt(last.get("prequential_accuracy"), 4)),
+            ("prequential log loss", _fmt(last.get("prequential_nll"), 4)),
+            ("last test accuracy", _fmt(next((r["test_accuracy"] for r in reversed(records) if r.get("test_accuracy") is not None), None), 4)),
+            ("last test NLL", _fmt(next((r["test_nll"] for r in reversed(records) if r.get("test_nll") is not None), None), 4)),
+        ]
     else:
         rows += [
             ("prequential RMSE", _fmt(last.get("prequential_rmse"), 4)),
@@ -451,9 +458,9 @@ def active(
 
 @app.command()
 def stream(
-    problem: Annotated[str, typer.Option(help="UCI regression set: skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing.")],
+    problem: Annotated[str, typer.Option(help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski).")],
     data_dir: DataDirOpt = None,
-    split: Annotated[int, typer.Option(help="Fixed 90/10 split (0..9); its test rows are the test set.")] = 0,
+    split: Annotated[int, typer.Option(help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana has one fixed split).")] = 0,
     shuffle: Annotated[bool, typer.Option(help="Stream the training rows in a seeded random order.")] = True,
     max_stream: Annotated[Optional[int], typer.Option(help="Use only the first this many stream rows.")] = None,
     max_test: Annotated[Optional[int], typer.Option(help="Use only the first this many test rows.")] = None,
@@ -462,7 +469,7 @@ def stream(
     q: Annotated[int, typer.Option("--q", help="Points arriving per step.")] = 1,
     steps: Annotated[Optional[int], typer.Option(help="Steps after the initial points (default: until the stream ends).")] = None,
     n_init: Annotated[int, typer.Option(help="Stream points the surrogate starts from.")] = 100,
-    eval_every: Annotated[int, typer.Option(help="Test RMSE/NLL every this many steps.")] = 50,
+    eval_every: Annotated[int, typer.Option(help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps.")] = 50,
     seed: SeedOpt = 0,
     refit_every: RefitOpt = 50,
     fit_max_iter: FitIterOpt = 50,
@@ -475,21 +482,28 @@ def stream(
     dtype: DtypeOpt = "float64",
     threads: ThreadsOpt = None,
 ) -> None:
-    """Streaming regression on a UCI set: predict each arriving point, then update."""
+    """Streaming regression (UCI set) or binary classification (banana): predict each arriving
+    point, then update."""
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)
-    from bo_online.datasets import UCI_DATASETS
     from bo_online.loops import StreamingLoop
-    from bo_online.problems import uci_problem
+    from bo_online.loops.classifiers import classifier_class
+    from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem
 
     _setup(threads)
-    _check(problem.lower() in UCI_DATASETS, f"Unknown UCI set {problem!r}; choose one of {', '.join(UCI_DATASETS)}.")
+    key = problem.lower()
+    _check(key in STREAM_PROBLEMS, f"Unknown UCI set {problem!r}; choose one of {', '.join(STREAM_PROBLEMS)}.")
     _positive("--n-init", n_init)
     _positive("--eval-every", eval_every)
     _check_model(model)
-    prob = uci_problem(problem, split=split, shuffle=shuffle, seed=seed, max_stream=max_stream,
-                       max_test=max_test, data_dir=data_dir)
+    if key in CLASSIFICATION_PROBLEMS:
+        classifier_class(model)  # one-line error for a regression-only model, before any data
+        prob = banana_problem(shuffle=shuffle, seed=seed, max_stream=max_stream, max_test=max_test,
+                              data_dir=data_dir)
+    else:
+        prob = uci_problem(problem, split=split, shuffle=shuffle, seed=seed, max_stream=max_stream,
+                           max_test=max_test, data_dir=data_dir)
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype)

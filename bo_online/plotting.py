@@ -4,6 +4,7 @@ r"""Plots of run records (matplotlib, PNG files; no display needed).
 * :func:`plot_time_per_step` -- time per step vs n, one line per run (how the surrogate's cost
   grows with the data it holds);
 * :func:`plot_rmse` -- test RMSE vs step (active learning / streaming);
+* :func:`plot_accuracy` -- test accuracy vs step (streaming classification);
 * :func:`plot_runs` -- every plot that fits the runs given, written into a directory.
 
 Each function takes run directories (or record lists with labels) and writes one PNG.
@@ -24,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
 
-__all__ = ["load_runs", "plot_progress", "plot_time_per_step", "plot_rmse", "plot_runs"]
+__all__ = ["load_runs", "plot_progress", "plot_time_per_step", "plot_rmse", "plot_accuracy", "plot_runs"]
 
 Run = tuple[str, list[dict[str, Any]]]
 
@@ -135,11 +136,26 @@ def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
     return _save(fig, out)
 
 
+def plot_accuracy(runs: Sequence[Run], out: str | os.PathLike) -> Path:
+    r"""Test accuracy vs step (streaming-classification ``test_accuracy`` records)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, records in runs:
+        step, _, value = _series(records, "test_accuracy")
+        ax.plot(step, value, marker="o", ms=3, label=label)
+    ax.set_xlabel("step (0 = initial design)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Test accuracy vs step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
 def plot_runs(
     paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike, prefix: str = ""
 ) -> list[Path]:
     r"""Every plot that applies to the runs in ``paths``, written to ``out_dir``:
-    ``progress.png`` (BO runs), ``rmse.png`` (runs with test RMSE), ``time_per_step.png`` (all)."""
+    ``progress.png`` (BO runs), ``rmse.png`` (runs with test RMSE), ``accuracy.png`` (runs with
+    test accuracy), ``time_per_step.png`` (all)."""
     runs = load_runs(paths)
     out_dir = Path(out_dir)
     written = []
@@ -153,6 +169,9 @@ def plot_runs(
     ]
     if rmse:
         written.append(plot_rmse(rmse, out_dir / f"{prefix}rmse.png"))
+    acc = [(lab, rec) for lab, rec in runs if any(r.get("test_accuracy") is not None for r in rec)]
+    if acc:
+        written.append(plot_accuracy(acc, out_dir / f"{prefix}accuracy.png"))
     if any(len(rec) > 1 for _, rec in runs):
         written.append(plot_time_per_step(runs, out_dir / f"{prefix}time_per_step.png"))
     return written

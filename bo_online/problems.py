@@ -8,8 +8,9 @@ Three kinds, one per loop:
 * :class:`PoolProblem` -- a finite pool of candidate inputs with known outcomes plus a held-out
   test set (active learning). :func:`magnetometer_problem` builds the magnetometer field
   magnitude over (x, y) with a random 10,000-point held-out test set.
-* :class:`StreamProblem` -- an ordered stream of (x, y) with a test set (streaming regression);
-  :func:`uci_problem` builds one per UCI set.
+* :class:`StreamProblem` -- an ordered stream of (x, y) with a test set (streaming regression
+  or binary classification, its ``task``); :func:`uci_problem` builds one per UCI set,
+  :func:`banana_problem` the banana classification stream.
 
 Problems live in their own units and bounds; loops map the bounds to the unit cube the models
 work on (:func:`to_unit` / :func:`from_unit`). Noise is added by the loop (with its own seeded
@@ -43,6 +44,8 @@ __all__ = [
     "synthetic_problem",
     "magnetometer_problem",
     "uci_problem",
+    "banana_problem",
+    "CLASSIFICATION_PROBLEMS",
     "make_problem",
     "problem_names",
     "to_unit",
@@ -237,12 +240,16 @@ class PoolProblem:
 
 @dataclass
 class StreamProblem:
-    r"""An ordered stream of observations with a test set (streaming regression).
+    r"""An ordered stream of observations with a test set (streaming regression or binary
+    classification).
 
     Attributes:
-        X_stream: ``N x d`` inputs in arrival order (problem units); ``y_stream``: ``N``.
+        X_stream: ``N x d`` inputs in arrival order (problem units); ``y_stream``: ``N``
+            (targets, or class labels in {0, 1} when ``task == "classification"``).
         X_test, y_test: the test set.
         bounds: ``2 x d`` box containing every input.
+        task: ``"regression"`` or ``"classification"`` (binary, labels {0, 1}); selects the
+            surrogate's prediction and the metrics of :class:`bo_online.loops.StreamingLoop`.
     """
 
     name: str
@@ -252,6 +259,15 @@ class StreamProblem:
     y_test: Tensor
     bounds: Tensor
     spec: dict[str, Any] | None = None
+    task: str = "regression"
+
+    def __post_init__(self) -> None:
+        if self.task not in ("regression", "classification"):
+            raise ValueError(f"task must be 'regression' or 'classification', got {self.task!r}.")
+        if self.task == "classification":
+            for name, y in (("y_stream", self.y_stream), ("y_test", self.y_test)):
+                if not bool(((y == 0) | (y == 1)).all()):
+                    raise ValueError(f"A classification stream needs labels in {{0, 1}} in {name}.")
 
     @property
     def dim(self) -> int:
@@ -355,8 +371,51 @@ def uci_problem(
     )
 
 
+def banana_problem(
+    shuffle: bool = True,
+    seed: int = 0,
+    max_stream: int | None = None,
+    max_test: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+) -> StreamProblem:
+    r"""The 2-D banana set as a binary classification stream: its 400 training rows (shuffled
+    with ``seed`` unless ``shuffle=False``) arrive in order, its 4,900 test rows are the test set.
+    Labels -1/1 are mapped to {0, 1} (1 = the +1 class).
+
+    Args:
+        shuffle: randomise the arrival order (seeded).
+        max_stream, max_test: optionally truncate the stream / test set (small tests).
+    """
+    data = datasets.load_banana(data_dir=data_dir)
+    X_tr, y_tr = data.train
+    X_te, y_te = data.test
+    order = np.random.default_rng(seed).permutation(len(y_tr)) if shuffle else np.arange(len(y_tr))
+    if max_stream is not None:
+        order = order[:max_stream]
+    test_rows = np.arange(len(y_te)) if max_test is None else np.arange(min(max_test, len(y_te)))
+    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    label = lambda y: t((np.asarray(y) > 0).astype(np.float64))  # noqa: E731  (-1/1 -> 0/1)
+    return StreamProblem(
+        name="banana",
+        X_stream=t(X_tr[order]),
+        y_stream=label(y_tr[order]),
+        X_test=t(X_te[test_rows]),
+        y_test=label(y_te[test_rows]),
+        bounds=_data_bounds(data.X),
+        spec={
+            "name": "banana",
+            "shuffle": shuffle,
+            "seed": seed,
+            "max_stream": max_stream,
+            "max_test": max_test,
+        },
+        task="classification",
+    )
+
+
 POOL_PROBLEMS = ("magnetometer",)
-STREAM_PROBLEMS = tuple(datasets.UCI_DATASETS)
+CLASSIFICATION_PROBLEMS = ("banana",)
+STREAM_PROBLEMS = tuple(datasets.UCI_DATASETS) + CLASSIFICATION_PROBLEMS
 
 
 def _key(name: str) -> str:
@@ -387,7 +446,9 @@ def make_problem(
         return magnetometer_problem(**spec, data_dir=data_dir)
     if name in datasets.UCI_DATASETS:
         return uci_problem(name, **spec, data_dir=data_dir)
+    if name == "banana":
+        return banana_problem(**spec, data_dir=data_dir)
     raise ValueError(
         f"Unknown problem {name!r}; choose a test function ({', '.join(problem_names())}), "
-        f"'magnetometer', or a UCI set ({', '.join(STREAM_PROBLEMS)})."
+        f"'magnetometer', or a stream ({', '.join(STREAM_PROBLEMS)})."
     )

@@ -61,6 +61,10 @@ BAD = {
     "missing data dir (stream)": (["stream", "--problem", "yacht", "--data-dir", "{missing}"],
                                   "uci/yacht/data.csv.gz"),
     "unknown UCI set": (["stream", "--problem", "iris"], "Unknown UCI set"),
+    "regression-only model on banana": (["stream", "--problem", "banana", "--model", "exact"],
+                                        "Model 'exact' cannot classify"),
+    "missing data dir (banana)": (["stream", "--problem", "banana", "--model", "tsvgp",
+                                   "--data-dir", "{missing}"], "banana/banana_train_x.txt"),
     "resume nothing": (["resume", "{missing}"], "No run directory"),
 }
 
@@ -182,3 +186,23 @@ def test_active_and_stream_commands(tmp_path, capsys):
     code, _, err = _run(["stream", "--problem", "yacht", "--max-stream", "60", "--n-init", "20",
                          "--steps", "100", "--out", str(tmp_path / "y2")], capsys)
     assert code == 2 and "exceeds" in err and not (tmp_path / "y2").exists()
+
+
+def _has_banana() -> bool:
+    return (datasets.resolve_data_dir() / "banana" / "banana_train_x.txt").is_file()
+
+
+@pytest.mark.skipif(not _has_banana(), reason="real data not available")
+def test_stream_banana_classification_command(tmp_path, capsys):
+    out = tmp_path / "banana"
+    code, stdout, err = _run(
+        ["stream", "--problem", "banana", "--model", "wiski", "--model-option", "grid_size=12",
+         "--max-stream", "60", "--max-test", "200", "--n-init", "20", "--q", "5",
+         "--eval-every", "2", "--fit-max-iter", "10", "--out", str(out), "--threads", "1"], capsys)
+    assert code == 0, err
+    assert "prequential accuracy" in stdout and "last test accuracy" in stdout
+    assert (out / "plots" / "accuracy.png").is_file()
+    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in records] == list(range(20, 61, 5))
+    assert all(len(r["pred_prob"]) == 5 and 0 < min(r["pred_prob"]) for r in records[1:])
+    assert [r["test_accuracy"] is not None for r in records] == [s % 2 == 0 for s in range(9)]

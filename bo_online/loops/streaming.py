@@ -1,10 +1,17 @@
-r"""Streaming regression with prequential evaluation, in the ask/tell style.
+r"""Streaming regression and binary classification with prequential evaluation, in the
+ask/tell style.
 
 The data arrive in order (a :class:`bo_online.problems.StreamProblem`). Each step takes the next
-``q`` points, first *predicts* them (the prequential, test-then-train protocol: squared error and
-Gaussian negative log predictive density with observation noise), then folds them into the
-surrogate with ``model.update`` and refits on the schedule. Every ``eval_every`` steps the test
-RMSE and NLL are recorded as well, and every step its time, so time per step vs n can be plotted.
+``q`` points, first *predicts* them (the prequential, test-then-train protocol), then folds them
+into the surrogate with ``model.update`` and refits on the schedule. Every ``eval_every`` steps
+the test metrics are recorded as well, and every step its time, so time per step vs n can be
+plotted. The problem's ``task`` selects the surrogate's prediction and the metrics:
+
+* ``"regression"``: squared error and Gaussian negative log predictive density with observation
+  noise (test RMSE / NLL);
+* ``"classification"`` (labels {0, 1}): the surrogate is the registry name's classifier
+  (:mod:`bo_online.loops.classifiers`); it predicts ``p(y = 1 | x)``, scored by accuracy (threshold
+  1/2) and log loss ``-log p(y | x)`` (test accuracy / NLL).
 """
 
 from __future__ import annotations
@@ -17,18 +24,38 @@ import torch
 from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
+from bo_online.loops.classifiers import classifier_class
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import StreamProblem, make_problem, to_unit
 
-__all__ = ["StreamingLoop"]
+__all__ = ["StreamingLoop", "classification_metrics"]
+
+
+def classification_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) -> dict[str, Any]:
+    r"""Binary-classification metrics of ``model`` (with ``predict_proba``) at ``X`` (``m x d``,
+    model space) against labels ``y`` (``m``, in {0, 1}).
+
+    Returns ``prob`` (``m`` tensor of ``p(y = 1 | x)``), ``accuracy`` (fraction with
+    ``1[p > 1/2] == y``) and ``nll`` (mean log loss ``-log p(y | x)``, probabilities clamped to
+    ``[1e-12, 1 - 1e-12]``).
+    """
+    probs = torch.cat([model.predict_proba(X[i : i + chunk]).reshape(-1) for i in range(0, X.shape[0], chunk)])
+    y = y.to(probs)
+    p_y = torch.where(y > 0.5, probs, 1.0 - probs).clamp(1e-12, 1.0 - 1e-12)
+    return {
+        "prob": probs,
+        "accuracy": float(((probs > 0.5).to(y) == y).to(probs).mean()),
+        "nll": float(-p_y.log().mean()),
+    }
 
 
 class StreamingLoop(OnlineLoop):
-    r"""Prequential streaming regression.
+    r"""Prequential streaming regression or binary classification (``problem.task``).
 
     Args:
         problem: the stream and its test set.
-        eval_every: record test RMSE/NLL every this many steps (and at step 0).
+        eval_every: record the test metrics (RMSE/NLL, or accuracy/NLL) every this many steps
+            (and at step 0).
         n_init: stream points the surrogate starts from.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (``q`` is the
             number of points per step).
@@ -49,11 +76,15 @@ class StreamingLoop(OnlineLoop):
             )
         super().__init__(n_init=n_init, **kwargs)
         self.problem = problem
+        self.classify = problem.task == "classification"
+        if self.classify:  # the registry name's classifier; raises for regression-only models
+            self.model_cls = classifier_class(self.config["model"])
         self.config.update(eval_every=int(eval_every))
         self.U_stream = to_unit(problem.X_stream, problem.bounds).to(**self.tkwargs)
         self.U_test = to_unit(problem.X_test, problem.bounds).to(**self.tkwargs)
         self.position = 0  # stream rows consumed
         self.sq_err_sum = 0.0
+        self.correct_sum = 0.0
         self.nll_sum = 0.0
         self.num_predicted = 0
 
@@ -67,15 +98,29 @@ class StreamingLoop(OnlineLoop):
     def _status(self) -> str:
         if not self.num_predicted:
             return ""
+        if self.classify:
+            return f"prequential accuracy {self.correct_sum / self.num_predicted:.4g}"
         return f"prequential RMSE {math.sqrt(self.sq_err_sum / self.num_predicted):.4g}"
 
     def _test_metrics(self) -> dict[str, Any]:
         # Only on the eval_every grid (not "at the end"): records must not depend on how many
         # steps a run was asked for, or a run extended by resume would differ from a long one.
-        if self.step_count % self.config["eval_every"] != 0:
+        due = self.step_count % self.config["eval_every"] == 0
+        if self.classify:
+            if not due:
+                return {"test_accuracy": None, "test_nll": None}
+            m = self._predict(self.U_test, self.problem.y_test)
+            return {"test_accuracy": m["accuracy"], "test_nll": m["nll"]}
+        if not due:
             return {"test_rmse": None, "test_nll": None}
-        m = predictive_metrics(self.model, self.U_test, self.problem.y_test)
+        m = self._predict(self.U_test, self.problem.y_test)
         return {"test_rmse": m["rmse"], "test_nll": m["nll"]}
+
+    def _predict(self, U: Tensor, y: Tensor) -> dict[str, Any]:
+        r"""The task's metrics of the current surrogate at ``U`` (unit cube) against ``y``."""
+        if self.classify:
+            return classification_metrics(self.model, U, y)
+        return predictive_metrics(self.model, U, y)
 
     def _initial_design(self) -> dict[str, Any]:
         n0 = self.config["n_init"]
@@ -110,7 +155,7 @@ class StreamingLoop(OnlineLoop):
             raise ValueError("The stream is exhausted.")
         rows = torch.arange(self.position, self.position + q)
         t0 = self._now()
-        pred = predictive_metrics(self.model, self.U_stream[rows], self.problem.y_stream[rows])
+        pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows])
         self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
         return rows
 
@@ -131,7 +176,10 @@ class StreamingLoop(OnlineLoop):
         self.position += q
         self.step_count += 1
         pred = pending["pred"]
-        self.sq_err_sum += pred["rmse"] ** 2 * q
+        if self.classify:
+            self.correct_sum += pred["accuracy"] * q
+        else:
+            self.sq_err_sum += pred["rmse"] ** 2 * q
         self.nll_sum += pred["nll"] * q
         self.num_predicted += q
         refit = self._refit_due()
@@ -142,10 +190,7 @@ class StreamingLoop(OnlineLoop):
             "n": self.position,
             "rows": rows,
             "y": self.problem.y_stream[rows],
-            "pred_rmse": pred["rmse"],
-            "pred_nll": pred["nll"],
-            "prequential_rmse": math.sqrt(self.sq_err_sum / self.num_predicted),
-            "prequential_nll": self.nll_sum / self.num_predicted,
+            **self._prequential_fields(pred),
             **self._test_metrics(),
             "refit": refit,
             "time_fit": t_fit,
@@ -155,10 +200,27 @@ class StreamingLoop(OnlineLoop):
         }
         return self._finish_record(record)
 
+    def _prequential_fields(self, pred: dict[str, Any]) -> dict[str, Any]:
+        if self.classify:
+            return {
+                "pred_prob": pred["prob"],
+                "pred_accuracy": pred["accuracy"],
+                "pred_nll": pred["nll"],
+                "prequential_accuracy": self.correct_sum / self.num_predicted,
+                "prequential_nll": self.nll_sum / self.num_predicted,
+            }
+        return {
+            "pred_rmse": pred["rmse"],
+            "pred_nll": pred["nll"],
+            "prequential_rmse": math.sqrt(self.sq_err_sum / self.num_predicted),
+            "prequential_nll": self.nll_sum / self.num_predicted,
+        }
+
     def _state(self) -> dict[str, Any]:
         return {
             "position": self.position,
             "sq_err_sum": self.sq_err_sum,
+            "correct_sum": self.correct_sum,
             "nll_sum": self.nll_sum,
             "num_predicted": self.num_predicted,
         }
@@ -166,6 +228,7 @@ class StreamingLoop(OnlineLoop):
     def _restore_state(self, state: dict[str, Any]) -> None:
         self.position = int(state["position"])
         self.sq_err_sum = float(state["sq_err_sum"])
+        self.correct_sum = float(state.get("correct_sum", 0.0))  # absent in older checkpoints
         self.nll_sum = float(state["nll_sum"])
         self.num_predicted = int(state["num_predicted"])
 
