@@ -1,4 +1,4 @@
-r"""Ask/tell loops: Bayesian optimisation, active learning and streaming regression.
+r"""Ask/tell loops: Bayesian optimisation, active learning and streaming regression and classification.
 
 Each loop writes one record per step to ``<out_dir>/records.jsonl`` as it happens and a checkpoint
 after every step; :func:`resume` continues a run from its directory (e.g. after the process was
