@@ -15,15 +15,22 @@ and the metric is reported after each stage:
    closed-form Gaussian optimum on ``warm`` data points.
 2. ``after_adam``: ``iters`` Adam steps on the minibatch ELBO (all of ``a, L, beta, alpha`` and
    the hyperparameters; the paper's schedule ``lr_t = lr / (1 + 0.1 sqrt t)``; ``a^T K_alpha a``
-   column-subsampled with ``kl_columns`` on kin40k).
+   column-subsampled with ``kl_columns`` on kin40k). On sinc this is the paper's set-up: 2000
+   full-batch steps with ONE step size for all parameters, gamma_0 in {1e-1, 1e-2, 1e-3} chosen
+   by the ELBO after 100 steps (an earlier 300-step, lr 3e-3 / 3e-4 schedule left the decoupled
+   model far from convergence: noise still rising, RMSE 0.045 instead of ~0.03).
 3. ``after_refresh``: ``a`` and ``B`` re-solved in closed form for the trained hyperparameters and
    bases.
 
 On sinc a fourth number, ``after_adam_fixed_hyper``, repeats stage 2 with the hyperparameters
-frozen at stage 1: the ELBO with few covariance bases (M_beta = 10) inflates the noise variance,
-which smooths the decoupled model's mean; freezing them separates that effect from the
-variational fit. "Coupled" means ``num_mean_bases == num_cov_bases`` (alpha = beta), the
-standard SVGP in the paper's parametrisation.
+frozen at stage 1. With few covariance bases (M_beta = 10) the ELBO's variance term
+``sum_n var_q f(x_n) / (2 sigma^2)`` is large, and its converged optimum genuinely has a larger
+noise and lengthscale than the exact GP's (checked: the ELBO at the learned hyperparameters is
+far higher than at the exact-GP ones with a, L, bases re-optimised), which smooths the mean;
+freezing the hyperparameters separates that effect from the variational fit. "Coupled" means
+``num_mean_bases == num_cov_bases`` (alpha = beta), the standard SVGP in the paper's
+parametrisation. The mean basis here contains the covariance basis (``Z = [beta; alpha]``, the
+partially shared form of the paper's App. A; both seeded from the same data, as App. A.2 advises).
 
 Defaults are bounded to run in a few minutes on a loaded 2-core machine (one torch thread): the
 paper trains for 2000 Adam steps on minibatches of 1024 with M_alpha = 128^2; here kin40k uses 300
@@ -35,14 +42,16 @@ Data: ``../shared/data`` relative to the project root, or ``$BO_ONLINE_DATA_DIR`
 Results: ``experiments/results/decoupled_sinc_kin40k.json`` and a printed table.
 
     PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py            # both parts
-    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc   # ~6 min, 1 thread
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
+import math
 import os
 import platform
 import time
@@ -57,8 +66,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
 
 # ---------------------------------------------------------------------- settings (defaults)
-SINC = dict(n=500, noise_std=0.1, x_range=20.0, iters=300, lr=0.003, lr_variational=0.0003,
-            init_subset=500, seed=0, n_test=1000)
+# sinc follows the paper's training set-up (Sec. 5 / App. C): T = 2000 Adam steps, one step size
+# gamma_0 for every parameter chosen from {1e-1, 1e-2, 1e-3} by the ELBO improvement after 100
+# steps, minibatch N_m = 1024 (> n, so full batch). The paper does not state Fig. 1's noise level,
+# input range or training details; those below are ours.
+SINC = dict(n=500, noise_std=0.1, x_range=20.0, iters=2000, lr_grid=(0.1, 0.01, 0.001),
+            select_iters=100, batch=1024, lbfgs_iters=3000, init_subset=500, seed=0, n_test=1000)
 KIN = dict(m_alpha=1000, m_beta=100, iters=300, batch=512, lr=0.003, lr_variational=0.0003,
            init_subset=500, seed=0, warm=4096, kl_columns=256)
 
@@ -102,8 +115,11 @@ def train(X, Y, m_alpha, m_beta, cfg, batch, evaluate, train_hyperparameters=Tru
     t1 = time.perf_counter()
     stage1 = evaluate(model)
     t2 = time.perf_counter()
-    model.fit(method="adam", max_iter=cfg["iters"], lr=cfg["lr"],
-              lr_variational=cfg["lr_variational"],
+    lr, lr_v = cfg.get("lr"), cfg.get("lr_variational")
+    if lr is None:  # the paper's rule: the gamma_0 with the best ELBO after `select_iters` steps
+        lr = lr_v = select_step_size(model, cfg, batch, train_hyperparameters)
+    model.fit(method="adam", max_iter=cfg["iters"], lr=lr,
+              lr_variational=lr_v,
               batch_size=batch, restandardize=False, compress=False,
               train_hyperparameters=train_hyperparameters, num_kl_columns=cfg.get("kl_columns"))
     t3 = time.perf_counter()
@@ -115,7 +131,30 @@ def train(X, Y, m_alpha, m_beta, cfg, batch, evaluate, train_hyperparameters=Tru
     return model, {"after_init": stage1, "after_adam": stage2, "after_refresh": evaluate(model),
                    "init_seconds": t1 - t0, "adam_seconds": t3 - t2, "refresh_seconds": t4 - t3,
                    "fit_seconds": (t1 - t0) + (t3 - t2) + (t4 - t3),
-                   "noise": float(model.likelihood.noise.detach())}
+                   "noise": float(model.likelihood.noise.detach()),
+                   "lengthscale": model.covar_module.lengthscale.detach().flatten().tolist(),
+                   "elbo_per_point": elbo_per_point(model), "lr": lr, "lr_variational": lr_v}
+
+
+def elbo_per_point(model) -> float:
+    with torch.no_grad():
+        idx = torch.randperm(model.num_data, generator=torch.Generator().manual_seed(1))[:4096]
+        return float(model.elbo(idx) / model.num_data)
+
+
+def select_step_size(model, cfg, batch, train_hyperparameters) -> float:
+    r"""Step size gamma_0 from ``cfg["lr_grid"]`` whose ``select_iters`` Adam steps (one step
+    size for all parameters, as in the paper) raise the ELBO most; trials run on copies."""
+    best, best_lr = -math.inf, None
+    for lr in cfg["lr_grid"]:
+        trial = copy.deepcopy(model)
+        trial.fit(method="adam", max_iter=cfg["select_iters"], lr=lr, lr_variational=lr,
+                  batch_size=batch, restandardize=False, compress=False,
+                  train_hyperparameters=train_hyperparameters)
+        value = elbo_per_point(trial)
+        if math.isfinite(value) and value > best:
+            best, best_lr = value, lr
+    return best_lr
 
 
 def predict(model, X):
@@ -139,16 +178,36 @@ def run_sinc(cfg: dict) -> dict:
         def rmse(mdl):
             return float((predict(mdl, to_unit(xt)) - f(xt).squeeze(-1)).pow(2).mean().sqrt())
 
-        model, res = train(to_unit(x), y, ma, mb, cfg, cfg["n"], rmse)
+        model, res = train(to_unit(x), y, ma, mb, cfg, cfg["batch"], rmse)
         rows[name] = {"M_alpha": ma, "M_beta": mb, "test_rmse": res["after_adam"], **res}
         # Variant: Adam on the variational parameters and bases only (hyperparameters kept from
         # the exact-GP subset), separating the ELBO's noise inflation at small M_beta.
-        _, res2 = train(to_unit(x), y, ma, mb, cfg, cfg["n"], rmse, train_hyperparameters=False)
+        _, res2 = train(to_unit(x), y, ma, mb, cfg, cfg["batch"], rmse,
+                        train_hyperparameters=False)
         rows[name]["after_adam_fixed_hyper"] = res2["after_adam"]
+        # Convergence reference: full-batch L-BFGS from stage 1, with and without the
+        # hyperparameters. If the ELBO with learned hyperparameters is the higher one, their
+        # larger noise / lengthscale is the objective's optimum, not an optimiser artefact.
+        for tag, th in (("lbfgs", True), ("lbfgs_fixed_hyper", False)):
+            ref = DecoupledSVGP(to_unit(x), y, num_mean_bases=ma, num_cov_bases=mb,
+                                seed=cfg["seed"])
+            ref.fit(max_iter=0, init_hyperparameters=cfg["init_subset"], restandardize=False,
+                    compress=False)
+            ref.fit(method="lbfgs", max_iter=cfg["lbfgs_iters"], restandardize=False,
+                    compress=False, train_hyperparameters=th)
+            rows[name][f"after_{tag}"] = rmse(ref)
+            rows[name][f"elbo_per_point_{tag}"] = elbo_per_point(ref)
+            rows[name][f"noise_{tag}"] = float(ref.likelihood.noise.detach())
         print(f"  sinc  {name:26s} RMSE after init {res['after_init']:.4f}, after Adam "
-              f"{res['after_adam']:.4f} (noise {res['noise']:.3f}), after refresh "
+              f"{res['after_adam']:.4f} (gamma_0 {res['lr']:g}, noise {res['noise']:.3f}, ELBO/n "
+              f"{res['elbo_per_point']:.4f}), after refresh "
               f"{res['after_refresh']:.4f}; Adam with fixed hyperparameters "
               f"{res2['after_adam']:.4f}   fit {res['fit_seconds']:5.1f} s")
+        row = rows[name]
+        print(f"        L-BFGS to convergence: RMSE {row['after_lbfgs']:.4f} (ELBO/n "
+              f"{row['elbo_per_point_lbfgs']:.4f}, noise {row['noise_lbfgs']:.3f}); hyperparameters"
+              f" fixed: RMSE {row['after_lbfgs_fixed_hyper']:.4f} (ELBO/n "
+              f"{row['elbo_per_point_lbfgs_fixed_hyper']:.4f})")
     return rows
 
 
@@ -205,7 +264,9 @@ def main() -> None:
     checks = {}
     if args.only in (None, "sinc"):
         s = results["sinc"] = run_sinc(SINC)
-        for stage in ("after_init", "after_adam", "after_refresh", "after_adam_fixed_hyper"):
+        stages = ("after_init", "after_adam", "after_refresh", "after_adam_fixed_hyper",
+                  "after_lbfgs", "after_lbfgs_fixed_hyper")
+        for stage in stages:
             dec, c100, c10 = (s[k][stage] for k in
                               ("decoupled Ma=100,Mb=10", "coupled M=100", "coupled M=10"))
             key = f"sinc ({stage}): decoupled RMSE within 1.25x of coupled M=100"

@@ -90,6 +90,12 @@ def test_kl_and_predictive_equal_explicit_gaussians_on_finite_feature_space():
     s = m.outcome_std
     assert torch.allclose(post.mean.squeeze(-1), (phi(Xt) @ mu) * s + m.outcome_mean, atol=1e-10)
     assert torch.allclose(post.covariance_matrix, phi(Xt) @ Sigma @ phi(Xt).T * s**2, atol=1e-10)
+    # Gaussian expected log likelihood (Eq. 10) with the decoupled mean, from the same Gaussians.
+    yt = torch.randn(4, generator=g, dtype=DT)
+    s2 = m.likelihood.noise.detach()
+    mf, vf = phi(Xt) @ mu, (phi(Xt) @ Sigma * phi(Xt)).sum(-1)
+    ell_dense = -0.5 * (torch.log(2 * math.pi * s2) + ((yt - mf) ** 2 + vf) / s2).sum()
+    assert abs(float(m.expected_log_likelihood(Xt, yt).detach() - ell_dense)) < 1e-10
 
 
 def test_elbo_equals_exact_marginal_likelihood_and_predictive_equals_exact_gp():
