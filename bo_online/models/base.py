@@ -42,7 +42,7 @@ from typing_extensions import Self
 
 from bo_online.models.validation import check_inputs, check_noise, check_observations
 
-__all__ = ["OnlineModel"]
+__all__ = ["OnlineModel", "HeldDataMixin"]
 
 
 class OnlineModel(Model, GP, FantasizeMixin, ABC):
@@ -409,6 +409,25 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+class HeldDataMixin:
+    r"""For surrogates that keep their training data (``train_X``: ``batch x n x d`` transformed
+    inputs, ``train_y``: ``sample x batch x n`` standardised targets) as buffers: what BoTorch and
+    Ax read about the data."""
+
+    @property
+    def num_data(self) -> int:
+        return int(self.train_X.shape[-2])
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        return (self.train_X,)
+
+    @property
+    def train_targets(self) -> Tensor:
+        """Training targets in the user's units (``sample x batch x n``)."""
+        return self.train_y * self.outcome_std + self.outcome_mean
 
 
 def _as_operator(covar: Tensor | LinearOperator) -> LinearOperator:

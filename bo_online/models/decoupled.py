@@ -68,7 +68,7 @@ from bo_online.linalg import (
     solve_lower,
     solve_lower_transpose,
 )
-from bo_online.models.base import OnlineModel
+from bo_online.models.base import HeldDataMixin, OnlineModel
 from botorch.optim.closures import ForwardBackwardClosure
 from botorch.optim.core import scipy_minimize
 from bo_online.models.validation import check_finite, check_observations
@@ -114,7 +114,7 @@ def pivoted_cholesky_select(K: Tensor, k: int) -> Tensor:
     return torch.tensor(chosen, dtype=torch.long, device=K.device)
 
 
-class DecoupledSVGP(OnlineModel):
+class DecoupledSVGP(HeldDataMixin, OnlineModel):
     r"""Decoupled SVGP with exact O(M_beta^2 q + M_alpha q) Gaussian conditioning.
 
     Args:
@@ -223,19 +223,6 @@ class DecoupledSVGP(OnlineModel):
         self._seed_bases()
 
     # ------------------------------------------------------------------ what the model is
-
-    @property
-    def num_data(self) -> int:
-        return int(self.train_X.shape[-2])
-
-    @property
-    def train_inputs(self) -> tuple[Tensor]:
-        return (self.train_X,)
-
-    @property
-    def train_targets(self) -> Tensor:
-        """Training targets in the user's units."""
-        return self.train_y * self.outcome_std + self.outcome_mean
 
     @property
     def num_beta(self) -> int:

@@ -38,14 +38,14 @@ from bo_online.linalg import (
     solve_lower,
     solve_lower_transpose,
 )
-from bo_online.models.base import OnlineModel
+from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.fitting import minimize_loss, trainable_parameters_and_bounds
 from bo_online.models.validation import check_observations
 
 __all__ = ["OnlineExactGP"]
 
 
-class OnlineExactGP(OnlineModel):
+class OnlineExactGP(HeldDataMixin, OnlineModel):
     r"""Exact GP with O(n^2 q) online conditioning.
 
     Args:
@@ -117,19 +117,6 @@ class OnlineExactGP(OnlineModel):
         self.register_buffer("alpha", None)  # sample x batch x n, (K + N)^-1 (y - mu)
 
     # ------------------------------------------------------------------ what the model is
-
-    @property
-    def num_data(self) -> int:
-        return int(self.train_X.shape[-2])
-
-    @property
-    def train_inputs(self) -> tuple[Tensor]:
-        return (self.train_X,)
-
-    @property
-    def train_targets(self) -> Tensor:
-        """Training targets in the user's units (``batch x n``)."""
-        return self.train_y * self.outcome_std + self.outcome_mean
 
     def hyperparameters(self):
         if self.fixed_noise:  # the likelihood's noise parameter is unused with fixed noise

@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from typing_extensions import Self
 
 from bo_online.linalg import cholesky_append, cholesky_solve, psd_cholesky, solve_lower
-from bo_online.models.base import OnlineModel
+from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.qsgp_bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp_estimators import (
     IndexSample,
@@ -70,7 +70,7 @@ __all__ = ["QSGP", "QSGPSamplePaths"]
 _CHUNK = 4096  # basis columns per block when a full pass over m is needed
 
 
-class QSGP(OnlineModel):
+class QSGP(HeldDataMixin, OnlineModel):
     r"""Weight-space GP with QSGP stochastic variational inference.
 
     Args:
@@ -210,18 +210,6 @@ class QSGP(OnlineModel):
     @property
     def num_features(self) -> int:
         return self.basis.num_features
-
-    @property
-    def num_data(self) -> int:
-        return int(self.train_X.shape[-2])
-
-    @property
-    def train_inputs(self) -> tuple[Tensor]:
-        return (self.train_X,)
-
-    @property
-    def train_targets(self) -> Tensor:
-        return self.train_y * self.outcome_std + self.outcome_mean
 
     def hyperparameters(self):
         r"""Tensors the caches depend on: hyperparameters and the variational parameters."""
