@@ -230,6 +230,17 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         check_inputs(X, dim=self.dim, bounds=self.input_bounds)
         return X
 
+    def _checked_training_data(
+        self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None
+    ) -> Tensor:
+        r"""Validate a single-output model's initial data (``n x d``, ``n x 1``, optional
+        ``n x 1`` noise; n >= 1) and return the transformed inputs ``n x d``."""
+        X = self._transform_and_check(train_X)
+        check_observations(X, train_Y, train_Yvar, dim=self.dim, bounds=self.input_bounds)
+        if train_Y.dim() != 2 or X.shape[0] < 1:
+            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        return X
+
     def posterior(
         self,
         X: Tensor,

@@ -71,7 +71,7 @@ from bo_online.linalg import (
 from bo_online.models.base import HeldDataMixin, OnlineModel
 from botorch.optim.closures import ForwardBackwardClosure
 from botorch.optim.core import scipy_minimize
-from bo_online.models.validation import check_finite, check_observations
+from bo_online.models.validation import check_finite
 
 __all__ = ["DecoupledSVGP", "median_lengthscale", "pivoted_cholesky_select"]
 
@@ -176,10 +176,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
-        X = self._transform_and_check(train_X)
-        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
-        if train_Y.dim() != 2 or X.shape[0] < 1:
-            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):
             raise ValueError("train_Yvar must be > 0: the decoupled model's conditioning adds "
                              "precisions 1/noise, so zero noise is not representable.")

@@ -40,7 +40,6 @@ from bo_online.linalg import (
 )
 from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.fitting import minimize_loss, trainable_parameters_and_bounds
-from bo_online.models.validation import check_observations
 
 __all__ = ["OnlineExactGP"]
 
@@ -84,10 +83,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
-        X = self._transform_and_check(train_X)
-        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
-        if train_Y.dim() != 2 or train_X.shape[0] < 1:
-            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if standardize and train_Y.shape[0] > 1:
             std = train_Y.std(dim=0)
             self.outcome_mean = train_Y.mean(dim=0).to(X)

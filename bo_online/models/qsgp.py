@@ -63,7 +63,7 @@ from bo_online.models.qsgp_estimators import (
     theorem2_estimate,
     theorem3_estimate,
 )
-from bo_online.models.validation import check_inputs, check_observations
+from bo_online.models.validation import check_inputs
 
 __all__ = ["QSGP", "QSGPSamplePaths"]
 
@@ -120,10 +120,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         dim = train_X.shape[-1]
         super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype,
                          device=device)
-        X = self._transform_and_check(train_X)
-        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
-        if train_Y.dim() != 2 or train_X.shape[0] < 1:
-            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if likelihood not in ("gaussian", "laplace", "logistic"):
             raise ValueError(
                 f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}.")

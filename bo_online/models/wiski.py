@@ -128,10 +128,7 @@ class WISKI(OnlineModel):
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
-        X = self._transform_and_check(train_X)
-        check_observations(X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds)
-        if train_Y.dim() != 2 or train_X.shape[0] < 1:
-            raise ValueError("train_Y must be n x 1 with n >= 1.")
+        X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if projection is None:
             if dim > 3:
                 raise ValueError(
