@@ -128,3 +128,54 @@ def test_update_under_autograd_matches_and_differentiates():
     assert _rel(out.detach(), torch.linalg.cholesky(A + U.detach() @ U.detach().T)) < 1e-12
     out.sum().backward()
     assert torch.isfinite(U.grad).all() and U.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------- Woodbury factor
+
+
+def _spd_matrix(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(m, m, generator=g, dtype=torch.float64)
+    return A @ A.T / m + torch.eye(m, dtype=torch.float64)
+
+
+def test_low_rank_updated_cholesky_equals_dense_solves():
+    from bo_online.linalg import LowRankUpdatedCholesky
+
+    m = 30
+    g = torch.Generator().manual_seed(1)
+    B = _spd_matrix(m, 0)
+    L = torch.linalg.cholesky(B)
+    U1 = torch.randn(3, m, 2, generator=g, dtype=torch.float64)  # batch of 3, rank 2
+    U2 = torch.randn(m, 3, generator=g, dtype=torch.float64)  # unbatched, rank 3, added after
+    F = LowRankUpdatedCholesky(L).add(U1).add(U2)
+    assert F.L is L and F.W.shape == (3, m, 5) and F.batch_shape == torch.Size([3])
+    U = torch.cat([U1, U2.expand(3, m, 3)], -1)
+    dense = B + U @ U.transpose(-1, -2)  # 3 x m x m
+    b = torch.randn(4, 3, m, generator=g, dtype=torch.float64)  # 4 extra (sample) dims
+    expected = torch.linalg.solve(dense, b.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(F.solve(b), expected, atol=1e-11, rtol=0)
+    A = torch.randn(m, 7, generator=g, dtype=torch.float64)
+    quad = A.T @ torch.linalg.solve(dense, A)
+    P, H = F.whiten(A)
+    assert torch.allclose(P.transpose(-1, -2) @ P - H.transpose(-1, -2) @ H, quad, atol=1e-11)
+    assert torch.allclose(F.inv_quad_diag(A), quad.diagonal(dim1=-2, dim2=-1), atol=1e-11)
+    assert torch.allclose(F.cholesky(), torch.linalg.cholesky(dense), atol=1e-11)  # refactor
+    small = LowRankUpdatedCholesky(L, U1)  # rank 2: rank-one updates of the factor
+    assert torch.allclose(
+        small.cholesky(), torch.linalg.cholesky(B + U1 @ U1.transpose(-1, -2)), atol=1e-11
+    )
+    # without a low-rank term everything reduces to the plain factor
+    plain = LowRankUpdatedCholesky(L)
+    assert plain.cholesky() is L and plain.whiten(A)[1] is None
+    assert torch.allclose(plain.solve(b[:, 0]), torch.linalg.solve(B, b[:, 0].T).T, atol=1e-11)
+
+
+def test_broadcast_shapes_matches_torch():
+    from bo_online.linalg import broadcast_shapes
+
+    cases = [((3, 1), (4,)), ((), (2, 3)), ((5, 1, 3), (1, 4, 3)), ((2,), (2,)), ((0,), (1,))]
+    for shapes in cases:
+        assert broadcast_shapes(*map(torch.Size, shapes)) == torch.broadcast_shapes(*shapes)
+    with pytest.raises(RuntimeError, match="do not broadcast"):
+        broadcast_shapes(torch.Size([2]), torch.Size([3]))

@@ -150,6 +150,60 @@ def test_condition_equals_sgpr_on_union_any_order(fixed):
     assert before["num_data_"] == 25
 
 
+@pytest.mark.parametrize("dense_max_q", [512, 0])  # dense covariance, and the lazy operator path
+def test_chained_conditioning_equals_sgpr_on_union(dense_max_q):
+    # three conditionings in a row (pending Woodbury sites 2 + 3 + 1) then the posterior, against
+    # dense SGPR on all the data; the in-place update of the last model folds them into L_B
+    X, Y = _data(n=25)
+    Z = torch.rand(12, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
+    model = _set_hypers(TSVGP(X, Y, inducing_points=Z))
+    model.dense_posterior_max_q = dense_max_q
+    parts = [_data(n=k, seed=10 + k) for k in (2, 3, 1)]
+    cond = model
+    for Xs, Ys in parts:
+        cond = cond.condition_on_observations(Xs, Ys)
+    assert cond.chol_B is model.chol_B and cond._lr_W.shape == torch.Size([12, 6])
+    Xall = torch.cat([X] + [p[0] for p in parts])
+    yall = model._standardise(torch.cat([Y] + [p[1] for p in parts])).squeeze(-1)
+    Xt = torch.rand(7, 2, dtype=DT, generator=torch.Generator().manual_seed(6))
+    mean, cov, _ = _dense_sgpr(model, Xall, yall, Z, Xt, 0.05)
+    m, C = _latent(cond, Xt)
+    assert torch.allclose(m, mean, atol=1e-8, rtol=0)
+    assert torch.allclose(C, cov, atol=1e-8, rtol=0)
+    # q(u) and the KL of the conditioned model (factor materialised) against dense SGPR at Z
+    mean_u, S_u, _ = _dense_sgpr(model, Xall, yall, Z, Z, 0.05)
+    m_u = mean_u - model.mean_module.constant.detach()
+    q_m, q_S = (t.detach() for t in cond.q_u())
+    assert torch.allclose(q_m, m_u, atol=1e-8, rtol=0)
+    assert torch.allclose(q_S, S_u, atol=1e-8, rtol=0)
+    Kuu = model.covar_module(Z).to_dense().detach()
+    kl = torch.distributions.kl_divergence(
+        torch.distributions.MultivariateNormal(m_u, S_u),
+        torch.distributions.MultivariateNormal(torch.zeros(12, dtype=DT), Kuu),
+    )
+    # (K_uu has condition number ~1e6 here, which limits the dense KL to ~1e-7 relative)
+    ours = float(cond.kl_divergence().detach())
+    assert abs(ours - float(kl)) < 1e-6 * abs(float(kl))
+    # and exactly the KL of the model updated in place on the same data (rank-one factor updates)
+    inplace = _set_hypers(TSVGP(X, Y, inducing_points=Z))
+    for Xs, Ys in parts:
+        inplace.update(Xs, Ys)
+    assert abs(ours - float(inplace.kl_divergence().detach())) < 1e-10 * abs(ours)
+
+
+def test_whitening_memo_follows_in_place_changes_of_x():
+    X, Y = _data(n=20)
+    model = _set_hypers(TSVGP(X, Y, inducing_points=8))
+    Xt = torch.rand(5, 2, dtype=DT, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        first = model.posterior(Xt).mean.clone()
+        Xt.mul_(0.5)  # same tensor object, new values: the memo must not be reused
+        second = model.posterior(Xt).mean
+        fresh = model.posterior(Xt.clone()).mean
+    assert not torch.allclose(first, second)
+    assert torch.equal(second, fresh)
+
+
 def test_fantasize_shares_factor_and_matches_per_sample_conditioning():
     X, Y = _data(n=20)
     model = _set_hypers(TSVGP(X, Y, inducing_points=8))
@@ -157,7 +211,10 @@ def test_fantasize_shares_factor_and_matches_per_sample_conditioning():
     sampler = SobolQMCNormalSampler(sample_shape=torch.Size([4]), seed=0)
     fm = model.fantasize(Xf, sampler)
     assert fm.batch_shape == torch.Size([4, 3])
-    assert fm.chol_B.shape == torch.Size([3, 8, 8])  # Lam (every variance) shared by samples
+    # the parent's factor is shared, not copied; the new sites' Woodbury terms (hence every
+    # variance) carry the X batch only, shared by the 4 samples
+    assert fm.chol_B is model.chol_B
+    assert fm._lr_W.shape == torch.Size([3, 8, 2]) and fm._lr_C.shape == torch.Size([3, 2, 2])
     assert fm.v.shape == torch.Size([4, 3, 8])
     Xt = torch.rand(3, 5, 2, dtype=DT)
     post = fm.posterior(Xt)
@@ -215,8 +272,9 @@ def test_bernoulli_fantasize_draws_labels():
     # same sampler -> same fantasies (deterministic, for qKG's fixed base samples)
     fm2 = model.fantasize(Xf, sampler)
     assert torch.equal(fm2._cy, labels)
-    # per-sample factors differ (beta depends on y)
-    assert fm.chol_B.shape[0] == 64
+    # per-sample factors differ (beta depends on y): the new sites' Woodbury terms carry the
+    # 64 samples and the X batch of 2
+    assert fm._lr_W.shape[:2] == torch.Size([64, 2]) and fm._lr_C.shape[:2] == torch.Size([64, 2])
 
 
 @pytest.mark.parametrize("lik", [Bernoulli("probit"), Poisson(), StudentT()])

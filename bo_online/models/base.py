@@ -36,7 +36,7 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.models import GP
-from linear_operator.operators import DiagLinearOperator, LinearOperator
+from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, LinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
@@ -204,8 +204,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         (``batch x q x m``) over ``output_indices`` (a plain MVN if only one is asked for)."""
         if self.num_outputs == 1:
             mean = mvn.mean * self.outcome_std + self.outcome_mean
-            covar = mvn.lazy_covariance_matrix * self.outcome_std.pow(2).squeeze()
-            return MultivariateNormal(mean, covar)
+            covar = _dense_or_lazy(mvn) * self.outcome_std.pow(2).squeeze()
+            return MultivariateNormal(mean, _as_operator(covar))
         idx = list(range(self.num_outputs)) if output_indices is None else list(output_indices)
         mean, covar = mvn.mean, _as_operator(mvn.lazy_covariance_matrix)
         if idx != list(range(self.num_outputs)):
@@ -263,7 +263,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             len(output_indices) == 0 or any(not 0 <= int(i) < m for i in output_indices)
         ):
             raise ValueError(f"output_indices must be a non-empty list of indices in [0, {m}).")
-        self.eval()
+        if self.training:  # Module.eval() walks every submodule: only when needed
+            self.eval()
         X = self._transform_and_check(X)
         self.ensure_caches()
         mvn = self._latent_posterior(X)
@@ -274,9 +275,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             else:
                 noise = self._noise_variance(X)
             noise = noise.expand(mvn.mean.shape)
-            mvn = MultivariateNormal(
-                mvn.mean, _as_operator(mvn.lazy_covariance_matrix) + DiagLinearOperator(noise)
-            )
+            covar = _dense_or_lazy(mvn)
+            if isinstance(covar, Tensor):  # small dense covariance: add the noise in place
+                covar = covar + torch.diag_embed(noise)
+            else:
+                covar = _as_operator(covar) + DiagLinearOperator(noise)
+            mvn = MultivariateNormal(mvn.mean, _as_operator(covar))
         mvn = self._unstandardise_mvn(mvn, output_indices)
         posterior = GPyTorchPosterior(mvn)
         if posterior_transform is not None:
@@ -441,7 +445,16 @@ class HeldDataMixin:
         return self.train_y * self.outcome_std + self.outcome_mean
 
 
+def _dense_or_lazy(mvn: MultivariateNormal) -> Tensor | LinearOperator:
+    r"""The covariance as a plain tensor if the model built it densely (cheap arithmetic, no
+    operator bookkeeping), else the lazy operator."""
+    covar = mvn.lazy_covariance_matrix
+    return covar.tensor if isinstance(covar, DenseLinearOperator) else covar
+
+
 def _as_operator(covar: Tensor | LinearOperator) -> LinearOperator:
+    r"""A linear operator (a plain tensor is wrapped: GPyTorch's ``MultivariateNormal`` would
+    otherwise factorise a tensor covariance eagerly in ``torch.distributions``)."""
     from linear_operator import to_linear_operator
 
     return to_linear_operator(covar)

@@ -33,7 +33,9 @@ the collapsed SGPR bound.
 Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood is
 not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap: ``fantasize``
 for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one updates for
-q < ``refactor_min_q``; from there on one BLAS-3 refactorisation of the m x m factor is faster).
+the conditioned model keeps its parent's factor ``L_B`` and the q new whitened site columns, and
+solves with ``B + U U^T`` in Woodbury form (``bo_online.linalg.LowRankUpdatedCholesky``); ``update``
+(in place) folds them into the factor itself).
 
 Several outputs (``train_Y`` ``n x m``, Gaussian likelihoods): the outputs are an internal batch
 dimension -- per-point tensors ``m x n``, caches ``batch x m x ...`` -- exactly m independent
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import gpytorch
 import torch
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
@@ -62,12 +65,14 @@ from botorch.sampling.base import MCSampler
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.means import ConstantMean
-from linear_operator.operators import MatmulLinearOperator
+from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.likelihoods import FixedNoiseGaussian, Gaussian, SiteLikelihood
 from bo_online.linalg import (
+    LowRankUpdatedCholesky,
+    broadcast_shapes,
     cholesky_logdet,
     cholesky_solve,
     cholesky_update,
@@ -207,6 +212,10 @@ class TSVGP(OnlineModel):
         # Caches (functions of the sites and the hyperparameters).
         for name in ("chol_K", "chol_B", "lam_w", "v"):
             self.register_buffer(name, None)
+        # A conditioned model's pending Gaussian sites: B = L_B L_B^T + U U^T kept in Woodbury form
+        # (U, W = L_B^-1 U, C = chol(I + W^T W)) on the parent's shared L_B (see _B_factor).
+        for name in ("_lr_U", "_lr_W", "_lr_C"):
+            self.register_buffer(name, None)
         self._n = n
         self.ensure_caches()  # conjugate: exact sites; otherwise the prior (sites = 0)
         if not self.likelihood.conjugate:
@@ -320,13 +329,25 @@ class TSVGP(OnlineModel):
         return psd_cholesky(self.covar_module(Z).to_dense())
 
     def _whiten(self, L_K: Tensor, X: Tensor) -> Tensor:
-        r"""``a_X = L_K^-1 K_uX`` (``batch x m x q`` for ``X``: ``batch x q x d``)."""
+        r"""``a_X = L_K^-1 K_uX`` (``batch x m x q`` for ``X``: ``batch x q x d``).
+
+        Without autograd the last result is memoised on ``(L_K, X)`` by identity and X's version
+        counter: ``fantasize`` whitens the same X for the posterior it samples from and for the
+        conditioning. (``L_K`` is a new tensor whenever the hyperparameters change.)
+        """
+        memo = self.__dict__.get("_whiten_memo")
+        if memo is not None and memo[0] is L_K and memo[1] is X and memo[2] == X._version:
+            return memo[3]
         Z = self.inducing_points
-        X = self._kx(X)
-        K_uX = self.covar_module(Z, X).to_dense() if X.dim() == 2 else self.covar_module(
-            Z.expand(*X.shape[:-2], *Z.shape), X
-        ).to_dense()
-        return solve_lower(L_K, K_uX)
+        Xk = self._kx(X)
+        if Xk.dim() > 2:
+            Z = Z.expand(*Xk.shape[:-2], *Z.shape)
+        with gpytorch.settings.lazily_evaluate_kernels(False):  # dense at once: no lazy wrapper
+            K_uX = self.covar_module(Z, Xk).to_dense()
+        A = solve_lower(L_K, K_uX)
+        if not torch.is_grad_enabled():  # never reuse a graph: a second backward would fail
+            self.__dict__["_whiten_memo"] = (L_K, X, X._version, A)
+        return A
 
     @staticmethod
     def _summaries(A: Tensor, g1: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
@@ -356,7 +377,8 @@ class TSVGP(OnlineModel):
             lw, Pc = self._summaries(A, g1, beta)
             lam_w, P = lam_w + lw, P + Pc
         self.chol_K = L_K
-        self.chol_B, self.v = self._factor(P, lam_w)
+        L_B, self.v = self._factor(P, lam_w)
+        self._set_B_factor(LowRankUpdatedCholesky(L_B))
         self.lam_w = lam_w
 
     def set_sites(self, g1: Tensor, beta: Tensor) -> Self:
@@ -383,36 +405,72 @@ class TSVGP(OnlineModel):
             lam_w, P = self._summaries(A, g1, beta)
             L_B, v = self._factor(P, lam_w)
         self._g1[..., : self._n], self._beta[..., : self._n] = g1, beta
-        self.chol_K, self.chol_B, self.lam_w, self.v = L_K, L_B, lam_w, v
+        self.chol_K, self.lam_w, self.v = L_K, lam_w, v
+        self._set_B_factor(LowRankUpdatedCholesky(L_B))
         self._cache_key = self._current_key()
+
+    def _B_factor(self) -> LowRankUpdatedCholesky:
+        r"""The whitened ``B = I + L_K^-1 Lam L_K^-T``: ``L_B`` plus any pending low-rank sites."""
+        return LowRankUpdatedCholesky(self.chol_B, self._lr_U, self._lr_W, self._lr_C)
+
+    def _set_B_factor(self, F: LowRankUpdatedCholesky) -> None:
+        # straight into the registered buffers (Module.__setattr__ costs more than the maths
+        # of a small fantasy)
+        buffers = self._buffers
+        buffers["chol_B"], buffers["_lr_U"], buffers["_lr_W"], buffers["_lr_C"] = F.L, F.U, F.W, F.C
+
+    def _materialise_B(self) -> Tensor:
+        r"""Fold pending low-rank sites into ``chol_B`` (O(m^2 r) or O(m^3)) and return it."""
+        F = self._B_factor()
+        if F.has_low_rank:
+            self._set_B_factor(LowRankUpdatedCholesky(F.cholesky()))
+        return self.chol_B
 
     # ------------------------------------------------------------------ prediction
 
     def _marginals(
-        self, A: Tensor, L_B: Tensor, v: Tensor, X: Tensor
+        self, A: Tensor, B: Tensor | LowRankUpdatedCholesky, v: Tensor, X: Tensor
     ) -> tuple[Tensor, Tensor]:
-        r"""Marginal mean of h = f - c and variance of f at points with whitened ``A``."""
+        r"""Marginal mean of h = f - c and variance of f at points with whitened ``A``, given the
+        factor of ``B`` (a Cholesky factor or a :class:`LowRankUpdatedCholesky`)."""
+        if isinstance(B, Tensor):
+            B = LowRankUpdatedCholesky(B)
         mean = (A.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
-        W = solve_lower(L_B, A)
         kdiag = self.covar_module(self._kx(X), diag=True)
-        var = kdiag - A.pow(2).sum(-2) + W.pow(2).sum(-2)
+        var = kdiag - A.pow(2).sum(-2) + B.inv_quad_diag(A)
         return mean, var.clamp_min(1e-12)
 
+    #: Up to this many points the posterior covariance is returned as a dense ``q x q`` tensor
+    #: (computed once and shared, as a view, by every fantasy sample); beyond it as a lazy sum of
+    #: low-rank products, so e.g. qNIPV's thousands of integration points never form ``q x q``.
+    dense_posterior_max_q: int = 512
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
-        A = self._whiten(self.chol_K, X)  # batch x m x q
-        W = solve_lower(self.chol_B, A)  # broadcast(batch, model batch) x m x q
-        mean = self._const() + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
-        batch = torch.broadcast_shapes(mean.shape[:-1], W.shape[:-2])
-        q = X.shape[-2]
-        m = A.shape[-2]
-        A = A.expand(*batch, m, q)
-        W = W.expand(*batch, m, q)
-        prior = self.covar_module(self._kx(X)).expand(*batch, q, q)
-        covar = (
-            prior
-            + MatmulLinearOperator(W.transpose(-1, -2), W)
-            + MatmulLinearOperator(A.transpose(-1, -2), A) * -1.0
+        # cov = k(X, X) - A^T A + A^T B^-1 A, with A^T B^-1 A = P^T P - H^T H (Woodbury form when
+        # the model carries pending conditioned sites, H = None otherwise).
+        A = self._whiten(self.chol_K, X)  # X batch x m x q
+        P, H = self._B_factor().whiten(A)  # broadcast(X batch, model batch) x m x q, ... x r x q
+        mean = self._const() + (self.v.unsqueeze(-2) @ A).squeeze(-2)  # one GEMM over samples
+        cov_batch = P.shape[:-2] if H is None else broadcast_shapes(P.shape[:-2], H.shape[:-2])
+        batch = broadcast_shapes(mean.shape[:-1], cov_batch)
+        q, m = X.shape[-2], A.shape[-2]
+        if q <= self.dense_posterior_max_q:
+            gram = lambda T: T.transpose(-1, -2) @ T
+            with gpytorch.settings.lazily_evaluate_kernels(False):
+                prior = self.covar_module(self._kx(X)).to_dense()
+            covar = prior - gram(A) + gram(P)
+            if H is not None:
+                covar = covar - gram(H)
+            # wrapped: a tensor covariance would be Cholesky-factorised eagerly by torch's MVN
+            covar = DenseLinearOperator(covar.expand(*batch, q, q))
+            return MultivariateNormal(mean.expand(*batch, q), covar)
+        prior = self.covar_module(self._kx(X))
+        lazy = lambda T, k: MatmulLinearOperator(
+            T.expand(*batch, k, q).transpose(-1, -2), T.expand(*batch, k, q)
         )
+        covar = prior.expand(*batch, q, q) + lazy(P, m) + lazy(A, m) * -1.0
+        if H is not None:
+            covar = covar + lazy(H, H.shape[-2]) * -1.0
         return MultivariateNormal(mean.expand(*batch, q), covar)
 
     def _latent_mean(self, X: Tensor) -> Tensor:
@@ -437,10 +495,11 @@ class TSVGP(OnlineModel):
 
     def _new_sites(
         self, X: Tensor, A: Tensor, Y: Tensor, noise: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        r"""``(L_B, lam_w, v, g1, beta)`` after adding the sites of ``(X, Y)``.
+    ) -> tuple[LowRankUpdatedCholesky, Tensor, Tensor, Tensor, Tensor]:
+        r"""``(B, lam_w, v, g1, beta)`` after adding the sites of ``(X, Y)``; ``B`` is this model's
+        factor with the new whitened site columns ``A diag(beta)^1/2`` pending in Woodbury form.
 
-        Gaussian: exact sites; ``L_B`` depends only on X and the noise, so it is updated once
+        Gaussian: exact sites; ``B`` depends only on X and the noise, so it is updated once
         and shared by every fantasy sample (Y carries the sample dims). Otherwise: one E-step at
         the current marginal (rho = 1), then ``condition_steps`` further fixed-point steps on the
         new sites alone, each from the pre-conditioning state.
@@ -453,61 +512,34 @@ class TSVGP(OnlineModel):
                 beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(*self._out, X.shape[-2])
             elif noise is not None:  # noise is the same for every sample
                 beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
-            L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
+            B = self._B_factor().add(A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
-            return L_B, lam_w, self._solve_shared(L_B, lam_w), g1, beta
+            return B, lam_w, B.solve(lam_w), g1, beta
         if noise is not None:
             raise ValueError(
                 "noise can only be given for a Gaussian likelihood; this TSVGP has a "
                 f"{type(lik).__name__} likelihood."
             )
-        L_B, v = self.chol_B, self.v
+        B, v = self._B_factor(), self.v
         c = self._const()
         for _ in range(1 + self.condition_steps):
-            mean_h, var = self._marginals(A, L_B, v, X)
+            mean_h, var = self._marginals(A, B, v, X)
             alpha, beta = lik.expected_derivatives(Y, c + mean_h, var)
             g1 = beta * mean_h + alpha
-            L_B = self._add_low_rank(self.chol_B, A * beta.sqrt().unsqueeze(-2))
+            B = self._B_factor().add(A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
-            v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
-        return L_B, lam_w, v, g1, beta
-
-    @staticmethod
-    def _solve_shared(L: Tensor, b: Tensor) -> Tensor:
-        r"""``(L L^T)^-1 b`` for ``b``: ``extra x batch_L x m`` with ``L``: ``batch_L x m x m``.
-
-        The extra (fantasy-sample) dims become columns of ONE triangular solve pair (BLAS-3)
-        instead of broadcasting ``L`` over them (a copy of L and one BLAS-2 solve per sample).
-        """
-        lb = L.shape[:-2]
-        if b.dim() - 1 <= len(lb) or b.shape[b.dim() - 1 - len(lb) : -1] != lb:
-            return cholesky_solve(L, b.unsqueeze(-1)).squeeze(-1)
-        extra = b.shape[: b.dim() - 1 - len(lb)]
-        cols = b.reshape(-1, *lb, L.shape[-1]).movedim(0, -1)  # batch_L x m x E
-        out = cholesky_solve(L, cols).movedim(-1, 0)
-        return out.reshape(*extra, *lb, L.shape[-1])
-
-    #: From this many new points on, the factor of ``B + U U^T`` is recomputed (one BLAS-3
-    #: product and Cholesky, O(m^3)) instead of q sequential rank-one updates (O(m^2 q) but
-    #: memory-bound passes): measured crossover q ~ 2-4 for m in 128-512 on a CPU. Both give the
-    #: same factor (the Cholesky factor is unique).
-    refactor_min_q: int = 4
-
-    def _add_low_rank(self, L: Tensor, U: Tensor) -> Tensor:
-        r"""Lower factor of ``L L^T + U U^T`` (``U``: ``... x m x q``)."""
-        if U.shape[-1] < self.refactor_min_q:
-            return cholesky_update(L, U)
-        return psd_cholesky(L @ L.transpose(-1, -2) + U @ U.transpose(-1, -2))
+            v = B.solve(lam_w)
+        return B, lam_w, v, g1, beta
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         self.likelihood.check_targets(self._user_units(Y))
         if noise is not None and self.likelihood.conjugate:
             noise = noise.expand(Y.shape)
         A = self._whiten(self.chol_K, X)  # X-batch x m x q, shared by every sample
-        L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)
+        B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)
         new = self._shallow_copy()
-        new.chol_B, new.lam_w, new.v = L_B, lam_w, v
-        batch = torch.broadcast_shapes(v.shape[:-1], L_B.shape[:-2])  # model batch x (m)
+        new._set_B_factor(B)  # shares this model's L_B; the new sites stay in Woodbury form
+        batch = broadcast_shapes(v.shape[:-1], B.batch_shape)  # model batch x (m)
         model_batch = batch[: len(batch) - len(self._out)]
         Xb = X.expand(*model_batch, *X.shape[-2:])
         yb, g1b, betab = (t.expand(*batch, X.shape[-2]) for t in (Y, g1, beta))
@@ -523,8 +555,9 @@ class TSVGP(OnlineModel):
                 if nb is None:
                     nb = self._point_noise(torch.Size([*batch, X.shape[-2]]), None)
                 nb = cat(old_n, nb)
-        new._cX, new._cy, new._cg1, new._cbeta, new._cnoise = Xb, yb, g1b, betab, nb
-        new._batch_shape = model_batch
+        # straight into the registered buffers (Module.__setattr__ is slow next to a small fantasy)
+        new._buffers.update(lam_w=lam_w, v=v, _cX=Xb, _cy=yb, _cg1=g1b, _cbeta=betab, _cnoise=nb)
+        new.__dict__["_batch_shape"] = model_batch
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
@@ -541,11 +574,14 @@ class TSVGP(OnlineModel):
             )
         with torch.no_grad():
             A = self._whiten(self.chol_K, X)
-            L_B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)  # raises before changes
+            B, lam_w, v, g1, beta = self._new_sites(X, A, Y, noise)
+            L_B = B.cholesky()  # in place: fold the new sites into the factor, O(m^2 q)
             if self.lam_w.dim() != 1 + len(self._out) or L_B.dim() != 2 + len(self._out):
                 raise ValueError("update() needs an unbatched model.")
+        # Nothing has changed before this point (a failure above leaves the model as it was).
         self._append(X, Y, noise, g1, beta)
-        self.chol_B, self.lam_w, self.v = L_B, lam_w, v
+        self._set_B_factor(LowRankUpdatedCholesky(L_B))
+        self.lam_w, self.v = lam_w, v
 
     def _append(self, X: Tensor, y: Tensor, noise: Tensor | None, g1: Tensor, beta: Tensor) -> None:
         n, q = self._n, X.shape[0]
@@ -641,7 +677,7 @@ class TSVGP(OnlineModel):
     def kl_divergence(self) -> Tensor:
         """KL[q(u) || p(u)] of the current q (from the caches)."""
         self.ensure_caches()
-        return self._kl(self.chol_B, self.v)
+        return self._kl(self._B_factor().cholesky(), self.v)
 
     def q_u(self) -> tuple[Tensor, Tensor]:
         r"""``(m_u, S_u)`` of q(u) (standardised units; ``u`` is h = f - c at Z), MATH.md §2:
@@ -649,7 +685,7 @@ class TSVGP(OnlineModel):
         self.ensure_caches()
         L_K = self.chol_K
         m_u = (L_K @ self.v.unsqueeze(-1)).squeeze(-1)
-        R = solve_lower(self.chol_B, L_K.transpose(-1, -2))
+        R = solve_lower(self._B_factor().cholesky(), L_K.transpose(-1, -2))
         return m_u, R.transpose(-1, -2) @ R
 
     # ------------------------------------------------------------------ learning
@@ -674,6 +710,7 @@ class TSVGP(OnlineModel):
         if not 0.0 < rho <= 1.0:
             raise ValueError(f"rho must be in (0, 1], got {rho}.")
         self.ensure_caches()
+        self._materialise_B()
         n = self._n
         minibatch = batch_size is not None and batch_size < n
         idx = torch.randperm(n, generator=generator)[:batch_size] if minibatch else slice(None)
