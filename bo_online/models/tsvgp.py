@@ -75,7 +75,6 @@ from bo_online.linalg import (
     broadcast_shapes,
     cholesky_logdet,
     cholesky_solve,
-    cholesky_update,
     psd_cholesky,
     solve_lower,
 )
