@@ -511,9 +511,12 @@ class TSVGP(OnlineModel):
                 beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(*self._out, X.shape[-2])
             elif noise is not None:  # noise is the same for every sample
                 beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
-            B = self._B_factor().add(A * beta.sqrt().unsqueeze(-2))
+            parent = self._B_factor()
+            B = parent.add(A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
-            return B, lam_w, B.solve(lam_w), g1, beta
+            if parent.has_low_rank:
+                return B, lam_w, B.solve(lam_w), g1, beta
+            return B, lam_w, self._woodbury_v(B, A, beta, g1), g1, beta
         if noise is not None:
             raise ValueError(
                 "noise can only be given for a Gaussian likelihood; this TSVGP has a "
@@ -529,6 +532,19 @@ class TSVGP(OnlineModel):
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
             v = B.solve(lam_w)
         return B, lam_w, v, g1, beta
+
+    def _woodbury_v(self, B: LowRankUpdatedCholesky, A: Tensor, beta: Tensor, g1: Tensor) -> Tensor:
+        r"""``v' = B'^-1 (lam_w + A g1)`` from the cached ``v = B^-1 lam_w``, for ``B' = B + U U^T``,
+        ``U = A diag(beta)^1/2`` and ``B = L_B L_B^T`` (no pending sites). With ``G = B^-1 A``
+        (two solves with q columns) and ``x = v + G g1``, Woodbury gives
+        ``v' = x - G D C^-T C^-1 D A^T x`` (``D = diag(beta)^1/2``, ``C C^T = I + U^T B^-1 U``):
+        every per-sample step is a small product, no solve with ``L_B`` per fantasy sample."""
+        G = cholesky_solve(B.L, A)  # batch x m x q
+        x = self.v + (G @ g1.unsqueeze(-1)).squeeze(-1)  # sample x batch x m
+        s = beta.sqrt()
+        t = (x.unsqueeze(-2) @ A).squeeze(-2) * s  # D A^T x: sample x batch x q
+        t = torch.cholesky_solve(t.unsqueeze(-1), B.C).squeeze(-1) * s
+        return x - (t.unsqueeze(-2) @ G.transpose(-1, -2)).squeeze(-2)
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         self.likelihood.check_targets(self._user_units(Y))
