@@ -4,8 +4,8 @@ Table 1 -- ``fantasize`` + posterior. For each m (inducing points) and q (fantas
 16 fantasy samples and a Gaussian likelihood, both models hold the SAME inducing points,
 hyperparameters and q(u) (the SGPR optimum on n training points):
 
-* ours: ``TSVGP.fantasize(X_q, sampler)`` (rank-q update of the factor, shared by the samples)
-  then the posterior mean and variance at 50 test points;
+* ours: ``TSVGP.fantasize(X_q, sampler)`` (the parent's factor plus the q new sites in Woodbury
+  form, shared by the samples) then the posterior mean and variance at 50 test points;
 * anchor: BoTorch ``SingleTaskVariationalGP`` (whitened ``VariationalStrategy``, q(u) copied in),
   ``sampler(model.posterior(X_q, observation_noise=True))``, then GPyTorch's online variational
   conditioning ``model.model.get_fantasy_model(X_q, Y)`` (an exact GP on the m pseudo-points plus the
