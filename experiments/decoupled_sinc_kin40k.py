@@ -261,22 +261,53 @@ def run_sinc(cfg: dict) -> dict:
         print(f"  {'exact GP':24s} {e['rmse']:.4f} (noise {e['noise']:.3f}, ls "
               f"{e['lengthscale'][0]:.4f}, rho^2 {e['outputscale']:.3f})", flush=True)
         out["per_seed"][str(seed)] = rows
+    out["summary"] = summarize_sinc(out["per_seed"])
+    return out
+
+
+def summarize_sinc(per_seed: dict) -> dict:
+    r"""Mean / min / max / std of the test RMSE over seeds, per model and stage; printed."""
     summary = {}
     for name in list(SINC_MODELS) + ["exact GP"]:
         for stage in ("paper", "converged", "fixed_hyper", None):
             if (name == "exact GP") != (stage is None):
                 continue
             vals = [r[name]["rmse"] if stage is None else r[name][stage]["rmse"]
-                    for r in out["per_seed"].values()]
+                    for r in per_seed.values()]
             summary[name if stage is None else f"{name} / {stage}"] = {
                 "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
                 "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": vals}
-    out["summary"] = summary
-    print("\nsinc test RMSE over seeds (mean [min, max]):")
+    for stage in ("paper", "converged", "fixed_hyper"):  # per-seed RMSE ratios
+        for other in ("coupled M=100", "coupled M=10"):
+            vals = [r["decoupled Ma=100,Mb=10"][stage]["rmse"] / r[other][stage]["rmse"]
+                    for r in per_seed.values()]
+            summary[f"ratio decoupled / {other} / {stage}"] = {
+                "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": vals}
+    print(f"\nsinc test RMSE over seeds {list(per_seed)} (mean [min, max], then per seed):")
     for key, v in summary.items():
-        print(f"  {key:42s} {v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]  "
+        print(f"  {key:48s} {v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]  "
               + " ".join(f"{z:.4f}" for z in v["per_seed"]))
-    return out
+    return summary
+
+
+def sinc_checks(sinc: dict) -> dict:
+    sm, seeds, checks = sinc["summary"], sinc["per_seed"].values(), {}
+    dec = "decoupled Ma=100,Mb=10"
+    for stage in ("paper", "converged", "fixed_hyper"):
+        d, c100, c10 = (sm[f"{k} / {stage}"]["mean"] for k in (dec, "coupled M=100",
+                                                               "coupled M=10"))
+        checks[f"sinc ({stage}): mean decoupled RMSE < 0.7x coupled M=10"] = d < 0.7 * c10
+        checks[f"sinc ({stage}): mean decoupled RMSE within 1.2x of coupled M=100"] = (
+            d <= 1.2 * c100)
+    checks["sinc: converged ELBO >= paper-schedule ELBO (every model and seed)"] = all(
+        r[k]["converged"]["elbo_per_point"] >= r[k]["paper"]["elbo_per_point"] - 1e-9
+        for r in seeds for k in SINC_MODELS)
+    checks["sinc: decoupled ELBO at learned hypers > at exact-GP hypers (every seed), i.e. "
+           "the learned hyperparameters are the objective's optimum"] = all(
+        r[dec]["converged"]["elbo_per_point"] > r[dec]["fixed_hyper"]["elbo_per_point"]
+        for r in seeds)
+    return checks
 
 
 # ---------------------------------------------------------------------- kin40k
@@ -360,7 +391,24 @@ def main() -> None:
     p.add_argument(
         "--out", default=str(ROOT / "experiments" / "results" / "decoupled_sinc_kin40k.json")
     )
+    p.add_argument("--merge-sinc", nargs="+", default=None, metavar="JSON",
+                   help="combine the sinc seeds of earlier result files (e.g. runs split over "
+                        "processes) into one summary and checks in --out; runs nothing")
     args = p.parse_args()
+    if args.merge_sinc:
+        parts = [json.loads(Path(f).read_text()) for f in args.merge_sinc]
+        merged = {"settings": parts[0]["settings"], "env": parts[0]["env"],
+                  "merged_from": args.merge_sinc, "sinc": {"per_seed": {}}}
+        for part in parts:
+            merged["sinc"]["per_seed"].update(part["sinc"]["per_seed"])
+        merged["sinc"]["summary"] = summarize_sinc(merged["sinc"]["per_seed"])
+        merged["checks"] = sinc_checks(merged["sinc"])
+        for name, ok in merged["checks"].items():
+            print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(merged, indent=2))
+        print(f"\nwrote {args.out}")
+        return
     torch.set_num_threads(args.threads)
     SINC["iters"], SINC["seeds"], KIN["iters"] = args.sinc_iters, tuple(args.seeds), args.kin_iters
     KIN["m_alpha"], KIN["m_beta"], KIN["batch"] = args.m_alpha, args.m_beta, args.batch
@@ -371,23 +419,8 @@ def main() -> None:
     }
     checks = {}
     if args.only in (None, "sinc"):
-        s = results["sinc"] = run_sinc(SINC)
-        sm = s["summary"]
-        dec = "decoupled Ma=100,Mb=10"
-        for stage in ("paper", "converged", "fixed_hyper"):
-            d, c100, c10 = (sm[f"{k} / {stage}"]["mean"] for k in
-                            (dec, "coupled M=100", "coupled M=10"))
-            checks[f"sinc ({stage}): mean decoupled RMSE < 0.7x coupled M=10"] = d < 0.7 * c10
-            checks[f"sinc ({stage}): mean decoupled RMSE within 1.2x of coupled M=100"] = (
-                d <= 1.2 * c100)
-        seeds = s["per_seed"].values()
-        checks["sinc: converged ELBO >= paper-schedule ELBO (every model and seed)"] = all(
-            r[k]["converged"]["elbo_per_point"] >= r[k]["paper"]["elbo_per_point"] - 1e-9
-            for r in seeds for k in SINC_MODELS)
-        checks["sinc: decoupled ELBO at learned hypers > at exact-GP hypers (every seed), i.e. "
-               "the learned hyperparameters are the objective's optimum"] = all(
-            r[dec]["converged"]["elbo_per_point"] > r[dec]["fixed_hyper"]["elbo_per_point"]
-            for r in seeds)
+        results["sinc"] = run_sinc(SINC)
+        checks.update(sinc_checks(results["sinc"]))
     if args.only in (None, "kin40k"):
         k = results["kin40k"] = run_kin40k(KIN, data_dir(args.data_dir))
         mb, ma = KIN["m_beta"], KIN["m_alpha"]
