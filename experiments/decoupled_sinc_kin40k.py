@@ -56,8 +56,12 @@ Data: ``../shared/data`` relative to the project root, or ``$BO_ONLINE_DATA_DIR`
 Results: ``experiments/results/decoupled_sinc_kin40k.json`` (or ``--out``) and printed tables.
 
     PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py                 # both parts
-    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc     # ~5 min per seed
-    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only kin40k   # ~5 min
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc     # ~8 min per seed
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only kin40k   # ~4 min
+    # seeds split over two processes, then one summary:
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc --seeds 0 1 2 --out a.json
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --only sinc --seeds 3 4 --out b.json
+    PYTHONPATH=. python experiments/decoupled_sinc_kin40k.py --merge-sinc a.json b.json
 """
 
 from __future__ import annotations
