@@ -368,6 +368,38 @@ def test_init_hyperparameters_maximise_exact_marginal_likelihood_of_subset():
     assert float(e.marginal_log_likelihood(include_priors=False)) > before + 0.1
 
 
+def test_adam_step_count_and_wall_clock_budget():
+    X, Y = _data(60, seed=11)
+    m = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
+    m.fit(max_iter=7, lr=0.01, restandardize=False, compress=False)
+    assert m.last_fit_steps == 7
+    # A zero budget stops after the first step: time-matched comparisons take what fits.
+    m.fit(max_iter=10**6, lr=0.01, timeout_sec=0.0, restandardize=False, compress=False)
+    assert m.last_fit_steps == 1
+
+
+def test_scaled_kernel_without_priors_reproduces_exact_gp():
+    # The experiment's paper-style modules (rho^2 * SE kernel, no hyperpriors): with the bases
+    # equal to the data the model is the exact GP for any hyperparameters.
+    from gpytorch.kernels import RBFKernel, ScaleKernel
+    from gpytorch.likelihoods import GaussianLikelihood
+
+    X, Y = _data(25, seed=13)
+    k, lik = ScaleKernel(RBFKernel(ard_num_dims=2)).to(DT), GaussianLikelihood().to(DT)
+    with torch.no_grad():
+        k.outputscale = torch.tensor(1.7, dtype=DT)
+        k.base_kernel.lengthscale = torch.tensor([[0.3, 0.6]], dtype=DT)
+        lik.noise = torch.tensor([0.02], dtype=DT)
+    m = DecoupledSVGP(X, Y, num_mean_bases=25, num_cov_bases=25, covar_module=k, likelihood=lik)
+    e = OnlineExactGP(X, Y, covar_module=k, likelihood=lik)
+    e.mean_module = m.mean_module
+    Xt = torch.rand(6, 2, generator=torch.Generator().manual_seed(2), dtype=DT)
+    pm, pe = m.posterior(Xt), e.posterior(Xt)
+    assert torch.allclose(pm.mean, pe.mean, atol=1e-8)
+    assert torch.allclose(pm.covariance_matrix, pe.covariance_matrix, atol=1e-8)
+    assert float(m._log_prior()) == 0.0  # no priors registered: the ELBO is the paper's
+
+
 def test_refresh_equals_closed_form_optimum():
     X, Y = _data(60, seed=10)
     m = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)

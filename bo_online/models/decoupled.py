@@ -638,6 +638,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                 for the trained hyperparameters and bases (on ``warm_start_points`` data points,
                 O(points * M_alpha^2 + M_alpha^3)); Adam converges slowly in the raw mean-only
                 coefficients when ``K_alpha`` is ill-conditioned (the paper's Appendix A.1).
+            timeout_sec: wall-clock budget for the optimiser (Adam stops after the step that
+                exceeds it; ``self.last_fit_steps`` records the Adam steps taken), e.g. to
+                compare models at equal training time.
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
@@ -801,6 +804,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1.0 + 0.1 * math.sqrt(t)))
         n = self.num_data
         start = time.monotonic()
+        self.last_fit_steps = 0  # Adam steps taken (fewer than max_iter when timeout_sec hit)
         for t in range(max_iter):
             idx = None if n <= batch_size else torch.randperm(n, generator=gen)[:batch_size]
             if grow > 0:
@@ -811,6 +815,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             opt.step()
             self._clamp_to_constraints()
             sched.step()
+            self.last_fit_steps = t + 1
             if timeout_sec is not None and time.monotonic() - start > timeout_sec:
                 break
 
