@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -130,9 +129,9 @@ def main() -> None:
         t0 = time.time()
         hyp = exact_gp_init(Xtr, Ytr, pts, args.seed, args.init_maxiter)
         fit_s = time.time() - t0
+        ls = [round(v, 2) for v in hyp[0].squeeze().tolist()]
         print(f"hypers from exact GP on {pts} points ({fit_s:.0f} s): noise {float(hyp[2]):.4g}, "
-              f"outputscale {float(hyp[1]):.3g}, ls {[round(v, 2) for v in hyp[0].squeeze().tolist()]}",
-              flush=True)
+              f"outputscale {float(hyp[1]):.3g}, ls {ls}", flush=True)
         if args.exact_points:
             r = exact_gp_test(Xtr, Ytr, Xte, Yte, hyp, args.exact_points, args.seed)
             r.update(kind=f"exact GP on {args.exact_points} pts", hyper_points=pts)
