@@ -440,6 +440,96 @@ def test_theorem1_theorem2_prop2_unbiased(dense_S):
     assert bool((draws.std(0)[:2] > 1e-3 * exact[:2].abs()).all())
 
 
+@pytest.mark.parametrize("dense_S", [False, True])
+def test_estimators_unbiased_without_replacement(dense_S):
+    """Basis samples i, j drawn without replacement keep the Thm 1-2 / Prop. 2 scale factors."""
+    from bo_online.models.qsgp_estimators import exact_terms, sample_indices
+
+    Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=dense_S)
+    ex = exact_terms(Phi, y, w, mu, C, S)
+    exact = torch.stack([ex["L_mu"], ex["L_Sigma"], ex["L_const"]])
+    if dense_S:
+        exact[2] = exact[2] + torch.linalg.slogdet(S)[1]
+    g = torch.Generator().manual_seed(2)
+    draws = []
+    for _ in range(3000):
+        s = sample_indices(30, 20, 3, 6, 7, 5, 2, generator=g, replace_cols=False)
+        assert s.i.unique().numel() == 7 and s.j.unique().numel() == 7
+        draws.append(_gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S))
+    draws = torch.stack(draws)
+    mean, se = draws.mean(0), draws.std(0) / math.sqrt(draws.shape[0])
+    assert bool(((mean - exact).abs() < 3 * se + 1e-12).all()), (mean, exact, se)
+    assert bool((draws.std(0)[:2] > 1e-3 * exact[:2].abs()).all())
+
+
+def test_all_columns_without_replacement_has_no_column_noise():
+    """At m~ = m without replacement the Thm 1 estimate is the dense L_mu of the sampled rows."""
+    from bo_online.models.qsgp_estimators import sample_indices, theorem1_estimate
+
+    Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=False)
+    g = torch.Generator().manual_seed(3)
+    s = sample_indices(30, 20, 0, 6, 20, 5, generator=g, replace_cols=False)
+    assert torch.equal(s.i, torch.arange(20)) and s.i is s.j
+    Fl, yl, wl = Phi[s.rows], y[s.rows], w[s.rows]
+    est = theorem1_estimate(s, Fl[:, s.i], Fl[:, s.j], yl, wl, mu[s.i], mu[s.j],
+                            torch.diagonal(S)[s.i])
+    f = Fl @ mu
+    dense = (30 / 6) * (wl * (f.pow(2) - 2 * yl * f)).sum() + mu @ S @ mu
+    assert torch.allclose(est, dense, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="Without replacement"):
+        sample_indices(30, 20, 0, 6, 21, generator=g, replace_cols=False)
+
+
+@pytest.mark.parametrize("family", ["mean_field", "chevron"])
+def test_all_columns_fast_path_matches_general_path(family):
+    """The m~ = m shortcut (no unique / gathers) gives the same loss and gradients as the general
+    index bookkeeping on the same sample."""
+    import dataclasses
+
+    from bo_online.models.qsgp_estimators import sample_indices
+
+    X, Y = _data(40, 2)
+    kw = {"num_dense_columns": 2} if family == "chevron" else {}
+    model = QSGP(X, Y, num_features=16, family=family, kernel=_kernel(2), **kw)
+    _set_noise(model, 0.05)
+    g = torch.Generator().manual_seed(0)
+    model.var_mean = torch.randn(16, generator=g, dtype=DT)
+    model.var_log_diag = -1 + 0.2 * torch.randn(16, generator=g, dtype=DT)
+    model.var_cols = 0.2 * torch.randn(16, model.num_dense, generator=g, dtype=DT)
+    s = sample_indices(40, 16, model.num_dense, 7, 16, 5, generator=g, replace_cols=False)
+    s2 = dataclasses.replace(s, j=s.j.clone())  # same indices, general path
+    assert s.i is s.j and s2.i is not s2.j
+    out = []
+    for smp in (s, s2):
+        loss, st = model.stochastic_loss(smp)
+        grads = torch.autograd.grad(loss, st["leaves"])
+        order = torch.argsort(st["U"])
+        out.append((loss.detach(), [gr[order] for gr in grads]))
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(out[0][1], out[1][1]):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_sgd_all_columns_without_replacement_approaches_optimum():
+    X, Y = _data(100, 2)
+
+    def make():
+        mdl = QSGP(X, Y, num_features=40, family="mean_field", kernel=_kernel(2))
+        _set_noise(mdl, 0.1)
+        return mdl
+
+    ref = make()
+    ref.set_optimal_variational()
+    model = make()
+    with torch.no_grad():
+        init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
+    model.fit_sgd(max_iter=400, num_rows=20, num_cols=40, cv_rank=0, lr=0.3, train_hypers=False,
+                  use_priors=False, replace_cols=False)
+    with torch.no_grad():
+        final = float(model.exact_elbo())
+    assert (final - init) / (opt - init) > 0.97, (init, final, opt)
+
+
 def test_model_stochastic_loss_unbiased_with_control_variates():
     X, Y = _data(40, 2)
     model = QSGP(X, Y, num_features=24, family="chevron", num_dense_columns=3, kernel=_kernel(2))

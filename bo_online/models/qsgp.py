@@ -686,6 +686,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         use_priors: bool = True,
         seed: int | None = None,
         callback: Callable[[int, float], None] | None = None,
+        replace_cols: bool = True,
     ) -> Self:
         r"""Run the QSGP SGD (Theorems 1-3, Prop. 2, Eq. 3 / Prop. 3 control variates).
 
@@ -703,6 +704,9 @@ class QSGP(HeldDataMixin, OnlineModel):
             use_priors: add the hyperparameters' log priors to the objective.
             seed: sampler seed (default the model's seed).
             callback: called as ``callback(step, loss)`` every step.
+            replace_cols: draw the basis samples ``i``, ``j`` with replacement (the paper) or
+                without (same scale factors, less column noise; ``m~ = m`` removes it, see
+                :func:`~bo_online.models.qsgp_estimators.sample_indices`).
         """
         n, m, k = self.num_data, self.num_features, self.num_dense
         dd = self._dtype_device
@@ -724,7 +728,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.train()
         try:
             for t in range(max_iter):
-                s = sample_indices(n, m, k, nr, nc, num_diag_cols, num_dense_cols, gen, dev)
+                s = sample_indices(n, m, k, nr, nc, num_diag_cols, num_dense_cols, gen, dev,
+                                   replace_cols=replace_cols)
                 hyper_on = opt is not None and t >= freeze
                 loss, st = self.stochastic_loss(
                     s, cv_state=(p, Xp, frozen, a) if use_cv else None, hyper_grad=hyper_on,
@@ -807,10 +812,14 @@ class QSGP(HeldDataMixin, OnlineModel):
             ``dr_u`` and (with control variates) ``Fp_U``.
         """
         k = self.num_dense
-        U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
-        ni, nrr = s.i.numel(), s.r.numel()
-        inv_i, inv_j = inv[:ni], inv[ni:2 * ni]
-        inv_r, inv_dr = inv[2 * ni:2 * ni + nrr], inv[2 * ni + nrr:]
+        if s.i is s.j and s.i.numel() == s.m:  # all columns (m~ = m without replacement)
+            U = inv_i = inv_j = s.i
+            inv_r, inv_dr = s.r, s.dr
+        else:
+            U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
+            ni, nrr = s.i.numel(), s.r.numel()
+            inv_i, inv_j = inv[:ni], inv[ni:2 * ni]
+            inv_r, inv_dr = inv[2 * ni:2 * ni + nrr], inv[2 * ni + nrr:]
         dr_u, dr_inv = torch.unique(s.dr, return_inverse=True)
         mu_U = self.var_mean[U].clone().requires_grad_(True)
         ld_U = self.var_log_diag[U].clone().requires_grad_(True)
@@ -846,8 +855,13 @@ class QSGP(HeldDataMixin, OnlineModel):
             S_ji = basis.prior_precision_block(U[inv_j], U[inv_i]) if not diagS else None
             S_dr_i = (basis.prior_precision_block(s.dr, U[inv_i])
                       if (not diagS and k) else None)
-        Fi, Fj, F_r, F_dr = F_U[:, inv_i], F_U[:, inv_j], F_U[:, inv_r], F_U[:, inv_dr]
-        mu_i, mu_j = mu_U[inv_i], mu_U[inv_j]
+        if inv_i is U:  # all columns: the samples i = j are U itself, no gathers needed
+            Fi = Fj = F_U
+            mu_i = mu_j = mu_U
+        else:
+            Fi, Fj = F_U[:, inv_i], F_U[:, inv_j]
+            mu_i, mu_j = mu_U[inv_i], mu_U[inv_j]
+        F_r, F_dr = F_U[:, inv_r], F_U[:, inv_dr]
         L_U = None
         if k:
             L_U = self._lower_cols(U, dr_u, cols_U)[:, dr_inv]  # |U| x k~

@@ -110,20 +110,39 @@ def sample_indices(
     num_dense_cols: int | None = None,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
+    replace_cols: bool = True,
 ) -> IndexSample:
-    r"""Draw rows, two basis samples and covariance columns uniformly with replacement.
+    r"""Draw rows, two basis samples and covariance columns uniformly.
+
+    Rows and covariance columns are drawn with replacement. The basis samples ``i`` and ``j`` are
+    drawn with replacement (the paper's sampler) or, with ``replace_cols=False``, each without
+    replacement (``m~ <= m`` distinct columns, independently for ``i`` and ``j``). Both are unbiased
+    with the same scale factors: every column is in a sample with expected multiplicity ``m~/m``,
+    and ``i``, ``j`` are independent, so ``E[(m/m~) sum_{i in I} v_i] = sum_i v_i`` and ``E[(m^2/m~^2)
+    sum_{i in I, j in J} v_i u_j] = (sum v)(sum u)``. Without replacement the column noise carries
+    the finite-population factor ``1 - m~/m`` and vanishes at ``m~ = m`` (then ``i`` and ``j`` are
+    permutations of all columns and only the rows and ``r`` are sampled).
 
     Args:
         n, m, k: data size, basis size, number of dense columns of ``C``.
-        num_rows: ``n~``. num_cols: ``m~``.
+        num_rows: ``n~``. num_cols: ``m~`` (``<= m`` when ``replace_cols=False``).
         num_diag_cols: ``m_r`` (default ``m~``). num_dense_cols: ``k~`` (default all ``k``).
+        replace_cols: draw ``i`` and ``j`` with replacement (default) or without.
     """
     if min(n, m, num_rows, num_cols) < 1 or not 0 <= k <= m:
         raise ValueError(f"Bad sampler sizes n={n}, m={m}, k={k}, n~={num_rows}, m~={num_cols}.")
+    if not replace_cols and num_cols > m:
+        raise ValueError(f"Without replacement m~ must be <= m, got m~={num_cols} > m={m}.")
     kw = {"generator": generator, "device": device}
     rows = torch.randint(n, (num_rows,), **kw)
-    i = torch.randint(m, (num_cols,), **kw)
-    j = torch.randint(m, (num_cols,), **kw)
+    if replace_cols:
+        i = torch.randint(m, (num_cols,), **kw)
+        j = torch.randint(m, (num_cols,), **kw)
+    elif num_cols == m:  # both samples are all columns (their order does not matter)
+        i = j = torch.arange(m, device=device)
+    else:
+        i = torch.randperm(m, **kw)[:num_cols]
+        j = torch.randperm(m, **kw)[:num_cols]
     nr = num_cols if num_diag_cols is None else num_diag_cols
     r = (k + torch.randint(m - k, (nr,), **kw)) if m > k else torch.zeros(0, dtype=torch.long)
     exact = num_dense_cols is None or num_dense_cols >= k
