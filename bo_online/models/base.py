@@ -276,7 +276,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
                 noise = self._noise_variance(X)
             noise = noise.expand(mvn.mean.shape)
             covar = _dense_or_lazy(mvn)
-            if isinstance(covar, Tensor):  # small dense covariance: add the noise in place
+            if isinstance(covar, Tensor):  # small dense covariance: add the noise densely
                 covar = covar + torch.diag_embed(noise)
             else:
                 covar = _as_operator(covar) + DiagLinearOperator(noise)
