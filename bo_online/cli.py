@@ -383,8 +383,14 @@ def _watch_parent(parent: int) -> None:
     r"""Worker initializer: a daemon thread that ends this worker as soon as its driver is gone
     (its parent pid changes), so no worker outlives a driver killed even by SIGKILL."""
     import os
+    import signal
     import threading
     import time
+
+    # Workers are forked from the driver: drop its SIGTERM handler (die quietly when terminated)
+    # and ignore Ctrl-C, which the terminal sends to the whole group (the driver stops them).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -692,15 +698,26 @@ def main(argv: list[str] | None = None) -> None:
     r"""Console-script entry point. User errors (bad options, missing data, unavailable model)
     print ONE line on stderr and exit with status 2; nothing is written before options are
     validated and the surrogate is built."""
-    # Typer vendors click; its exception classes live here (ClickException, UsageError) and
-    # typer.Abort is raised on Ctrl-C during prompts.
+    # SIGTERM is raised as an exception in the main thread, so cleanup (worker processes, the
+    # run directory's lock) runs as for Ctrl-C.
     import signal
     import threading
 
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
+    # Typer vendors click; its exception classes live here (ClickException, UsageError) and
+    # typer.Abort is what click makes of Ctrl-C (KeyboardInterrupt) and of EOFError.
     from typer._click import exceptions as click_exc
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = app(args=argv, prog_name="bo-online", standalone_mode=False)
     except click_exc.UsageError as e:
@@ -709,7 +726,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as e:
         _fail(e.format_message())
     except typer.Abort:
-        _fail("aborted", 130)
+        _fail("interrupted; continue the run with `bo-online resume <out dir>`", 130)
     except (CLIError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes

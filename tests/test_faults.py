@@ -1,0 +1,406 @@
+r"""Faults and hostile input: nothing runs from a run directory, every fault ends in one clear
+line (exit 2) or a clean recovery, CLI values are range-checked up front, numerical edges.
+
+The fault-injection harness kills a forked run with SIGKILL at named points of the checkpoint
+write (``$BO_ONLINE_FAULT_POINT``, see :func:`bo_online.loops.history.fault_point`), at random
+moments, and in the middle of a records line; each killed run must resume (or restart) to the
+records of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bo_online.cli import main
+from bo_online.loops import BayesOptLoop, load_loop, read_records, without_timing
+from bo_online.loops import history
+from bo_online.problems import synthetic_problem
+
+FAST = dict(
+    n_init=4,
+    fit_max_iter=3,
+    acq="ts",
+    acq_options={"num_candidates": 64},
+)
+ROOT = Path(__file__).resolve().parents[1]
+CLI_FAST = ["--n-init", "4", "--fit-max-iter", "2", "--num-restarts", "2", "--raw-samples", "16",
+            "--acqf-maxiter", "5", "-Q", "--no-plots"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cli(argv, capsys):
+    r"""Run ``bo-online argv`` in-process; (exit code, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+        raise SystemExit(0)
+    return e.value.code, capsys.readouterr().err
+
+
+def _one_line_error(code, err):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bo-online: error: "), err
+
+
+def _reference(steps: int, **kw) -> list[dict]:
+    return without_timing(BayesOptLoop(synthetic_problem("branin"), seed=3, **FAST, **kw).run(steps))
+
+
+def _run_in_child(out: Path, steps: int, fault: str | None = None, kill_after: float | None = None) -> int:
+    r"""Fork a process running a small BO loop into ``out``; it dies by SIGKILL at ``fault`` (a
+    named point) or is killed after ``kill_after`` seconds. Returns the child's wait status."""
+    pid = os.fork()
+    if pid == 0:  # child: no pytest teardown, leave only through os._exit or a signal
+        code = 1
+        try:
+            if fault is not None:
+                os.environ[history.FAULT_ENV] = fault
+            BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(steps)
+            code = 0
+        finally:
+            os._exit(code)
+    if kill_after is not None:
+        time.sleep(kill_after)
+        os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def _finish(out: Path, steps: int) -> list[dict]:
+    r"""Continue a killed run: resume from its checkpoint, or start it again if it has none."""
+    if (out / history.CHECKPOINT_FILE).exists():
+        load_loop(out).run(steps)
+    else:
+        BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(steps)
+    return without_timing(read_records(out))
+
+
+def _assert_clean(out: Path) -> None:
+    assert not list(out.glob(".checkpoint.pt.*")) and not list(out.glob(".records.jsonl.*"))
+    assert not (out / history.LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------ nothing runs
+
+
+def test_cli_refuses_callables_outside_the_allow_list(tmp_path, capsys):
+    sentinel = tmp_path / "pwned"
+    out = tmp_path / "run"
+    for value in (f"os.system('touch {sentinel}')", f"subprocess.call(['touch', '{sentinel}'])",
+                  "torch.nn.Linear(2, 2)", "gpytorch.kernels.kernel.sq_dist(1, 2)"):
+        code, err = _cli(["bo", "--problem", "branin", "--model-option", f"x={value}",
+                          "--out", out, *CLI_FAST], capsys)
+        _one_line_error(code, err)
+        assert "not an allowed class" in err or "not a" in err
+    assert not sentinel.exists() and not out.exists()
+
+
+def _small_run(out: Path) -> None:
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(1)
+
+
+def test_malicious_config_in_run_directory_is_refused(tmp_path, capsys):
+    r"""A run directory whose stored configuration builds ``os.system`` is refused on resume,
+    and the call never happens."""
+    out, sentinel = tmp_path / "run", tmp_path / "pwned"
+    _small_run(out)
+    evil = {"x": {"__class__": "os.system", "args": [f"touch {sentinel}"]}}
+    ckpt = torch.load(out / history.CHECKPOINT_FILE, weights_only=True)
+    ckpt["config"]["model_options"] = evil
+    torch.save(ckpt, out / history.CHECKPOINT_FILE)
+    cfg = json.loads((out / history.CONFIG_FILE).read_text())
+    cfg["model_options"] = evil
+    (out / history.CONFIG_FILE).write_text(json.dumps(cfg))
+    code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "os.system" in err and "not an allowed class" in err
+    code, _ = _cli(["plot", out, "--out", tmp_path / "plots"], capsys)  # plots read JSON only
+    assert code == 0
+    assert not sentinel.exists()
+    assert not (out / history.LOCK_FILE).exists()
+
+
+class _Payload:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_pickled_payload_in_checkpoint_is_refused(tmp_path, capsys):
+    out, sentinel = tmp_path / "run", tmp_path / "pwned"
+    _small_run(out)
+    ckpt = torch.load(out / history.CHECKPOINT_FILE, weights_only=True)
+    ckpt["state"]["payload"] = _Payload(sentinel)
+    torch.save(ckpt, out / history.CHECKPOINT_FILE)
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "checkpoint.pt" in err and "Refusing" in err
+    assert not sentinel.exists()
+    # a plain pickle (not a torch zip file) is refused too
+    (out / history.CHECKPOINT_FILE).write_bytes(pickle.dumps(_Payload(sentinel)))
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert not sentinel.exists()
+
+
+def test_checkpoint_holds_only_plain_data(tmp_path):
+    _small_run(tmp_path)
+    ckpt = torch.load(tmp_path / history.CHECKPOINT_FILE, weights_only=True)  # would raise
+    assert torch.is_tensor(ckpt["state"]["noise_generator"])
+
+
+def test_allowed_objects_still_build():
+    from bo_online.loops.options import instantiate
+
+    built = instantiate({"k": {"__class__": "gpytorch.kernels.ScaleKernel", "args": [
+        {"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 2.5}}]}})
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    assert isinstance(built["k"], ScaleKernel) and isinstance(built["k"].base_kernel, MaternKernel)
+    with pytest.raises(ValueError, match="unexpected keys"):
+        instantiate({"__class__": "gpytorch.kernels.RBFKernel", "__reduce__": 1})
+
+
+# ------------------------------------------------------------------------------ kills and resume
+
+
+@pytest.mark.parametrize("fault", ["checkpoint:open", "checkpoint:written", "checkpoint:replaced"])
+def test_kill_during_first_checkpoint_restarts(tmp_path, fault):
+    r"""Killed while writing the step-0 checkpoint: the directory is restarted (no checkpoint
+    yet) or resumed, to the records of an uninterrupted run; temp files and lock are gone."""
+    out = tmp_path / "run"
+    status = _run_in_child(out, 2, fault=fault)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (out / history.LOCK_FILE).exists()  # left behind by the dead process: stale
+    if fault != "checkpoint:replaced":
+        assert len(list(out.glob(".checkpoint.pt.*"))) == 1  # the orphaned temp file
+        with pytest.raises(history.RunFileError, match="Start it again"):
+            load_loop(out)
+    assert _finish(out, 2) == _reference(2)
+    _assert_clean(out)
+
+
+def test_orphaned_temp_files_are_removed(tmp_path):
+    out = tmp_path / "run"
+    _run_in_child(out, 3, fault="checkpoint:open")  # dies leaving an empty .checkpoint.pt.*
+    assert list(out.glob(".checkpoint.pt.*"))
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(1)
+    _assert_clean(out)
+
+
+def test_torn_record_and_random_kills_resume_to_identical_records(tmp_path):
+    reference = _reference(4)
+    out = tmp_path / "torn"
+    _run_in_child(out, 4, fault="record:torn")
+    lines = (out / history.RECORDS_FILE).read_text().splitlines(keepends=True)
+    assert not lines[-1].endswith("\n")  # half a line
+    assert _finish(out, 4) == reference
+    gen = torch.Generator().manual_seed(0)
+    for i in range(3):
+        out = tmp_path / f"kill{i}"
+        _run_in_child(out, 4, kill_after=float(0.05 + 1.5 * torch.rand((), generator=gen)))
+        assert _finish(out, 4) == reference, i
+        _assert_clean(out)
+
+
+def test_damaged_records_line_names_the_file(tmp_path):
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(2)
+    path = out / history.RECORDS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "{garbage\n" + "".join(lines[2:]))
+    with pytest.raises(history.RunFileError, match="records.jsonl.*line 2.*resume"):
+        read_records(out)
+    load_loop(out).run(2)  # resume rewrites the records from the checkpoint
+    assert len(read_records(out)) == 3
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "not_a_dict"])
+def test_damaged_checkpoint_is_one_line(tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    _small_run(out)
+    path = out / history.CHECKPOINT_FILE
+    data = path.read_bytes()
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    else:
+        torch.save([torch.zeros(2)], path)
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "checkpoint.pt" in err and "--overwrite" in err
+    assert not (out / history.LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------ lock
+
+
+def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    _small_run(out)
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        (out / history.LOCK_FILE).write_text(str(holder.pid))
+        before = (out / history.RECORDS_FILE).read_bytes()
+        code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
+        _one_line_error(code, err)
+        assert f"in use by process {holder.pid}" in err
+        code, err = _cli(["bo", "--problem", "branin", "--out", out, "--overwrite", *CLI_FAST], capsys)
+        _one_line_error(code, err)
+        assert "in use" in err
+        assert (out / history.RECORDS_FILE).read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is dead now: its lock is stale and taken over
+    load_loop(out).run(2)
+    assert len(read_records(out)) == 3
+    _assert_clean(out)
+
+
+# ------------------------------------------------------------------------------ unwritable / full
+
+
+def test_unwritable_directory_is_refused_before_any_evaluation(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    problem = synthetic_problem("branin")
+    calls = []
+    evaluate = problem.evaluate_true
+    problem.evaluate_true = lambda X: calls.append(X) or evaluate(X)
+    loop = BayesOptLoop(problem, out_dir=tmp_path / "afile" / "run", **FAST)
+    with pytest.raises(history.RunFileError, match="Cannot write to the run directory"):
+        loop.run(1)
+    assert calls == []
+
+
+def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
+    real = history.append_record
+    calls = {"n": 0}
+
+    def flaky(path, record):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real(path, record)
+
+    monkeypatch.setattr(history, "append_record", flaky)
+    with pytest.raises(history.RunFileError, match="No space left.*bo-online resume"):
+        loop.run(4)
+    monkeypatch.setattr(history, "append_record", real)
+    assert not (out / history.LOCK_FILE).exists()
+    load_loop(out).run(4)
+    assert without_timing(read_records(out)) == _reference(4)
+
+
+# ------------------------------------------------------------------------------ CLI values
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--beta", "nan"], "--beta"),
+        (["--beta", "-5"], "--beta"),
+        (["--noise", "1e308"], "--noise"),
+        (["--noise", "inf"], "--noise"),
+        (["--seed", str(2**70)], "--seed"),
+        (["--seed", "-1"], "--seed"),
+        (["--problem", "ackley", "--dim", "1000"], "--dim"),
+        (["--problem", "ackley", "--q", "1000"], "--q"),
+        (["--model", "wiski", "--model-option", "grid_size=100000"], "GB"),
+        (["--model", "wiski", "--model-option", "grid_size=abc"], "grid_size"),
+        (["--model", "wiski", "--model-option", "grid_size=2.5"], "grid_size"),
+        (["--workers", "100000"], "--workers"),
+    ],
+)
+def test_cli_values_are_checked_before_anything_is_written(tmp_path, capsys, args, needle):
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", *args, "--out", out, *CLI_FAST]
+    if "--problem" in args:
+        argv = ["bo", *args, "--out", out, *CLI_FAST]
+    t0 = time.perf_counter()
+    code, err = _cli(argv, capsys)
+    _one_line_error(code, err)
+    assert needle in err
+    assert not out.exists()
+    assert time.perf_counter() - t0 < 5
+
+
+def test_cli_out_naming_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("keep me")
+    code, err = _cli(["bo", "--problem", "branin", "--out", out, *CLI_FAST], capsys)
+    _one_line_error(code, err)
+    assert "file" in err and out.read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped) counts as ended
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_end_with_the_driver(tmp_path, sig):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--workers", "2",
+         "--steps", "10000", "--out", str(out), *CLI_FAST],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not (out / history.RECORDS_FILE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        workers = _children(driver.pid)
+        assert workers, "the driver started no workers"
+        driver.send_signal(sig)
+        driver.wait(timeout=30)
+        deadline = time.time() + 10
+        while any(_alive(p) for p in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers)
+        if sig == signal.SIGTERM:
+            err = driver.stderr.read()
+            assert err.strip().startswith("bo-online: error: terminated") and "resume" in err
+            assert not (out / history.LOCK_FILE).exists()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
