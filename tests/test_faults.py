@@ -404,3 +404,92 @@ def test_workers_end_with_the_driver(tmp_path, sig):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+# ------------------------------------------------------------------------------ numerical edges
+
+MODELS = ["exact", "wiski", "tsvgp", "decoupled", "qsgp"]
+
+
+def _data(n=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    return X, torch.sin(6 * X).sum(-1, keepdim=True)
+
+
+def _model(name, X, Y, **kw):
+    from bo_online.models.registry import get_model_class
+
+    return get_model_class(name)(X, Y, **kw)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_noise_below_the_floor_is_raised_to_it(name):
+    r"""Noise 1e-300 (constructor and update) gives the same model as noise exactly at the floor
+    (1e-6 standardised, i.e. 1e-6 var(Y) in user units), with a NumericalWarning; WISKI then
+    refits and predicts finitely (it gave NaN / not-PD before)."""
+    from gpytorch.utils.warnings import NumericalWarning
+
+    from bo_online.models.validation import NOISE_FLOOR
+
+    X, Y = _data()
+    Xn, Yn = _data(3, seed=1)
+    floor = NOISE_FLOOR * Y.var()
+    with pytest.warns(NumericalWarning, match="floor"):
+        tiny = _model(name, X, Y, train_Yvar=torch.full_like(Y, 1e-300))
+    at_floor = _model(name, X, Y, train_Yvar=torch.full_like(Y, float(floor)))
+    with pytest.warns(NumericalWarning, match="floor"):
+        tiny.update(Xn, Yn, torch.full_like(Yn, 1e-300))
+    at_floor.update(Xn, Yn, torch.full_like(Yn, float(NOISE_FLOOR * at_floor.outcome_std.pow(2))))
+    Xt = _data(7, seed=2)[0]
+    a, b = tiny.posterior(Xt), at_floor.posterior(Xt)
+    torch.testing.assert_close(a.mean, b.mean, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(a.variance, b.variance, rtol=1e-8, atol=1e-12)
+    if name == "wiski":
+        tiny.fit(max_iter=5)
+        p = tiny.posterior(Xt)
+        assert torch.isfinite(p.mean).all() and torch.isfinite(p.variance).all()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_huge_outputs_are_refused_and_the_model_is_unchanged(name):
+    X, Y = _data()
+    with pytest.raises(ValueError, match="Rescale Y"):
+        _model(name, X, Y * 1e160)
+    model = _model(name, X, Y)
+    Xt = _data(5, seed=2)[0]
+    before = model.posterior(Xt).mean.clone()
+    with pytest.raises(ValueError, match="Rescale Y"):
+        model.update(X[:2], torch.full((2, 1), 1e151, dtype=torch.float64))
+    torch.testing.assert_close(model.posterior(Xt).mean, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inputs_are_cast_to_the_model_dtype(name):
+    r"""float32 and int64 inputs give what the same values in float64 give (BoTorch casts)."""
+    X, Y = _data()
+    model = _model(name, X, Y)
+    X32 = _data(5, seed=3)[0].float()
+    ref = model.posterior(X32.double())
+    got = model.posterior(X32)
+    assert got.mean.dtype == torch.float64
+    torch.testing.assert_close(got.mean, ref.mean, rtol=0, atol=0)
+    Xi = torch.tensor([[0, 1], [1, 0], [1, 1]])
+    torch.testing.assert_close(model.posterior(Xi).mean, model.posterior(Xi.double()).mean, rtol=0, atol=0)
+    twin = _model(name, X, Y)
+    model.update(X32[:2], Y[:2].float())
+    twin.update(X32[:2].double(), Y[:2].float().double())
+    torch.testing.assert_close(model.posterior(X[:4]).mean, twin.posterior(X[:4]).mean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_posterior_on_zero_points_is_empty_like_singletaskgp(name):
+    from botorch.models import SingleTaskGP
+
+    X, Y = _data()
+    model, reference = _model(name, X, Y), SingleTaskGP(X, Y)
+    for shape in [(0, 2), (4, 0, 2)]:
+        Xe = torch.rand(*shape, dtype=torch.float64)
+        got, want = model.posterior(Xe), reference.posterior(Xe)
+        assert got.mean.shape == want.mean.shape and got.variance.shape == want.variance.shape
+        assert got.mean.numel() == 0
