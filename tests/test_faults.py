@@ -493,3 +493,104 @@ def test_posterior_on_zero_points_is_empty_like_singletaskgp(name):
         got, want = model.posterior(Xe), reference.posterior(Xe)
         assert got.mean.shape == want.mean.shape and got.variance.shape == want.variance.shape
         assert got.mean.numel() == 0
+
+
+# ------------------------------------------------------------------------------ Ax
+
+
+def _ax_client(seed: int, name: str):
+    import logging
+
+    from ax.api.client import Client
+    from ax.api.configs import RangeParameterConfig
+    from botorch.acquisition.logei import qLogExpectedImprovement
+
+    import bo_online.ax as boax
+
+    logging.getLogger("ax").setLevel(logging.ERROR)
+    client = Client(random_seed=seed)
+    client.configure_experiment(
+        parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
+                    for i in range(2)],
+        name=name,
+    )
+    client.configure_optimization(objective="-y")
+    client.set_generation_strategy(boax.make_generation_strategy(
+        "OnlineExactGP", botorch_acqf_class=qLogExpectedImprovement, seed=seed,
+        num_initial_trials=3,
+        optimizer_options={"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 10}},
+        fit_options={"max_iter": 10}))
+    return client
+
+
+def _ax_step(client, value=None):
+    (index, params), = client.get_next_trials(max_trials=1).items()
+    y = (params["x0"] - 0.3) ** 2 + (params["x1"] - 0.6) ** 2 if value is None else value
+    client.complete_trial(index, raw_data={"y": y})
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_ax_non_finite_outcome_leaves_trials_generatable(bad):
+    r"""One non-finite outcome is left out of the model with a warning; generation goes on, and the
+    model holds exactly the finite outcomes."""
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    client = _ax_client(0, "inf")
+    for _ in range(4):
+        _ax_step(client)
+    with warnings_ok():
+        _ax_step(client, bad)
+        for _ in range(3):
+            _ax_step(client)
+        client.get_next_trials(max_trials=1)  # a model on all 8 completed trials
+    model = client._generation_strategy.adapter.generator.surrogate.model
+    assert model.num_data == 7  # 8 trials, the non-finite one left out
+    assert torch.isfinite(model.train_targets).all()
+
+
+def warnings_ok():
+    import warnings
+
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore")
+
+    class _Exit:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            ctx.__exit__(*exc)
+
+    return _Exit()
+
+
+def test_ax_inf_outcome_warns():
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    client = _ax_client(1, "warn")
+    for _ in range(3):
+        _ax_step(client)
+    _ax_step(client, float("inf"))
+    with pytest.warns(RuntimeWarning, match="non-finite outcome"):
+        _ax_step(client)
+
+
+def test_ax_two_experiments_each_condition_incrementally():
+    r"""Two experiments with the same parameter and metric names, interleaved in one process:
+    each rebuilds once, then conditions incrementally (no rebuild caused by the other)."""
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    a, b = _ax_client(0, "a"), _ax_client(1, "b")
+    for _ in range(3):  # Sobol
+        _ax_step(a)
+        _ax_step(b)
+    for _ in range(3):  # model trials, interleaved
+        _ax_step(a)
+        _ax_step(b)
+    stats = boax.session_stats()
+    assert stats.rebuilds == 2, list(stats.reasons)
+    assert stats.incremental == 4

@@ -36,10 +36,11 @@ def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:
 
 
 def floor_noise(noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised") -> Tensor:
-    r"""``noise`` (variances) raised to at least ``floor`` (broadcastable), with a
-    ``NumericalWarning`` if any value was below it; returned unchanged otherwise."""
+    r"""``noise`` (variances) with every positive value below ``floor`` (broadcastable) raised to
+    it, with a ``NumericalWarning``; returned unchanged otherwise. Zeros (noise-free) are kept."""
     floor = torch.as_tensor(floor, dtype=noise.dtype, device=noise.device)
-    low = noise < floor
+    # Exact zeros mean "noise-free" and are left to the model (which accepts or refuses them).
+    low = (noise < floor) & (noise > 0)
     if not bool(low.any()):
         return noise
     from gpytorch.utils.warnings import NumericalWarning
@@ -50,7 +51,7 @@ def floor_noise(noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str =
         NumericalWarning,
         stacklevel=3,
     )
-    return torch.maximum(noise, floor)
+    return torch.where(low, floor.expand_as(noise) if floor.dim() else floor, noise)
 
 
 def train_noise_floor(train_Y: Tensor) -> Tensor:
