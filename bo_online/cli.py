@@ -557,6 +557,7 @@ def active(
     """Active learning of a real field from a pool (qNIPV), reporting test RMSE each step."""
     _nonneg("--steps", steps)
     _positive("--q", q)
+    _check_seed(seed)
     from bo_online.loops import ActiveLearningLoop
     from bo_online.problems import POOL_PROBLEMS, magnetometer_problem
 
@@ -614,6 +615,7 @@ def stream(
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)
+    _check_seed(seed)
     from bo_online.loops import StreamingLoop
     from bo_online.loops.classifiers import classifier_class
     from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem

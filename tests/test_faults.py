@@ -348,6 +348,15 @@ def test_cli_values_are_checked_before_anything_is_written(tmp_path, capsys, arg
     assert time.perf_counter() - t0 < 5
 
 
+@pytest.mark.parametrize("command", [["active"], ["stream", "--problem", "elevators"]])
+def test_cli_seed_out_of_range_is_refused_before_data_are_read(tmp_path, capsys, command):
+    out = tmp_path / "run"
+    code, err = _cli([*command, "--seed", str(2**70), "--data-dir", tmp_path / "none",
+                      "--out", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "--seed" in err and not out.exists()
+
+
 def test_cli_out_naming_a_file_is_refused(tmp_path, capsys):
     out = tmp_path / "file"
     out.write_text("keep me")
