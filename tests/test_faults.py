@@ -297,19 +297,19 @@ def test_unwritable_directory_is_refused_before_any_evaluation(tmp_path):
 def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
     out = tmp_path / "run"
     loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
-    real = history.append_record
+    real = history._append_line
     calls = {"n": 0}
 
-    def flaky(path, record):
+    def flaky(path, line):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        real(path, record)
+        real(path, line)
 
-    monkeypatch.setattr(history, "append_record", flaky)
-    with pytest.raises(history.RunFileError, match="No space left.*bo-online resume"):
+    monkeypatch.setattr(history, "_append_line", flaky)
+    with pytest.raises(history.RunFileError, match="records.jsonl.*No space left.*bo-online resume"):
         loop.run(4)
-    monkeypatch.setattr(history, "append_record", real)
+    monkeypatch.setattr(history, "_append_line", real)
     assert not (out / history.LOCK_FILE).exists()
     load_loop(out).run(4)
     assert without_timing(read_records(out)) == _reference(4)

@@ -346,24 +346,12 @@ class OnlineLoop:
         self.records.append(record)
         if self.out_dir is None:
             return record
-        try:
-            if not self._files_started:
-                self._start_files()
-            history.append_record(self.out_dir / history.RECORDS_FILE, record)
-            last = self.target_steps is not None and self.step_count >= self.target_steps
-            if self.step_count % self.config["checkpoint_every"] == 0 or last:
-                self.save_checkpoint()
-        except OSError as e:
-            has_ckpt = (self.out_dir / history.CHECKPOINT_FILE).is_file()
-            then = (
-                f"then continue from the last checkpoint with `bo-online resume {self.out_dir}`"
-                if has_ckpt
-                else "then start the run again (no checkpoint was written yet)"
-            )
-            raise history.RunFileError(
-                f"Cannot write to the run directory {str(self.out_dir)!r} "
-                f"({e.strerror or e}); free space or fix its permissions, {then}."
-            ) from e
+        if not self._files_started:
+            self._start_files()
+        history.append_record(self.out_dir / history.RECORDS_FILE, record)
+        last = self.target_steps is not None and self.step_count >= self.target_steps
+        if self.step_count % self.config["checkpoint_every"] == 0 or last:
+            self.save_checkpoint()
         return record
 
     def _start_files(self) -> None:

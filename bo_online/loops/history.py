@@ -108,9 +108,31 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def _write_error(path: Path, e: OSError) -> RunFileError:
+    r"""One line for a failed write into a run directory (full disk, permissions): what to do,
+    and whether the run can be resumed (a checkpoint exists) or must be started again."""
+    out_dir = path.parent
+    then = (
+        f"then continue from the last checkpoint with `bo-online resume {out_dir}`"
+        if (out_dir / CHECKPOINT_FILE).is_file()
+        else "then start the run again (no checkpoint was written yet)"
+    )
+    return RunFileError(
+        f"Cannot write {str(path)!r} ({e.strerror or e}); free space or fix the directory's "
+        f"permissions, {then}."
+    )
+
+
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one record as a JSON line and flush it to the OS."""
     line = json.dumps(to_jsonable(record)) + "\n"
+    try:
+        _append_line(path, line)
+    except OSError as e:
+        raise _write_error(path, e) from e
+
+
+def _append_line(path: Path, line: str) -> None:
     with open(path, "a", encoding="utf-8") as f:
         if os.environ.get(FAULT_ENV) == "record:torn":
             f.write(line[: len(line) // 2])
@@ -121,6 +143,13 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def _atomic_write(path: Path, write: Any, binary: bool) -> None:
+    try:
+        _atomic_write_io(path, write, binary)
+    except OSError as e:
+        raise _write_error(path, e) from e
+
+
+def _atomic_write_io(path: Path, write: Any, binary: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
