@@ -603,3 +603,11 @@ def test_ax_two_experiments_each_condition_incrementally():
     stats = boax.session_stats()
     assert stats.rebuilds == 2, list(stats.reasons)
     assert stats.incremental == 4
+
+
+def test_python_objects_in_model_options_are_refused_before_running(tmp_path):
+    r"""From Python, too: an option that is a live object other than data (here a function) is
+    refused at construction, before any evaluation or file."""
+    with pytest.raises(ValueError, match="not allowed"):
+        BayesOptLoop(synthetic_problem("branin"), model_options={"x": os.system}, out_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()

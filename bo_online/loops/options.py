@@ -9,8 +9,8 @@ been received from someone else, so nothing is imported or called unless it pass
 * ``module`` must be one of :data:`ALLOWED_MODULES` (public modules of bo_online and GPyTorch
   holding projections, kernels, means, priors and constraints), and ``Class`` a class there that
   subclasses the module's base class (e.g. ``gpytorch.kernels.Kernel``) -- never a function;
-* the arguments are JSON literals (numbers, strings, booleans, None, lists, dicts) or nested
-  allowed objects;
+* the arguments are JSON literals (numbers, strings, booleans, None, lists, dicts), tensors, or
+  nested allowed objects;
 * a dict with ``__class__`` has no keys other than ``__class__``, ``args`` and ``kwargs``.
 
 Anything else raises :class:`UnsafeOptionError` (a ``ValueError``) before any object is built.
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+import torch
 
 __all__ = ["ALLOWED_MODULES", "UnsafeOptionError", "check_options", "instantiate"]
 
@@ -87,9 +89,10 @@ def check_options(value: Any, where: str = "model option") -> None:
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             check_options(v, f"{where}[{i}]")
-    elif not (value is None or isinstance(value, (bool, int, float, str))):
+    elif not (value is None or isinstance(value, (bool, int, float, str, torch.Tensor))):
         raise UnsafeOptionError(
-            f"{where}: {type(value).__name__} values are not allowed (JSON data only)."
+            f"{where}: {type(value).__name__} values are not allowed (JSON data, tensors, or "
+            "{'__class__': ...} descriptions of allowed classes only)."
         )
 
 
