@@ -277,11 +277,12 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 def remove_orphans(out_dir: Path) -> list[Path]:
     r"""Delete temp files left by an interrupted atomic write (``.checkpoint.pt.*``,
-    ``.records.jsonl.*``, ``.config.json.*``) in ``out_dir``; returns what was removed. Only
-    call while holding the directory's :class:`RunLock`."""
+    ``.records.jsonl.*``, ``.config.json.*``, ``..lock.*``) or write probe (``.probe.*``) in
+    ``out_dir``; returns what was removed. Only call while holding the directory's
+    :class:`RunLock`."""
     removed = []
-    for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE):
-        for tmp in out_dir.glob(f".{name}.*"):
+    for pattern in [f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)] + [".probe.*"]:
+        for tmp in out_dir.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
                 removed.append(tmp)
