@@ -218,6 +218,8 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
         if key not in options or options[key] is None:
             continue
         value = options[key]
+        if key != "grid_size" and isinstance(value, list):
+            continue  # explicit points (e.g. inducing point coordinates), not a size
         values = value if isinstance(value, list) else [value]
         _check(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values),
                f"--model-option {key} must be an integer >= 1 (or a list of them), got {value!r}.")
