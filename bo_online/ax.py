@@ -6,8 +6,9 @@ Ax 1.x builds the BoTorch model of a ``BoTorchGenerator`` afresh for every trial
 each bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExactGP``,
 ``AxWISKI``, ...) that keeps what online surrogates are for inside that loop:
 
-* **Incremental construction.** A small in-process store remembers, per (model class, outcome,
-  features), the last model Ax built *and fitted* to generate a trial, with the training data Ax
+* **Incremental construction.** A small in-process store remembers, per (experiment, model
+  class, outcome, features) -- the experiment being the generation strategy's own random
+  ``experiment_key`` --, the last model Ax built *and fitted* to generate a trial, with the training data Ax
   handed it (cross-validation folds, into which Ax loads a ``state_dict``, are never
   remembered). When the new training data
   *extends* those data (identical earlier inputs, earlier outcomes equal up to the positive affine
@@ -26,6 +27,9 @@ each bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExact
   whatever the model stores internally.
 * **Refit on a schedule.** Hyperparameters are refit after a rebuild and, on the incremental
   path, once ``refit_every`` new observations have arrived since the last fit (``None``: never).
+* **Non-finite outcomes.** An ``inf`` or NaN outcome is dropped with a warning
+  (:class:`DropNonFiniteY`, the first outcome transform), so later trials can still be generated;
+  without it Ax's standardisation turns every outcome into NaN and generation stops for good.
 * **Storage.** Every bo_online class and its Ax subclass are registered with Ax's JSON/SQA
   registries, and ``fit_botorch_model`` is taught to fit :class:`OnlineModel` s.
 
@@ -49,9 +53,12 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+import warnings
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
+from ax.adapter.transforms.base import Transform
 from torch import Tensor
 
 from bo_online.models.base import OnlineModel
@@ -66,6 +73,7 @@ __all__ = [
     "make_generation_strategy",
     "clear_sessions",
     "session_stats",
+    "DropNonFiniteY",
 ]
 
 #: Dotted paths of the bo_online surrogates made available to Ax on import (skipped while absent).
@@ -287,6 +295,8 @@ class AxOnlineMixin:
     * ``fit_options`` (dict): keyword arguments for the model's ``fit`` (e.g. ``max_iter``).
     * ``incremental`` (bool, default True): False rebuilds and refits every trial, as Ax does for
       its own models.
+    * ``experiment_key`` (str): which experiment the model belongs to (set per generation
+      strategy by :func:`make_generation_strategy`), so experiments do not share stored models.
     """
 
     _bo_online_base: type[OnlineModel]
@@ -298,6 +308,7 @@ class AxOnlineMixin:
         refit_every: int | None = DEFAULT_REFIT_EVERY,
         fit_options: dict[str, Any] | None = None,
         incremental: bool = True,
+        experiment_key: str | None = None,
         **model_options: Any,
     ) -> dict[str, Any]:
         r"""Constructor arguments from an Ax ``SupervisedDataset`` (``X``: ``n x d``,
@@ -326,7 +337,13 @@ class AxOnlineMixin:
             "train_X": training_data.X,
             "train_Y": Y,
             "train_Yvar": Yvar,
-            "ax_key": (tuple(training_data.outcome_names), tuple(training_data.feature_names)),
+            # The experiment's own key first: two experiments with the same parameter and
+            # metric names in one process each keep their own model.
+            "ax_key": (
+                experiment_key,
+                tuple(training_data.outcome_names),
+                tuple(training_data.feature_names),
+            ),
             "ax_refit_every": None if refit_every is None else int(refit_every),
             "ax_fit_options": dict(fit_options or {}),
             "ax_incremental": bool(incremental),
@@ -611,6 +628,64 @@ def available_models() -> dict[str, type]:
 # ====================================================================== generation strategy
 
 
+class DropNonFiniteY(Transform):
+    r"""Ax outcome transform: ``inf`` / ``-inf`` outcome means become NaN, which Ax treats as
+    missing (the observation is left out of the model), with a warning. NaN outcomes are
+    already missing to Ax.
+
+    Why not Winsorize (Ax's default, which clips them): it also moves earlier outcomes as data
+    grow, which makes every bo_online model rebuild (see :func:`make_generation_strategy`). Ax has
+    no transform that only drops non-finite values, so this one does.
+    """
+
+    requires_data_for_initialization: bool = False
+
+    @staticmethod
+    def _warn(count: int) -> None:
+        if count:
+            warnings.warn(
+                f"bo_online.ax: {count} non-finite outcome value(s) (inf) are left out of the "
+                "model; check the evaluation that produced them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _transform_observation_data(self, observation_data: list[Any]) -> list[Any]:
+        count = 0
+        for obsd in observation_data:
+            bad = np.isinf(obsd.means)
+            if bad.any():
+                count += int(bad.sum())
+                obsd.means = np.where(bad, np.nan, obsd.means)
+        self._warn(count)
+        return observation_data
+
+    def transform_experiment_data(self, experiment_data: Any) -> Any:
+        from ax.adapter.data_utils import ExperimentData
+
+        obs = experiment_data.observation_data
+        if "mean" not in obs.columns.get_level_values(0):
+            return experiment_data
+        means = obs["mean"]
+        bad = np.isinf(means.to_numpy(dtype=float))
+        if not bad.any():
+            return experiment_data
+        obs = obs.copy()
+        for j, metric in enumerate(means.columns):
+            if bad[:, j].any():
+                col = obs["mean", metric].to_numpy(dtype=float)
+                obs["mean", metric] = np.where(bad[:, j], np.nan, col)
+        self._warn(int(bad.sum()))
+        return ExperimentData(arm_data=experiment_data.arm_data, observation_data=obs)
+
+
+def _register_transform() -> None:
+    from ax.storage.transform_registry import REVERSE_TRANSFORM_REGISTRY, TRANSFORM_REGISTRY
+
+    TRANSFORM_REGISTRY.add(DropNonFiniteY)
+    REVERSE_TRANSFORM_REGISTRY[DropNonFiniteY.__name__] = DropNonFiniteY
+
+
 def make_generation_strategy(
     model: type[OnlineModel] | str = "OnlineExactGP",
     botorch_acqf_class: type | None = None,
@@ -660,13 +735,19 @@ def make_generation_strategy(
 
     if num_initial_trials < 2:
         raise ValueError("num_initial_trials must be >= 2 (the model needs data to start from).")
+    import uuid
+
     ax_cls = register_model_class(model)
     options = dict(model_options or {})
     options["refit_every"] = refit_every
+    # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
+    # with the strategy, so a client reloaded from JSON goes on with its own models.
+    options.setdefault("experiment_key", uuid.uuid4().hex)
     if fit_options:
         options["fit_options"] = dict(fit_options)
     acqf = botorch_acqf_class or qLogNoisyExpectedImprovement
-    y_transforms = [Derelativize, Winsorize, StandardizeY] if winsorize else [
+    y_transforms = [DropNonFiniteY, Derelativize, Winsorize, StandardizeY] if winsorize else [
+        DropNonFiniteY,
         Derelativize,
         StandardizeY,
     ]
@@ -732,3 +813,4 @@ def make_generation_strategy(
 
 
 register_all()
+_register_transform()

@@ -63,7 +63,8 @@ ModelOptionOpt = Annotated[
         "--model-option",
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
         "when possible (numbers, true/false, lists), else kept as strings; a value "
-        "package.module.Class(literal args) builds that object. Passed unchanged to the model "
+        "module.Class(literal args) builds that object (only classes of bo_online.models.projection "
+        "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
         "class, e.g. --model-option grid_size=64 or --model-option "
         "'projection=bo_online.models.projection.TanhProjection(6, out_dim=2)'.",
     ),
@@ -146,6 +147,10 @@ def _parse_call(raw: str) -> dict[str, Any] | None:
 
 
 def _parse_options(items: list[str] | None) -> dict[str, Any]:
+    r"""``--model-option`` values -> the options dict; object values must name allow-listed
+    classes (:mod:`bo_online.loops.options`), checked here before anything is imported or built."""
+    from bo_online.loops.options import check_options
+
     options: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
@@ -157,7 +162,80 @@ def _parse_options(items: list[str] | None) -> dict[str, Any]:
             except json.JSONDecodeError:
                 value = {"True": True, "False": False, "None": None}.get(raw, raw)
         options[key.strip()] = value
+    check_options(options)
     return options
+
+
+# Limits checked before any file is written or any evaluation made (see docs/usage.md).
+#: largest --dim of a test function: the surrogates and acquisition optimisation here target
+#: low/moderate dimension (WISKI projects to <= 3 features); at d > 100 a BO step's optimise_acqf
+#: alone takes minutes, so larger d is refused rather than left to run silently.
+MAX_DIM = 100
+#: largest --q of the bo command: q-batch acquisitions optimise q x d variables jointly and hold
+#: raw_samples x q x q covariances; beyond 100 a step takes minutes to hours.
+MAX_Q = 100
+#: largest observation-noise std: outputs must stay far below the 1e150 standardisation limit.
+MAX_NOISE = 1e100
+MAX_SEED = 2**63 - 1
+#: model options that are sizes: integers >= 1; each m gives m x m matrices in the model.
+_SIZE_OPTIONS = ("grid_size", "inducing_points", "num_inducing", "num_mean_bases",
+                 "num_features", "num_dense_columns")
+
+
+def _check_beta(beta: float) -> None:
+    _check(math.isfinite(beta) and beta >= 0, f"--beta must be a finite number >= 0, got {beta}.")
+
+
+def _check_noise(noise: float) -> None:
+    _check(math.isfinite(noise) and 0 <= noise <= MAX_NOISE,
+           f"--noise must be a finite std between 0 and {MAX_NOISE:g}, got {noise}.")
+
+
+def _check_seed(seed: int) -> None:
+    _check(0 <= seed <= MAX_SEED, f"--seed must be between 0 and 2**63-1, got {seed}.")
+
+
+def _check_out(out: Path | None) -> None:
+    if out is not None:
+        _check(not out.exists() or out.is_dir(),
+               f"--out {str(out)!r} is an existing file; give a directory.")
+
+
+def _memory_bytes() -> int:
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 2**40
+
+
+def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
+    r"""Size options (``grid_size``, inducing points, ...) are positive integers, and the m x m
+    matrices they imply fit in memory: estimate 4 m^2 x (8 or 4 bytes), m = prod(grid sizes)."""
+    itemsize = 4 if dtype == "float32" else 8
+    for key in _SIZE_OPTIONS:
+        if key not in options or options[key] is None:
+            continue
+        value = options[key]
+        if key != "grid_size" and isinstance(value, list):
+            continue  # explicit points (e.g. inducing point coordinates), not a size
+        values = value if isinstance(value, list) else [value]
+        _check(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values),
+               f"--model-option {key} must be an integer >= 1 (or a list of them), got {value!r}.")
+        m = math.prod(values)
+        if key == "grid_size" and not isinstance(value, list):
+            proj = options.get("projection")
+            k = dim if dim is not None and dim <= 3 else 2
+            if isinstance(proj, dict):
+                kw, args = proj.get("kwargs", {}), proj.get("args", [])
+                k = kw.get("out_dim", args[1] if len(args) > 1 else 2)
+            m = value ** max(int(k) if isinstance(k, int) else 1, 1)
+        need = 4 * m * m * itemsize
+        _check(need <= _memory_bytes(),
+               f"--model-option {key}={value!r} gives m = {m} and needs about {need / 1e9:.3g} GB "
+               f"of memory (4 m x m matrices), more than this machine's "
+               f"{_memory_bytes() / 1e9:.3g} GB; choose a smaller {key}.")
 
 
 def _check_model(name: str) -> None:
@@ -193,16 +271,20 @@ def _optimizer_options(
 def _shared(
     model: str, model_option: list[str] | None, q: int, seed: int, refit_every: int,
     fit_max_iter: int, checkpoint_every: int, out: Path, overwrite: bool, quiet: bool,
-    device: str, dtype: str,
+    device: str, dtype: str, dim: int | None = None,
 ) -> dict[str, Any]:
     _positive("--q", q)
     _nonneg("--refit-every", refit_every)
     _nonneg("--fit-max-iter", fit_max_iter)
     _positive("--checkpoint-every", checkpoint_every)
+    _check_seed(seed)
+    _check_out(out)
     _check_model(model)
+    options = _parse_options(model_option)
+    _check_sizes(options, dim, dtype)
     return {
         "model": model,
-        "model_options": _parse_options(model_option),
+        "model_options": options,
         "q": q,
         "seed": seed,
         "refit_every": refit_every,
@@ -299,9 +381,51 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
             print(f"plot:       {path}")
 
 
+def _watch_parent(parent: int) -> None:
+    r"""Worker initializer: a daemon thread that ends this worker as soon as its driver is gone
+    (its parent pid changes), so no worker outlives a driver killed even by SIGKILL."""
+    import os
+    import signal
+    import threading
+    import time
+
+    # Workers are forked from the driver: drop its SIGTERM handler (die quietly when terminated)
+    # and ignore Ctrl-C, which the terminal sends to the whole group (the driver stops them).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _executor(workers: int) -> Executor | None:
+    import os
+
     _nonneg("--workers", workers)
-    return ProcessPoolExecutor(max_workers=workers) if workers > 0 else None
+    _check(workers <= 4 * (os.cpu_count() or 1), f"--workers must be at most 4 x the CPU count "
+           f"({4 * (os.cpu_count() or 1)}), got {workers}.")
+    if workers == 0:
+        return None
+    return ProcessPoolExecutor(max_workers=workers, initializer=_watch_parent,
+                               initargs=(os.getpid(),))
+
+
+def _shutdown(executor: Executor | None) -> None:
+    r"""Stop a worker pool now: cancel queued evaluations and terminate running workers
+    (``shutdown`` alone would wait for them)."""
+    if executor is None:
+        return
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(timeout=5)
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -356,8 +480,14 @@ def bo(
     """Bayesian optimisation of a test function with an online surrogate."""
     # Cheap checks first, before torch/BoTorch are imported: bad options fail fast.
     _nonneg("--steps", steps)
-    _check(math.isfinite(noise) and noise >= 0, f"--noise must be >= 0, got {noise}.")
+    _check_noise(noise)
+    _check_beta(beta)
     _positive("--q", q)
+    _check(q <= MAX_Q, f"--q must be at most {MAX_Q} for bo (a q-batch is optimised jointly), got {q}.")
+    if dim is not None:
+        _check(1 <= dim <= MAX_DIM, f"--dim must be between 1 and {MAX_DIM}, got {dim}.")
+    _check_seed(seed)
+    _check_out(out)
     from bo_online.acquisition import ACQUISITIONS, BETA_SCHEDULES
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
@@ -373,7 +503,7 @@ def bo(
     prob = synthetic_problem(problem, dim=dim, noise_std=noise)
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype)
+                     out, overwrite, quiet, device, dtype, dim=prob.dim)
     executor = _executor(workers)
     try:
         loop = BayesOptLoop(
@@ -389,8 +519,7 @@ def bo(
         )
         loop.run(steps)
     finally:
-        if executor is not None:
-            executor.shutdown()
+        _shutdown(executor)
     _finish(loop, plots, quiet)
 
 
@@ -430,6 +559,7 @@ def active(
     """Active learning of a real field from a pool (qNIPV), reporting test RMSE each step."""
     _nonneg("--steps", steps)
     _positive("--q", q)
+    _check_seed(seed)
     from bo_online.loops import ActiveLearningLoop
     from bo_online.problems import POOL_PROBLEMS, magnetometer_problem
 
@@ -487,6 +617,7 @@ def stream(
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)
+    _check_seed(seed)
     from bo_online.loops import StreamingLoop
     from bo_online.loops.classifiers import classifier_class
     from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem
@@ -559,12 +690,36 @@ def _fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup (workers, lock) runs."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     r"""Console-script entry point. User errors (bad options, missing data, unavailable model)
     print ONE line on stderr and exit with status 2; nothing is written before options are
     validated and the surrogate is built."""
+    # SIGTERM is raised as an exception in the main thread, so cleanup (worker processes, the
+    # run directory's lock) runs as for Ctrl-C.
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     # Typer vendors click; its exception classes live here (ClickException, UsageError) and
-    # typer.Abort is raised on Ctrl-C during prompts.
+    # typer.Abort is what click makes of Ctrl-C (KeyboardInterrupt) and of EOFError.
     from typer._click import exceptions as click_exc
 
     try:
@@ -575,11 +730,16 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as e:
         _fail(e.format_message())
     except typer.Abort:
-        _fail("aborted", 130)
+        _fail("interrupted; continue the run with `bo-online resume <out dir>`", 130)
     except (CLIError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; continue the run with `bo-online resume <out dir>`", 130)
+    except OSError as e:  # e.g. a full disk outside the run directory's own writes
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again "
+              "(an interrupted run continues with `bo-online resume <out dir>`).")
+    except (KeyboardInterrupt, _Terminated) as e:
+        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        _fail(f"{what}; continue the run with `bo-online resume <out dir>`", 130)
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

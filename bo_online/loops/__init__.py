@@ -45,11 +45,33 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             ``executor``, and ``data_dir`` (where pool/stream data are read from).
     """
     out_dir = Path(out_dir)
-    ckpt = history.load_checkpoint(out_dir / history.CHECKPOINT_FILE)
-    classes = _loop_classes()
-    if ckpt.get("kind") not in classes:
-        raise ValueError(f"{str(out_dir)!r}: unknown run kind {ckpt.get('kind')!r}.")
-    return classes[ckpt["kind"]].from_checkpoint(ckpt, out_dir, problem=problem, **overrides)
+    ckpt_path = out_dir / history.CHECKPOINT_FILE
+    if not ckpt_path.is_file() and (out_dir / history.RECORDS_FILE).is_file():
+        raise history.RunFileError(
+            f"{str(out_dir)!r} has no checkpoint: its run was stopped before the first one was "
+            "written. Start it again with the same command and --out (nothing is lost)."
+        )
+    # Lock before anything is read or rewritten: a second resume on a directory in use stops here.
+    lock = history.RunLock(out_dir)
+    lock.acquire()
+    try:
+        history.remove_orphans(out_dir)
+        ckpt = history.load_checkpoint(ckpt_path)
+        classes = _loop_classes()
+        if ckpt.get("kind") not in classes:
+            raise history.RunFileError(f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}.")
+        try:
+            loop = classes[ckpt["kind"]].from_checkpoint(ckpt, out_dir, problem=problem, **overrides)
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            raise history.RunFileError(
+                f"The checkpoint {str(ckpt_path)!r} is incomplete or not of this bo-online version "
+                f"({type(e).__name__}: {e}); start the run again with --overwrite."
+            ) from e
+    except BaseException:
+        lock.release()
+        raise
+    loop._lock = lock
+    return loop
 
 
 def resume(

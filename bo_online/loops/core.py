@@ -9,7 +9,10 @@ every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser it
 ``ask``, the evaluation and the per-step record.
 
 Nothing is written until the initial design has been evaluated and the surrogate built, so a run
-that fails on bad options leaves no files behind.
+that fails on bad options leaves no files behind -- except that :meth:`OnlineLoop.run` first takes
+the directory's lock (``.lock``, the holder's pid) and probes that it can write there, so a
+directory in use or unwritable is refused before any evaluation (a directory it had to create is
+removed again if the run fails before its first record).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import torch
 from torch import Tensor
 
 from bo_online.loops import history
+from bo_online.loops.options import check_options, instantiate
 from bo_online.models.registry import get_model_class
 
-__all__ = ["OnlineLoop", "RunDirectoryError"]
+__all__ = ["OnlineLoop", "RunDirectoryError", "instantiate"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -93,6 +97,7 @@ class OnlineLoop:
         if init_fit_max_iter is not None and init_fit_max_iter < 0:
             raise ValueError(f"init_fit_max_iter must be >= 0, got {init_fit_max_iter}.")
         self.model_cls = get_model_class(model)  # raises for unknown / unavailable models
+        check_options(dict(model_options or {}))  # allow-listed classes only; builds nothing
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
                 raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}.")
@@ -105,6 +110,8 @@ class OnlineLoop:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but CUDA is not available.")
         self.out_dir = None if out_dir is None else Path(out_dir)
+        if self.out_dir is not None and self.out_dir.exists() and not self.out_dir.is_dir():
+            raise RunDirectoryError(f"The output directory {str(self.out_dir)!r} is a file.")
         if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
             raise RunDirectoryError(
                 f"{str(self.out_dir)!r} already holds a run; resume it (bo-online resume "
@@ -137,6 +144,7 @@ class OnlineLoop:
         self.wall_time = 0.0  # summed step times (continues across resume)
         self._files_started = False
         self._pending: dict[str, Any] | None = None
+        self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
 
     # ------------------------------------------------------------------ subclass hooks
 
@@ -287,18 +295,44 @@ class OnlineLoop:
         if steps is None or int(steps) != steps or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
         self.target_steps = int(steps)
-        if not self.initialized:
-            # Before the progress bar: a failure here (bad model options, ...) prints nothing else.
-            record = self.initialize()
-            if callback is not None:
-                callback(record)
-        with self._progress() as advance:
-            while self.step_count < self.target_steps:
-                record = self.step()
-                advance()
+        created = self._claim_directory()
+        try:
+            if not self.initialized:
+                # Before the progress bar: a failure here (bad model options, ...) prints nothing else.
+                record = self.initialize()
                 if callback is not None:
                     callback(record)
+            with self._progress() as advance:
+                while self.step_count < self.target_steps:
+                    record = self.step()
+                    advance()
+                    if callback is not None:
+                        callback(record)
+        finally:
+            self._release_directory(created)
         return self.records
+
+    def _claim_directory(self) -> bool:
+        r"""Lock ``out_dir`` (refused if another live process holds it), remove temp files of an
+        interrupted write, and probe that it is writable; True if the directory was created."""
+        if self.out_dir is None or self._lock is None:
+            return False
+        created = not self.out_dir.exists()
+        history.probe_writable(self.out_dir)
+        try:
+            self._lock.acquire()
+            history.remove_orphans(self.out_dir)
+        except BaseException:
+            self._release_directory(created)
+            raise
+        return created
+
+    def _release_directory(self, created: bool) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        if created and not self._files_started and self.out_dir is not None:
+            with contextlib.suppress(OSError):
+                self.out_dir.rmdir()  # only if still empty
 
     def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
         times = [record.get(k, 0.0) for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")]
@@ -321,8 +355,9 @@ class OnlineLoop:
         return record
 
     def _start_files(self) -> None:
-        assert self.out_dir is not None
+        assert self.out_dir is not None and self._lock is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # a no-op under run(); held to exit when driven by step()
         if self._overwrite:
             for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE, history.CONFIG_FILE):
                 (self.out_dir / name).unlink(missing_ok=True)
@@ -336,10 +371,9 @@ class OnlineLoop:
 
     @staticmethod
     def _holds_run(out_dir: Path) -> bool:
-        return any(
-            (out_dir / name).exists()
-            for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE)
-        )
+        r"""A run is held once its first checkpoint exists; records without one are left by a
+        run killed before (or during) its first checkpoint, which is simply started again."""
+        return (out_dir / history.CHECKPOINT_FILE).exists()
 
     # ------------------------------------------------------------------ checkpoint / resume
 
@@ -366,9 +400,16 @@ class OnlineLoop:
     def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_Y: Tensor) -> None:
         r"""Rebuild the model on the initial data, load its saved state, restore the rest."""
         self.model = self._build_model(init_X, init_Y)
-        self.model.load_state_dict(
-            {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in ckpt["model_state"].items()}
-        )
+        try:
+            self.model.load_state_dict(
+                {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in ckpt["model_state"].items()}
+            )
+        except (RuntimeError, KeyError, TypeError, AttributeError) as e:
+            raise history.RunFileError(
+                f"The checkpoint in {str(self.out_dir)!r} does not match its own configuration "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); start "
+                "the run again with --overwrite."
+            ) from e
         self.model.eval()
         self.step_count = int(ckpt["step_count"])
         self.target_steps = ckpt["target_steps"]
@@ -421,32 +462,6 @@ class OnlineLoop:
                 )
 
             yield advance
-
-
-def instantiate(value: Any) -> Any:
-    r"""Build the objects described in a (JSON-able) option value.
-
-    A dict ``{"__class__": "package.module.Class", "args": [...], "kwargs": {...}}`` becomes
-    ``Class(*args, **kwargs)`` (recursively), so options that are objects -- e.g. WISKI's
-    ``projection`` module -- can be given on the command line and stored in a run's config; a
-    fresh object is built whenever the model is (its learnt state comes from the checkpoint).
-    """
-    if isinstance(value, dict) and "__class__" in value:
-        import importlib
-
-        module_name, _, attribute = str(value["__class__"]).rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"Cannot import {value['__class__']!r} for a model option: {e}") from e
-        args = [instantiate(a) for a in value.get("args", [])]
-        kwargs = {k: instantiate(v) for k, v in value.get("kwargs", {}).items()}
-        return cls(*args, **kwargs)
-    if isinstance(value, dict):
-        return {k: instantiate(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [instantiate(v) for v in value]
-    return value
 
 
 def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:

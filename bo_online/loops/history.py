@@ -7,7 +7,12 @@ A run directory holds:
   the model's ``state_dict`` (with its caches), the RNG states and the records so far. It is
   written to a temporary file and moved into place (``os.replace``), so a run killed at any
   moment -- even by SIGKILL -- leaves either the previous or the new checkpoint, never half of one;
-* ``config.json`` -- the configuration, human-readable.
+* ``config.json`` -- the configuration, human-readable;
+* ``.lock`` -- while a process runs the directory: the holder's pid (see :func:`RunLock`).
+
+Nothing in a run directory is executed: the checkpoint is read with
+``torch.load(..., weights_only=True)`` (tensors and plain containers only), and object-valued
+model options are built only from an allow-list (:mod:`bo_online.loops.options`).
 
 On resume the records file is rewritten from the checkpoint (a step whose record was appended but
 whose checkpoint was not yet written is simply redone), so the records of a resumed run equal
@@ -26,7 +31,9 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,11 +53,20 @@ __all__ = [
     "step_seed",
     "seeded",
     "write_json",
+    "RunFileError",
+    "RunLock",
+    "remove_orphans",
+    "probe_writable",
+    "fault_point",
 ]
 
 RECORDS_FILE = "records.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 CONFIG_FILE = "config.json"
+LOCK_FILE = ".lock"
+#: environment variable naming a fault point (see :func:`fault_point`) at which the process
+#: kills itself with SIGKILL: the fault-injection hook of the test-suite.
+FAULT_ENV = "BO_ONLINE_FAULT_POINT"
 #: record fields holding wall-clock measurements (differ between otherwise identical runs).
 TIMING_KEYS = (
     "time_fit",
@@ -60,6 +76,23 @@ TIMING_KEYS = (
     "time_step",
     "wall_time",
 )
+
+
+class RunFileError(ValueError):
+    """A run directory's file is damaged, unreadable or unwritable (the message names the file
+    and what to do)."""
+
+
+def fault_point(name: str) -> None:
+    r"""Fault-injection hook: if ``$BO_ONLINE_FAULT_POINT`` equals ``name``, die at once by
+    SIGKILL (no cleanup, as a power cut or ``kill -9`` would). Named points:
+    ``checkpoint:open`` (temp file created, empty), ``checkpoint:written`` (temp file complete,
+    not yet moved), ``checkpoint:replaced`` (moved into place), ``record:torn`` (half a records
+    line written)."""
+    if os.environ.get(FAULT_ENV) == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -75,22 +108,59 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def _write_error(path: Path, e: OSError) -> RunFileError:
+    r"""One line for a failed write into a run directory (full disk, permissions): what to do,
+    and whether the run can be resumed (a checkpoint exists) or must be started again."""
+    out_dir = path.parent
+    then = (
+        f"then continue from the last checkpoint with `bo-online resume {out_dir}`"
+        if (out_dir / CHECKPOINT_FILE).is_file()
+        else "then start the run again (no checkpoint was written yet)"
+    )
+    return RunFileError(
+        f"Cannot write {str(path)!r} ({e.strerror or e}); free space or fix the directory's "
+        f"permissions, {then}."
+    )
+
+
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one record as a JSON line and flush it to the OS."""
+    line = json.dumps(to_jsonable(record)) + "\n"
+    try:
+        _append_line(path, line)
+    except OSError as e:
+        raise _write_error(path, e) from e
+
+
+def _append_line(path: Path, line: str) -> None:
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(to_jsonable(record)) + "\n")
+        if os.environ.get(FAULT_ENV) == "record:torn":
+            f.write(line[: len(line) // 2])
+            f.flush()
+            fault_point("record:torn")
+        f.write(line)
         f.flush()
 
 
 def _atomic_write(path: Path, write: Any, binary: bool) -> None:
+    try:
+        _atomic_write_io(path, write, binary)
+    except OSError as e:
+        raise _write_error(path, e) from e
+
+
+def _atomic_write_io(path: Path, write: Any, binary: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
+            fault_point(f"{path.stem}:open")
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        fault_point(f"{path.stem}:written")
         os.replace(tmp, path)
+        fault_point(f"{path.stem}:replaced")
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -117,12 +187,24 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"No records at {str(path)!r} (expected a run directory).")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(f"Cannot read the records file {str(path)!r}: {e}.") from e
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise json.JSONDecodeError("not a JSON object", line, 0)
+            records.append(record)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:  # a torn last line: the run was killed mid-write
                 break
+            raise RunFileError(
+                f"The records file {str(path)!r} is damaged at line {i + 1} ({e.msg}); "
+                "`bo-online resume` rewrites it from the checkpoint, or restore it from a copy."
+            ) from e
     return records
 
 
@@ -131,17 +213,173 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
+def _plain(value: Any, where: str = "checkpoint") -> Any:
+    r"""``value`` as what ``torch.load(weights_only=True)`` reads back: tensors, numbers, strings,
+    None, and dicts / lists / tuples of them (numpy arrays become tensors). Anything else is a
+    bug of the caller and raises ``TypeError`` naming where it sits."""
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out = [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if isinstance(value, tuple) else out
+    if type(value).__module__ == "numpy":
+        import numpy as np
+
+        return torch.as_tensor(np.asarray(value)) if np.ndim(value) else value.item()
+    if isinstance(value, torch.dtype):
+        return value
+    raise TypeError(f"{where} holds a {type(value).__name__}, which a checkpoint cannot store.")
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file, then move it into place (atomic)."""
+    """``torch.save`` of plain data (see :func:`_plain`) to a temporary file, then move it into
+    place (atomic)."""
+    state = _plain(state)
     _atomic_write(path, lambda f: torch.save(state, f), True)
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    r"""Read a checkpoint with ``weights_only=True``: tensors and plain containers only, so a
+    checkpoint holding anything else (a pickled object, an old-format file) is refused without
+    running any of it. Damaged, empty or truncated files raise :class:`RunFileError` naming the
+    file and what to do."""
     if not path.is_file():
         raise FileNotFoundError(
             f"No checkpoint at {str(path)!r}: is this a bo-online run directory?"
         )
-    return torch.load(path, map_location=map_location, weights_only=False)
+    what_to_do = (
+        "start the run again with --overwrite (or restore the file from a copy)"
+    )
+    if path.stat().st_size == 0:
+        raise RunFileError(f"The checkpoint {str(path)!r} is empty; {what_to_do}.")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RunFileError(
+            f"Refusing the checkpoint {str(path)!r}: it holds objects other than tensors and "
+            f"plain data ({first[:200]}), so loading it could run code. If you wrote it yourself "
+            f"with an older bo-online, {what_to_do}."
+        ) from e
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError) as e:
+        raise RunFileError(
+            f"The checkpoint {str(path)!r} is damaged or truncated ({type(e).__name__}); "
+            f"{what_to_do}."
+        ) from e
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "model_state" not in ckpt:
+        raise RunFileError(
+            f"{str(path)!r} is not a bo-online checkpoint (no config / model state); {what_to_do}."
+        )
+    return ckpt
+
+
+def remove_orphans(out_dir: Path) -> list[Path]:
+    r"""Delete temp files left by an interrupted atomic write (``.checkpoint.pt.*``,
+    ``.records.jsonl.*``, ``.config.json.*``, ``..lock.*``) or write probe (``.probe.*``) in
+    ``out_dir``; returns what was removed. Only call while holding the directory's
+    :class:`RunLock`."""
+    removed = []
+    for pattern in [f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)] + [".probe.*"]:
+        for tmp in out_dir.glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+def probe_writable(out_dir: Path) -> None:
+    r"""Create ``out_dir`` if needed and write, sync and delete a small probe file there, so an
+    unwritable directory (or a full disk) is reported before any evaluation."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".probe.", dir=out_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"\0" * 65536)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.unlink(tmp)
+    except OSError as e:
+        raise RunFileError(
+            f"Cannot write to the run directory {str(out_dir)!r} ({e.strerror or e}); choose "
+            "another --out or fix its permissions / free space."
+        ) from e
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class RunLock:
+    r"""An advisory lock on a run directory: the file ``.lock`` holding the holder's pid.
+
+    :meth:`acquire` creates it exclusively; if it exists and names a live process other than
+    this one, the directory is in use and :class:`RunFileError` is raised; a lock left by a dead
+    process (killed, crashed) is stale and taken over. Re-acquiring in the holder is a no-op.
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = Path(out_dir) / LOCK_FILE
+        self.held = False
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = str(os.getpid())
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    holder = int(self.path.read_text().strip() or "0")
+                except (OSError, ValueError):
+                    holder = 0
+                if holder == os.getpid():
+                    self.held = True
+                    return
+                if _pid_alive(holder):
+                    raise RunFileError(
+                        f"The run directory {str(self.path.parent)!r} is in use by process "
+                        f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
+                        "If no such run is going on, delete the lock file."
+                    ) from None
+                # Stale: replace it atomically by a lock naming us, then check we won.
+                _atomic_write(self.path, lambda f: f.write(me), False)
+                if self.path.read_text().strip() == me:
+                    self._held()
+                    return
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            self._held()
+            return
+        raise RunFileError(f"Could not take the lock {str(self.path)!r}; try again.")
+
+    def _held(self) -> None:
+        import atexit
+
+        self.held = True
+        atexit.register(self.release)  # a loop driven by step() holds the lock to exit
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        with contextlib.suppress(OSError, ValueError):
+            if int(self.path.read_text().strip()) == os.getpid():
+                self.path.unlink()
 
 
 def step_seed(seed: int, step: int, phase: str) -> int:

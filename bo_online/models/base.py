@@ -40,7 +40,13 @@ from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, L
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.models.validation import check_inputs, check_noise, check_observations
+from bo_online.models.validation import (
+    check_inputs,
+    check_noise,
+    check_observations,
+    floor_noise,
+    train_noise_floor,
+)
 
 __all__ = ["OnlineModel", "HeldDataMixin"]
 
@@ -226,6 +232,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     def _transform_and_check(self, X: Tensor) -> Tensor:
         check_inputs(X, dim=self.dim if not hasattr(self, "input_transform") else X.shape[-1])
+        # Cast to the model's dtype/device as BoTorch models do (float32 or int64 inputs into a
+        # float64 model), before any arithmetic with the model's tensors.
+        if X.dtype != self.outcome_mean.dtype or X.device != self.outcome_mean.device:
+            X = X.to(**self._dtype_device)
         X = self.transform_inputs(X)
         check_inputs(X, dim=self.dim, bounds=self.input_bounds)
         return X
@@ -235,6 +245,11 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     ) -> Tensor:
         r"""Validate a single-output model's initial data (``n x d``, ``n x 1``, optional
         ``n x 1`` noise; n >= 1) and return the transformed inputs ``n x d``."""
+        if isinstance(train_X, Tensor) and not train_X.dtype.is_floating_point:
+            raise ValueError(
+                f"train_X must be floating point (it sets the model's dtype), got {train_X.dtype}; "
+                "convert it with .double()."
+            )
         X = self._transform_and_check(train_X)
         check_observations(X, train_Y, train_Yvar, dim=self.dim, bounds=self.input_bounds)
         if train_Y.dim() != 2 or X.shape[0] < 1:
@@ -266,12 +281,15 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if self.training:  # Module.eval() walks every submodule: only when needed
             self.eval()
         X = self._transform_and_check(X)
+        if X.shape[-2] == 0:  # no points: an empty posterior, without touching the model
+            return self._empty_posterior(X, output_indices, posterior_transform)
         self.ensure_caches()
         mvn = self._latent_posterior(X)
         if observation_noise is not False:
             if isinstance(observation_noise, Tensor):
                 check_noise(observation_noise, X.shape[:-1] + torch.Size([m]))
-                noise = self._to_internal(observation_noise.to(X).expand(*X.shape[:-1], m))
+                noise = floor_noise(observation_noise.to(X))
+                noise = self._to_internal(noise.expand(*X.shape[:-1], m))
             else:
                 noise = self._noise_variance(X)
             noise = noise.expand(mvn.mean.shape)
@@ -286,6 +304,28 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if posterior_transform is not None:
             return posterior_transform(posterior)
         return posterior
+
+    def _empty_posterior(
+        self, X: Tensor, output_indices: list[int] | None, posterior_transform: Any
+    ) -> GPyTorchPosterior:
+        r"""The posterior at 0 points: ``batch x 0`` mean (``batch x 0 x m`` for m > 1)."""
+        batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
+        m = self.num_outputs if output_indices is None else len(output_indices)
+        shape = batch + ((m,) if m > 1 else ())
+        mvn = MultivariateNormal(
+            X.new_zeros(*shape, 0), DenseLinearOperator(X.new_zeros(*shape, 0, 0))
+        )
+        if m > 1:
+            mvn = MultitaskMultivariateNormal.from_batch_mvn(mvn, task_dim=-1)
+        posterior = GPyTorchPosterior(mvn)
+        return posterior if posterior_transform is None else posterior_transform(posterior)
+
+    def _floor_train_Yvar(self, train_Y: Tensor, train_Yvar: Tensor | None) -> Tensor | None:
+        r"""Initial fixed-noise variances (user units) raised to the noise floor (see
+        :data:`bo_online.models.validation.NOISE_FLOOR`), with a warning if any were below."""
+        if train_Yvar is None:
+            return None
+        return floor_noise(train_Yvar.to(train_Y), train_noise_floor(train_Y.to(train_Yvar)), "standardised")
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
@@ -311,7 +351,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self.ensure_caches()
         Ys = self._to_internal(self._standardise(Y.to(X)))
         if noise is not None:
-            noise = self._to_internal(noise.to(X).expand(Y.shape))
+            noise = self._to_internal(floor_noise(noise.to(X)).expand(Y.shape))
         return self._condition(X, Ys, noise)
 
     def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
@@ -339,7 +379,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self.ensure_caches()
         Ys = self._to_internal(self._standardise(Y.to(X)))
         noise_s = None if noise is None else self._to_internal(
-            (noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
+            floor_noise(noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
         )
         # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
         # every later update would extend, keeping all previous caches alive.

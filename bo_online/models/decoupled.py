@@ -180,6 +180,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):
             raise ValueError("train_Yvar must be > 0: the decoupled model's conditioning adds "
                              "precisions 1/noise, so zero noise is not representable.")
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
         if standardize and gaussian and train_Y.shape[0] > 1:  # labels/counts stay as given
             std = train_Y.std(dim=0)

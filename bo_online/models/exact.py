@@ -84,6 +84,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if standardize and train_Y.shape[0] > 1:
             std = train_Y.std(dim=0)
             self.outcome_mean = train_Y.mean(dim=0).to(X)

@@ -121,6 +121,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype,
                          device=device)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if likelihood not in ("gaussian", "laplace", "logistic"):
             raise ValueError(
                 f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}.")

@@ -171,6 +171,7 @@ class TSVGP(OnlineModel):
             raise ValueError("A FixedNoiseGaussian likelihood needs train_Yvar.")
         self.likelihood = likelihood if likelihood is not None else Gaussian()
         self.likelihood.check_targets(train_Y)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         self.fixed_noise = train_Yvar is not None
         if self._out:  # outcome scaling per output
             self.outcome_mean = torch.zeros(num_out).to(X)

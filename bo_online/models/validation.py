@@ -6,8 +6,60 @@ bad input raises a clear ``ValueError`` and the model is left exactly as it was.
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 from torch import Tensor
+
+#: smallest observation-noise variance, in standardised units (variance / outcome_std**2): GPyTorch's
+#: ``FixedGaussianNoise`` rounds smaller values up to the same 1e-6 (after BoTorch standardises Y),
+#: because below it the Cholesky / Woodbury solves lose all precision (WISKI gave NaN at 1e-300).
+NOISE_FLOOR = 1e-6
+
+
+def max_abs_output(dtype: torch.dtype) -> float:
+    r"""Largest |y| accepted: 1e-4 x sqrt(largest float), so sums of squares over many points and
+    standardisation cannot overflow (float64: ~1.3e150; float32: ~1.8e15)."""
+    return 1e-4 * math.sqrt(torch.finfo(dtype).max)
+
+
+def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:
+    r"""Raise ``ValueError`` if ``|value|`` reaches :func:`max_abs_output` of ``dtype``."""
+    limit = max_abs_output(dtype)
+    if value.numel() and bool((value.abs() >= limit).any()):
+        raise ValueError(
+            f"{name} holds values of magnitude up to {float(value.abs().max()):.3g}; a "
+            f"{str(dtype).replace('torch.', '')} model accepts |{name}| < {limit:.3g} (beyond it "
+            f"standardisation overflows). Rescale {name} (e.g. divide by a constant) first."
+        )
+
+
+def floor_noise(noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised") -> Tensor:
+    r"""``noise`` (variances) with every positive value below ``floor`` (broadcastable) raised to
+    it, with a ``NumericalWarning``; returned unchanged otherwise. Zeros (noise-free) are kept."""
+    floor = torch.as_tensor(floor, dtype=noise.dtype, device=noise.device)
+    # Exact zeros mean "noise-free" and are left to the model (which accepts or refuses them).
+    low = (noise < floor) & (noise > 0)
+    if not bool(low.any()):
+        return noise
+    from gpytorch.utils.warnings import NumericalWarning
+
+    warnings.warn(
+        f"{int(low.sum())} observation-noise variance(s) below the floor of {NOISE_FLOOR:g} "
+        f"({units} units) were raised to it (smallest given: {float(noise.min()):.3g}).",
+        NumericalWarning,
+        stacklevel=3,
+    )
+    return torch.where(low, floor.expand_as(noise) if floor.dim() else floor, noise)
+
+
+def train_noise_floor(train_Y: Tensor) -> Tensor:
+    r""":data:`NOISE_FLOOR` in the user's units of the initial outcomes ``train_Y`` (``n x m``):
+    ``NOISE_FLOOR * var(train_Y)`` per output (variance 1 where it is 0 or n = 1), i.e. the
+    standardised floor under the model's standardisation."""
+    var = train_Y.var(dim=-2) if train_Y.shape[-2] > 1 else torch.ones_like(train_Y[..., 0, :])
+    return NOISE_FLOOR * torch.where(var > 0, var, torch.ones_like(var))
 
 
 def check_finite(name: str, value: Tensor) -> None:
@@ -89,6 +141,7 @@ def check_observations(
             f"Batch shapes of X {tuple(X.shape)} and Y {tuple(Y.shape)} do not broadcast."
         ) from e
     check_finite("Y", Y)
+    check_magnitude("Y", Y, X.dtype if X.dtype.is_floating_point else torch.float64)
     if noise is not None:
         check_noise(noise, Y.shape)
 

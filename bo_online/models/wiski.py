@@ -129,6 +129,7 @@ class WISKI(OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if projection is None:
             if dim > 3:
                 raise ValueError(

@@ -1,0 +1,613 @@
+r"""Faults and hostile input: nothing runs from a run directory, every fault ends in one clear
+line (exit 2) or a clean recovery, CLI values are range-checked up front, numerical edges.
+
+The fault-injection harness kills a forked run with SIGKILL at named points of the checkpoint
+write (``$BO_ONLINE_FAULT_POINT``, see :func:`bo_online.loops.history.fault_point`), at random
+moments, and in the middle of a records line; each killed run must resume (or restart) to the
+records of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bo_online.cli import main
+from bo_online.loops import BayesOptLoop, load_loop, read_records, without_timing
+from bo_online.loops import history
+from bo_online.problems import synthetic_problem
+
+FAST = dict(
+    n_init=4,
+    fit_max_iter=3,
+    acq="ts",
+    acq_options={"num_candidates": 64},
+)
+ROOT = Path(__file__).resolve().parents[1]
+CLI_FAST = ["--n-init", "4", "--fit-max-iter", "2", "--num-restarts", "2", "--raw-samples", "16",
+            "--acqf-maxiter", "5", "-Q", "--no-plots"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cli(argv, capsys):
+    r"""Run ``bo-online argv`` in-process; (exit code, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+        raise SystemExit(0)
+    return e.value.code, capsys.readouterr().err
+
+
+def _one_line_error(code, err):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bo-online: error: "), err
+
+
+def _reference(steps: int, **kw) -> list[dict]:
+    return without_timing(BayesOptLoop(synthetic_problem("branin"), seed=3, **FAST, **kw).run(steps))
+
+
+def _run_in_child(out: Path, steps: int, fault: str | None = None, kill_after: float | None = None) -> int:
+    r"""Fork a process running a small BO loop into ``out``; it dies by SIGKILL at ``fault`` (a
+    named point) or is killed after ``kill_after`` seconds. Returns the child's wait status."""
+    pid = os.fork()
+    if pid == 0:  # child: no pytest teardown, leave only through os._exit or a signal
+        code = 1
+        try:
+            if fault is not None:
+                os.environ[history.FAULT_ENV] = fault
+            BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(steps)
+            code = 0
+        finally:
+            os._exit(code)
+    if kill_after is not None:
+        time.sleep(kill_after)
+        os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def _finish(out: Path, steps: int) -> list[dict]:
+    r"""Continue a killed run: resume from its checkpoint, or start it again if it has none."""
+    if (out / history.CHECKPOINT_FILE).exists():
+        load_loop(out).run(steps)
+    else:
+        BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(steps)
+    return without_timing(read_records(out))
+
+
+def _assert_clean(out: Path) -> None:
+    assert not list(out.glob(".checkpoint.pt.*")) and not list(out.glob(".records.jsonl.*"))
+    assert not (out / history.LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------ nothing runs
+
+
+def test_cli_refuses_callables_outside_the_allow_list(tmp_path, capsys):
+    sentinel = tmp_path / "pwned"
+    out = tmp_path / "run"
+    for value in (f"os.system('touch {sentinel}')", f"subprocess.call(['touch', '{sentinel}'])",
+                  "torch.nn.Linear(2, 2)", "gpytorch.kernels.kernel.sq_dist(1, 2)"):
+        code, err = _cli(["bo", "--problem", "branin", "--model-option", f"x={value}",
+                          "--out", out, *CLI_FAST], capsys)
+        _one_line_error(code, err)
+        assert "not an allowed class" in err or "not a" in err
+    assert not sentinel.exists() and not out.exists()
+
+
+def _small_run(out: Path) -> None:
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(1)
+
+
+def test_malicious_config_in_run_directory_is_refused(tmp_path, capsys):
+    r"""A run directory whose stored configuration builds ``os.system`` is refused on resume,
+    and the call never happens."""
+    out, sentinel = tmp_path / "run", tmp_path / "pwned"
+    _small_run(out)
+    evil = {"x": {"__class__": "os.system", "args": [f"touch {sentinel}"]}}
+    ckpt = torch.load(out / history.CHECKPOINT_FILE, weights_only=True)
+    ckpt["config"]["model_options"] = evil
+    torch.save(ckpt, out / history.CHECKPOINT_FILE)
+    cfg = json.loads((out / history.CONFIG_FILE).read_text())
+    cfg["model_options"] = evil
+    (out / history.CONFIG_FILE).write_text(json.dumps(cfg))
+    code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "os.system" in err and "not an allowed class" in err
+    code, _ = _cli(["plot", out, "--out", tmp_path / "plots"], capsys)  # plots read JSON only
+    assert code == 0
+    assert not sentinel.exists()
+    assert not (out / history.LOCK_FILE).exists()
+
+
+class _Payload:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_pickled_payload_in_checkpoint_is_refused(tmp_path, capsys):
+    out, sentinel = tmp_path / "run", tmp_path / "pwned"
+    _small_run(out)
+    ckpt = torch.load(out / history.CHECKPOINT_FILE, weights_only=True)
+    ckpt["state"]["payload"] = _Payload(sentinel)
+    torch.save(ckpt, out / history.CHECKPOINT_FILE)
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "checkpoint.pt" in err and "Refusing" in err
+    assert not sentinel.exists()
+    # a plain pickle (not a torch zip file) is refused too
+    (out / history.CHECKPOINT_FILE).write_bytes(pickle.dumps(_Payload(sentinel)))
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert not sentinel.exists()
+
+
+def test_checkpoint_holds_only_plain_data(tmp_path):
+    _small_run(tmp_path)
+    ckpt = torch.load(tmp_path / history.CHECKPOINT_FILE, weights_only=True)  # would raise
+    assert torch.is_tensor(ckpt["state"]["noise_generator"])
+
+
+def test_allowed_objects_still_build():
+    from bo_online.loops.options import instantiate
+
+    built = instantiate({"k": {"__class__": "gpytorch.kernels.ScaleKernel", "args": [
+        {"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 2.5}}]}})
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    assert isinstance(built["k"], ScaleKernel) and isinstance(built["k"].base_kernel, MaternKernel)
+    with pytest.raises(ValueError, match="unexpected keys"):
+        instantiate({"__class__": "gpytorch.kernels.RBFKernel", "__reduce__": 1})
+
+
+# ------------------------------------------------------------------------------ kills and resume
+
+
+@pytest.mark.parametrize("fault", ["checkpoint:open", "checkpoint:written", "checkpoint:replaced"])
+def test_kill_during_first_checkpoint_restarts(tmp_path, fault):
+    r"""Killed while writing the step-0 checkpoint: the directory is restarted (no checkpoint
+    yet) or resumed, to the records of an uninterrupted run; temp files and lock are gone."""
+    out = tmp_path / "run"
+    status = _run_in_child(out, 2, fault=fault)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (out / history.LOCK_FILE).exists()  # left behind by the dead process: stale
+    if fault != "checkpoint:replaced":
+        assert len(list(out.glob(".checkpoint.pt.*"))) == 1  # the orphaned temp file
+        with pytest.raises(history.RunFileError, match="Start it again"):
+            load_loop(out)
+    assert _finish(out, 2) == _reference(2)
+    _assert_clean(out)
+
+
+def test_orphaned_temp_files_are_removed(tmp_path):
+    out = tmp_path / "run"
+    _run_in_child(out, 3, fault="checkpoint:open")  # dies leaving an empty .checkpoint.pt.*
+    assert list(out.glob(".checkpoint.pt.*"))
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(1)
+    _assert_clean(out)
+
+
+def test_torn_record_and_random_kills_resume_to_identical_records(tmp_path):
+    reference = _reference(4)
+    out = tmp_path / "torn"
+    _run_in_child(out, 4, fault="record:torn")
+    lines = (out / history.RECORDS_FILE).read_text().splitlines(keepends=True)
+    assert not lines[-1].endswith("\n")  # half a line
+    assert _finish(out, 4) == reference
+    gen = torch.Generator().manual_seed(0)
+    for i in range(3):
+        out = tmp_path / f"kill{i}"
+        _run_in_child(out, 4, kill_after=float(0.05 + 1.5 * torch.rand((), generator=gen)))
+        assert _finish(out, 4) == reference, i
+        _assert_clean(out)
+
+
+def test_damaged_records_line_names_the_file(tmp_path):
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST).run(2)
+    path = out / history.RECORDS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "{garbage\n" + "".join(lines[2:]))
+    with pytest.raises(history.RunFileError, match="records.jsonl.*line 2.*resume"):
+        read_records(out)
+    load_loop(out).run(2)  # resume rewrites the records from the checkpoint
+    assert len(read_records(out)) == 3
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "not_a_dict"])
+def test_damaged_checkpoint_is_one_line(tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    _small_run(out)
+    path = out / history.CHECKPOINT_FILE
+    data = path.read_bytes()
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    else:
+        torch.save([torch.zeros(2)], path)
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "checkpoint.pt" in err and "--overwrite" in err
+    assert not (out / history.LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------ lock
+
+
+def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    _small_run(out)
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        (out / history.LOCK_FILE).write_text(str(holder.pid))
+        before = (out / history.RECORDS_FILE).read_bytes()
+        code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
+        _one_line_error(code, err)
+        assert f"in use by process {holder.pid}" in err
+        code, err = _cli(["bo", "--problem", "branin", "--out", out, "--overwrite", *CLI_FAST], capsys)
+        _one_line_error(code, err)
+        assert "in use" in err
+        assert (out / history.RECORDS_FILE).read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is dead now: its lock is stale and taken over
+    load_loop(out).run(2)
+    assert len(read_records(out)) == 3
+    _assert_clean(out)
+
+
+# ------------------------------------------------------------------------------ unwritable / full
+
+
+def test_unwritable_directory_is_refused_before_any_evaluation(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    problem = synthetic_problem("branin")
+    calls = []
+    evaluate = problem.evaluate_true
+    problem.evaluate_true = lambda X: calls.append(X) or evaluate(X)
+    loop = BayesOptLoop(problem, out_dir=tmp_path / "afile" / "run", **FAST)
+    with pytest.raises(history.RunFileError, match="Cannot write to the run directory"):
+        loop.run(1)
+    assert calls == []
+
+
+def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
+    real = history._append_line
+    calls = {"n": 0}
+
+    def flaky(path, line):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real(path, line)
+
+    monkeypatch.setattr(history, "_append_line", flaky)
+    with pytest.raises(history.RunFileError, match="records.jsonl.*No space left.*bo-online resume"):
+        loop.run(4)
+    monkeypatch.setattr(history, "_append_line", real)
+    assert not (out / history.LOCK_FILE).exists()
+    load_loop(out).run(4)
+    assert without_timing(read_records(out)) == _reference(4)
+
+
+# ------------------------------------------------------------------------------ CLI values
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--beta", "nan"], "--beta"),
+        (["--beta", "-5"], "--beta"),
+        (["--noise", "1e308"], "--noise"),
+        (["--noise", "inf"], "--noise"),
+        (["--seed", str(2**70)], "--seed"),
+        (["--seed", "-1"], "--seed"),
+        (["--problem", "ackley", "--dim", "1000"], "--dim"),
+        (["--problem", "ackley", "--q", "1000"], "--q"),
+        (["--model", "wiski", "--model-option", "grid_size=100000"], "GB"),
+        (["--model", "wiski", "--model-option", "grid_size=abc"], "grid_size"),
+        (["--model", "wiski", "--model-option", "grid_size=2.5"], "grid_size"),
+        (["--workers", "100000"], "--workers"),
+    ],
+)
+def test_cli_values_are_checked_before_anything_is_written(tmp_path, capsys, args, needle):
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", *args, "--out", out, *CLI_FAST]
+    if "--problem" in args:
+        argv = ["bo", *args, "--out", out, *CLI_FAST]
+    t0 = time.perf_counter()
+    code, err = _cli(argv, capsys)
+    _one_line_error(code, err)
+    assert needle in err
+    assert not out.exists()
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("command", [["active"], ["stream", "--problem", "elevators"]])
+def test_cli_seed_out_of_range_is_refused_before_data_are_read(tmp_path, capsys, command):
+    out = tmp_path / "run"
+    code, err = _cli([*command, "--seed", str(2**70), "--data-dir", tmp_path / "none",
+                      "--out", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "--seed" in err and not out.exists()
+
+
+def test_cli_out_naming_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("keep me")
+    code, err = _cli(["bo", "--problem", "branin", "--out", out, *CLI_FAST], capsys)
+    _one_line_error(code, err)
+    assert "file" in err and out.read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped) counts as ended
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_end_with_the_driver(tmp_path, sig):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--workers", "2",
+         "--steps", "10000", "--out", str(out), *CLI_FAST],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not (out / history.RECORDS_FILE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        workers = _children(driver.pid)
+        assert workers, "the driver started no workers"
+        driver.send_signal(sig)
+        driver.wait(timeout=30)
+        deadline = time.time() + 10
+        while any(_alive(p) for p in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers)
+        if sig == signal.SIGTERM:
+            err = driver.stderr.read()
+            assert err.strip().startswith("bo-online: error: terminated") and "resume" in err
+            assert not (out / history.LOCK_FILE).exists()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
+# ------------------------------------------------------------------------------ numerical edges
+
+MODELS = ["exact", "wiski", "tsvgp", "decoupled", "qsgp"]
+
+
+def _data(n=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    return X, torch.sin(6 * X).sum(-1, keepdim=True)
+
+
+def _model(name, X, Y, **kw):
+    from bo_online.models.registry import get_model_class
+
+    return get_model_class(name)(X, Y, **kw)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_noise_below_the_floor_is_raised_to_it(name):
+    r"""Noise 1e-300 (constructor and update) gives the same model as noise exactly at the floor
+    (1e-6 standardised, i.e. 1e-6 var(Y) in user units), with a NumericalWarning; WISKI then
+    refits and predicts finitely (it gave NaN / not-PD before)."""
+    from gpytorch.utils.warnings import NumericalWarning
+
+    from bo_online.models.validation import NOISE_FLOOR
+
+    X, Y = _data()
+    Xn, Yn = _data(3, seed=1)
+    floor = NOISE_FLOOR * Y.var()
+    with pytest.warns(NumericalWarning, match="floor"):
+        tiny = _model(name, X, Y, train_Yvar=torch.full_like(Y, 1e-300))
+    at_floor = _model(name, X, Y, train_Yvar=torch.full_like(Y, float(floor)))
+    with pytest.warns(NumericalWarning, match="floor"):
+        tiny.update(Xn, Yn, torch.full_like(Yn, 1e-300))
+    at_floor.update(Xn, Yn, torch.full_like(Yn, float(NOISE_FLOOR * at_floor.outcome_std.pow(2))))
+    Xt = _data(7, seed=2)[0]
+    a, b = tiny.posterior(Xt), at_floor.posterior(Xt)
+    torch.testing.assert_close(a.mean, b.mean, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(a.variance, b.variance, rtol=1e-8, atol=1e-12)
+    if name == "wiski":
+        tiny.fit(max_iter=5)
+        p = tiny.posterior(Xt)
+        assert torch.isfinite(p.mean).all() and torch.isfinite(p.variance).all()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_huge_outputs_are_refused_and_the_model_is_unchanged(name):
+    X, Y = _data()
+    with pytest.raises(ValueError, match="Rescale Y"):
+        _model(name, X, Y * 1e160)
+    model = _model(name, X, Y)
+    Xt = _data(5, seed=2)[0]
+    before = model.posterior(Xt).mean.clone()
+    with pytest.raises(ValueError, match="Rescale Y"):
+        model.update(X[:2], torch.full((2, 1), 1e151, dtype=torch.float64))
+    torch.testing.assert_close(model.posterior(Xt).mean, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inputs_are_cast_to_the_model_dtype(name):
+    r"""float32 and int64 inputs give what the same values in float64 give (BoTorch casts)."""
+    X, Y = _data()
+    model = _model(name, X, Y)
+    X32 = _data(5, seed=3)[0].float()
+    ref = model.posterior(X32.double())
+    got = model.posterior(X32)
+    assert got.mean.dtype == torch.float64
+    torch.testing.assert_close(got.mean, ref.mean, rtol=0, atol=0)
+    Xi = torch.tensor([[0, 1], [1, 0], [1, 1]])
+    torch.testing.assert_close(model.posterior(Xi).mean, model.posterior(Xi.double()).mean, rtol=0, atol=0)
+    twin = _model(name, X, Y)
+    model.update(X32[:2], Y[:2].float())
+    twin.update(X32[:2].double(), Y[:2].float().double())
+    torch.testing.assert_close(model.posterior(X[:4]).mean, twin.posterior(X[:4]).mean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_posterior_on_zero_points_is_empty_like_singletaskgp(name):
+    from botorch.models import SingleTaskGP
+
+    X, Y = _data()
+    model, reference = _model(name, X, Y), SingleTaskGP(X, Y)
+    for shape in [(0, 2), (4, 0, 2)]:
+        Xe = torch.rand(*shape, dtype=torch.float64)
+        got, want = model.posterior(Xe), reference.posterior(Xe)
+        assert got.mean.shape == want.mean.shape and got.variance.shape == want.variance.shape
+        assert got.mean.numel() == 0
+
+
+# ------------------------------------------------------------------------------ Ax
+
+
+def _ax_client(seed: int, name: str):
+    import logging
+
+    from ax.api.client import Client
+    from ax.api.configs import RangeParameterConfig
+    from botorch.acquisition.logei import qLogExpectedImprovement
+
+    import bo_online.ax as boax
+
+    logging.getLogger("ax").setLevel(logging.ERROR)
+    client = Client(random_seed=seed)
+    client.configure_experiment(
+        parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
+                    for i in range(2)],
+        name=name,
+    )
+    client.configure_optimization(objective="-y")
+    client.set_generation_strategy(boax.make_generation_strategy(
+        "OnlineExactGP", botorch_acqf_class=qLogExpectedImprovement, seed=seed,
+        num_initial_trials=3,
+        optimizer_options={"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 10}},
+        fit_options={"max_iter": 10}))
+    return client
+
+
+def _ax_step(client, value=None):
+    (index, params), = client.get_next_trials(max_trials=1).items()
+    y = (params["x0"] - 0.3) ** 2 + (params["x1"] - 0.6) ** 2 if value is None else value
+    client.complete_trial(index, raw_data={"y": y})
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_ax_non_finite_outcome_leaves_trials_generatable(bad):
+    r"""One non-finite outcome is left out of the model with a warning; generation goes on, and the
+    model holds exactly the finite outcomes."""
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    client = _ax_client(0, "inf")
+    for _ in range(4):
+        _ax_step(client)
+    with warnings_ok():
+        _ax_step(client, bad)
+        for _ in range(3):
+            _ax_step(client)
+        client.get_next_trials(max_trials=1)  # a model on all 8 completed trials
+    model = client._generation_strategy.adapter.generator.surrogate.model
+    assert model.num_data == 7  # 8 trials, the non-finite one left out
+    assert torch.isfinite(model.train_targets).all()
+
+
+def warnings_ok():
+    import warnings
+
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore")
+
+    class _Exit:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            ctx.__exit__(*exc)
+
+    return _Exit()
+
+
+def test_ax_inf_outcome_warns():
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    client = _ax_client(1, "warn")
+    for _ in range(3):
+        _ax_step(client)
+    _ax_step(client, float("inf"))
+    with pytest.warns(RuntimeWarning, match="non-finite outcome"):
+        _ax_step(client)
+
+
+def test_ax_two_experiments_each_condition_incrementally():
+    r"""Two experiments with the same parameter and metric names, interleaved in one process:
+    each rebuilds once, then conditions incrementally (no rebuild caused by the other)."""
+    import bo_online.ax as boax
+
+    boax.clear_sessions()
+    a, b = _ax_client(0, "a"), _ax_client(1, "b")
+    for _ in range(3):  # Sobol
+        _ax_step(a)
+        _ax_step(b)
+    for _ in range(3):  # model trials, interleaved
+        _ax_step(a)
+        _ax_step(b)
+    stats = boax.session_stats()
+    assert stats.rebuilds == 2, list(stats.reasons)
+    assert stats.incremental == 4
+
+
+def test_python_objects_in_model_options_are_refused_before_running(tmp_path):
+    r"""From Python, too: an option that is a live object other than data (here a function) is
+    refused at construction, before any evaluation or file."""
+    with pytest.raises(ValueError, match="not allowed"):
+        BayesOptLoop(synthetic_problem("branin"), model_options={"x": os.system}, out_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
