@@ -61,7 +61,8 @@ class RegularGrid:
     Args:
         sizes: number of grid points per dimension including the padding (each >= 6).
         bounds: ``2 x d`` data box (lower row, upper row); default the unit cube.
-        dtype, device: of the grid tensors.
+        dtype: of the grid tensors.
+        device: of the grid tensors.
     """
 
     def __init__(
@@ -175,7 +176,8 @@ def interp_vector(idx: Tensor, val: Tensor, a: Tensor) -> Tensor:
     r"""``W a`` for a grid vector ``a``.
 
     Args:
-        idx, val: ``xb x n x K`` interpolation indices and weights.
+        idx: ``xb x n x K`` interpolation indices.
+        val: ``xb x n x K`` interpolation weights.
         a: ``ab x m`` grid vector(s).
 
     Returns:
@@ -193,7 +195,8 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     r"""``W M`` for a dense ``m x c`` matrix ``M`` (no batch), without forming ``W``.
 
     Args:
-        idx, val: ``... x n x K`` interpolation indices and weights.
+        idx: ``... x n x K`` interpolation indices.
+        val: ``... x n x K`` interpolation weights.
         M: ``m x c``.
         chunk: bound on the elements of the gathered temporary (rows are processed in chunks).
 
@@ -238,7 +241,8 @@ def interp_gram(
     random scatter-adds.
 
     Args:
-        idx, val: ``n x K`` interpolation indices and weights (no batch).
+        idx: ``n x K`` interpolation indices (no batch).
+        val: ``n x K`` interpolation weights (no batch).
         weights: ``n`` row weights (``D^{-1}``).
         m: number of grid points.
         out: optional ``m x m`` contiguous matrix to accumulate into IN PLACE (returned).

@@ -59,7 +59,8 @@ class OnlineLoop:
         checkpoint_every: write the checkpoint every this many steps (1: every step).
         overwrite: replace an existing run in ``out_dir``.
         quiet: no progress bar.
-        device, dtype: where and in which precision the surrogate and acquisition run.
+        device: where the surrogate and acquisition run.
+        dtype: in which precision the surrogate and acquisition run.
         executor: a ``concurrent.futures.Executor`` for objective evaluations (None: in-process).
     """
 

@@ -514,8 +514,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         with ``tr(K_beta L H^{-1} L^T) = tr(H^{-1} (H - I)) = M_beta - tr(H^{-1})``.
 
         Args:
-            beta, L: covariance bases and factor (default: the model's).
-            a, Z: all mean coefficients and bases ``[beta; alpha]`` (default: the model's).
+            beta: covariance bases (default: the model's).
+            L: covariance factor (default: the model's).
+            a: all mean coefficients (default: the model's).
+            Z: all mean bases ``[beta; alpha]`` (default: the model's).
             num_columns: if given, ``a^T K_Z a`` is estimated without bias from that many
                 columns drawn without replacement, ``(M/s) a^T K_{Z,S} a_S`` (O(M_alpha s)).
             columns: explicit column indices ``S`` for that estimate (overrides the draw).

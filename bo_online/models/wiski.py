@@ -620,7 +620,9 @@ class WISKI(OnlineModel):
 
         Args:
             X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
-            method, max_iter, lr: optimiser settings (see :meth:`fit`).
+            method: optimiser (see :meth:`fit`).
+            max_iter: optimiser iterations (see :meth:`fit`).
+            lr: learning rate (see :meth:`fit`).
         """
         if not hasattr(self, "projection"):
             raise ValueError("This WISKI model has no projection; use fit().")
