@@ -1,8 +1,8 @@
 r"""Learned input projections for WISKI on more than three input dimensions.
 
 A WISKI grid has ``prod(grid_size)`` points, so it is practical for k <= 3 grid dimensions only.
-Higher-dimensional inputs go through a learned feature map into ``(-1, 1)^k`` (paper 002,
-Sec. 4.3 and C.1): a linear map, a batch normalisation and ``tanh``. The projection's parameters
+Higher-dimensional inputs go through a learned feature map into ``(-1, 1)^k`` (Stanton et al., "Kernel Interpolation for Scalable Online Gaussian
+Processes", 2021, arXiv:2103.01454, Sec. 4.3 and C.1): a linear map, a batch normalisation and ``tanh``. The projection's parameters
 are not ordinary hyperparameters: WISKI's statistics are built from the projected inputs, so a
 changed projection invalidates them. They are therefore learned in a separate, explicit step
 (:meth:`bo_online.models.WISKI.fit_projection`) on raw inputs the user keeps, which also rebuilds
