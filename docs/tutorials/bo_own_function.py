@@ -124,5 +124,6 @@ print([p.name for p in written])
 # %% [markdown]
 # ![Regret against step](figures/bo_own_function_regret.png)
 #
-# The same run from the command line: `bo-online run bo --problem ...` writes the same records, and
-# `bo-online plot runs/bowl_exact` draws the same plots.
+# For the built-in test functions the command line does the same: `bo-online bo --problem branin
+# --out runs/branin` writes the same kind of run directory, and `bo-online plot runs/bowl_exact`
+# draws these plots for any run directory.

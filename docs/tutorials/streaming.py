@@ -138,5 +138,5 @@ fig.savefig(FIGURES / "streaming.png", dpi=110)
 # ![Test RMSE and test accuracy along the streams](figures/streaming.png)
 #
 # The regression error falls as the stream explores the box. The command-line equivalents are
-# `bo-online run stream --problem banana --model tsvgp` and, for the UCI regression streams,
+# `bo-online stream --problem banana --model tsvgp` and, for the UCI regression streams,
 # `--problem` with a data-set name (see [the bo-online command](../usage.md)).
