@@ -45,6 +45,10 @@ class BayesOptLoop(OnlineLoop):
         optimizer_options: ``optimize_acqf`` settings (``num_restarts``, ``raw_samples``,
             ``maxiter``, ``batch_limit``, ``sequential``).
         n_init: initial Sobol points (default ``max(5, 2 d)``).
+        refit_every: the refit schedule (default ``"auto"``: every step, except for the exact
+            GP beyond 100 points, refit whenever n has grown by 10%; see
+            :meth:`bo_online.loops.core.OnlineLoop._refit_due`); an integer k refits every k-th
+            step, 0 never after the initial fit.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (model,
             model_options, q, seed, refit_every, fit_max_iter, out_dir, quiet, device, dtype,
             executor, ...).
@@ -59,6 +63,7 @@ class BayesOptLoop(OnlineLoop):
         acq_options: dict[str, Any] | None = None,
         optimizer_options: dict[str, Any] | None = None,
         n_init: int | None = None,
+        refit_every: int | str = "auto",
         **kwargs: Any,
     ) -> None:
         if not isinstance(problem, Problem):
@@ -72,7 +77,7 @@ class BayesOptLoop(OnlineLoop):
             )
         optimizer_kwargs(optimizer_options)  # validate the names now
         n_init = max(5, 2 * problem.dim) if n_init is None else n_init
-        super().__init__(n_init=n_init, **kwargs)
+        super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
         self.problem = problem
         self.sign = 1.0 if problem.maximize else -1.0  # the model always maximises
         self.config.update(
