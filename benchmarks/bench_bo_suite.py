@@ -157,19 +157,27 @@ def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int
     path = result_path(out, function, q, method, seed)
     if path.exists():
         old = json.loads(path.read_text())
-        if old.get("steps", 0) >= steps:
+        if old.get("steps", 0) >= steps and "error" not in old:
             return
     problem = make_problem(function)
     fits: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if method == "sobol":
-            y_true, times = run_sobol(problem, seed, steps, q)
-        elif method == "botorch":
-            y_true, times = run_botorch(problem, seed, steps, q)
-        else:
-            y_true, times, fits = run_loop(problem, method, seed, steps, q)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if method == "sobol":
+                y_true, times = run_sobol(problem, seed, steps, q)
+            elif method == "botorch":
+                y_true, times = run_botorch(problem, seed, steps, q)
+            else:
+                y_true, times, fits = run_loop(problem, method, seed, steps, q)
+    except Exception as e:  # a method that fails at its defaults is a result: record it
+        line = " ".join(f"{type(e).__name__}: {e}".split())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"function": function, "method": method, "seed": seed,
+                                    "steps": steps, "q": q, "error": line}))
+        print(f"{function:16s} {method:9s} seed {seed:2d}: FAILED {line[:200]}", flush=True)
+        return
     best = torch.tensor(y_true).cummin(0).values
     regret = [problem.regret(float(b)) for b in best]
     payload = {
@@ -208,12 +216,18 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
 def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int], q: int,
           plot: bool = True) -> dict[str, Any]:
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+    errors: dict[str, dict[str, list[str]]] = {}
     for f in functions:
         for m in methods:
             for s in seeds:
                 path = result_path(out, f, q, m, s)
-                if path.exists():
-                    results.setdefault(f, {}).setdefault(m, {})[s] = json.loads(path.read_text())
+                if not path.exists():
+                    continue
+                r = json.loads(path.read_text())
+                if "error" in r:
+                    errors.setdefault(f, {}).setdefault(m, []).append(r["error"])
+                else:
+                    results.setdefault(f, {}).setdefault(m, {})[s] = r
     table: dict[str, dict[str, Any]] = {}
     for f, per_method in results.items():
         ref = per_method.get("botorch", {})
@@ -242,7 +256,8 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
         cells = []
         for m in methods:
             c = table[f].get(m)
-            cells.append(f"{'-':>22s}" if c is None else f"{c['mean']:10.4g} +- {c['se']:<8.2g}")
+            failed = f"{'failed':>22s}" if errors.get(f, {}).get(m) else f"{'-':>22s}"
+            cells.append(failed if c is None else f"{c['mean']:10.4g} +- {c['se']:<8.2g}")
         print(f"{f:16s} " + " ".join(cells))
         cells = []
         for m in methods:
@@ -254,8 +269,11 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
                              f"({c['time_ratio_min']:.2f}-{c['time_ratio_max']:.2f})".ljust(11)
                              .rjust(22))
         print(f"{'  time ratio':16s} " + " ".join(cells))
-    checks = check_targets(table, functions, methods)
-    summary = {"q": q, "seeds": seeds, "table": table, "checks": checks}
+    for f, per_method in errors.items():
+        for m, lines in per_method.items():
+            print(f"failed: {f} {m} ({len(lines)} seeds): {lines[0][:300]}")
+    checks = check_targets(table, functions, methods, errors)
+    summary = {"q": q, "seeds": seeds, "table": table, "checks": checks, "errors": errors}
     (out / f"summary_q{q}.json").write_text(json.dumps(summary, indent=1, default=str))
     if plot:
         plot_curves(out, results, q)
@@ -263,9 +281,11 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
 
 
 def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
-                  methods: list[str]) -> list[dict[str, Any]]:
-    """The issue's targets; one PASS/FAIL line each (skipped where a method or function is
-    missing)."""
+                  methods: list[str], errors: dict[str, dict[str, list[str]]] | None = None,
+                  ) -> list[dict[str, Any]]:
+    """The issue's targets; one PASS/FAIL line each (a method that failed fails its targets;
+    skipped where a method or function was not run)."""
+    errors = errors or {}
     checks: list[dict[str, Any]] = []
 
     def add(name: str, ok: bool, detail: str) -> None:
@@ -292,6 +312,8 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
             print(f"      (botorch does not beat sobol by > 2 SE on {f}: no check there)")
             continue
         for m in SURROGATES:
+            if m in methods and m not in table[f] and errors.get(f, {}).get(m):
+                add(f"{m} beats sobol by > 2 SE on {f}", False, "failed at its defaults")
             if m in methods and m in table[f]:
                 dm, sem, n = _paired(sob, table[f][m]["finals"])
                 add(f"{m} beats sobol by > 2 SE on {f}", dm > 2 * sem,
@@ -301,7 +323,7 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
             continue
         within = [f for f in present if m in table[f]
                   and table[f][m]["mean"] <= 1.5 * table[f]["botorch"]["mean"]]
-        total = [f for f in present if m in table[f]]
+        total = [f for f in present if m in table[f] or errors.get(f, {}).get(m)]
         need = len(total) - 1 if len(total) >= 7 else len(total)
         add(f"{m} within 1.5x of botorch's mean on >= {need} of {len(total)} functions",
             len(within) >= need, f"within on {len(within)}: {', '.join(within) or '-'}")
@@ -352,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--q", type=int, default=1, choices=(1, 3))
-    p.add_argument("--out", type=Path, default=Path("results/bo_suite"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/bo_suite"))
     p.add_argument("--shard", default="0/1", help="i/k: run every k-th job starting at i")
     p.add_argument("--merge", action="store_true", help="only merge existing results")
     p.add_argument("--no-plot", action="store_true")
