@@ -279,7 +279,9 @@ class CallableProblem(Problem):
 
     Args:
         fn: ``fn(X)`` with ``X`` an ``n x d`` float64 tensor in problem units, returning ``n``
-            (or ``n x 1``) values. Must be picklable to run in a process pool.
+            (or ``n x 1``) values. Must be picklable to run in a process pool. None: no
+            objective in-process -- the user evaluates every point (ask/tell) and the loop
+            starts from their data (``BayesOptLoop(initial_data=..., n_init=0)``).
         bounds: ``2 x d`` box (lower row, upper row).
         maximize: whether larger is better.
         noise_std: Gaussian noise the loop adds (0 if ``fn`` is itself a noisy experiment).
@@ -289,7 +291,7 @@ class CallableProblem(Problem):
 
     def __init__(
         self,
-        fn: Callable[[Tensor], Tensor],
+        fn: Callable[[Tensor], Tensor] | None,
         bounds: Tensor | list,
         maximize: bool = False,
         noise_std: float = 0.0,
@@ -301,8 +303,8 @@ class CallableProblem(Problem):
             raise ValueError(
                 f"bounds must be 2 x d with lower < upper in every column, got {bounds.tolist()}."
             )
-        if not callable(fn):
-            raise ValueError("fn must be callable: fn(X: n x d tensor) -> n values.")
+        if fn is not None and not callable(fn):
+            raise ValueError("fn must be callable (fn(X: n x d tensor) -> n values) or None.")
         if noise_std < 0:
             raise ValueError(f"noise_std must be >= 0, got {noise_std}.")
         self.fn, self.bounds, self.maximize = fn, bounds, bool(maximize)
@@ -310,6 +312,11 @@ class CallableProblem(Problem):
         self.spec = None
 
     def evaluate_true(self, X: Tensor) -> Tensor:
+        if self.fn is None:
+            raise ValueError(
+                f"Problem {self.name!r} has no objective to call: evaluate the points of ask() "
+                "yourself and pass them to tell() (start from your data with initial_data=)."
+            )
         values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
         values = values.reshape(-1)
         if values.shape[0] != X.shape[0]:

@@ -63,6 +63,8 @@ class OnlineLoop:
     """
 
     kind: ClassVar[str] = "loop"
+    #: smallest initial design (BO: 0 when it starts from the user's data)
+    min_n_init: ClassVar[int] = 1
 
     def __init__(
         self,
@@ -89,7 +91,7 @@ class OnlineLoop:
                 raise ValueError(f"refit_every must be 'auto' or an integer >= 0, got {refit_every!r}.")
         for name, value, low in (
             ("q", q, 1),
-            ("n_init", n_init, 1),
+            ("n_init", n_init, self.min_n_init),
             ("fit_max_iter", fit_max_iter, 0),
             ("checkpoint_every", checkpoint_every, 1),
         ):
@@ -133,6 +135,8 @@ class OnlineLoop:
             "device": str(self.device),
             "dtype": str(dtype).replace("torch.", ""),
         }
+        if self.out_dir is not None:
+            self._check_storable()
         self.quiet = quiet
         self.executor = executor
         self.model: Any = None
@@ -143,6 +147,22 @@ class OnlineLoop:
         self._files_started = False
         self._pending: dict[str, Any] | None = None
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
+
+    def _check_storable(self) -> None:
+        """With ``out_dir``, the config must be JSON (it is written once the initial design has
+        been evaluated): check now, before any evaluation, so a bad option costs nothing."""
+        import json
+
+        try:
+            json.dumps(history.to_jsonable(self.config))
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                "With out_dir, every model/fit option must be JSON (the run's config is stored "
+                "for resume); give an object option as a spec {'__class__': "
+                "'package.module.Class', 'args': [...], 'kwargs': {...}} (on the CLI: "
+                f"key=package.module.Class(args)), or run without out_dir ({e})."
+            ) from e
+        instantiate(self.config["model_options"])  # the specs import and build (or raise)
 
     # ------------------------------------------------------------------ subclass hooks
 
