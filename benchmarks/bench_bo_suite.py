@@ -178,7 +178,7 @@ def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int
                                     "steps": steps, "q": q, "error": line}))
         print(f"{function:16s} {method:9s} seed {seed:2d}: FAILED {line[:200]}", flush=True)
         return
-    best = torch.tensor(y_true).cummin(0).values
+    best = torch.tensor(y_true, dtype=torch.float64).cummin(0).values
     regret = [problem.regret(float(b)) for b in best]
     payload = {
         "function": function, "method": method, "seed": seed, "steps": steps, "q": q,
