@@ -271,7 +271,29 @@ class OnlineLoop:
             fit_projection(*data, max_iter=max_iter, **options)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
+            if self._fit_cost_grows_with_n() and data is not None and self.step_count > 0:
+                self._restart_from_defaults(data)  # (the initial fit starts from the defaults)
         return self._now() - t0
+
+    def _restart_from_defaults(self, data: tuple[Tensor, Tensor]) -> None:
+        r"""Also fit a model built afresh on all data (default hyperparameters, the initial
+        fit's iteration budget) and keep whichever has the higher marginal likelihood.
+
+        A warm-started refit stays in the basin of the previous hyperparameters; with few points
+        that basin is often a poor one (measured on Styblinski-Tang 4-D after 20 steps: warm log
+        marginal likelihood -1.36 per point against -0.91 from the defaults, lengthscales
+        0.19/0.07/0.03/2.5 against 1.5/0.6/0.24/0.14), which is the gap to BoTorch's
+        refit-from-defaults loop. Only for surrogates whose fit grows with n (the exact GP):
+        they hold all data, so the rebuilt model is the same posterior family on the same
+        data, and their refits are already thinned by the "auto" schedule."""
+        mll = getattr(self.model, "marginal_log_likelihood", None)
+        if not callable(mll):
+            return
+        fresh = self._build_model(*data)
+        fresh.fit(max_iter=self.config["init_fit_max_iter"], **self.config["fit_options"])
+        with torch.no_grad():
+            if float(fresh.marginal_log_likelihood()) > float(mll()):
+                self.model = fresh
 
     #: "auto" schedule of a surrogate whose fit cost grows with n: refit every step up to this n,
     AUTO_REFIT_SMALL_N: ClassVar[int] = 100
