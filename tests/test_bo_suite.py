@@ -153,3 +153,35 @@ def test_cli_user_objective_and_resume(tmp_path, capsys):
     lines = (run / "records.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     assert last["step"] == 3 and last["best_value"] <= 0
+
+
+def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
+    # independent reference: BoTorch's SingleTaskGP fit from its defaults on the same data
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from bo_online.problems import to_unit
+
+    p = synthetic_problem("styblinskitang", dim=4)
+    # a modest warm-started refit budget (2 iterations) cannot leave a poor basin; the fit from
+    # the defaults gets the initial fit's budget
+    loop = BayesOptLoop(p, model="exact", acq="logei", seed=0, n_init=16, fit_max_iter=2,
+                        init_fit_max_iter=200, optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20})
+    loop.run(1)
+    # a poor basin: lengthscales so short that the kernel is flat (no gradient to climb out)
+    loop.model.covar_module.initialize(lengthscale=torch.full((1, 4), 0.005, dtype=torch.float64))
+    loop.model.likelihood.initialize(noise=torch.tensor([0.006], dtype=torch.float64))
+    loop._fit(loop.config["fit_max_iter"])
+    U, Y = to_unit(loop.X, p.bounds), -loop.y.reshape(-1, 1)
+    ref = SingleTaskGP(U, Y, outcome_transform=Standardize(m=1))
+    mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
+    fit_gpytorch_mll(mll)
+    ref.train()
+    with torch.no_grad():
+        ref_value = float(mll(ref(*ref.train_inputs), ref.train_targets))
+        ref.covar_module.initialize(lengthscale=loop.model.covar_module.lengthscale.detach().clone())
+        ref.likelihood.initialize(noise=loop.model.likelihood.noise.detach().clone())
+        ours = float(mll(ref(*ref.train_inputs), ref.train_targets))
+    assert ours >= ref_value - 1e-3, (ours, ref_value)
