@@ -185,3 +185,13 @@ def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
         ref.likelihood.initialize(noise=loop.model.likelihood.noise.detach().clone())
         ours = float(mll(ref(*ref.train_inputs), ref.train_targets))
     assert ours >= ref_value - 1e-3, (ours, ref_value)
+
+
+def test_cli_names_every_problem_and_rejects_bad_dims(capsys):
+    from bo_online.cli import _PROBLEM_HELP, main
+    from bo_online.problems import SYNTHETIC_PROBLEMS
+
+    assert all(name in _PROBLEM_HELP for name in SYNTHETIC_PROBLEMS)
+    with pytest.raises(SystemExit) as e:
+        main(["bo", "--problem", "powell", "--dim", "5", "-Q"])
+    assert e.value.code == 2 and "multiple of 4" in capsys.readouterr().err
