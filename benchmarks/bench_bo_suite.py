@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -132,13 +133,29 @@ def run_botorch(problem: Problem, seed: int, steps: int, q: int) -> tuple[list[f
     return y_true.tolist(), times
 
 
+def parse_method(method: str) -> tuple[str, dict[str, Any]]:
+    """``model`` or, for ablations only, ``model:key=value,...`` (loop options, JSON values)."""
+    model, _, rest = method.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, raw = item.partition("=")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return model, options
+
+
 def run_loop(
-    problem: Problem, model: str, seed: int, steps: int, q: int
+    problem: Problem, method: str, seed: int, steps: int, q: int
 ) -> tuple[list[float], list[float], list[dict[str, Any]]]:
-    """``BayesOptLoop`` at its defaults (only problem, acquisition, q and seed are given)."""
+    """``BayesOptLoop`` at its defaults (only problem, acquisition, q and seed are given; an
+    ablation ``model:key=value`` adds those loop options)."""
     from bo_online.loops import BayesOptLoop
 
-    loop = BayesOptLoop(problem, model=model, acq=acquisition_name(problem, q), q=q, seed=seed)
+    model, options = parse_method(method)
+    loop = BayesOptLoop(problem, model=model, acq=acquisition_name(problem, q), q=q, seed=seed,
+                        **options)
     records = loop.run(steps)
     y_true = [v for r in records for v in r["y_true"]]
     times = [r["time_step"] for r in records[1:]]
@@ -150,7 +167,8 @@ def run_loop(
 
 
 def result_path(out: Path, function: str, q: int, method: str, seed: int) -> Path:
-    return out / f"q{q}" / function / f"{method}_seed{seed}.json"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", method)
+    return out / f"q{q}" / function / f"{safe}_seed{seed}.json"
 
 
 def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int, tag: str) -> None:
@@ -288,9 +306,13 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
     errors = errors or {}
     checks: list[dict[str, Any]] = []
 
-    def add(name: str, ok: bool, detail: str) -> None:
-        checks.append({"target": name, "pass": bool(ok), "detail": detail})
-        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    def add(name: str, ok: bool | None, detail: str) -> None:
+        """ok None: too few paired seeds to judge (printed N/A, counted as not passed)."""
+        checks.append({"target": name, "pass": None if ok is None else bool(ok), "detail": detail})
+        print(f"{'N/A ' if ok is None else 'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+    def judged(ok: bool, n: int) -> bool | None:
+        return None if n < 2 else ok
 
     print("\ntargets")
     present = [f for f in functions if f in table and "botorch" in table[f]]
@@ -301,14 +323,14 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
             if m not in table[f]:
                 continue
             d, se, n = _paired(table[f][m]["finals"], table[f]["botorch"]["finals"])
-            add(f"{m} not worse than botorch by > 2 SE on {f}", not d > 2 * se,
+            add(f"{m} not worse than botorch by > 2 SE on {f}", judged(not d > 2 * se, n),
                 f"mean diff {d:.4g}, SE {se:.3g}, {n} paired seeds")
     for f in present:
         if "sobol" not in table[f]:
             continue
         sob = table[f]["sobol"]["finals"]
-        d, se, _ = _paired(sob, table[f]["botorch"]["finals"])
-        if not d > 2 * se:
+        d, se, n = _paired(sob, table[f]["botorch"]["finals"])
+        if n < 2 or not d > 2 * se:
             print(f"      (botorch does not beat sobol by > 2 SE on {f}: no check there)")
             continue
         for m in SURROGATES:
@@ -316,7 +338,7 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
                 add(f"{m} beats sobol by > 2 SE on {f}", False, "failed at its defaults")
             if m in methods and m in table[f]:
                 dm, sem, n = _paired(sob, table[f][m]["finals"])
-                add(f"{m} beats sobol by > 2 SE on {f}", dm > 2 * sem,
+                add(f"{m} beats sobol by > 2 SE on {f}", judged(dm > 2 * sem, n),
                     f"sobol - {m} = {dm:.4g}, SE {sem:.3g}, {n} seeds")
     for m in ("wiski", "tsvgp", "decoupled", "qsgp"):
         if m not in methods:
@@ -359,8 +381,8 @@ def plot_curves(out: Path, results: dict[str, Any], q: int) -> None:
 
 
 def _list(raw: str, known: tuple[str, ...] | list[str], what: str) -> list[str]:
-    items = [s.strip().lower() for s in raw.split(",") if s.strip()]
-    bad = [s for s in items if s not in known]
+    items = [s.strip().lower() for s in raw.split(";" if ":" in raw else ",") if s.strip()]
+    bad = [s for s in items if s.partition(":")[0] not in known]
     if bad:
         raise SystemExit(f"bench_bo_suite: error: unknown {what} {bad}; choose from {list(known)}")
     return items
@@ -369,7 +391,9 @@ def _list(raw: str, known: tuple[str, ...] | list[str], what: str) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--functions", default=",".join(FUNCTIONS))
-    p.add_argument("--methods", "--models", dest="methods", default=",".join(METHODS))
+    p.add_argument("--methods", "--models", dest="methods", default=",".join(METHODS),
+                   help="comma-separated; for ablations a method may be model:key=value,... "
+                   "(loop options; then separate methods with ';')")
     p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
