@@ -55,6 +55,7 @@ from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vecto
 from bo_online.linalg import cholesky_update, psd_cholesky, solve_lower, solve_lower_transpose
 from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import minimize_loss
+from bo_online.models.projection import make_projection
 from bo_online.models.validation import check_observations
 from bo_online.models.wiski_covariance import RootDifferenceLinearOperator
 
@@ -114,7 +115,7 @@ class WISKI(OnlineModel):
         likelihood: GaussianLikelihood | None = None,
         standardize: bool = True,
         grid_jitter: float = 1e-6,
-        projection: torch.nn.Module | None = None,
+        projection: torch.nn.Module | str | None = None,
         input_transform: Any | None = None,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -129,12 +130,14 @@ class WISKI(OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        projection = make_projection(projection, dim)  # None -> TanhProjection(d, 2) if d > 3
         if projection is None:
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass `projection=` (e.g. "
-                    "bo_online.models.projection.TanhProjection(d, k=2)) to learn k <= 3 features."
+                    f"3 input dimensions natively; got d = {dim}. Leave `projection` unset (or pass "
+                    "projection='tanh:2', or bo_online.models.projection.TanhProjection(d, "
+                    "out_dim=2)) to learn k <= 3 features."
                 )
             k, grid_bounds = dim, self.input_bounds
         else:
@@ -143,7 +146,9 @@ class WISKI(OnlineModel):
                 raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
             grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
             self.projection = projection.to(dtype=dtype, device=device)
-            if X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
+            if getattr(projection, "needs_data_init", False) and X.shape[0] >= dim + 2:
+                projection.init_from_data(X, train_Y)  # see projection.py: random maps fail
+            elif X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
                 projection.set_normalisation(X)  # batch norm statistics of the initial data
         self.num_features = k
         if grid_size is None:
@@ -641,6 +646,8 @@ class WISKI(OnlineModel):
             std = y.std()
             self.outcome_mean = y.mean().reshape(1)
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
+        if getattr(self.projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+            self.projection.init_from_data(X, y)  # see projection.py: random maps fail
         params, bounds = self._trainable_parameters(include_projection=True)
         zero = self._zero_statistics()
         self._fitting_projection = True
