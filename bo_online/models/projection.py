@@ -89,7 +89,7 @@ class TanhProjection(nn.Module):
         from botorch.models.transforms import Standardize
         from gpytorch.mlls import ExactMarginalLogLikelihood
 
-        X = X.detach().reshape(-1, self.in_dim)
+        X_all = X = X.detach().reshape(-1, self.in_dim)
         y = y.detach().reshape(-1, 1).to(X)
         if X.shape[0] > max_points:  # deterministic subsample, independent of the global RNG
             g = torch.Generator().manual_seed(0)
@@ -112,7 +112,7 @@ class TanhProjection(nn.Module):
                 self.linear.weight.copy_(weight.to(self.linear.weight))
                 self.linear.bias.zero_()
         self.needs_data_init = False
-        self.set_normalisation(X)
+        self.set_normalisation(X_all)
 
 
 def make_projection(spec: object, in_dim: int) -> nn.Module | None:

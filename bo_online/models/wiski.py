@@ -94,7 +94,9 @@ class WISKI(OnlineModel):
         grid_jitter: relative jitter added to the grid kernel (``K + jitter * mean(diag K) I``);
             part of the model (the dense SKI reference uses the same matrix).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
-            ``[-1, 1]^k`` (k <= 3); required when d > 3.
+            ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
+            ``TanhProjection(d, K)``, K = 2 by default), or ``"none"``. Default: none for
+            d <= 3, ``"tanh:2"`` for d > 3 (see :mod:`bo_online.models.projection`).
         input_transform: optional BoTorch input transform.
 
     Example:
@@ -612,6 +614,7 @@ class WISKI(OnlineModel):
         max_iter: int = 100,
         lr: float = 0.01,
         include_priors: bool = True,
+        joint: bool = False,
     ) -> Self:
         r"""Learn the input projection jointly with the GP hyperparameters on raw data the user
         kept, then REBUILD the statistics from the new features (paper 002, Sec. 4.3).
@@ -625,6 +628,13 @@ class WISKI(OnlineModel):
         Args:
             X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
             method, max_iter, lr: optimiser settings (see :meth:`fit`).
+            joint: ``False`` (default) where the projection has ``init_from_data``: the map is
+                re-derived from the data (the leading gradient directions of an exact GP, see
+                :mod:`bo_online.models.projection`), the statistics are rebuilt and only the
+                kernel hyperparameters are fitted (on 200 Hartmann6 points: held-out RMSE 0.93 of
+                the data's sd, 94% coverage of the 95% interval, against 1.09 / 86% after a joint
+                L-BFGS fit of map and kernel, which overfits the map). ``True``: the paper's
+                joint gradient fit of map and hyperparameters from the current map.
         """
         if not hasattr(self, "projection"):
             raise ValueError("This WISKI model has no projection; use fit().")
@@ -646,10 +656,17 @@ class WISKI(OnlineModel):
             std = y.std()
             self.outcome_mean = y.mean().reshape(1)
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
-        if getattr(self.projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+        zero = self._zero_statistics()
+        if not joint and hasattr(self.projection, "init_from_data") and y.numel() >= self.dim + 2:
+            self.projection.init_from_data(X, y)  # map from data, then the kernel on it
+            self._set_statistics(X, D, y, zero)
+            return self.fit(
+                method=method, max_iter=max_iter, lr=lr, restandardize=False,
+                include_priors=include_priors,
+            )
+        if getattr(self.projection, "needs_data_init", False) and y.numel() >= self.dim + 2:
             self.projection.init_from_data(X, y)  # see projection.py: random maps fail
         params, bounds = self._trainable_parameters(include_projection=True)
-        zero = self._zero_statistics()
         self._fitting_projection = True
         self.projection.train()
 
@@ -667,6 +684,13 @@ class WISKI(OnlineModel):
             self._fitting_projection = False
             self.projection.eval()
         self.projection.set_normalisation(X)
+        self._set_statistics(X, D, y, zero)
+        self.ensure_caches()
+        return self
+
+    def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
+        r"""Replace the statistics by those of ``(X, D, y)`` (``n x d``, ``n``, ``n``) under the
+        current (fixed) projection; pending conditioning and caches are dropped."""
         with torch.no_grad():
             idx, val = self._interp(X)
             stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
@@ -676,8 +700,6 @@ class WISKI(OnlineModel):
             setattr(self, name, value)
         self._stats_shared = False
         self.invalidate_caches()
-        self.ensure_caches()
-        return self
 
     def projection_step(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
