@@ -39,7 +39,9 @@ class TanhProjection(nn.Module):
             keep the random map (the paper's setting).
 
     In evaluation mode (always, except inside ``WISKI.fit_projection``) the batch norm uses its
-    running statistics, so the map is a fixed deterministic function of each input.
+    running statistics, so the map is a fixed deterministic function of each input. A WISKI
+    built on an already initialised/normalised projection uses it unchanged (so a model rebuilt
+    on more data with the same projection has exactly the same features).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class TanhProjection(nn.Module):
                 self.linear.bias.zero_()
         self.norm = nn.BatchNorm1d(out_dim, affine=False, momentum=None)
         self.needs_data_init = init == "data"
+        self.normalised = False  # batch-norm statistics not yet set from data
         self.eval()
 
     def forward(self, X: Tensor) -> Tensor:
@@ -75,6 +78,7 @@ class TanhProjection(nn.Module):
             flat = self.linear(X.reshape(-1, self.in_dim))
             self.norm.running_mean.copy_(flat.mean(0))
             self.norm.running_var.copy_(flat.var(0, unbiased=False).clamp_min(1e-12))
+        self.normalised = True
 
     def init_from_data(self, X: Tensor, y: Tensor, max_points: int = 400) -> None:
         r"""Set ``A`` to the leading k gradient directions of an exact GP fitted to the data.

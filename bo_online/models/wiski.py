@@ -150,7 +150,11 @@ class WISKI(OnlineModel):
             self.projection = projection.to(dtype=dtype, device=device)
             if getattr(projection, "needs_data_init", False) and X.shape[0] >= dim + 2:
                 projection.init_from_data(X, train_Y)  # see projection.py: random maps fail
-            elif X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
+            elif (
+                X.shape[0] > 1
+                and hasattr(projection, "set_normalisation")
+                and not getattr(projection, "normalised", False)  # keep a fitted map as it is
+            ):
                 projection.set_normalisation(X)  # batch norm statistics of the initial data
         self.num_features = k
         if grid_size is None:
