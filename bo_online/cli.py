@@ -64,8 +64,8 @@ ModelOptionOpt = Annotated[
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
         "when possible (numbers, true/false, lists), else kept as strings; a value "
         "package.module.Class(literal args) builds that object. Passed unchanged to the model "
-        "class, e.g. --model-option grid_size=64 or --model-option "
-        "'projection=bo_online.models.projection.TanhProjection(6, out_dim=2)'.",
+        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default tanh:2) "
+        "--model-option projection=tanh:3.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]
