@@ -45,11 +45,12 @@ def _heldout(model, Xte, Yte):
     ],
 )
 def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim):
-    r"""200 seeded points in the unit cube, ``WISKI(X, Y)`` with no options, ``fit()``: held-out
+    r"""200 seeded points in the unit cube, WISKI with the loops' default for d > 3
+    (``projection="tanh:2"``, see ``loop_default_options``), ``fit()``: held-out
     RMSE below the training data's standard deviation (a constant predictor's error) and the 95%
     predictive interval covering >= 80% of 300 held-out values (not overconfident)."""
     Xtr, Ytr, Xte, Yte = _split(f, dim, 200)
-    model = WISKI(Xtr, Ytr, grid_size=20)
+    model = WISKI(Xtr, Ytr, grid_size=20, **WISKI.loop_default_options(dim))
     assert isinstance(model.projection, TanhProjection) and model.num_features == 2
     model.fit(max_iter=60)
     rmse, coverage = _heldout(model, Xte, Yte)
@@ -61,7 +62,7 @@ def test_fit_projection_rederives_the_map_and_stays_calibrated():
     r"""The loop's refit path (``fit_projection`` on all raw data, default: map from data, kernel
     fitted on the rebuilt statistics) keeps the Hartmann6 guarantees and moves the map."""
     Xtr, Ytr, Xte, Yte = _split(Hartmann(dim=6), 6, 200)
-    model = WISKI(Xtr[:40], Ytr[:40], grid_size=20)
+    model = WISKI(Xtr[:40], Ytr[:40], grid_size=20, projection="tanh")
     W0 = model.projection.linear.weight.detach().clone()
     model.update(Xtr[40:], Ytr[40:])
     model.fit_projection(Xtr, Ytr, method="lbfgs", max_iter=60)
@@ -75,7 +76,7 @@ def test_update_of_a_projected_model_equals_the_dense_rebuild():
     a WISKI built from scratch on all data with the same (fixed) projection and hyperparameters,
     and the posterior equals the dense SKI posterior on the projected features, to 1e-9."""
     X, Y, Xt, _ = _split(Hartmann(dim=6), 6, 90, n_test=7, seed=3)
-    model = WISKI(X[:50], Y[:50], grid_size=12)
+    model = WISKI(X[:50], Y[:50], grid_size=12, projection="tanh")
     model.fit_projection(X[:50], Y[:50], method="lbfgs", max_iter=15)
     model.update(X[50:70], Y[50:70])
     model.update(X[70:], Y[70:])
@@ -94,13 +95,36 @@ def test_projection_shorthand_strings_and_error_hint():
     X, Y, _, _ = _split(Hartmann(dim=6), 6, 30, n_test=1)
     assert WISKI(X, Y, projection="tanh:1", grid_size=16).num_features == 1
     assert WISKI(X, Y, projection="tanh", grid_size=10).num_features == 2
-    assert make_projection(None, 3) is None and make_projection("none", 3) is None
+    assert make_projection(None, 6) is None and make_projection("none", 6) is None
     with pytest.raises(ValueError, match="must be 1, 2 or 3"):
         WISKI(X, Y, projection="tanh:4")
     with pytest.raises(ValueError, match="projection must be"):
         WISKI(X, Y, projection="pca")
-    with pytest.raises(ValueError, match="out_dim=2") as err:
-        WISKI(X, Y, projection="none")
-    assert "k=2" not in str(err.value)
+    for spec in (None, "none"):
+        with pytest.raises(ValueError, match="projection='tanh'") as err:
+            WISKI(X, Y, projection=spec)
+        assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
+    assert WISKI.loop_default_options(6) == {"projection": "tanh:2"}
+    assert WISKI.loop_default_options(3) == {}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
+
+
+def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
+    r"""``BayesOptLoop(model="wiski")`` on a 6-D problem needs no options: the loop adds
+    ``loop_default_options`` (a user's own ``projection`` wins), and its initial fit is the
+    ``fit_projection`` path on the loop's data."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
+                        model_options={"grid_size": 10}, fit_max_iter=5, init_fit_max_iter=5)
+    loop.initialize()
+    assert isinstance(loop.model.projection, TanhProjection)
+    assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
+    assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
+                        model_options={"grid_size": 10, "projection": "tanh:1"},
+                        fit_max_iter=5, init_fit_max_iter=5)
+    loop.initialize()
+    assert loop.model.num_features == 1

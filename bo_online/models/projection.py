@@ -120,13 +120,13 @@ class TanhProjection(nn.Module):
 
 
 def make_projection(spec: object, in_dim: int) -> nn.Module | None:
-    r"""Resolve WISKI's ``projection`` argument: a module (returned as is), ``None`` (a
-    ``TanhProjection(d, 2)`` where d > 3, else no projection) or a string ``"tanh"`` /
-    ``"tanh:K"`` (a data-initialised ``TanhProjection(d, K)``) or ``"none"``."""
+    r"""Resolve WISKI's ``projection`` argument: a module (returned as is), ``None`` or
+    ``"none"`` (no projection), or a string ``"tanh"`` / ``"tanh:K"`` (a data-initialised
+    ``TanhProjection(d, K)``, K = 2 for ``"tanh"``)."""
     if isinstance(spec, nn.Module):
         return spec
     if spec is None:
-        return TanhProjection(in_dim, 2) if in_dim > 3 else None
+        return None
     if isinstance(spec, str):
         name, _, k = spec.strip().lower().partition(":")
         if name == "none" and not k:

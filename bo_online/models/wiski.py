@@ -95,8 +95,9 @@ class WISKI(OnlineModel):
             part of the model (the dense SKI reference uses the same matrix).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
             ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
-            ``TanhProjection(d, K)``, K = 2 by default), or ``"none"``. Default: none for
-            d <= 3, ``"tanh:2"`` for d > 3 (see :mod:`bo_online.models.projection`).
+            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"none"``/``None``; needed
+            when d > 3 (the loops default to ``"tanh:2"`` there, see
+            :meth:`loop_default_options` and :mod:`bo_online.models.projection`).
         input_transform: optional BoTorch input transform.
 
     Example:
@@ -132,14 +133,14 @@ class WISKI(OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
-        projection = make_projection(projection, dim)  # None -> TanhProjection(d, 2) if d > 3
+        projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
         if projection is None:
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Leave `projection` unset (or pass "
-                    "projection='tanh:2', or bo_online.models.projection.TanhProjection(d, "
-                    "out_dim=2)) to learn k <= 3 features."
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='tanh' (or "
+                    "'tanh:3', or bo_online.models.projection.TanhProjection(d, out_dim=2)) to "
+                    "learn k <= 3 features (the loops and the CLI do this by default)."
                 )
             k, grid_bounds = dim, self.input_bounds
         else:
@@ -196,6 +197,12 @@ class WISKI(OnlineModel):
         D = self._check_D(torch.ones_like(val[..., 0]) if D is None else D)
         with torch.no_grad():
             self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
+
+    @classmethod
+    def loop_default_options(cls, dim: int) -> dict[str, Any]:
+        r"""Constructor options the loops (and so the CLI) use unless the user gives them: a
+        learned, data-initialised projection to 2 features above 3 inputs."""
+        return {"projection": "tanh:2"} if dim > 3 else {}
 
     # ------------------------------------------------------------------ small helpers
 
