@@ -236,8 +236,12 @@ class OnlineLoop:
 
     def _build_model(self, X: Tensor, Y: Tensor) -> Any:
         r"""The surrogate on ``X`` (``n x d``, unit cube) and ``Y`` (``n x 1``)."""
+        options = self._model_options()
+        defaults = getattr(self.model_cls, "loop_default_options", None)  # e.g. WISKI, d > 3
+        if callable(defaults):
+            options = {**defaults(X.shape[-1]), **options}
         try:
-            model = self.model_cls(X.to(**self.tkwargs), Y.to(**self.tkwargs), **self._model_options())
+            model = self.model_cls(X.to(**self.tkwargs), Y.to(**self.tkwargs), **options)
         except TypeError as e:  # unknown option names: say which model rejected them
             raise ValueError(
                 f"Model {self.config['model']!r} rejected its options "
