@@ -129,6 +129,41 @@ def cv_variance(data_dir, m, m_tilde, n_tilde, ranks, reps):
                   "noise": float(noise)}
 
 
+def conditioning_times(ks: list[int], reps: int) -> list[dict]:
+    r"""Time one in-place update (q = 1) and one 64-point posterior after ``k`` updates since the
+    last fit, for each ``k``: with the conditioned state kept in weight space both cost
+    O(m^2), whatever k is."""
+    from bo_online.benchmarking import time_interleaved
+    from bo_online.models import QSGP
+
+    g = torch.Generator().manual_seed(0)
+    d = 4
+    f = lambda X: torch.sin(5 * X).sum(-1, keepdim=True)
+    X0 = torch.rand(100, d, generator=g, dtype=torch.float64)
+    rows = []
+    for k in ks:
+        model = QSGP(X0, f(X0))
+        Xk = torch.rand(k, d, generator=g, dtype=torch.float64)
+        for i in range(0, k, 50):
+            model.update(Xk[i : i + 50], f(Xk[i : i + 50]))
+        x_new = torch.rand(1, d, generator=g, dtype=torch.float64)
+        Xt = torch.rand(64, d, generator=g, dtype=torch.float64)
+        state = {key: v.clone() if torch.is_tensor(v) else v for key, v in model.state_dict().items()}
+
+        def update() -> None:
+            model.load_state_dict(state)  # same k every repetition
+            model.update(x_new, f(x_new))
+
+        def posterior() -> None:
+            with torch.no_grad():
+                p = model.posterior(Xt)
+                p.mean, p.variance
+
+        t = time_interleaved({"update": update, "posterior": posterior}, reps=reps)
+        rows.append({"k": k, "update": t["update"], "posterior": t["posterior"]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -146,7 +181,10 @@ def main() -> None:
     ap.add_argument("--cv-m", type=int, default=10_000)
     ap.add_argument("--cv-m-tilde", type=int, default=500)
     ap.add_argument("--cv-n-tilde", type=int, default=500)
+    ap.add_argument("--cond-ks", type=int, nargs="+", default=[100, 2000],
+                    help="points conditioned on since the last fit, for the conditioning table")
     ap.add_argument("--skip-cv", action="store_true")
+    ap.add_argument("--skip-cond", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args()
@@ -173,6 +211,28 @@ def main() -> None:
         print(f"CHECK per-step time flat within 1.3x over m: {'PASS' if flat else 'FAIL'} "
               f"(largest ratio {worst:.2f}); {time.time() - t0:.0f} s")
         out["step_time"] = rows
+
+    if not args.skip_cond:
+        rows = conditioning_times(args.cond_ks, args.reps)
+        k0 = rows[0]
+        print(f"\nConditioning since the last fit (default QSGP, m = 512 RFF, d = 4): one update of "
+              f"q = 1 and a 64-point posterior, median of {args.reps} (min-max)")
+        print(f"{'k':>6} {'update ms':>22} {'posterior ms':>24}")
+        for r in rows:
+            u, p = r["update"], r["posterior"]
+            print(f"{r['k']:>6} {1e3 * u.median:8.2f} [{1e3 * u.min:.2f},{1e3 * u.max:.2f}] "
+                  f"{1e3 * p.median:10.2f} [{1e3 * p.min:.2f},{1e3 * p.max:.2f}]")
+        last = rows[-1]
+        ratio_u = last["update"].median / k0["update"].median
+        ratio_p = last["posterior"].median / k0["posterior"].median
+        flat = ratio_u <= 1.5 and ratio_p <= 1.5
+        ok &= flat
+        print(f"CHECK update and posterior independent of k (k = {last['k']} vs {k0['k']} within "
+              f"1.5x): {'PASS' if flat else 'FAIL'} (update {ratio_u:.2f}x, posterior {ratio_p:.2f}x)")
+        out["conditioning"] = [
+            {"k": r["k"], "update": r["update"].__dict__, "posterior": r["posterior"].__dict__}
+            for r in rows
+        ]
 
     if not args.skip_cv:
         data_dir = args.data_dir or Path(os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data"))

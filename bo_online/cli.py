@@ -65,8 +65,8 @@ ModelOptionOpt = Annotated[
         "when possible (numbers, true/false, lists), else kept as strings; a value "
         "module.Class(literal args) builds that object (only classes of bo_online.models.projection "
         "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
-        "class, e.g. --model-option grid_size=64 or --model-option "
-        "'projection=bo_online.models.projection.TanhProjection(6, out_dim=2)'.",
+        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default tanh:2) "
+        "--model-option projection=tanh:3.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]
@@ -274,7 +274,8 @@ def _shared(
     device: str, dtype: str, dim: int | None = None,
 ) -> dict[str, Any]:
     _positive("--q", q)
-    _nonneg("--refit-every", refit_every)
+    if refit_every != "auto":
+        _nonneg("--refit-every", refit_every)
     _nonneg("--fit-max-iter", fit_max_iter)
     _positive("--checkpoint-every", checkpoint_every)
     _check_seed(seed)
@@ -431,14 +432,31 @@ def _shutdown(executor: Executor | None) -> None:
 # ---------------------------------------------------------------------------------- commands
 
 
+_PROBLEM_HELP = (
+    "Test function (minimised; cosine8 maximised): any unconstrained function of "
+    "botorch.test_functions.synthetic with a known optimum -- ackley, beale, branin, bukin, "
+    "cosine8, dixonprice, dropwave, eggholder, griewank, hartmann (--dim 3/4/6), hartmann3, "
+    "hartmann6, holdertable, levy, michalewicz, powell (dim a multiple of 4), rastrigin, "
+    "rosenbrock, shekel, sixhumpcamel, styblinskitang, threehumpcamel; --dim sets the dimension "
+    "of those defined for any d. Or give --objective instead."
+)
+
+
 @app.command()
 def bo(
-    problem: Annotated[
-        str,
-        typer.Option(help="Test function: branin, hartmann (dim 3/4/6), hartmann3, hartmann6, "
-                     "ackley, levy, rastrigin, griewank, michalewicz, styblinskitang, rosenbrock, "
-                     "sixhumpcamel. All are minimised."),
-    ],
+    problem: Annotated[Optional[str], typer.Option(help=_PROBLEM_HELP)] = None,
+    objective: Annotated[
+        Optional[str],
+        typer.Option(help="Your own objective instead of --problem: package.module:function or "
+                     "path/to/file.py:function, called with an n x d float64 tensor (problem "
+                     "units) and returning n values (minimised unless --maximize). Needs --bounds."),
+    ] = None,
+    bounds: Annotated[
+        Optional[str],
+        typer.Option(help="Box of --objective: JSON '[[lo, hi], ...]' or 'lo,hi lo,hi ...' "
+                     "(one pair per input dimension)."),
+    ] = None,
+    maximize: Annotated[bool, typer.Option("--maximize", help="Maximise --objective.")] = False,
     dim: Annotated[Optional[int], typer.Option(help="Input dimension (default: the function's).")] = None,
     noise: Annotated[float, typer.Option(help="Std of Gaussian observation noise added to each evaluation.")] = 0.0,
     model: ModelOpt = "exact",
@@ -456,7 +474,13 @@ def bo(
     steps: Annotated[int, typer.Option(help="BO steps after the initial design.")] = 30,
     n_init: Annotated[Optional[int], typer.Option(help="Initial Sobol points (default max(5, 2d)).")] = None,
     seed: SeedOpt = 0,
-    refit_every: RefitOpt = 10,
+    refit_every: Annotated[
+        Optional[int],
+        typer.Option(help="Refit hyperparameters every this many steps (warm-started, at most "
+                     "--fit-max-iter iterations); 0 = never. Default (auto): every step, except "
+                     "that the exact GP, whose fit costs O(n^3), refits every step only up to "
+                     "n = 100 and then whenever n has grown by 10% since its last fit."),
+    ] = None,
     fit_max_iter: FitIterOpt = 50,
     num_restarts: RestartsOpt = 10,
     raw_samples: RawOpt = 512,
@@ -492,6 +516,13 @@ def bo(
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
+    _check((problem is None) != (objective is None), "Give exactly one of --problem NAME and "
+           "--objective package.module:function (or path/to/file.py:function).")
+    _check(objective is None or bounds is not None, "--objective needs --bounds "
+           "(e.g. --bounds '[[0, 1], [-5, 5]]' or --bounds '0,1 -5,5').")
+    _check(objective is not None or (bounds is None and not maximize),
+           "--bounds and --maximize go with --objective (test functions have their own).")
+    _check(objective is None or dim is None, "--dim is for --problem; --bounds sets the dimension of --objective.")
     _setup(threads)
     _check(acq in ACQUISITIONS and acq != "qnipv", f"Unknown --acq {acq!r}; choose one of "
            f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}.")
@@ -500,9 +531,15 @@ def bo(
     _positive("--num-mc-samples", num_mc_samples)
     if n_init is not None:
         _positive("--n-init", n_init)
-    prob = synthetic_problem(problem, dim=dim, noise_std=noise)
+    if objective is not None:
+        from bo_online.objectives import objective_problem
+
+        prob = objective_problem(objective, bounds, maximize=maximize, noise_std=noise)
+    else:
+        prob = synthetic_problem(problem, dim=dim, noise_std=noise)
     out = out or Path("runs") / f"{prob.name}-{model}"
-    shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
+    refit = "auto" if refit_every is None else refit_every
+    shared = _shared(model, model_option, q, seed, refit, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype, dim=prob.dim)
     executor = _executor(workers)
     try:
@@ -649,6 +686,11 @@ def stream(
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (the --out of the interrupted run).")],
     steps: Annotated[Optional[int], typer.Option(help="New target number of steps (default: the original).")] = None,
+    objective: Annotated[
+        Optional[str],
+        typer.Option(help="A run of your own --objective resumes only with the same spec given "
+                     "again (importing it runs its code; it is never imported from the run's files alone)."),
+    ] = None,
     data_dir: DataDirOpt = None,
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
@@ -661,7 +703,14 @@ def resume(
     if steps is not None:
         _nonneg("--steps", steps)
     _check(run_dir.is_dir(), f"No run directory {str(run_dir)!r}.")
-    loop = load_loop(run_dir, quiet=quiet, data_dir=data_dir)
+    from bo_online.loops import history
+    from bo_online.objectives import check_resume
+
+    ckpt_path = run_dir / history.CHECKPOINT_FILE
+    _check(ckpt_path.is_file(), f"No checkpoint in {str(run_dir)!r}: nothing to resume.")
+    stored = history.load_checkpoint(ckpt_path)["config"].get("objective")
+    user_problem = check_resume(stored, objective)
+    loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
     loop.run(steps)
     _finish(loop, plots, quiet)
 

@@ -71,12 +71,36 @@ def solve_lower(L: Tensor, B: Tensor) -> Tensor:
     Returns:
         ``... x n x k`` solution.
     """
-    return torch.linalg.solve_triangular(L, B, upper=False)
+    return _solve_triangular_folded(L, B, transpose=False)
+
+
+def _solve_triangular_folded(L: Tensor, B: Tensor, transpose: bool) -> Tensor:
+    r"""``L^{-1} B`` (or ``L^{-T} B``), with the batch dims that ``B`` has beyond ``L``'s folded
+    into columns.
+
+    ``torch.linalg.solve_triangular`` broadcasts by materialising ``L`` once per batch element of
+    ``B``: a posterior at ``b x 1 x d`` on an ``n x n`` factor would copy it b times (b n^2
+    memory). Moving ``B``'s extra leading dims into the right-hand-side columns solves the same
+    system with one ``n x (b k)`` right-hand side instead; memory is linear in b.
+    """
+    Lt = L.transpose(-1, -2) if transpose else L
+    extra = B.dim() - L.dim()
+    if extra <= 0 or B.shape[extra:-2] != L.shape[:-2]:
+        return torch.linalg.solve_triangular(Lt, B, upper=transpose)
+    lead, rest = B.shape[:extra], B.shape[extra:]  # rest = L-batch x n x k
+    k = rest[-1]
+    # E x Lb x n x k -> Lb x n x k x E -> Lb x n x (k E)
+    perm = list(range(extra, B.dim())) + list(range(extra))
+    folded = B.permute(*perm).reshape(*rest[:-1], -1)
+    X = torch.linalg.solve_triangular(Lt, folded, upper=transpose)
+    X = X.reshape(*rest, *lead)
+    inverse = list(range(len(rest), len(rest) + extra)) + list(range(len(rest)))
+    return X.permute(*inverse)
 
 
 def solve_lower_transpose(L: Tensor, B: Tensor) -> Tensor:
     r"""Solve ``L^T X = B`` for lower-triangular ``L`` (``... x n x n``, ``B``: ``... x n x k``)."""
-    return torch.linalg.solve_triangular(L.transpose(-1, -2), B, upper=True)
+    return _solve_triangular_folded(L, B, transpose=True)
 
 
 def cholesky_solve(L: Tensor, B: Tensor) -> Tensor:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
 from bo_online import datasets
 from bo_online.problems import (
+    SYNTHETIC_PROBLEMS,
     CallableProblem,
     SyntheticProblem,
     from_unit,
@@ -77,8 +80,45 @@ def test_dims_names_and_noise_are_validated():
     with pytest.raises(ValueError, match="noise"):
         synthetic_problem("levy", noise_std=-1.0)
     # an optimum BoTorch does not know is None (no regret), not an error
-    assert synthetic_problem("michalewicz", dim=3).optimal_value is None
-    assert synthetic_problem("michalewicz", dim=3).regret(0.0) is None
+    assert synthetic_problem("hartmann", dim=4).optimal_value is None
+    assert synthetic_problem("hartmann", dim=4).regret(0.0) is None
+
+
+def test_separable_optima_for_any_dim_match_a_dense_grid():
+    # Michalewicz (m = 10) and Styblinski-Tang are sums of 1-D terms: the minimum is the sum of
+    # the 1-D minima, here brute-forced on a grid of 2e6 + 1 points per coordinate
+    x = np.linspace(0.0, math.pi, 2_000_001)
+    mich = sum(float((-np.sin(x) * np.sin((i + 1) * x**2 / math.pi) ** 20).min()) for i in range(3))
+    p = synthetic_problem("michalewicz", dim=3)
+    assert p.optimal_value <= mich and p.optimal_value == pytest.approx(mich, abs=1e-9)
+    x = np.linspace(-5.0, 5.0, 2_000_001)
+    st = 7 * float((0.5 * (x**4 - 16 * x**2 + 5 * x)).min())
+    p = synthetic_problem("styblinskitang", dim=7)
+    assert p.optimal_value <= st and p.optimal_value == pytest.approx(st, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC_PROBLEMS))
+def test_regret_is_zero_at_every_known_optimiser_and_never_negative(name):
+    p = synthetic_problem(name)
+    optimizers = getattr(p._fn, "_optimizers", None) or []
+    if p.optimal_value is None:
+        assert not optimizers or name == "hartmann"
+        return
+    for x_star in optimizers:
+        value = float(p.evaluate_true(torch.tensor([x_star], dtype=torch.float64)))
+        regret = p.regret(value)
+        # BoTorch's optimisers are rounded to a few digits: the regret there is tiny, never < 0
+        assert 0.0 <= regret <= 1e-6 * max(1.0, abs(p.optimal_value)), (x_star, regret)
+    X = from_unit(torch.rand(256, p.dim, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(1)), p.bounds)
+    assert all(p.regret(float(v)) >= 0 for v in p.evaluate_true(X))
+
+
+def test_six_hump_camel_optimum_is_exact():
+    # BoTorch states -1.0316; the optimum is -1.031628453489877... (so -1.0316 gave regret < 0)
+    p = synthetic_problem("sixhumpcamel")
+    assert p.optimal_value == pytest.approx(-1.0316284534898774, abs=1e-12)
+    assert p.regret(float(p.evaluate_true(torch.tensor([[0.0898, -0.7126]], dtype=torch.float64)))) > 0
 
 
 def test_evaluate_true_is_noiseless_and_spec_round_trips():

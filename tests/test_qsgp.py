@@ -706,3 +706,41 @@ def test_rvm_basis_evidence_and_learned_precisions():
     assert float(model.exact_log_marginal()) > before
     assert not torch.allclose(model.basis.log_precision.detach(), torch.full((20,), math.log(2.0), dtype=DT))
     assert torch.allclose(model.basis.kernel.base_kernel.lengthscale.detach(), torch.full((1, 2), 0.3, dtype=DT))
+
+
+@pytest.mark.parametrize("basis", ["rff", "inducing"])
+def test_long_update_chain_equals_dense_conditioning_in_function_space(basis):
+    r"""The conditioned state is kept in weight space (an m x m factor updated by rank-q terms);
+    after a chain of 30 updates (60 points) it must equal Gaussian conditioning of the fitted
+    posterior, computed densely in function space on all 60 points at once (with the Prop. 4
+    augmentation on the diagonal for the inducing basis)."""
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, basis=basis, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    g = torch.Generator().manual_seed(5)
+    Xn = torch.rand(60, 2, generator=g, dtype=DT)
+    Yn = torch.sin(4 * Xn).sum(-1, keepdim=True) + 0.1 * torch.randn(60, 1, generator=g, dtype=DT)
+    Xs = torch.rand(7, 2, generator=g, dtype=DT)
+    with torch.no_grad():
+        mu, S = model._base_joint(torch.cat([Xs, Xn]))
+    for i in range(0, 60, 2):
+        model.update(Xn[i : i + 2], Yn[i : i + 2])
+    ys = ((Yn - model.outcome_mean) / model.outcome_std).squeeze(-1)
+    G = S[7:, 7:] + 0.03 * torch.eye(60, dtype=DT)
+    mean = mu[:7] + S[:7, 7:] @ torch.linalg.solve(G, ys - mu[7:])
+    cov = S[:7, :7] - S[:7, 7:] @ torch.linalg.solve(G, S[7:, :7])
+    sd = model.outcome_std
+    with torch.no_grad():
+        post = model.posterior(Xs)
+        chained = model.condition_on_observations(Xs[:2], torch.zeros(2, 1, dtype=DT))
+        chained = chained.condition_on_observations(Xs[2:3], torch.ones(1, 1, dtype=DT))
+        twice = model.condition_on_observations(
+            Xs[:3], torch.tensor([[0.0], [0.0], [1.0]], dtype=DT)
+        )
+        a, b = chained.posterior(Xs[3:]), twice.posterior(Xs[3:])
+    torch.testing.assert_close(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9, rtol=0)
+    torch.testing.assert_close(post.covariance_matrix, cov * sd**2, atol=1e-9, rtol=0)
+    # Conditioning a conditioned model equals conditioning once on both batches.
+    torch.testing.assert_close(a.mean, b.mean, atol=1e-9, rtol=0)
+    torch.testing.assert_close(a.covariance_matrix, b.covariance_matrix, atol=1e-9, rtol=0)

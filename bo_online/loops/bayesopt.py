@@ -44,7 +44,15 @@ class BayesOptLoop(OnlineLoop):
             ``num_candidates`` for ``ts``, ...; see :func:`bo_online.acquisition.build_acquisition`).
         optimizer_options: ``optimize_acqf`` settings (``num_restarts``, ``raw_samples``,
             ``maxiter``, ``batch_limit``, ``sequential``).
-        n_init: initial Sobol points (default ``max(5, 2 d)``).
+        n_init: initial Sobol points (default ``max(5, 2 d)``, or 0 with ``initial_data``).
+        initial_data: ``(X, y)`` the user already has (``m x d`` problem units, ``m`` values in
+            the problem's sense); the surrogate starts from them plus ``n_init`` Sobol points.
+            With ``n_init=0`` nothing is evaluated before the first ``ask``, so a problem
+            without an objective (``CallableProblem(None, bounds)``) works through ask/tell.
+        refit_every: the refit schedule (default ``"auto"``: every step, except for the exact
+            GP beyond 100 points, refit whenever n has grown by 10%; see
+            :meth:`bo_online.loops.core.OnlineLoop._refit_due`); an integer k refits every k-th
+            step, 0 never after the initial fit.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (model,
             model_options, q, seed, refit_every, fit_max_iter, out_dir, quiet, device, dtype,
             executor, ...).
@@ -59,6 +67,8 @@ class BayesOptLoop(OnlineLoop):
         acq_options: dict[str, Any] | None = None,
         optimizer_options: dict[str, Any] | None = None,
         n_init: int | None = None,
+        initial_data: tuple[Tensor, Tensor] | None = None,
+        refit_every: int | str = "auto",
         **kwargs: Any,
     ) -> None:
         if not isinstance(problem, Problem):
@@ -71,21 +81,55 @@ class BayesOptLoop(OnlineLoop):
                 f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}."
             )
         optimizer_kwargs(optimizer_options)  # validate the names now
-        n_init = max(5, 2 * problem.dim) if n_init is None else n_init
-        super().__init__(n_init=n_init, **kwargs)
+        data = self._check_initial_data(problem, initial_data)
+        if n_init is None:
+            n_init = 0 if data is not None else max(5, 2 * problem.dim)
+        if data is None and n_init == 0:
+            raise ValueError("n_init=0 needs initial_data=(X, y) to start from.")
+        super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
         self.problem = problem
         self.sign = 1.0 if problem.maximize else -1.0  # the model always maximises
         self.config.update(
             acq=acq.lower(),
             acq_options=dict(acq_options or {}),
             optimizer_options=dict(optimizer_options or {}),
+            n_initial_data=0 if data is None else int(data[0].shape[0]),
+            objective=getattr(problem, "objective_spec", None),
         )
+        self._initial_data = data
         self.X = torch.empty(0, problem.dim, dtype=torch.float64)  # problem units
         self.y = torch.empty(0, dtype=torch.float64)  # observed (noisy), problem sense
         self.y_true = torch.empty(0, dtype=torch.float64)  # noiseless
         self.noise_generator = torch.Generator().manual_seed(self.config["seed"])
 
+    min_n_init = 0
+
     # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _check_initial_data(
+        problem: Problem, initial_data: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor] | None:
+        if initial_data is None:
+            return None
+        try:
+            X, y = initial_data
+        except (TypeError, ValueError) as e:
+            raise ValueError("initial_data must be a pair (X, y).") from e
+        X = torch.as_tensor(X, dtype=torch.float64)
+        y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
+        if X.dim() != 2 or X.shape[-1] != problem.dim or X.shape[0] != y.shape[0] or not len(y):
+            raise ValueError(
+                f"initial_data must be X of shape m x {problem.dim} and y of m values (m >= 1), "
+                f"got {tuple(X.shape)} and {tuple(y.shape)}."
+            )
+        if not (bool(torch.isfinite(X).all()) and bool(torch.isfinite(y).all())):
+            raise ValueError("initial_data holds NaN/inf.")
+        lo, hi = problem.bounds
+        tol = 1e-9 * (hi - lo)
+        if bool(((X < lo - tol) | (X > hi + tol)).any()):
+            raise ValueError(f"initial_data X lies outside the bounds {problem.bounds.tolist()}.")
+        return X, y
 
     def _problem_spec(self) -> dict[str, Any] | None:
         return self.problem.spec
@@ -128,11 +172,17 @@ class BayesOptLoop(OnlineLoop):
     def _initial_design(self) -> dict[str, Any]:
         n0, d = self.config["n_init"], self.problem.dim
         sobol = SobolEngine(d, scramble=True, seed=self.config["seed"])
-        U0 = sobol.draw(n0, dtype=torch.float64)
+        U0 = sobol.draw(n0, dtype=torch.float64) if n0 > 0 else torch.empty(0, d, dtype=torch.float64)
         X0 = from_unit(U0, self.problem.bounds)
         t0 = self._now()
-        y0, y0_true = self._evaluate(X0)
+        if n0 > 0:
+            y0, y0_true = self._evaluate(X0)
+        else:
+            y0, y0_true = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)
         t_eval = self._now() - t0
+        if self._initial_data is not None:  # the user's data first (noiseless values unknown)
+            Xu, yu = self._initial_data
+            X0, y0, y0_true = torch.cat([Xu, X0]), torch.cat([yu, y0]), torch.cat([yu, y0_true])
         self.X, self.y, self.y_true = X0, y0, y0_true
         t0 = self._now()
         self.model = self._build_model(self._unit(X0), self._model_y(y0))
@@ -262,8 +312,13 @@ class BayesOptLoop(OnlineLoop):
                     "This run's objective is a user callable: pass problem= to resume it."
                 )
             problem = make_problem(ckpt["problem"])
+        initial = None
+        if cfg.get("n_initial_data", 0):
+            k = cfg["n_initial_data"]
+            initial = (ckpt["state"]["X"][:k], ckpt["state"]["y"][:k])
         loop = cls(
             problem,
+            initial_data=initial,
             acq=cfg["acq"],
             acq_options=cfg["acq_options"],
             optimizer_options=cfg["optimizer_options"],
@@ -273,7 +328,7 @@ class BayesOptLoop(OnlineLoop):
             **overrides,
         )
         loop._restore_state(ckpt["state"])
-        n0 = cfg["n_init"]
+        n0 = cfg["n_init"] + cfg.get("n_initial_data", 0)
         loop._restore(ckpt, loop._unit(loop.X[:n0]), loop._model_y(loop.y[:n0]))
         return loop
 

@@ -197,8 +197,17 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
 
     # ------------------------------------------------------------------ prediction
 
+    def _cross_covariance(self, X: Tensor) -> Tensor:
+        r"""``K(X, train_X)``: ``batch x q x n``. A single model folds the batch of ``X`` into rows
+        (one ``(batch q) x n`` kernel matrix), so a ``b x 1 x d`` request costs the memory of a
+        ``b x d`` one instead of the kernel's per-batch copies of ``train_X``."""
+        if self.train_X.dim() == 2 and X.dim() > 2:
+            K = self.covar_module(X.reshape(-1, X.shape[-1]), self.train_X).to_dense()
+            return K.reshape(*X.shape[:-1], K.shape[-1])
+        return self.covar_module(X, self.train_X).to_dense()
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
-        K_xX = self.covar_module(X, self.train_X).to_dense()  # batch x q x n
+        K_xX = self._cross_covariance(X)  # batch x q x n
         mean = self.mean_module.constant + (K_xX @ self.alpha.unsqueeze(-1)).squeeze(-1)
         V = self._factor_solve(K_xX.transpose(-1, -2))  # batch x n x q
         prior = self.covar_module(X)

@@ -51,7 +51,13 @@ from linear_operator.operators import DenseLinearOperator
 from torch import Tensor, nn
 from typing_extensions import Self
 
-from bo_online.linalg import cholesky_append, cholesky_solve, psd_cholesky, solve_lower
+from bo_online.linalg import (
+    LowRankUpdatedCholesky,
+    cholesky_solve,
+    cholesky_update,
+    psd_cholesky,
+    solve_lower,
+)
 from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.qsgp_bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp_estimators import (
@@ -200,8 +206,16 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.register_buffer("cond_X", None)  # batch x p x d
         self.register_buffer("cond_y", None)  # sample x batch x p (standardised)
         self.register_buffer("cond_noise", None)  # batch x p
-        self.register_buffer("cond_chol", None)  # batch x p x p, chol(k^(Xc, Xc) + N)
-        self.register_buffer("cond_alpha", None)  # sample x batch x p
+        # The conditioned posterior is kept in weight space (docs/math.md §5), so its cost does
+        # not grow with the number p of points conditioned on: with A_c = Phi_c C (p x m) and
+        # E = N + augmentation (diagonal), P = I + A_c^T E^-1 A_c (m x m) and
+        # r = A_c^T E^-1 (y_c - Phi_c mu); then mean(x) = phi_x^T mu + a_x^T P^-1 r and
+        # cov(x, x') = a_x^T P^-1 a_x' (+ the augmentation on the diagonal), a_x = C^T phi_x.
+        self.register_buffer("cond_L", None)  # batch x m x m, chol(P)
+        self.register_buffer("cond_r", None)  # sample x batch x m
+        self.register_buffer("cond_u", None)  # sample x batch x m, P^-1 r
+        #: a conditioned (fantasy) model's P as its parent's factor plus a low-rank term
+        self._cond_factor: LowRankUpdatedCholesky | None = None
 
     # ------------------------------------------------------------------ basic properties
 
@@ -347,14 +361,37 @@ class QSGP(HeldDataMixin, OnlineModel):
     # ------------------------------------------------------------------ caches and prediction
 
     def _rebuild_caches(self) -> None:
+        self._cond_factor = None
         if self.cond_X is None:
-            self.cond_chol = self.cond_alpha = None
+            self.cond_L = self.cond_r = self.cond_u = None
             return
-        mean_c, cov_c = self._base_joint(self.cond_X)
-        self.cond_chol = psd_cholesky(cov_c + torch.diag_embed(self.cond_noise))
-        self.cond_alpha = cholesky_solve(
-            self.cond_chol, (self.cond_y - mean_c).unsqueeze(-1)
-        ).squeeze(-1)
+        mean_c, A_c = self._features_times_C(self.cond_X)
+        E = self._cond_point_variance(self.cond_X, self.cond_noise)
+        AtEinv = A_c.transpose(-1, -2) / E.unsqueeze(-2)  # batch x m x p
+        eye = torch.eye(self.num_features, **self._dtype_device)
+        self.cond_L = psd_cholesky(eye + AtEinv @ A_c)
+        self.cond_r = (AtEinv @ (self.cond_y - mean_c).unsqueeze(-1)).squeeze(-1)
+        self.cond_u = cholesky_solve(self.cond_L, self.cond_r.unsqueeze(-1)).squeeze(-1)
+
+    def _features_times_C(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Mean ``Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
+        (so ``A A^T`` is the covariance :meth:`_moments` returns)."""
+        k = self.num_dense
+        mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
+        A = torch.zeros(*X.shape[:-1], self.num_features, dtype=X.dtype, device=X.device)
+        for idx in self._chunks():
+            F = self.basis.features(X, idx)
+            mean = mean + F @ self.var_mean[idx]
+            start, stop = int(idx[0]), int(idx[-1]) + 1  # chunks are contiguous ranges
+            A[..., start:stop] += F * self.var_log_diag[idx].exp()
+            if k:
+                A[..., :k] += F @ self._lower_cols(idx, idx.new_tensor(range(k)), self.var_cols[idx])
+        return mean, A
+
+    def _cond_point_variance(self, X: Tensor, noise: Tensor) -> Tensor:
+        r"""``E``: what a conditioned point's variance adds beyond ``A A^T`` (its noise, plus the
+        Prop. 4 augmentation when enabled), ``... x q``."""
+        return noise + self._augmentation(X) if self.augment_variance else noise
 
     def _base_joint(self, X: Tensor) -> tuple[Tensor, Tensor]:
         r"""Mean and covariance of the fitted (unconditioned) posterior at ``X``, with the Prop. 4
@@ -368,17 +405,22 @@ class QSGP(HeldDataMixin, OnlineModel):
         if self.cond_X is None:
             mean, cov = self._base_joint(X)
             return MultivariateNormal(mean, _psd(cov))
-        batch = torch.broadcast_shapes(X.shape[:-2], self.cond_X.shape[:-2])
-        q = X.shape[-2]
-        Xc = self.cond_X.expand(*batch, *self.cond_X.shape[-2:])
-        XA = torch.cat([X.expand(*batch, *X.shape[-2:]), Xc], dim=-2)
-        mean_a, cov_a = self._base_joint(XA)
-        K_xc = cov_a[..., :q, q:]
-        mean = mean_a[..., :q] + (K_xc @ self.cond_alpha.unsqueeze(-1)).squeeze(-1)
-        V = solve_lower(self.cond_chol.expand(*batch, *self.cond_chol.shape[-2:]),
-                        K_xc.transpose(-1, -2))
-        cov = cov_a[..., :q, :q] - V.transpose(-1, -2) @ V
+        # docs/math.md §5 in weight space: O(q m^2) per batch element, independent of the number
+        # of points conditioned on, and memory linear in the batch of X.
+        mean, A = self._features_times_C(X)
+        At = A.transpose(-1, -2)  # batch x m x q
+        if self._cond_factor is not None:
+            Z, H = self._cond_factor.whiten(At)
+        else:
+            Z, H = solve_lower(self.cond_L, At), None
+        cov = Z.transpose(-1, -2) @ Z
+        if H is not None:
+            cov = cov - H.transpose(-1, -2) @ H
+        if self.augment_variance:
+            cov = cov + torch.diag_embed(self._augmentation(X))
+        mean = mean + (A @ self.cond_u.unsqueeze(-1)).squeeze(-1)
         out_batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
+        q = X.shape[-2]
         return MultivariateNormal(mean.expand(*out_batch, q), _psd(cov.expand(*out_batch, q, q)))
 
     @torch.no_grad()
@@ -420,52 +462,64 @@ class QSGP(HeldDataMixin, OnlineModel):
             )
         return self._gauss_noise().expand(X.shape[:-1])
 
-    def _appended(self, X: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        r"""New conditioning inputs, noise and factor with ``X`` appended (shared by fantasies)."""
+    def _new_sites(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        r"""What ``q`` new points add in weight space: ``U = A^T E^-1/2`` (``batch x m x q``, so
+        ``P += U U^T``), ``A^T E^-1 (Y - Phi mu)`` (``sample x batch x m``, added to ``r``), and
+        the points' noise (``batch x q``)."""
         point_noise = self._point_noise(X, noise)
-        if self.cond_X is None:
-            _, C = self._base_joint(X)
-            L = psd_cholesky(C + torch.diag_embed(point_noise))
-            batch = L.shape[:-2]
-            return X.expand(*batch, *X.shape[-2:]), point_noise.expand(*batch, X.shape[-2]), L
-        batch = torch.broadcast_shapes(self.cond_X.shape[:-2], X.shape[:-2])
-        old_X = self.cond_X.expand(*batch, *self.cond_X.shape[-2:])
-        p = old_X.shape[-2]
-        new_X = torch.cat([old_X, X.expand(*batch, *X.shape[-2:])], dim=-2)
-        _, cov = self._base_joint(new_X)
-        C = cov[..., p:, p:] + torch.diag_embed(point_noise)
-        L = cholesky_append(self.cond_chol, cov[..., :p, p:], C)
-        new_noise = torch.cat(
-            [self.cond_noise.expand(*batch, p), point_noise.expand(*batch, X.shape[-2])], dim=-1
-        )
-        return new_X, new_noise, L
+        mean, A = self._features_times_C(X)
+        E = self._cond_point_variance(X, point_noise)
+        At = A.transpose(-1, -2)
+        U = At / E.sqrt().unsqueeze(-2)
+        dr = ((At / E.unsqueeze(-2)) @ (Y - mean).unsqueeze(-1)).squeeze(-1)
+        return U, dr, point_noise
 
-    def _finish_condition(self, target: "QSGP", new_X: Tensor, y: Tensor, noise: Tensor,
-                          L: Tensor) -> None:
-        mean_c, _ = self._moments(new_X, cov=False)
-        alpha = cholesky_solve(L, (y - mean_c).unsqueeze(-1)).squeeze(-1)
-        target.cond_X, target.cond_y, target.cond_noise = new_X, y, noise
-        target.cond_chol, target.cond_alpha = L, alpha
+    def _appended_data(self, X: Tensor, Y: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``cond_X``, ``cond_y``, ``cond_noise`` with the new points appended (kept for the next
+        fit, which absorbs them, and for sample paths)."""
+        if self.cond_X is None:
+            batch = torch.broadcast_shapes(X.shape[:-2], noise.shape[:-1])
+            return X.expand(*batch, *X.shape[-2:]), Y, noise.expand(*batch, X.shape[-2])
+        batch = torch.broadcast_shapes(self.cond_X.shape[:-2], X.shape[:-2])
+        new_X = torch.cat([self.cond_X.expand(*batch, *self.cond_X.shape[-2:]),
+                           X.expand(*batch, *X.shape[-2:])], dim=-2)
+        new_noise = torch.cat([self.cond_noise.expand(*batch, self.cond_noise.shape[-1]),
+                               noise.expand(*batch, X.shape[-2])], dim=-1)
+        batch_y = torch.broadcast_shapes(self.cond_y.shape[:-1], Y.shape[:-1])
+        y = torch.cat([self.cond_y.expand(*batch_y, self.cond_y.shape[-1]),
+                       Y.expand(*batch_y, Y.shape[-1])], dim=-1)
+        return new_X, y, new_noise
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
             noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
-        new_X, new_noise, L = self._appended(X, noise)
-        if self.cond_y is None:
-            y = Y
+        U, dr, point_noise = self._new_sites(X, Y, noise)
+        if self._cond_factor is not None:
+            parent = self._cond_factor
+        elif self.cond_L is not None:
+            parent = LowRankUpdatedCholesky(self.cond_L)
         else:
-            batch_y = torch.broadcast_shapes(self.cond_y.shape[:-1], Y.shape[:-1])
-            y = torch.cat([self.cond_y.expand(*batch_y, self.cond_y.shape[-1]),
-                           Y.expand(*batch_y, Y.shape[-1])], dim=-1)
+            parent = LowRankUpdatedCholesky(torch.eye(self.num_features, **self._dtype_device))
+        factor = parent.add(U)  # the parent's m x m factor is shared, not copied
+        r = dr if self.cond_r is None else self.cond_r + dr
         new = self._shallow_copy()
-        self._finish_condition(new, new_X, y, new_noise, L)
-        new._batch_shape = torch.broadcast_shapes(y.shape[:-1], new_X.shape[:-2])
+        new.cond_X, new.cond_y, new.cond_noise = self._appended_data(X, Y, point_noise)
+        new._cond_factor = factor
+        new.cond_L = parent.L
+        new.cond_r, new.cond_u = r, factor.solve(r)
+        new._batch_shape = torch.broadcast_shapes(new.cond_y.shape[:-1], new.cond_X.shape[:-2])
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
-        new_X, new_noise, L = self._appended(X, noise)  # raises before any state changes
-        y = Y if self.cond_y is None else torch.cat([self.cond_y, Y], dim=-1)
-        self._finish_condition(self, new_X, y, new_noise, L)
+        U, dr, point_noise = self._new_sites(X, Y, noise)  # raises before any state changes
+        L = self.cond_L
+        if L is None:
+            L = torch.eye(self.num_features, **self._dtype_device)
+        L = cholesky_update(L, U)  # O(m^2 q), whatever the number of points held
+        r = dr if self.cond_r is None else self.cond_r + dr
+        u = cholesky_solve(L, r.unsqueeze(-1)).squeeze(-1)
+        self.cond_X, self.cond_y, self.cond_noise = self._appended_data(X, Y, point_noise)
+        self.cond_L, self.cond_r, self.cond_u = L, r, u
 
     # ------------------------------------------------------------------ sample paths
 
@@ -503,8 +557,10 @@ class QSGP(HeldDataMixin, OnlineModel):
                     low = low + self.basis.features(Xc, idx) @ self._lower_cols(
                         idx, idx.new_tensor(range(k)), self.var_cols[idx])
                 CtPhiT[:k] = CtPhiT[:k] + low.transpose(-1, -2)
-            v = cholesky_solve(self.cond_chol, self.cond_y.unsqueeze(-1) - Fc_W - e)
-            W = W + self._C_times(CtPhiT @ v)
+            # Sigma Phi_c^T (K^_cc + E)^-1 t = C P^-1 A_c^T E^-1 t (push-through identity)
+            E = self._cond_point_variance(Xc, self.cond_noise)
+            t = (self.cond_y.unsqueeze(-1) - Fc_W - e) / E.unsqueeze(-1)
+            W = W + self._C_times(cholesky_solve(self.cond_L, CtPhiT @ t))
         return QSGPSamplePaths(self, W.transpose(-1, -2).contiguous())
 
     # ------------------------------------------------------------------ objectives
@@ -599,7 +655,9 @@ class QSGP(HeldDataMixin, OnlineModel):
             self.train_y = torch.cat([self.train_y, self.cond_y.reshape(-1)], dim=0)
             if self.fixed_noise:
                 self.train_noise = torch.cat([self.train_noise, self.cond_noise.reshape(-1)])
-            self.cond_X = self.cond_y = self.cond_noise = self.cond_chol = self.cond_alpha = None
+            self.cond_X = self.cond_y = self.cond_noise = None
+            self.cond_L = self.cond_r = self.cond_u = None
+            self._cond_factor = None
         if restandardize and self.standardize and self.num_data > 1:
             y = self.train_targets
             mean, std = y.mean().reshape(1), y.std().reshape(1)

@@ -56,6 +56,7 @@ from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vecto
 from bo_online.linalg import cholesky_update, psd_cholesky, solve_lower, solve_lower_transpose
 from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import minimize_loss
+from bo_online.models.projection import make_projection
 from bo_online.models.validation import check_observations
 from bo_online.models.wiski_covariance import RootDifferenceLinearOperator
 
@@ -94,7 +95,10 @@ class WISKI(OnlineModel):
         grid_jitter: relative jitter added to the grid kernel (``K + jitter * mean(diag K) I``);
             part of the model (the dense SKI reference uses the same matrix).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
-            ``[-1, 1]^k`` (k <= 3); required when d > 3.
+            ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
+            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"none"``/``None``; needed
+            when d > 3 (the loops default to ``"tanh:2"`` there, see
+            :meth:`loop_default_options` and :mod:`bo_online.models.projection`).
         input_transform: optional BoTorch input transform.
 
     Example:
@@ -115,7 +119,7 @@ class WISKI(OnlineModel):
         likelihood: GaussianLikelihood | None = None,
         standardize: bool = True,
         grid_jitter: float = 1e-6,
-        projection: torch.nn.Module | None = None,
+        projection: torch.nn.Module | str | None = None,
         input_transform: Any | None = None,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -131,12 +135,14 @@ class WISKI(OnlineModel):
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
         if projection is None:
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass `projection=` (e.g. "
-                    "bo_online.models.projection.TanhProjection(d, k=2)) to learn k <= 3 features."
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='tanh' (or "
+                    "'tanh:3', or bo_online.models.projection.TanhProjection(d, out_dim=2)) to "
+                    "learn k <= 3 features (the loops and the CLI do this by default)."
                 )
             k, grid_bounds = dim, self.input_bounds
         else:
@@ -145,7 +151,13 @@ class WISKI(OnlineModel):
                 raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
             grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
             self.projection = projection.to(dtype=dtype, device=device)
-            if X.shape[0] > 1 and hasattr(projection, "set_normalisation"):
+            if getattr(projection, "needs_data_init", False) and X.shape[0] >= dim + 2:
+                projection.init_from_data(X, train_Y)  # see projection.py: random maps fail
+            elif (
+                X.shape[0] > 1
+                and hasattr(projection, "set_normalisation")
+                and not getattr(projection, "normalised", False)  # keep a fitted map as it is
+            ):
                 projection.set_normalisation(X)  # batch norm statistics of the initial data
         self.num_features = k
         if grid_size is None:
@@ -187,6 +199,12 @@ class WISKI(OnlineModel):
         D = self._check_D(torch.ones_like(val[..., 0]) if D is None else D)
         with torch.no_grad():
             self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
+
+    @classmethod
+    def loop_default_options(cls, dim: int) -> dict[str, Any]:
+        r"""Constructor options the loops (and so the CLI) use unless the user gives them: a
+        learned, data-initialised projection to 2 features above 3 inputs."""
+        return {"projection": "tanh:2"} if dim > 3 else {}
 
     # ------------------------------------------------------------------ small helpers
 
@@ -609,6 +627,7 @@ class WISKI(OnlineModel):
         max_iter: int = 100,
         lr: float = 0.01,
         include_priors: bool = True,
+        joint: bool = False,
     ) -> Self:
         r"""Learn the input projection jointly with the GP hyperparameters on raw data the user
         kept, then REBUILD the statistics from the new features (arXiv:2103.01454, Sec. 4.3).
@@ -624,6 +643,13 @@ class WISKI(OnlineModel):
             method: optimiser (see :meth:`fit`).
             max_iter: optimiser iterations (see :meth:`fit`).
             lr: learning rate (see :meth:`fit`).
+            joint: ``False`` (default) where the projection has ``init_from_data``: the map is
+                re-derived from the data (the leading gradient directions of an exact GP, see
+                :mod:`bo_online.models.projection`), the statistics are rebuilt and only the
+                kernel hyperparameters are fitted (on 200 Hartmann6 points: held-out RMSE 0.93 of
+                the data's sd, 94% coverage of the 95% interval, against 1.09 / 86% after a joint
+                L-BFGS fit of map and kernel, which overfits the map). ``True``: the paper's
+                joint gradient fit of map and hyperparameters from the current map.
         """
         if not hasattr(self, "projection"):
             raise ValueError("This WISKI model has no projection; use fit().")
@@ -645,8 +671,17 @@ class WISKI(OnlineModel):
             std = y.std()
             self.outcome_mean = y.mean().reshape(1)
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
-        params, bounds = self._trainable_parameters(include_projection=True)
         zero = self._zero_statistics()
+        if not joint and hasattr(self.projection, "init_from_data") and y.numel() >= self.dim + 2:
+            self.projection.init_from_data(X, y)  # map from data, then the kernel on it
+            self._set_statistics(X, D, y, zero)
+            return self.fit(
+                method=method, max_iter=max_iter, lr=lr, restandardize=False,
+                include_priors=include_priors,
+            )
+        if getattr(self.projection, "needs_data_init", False) and y.numel() >= self.dim + 2:
+            self.projection.init_from_data(X, y)  # see projection.py: random maps fail
+        params, bounds = self._trainable_parameters(include_projection=True)
         self._fitting_projection = True
         self.projection.train()
 
@@ -664,6 +699,13 @@ class WISKI(OnlineModel):
             self._fitting_projection = False
             self.projection.eval()
         self.projection.set_normalisation(X)
+        self._set_statistics(X, D, y, zero)
+        self.ensure_caches()
+        return self
+
+    def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
+        r"""Replace the statistics by those of ``(X, D, y)`` (``n x d``, ``n``, ``n``) under the
+        current (fixed) projection; pending conditioning and caches are dropped."""
         with torch.no_grad():
             idx, val = self._interp(X)
             stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
@@ -673,8 +715,6 @@ class WISKI(OnlineModel):
             setattr(self, name, value)
         self._stats_shared = False
         self.invalidate_caches()
-        self.ensure_caches()
-        return self
 
     def projection_step(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3

@@ -1,0 +1,197 @@
+r"""The BO suite script end to end at a tiny size, the loop's "auto" refit schedule, starting
+from user data, user objectives on the CLI, and option checks before any evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.quasirandom import SobolEngine
+
+from bo_online.loops import BayesOptLoop, load_loop
+from bo_online.problems import CallableProblem, from_unit, synthetic_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_bo_suite", ROOT / "benchmarks" / "bench_bo_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_bo_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suite_script_end_to_end_small(tmp_path, capsys):
+    bench = _bench()
+    argv = ["--functions", "branin", "--methods", "sobol,botorch,exact", "--seeds", "2",
+            "--steps", "2", "--q", "1", "--out", str(tmp_path)]
+    summary = bench.main(argv)
+    out = capsys.readouterr().out
+    # the Sobol method's regret, recomputed by hand: the loop's scrambled Sobol sequence
+    p = synthetic_problem("branin")
+    for seed in (0, 1):
+        X = from_unit(SobolEngine(2, scramble=True, seed=seed).draw(5 + 2, dtype=torch.float64), p.bounds)
+        best = p.evaluate_true(X).cummin(0).values - 0.39788735772973816
+        saved = json.loads((tmp_path / "q1" / "branin" / f"sobol_seed{seed}.json").read_text())
+        assert saved["regret"] == pytest.approx(best.tolist(), abs=1e-12)
+        # every method starts from the same design: identical regret over the first 5 points
+        for m in ("botorch", "exact"):
+            r = json.loads((tmp_path / "q1" / "branin" / f"{m}_seed{seed}.json").read_text())
+            assert r["regret"][:5] == pytest.approx(saved["regret"][:5])
+            assert len(r["regret"]) == 7 and len(r["time_per_step"]) == 2
+            assert all(x >= 0 for x in r["regret"])
+    table = summary["table"]["branin"]
+    finals = [json.loads((tmp_path / "q1" / "branin" / f"exact_seed{s}.json").read_text())["final_regret"]
+              for s in (0, 1)]
+    assert table["exact"]["mean"] == pytest.approx(sum(finals) / 2)
+    assert table["exact"]["time_ratio_median"] > 0
+    assert any(c["target"].startswith("exact not worse than botorch") for c in summary["checks"])
+    assert ("PASS" in out or "FAIL" in out) and (tmp_path / "regret_q1_branin.png").is_file()
+    # resumable: a second call reruns nothing (files untouched) and merges the same table
+    stamp = (tmp_path / "q1" / "branin" / "exact_seed0.json").stat().st_mtime_ns
+    again = bench.main(argv + ["--no-plot"])
+    assert (tmp_path / "q1" / "branin" / "exact_seed0.json").stat().st_mtime_ns == stamp
+    assert again["table"]["branin"]["exact"]["mean"] == table["exact"]["mean"]
+
+
+def _branin_loop(**kw):
+    return BayesOptLoop(synthetic_problem("branin"), acq="logei", seed=0, fit_max_iter=5,
+                        init_fit_max_iter=10, optimizer_options={"num_restarts": 2, "raw_samples": 32,
+                                                                  "maxiter": 20}, **kw)
+
+
+def test_auto_refit_schedule():
+    # exact GP (fit cost grows with n): every step while n <= AUTO_REFIT_SMALL_N, then when n
+    # has grown by AUTO_REFIT_GROWTH since the last fit
+    loop = _branin_loop(model="exact")
+    assert loop.config["refit_every"] == "auto"
+    loop.AUTO_REFIT_SMALL_N, loop.AUTO_REFIT_GROWTH = 6, 0.5
+    records = loop.run(8)
+    expected, last = [], 5
+    for n in range(6, 14):
+        due = n <= 6 or n >= 1.5 * last
+        last = n if due else last
+        expected.append(due)
+    assert [r["refit"] for r in records[1:]] == expected
+    assert all((r["time_fit"] > 0) == r["refit"] for r in records[1:])
+    # a surrogate whose fit cost does not grow with n refits every step
+    loop = _branin_loop(model="tsvgp")
+    assert all(r["refit"] for r in loop.run(3)[1:])
+    # an explicit refit_every still overrides
+    assert [r["refit"] for r in _branin_loop(model="exact", refit_every=2).run(4)[1:]] == [False, True, False, True]
+    with pytest.raises(ValueError, match="refit_every"):
+        _branin_loop(model="exact", refit_every="sometimes")
+
+
+def test_initial_data_and_ask_tell_without_objective(tmp_path):
+    f = lambda X: ((X - 0.3) ** 2).sum(-1)  # noqa: E731
+    X0 = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    loop = BayesOptLoop(CallableProblem(None, [[0, 0], [1, 1]]), initial_data=(X0, f(X0)), n_init=0,
+                        model="exact", acq="logei", seed=0,
+                        optimizer_options={"num_restarts": 2, "raw_samples": 32})
+    for _ in range(2):
+        X = loop.ask()
+        loop.tell(X, f(X))  # the loop never calls an objective itself
+    assert loop.X.shape == (8, 2) and torch.equal(loop.X[:6], X0)
+    assert loop.records[-1]["best_value"] == pytest.approx(float(f(loop.X).min()))
+    with pytest.raises(ValueError, match="no objective"):
+        BayesOptLoop(CallableProblem(None, [[0], [1]]), model="exact").run(1)
+    with pytest.raises(ValueError, match="initial_data"):
+        BayesOptLoop(CallableProblem(None, [[0], [1]]), n_init=0)
+    # user data + Sobol points, stored and resumed
+    p = synthetic_problem("branin")
+    Xu = torch.tensor([[0.0, 5.0], [5.0, 5.0]], dtype=torch.float64)
+    loop = _branin_loop(model="exact", initial_data=(Xu, p.evaluate_true(Xu)), n_init=3,
+                        out_dir=tmp_path / "run")
+    loop.run(2)
+    assert loop.records[0]["n"] == 5 and torch.equal(loop.X[:2], Xu)
+    resumed = load_loop(tmp_path / "run")
+    resumed.run(3)
+    full = _branin_loop(model="exact", initial_data=(Xu, p.evaluate_true(Xu)), n_init=3)
+    full.run(3)
+    assert torch.allclose(resumed.X, full.X)
+
+
+def test_object_options_with_out_dir_fail_before_any_evaluation(tmp_path):
+    from bo_online.models.projection import TanhProjection
+
+    calls = []
+    problem = CallableProblem(lambda X: calls.append(1) or X.sum(-1), [[0] * 4, [1] * 4])
+    with pytest.raises(ValueError, match="must be JSON"):
+        BayesOptLoop(problem, model="wiski", out_dir=tmp_path / "run",
+                     model_options={"projection": TanhProjection(4, out_dim=2)})
+    assert not calls and not (tmp_path / "run").exists()
+
+
+def test_cli_user_objective_and_resume(tmp_path, capsys):
+    from bo_online.cli import main
+
+    (tmp_path / "obj.py").write_text("def f(X):\n    return -((X - 0.25) ** 2).sum(-1)\n")
+    spec = f"{tmp_path / 'obj.py'}:f"
+    run = tmp_path / "run"
+    main(["bo", "--objective", spec, "--bounds", "0,1 -1,1", "--maximize", "--steps", "2",
+          "--out", str(run), "-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"])
+    config = json.loads((run / "config.json").read_text())
+    assert config["objective"] == {"objective": spec, "bounds": [[0.0, 1.0], [-1.0, 1.0]],
+                                   "maximize": True, "noise_std": 0.0}
+    for argv, message in (
+        (["resume", str(run), "-Q", "--no-plots"], "pass --objective"),
+        (["resume", str(run), "--objective", "os.path:join", "-Q", "--no-plots"], "differs"),
+        (["bo", "--objective", spec, "-Q"], "needs --bounds"),
+        (["bo", "--objective", spec, "--bounds", "1,0", "-Q"], "lo < hi"),
+        (["bo", "--problem", "branin", "--objective", spec, "-Q"], "exactly one"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    main(["resume", str(run), "--steps", "3", "--objective", spec, "-Q", "--no-plots"])
+    lines = (run / "records.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["step"] == 3 and last["best_value"] <= 0
+
+
+def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
+    # independent reference: BoTorch's SingleTaskGP fit from its defaults on the same data
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from bo_online.problems import to_unit
+
+    p = synthetic_problem("styblinskitang", dim=4)
+    # a modest warm-started refit budget (2 iterations) cannot leave a poor basin; the fit from
+    # the defaults gets the initial fit's budget
+    loop = BayesOptLoop(p, model="exact", acq="logei", seed=0, n_init=16, fit_max_iter=2,
+                        init_fit_max_iter=200, optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20})
+    loop.run(1)
+    # a poor basin: lengthscales so short that the kernel is flat (no gradient to climb out)
+    loop.model.covar_module.initialize(lengthscale=torch.full((1, 4), 0.005, dtype=torch.float64))
+    loop.model.likelihood.initialize(noise=torch.tensor([0.006], dtype=torch.float64))
+    loop._fit(loop.config["fit_max_iter"])
+    U, Y = to_unit(loop.X, p.bounds), -loop.y.reshape(-1, 1)
+    ref = SingleTaskGP(U, Y, outcome_transform=Standardize(m=1))
+    mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
+    fit_gpytorch_mll(mll)
+    ref.train()
+    with torch.no_grad():
+        ref_value = float(mll(ref(*ref.train_inputs), ref.train_targets))
+        ref.covar_module.initialize(lengthscale=loop.model.covar_module.lengthscale.detach().clone())
+        ref.likelihood.initialize(noise=loop.model.likelihood.noise.detach().clone())
+        ours = float(mll(ref(*ref.train_inputs), ref.train_targets))
+    assert ours >= ref_value - 1e-3, (ours, ref_value)
+
+
+def test_cli_names_every_problem_and_rejects_bad_dims(capsys):
+    from bo_online.cli import _PROBLEM_HELP, main
+    from bo_online.problems import SYNTHETIC_PROBLEMS
+
+    assert all(name in _PROBLEM_HELP for name in SYNTHETIC_PROBLEMS)
+    with pytest.raises(SystemExit) as e:
+        main(["bo", "--problem", "powell", "--dim", "5", "-Q"])
+    assert e.value.code == 2 and "multiple of 4" in capsys.readouterr().err

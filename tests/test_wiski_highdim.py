@@ -1,0 +1,130 @@
+"""WISKI above three inputs at its defaults: a data-initialised learned projection to 2 features
+(``projection`` left unset), held-out accuracy and calibration against the data's spread, exact
+conditioning for the projected model, and the projection shorthand strings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from botorch.test_functions import Hartmann, StyblinskiTang
+
+from bo_online.models import WISKI
+from bo_online.models.projection import TanhProjection, make_projection
+from wiski_reference import dense_posterior
+
+DT = torch.float64
+
+
+def _rel(a, b) -> float:
+    a, b = torch.as_tensor(a).detach(), torch.as_tensor(b).detach()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def _split(f, dim: int, n: int, n_test: int = 300, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n + n_test, dim, generator=g, dtype=DT)
+    Y = f(X).unsqueeze(-1)
+    return X[:n], Y[:n], X[n:], Y[n:]
+
+
+def _heldout(model, Xte, Yte):
+    """RMSE and the fraction of held-out values inside the 95% predictive interval (noise
+    included), both from the model's posterior in user units."""
+    with torch.no_grad():
+        post = model.posterior(Xte, observation_noise=True)
+    mu, sd = post.mean.squeeze(-1), post.variance.squeeze(-1).sqrt()
+    y = Yte.squeeze(-1)
+    return float(((mu - y) ** 2).mean().sqrt()), float(((y - mu).abs() <= 1.96 * sd).double().mean())
+
+
+@pytest.mark.parametrize(
+    "name, f, dim",
+    [
+        ("hartmann6", Hartmann(dim=6), 6),
+        ("styblinskitang4", lambda x: StyblinskiTang(dim=4)(10 * x - 5), 4),
+    ],
+)
+def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim):
+    r"""200 seeded points in the unit cube, WISKI with the loops' default for d > 3
+    (``projection="tanh:2"``, see ``loop_default_options``), ``fit()``: held-out
+    RMSE below the training data's standard deviation (a constant predictor's error) and the 95%
+    predictive interval covering >= 80% of 300 held-out values (not overconfident)."""
+    Xtr, Ytr, Xte, Yte = _split(f, dim, 200)
+    model = WISKI(Xtr, Ytr, grid_size=20, **WISKI.loop_default_options(dim))
+    assert isinstance(model.projection, TanhProjection) and model.num_features == 2
+    model.fit(max_iter=60)
+    rmse, coverage = _heldout(model, Xte, Yte)
+    assert rmse < float(Ytr.std()), (name, rmse, float(Ytr.std()))
+    assert coverage >= 0.8, (name, coverage)
+
+
+def test_fit_projection_rederives_the_map_and_stays_calibrated():
+    r"""The loop's refit path (``fit_projection`` on all raw data, default: map from data, kernel
+    fitted on the rebuilt statistics) keeps the Hartmann6 guarantees and moves the map."""
+    Xtr, Ytr, Xte, Yte = _split(Hartmann(dim=6), 6, 200)
+    model = WISKI(Xtr[:40], Ytr[:40], grid_size=20, projection="tanh")
+    W0 = model.projection.linear.weight.detach().clone()
+    model.update(Xtr[40:], Ytr[40:])
+    model.fit_projection(Xtr, Ytr, method="lbfgs", max_iter=60)
+    assert not torch.allclose(model.projection.linear.weight, W0)
+    rmse, coverage = _heldout(model, Xte, Yte)
+    assert rmse < float(Ytr.std()) and coverage >= 0.8, (rmse, coverage)
+
+
+def test_update_of_a_projected_model_equals_the_dense_rebuild():
+    r"""After ``fit_projection`` and then ``update`` with new points, the statistics equal those of
+    a WISKI built from scratch on all data with the same (fixed) projection and hyperparameters,
+    and the posterior equals the dense SKI posterior on the projected features, to 1e-9."""
+    X, Y, Xt, _ = _split(Hartmann(dim=6), 6, 90, n_test=7, seed=3)
+    model = WISKI(X[:50], Y[:50], grid_size=12, projection="tanh")
+    model.fit_projection(X[:50], Y[:50], method="lbfgs", max_iter=15)
+    model.update(X[50:70], Y[50:70])
+    model.update(X[70:], Y[70:])
+    scratch = WISKI(X, Y, projection=model.projection, grid_size=12,
+                    covar_module=model.covar_module, likelihood=model.likelihood)
+    ours, ref = model.statistics(), scratch.statistics()
+    for name in ours:
+        assert _rel(ours[name], ref[name]) < 1e-9, name
+    mean_ref, cov_ref = dense_posterior(model, X, Y, None, Xt)
+    post = model.posterior(Xt)
+    assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
+    assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
+
+
+def test_projection_shorthand_strings_and_error_hint():
+    X, Y, _, _ = _split(Hartmann(dim=6), 6, 30, n_test=1)
+    assert WISKI(X, Y, projection="tanh:1", grid_size=16).num_features == 1
+    assert WISKI(X, Y, projection="tanh", grid_size=10).num_features == 2
+    assert make_projection(None, 6) is None and make_projection("none", 6) is None
+    with pytest.raises(ValueError, match="must be 1, 2 or 3"):
+        WISKI(X, Y, projection="tanh:4")
+    with pytest.raises(ValueError, match="projection must be"):
+        WISKI(X, Y, projection="pca")
+    for spec in (None, "none"):
+        with pytest.raises(ValueError, match="projection='tanh'") as err:
+            WISKI(X, Y, projection=spec)
+        assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
+    assert WISKI.loop_default_options(6) == {"projection": "tanh:2"}
+    assert WISKI.loop_default_options(3) == {}
+    # the hint's suggestions work
+    assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
+
+
+def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
+    r"""``BayesOptLoop(model="wiski")`` on a 6-D problem needs no options: the loop adds
+    ``loop_default_options`` (a user's own ``projection`` wins), and its initial fit is the
+    ``fit_projection`` path on the loop's data."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
+                        model_options={"grid_size": 10}, fit_max_iter=5, init_fit_max_iter=5)
+    loop.initialize()
+    assert isinstance(loop.model.projection, TanhProjection)
+    assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
+    assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
+                        model_options={"grid_size": 10, "projection": "tanh:1"},
+                        fit_max_iter=5, init_fit_max_iter=5)
+    loop.initialize()
+    assert loop.model.num_features == 1
