@@ -100,6 +100,24 @@ for _ in range(STEPS // 2):
 print(f"ask/tell: n = {record['n']}, best observed {record['best_value']:.4f}")
 
 # %% [markdown]
+# ## Starting from data you already have
+#
+# If you have measurements from before, pass them as `initial_data=(X, y)` (problem units, values
+# in the problem's sense) with `n_init=0`: nothing is evaluated before the first `ask`. A problem
+# made as `CallableProblem(None, bounds)` has no objective at all, so every value comes from your
+# `tell`.
+
+# %%
+X_old = torch.rand(8, 4, dtype=torch.float64) * 4 - 2
+y_old = my_objective(X_old)
+lab = CallableProblem(None, bounds=[[-2.0] * 4, [2.0] * 4], maximize=False, name="lab")
+loop = BayesOptLoop(lab, initial_data=(X_old, y_old), n_init=0, model="exact", acq="logei", seed=2)
+for _ in range(STEPS // 2):
+    X = loop.ask()
+    record = loop.tell(X, my_objective(X))  # your measurement goes here
+print(f"from {len(y_old)} old points: n = {record['n']}, best observed {record['best_value']:.4f}")
+
+# %% [markdown]
 # ## Reading the records back and plotting
 #
 # `read_records(out_dir)` reads a run directory (also one written by the `bo-online` command);
@@ -124,6 +142,7 @@ print([p.name for p in written])
 # %% [markdown]
 # ![Regret against step](figures/bo_own_function_regret.png)
 #
-# For the built-in test functions the command line does the same: `bo-online bo --problem branin
-# --out runs/branin` writes the same kind of run directory, and `bo-online plot runs/bowl_exact`
-# draws these plots for any run directory.
+# The command line runs the same loop on a function in your own file:
+# `bo-online bo --objective my_objective.py:my_objective --bounds '[[-2, 2], [-2, 2], [-2, 2], [-2, 2]]'
+# --out runs/bowl` writes the same kind of run directory, and `bo-online plot runs/bowl_exact`
+# draws these plots for any run directory (see [the bo-online command](../usage.md)).
