@@ -274,7 +274,7 @@ def _file_options(file: Path | None, flag: str, **options: Any) -> None:
     """Options that only make sense with a data file; the fraction's range."""
     if file is None:
         given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
-        _check(not given, f"{', '.join(given)} only apply{'s' if len(given) == 1 else ''} to "
+        _check(not given, f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to "
                f"your own data file ({flag} FILE).")
         return
     _check(options.get("test_fraction") is None or options.get("test_mask") is None,

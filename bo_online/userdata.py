@@ -142,7 +142,7 @@ def _read_csv(path: Path, gz: bool) -> Table:
         for j, cell in enumerate(row):
             text = cell.strip()
             try:
-                value = float(text)
+                value = float(text) if text else float("nan")
             except ValueError:
                 raise DataFileError(
                     f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
