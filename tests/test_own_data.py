@@ -222,3 +222,33 @@ def test_checkpoint_by_time_resumes_to_identical_records(tmp_path, monkeypatch):
     monkeypatch.setattr(every, "save_checkpoint", lambda: saves.append(("every", every.step_count)))
     every.run(12)
     assert saves[-4:] == [("every", 0), ("every", 5), ("every", 10), ("every", 12)]
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, signame):
+    import os
+    import signal
+
+    X, y = _data(n=50, d=2)
+    path = tmp_path / "s.csv"
+    _write_csv(path, X, y)
+    prob = stream_from_file(path)
+    opts = dict(model="exact", n_init=10, refit_every=4, fit_max_iter=3, eval_every=3)
+    ref = StreamingLoop(prob, out_dir=tmp_path / "ref", **opts)
+    ref.run(15)
+    run = StreamingLoop(prob, out_dir=tmp_path / "cut", checkpoint_seconds=3600.0, **opts)
+    sig = getattr(signal, signame)
+    before = signal.getsignal(sig)
+
+    def callback(record):
+        if record["step"] == 6:
+            os.kill(os.getpid(), sig)
+
+    expected = KeyboardInterrupt if signame == "SIGINT" else SystemExit
+    with pytest.raises(expected):
+        run.run(15, callback=callback)
+    assert signal.getsignal(sig) is before and run.step_count == 6
+    resumed = load_loop(tmp_path / "cut")
+    assert resumed.step_count == 6  # the checkpoint holds step 6: written on the signal
+    resumed.run()
+    assert without_timing(read_records(tmp_path / "cut")) == without_timing(read_records(tmp_path / "ref"))
