@@ -44,6 +44,8 @@ def main() -> None:
         for r in range(args.repeats):  # interleaved
             for name, every in (("every step", 1), ("default (30 s)", None)):
                 results[name].append(one_run(problem, f"{tmp}/{r}-{every}", every, args.steps))
+                print(f"  run {r} {name}: elapsed {results[name][-1][0]:.2f} s, "
+                      f"sum of step times {results[name][-1][1]:.2f} s", flush=True)
     print(f"TSVGP stream on {args.dataset}, {args.steps} steps, q = 1, {args.repeats} runs each")
     print(f"{'cadence':<16} {'elapsed median (min-max) s':>30} {'sum of step times s':>22}")
     for name, rows in results.items():
