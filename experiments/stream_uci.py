@@ -68,13 +68,13 @@ REGRESSION_SETS = ("skillcraft", "elevators", "protein", "kin40k")
 REGRESSION_MODELS = ("wiski", "exact", "tsvgp", "decoupled")
 CLASSIFIERS = ("wiski", "tsvgp")
 M = 256  # inducing points / grid points / bases for every method
-GRID = 16  # WISKI: 16 x 16 = 256 grid points on the 2-D projected features
 
 
-def model_options(model: str, dim: int) -> dict[str, Any]:
-    """Constructor options giving every method m = 256."""
+def model_options(model: str, dim: int, m: int = M) -> dict[str, Any]:
+    """Constructor options giving every method m (default 256) inducing points / bases; WISKI's
+    2-D grid has round(sqrt(m)) points per side (at least 6) (16 x 16 for m = 256)."""
     if model == "wiski":
-        options: dict[str, Any] = {"grid_size": GRID}
+        options: dict[str, Any] = {"grid_size": max(6, round(math.sqrt(m)))}
         if dim > 2:  # the paper's learned projection to 2-D with batch-norm and tanh
             options["projection"] = {
                 "__class__": "bo_online.models.projection.TanhProjection",
@@ -83,9 +83,9 @@ def model_options(model: str, dim: int) -> dict[str, Any]:
             }
         return options
     if model == "tsvgp":
-        return {"inducing_points": M}
+        return {"inducing_points": m}
     if model == "decoupled":
-        return {"num_mean_bases": M, "num_cov_bases": M}
+        return {"num_mean_bases": m, "num_cov_bases": m}
     return {}
 
 
@@ -125,7 +125,7 @@ def run_job(name: str, model: str, trial: int, kind: str, args: argparse.Namespa
     if model == "exact" and n > args.exact_max:
         return {"skipped": f"exact GP not run: {n} training rows > --exact-max {args.exact_max}"}
     classify = prob.task == "classification"
-    common = dict(model=model, model_options=model_options(model, prob.dim), seed=trial)
+    common = dict(model=model, model_options=model_options(model, prob.dim, args.m), seed=trial)
     t0 = time.perf_counter()
     if kind == "hindsight":
         loop = StreamingLoop(prob, n_init=n - 1, eval_every=1, init_fit_max_iter=args.hindsight_iters,
@@ -145,7 +145,7 @@ def run_job(name: str, model: str, trial: int, kind: str, args: argparse.Namespa
 
 def _path(out: Path, job: tuple[str, str, int, str], args: argparse.Namespace) -> Path:
     name, model, trial, kind = job
-    size = f"s{args.max_stream}-t{args.max_test}"
+    size = f"s{args.max_stream}-t{args.max_test}-m{args.m}"
     return out / f"{name}-{model}-{kind}-trial{trial}-{size}.json"
 
 
@@ -247,6 +247,7 @@ def main() -> None:
     p.add_argument("--max-stream", type=int, default=None, help="use the first this many training rows")
     p.add_argument("--max-test", type=int, default=None, help="use the first this many test rows")
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--m", type=int, default=M, help="inducing points for every method (small runs)")
     p.add_argument("--pretrain-iters", type=int, default=100)
     p.add_argument("--hindsight-iters", type=int, default=200)
     p.add_argument("--exact-max", type=int, default=4000)

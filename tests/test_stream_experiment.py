@@ -55,7 +55,7 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     module = _load_experiment()
     out = tmp_path / "out"
     common = ["--sets", "skillcraft,banana", "--models", "wiski,exact,tsvgp", "--trials", "1",
-              "--eval-every", "10", "--pretrain-iters", "2", "--hindsight-iters", "2",
+              "--eval-every", "5", "--m", "36", "--max-stream", "25", "--pretrain-iters", "2", "--hindsight-iters", "2",
               "--data-dir", str(tmp_path / "data"), "--out", str(out)]
     _main(module, common + ["--part", "0", "--parts", "2"], monkeypatch)
     first = sorted(p.name for p in out.glob("*.json"))
@@ -67,8 +67,8 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     assert not [r for r in results if "error" in r], [r["error"] for r in results if "error" in r]
     online = next(r for r in results if r["set"] == "skillcraft" and r["model"] == "tsvgp"
                   and r["kind"] == "online")
-    # 50 training rows: pretraining on 5% (3 rows), then one point per step, metrics every 10
-    assert online["n_train"] == 50 and online["curve"][0][0] == 3 and online["curve"][-1][0] == 43
+    # 25 training rows: pretraining on 5% (2 rows), then one point per step, metrics every 5
+    assert online["n_train"] == 25 and online["curve"][0][0] == 2 and online["curve"][-1][0] == 22
     stamps = {p.name: p.stat().st_mtime_ns for p in files}
     capsys.readouterr()
     _main(module, common, monkeypatch)  # everything cached: only the merge runs
