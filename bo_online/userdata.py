@@ -291,6 +291,9 @@ def _labels(y: np.ndarray, path: Path) -> np.ndarray:
 
 
 def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
+    mask = options.get("test_mask")
+    if isinstance(mask, str) and Path(mask).expanduser().is_file():  # resume from any directory
+        options["test_mask"] = str(Path(mask).expanduser().resolve())
     return {
         "name": "file",
         "kind": kind,

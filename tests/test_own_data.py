@@ -75,6 +75,15 @@ def test_gz_npz_target_and_mask_column(tmp_path):
     np.savez(npz, X=X, y=y, test_mask=mask.astype(bool))
     prob2 = stream_from_file(npz, shuffle=False)
     np.testing.assert_allclose(prob2.X_stream.numpy(), X[mask == 0], atol=1e-12)
+    plain, mask_file = tmp_path / "plain.csv", tmp_path / "mask.csv"
+    _write_csv(plain, X, y, header=False)
+    np.savetxt(mask_file, mask, fmt="%d")
+    prob3 = stream_from_file(plain, test_mask=str(mask_file), shuffle=False)
+    np.testing.assert_allclose(prob3.y_stream.numpy(), y[mask == 0], atol=1e-12)
+    assert prob3.spec["test_mask"] == str(mask_file.resolve())
+    np.savetxt(mask_file, mask[:-1], fmt="%d")
+    with pytest.raises(DataFileError, match="the test mask holds 49 rows"):
+        stream_from_file(plain, test_mask=str(mask_file))
     pool = pool_from_file(gz, target=0, inputs=["a", "c"], test_mask=4)
     np.testing.assert_allclose(pool.X_pool.numpy(), X[mask == 0][:, [0, 2]], atol=1e-12)
     np.testing.assert_allclose(pool.y_test.numpy(), y[mask == 1], atol=1e-12)
