@@ -253,7 +253,7 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     if "acq" in loop.config:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
-    if loop.kind == "bo":
+    if loop.kind in ("bo", "bo_async"):
         rows += [
             ("best observed value", _fmt(last["best_value"])),
             ("best true value", _fmt(last.get("best_true_value"))),
@@ -297,6 +297,43 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
         for path in written:
             print(f"plot:       {path}")
+
+
+DaskOpt = Annotated[
+    Optional[str],
+    typer.Option(help="Run on a Dask cluster: local:N (a LocalCluster of N single-threaded worker "
+                 "processes) or a scheduler address tcp://host:port."),
+]
+
+
+def _dask_client(address: str) -> Any:
+    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.loops.async_bo."""
+    import contextlib
+
+    from bo_online.loops.async_bo import connect
+
+    client = connect(address)
+    cluster = client.cluster if address.startswith("local:") else None
+
+    @contextlib.contextmanager
+    def closing():
+        try:
+            yield client
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+    return closing()
+
+
+def _run_async(loop: Any, steps: int | None) -> None:
+    from bo_online.loops.async_bo import TooManyFailures
+
+    try:
+        loop.run(steps)
+    except TooManyFailures as e:
+        _fail(str(e), 1)
 
 
 def _executor(workers: int) -> Executor | None:
@@ -344,6 +381,10 @@ def bo(
     workers: Annotated[
         int, typer.Option(help="Evaluate each batch in a process pool of this many workers (0: in-process).")
     ] = 0,
+    dask: DaskOpt = None,
+    max_failures: Annotated[
+        int, typer.Option(help="With --dask: stop after more than this many evaluations raised.")
+    ] = 10,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     checkpoint_every: CkptOpt = 1,
@@ -374,6 +415,29 @@ def bo(
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype)
+    if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
+        _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
+        _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
+        _nonneg("--max-failures", max_failures)
+        from bo_online.loops.async_bo import AsyncBayesOptLoop
+
+        _check(acq in ("qucb", "qlognei", "ts"), f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.")
+        with _dask_client(dask) as client:
+            loop = AsyncBayesOptLoop(
+                prob,
+                client,
+                acq=acq,
+                max_failures=max_failures,
+                acq_options={"beta": beta, "beta_schedule": beta_schedule,
+                             "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
+                optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
+                                                     batch_limit, sequential),
+                n_init=n_init,
+                **shared,
+            )
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     executor = _executor(workers)
     try:
         loop = BayesOptLoop(
@@ -522,6 +586,7 @@ def resume(
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     threads: ThreadsOpt = None,
+    dask: DaskOpt = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -530,6 +595,12 @@ def resume(
     if steps is not None:
         _nonneg("--steps", steps)
     _check(run_dir.is_dir(), f"No run directory {str(run_dir)!r}.")
+    if dask is not None:  # an asynchronous run: continue on this cluster
+        with _dask_client(dask) as client:
+            loop = load_loop(run_dir, quiet=quiet, data_dir=data_dir, client=client)
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     loop = load_loop(run_dir, quiet=quiet, data_dir=data_dir)
     loop.run(steps)
     _finish(loop, plots, quiet)
