@@ -64,17 +64,19 @@ def main() -> None:
     common = dict(
         model=args.model,
         acq=args.acq,
-        refit_every=args.workers,  # both refit once per `workers` evaluations
         optimizer_options={"num_restarts": args.num_restarts, "raw_samples": args.raw_samples},
     )
     for seed in range(args.seeds):
         result = {"seed": seed}
         for name in ("async", "sync"):
             if name == "async":
-                loop = AsyncBayesOptLoop(problem, client, seed=seed, **common)
+                # Both refit hyperparameters once per `workers` evaluations.
+                loop = AsyncBayesOptLoop(problem, client, seed=seed, refit_every=args.workers, **common)
                 steps = args.budget
             else:
-                loop = BayesOptLoop(problem, seed=seed, q=args.workers, executor=client, **common)
+                loop = BayesOptLoop(
+                    problem, seed=seed, q=args.workers, executor=client, refit_every=1, **common
+                )
                 steps = args.budget // args.workers
             loop.initialize()
             t0 = time.perf_counter()
