@@ -188,20 +188,21 @@ class AsyncBayesOptLoop(BayesOptLoop):
             return self.max_in_flight
         return max(1, sum(self.client.nthreads().values()))
 
-    def propose_point(self, pid: int, X_pending: Tensor) -> Tensor:
-        r"""Proposal ``pid`` (``1 x d``, problem units) given the pending points ``X_pending``
-        (``p x d``, problem units), with randomness seeded by ``(seed, pid)``."""
+    def propose_point(self, pid: int, X_pending: Tensor, k: int = 1) -> Tensor:
+        r"""Proposals ``pid, ..., pid + k - 1`` (``k x d``, problem units, optimised jointly)
+        given the pending points ``X_pending`` (``p x d``, problem units), with randomness seeded
+        by ``(seed, pid)``."""
         d, name = self.problem.dim, self.config["acq"]
         U_pending = self._unit(X_pending) if X_pending.shape[0] else None
         self.model.eval()
         with history.seeded(self.config["seed"], pid, "ask_async", self.device):
             if name == "ts":
-                U = self._thompson(U_pending)
+                U = self._thompson(U_pending, k)
             else:
                 acq = build_acquisition(
                     name,
                     self.model,
-                    q=1,
+                    q=k,
                     step=self.step_count + 1,
                     dim=d,
                     X_observed=self._unit(self.X),
@@ -210,10 +211,10 @@ class AsyncBayesOptLoop(BayesOptLoop):
                     options=self.config["acq_options"],
                 )
                 acq.set_X_pending(U_pending)
-                U = propose(acq, 1, d, self.config["optimizer_options"], **self.tkwargs)
+                U = propose(acq, k, d, self.config["optimizer_options"], **self.tkwargs)
         return from_unit(U.detach().cpu().to(torch.float64), self.problem.bounds)
 
-    def _thompson(self, U_pending: Tensor | None) -> Tensor:
+    def _thompson(self, U_pending: Tensor | None, k: int) -> Tensor:
         from botorch.generation.sampling import MaxPosteriorSampling
 
         d = self.problem.dim
@@ -225,7 +226,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             keep = torch.cdist(cands, U_pending).min(-1).values > 1e-9
             cands = cands[keep]
         with torch.no_grad():
-            return MaxPosteriorSampling(self.model, replacement=False)(cands, num_samples=1)
+            return MaxPosteriorSampling(self.model, replacement=False)(cands, num_samples=k)
 
     def _pending_X(self) -> Tensor:
         if not self.in_flight:
@@ -242,22 +243,31 @@ class AsyncBayesOptLoop(BayesOptLoop):
         return future
 
     def _fill(self, completed: Any) -> None:
-        """Propose and submit until every slot is busy or the budget is covered."""
-        while (
-            len(self.in_flight) < self.slots()
-            and self.step_count + len(self.in_flight) < self.target_steps
-        ):
-            pid = self.next_proposal
-            pending = self._pending_X()
-            t0 = self._now()
-            X = self.propose_point(pid, pending)
-            self.in_flight[pid] = {
-                "X": X,
+        """Propose and submit until every slot is busy or the budget is covered. When several
+        slots are free at once (the start, or results that arrived while the driver was busy),
+        their points are proposed jointly as one q-batch, with the other points in flight
+        pending: fewer acquisition optimisations when the driver is the bottleneck."""
+        k = min(
+            self.slots() - len(self.in_flight),
+            self.target_steps - self.step_count - len(self.in_flight),
+        )
+        if k <= 0:
+            return
+        pid = self.next_proposal
+        pending = self._pending_X()
+        t0 = self._now()
+        X = self.propose_point(pid, pending, k)
+        t_acq = (self._now() - t0) / k
+        for i in range(k):
+            self.in_flight[pid + i] = {
+                "X": X[i : i + 1],
                 "pending": pending,
-                "time_acquisition": self._now() - t0,
+                "batch": k,
+                "time_acquisition": t_acq,
             }
-            self.next_proposal += 1
-            completed.add(self._submit(pid))
+        self.next_proposal += k
+        for i in range(k):
+            completed.add(self._submit(pid + i))
 
     # ------------------------------------------------------------------ folding results
 
@@ -280,6 +290,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             "submit_time": entry["submit_time"],
             "arrival_time": arrival,
             "pending": entry["pending"],
+            "batch": entry.get("batch", 1),
         }
         if future.status == "error":
             exc = future.exception()
@@ -362,40 +373,49 @@ class AsyncBayesOptLoop(BayesOptLoop):
             with self._progress() as advance:
                 if self.step_count < self.target_steps:
                     self._fill(completed)
-                for future in completed:
-                    self._hold_checkpoint = True
-                    try:
-                        record = self._handle(future)
-                    finally:
-                        self._hold_checkpoint = False
-                    if record is None:  # resubmitted after worker deaths
-                        completed.add(self._submit(self._pending_pid_of_resubmit()))
-                        continue
-                    if record.get("failed") and self.failures > self.config["max_failures"]:
+                # Fold in every result that has arrived (in arrival order), then fill the free
+                # slots with one joint proposal.
+                for batch in completed.batches():
+                    for future in batch:
+                        self._fold(future, completed, advance, callback)
+                    last = self.step_count >= self.target_steps
+                    if last:
                         if self.out_dir is not None:
                             self.save_checkpoint()
-                        raise TooManyFailures(
-                            f"{self.failures} objective evaluations failed (more than "
-                            f"max_failures={self.config['max_failures']}); last error: "
-                            f"{record['error']}. Fix the objective, then resume the run."
-                        )
+                        break
                     self._fill(completed)
-                    last = self.step_count >= self.target_steps
                     if self.out_dir is not None and (
-                        self.step_count % self.config["checkpoint_every"] == 0 or last
+                        self.step_count % self.config["checkpoint_every"] == 0
                     ):
                         self.save_checkpoint()  # with the new in-flight set
-                    if not record.get("failed"):
-                        advance()
-                    if callback is not None:
-                        callback(record)
-                    if last:
-                        break
         finally:
             for future in list(self._futures):
                 future.cancel()
             self._futures.clear()
         return self.records
+
+    def _fold(self, future: Any, completed: Any, advance: Any, callback: Any) -> None:
+        """Handle one finished future: fold it in, record a failure, or resubmit its point."""
+        self._hold_checkpoint = True  # checkpoint once the in-flight set is refilled
+        try:
+            record = self._handle(future)
+        finally:
+            self._hold_checkpoint = False
+        if record is None:  # Dask gave up after worker deaths: resubmit the point
+            completed.add(self._submit(self._pending_pid_of_resubmit()))
+            return
+        if record.get("failed") and self.failures > self.config["max_failures"]:
+            if self.out_dir is not None:
+                self.save_checkpoint()
+            raise TooManyFailures(
+                f"{self.failures} objective evaluations failed (more than "
+                f"max_failures={self.config['max_failures']}); last error: "
+                f"{record['error']}. Fix the objective, then resume the run."
+            )
+        if not record.get("failed"):
+            advance()
+        if callback is not None:
+            callback(record)
 
     def _pending_pid_of_resubmit(self) -> int:
         # The one in-flight point without a live future is the one to resubmit.
@@ -408,7 +428,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
         return {
             **super()._state(),
             "in_flight": {
-                pid: {k: v for k, v in e.items() if k in ("X", "pending", "time_acquisition")}
+                pid: {
+                    k: v for k, v in e.items() if k in ("X", "pending", "batch", "time_acquisition")
+                }
                 for pid, e in self.in_flight.items()
             },
             "next_proposal": self.next_proposal,
