@@ -236,3 +236,43 @@ def test_sweep_skips_finished_and_extends(client, tmp_path):
     ).run(steps=3)
     swept = history.read_records(out / "branin-exact-qucb-s1")
     assert history.without_timing(swept) == history.without_timing(direct)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dask", "local:0"], "worker count N >= 1"),
+        (["--dask", "somewhere"], "local:N or a scheduler address"),
+        (["--dask", "local:2", "--q", "2"], "leave --q at 1"),
+        (["--dask", "local:2", "--acq", "logei"], "--acq qucb, qlognei or ts"),
+        (["--dask", "local:2", "--workers", "2"], "exclude each other"),
+    ],
+)
+def test_cli_dask_errors(tmp_path, capsys, args, message):
+    from bo_online.cli import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["bo", "--problem", "branin", "--out", str(out), "--quiet", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bo-online: error:") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_sweep_spec_errors(tmp_path):
+    from bo_online.sweep import campaigns, load_spec
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\nsteps_per = 1\n")
+    with pytest.raises(ValueError, match="unknown key"):
+        load_spec(bad)
+    bad.write_text("steps = 3\nproblems = ['nosuch']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\n")
+    with pytest.raises(ValueError):
+        campaigns(load_spec(bad))
+    yml = tmp_path / "spec.yaml"
+    yml.write_text("steps: 2\nproblems: [branin, {name: hartmann, dim: 3}]\nmodels: [exact]\n"
+                   "acqs: [qucb]\nseeds: [0, 1]\n")
+    names = [c.name for c in campaigns(load_spec(yml))]
+    assert names == ["branin-exact-qucb-s0", "branin-exact-qucb-s1",
+                     "hartmann3d-exact-qucb-s0", "hartmann3d-exact-qucb-s1"]
