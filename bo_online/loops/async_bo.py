@@ -234,8 +234,6 @@ class AsyncBayesOptLoop(BayesOptLoop):
         return torch.cat([v["X"] for _, v in sorted(self.in_flight.items())])
 
     def _submit(self, pid: int) -> Any:
-        from distributed import as_completed  # noqa: F401  (import check: distributed present)
-
         entry = self.in_flight[pid]
         entry["submit_time"] = time.time()
         future = self.client.submit(_evaluate_point, self.problem, entry["X"], pure=False)
