@@ -294,7 +294,8 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     console.print(table)
     if out is not None:  # plain print: paths must never be wrapped
         print(f"records:    {out / history.RECORDS_FILE}")
-        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
+        cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
+        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})")
         for path in written:
             print(f"plot:       {path}")
 
