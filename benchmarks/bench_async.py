@@ -13,6 +13,20 @@ Per seed (interleaved: async then sync, same initial design) it reports evaluati
 of the BO phase (initial design excluded) and the final simple regret. Targets: throughput ratio
 >= 1.5 and |regret difference| within 2 SE (SE of the per-seed paired difference).
 
+Measured on the shared 2-core development machine under load average ~20 (other jobs), where
+one ``optimize_acqf`` call took 3-6 s, longer than the evaluations: the driver, not the workers,
+was the bottleneck, so the target was NOT met there (hartmann3, exact, qucb, 4 workers):
+
+* mean 1 s, budget 40, 3 seeds, 4 restarts / 128 raw samples: evals/min async median 98.8, sync
+  60.3; ratio median 1.16 (0.84-2.46); final regret async 0.0063, sync 0.0074, paired difference
+  -0.0011 +- 0.0038 (SE): within 2 SE.
+* mean 3 s, budget 24, 2 seeds, 2 restarts / 64 raw samples: ratio median 0.97 (0.91-1.02);
+  regret async 0.063 vs sync 0.029 (difference 0.034 +- 0.008 SE: not within 2 SE).
+
+Async BO pays one acquisition optimisation per free slot (joint when several slots are free), the
+batch loop one per q points; it wins when evaluations take much longer than a proposal. Re-run on
+an unloaded machine before drawing conclusions.
+
 Run (about 3 minutes; driver-side proposal cost is part of the async figure, so a loaded
 machine lowers its throughput at the defaults below on a 2-core machine)::
 
