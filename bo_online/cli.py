@@ -403,7 +403,7 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     if "acq" in loop.config:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
-    if loop.kind == "bo":
+    if loop.kind in ("bo", "bo_async"):
         rows += [
             ("best observed value", _fmt(last["best_value"])),
             ("best true value", _fmt(last.get("best_true_value"))),
@@ -445,7 +445,8 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     console.print(table)
     if out is not None:  # plain print: paths must never be wrapped
         print(f"records:    {out / history.RECORDS_FILE}")
-        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
+        cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
+        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})")
         for path in written:
             print(f"plot:       {path}")
 
@@ -469,6 +470,43 @@ def _watch_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+DaskOpt = Annotated[
+    Optional[str],
+    typer.Option(help="Run on a Dask cluster: local:N (a LocalCluster of N single-threaded worker "
+                 "processes) or a scheduler address tcp://host:port."),
+]
+
+
+def _dask_client(address: str) -> Any:
+    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.loops.async_bo."""
+    import contextlib
+
+    from bo_online.loops.async_bo import connect
+
+    client = connect(address)
+    cluster = client.cluster if address.startswith("local:") else None
+
+    @contextlib.contextmanager
+    def closing():
+        try:
+            yield client
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+    return closing()
+
+
+def _run_async(loop: Any, steps: int | None) -> None:
+    from bo_online.loops.async_bo import TooManyFailures
+
+    try:
+        loop.run(steps)
+    except TooManyFailures as e:
+        _fail(str(e), 1)
 
 
 def _executor(workers: int) -> Executor | None:
@@ -560,6 +598,10 @@ def bo(
     workers: Annotated[
         int, typer.Option(help="Evaluate each batch in a process pool of this many workers (0: in-process).")
     ] = 0,
+    dask: DaskOpt = None,
+    max_failures: Annotated[
+        int, typer.Option(help="With --dask: stop after more than this many evaluations raised.")
+    ] = 10,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     checkpoint_every: CkptOpt = None,
@@ -611,6 +653,29 @@ def bo(
     shared = _shared(model, model_option, q, seed, refit, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype, dim=prob.dim,
                      checkpoint_seconds=checkpoint_seconds)
+    if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
+        _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
+        _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
+        _nonneg("--max-failures", max_failures)
+        from bo_online.loops.async_bo import AsyncBayesOptLoop
+
+        _check(acq in ("qucb", "qlognei", "ts"), f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.")
+        with _dask_client(dask) as client:
+            loop = AsyncBayesOptLoop(
+                prob,
+                client,
+                acq=acq,
+                max_failures=max_failures,
+                acq_options={"beta": beta, "beta_schedule": beta_schedule,
+                             "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
+                optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
+                                                     batch_limit, sequential),
+                n_init=n_init,
+                **shared,
+            )
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     executor = _executor(workers)
     try:
         loop = BayesOptLoop(
@@ -815,6 +880,7 @@ def resume(
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     threads: ThreadsOpt = None,
+    dask: DaskOpt = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -830,9 +896,58 @@ def resume(
     _check(ckpt_path.is_file(), f"No checkpoint in {str(run_dir)!r}: nothing to resume.")
     stored = history.load_checkpoint(ckpt_path)["config"].get("objective")
     user_problem = check_resume(stored, objective)
+    if dask is not None:  # an asynchronous run: continue on this cluster
+        with _dask_client(dask) as client:
+            loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir,
+                             client=client)
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
     loop.run(steps)
     _finish(loop, plots, quiet)
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, [options].")],
+    out: Annotated[Path, typer.Option(help="Directory holding one run directory per campaign.")] = Path("runs/sweep"),
+    dask: DaskOpt = None,
+    plots: PlotsOpt = True,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run a sweep of BO campaigns on a Dask cluster (default: a LocalCluster with one worker
+    per CPU); finished campaigns are skipped, interrupted ones resumed (bo_online.sweep)."""
+    import os
+
+    from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
+
+    campaigns(load_spec(spec))  # bad specs fail before a cluster starts
+    with _dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
+        summaries = run_sweep(spec, out, client)
+    written = plot_sweep(summaries, out) if plots else []
+    if quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bo-online sweep: {len(summaries)} campaigns")
+    for col in ("campaign", "evaluations", "final regret", "wall time (s)", "status"):
+        table.add_column(col, justify="left" if col == "campaign" else "right")
+    for s in summaries:
+        table.add_row(s["campaign"], str(s["evaluations"]), _fmt(s["regret"], 4),
+                      _fmt(s["wall_time"], 3), s["status"])
+    means = Table(title="final regret over seeds")
+    for col in ("problem", "model", "acq", "seeds", "mean regret", "SE"):
+        means.add_column(col)
+    for r in summarize(summaries):
+        means.add_row(r["problem"], r["model"], r["acq"], str(r["seeds"]),
+                      _fmt(r["mean_regret"], 4), _fmt(r["se_regret"], 2))
+    console = Console()
+    console.print(table)
+    console.print(means)
+    for path in written:
+        typer.echo(f"plot: {path}")
 
 
 @app.command()
