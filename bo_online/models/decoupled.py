@@ -162,6 +162,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         input_transform: Any | None = None,
         seed: int = 0,
         warm_start_points: int = 1024,
+        max_basis_growth: int = 128,
+        exact_fit_points: int = 512,
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -188,6 +190,13 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.num_mean_bases = int(num_mean_bases)
         self.num_cov_bases = int(num_cov_bases)
         self.warm_start_points = int(warm_start_points)
+        if max_basis_growth < 0 or exact_fit_points < 1:
+            raise ValueError(
+                f"Need max_basis_growth >= 0 and exact_fit_points >= 1, got {max_basis_growth} "
+                f"and {exact_fit_points}."
+            )
+        self.max_basis_growth = int(max_basis_growth)
+        self.exact_fit_points = int(exact_fit_points)
         self.seed = int(seed)
         self._generator = torch.Generator().manual_seed(self.seed)
         self.fixed_noise = train_Yvar is not None
@@ -217,6 +226,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.register_buffer("a_alpha", None)  # (M_alpha - M_beta)
         # Cache: lower Cholesky factor of H = I + L^T K_beta L.
         self.register_buffer("chol_H", None)
+        # Site statistics of the held data on the mean basis Z = [beta; alpha] (fold mode, see
+        # _fold): Q = K_ZX N^{-1} K_XZ (M_alpha x M_alpha), s = K_ZX N^{-1} (y - c) (M_alpha).
+        self.register_buffer("site_Q", None)
+        self.register_buffer("site_s", None)
         self._seed_bases()
 
     # ------------------------------------------------------------------ what the model is
@@ -323,6 +336,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             t.detach().to(**kw) for t in (beta_points, L, a_beta)
         )
         self.alpha_points, self.a_alpha = alpha_points.detach().to(**kw), a_alpha.detach().to(**kw)
+        self.site_Q, self.site_s = None, None  # a state set by hand is not a site optimum
         self.invalidate_caches()
         return self
 
@@ -338,7 +352,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         beta = X[perm[: self.num_cov_bases]]
         alpha = X[perm[self.num_cov_bases : self.num_cov_bases + n_alpha]]
         with torch.no_grad():
-            self._warm_start(beta, alpha)
+            self._set_sites(beta, alpha)
 
     def _set_exact_state(self, beta: Tensor) -> None:
         r"""Bases = all data: ``a = (K + N)^{-1} (y - c)``, ``L = N^{-1/2}``, the exact GP."""
@@ -360,24 +374,51 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             idx = torch.randperm(n, generator=self._generator)[: self.warm_start_points]
         else:
             idx = torch.arange(n)
-        Xs, ys = self.train_X[idx], self.train_y[idx]
-        scale = n / idx.shape[0]
-        noise = self._train_noise_diag(idx)
-        w = (scale / noise).sqrt()  # sqrt of scaled precisions
-        Kb = self.covar_module(beta).to_dense()
-        Rb = psd_cholesky(Kb + 1e-8 * torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device))
-        G = self.covar_module(beta, Xs).to_dense() * w  # M_b x n_s
-        eye = torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device)
-        LP = psd_cholesky(G @ G.transpose(-1, -2) + 1e-6 * eye)
-        L = cholesky_solve(Rb, LP)
         Z = torch.cat([beta, alpha], dim=-2)
-        KZ = self.covar_module(Z).to_dense()
-        GZ = self.covar_module(Z, Xs).to_dense() * w
-        A = KZ + GZ @ GZ.transpose(-1, -2)
-        rhs = GZ @ (w * (ys - self.mean_module.constant.detach())).unsqueeze(-1)
-        a = cholesky_solve(psd_cholesky(A, jitter=1e-8), rhs).squeeze(-1)
+        Q, s = self._site_statistics(Z, idx)
+        scale = n / idx.shape[0]
+        self._closed_form(beta, alpha, scale * Q, scale * s)
+
+    def _site_statistics(self, Z: Tensor, idx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""``Q = K_ZX N^{-1} K_XZ`` (``M x M``) and ``s = K_ZX N^{-1} (y - c)`` (``M``) over the
+        held data (rows ``idx``, default all), accumulated in chunks of 4,096 rows."""
+        idx = torch.arange(self.num_data) if idx is None else idx
+        M = Z.shape[-2]
+        Q = torch.zeros(M, M, **self._dtype_device)
+        s = torch.zeros(M, **self._dtype_device)
+        c = self.mean_module.constant.detach()
+        for chunk in idx.split(4096):
+            K = self.covar_module(Z, self.train_X[chunk]).to_dense()  # M x chunk
+            w = self._train_noise_diag(chunk).reciprocal()
+            Q = Q + (K * w) @ K.transpose(-1, -2)
+            s = s + K @ (w * (self.train_y[chunk] - c))
+        return Q, s
+
+    def _closed_form(self, beta: Tensor, alpha: Tensor, Q: Tensor, s: Tensor) -> None:
+        r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
+        statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
+        ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_b^{-1} P K_b^{-1}`` with ``P = Q_{beta,beta}``,
+        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined)."""
         mb = beta.shape[-2]
+        Kb = self.covar_module(beta).to_dense()
+        eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+        Rb = psd_cholesky(Kb + 1e-8 * eye)
+        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + 1e-6 * eye))
+        KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+        a = cholesky_solve(psd_cholesky(KZ + Q, jitter=1e-8), s.unsqueeze(-1)).squeeze(-1)
         self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
+
+    def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
+        r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
+        statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
+        Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
+        self._closed_form(beta, alpha, Q, s)
+        self.site_Q, self.site_s = Q, s
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
+
+    def _in_fold_mode(self) -> bool:
+        return self.site_Q is not None and self._gaussian()
 
     # ------------------------------------------------------------------ caches
 
@@ -393,6 +434,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return psd_cholesky(K + 1e-8 * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device))
 
     def _rebuild_caches(self) -> None:
+        # Hyperparameters changed since the sites were summed: they no longer describe the data
+        # under the current kernel, so updates go back to exact growth until the next fit.
+        self.site_Q, self.site_s = None, None
         self.chol_H = self._chol_H(self.beta_points, self.L)
 
     # ------------------------------------------------------------------ prediction
@@ -413,6 +457,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return solve_lower(self.chol_H, self.L.transpose(-1, -2) @ K_bX)
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if self.beta_points.dim() == 2 and self.a_beta.dim() == 1:
+            return self._latent_posterior_folded(X)
         mean = self._mean_at(X)
         V = self._whitened(X)
         prior = self.covar_module(X)
@@ -420,6 +466,20 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         Vt = V.transpose(-1, -2).expand(*batch, V.shape[-1], V.shape[-2])
         covar = prior + MatmulLinearOperator(Vt, V.expand(*batch, *V.shape[-2:])) * -1.0
         return MultivariateNormal(mean.expand(*batch, mean.shape[-1]), covar)
+
+    def _latent_posterior_folded(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of a non-batched model at ``X`` (``batch x q x d``) with the batch folded
+        into columns: one ``M_beta x (batch * q)`` solve against ``chol_H``, so memory is
+        O(batch * q * (M_beta + q)) and no ``M_beta x M_beta`` factor is copied per batch element
+        (``solve_triangular`` broadcasting would copy it)."""
+        batch, q, d = X.shape[:-2], X.shape[-2], X.shape[-1]
+        Xf = X.reshape(-1, d)  # (batch * q) x d
+        mean = self._mean_at(Xf).reshape(*batch, q)
+        V = self._whitened(Xf)  # M_beta x (batch * q)
+        Vb = V.reshape(V.shape[0], -1, q)  # M_beta x B x q
+        VtV = torch.einsum("mbi,mbj->bij", Vb, Vb).reshape(*batch, q, q)
+        covar = self.covar_module(X).to_dense() - VtV
+        return MultivariateNormal(mean, covar)
 
     # ------------------------------------------------------------------ conditioning (MATH.md §3)
 
@@ -474,6 +534,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         new = self._shallow_copy()
         new.beta_points, new.L, new.chol_H, new.a_beta = beta, L, chol_H, a_beta
+        new.site_Q, new.site_s = None, None  # grown bases: exact conditioning, no sites
         new._batch_shape = torch.broadcast_shapes(a_beta.shape[:-1], beta.shape[:-2])
         if new._batch_shape == torch.Size():  # a plain (non-fantasy) model keeps the data
             new.train_X = torch.cat([self.train_X, X], dim=-2)
@@ -484,12 +545,51 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""In place. In fold mode (the state is the site optimum for fixed bases, as after
+        :meth:`fit` or construction on more points than ``num_cov_bases``) the new points are
+        folded into the site statistics and the bases stay capped (:meth:`_fold`). Otherwise the
+        exact conditioning grows the covariance basis by ``q``; once it would exceed
+        ``num_cov_bases + max_basis_growth`` the bases are compressed back to the caps and the
+        model switches to fold mode on all held data (a one-off O(n M_alpha^2))."""
+        if self._in_fold_mode():
+            self._fold(X, Y, noise)
+            return
         beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)  # raises before changes
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         train_noise = self.train_noise
         if self.fixed_noise:
             train_noise = torch.cat([self.train_noise, noise], dim=-1)
         self.beta_points, self.L, self.chol_H, self.a_beta = beta, L, chol_H, a_beta
+        self.train_X = torch.cat([self.train_X, X], dim=-2)
+        self.train_y = torch.cat([self.train_y, Y], dim=-1)
+        self.train_noise = train_noise
+        if self._gaussian() and self.num_beta > self.num_cov_bases + self.max_basis_growth:
+            self._compress()
+            self._set_sites(self.beta_points, self.alpha_points)
+
+    def _fold(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""Fold ``q`` points into fixed bases: ``Q += K_{Z,X*} N*^{-1} K_{X*,Z}``, ``s +=
+        K_{Z,X*} N*^{-1} (y* - c)``, then the closed-form ``a, B`` (:meth:`_closed_form`).
+
+        After any chain of folds the state equals :meth:`_set_sites` on all held data with the
+        same bases and hyperparameters, i.e. the optimum of the ELBO over ``(a, B)`` for those
+        fixed bases (Titsias-style collapsed optimum; the paper's Eqs. 9-10 maximised in closed
+        form). Cost O(M_alpha^2 q + M_alpha^3) per update, independent of n and of the number of
+        updates."""
+        N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
+        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
+        K = self.covar_module(Z, X).to_dense()  # M x q
+        w = N.reciprocal()
+        Q = self.site_Q + (K * w) @ K.transpose(-1, -2)
+        s = self.site_s + K @ (w * (Y - self.mean_module.constant.detach()))
+        train_noise = self.train_noise
+        if self.fixed_noise:
+            train_noise = torch.cat([self.train_noise, noise], dim=-1)
+        beta, alpha = self.beta_points, self.alpha_points
+        self._closed_form(beta, alpha, Q, s)  # clears the sites and caches
+        self.site_Q, self.site_s = Q, s
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
         self.train_X = torch.cat([self.train_X, X], dim=-2)
         self.train_y = torch.cat([self.train_y, Y], dim=-1)
         self.train_noise = train_noise
@@ -894,6 +994,14 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         if rest.shape[-2] > room:
             rest = rest[pivoted_cholesky_select(self.covar_module(rest).to_dense(), room)]
         self._warm_start(beta, rest)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
+        fold mode) leaves this model without them too."""
+        for name in ("site_Q", "site_s"):
+            if name not in state_dict:
+                self._buffers[name] = None
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _restandardize(self) -> None:
         y = self.train_targets
