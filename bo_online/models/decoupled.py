@@ -57,7 +57,11 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood, Likelihood
 from gpytorch.means import ConstantMean
-from linear_operator.operators import DiagLinearOperator, MatmulLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    MatmulLinearOperator,
+)
 from torch import Tensor
 from typing_extensions import Self
 
@@ -479,7 +483,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         Vb = V.reshape(V.shape[0], -1, q)  # M_beta x B x q
         VtV = torch.einsum("mbi,mbj->bij", Vb, Vb).reshape(*batch, q, q)
         covar = self.covar_module(X).to_dense() - VtV
-        return MultivariateNormal(mean, covar)
+        # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
 
     # ------------------------------------------------------------------ conditioning (MATH.md §3)
 
@@ -692,9 +697,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
 
     def fit(
         self,
-        method: Literal["adam", "lbfgs"] = "adam",
+        method: Literal["auto", "adam", "lbfgs"] | None = None,
         max_iter: int = 200,
-        lr: float = 0.01,
+        lr: float | None = None,
         lr_variational: float | None = None,
         batch_size: int = 1024,
         num_kl_columns: int | None = None,
@@ -722,7 +727,16 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         4. If the bases are exactly all the data (and did not move), finish at the closed-form
            optimum ``a = (K + N)^{-1}(y - c), L = N^{-1/2}`` for the fitted hyperparameters.
 
+        **Default** (``method=None``): ``"auto"`` for a Gaussian likelihood when no Adam step
+        size ``lr`` is given and ``max_iter > 0``, else ``"adam"``. ``"auto"`` is
+        :meth:`_fit_auto`: L-BFGS on the exact marginal likelihood of all held data when ``n <=
+        exact_fit_points`` (default 512), else of a random subset of that size; then bases by
+        pivoted Cholesky of the kernel on the held data and ``a, B`` at their closed-form optimum
+        on all held data (fold mode). Plain Adam from the median heuristic barely moves the
+        hyperparameters in a BO loop's few steps.
+
         Args:
+            method: ``None`` (see above), ``"auto"``, ``"adam"`` or ``"lbfgs"`` (ELBO, full batch).
             lr: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
             lr_variational: initial step for ``a`` and ``L`` (default ``lr / 10``): a smaller
                 one keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
@@ -744,8 +758,18 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
+        if method is None:
+            method = "auto" if (lr is None and self._gaussian() and max_iter > 0) else "adam"
+        if method not in ("auto", "adam", "lbfgs"):
+            raise ValueError(f"Unknown fit method {method!r}; use 'auto', 'adam' or 'lbfgs'.")
+        if method == "auto" and not self._gaussian():
+            raise ValueError("fit(method='auto') needs a Gaussian likelihood; use 'adam'.")
+        lr = 0.01 if lr is None else float(lr)
+        self.site_Q, self.site_s = None, None
         if restandardize and self.num_data > 1 and self._gaussian():
             self._restandardize()
+        if method == "auto":
+            return self._fit_auto(max_iter, train_hyperparameters, timeout_sec)
         bases_are_data = self._bases_are_data()
         grown = self.num_beta > self.num_cov_bases or self.num_alpha > self.num_mean_bases
         if compress and grown:
@@ -817,6 +841,75 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.invalidate_caches()
         self.ensure_caches()
         return self
+
+    def _fit_auto(self, max_iter: int, train_hyperparameters: bool, timeout_sec) -> Self:
+        r"""The default fit (see :meth:`fit`): exact-marginal-likelihood hyperparameters on (a
+        subset of) the held data, bases re-selected by pivoted Cholesky, closed-form ``a, B``."""
+        if train_hyperparameters:
+            self._exact_hyperparameters(self.exact_fit_points, max_iter, timeout_sec)
+        with torch.no_grad():
+            n = self.num_data
+            if n <= self.num_cov_bases:
+                self._set_exact_state(self.train_X)
+                self.site_Q, self.site_s = None, None
+            else:
+                beta, alpha = self._select_bases()
+                self._set_sites(beta, alpha)
+        self.last_fit_steps = 0
+        return self
+
+    def _select_bases(self, pool_size: int = 4096) -> tuple[Tensor, Tensor]:
+        r"""``num_mean_bases`` held points (from a random pool of at most ``pool_size``) chosen by
+        pivoted Cholesky of the kernel (greedy largest residual variance): the first
+        ``num_cov_bases`` are the covariance bases, the rest mean-only bases."""
+        n = self.num_data
+        pool = torch.randperm(n, generator=self._generator)[: min(n, pool_size)]
+        Xp = self.train_X[pool]
+        m = min(self.num_mean_bases, Xp.shape[0])
+        rows = torch.zeros(m, Xp.shape[0], **self._dtype_device)
+        resid = self.covar_module(Xp, diag=True).detach().clone()
+        chosen: list[int] = []
+        # Pivoted Cholesky by columns (kernel rows computed on demand, O(pool * m) memory).
+        for j in range(m):
+            if chosen:
+                resid[chosen] = -math.inf
+            i = int(torch.argmax(resid))
+            chosen.append(i)
+            piv = resid[i].clamp_min(1e-300).sqrt()
+            k_i = self.covar_module(Xp[i : i + 1], Xp).to_dense().squeeze(-2)
+            rows[j] = (k_i - rows[:j, i] @ rows[:j]) / piv
+            resid = resid - rows[j].pow(2)
+        Z = Xp[torch.tensor(chosen, dtype=torch.long)]
+        return Z[: self.num_cov_bases], Z[self.num_cov_bases :]
+
+    def _exact_hyperparameters(self, size: int, max_iter: int, timeout_sec) -> None:
+        r"""L-BFGS-B on the exact GP marginal likelihood (plus hyperpriors) of a random subset of
+        at most ``size`` held points (all of them when n is smaller), warm-started."""
+        from bo_online.models.exact import OnlineExactGP
+
+        n = self.num_data
+        idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
+        X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
+        if self.fixed_noise:
+            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise[idx].unsqueeze(-1),
+                                covar_module=self.covar_module, standardize=False)
+        else:
+            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
+                                standardize=False)
+        sub.mean_module = self.mean_module
+        names = {id(p) for p in self.hyperparameters()}
+        params = {k: p for k, p in self.named_parameters() if p.requires_grad and id(p) in names}
+        closure = ForwardBackwardClosure(
+            forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
+                              + self._log_prior() / X.shape[0]),
+            parameters=params,
+        )
+        self.train()
+        try:
+            scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
+                           options={"maxiter": max_iter}, timeout_sec=timeout_sec)
+        finally:
+            self.eval()
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
