@@ -25,13 +25,30 @@ Design choices (documented because the paper leaves them open):
   ``L' = blockdiag(L, N*^{-1/2})`` (precisions add), ``H`` grows by a bordered Cholesky
   (``bo_online.linalg.cholesky_append``), and with ``c = (k^(X*,X*) + N*)^{-1} (y* - mean(X*))``:
   ``a_beta' = [a_beta - L H^{-1} L^T K_{beta,X*} c; c]``. Exact (it equals conditioning the
-  model's own posterior GP), so noise must be positive. Bases grow by q per step until
-  :meth:`fit` compresses them back to the caps.
+  model's own posterior GP), so noise must be positive. Used for fantasies
+  (``condition_on_observations``) and, in :meth:`update`, while the state is not a site optimum
+  (set by hand, or bases = data), for at most ``max_basis_growth`` (default 128) bases beyond the
+  cap.
+* **Capped bases in streams (fold mode)**: after :meth:`fit` (or construction on more points than
+  ``num_cov_bases``) the state is the closed-form ELBO optimum of ``a, B`` for fixed bases, kept
+  as site statistics ``Q = K_ZX N^{-1} K_XZ`` and ``s = K_ZX N^{-1} (y - c)`` on the mean basis
+  ``Z = [beta; alpha]``. :meth:`update` adds the new points' terms to ``Q, s`` and re-solves
+  ``a = (K_Z + Q)^{-1} s``, ``B = K_beta^{-1} Q_beta K_beta^{-1}``: the bases never grow, the
+  cost is O(M_alpha^3) per update whatever the stream length, and after any chain of updates
+  the model equals the same fixed-basis optimum computed in one batch on all held data (the
+  collapsed bound of Titsias, "Variational learning of inducing variables in sparse Gaussian
+  processes", 2009, in the decoupled parameterisation). Changing hyperparameters by hand drops
+  the statistics (back to exact growth until the next fit).
 * **What the model keeps to refit**: the observed ``(X, y)`` (and fixed noises) as buffers, O(n)
   memory like an exact GP's data but never used in :meth:`posterior` or conditioning, whose costs
-  do not depend on n. :meth:`fit` trains on them by minibatch Adam.
-* Training (:meth:`fit`): Adam on ``a, L, beta, alpha`` and the hyperparameters with the paper's
-  step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
+  do not depend on n. :meth:`fit` trains on them.
+* Training (:meth:`fit`), default (``method=None`` -> ``"auto"``): L-BFGS-B on the exact GP
+  marginal likelihood of the held data (all of it up to ``exact_fit_points = 512``, else a
+  random subset of that size, O(512^3) per iteration whatever n), bases re-selected by pivoted
+  Cholesky of the fitted kernel on the held data, then the closed-form ``a, B`` (fold mode).
+  Plain Adam from the median heuristic, the previous default, barely moved the hyperparameters
+  in a BO loop's budget. ``method="adam"`` (or passing ``lr``): Adam on ``a, L, beta, alpha``
+  and the hyperparameters with the paper's step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
   ``n / |batch|``, optional column subsampling of ``a^T K_alpha a``), online basis growth
   (``N_delta`` new bases per step from the minibatch, up to the caps), median-heuristic
   lengthscales. The covariance block is trained in whitened coordinates ``L = R^{-T} L0``,
