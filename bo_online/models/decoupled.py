@@ -84,6 +84,7 @@ from typing_extensions import Self
 
 from bo_online.linalg import (
     cholesky_append,
+    cholesky_update,
     cholesky_solve,
     psd_cholesky,
     solve_lower,
@@ -415,26 +416,47 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             s = s + K @ (w * (self.train_y[chunk] - c))
         return Q, s
 
-    def _closed_form(self, beta: Tensor, alpha: Tensor, Q: Tensor, s: Tensor) -> None:
+    def _closed_form(
+        self,
+        beta: Tensor,
+        alpha: Tensor,
+        Q: Tensor,
+        s: Tensor,
+        factors: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
         statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
         ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_b^{-1} P K_b^{-1}`` with ``P = Q_{beta,beta}``,
-        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined)."""
+        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined).
+
+        ``factors``: the Cholesky factors ``(chol(K_b + 1e-8 I), chol(P + 1e-6 I), chol(K_Z +
+        Q))`` when already known (kept up to date by rank-q updates in :meth:`_fold`); returns
+        them."""
         mb = beta.shape[-2]
-        Kb = self.covar_module(beta).to_dense()
-        eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
-        Rb = psd_cholesky(Kb + 1e-8 * eye)
-        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + 1e-6 * eye))
-        KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
-        a = cholesky_solve(psd_cholesky(KZ + Q, jitter=1e-8), s.unsqueeze(-1)).squeeze(-1)
+        if factors is None:
+            Kb = self.covar_module(beta).to_dense()
+            eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+            KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+            factors = (
+                psd_cholesky(Kb + 1e-8 * eye),
+                psd_cholesky(Q[:mb, :mb] + 1e-6 * eye),
+                psd_cholesky(KZ + Q, jitter=1e-8),
+            )
+        Rb, RP, RA = factors
+        L = cholesky_solve(Rb, RP)
+        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
         self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
+        return factors
 
     def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
         r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
         statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
         Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
-        self._closed_form(beta, alpha, Q, s)
+        factors = self._closed_form(beta, alpha, Q, s)
         self.site_Q, self.site_s = Q, s
+        # Not a buffer: valid only while ``site_Q`` is this very tensor (any change of the sites
+        # replaces it), so stale factors are never used.
+        self._site_factors = (Q, *factors)
         self.chol_H = self._chol_H(self.beta_points, self.L)
         self._cache_key = self._current_key()
 
@@ -596,8 +618,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         After any chain of folds the state equals :meth:`_set_sites` on all held data with the
         same bases and hyperparameters, i.e. the optimum of the ELBO over ``(a, B)`` for those
         fixed bases (Titsias-style collapsed optimum; the paper's Eqs. 9-10 maximised in closed
-        form). Cost O(M_alpha^2 q + M_alpha^3) per update, independent of n and of the number of
-        updates."""
+        form). Cost O(M_alpha^2 q + M_beta^3) per update (rank-q Cholesky updates of the kept
+        factors), independent of n and of the number of updates."""
         N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
         Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
         K = self.covar_module(Z, X).to_dense()  # M x q
@@ -608,8 +630,15 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         if self.fixed_noise:
             train_noise = torch.cat([self.train_noise, noise], dim=-1)
         beta, alpha = self.beta_points, self.alpha_points
-        self._closed_form(beta, alpha, Q, s)  # clears the sites and caches
+        kept = getattr(self, "_site_factors", None)
+        factors = None
+        if kept is not None and kept[0] is self.site_Q:
+            Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
+            Rb, RP, RA = kept[1:]
+            factors = (Rb, cholesky_update(RP, Kw[: beta.shape[-2]]), cholesky_update(RA, Kw))
+        factors = self._closed_form(beta, alpha, Q, s, factors)  # clears the sites and caches
         self.site_Q, self.site_s = Q, s
+        self._site_factors = (Q, *factors)
         self.chol_H = self._chol_H(self.beta_points, self.L)
         self._cache_key = self._current_key()
         self.train_X = torch.cat([self.train_X, X], dim=-2)
