@@ -779,7 +779,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         exact_fit_points`` (default 512), else of a random subset of that size; then bases by
         pivoted Cholesky of the kernel on the held data and ``a, B`` at their closed-form optimum
         on all held data (fold mode). Plain Adam from the median heuristic barely moves the
-        hyperparameters in a BO loop's few steps.
+        hyperparameters in a BO loop's few steps. ``"auto"`` uses ``max_iter`` (L-BFGS
+        iterations), ``train_hyperparameters``, ``restandardize`` and ``timeout_sec``; the other
+        options belong to ``"adam"``/``"lbfgs"``.
 
         Args:
             method: ``None`` (see above), ``"auto"``, ``"adam"`` or ``"lbfgs"`` (ELBO, full batch).
