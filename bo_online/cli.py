@@ -1021,6 +1021,10 @@ def _main(argv: list[str] | None) -> None:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again "
               "(an interrupted run continues with `bo-online resume <out dir>`).")
+    except SystemExit as e:
+        if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
+            _fail("terminated; continue the run with `bo-online resume <out dir>`", 143)
+        raise
     except (KeyboardInterrupt, _Terminated) as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
         _fail(f"{what}; continue the run with `bo-online resume <out dir>`", 130)

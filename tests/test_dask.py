@@ -128,6 +128,7 @@ def test_resume_after_driver_killed(client, tmp_path):
         "--model", "wiski", "--acq", "qucb", "--steps", "14", "--dask", client.scheduler.address,
         "--num-restarts", "2", "--raw-samples", "32", "--acqf-maxiter", "20", "--n-init", "5",
         "--out", str(out), "--quiet", "--no-plots",
+        "--checkpoint-every", "1",  # a checkpoint per result, so the kill leaves points in flight
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     records_file = out / history.RECORDS_FILE

@@ -382,9 +382,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                             self.save_checkpoint()
                         break
                     self._fill(completed)
-                    if self.out_dir is not None and (
-                        self.step_count % self.config["checkpoint_every"] == 0
-                    ):
+                    if self.out_dir is not None and self._checkpoint_due():
                         self.save_checkpoint()  # with the new in-flight set
         finally:
             for future in list(self._futures):

@@ -506,17 +506,18 @@ class OnlineLoop:
             self._start_files()
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
-        every = self.config["checkpoint_every"]
-        if every is not None:
-            due = self.step_count % every == 0
-        else:  # by elapsed time; the step-0 checkpoint is always written
-            due = (
-                self.step_count == 0
-                or time.perf_counter() - self._last_checkpoint >= self.config["checkpoint_seconds"]
-            )
-        if due or last:
+        if self._checkpoint_due() or last:
             self.save_checkpoint()
         return record
+
+    def _checkpoint_due(self) -> bool:
+        r"""Every ``checkpoint_every`` steps when set; otherwise by elapsed time (at most every
+        ``checkpoint_seconds``), and always after the initial design."""
+        every = self.config["checkpoint_every"]
+        if every is not None:
+            return self.step_count % every == 0
+        elapsed = time.perf_counter() - self._last_checkpoint
+        return self.step_count == 0 or elapsed >= self.config["checkpoint_seconds"]
 
     def _start_files(self) -> None:
         assert self.out_dir is not None and self._lock is not None
