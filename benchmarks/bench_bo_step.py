@@ -90,12 +90,9 @@ def run(args) -> dict:
         X, Y = _data(n, seed=0)
         models, fns = {}, {}
         for m in list(active):
-            t0 = time.perf_counter()
+            # Building (with the loop's initial fit) is set-up, not a part of a step: untimed.
             models[m] = _build(m, X, Y, args.fit_max_iter)
             fns[m] = _parts(m, models[m], n, args)
-            if time.perf_counter() - t0 > args.budget_s:
-                active.remove(m)
-                results["skipped"][m] = f"n > {n}: building took more than {args.budget_s} s"
         samples = {(m, p): [] for m in fns for p in PARTS}
         over = set()
         for rep in range(args.reps + 1):  # the first round is the warm-up
