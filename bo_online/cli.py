@@ -95,7 +95,34 @@ ThreadsOpt = Annotated[
     Optional[int],
     typer.Option(help="Torch CPU threads (torch.set_num_threads); default: torch's choice."),
 ]
-CkptOpt = Annotated[int, typer.Option(help="Write the checkpoint every this many steps.")]
+CkptOpt = Annotated[
+    Optional[int],
+    typer.Option(help="Write the checkpoint every this many steps (overrides --checkpoint-seconds)."),
+]
+CkptSecondsOpt = Annotated[
+    float,
+    typer.Option(help="Write the checkpoint when this many seconds have passed since the last one "
+                 "(and always at the end and on Ctrl-C / SIGTERM); 0 = every step."),
+]
+TargetOpt = Annotated[
+    Optional[str],
+    typer.Option(help="With a data file: the target column, by header name or index (default: the last)."),
+]
+TestFractionOpt = Annotated[
+    Optional[float],
+    typer.Option(help="With a data file: fraction of rows held out at random as the test set "
+                 "(seeded; default 0.1)."),
+]
+TestMaskOpt = Annotated[
+    Optional[str],
+    typer.Option(help="With a data file: a column (name or index) or a file with one 0/1 column "
+                 "marking the test rows (instead of --test-fraction)."),
+]
+InputsOpt = Annotated[
+    Optional[str],
+    typer.Option(help="With a data file: comma-separated input columns (names or indices; default: "
+                 "all but the target and mask)."),
+]
 PlotsOpt = Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots at the end.")]
 RestartsOpt = Annotated[int, typer.Option(help="optimize_acqf num_restarts.")]
 RawOpt = Annotated[int, typer.Option(help="optimize_acqf raw_samples.")]
@@ -270,14 +297,17 @@ def _optimizer_options(
 
 def _shared(
     model: str, model_option: list[str] | None, q: int, seed: int, refit_every: int,
-    fit_max_iter: int, checkpoint_every: int, out: Path, overwrite: bool, quiet: bool,
-    device: str, dtype: str, dim: int | None = None,
+    fit_max_iter: int, checkpoint_every: int | None, out: Path, overwrite: bool, quiet: bool,
+    device: str, dtype: str, dim: int | None = None, checkpoint_seconds: float = 30.0,
 ) -> dict[str, Any]:
     _positive("--q", q)
     if refit_every != "auto":
         _nonneg("--refit-every", refit_every)
     _nonneg("--fit-max-iter", fit_max_iter)
-    _positive("--checkpoint-every", checkpoint_every)
+    if checkpoint_every is not None:
+        _positive("--checkpoint-every", checkpoint_every)
+    _check(math.isfinite(checkpoint_seconds) and checkpoint_seconds >= 0,
+           f"--checkpoint-seconds must be >= 0, got {checkpoint_seconds}.")
     _check_seed(seed)
     _check_out(out)
     _check_model(model)
@@ -291,12 +321,49 @@ def _shared(
         "refit_every": refit_every,
         "fit_max_iter": fit_max_iter,
         "checkpoint_every": checkpoint_every,
+        "checkpoint_seconds": checkpoint_seconds,
         "out_dir": out,
         "overwrite": overwrite,
         "quiet": quiet,
         "device": device,
         "dtype": dtype,
     }
+
+
+def _columns(raw: str | None) -> list[str] | None:
+    """``"a,b,3"`` -> ``["a", "b", "3"]`` (names or indices, resolved against the file)."""
+    if raw is None:
+        return None
+    columns = [c.strip() for c in raw.split(",") if c.strip()]
+    _check(bool(columns), f"--inputs expects comma-separated column names or indices, got {raw!r}.")
+    return columns
+
+
+def _tracks(raw: str | None) -> tuple[int, ...]:
+    from bo_online.datasets import MAGNETOMETER_TRACKS
+
+    if raw is None:
+        return MAGNETOMETER_TRACKS
+    try:
+        tracks = tuple(int(t) for t in raw.split(",") if t.strip())
+    except ValueError:
+        raise CLIError(f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.") from None
+    _check(bool(tracks) and all(t in MAGNETOMETER_TRACKS for t in tracks),
+           f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.")
+    return tracks
+
+
+def _file_options(file: Path | None, flag: str, **options: Any) -> None:
+    """Options that only make sense with a data file; the fraction's range."""
+    if file is None:
+        given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+        _check(not given, f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to "
+               f"your own data file ({flag} FILE).")
+        return
+    _check(options.get("test_fraction") is None or options.get("test_mask") is None,
+           "Give --test-fraction or --test-mask, not both.")
+    fraction = options.get("test_fraction")
+    _check(fraction is None or 0 < fraction < 1, f"--test-fraction must be in (0, 1), got {fraction}.")
 
 
 def _fmt(value: Any, digits: int = 5) -> str:
@@ -336,7 +403,7 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     if "acq" in loop.config:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
-    if loop.kind == "bo":
+    if loop.kind in ("bo", "bo_async"):
         rows += [
             ("best observed value", _fmt(last["best_value"])),
             ("best true value", _fmt(last.get("best_true_value"))),
@@ -370,14 +437,16 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
             ("median time / step (s)", _fmt(statistics.median(r["time_step"] for r in steps), 3)),
             ("median update time (s)", _fmt(statistics.median(r["time_update"] for r in steps), 3)),
         ]
-    rows.append(("total wall time (s)", _fmt(last["wall_time"], 4)))
+    rows.append(("wall time, elapsed (s)", _fmt(loop.elapsed, 4)))
+    rows.append(("  of which in steps (s)", _fmt(last["wall_time"], 4)))
     for name, value in rows:
         table.add_row(name, str(value))
     console = Console()
     console.print(table)
     if out is not None:  # plain print: paths must never be wrapped
         print(f"records:    {out / history.RECORDS_FILE}")
-        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out})")
+        cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
+        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})")
         for path in written:
             print(f"plot:       {path}")
 
@@ -401,6 +470,43 @@ def _watch_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+DaskOpt = Annotated[
+    Optional[str],
+    typer.Option(help="Run on a Dask cluster: local:N (a LocalCluster of N single-threaded worker "
+                 "processes) or a scheduler address tcp://host:port."),
+]
+
+
+def _dask_client(address: str) -> Any:
+    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.loops.async_bo."""
+    import contextlib
+
+    from bo_online.loops.async_bo import connect
+
+    client = connect(address)
+    cluster = client.cluster if address.startswith("local:") else None
+
+    @contextlib.contextmanager
+    def closing():
+        try:
+            yield client
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+    return closing()
+
+
+def _run_async(loop: Any, steps: int | None) -> None:
+    from bo_online.loops.async_bo import TooManyFailures
+
+    try:
+        loop.run(steps)
+    except TooManyFailures as e:
+        _fail(str(e), 1)
 
 
 def _executor(workers: int) -> Executor | None:
@@ -492,9 +598,14 @@ def bo(
     workers: Annotated[
         int, typer.Option(help="Evaluate each batch in a process pool of this many workers (0: in-process).")
     ] = 0,
+    dask: DaskOpt = None,
+    max_failures: Annotated[
+        int, typer.Option(help="With --dask: stop after more than this many evaluations raised.")
+    ] = 10,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
-    checkpoint_every: CkptOpt = 1,
+    checkpoint_every: CkptOpt = None,
+    checkpoint_seconds: CkptSecondsOpt = 30.0,
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     device: DeviceOpt = "cpu",
@@ -540,7 +651,31 @@ def bo(
     out = out or Path("runs") / f"{prob.name}-{model}"
     refit = "auto" if refit_every is None else refit_every
     shared = _shared(model, model_option, q, seed, refit, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype, dim=prob.dim)
+                     out, overwrite, quiet, device, dtype, dim=prob.dim,
+                     checkpoint_seconds=checkpoint_seconds)
+    if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
+        _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
+        _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
+        _nonneg("--max-failures", max_failures)
+        from bo_online.loops.async_bo import AsyncBayesOptLoop
+
+        _check(acq in ("qucb", "qlognei", "ts"), f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.")
+        with _dask_client(dask) as client:
+            loop = AsyncBayesOptLoop(
+                prob,
+                client,
+                acq=acq,
+                max_failures=max_failures,
+                acq_options={"beta": beta, "beta_schedule": beta_schedule,
+                             "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
+                optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
+                                                     batch_limit, sequential),
+                n_init=n_init,
+                **shared,
+            )
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     executor = _executor(workers)
     try:
         loop = BayesOptLoop(
@@ -563,6 +698,12 @@ def bo(
 @app.command()
 def active(
     problem: Annotated[str, typer.Option(help="Pool problem: magnetometer (field magnitude over x, y).")] = "magnetometer",
+    pool: Annotated[Optional[Path], typer.Option(help="Your own pool instead: a .csv, .csv.gz or .npz file (inputs and a target column; see --inputs, --target).")] = None,
+    inputs: InputsOpt = None,
+    target: TargetOpt = None,
+    test_fraction: TestFractionOpt = None,
+    test_mask: TestMaskOpt = None,
+    tracks: Annotated[Optional[str], typer.Option(help="Magnetometer tracks to use, comma separated (default: 1..9).")] = None,
     data_dir: DataDirOpt = None,
     test_size: Annotated[int, typer.Option(help="Held-out test points (random, seeded).")] = 10_000,
     pool_size: Annotated[Optional[int], typer.Option(help="Keep a random subset of this many pool points (default: all).")] = None,
@@ -586,7 +727,8 @@ def active(
     batch_limit: BatchLimitOpt = 5,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
-    checkpoint_every: CkptOpt = 1,
+    checkpoint_every: CkptOpt = None,
+    checkpoint_seconds: CkptSecondsOpt = 30.0,
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     device: DeviceOpt = "cpu",
@@ -601,7 +743,11 @@ def active(
     from bo_online.problems import POOL_PROBLEMS, magnetometer_problem
 
     _setup(threads)
-    _check(problem in POOL_PROBLEMS, f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}.")
+    _check(pool is not None or problem in POOL_PROBLEMS,
+           f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}, or give "
+           f"your own data with --pool FILE.csv.")
+    _file_options(pool, "--pool", target=target, test_fraction=test_fraction, test_mask=test_mask,
+                  inputs=inputs)
     _check(acq in ("qnipv", "random"), f"Unknown --acq {acq!r}; choose qnipv or random.")
     _check(selection in ("snap", "pool"), f"--selection must be snap or pool, got {selection!r}.")
     _check(integrate_over in ("test", "sobol"), f"--integrate-over must be test or sobol, got {integrate_over!r}.")
@@ -609,10 +755,19 @@ def active(
                         ("--num-pool-candidates", num_pool_candidates), ("--eval-every", eval_every)):
         _positive(name, value)
     _check_model(model)
-    prob = magnetometer_problem(test_size=test_size, pool_size=pool_size, seed=seed, data_dir=data_dir)
+    if pool is not None:
+        from bo_online.userdata import pool_from_file
+
+        prob = pool_from_file(pool, target=target, inputs=_columns(inputs),
+                              test_fraction=test_fraction, test_mask=test_mask, seed=seed,
+                              pool_size=pool_size)
+    else:
+        prob = magnetometer_problem(test_size=test_size, pool_size=pool_size, seed=seed,
+                                    data_dir=data_dir, tracks=_tracks(tracks))
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype)
+                     out, overwrite, quiet, device, dtype,
+                     checkpoint_seconds)
     loop = ActiveLearningLoop(
         prob, acq=acq, selection=selection, num_mc_points=num_mc_points, integrate_over=integrate_over,
         num_pool_candidates=num_pool_candidates, eval_every=eval_every, n_init=n_init,
@@ -625,7 +780,13 @@ def active(
 
 @app.command()
 def stream(
-    problem: Annotated[str, typer.Option(help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski).")],
+    problem: Annotated[Optional[str], typer.Option(help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Your own data instead: a .csv, .csv.gz or .npz file (inputs then a target column; see --target, --test-fraction, --test-mask, --task).")] = None,
+    target: TargetOpt = None,
+    inputs: InputsOpt = None,
+    test_fraction: TestFractionOpt = None,
+    test_mask: TestMaskOpt = None,
+    task: Annotated[str, typer.Option(help="With --data: regression, or classification (two target values; models tsvgp, wiski).")] = "regression",
     data_dir: DataDirOpt = None,
     split: Annotated[int, typer.Option(help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana has one fixed split).")] = 0,
     shuffle: Annotated[bool, typer.Option(help="Stream the training rows in a seeded random order.")] = True,
@@ -642,7 +803,8 @@ def stream(
     fit_max_iter: FitIterOpt = 50,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
-    checkpoint_every: CkptOpt = 1,
+    checkpoint_every: CkptOpt = None,
+    checkpoint_seconds: CkptSecondsOpt = 30.0,
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     device: DeviceOpt = "cpu",
@@ -660,12 +822,34 @@ def stream(
     from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem
 
     _setup(threads)
-    key = problem.lower()
-    _check(key in STREAM_PROBLEMS, f"Unknown UCI set {problem!r}; choose one of {', '.join(STREAM_PROBLEMS)}.")
+    _check((problem is None) != (data is None),
+           "Give a shipped set with --problem NAME or your own data with --data FILE (one of them).")
+    _file_options(data, "--data", target=target, test_fraction=test_fraction, test_mask=test_mask,
+                  inputs=inputs)
+    _check(task in ("regression", "classification"),
+           f"--task must be regression or classification, got {task!r}.")
+    _check(data is not None or task == "regression",
+           "--task applies to --data files; the shipped sets have a fixed task.")
+    key = (problem or "").lower()
+    _check(data is not None or key in STREAM_PROBLEMS,
+           f"Unknown UCI set {problem!r}; choose one of {', '.join(STREAM_PROBLEMS)}, or give your "
+           f"own data with --data FILE.csv.")
     _positive("--n-init", n_init)
     _positive("--eval-every", eval_every)
     _check_model(model)
-    if key in CLASSIFICATION_PROBLEMS:
+    if data is not None:
+        from bo_online.userdata import stream_from_file
+
+        if task == "classification":
+            classifier_class(model)
+        prob = stream_from_file(data, target=target, inputs=_columns(inputs),
+                                test_fraction=test_fraction, test_mask=test_mask, task=task,
+                                shuffle=shuffle, seed=seed, max_stream=max_stream,
+                                max_test=max_test)
+        _check(n_init < prob.X_stream.shape[0],
+               f"--n-init {n_init} leaves nothing to stream: {data} has "
+               f"{prob.X_stream.shape[0]} training rows.")
+    elif key in CLASSIFICATION_PROBLEMS:
         classifier_class(model)  # one-line error for a regression-only model, before any data
         prob = banana_problem(shuffle=shuffle, seed=seed, max_stream=max_stream, max_test=max_test,
                               data_dir=data_dir)
@@ -674,7 +858,8 @@ def stream(
                            max_test=max_test, data_dir=data_dir)
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype)
+                     out, overwrite, quiet, device, dtype,
+                     checkpoint_seconds)
     loop = StreamingLoop(prob, eval_every=eval_every, n_init=n_init, **shared)
     _check(loop.default_steps() >= (steps or 0),
            f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds.")
@@ -695,6 +880,7 @@ def resume(
     quiet: QuietOpt = False,
     plots: PlotsOpt = True,
     threads: ThreadsOpt = None,
+    dask: DaskOpt = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -710,9 +896,58 @@ def resume(
     _check(ckpt_path.is_file(), f"No checkpoint in {str(run_dir)!r}: nothing to resume.")
     stored = history.load_checkpoint(ckpt_path)["config"].get("objective")
     user_problem = check_resume(stored, objective)
+    if dask is not None:  # an asynchronous run: continue on this cluster
+        with _dask_client(dask) as client:
+            loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir,
+                             client=client)
+            _run_async(loop, steps)
+        _finish(loop, plots, quiet)
+        return
     loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
     loop.run(steps)
     _finish(loop, plots, quiet)
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, [options].")],
+    out: Annotated[Path, typer.Option(help="Directory holding one run directory per campaign.")] = Path("runs/sweep"),
+    dask: DaskOpt = None,
+    plots: PlotsOpt = True,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run a sweep of BO campaigns on a Dask cluster (default: a LocalCluster with one worker
+    per CPU); finished campaigns are skipped, interrupted ones resumed (bo_online.sweep)."""
+    import os
+
+    from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
+
+    campaigns(load_spec(spec))  # bad specs fail before a cluster starts
+    with _dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
+        summaries = run_sweep(spec, out, client)
+    written = plot_sweep(summaries, out) if plots else []
+    if quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bo-online sweep: {len(summaries)} campaigns")
+    for col in ("campaign", "evaluations", "final regret", "wall time (s)", "status"):
+        table.add_column(col, justify="left" if col == "campaign" else "right")
+    for s in summaries:
+        table.add_row(s["campaign"], str(s["evaluations"]), _fmt(s["regret"], 4),
+                      _fmt(s["wall_time"], 3), s["status"])
+    means = Table(title="final regret over seeds")
+    for col in ("problem", "model", "acq", "seeds", "mean regret", "SE"):
+        means.add_column(col)
+    for r in summarize(summaries):
+        means.add_row(r["problem"], r["model"], r["acq"], str(r["seeds"]),
+                      _fmt(r["mean_regret"], 4), _fmt(r["se_regret"], 2))
+    console = Console()
+    console.print(table)
+    console.print(means)
+    for path in written:
+        typer.echo(f"plot: {path}")
 
 
 @app.command()
@@ -786,6 +1021,10 @@ def _main(argv: list[str] | None) -> None:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again "
               "(an interrupted run continues with `bo-online resume <out dir>`).")
+    except SystemExit as e:
+        if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
+            _fail("terminated; continue the run with `bo-online resume <out dir>`", 143)
+        raise
     except (KeyboardInterrupt, _Terminated) as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
         _fail(f"{what}; continue the run with `bo-online resume <out dir>`", 130)

@@ -163,6 +163,15 @@ def load_uci(name: str, split: int = 0, data_dir: str | os.PathLike | None = Non
         raise ValueError(
             f"uci/{key}: data has {data.shape[0]} rows but test_mask has {mask.shape[0]}."
         )
+    rows, inputs = UCI_DATASETS[key]
+    if data.shape != (rows, inputs + 1) or mask.shape[1] != 10:
+        # A renamed or different file must not run under this set's name.
+        raise ValueError(
+            f"uci/{key}/data.csv.gz in {str(root)!r} holds {data.shape[0]} rows x "
+            f"{data.shape[1] - 1} inputs (test mask: {mask.shape[1]} splits), but {key!r} has "
+            f"{rows} rows x {inputs} inputs (10 splits): this is not the {key} set; run your own "
+            f"data with bo-online stream --data FILE."
+        )
     return Dataset(
         X=data[:, :-1], y=data[:, -1], name=key, test_mask=mask[:, split].astype(bool)
     )
@@ -182,6 +191,19 @@ def load_magnetometer(
     for k in tracks:
         if k not in MAGNETOMETER_TRACKS:
             raise ValueError(f"Magnetometer tracks are numbered 1..9, got {k}.")
+        missing = [
+            name for name in (f"magnetometer/{k}-loc.csv", f"magnetometer/{k}-mag.csv")
+            if not (root / name).is_file()
+        ]
+        if missing and (root / "magnetometer").is_dir():
+            present = [j for j in MAGNETOMETER_TRACKS if (root / f"magnetometer/{j}-loc.csv").is_file()
+                       and (root / f"magnetometer/{j}-mag.csv").is_file()]
+            raise DataNotFoundError(
+                f"Magnetometer track {k} is not in {str(root / 'magnetometer')!r} (missing "
+                f"{', '.join(missing)}); tracks present: {present or 'none'}. Use only those "
+                f"(--tracks {','.join(map(str, present)) or 'K'}), or your own recording as a pool "
+                f"(bo-online active --pool FILE.csv)."
+            )
         loc = _read_csv(_require(root, f"magnetometer/{k}-loc.csv", data_dir))
         mag = _read_csv(_require(root, f"magnetometer/{k}-mag.csv", data_dir))
         if loc.shape[0] != mag.shape[0] or loc.shape[1] != 2 or mag.shape[1] != 3:

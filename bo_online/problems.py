@@ -553,6 +553,10 @@ def make_problem(
 ) -> Problem | PoolProblem | StreamProblem:
     r"""Rebuild a problem from its ``spec`` (as stored in a run's checkpoint)."""
     spec = dict(spec)
+    if spec.get("name") == "file":  # a user's data file (path and SHA-256 checked)
+        from bo_online.userdata import problem_from_spec
+
+        return problem_from_spec(spec)
     name = _key(spec.pop("name"))
     if name in SYNTHETIC_PROBLEMS:
         return SyntheticProblem(name, **spec)

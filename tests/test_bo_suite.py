@@ -122,7 +122,9 @@ def test_object_options_with_out_dir_fail_before_any_evaluation(tmp_path):
 
     calls = []
     problem = CallableProblem(lambda X: calls.append(1) or X.sum(-1), [[0] * 4, [1] * 4])
-    with pytest.raises(ValueError, match="must be JSON"):
+    # A live object cannot be stored in the run's config (nor rebuilt from it safely): it is
+    # refused when the loop is constructed, before any evaluation or file.
+    with pytest.raises(ValueError, match="not allowed"):
         BayesOptLoop(problem, model="wiski", out_dir=tmp_path / "run",
                      model_options={"projection": TanhProjection(4, out_dim=2)})
     assert not calls and not (tmp_path / "run").exists()

@@ -118,7 +118,7 @@ def test_help_documents_every_option(capsys):
     from typer.main import get_command
 
     group = get_command(app)
-    assert set(group.commands) == {"bo", "active", "stream", "resume", "plot"}
+    assert set(group.commands) == {"bo", "active", "stream", "resume", "plot", "sweep"}
     for name, command in group.commands.items():
         assert command.help, name
         for param in command.params:

@@ -744,3 +744,24 @@ def test_long_update_chain_equals_dense_conditioning_in_function_space(basis):
     # Conditioning a conditioned model equals conditioning once on both batches.
     torch.testing.assert_close(a.mean, b.mean, atol=1e-9, rtol=0)
     torch.testing.assert_close(a.covariance_matrix, b.covariance_matrix, atol=1e-9, rtol=0)
+
+
+def test_inputs_off_the_unit_cube_are_normalised():
+    """Raw-scale inputs give the model fitted on the same points mapped to the unit cube (before:
+    short lengthscales, near-zero noise, and an error that grew with every conditioning)."""
+    g = torch.Generator().manual_seed(4)
+    U = torch.rand(60, 4, generator=g, dtype=DT)
+    Y = torch.sin(5 * U).sum(-1, keepdim=True) + 0.05 * torch.randn(60, 1, generator=g, dtype=DT)
+    scale, shift = torch.tensor([30.0, 2.0, 500.0, 7.0], dtype=DT), -3.0
+    lo, hi = U[:40].min(0).values, U[:40].max(0).values
+    raw = QSGP(U[:40] * scale + shift, Y[:40], num_features=64)
+    ref = QSGP((U[:40] - lo) / (hi - lo), Y[:40], num_features=64)
+    raw.fit()
+    ref.fit()
+    raw.update(U[40:] * scale + shift, Y[40:])
+    ref.update((U[40:] - lo) / (hi - lo), Y[40:])
+    Ut = torch.rand(10, 4, generator=torch.Generator().manual_seed(9), dtype=DT)
+    with torch.no_grad():
+        p, q = raw.posterior(Ut * scale + shift), ref.posterior((Ut - lo) / (hi - lo))
+    torch.testing.assert_close(p.mean, q.mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(p.variance, q.variance, atol=1e-6, rtol=0)

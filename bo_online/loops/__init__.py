@@ -30,9 +30,15 @@ __all__ = [
 
 def _loop_classes() -> dict[str, type]:
     from bo_online.loops.active import ActiveLearningLoop
+    from bo_online.loops.async_bo import AsyncBayesOptLoop
     from bo_online.loops.streaming import StreamingLoop
 
-    return {"bo": BayesOptLoop, "active": ActiveLearningLoop, "stream": StreamingLoop}
+    return {
+        "bo": BayesOptLoop,
+        "bo_async": AsyncBayesOptLoop,
+        "active": ActiveLearningLoop,
+        "stream": StreamingLoop,
+    }
 
 
 def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> OnlineLoop:
@@ -42,7 +48,7 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         out_dir: the run directory.
         problem: the problem object, needed only when the run used a user callable.
         **overrides: runtime options that do not change the trajectory: ``quiet``,
-            ``executor``, and ``data_dir`` (where pool/stream data are read from).
+            ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and ``data_dir`` (where pool/stream data are read from).
     """
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE

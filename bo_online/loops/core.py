@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import time
 from concurrent.futures import Executor
 from pathlib import Path
@@ -59,7 +60,13 @@ class OnlineLoop:
             ``4 * fit_max_iter``).
         fit_options: other keyword options of ``model.fit``.
         out_dir: run directory for records and checkpoints (None: keep everything in memory).
-        checkpoint_every: write the checkpoint every this many steps (1: every step).
+        checkpoint_every: write the checkpoint every this many steps (1: every step); None
+            (default): by elapsed time, see ``checkpoint_seconds``.
+        checkpoint_seconds: with ``checkpoint_every=None``, write the checkpoint after a step
+            when at least this many seconds have passed since the last one (0: every step).
+            Always written after the initial design, at the end of ``run`` and when ``run`` is
+            stopped by SIGINT / SIGTERM (after the step in progress). Records appended after the
+            last checkpoint are redone on resume, so records are identical either way.
         overwrite: replace an existing run in ``out_dir``.
         quiet: no progress bar.
         device: where the surrogate and acquisition run.
@@ -84,7 +91,8 @@ class OnlineLoop:
         init_fit_max_iter: int | None = None,
         fit_options: dict[str, Any] | None = None,
         out_dir: str | Path | None = None,
-        checkpoint_every: int = 1,
+        checkpoint_every: int | None = None,
+        checkpoint_seconds: float = 30.0,
         overwrite: bool = False,
         quiet: bool = True,
         device: str | torch.device = "cpu",
@@ -98,10 +106,12 @@ class OnlineLoop:
             ("q", q, 1),
             ("n_init", n_init, self.min_n_init),
             ("fit_max_iter", fit_max_iter, 0),
-            ("checkpoint_every", checkpoint_every, 1),
+            ("checkpoint_every", 1 if checkpoint_every is None else checkpoint_every, 1),
         ):
             if int(value) != value or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value}.")
+        if not checkpoint_seconds >= 0:  # also rejects NaN
+            raise ValueError(f"checkpoint_seconds must be >= 0, got {checkpoint_seconds}.")
         if init_fit_max_iter is not None and init_fit_max_iter < 0:
             raise ValueError(f"init_fit_max_iter must be >= 0, got {init_fit_max_iter}.")
         self.model_cls = get_model_class(model)  # raises for unknown / unavailable models
@@ -139,7 +149,8 @@ class OnlineLoop:
                 4 * int(fit_max_iter) if init_fit_max_iter is None else int(init_fit_max_iter)
             ),
             "fit_options": dict(fit_options or {}),
-            "checkpoint_every": int(checkpoint_every),
+            "checkpoint_every": None if checkpoint_every is None else int(checkpoint_every),
+            "checkpoint_seconds": float(checkpoint_seconds),
             "device": str(self.device),
             "dtype": str(dtype).replace("torch.", ""),
         }
@@ -152,6 +163,10 @@ class OnlineLoop:
         self.step_count = 0  # completed steps after the initial design
         self.target_steps: int | None = None
         self.wall_time = 0.0  # summed step times (continues across resume)
+        self.elapsed = 0.0  # true wall time in run(), writing included (continues across resume)
+        self._last_checkpoint = time.perf_counter()
+        self._stop_signal: int | None = None
+        self._elapsed_from: tuple[float, float] | None = None
         self._files_started = False
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
@@ -397,21 +412,36 @@ class OnlineLoop:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
         self.target_steps = int(steps)
         created = self._claim_directory()
+        start, base = time.perf_counter(), self.elapsed
+        self._last_checkpoint = start
+        self._elapsed_from = (start, base)
         try:
-            if not self.initialized:
-                # Before the progress bar: a failure here (bad model options, ...) prints nothing else.
-                record = self.initialize()
-                if callback is not None:
-                    callback(record)
-            with self._progress() as advance:
-                while self.step_count < self.target_steps:
-                    record = self.step()
-                    advance()
+            with self._stop_on_signals():
+                if not self.initialized:
+                    # Before the progress bar: a failure here (bad model options, ...) prints
+                    # nothing else.
+                    record = self.initialize()
                     if callback is not None:
                         callback(record)
+                with self._progress() as advance:
+                    while self.step_count < self.target_steps and self._stop_signal is None:
+                        record = self.step()
+                        advance()
+                        if callback is not None:
+                            callback(record)
+                if self._stop_signal is not None and self.out_dir is not None and self.initialized:
+                    self.save_checkpoint()  # the state after the last whole step
         finally:
+            self.elapsed = base + time.perf_counter() - start
+            self._elapsed_from = None
             self._release_directory(created)
+        if self._stop_signal is not None:
+            signum, self._stop_signal = self._stop_signal, None
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
         return self.records
+
 
     def _claim_directory(self) -> bool:
         r"""Lock ``out_dir`` (refused if another live process holds it), remove temp files of an
@@ -435,6 +465,32 @@ class OnlineLoop:
             with contextlib.suppress(OSError):
                 self.out_dir.rmdir()  # only if still empty
 
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        r"""While ``run`` runs (in the main thread): SIGINT / SIGTERM let the step in progress
+        finish, then ``run`` writes the checkpoint and raises ``KeyboardInterrupt`` (SIGINT) or
+        ``SystemExit(128 + signum)``. A second signal acts at once (the default handlers are back).
+        """
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_signal = signum
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+        for s in previous:
+            signal.signal(s, handler)
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
     def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
         times = [record.get(k, 0.0) for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")]
         record["time_step"] = float(sum(times))
@@ -451,9 +507,18 @@ class OnlineLoop:
             self._start_files()
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
-        if self.step_count % self.config["checkpoint_every"] == 0 or last:
+        if self._checkpoint_due() or last:
             self.save_checkpoint()
         return record
+
+    def _checkpoint_due(self) -> bool:
+        r"""Every ``checkpoint_every`` steps when set; otherwise by elapsed time (at most every
+        ``checkpoint_seconds``), and always after the initial design."""
+        every = self.config["checkpoint_every"]
+        if every is not None:
+            return self.step_count % every == 0
+        elapsed = time.perf_counter() - self._last_checkpoint
+        return self.step_count == 0 or elapsed >= self.config["checkpoint_seconds"]
 
     def _start_files(self) -> None:
         assert self.out_dir is not None and self._lock is not None
@@ -488,15 +553,24 @@ class OnlineLoop:
             "step_count": self.step_count,
             "target_steps": self.target_steps,
             "wall_time": self.wall_time,
+            "elapsed": self._elapsed_now(),
             "records": self.records,
             "model_state": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in self.model.state_dict().items()},
             "state": self._state(),
         }
 
+    def _elapsed_now(self) -> float:
+        """True wall time of the run so far (``elapsed``, live while ``run`` runs)."""
+        if self._elapsed_from is None:
+            return self.elapsed
+        start, base = self._elapsed_from
+        return base + time.perf_counter() - start
+
     def save_checkpoint(self) -> None:
         if self.out_dir is None:
             raise ValueError("This loop has no out_dir to checkpoint to.")
         history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
+        self._last_checkpoint = time.perf_counter()
 
     def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_Y: Tensor) -> None:
         r"""Rebuild the model on the initial data, load its saved state, restore the rest."""
@@ -515,6 +589,7 @@ class OnlineLoop:
         self.step_count = int(ckpt["step_count"])
         self.target_steps = ckpt["target_steps"]
         self.wall_time = float(ckpt["wall_time"])
+        self.elapsed = float(ckpt.get("elapsed", self.wall_time))  # absent in older checkpoints
         self.records = list(ckpt["records"])
         if self.out_dir is not None:
             # Drop a record appended after the last checkpoint: that step is redone.
@@ -581,4 +656,6 @@ def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "device",
         "dtype",
     )
-    return {k: cfg[k] for k in keys}
+    kwargs = {k: cfg[k] for k in keys}
+    kwargs["checkpoint_seconds"] = cfg.get("checkpoint_seconds", 30.0)  # older checkpoints: absent
+    return kwargs

@@ -25,13 +25,30 @@ Design choices (documented because the paper leaves them open):
   ``L' = blockdiag(L, N*^{-1/2})`` (precisions add), ``H`` grows by a bordered Cholesky
   (``bo_online.linalg.cholesky_append``), and with ``c = (k^(X*,X*) + N*)^{-1} (y* - mean(X*))``:
   ``a_beta' = [a_beta - L H^{-1} L^T K_{beta,X*} c; c]``. Exact (it equals conditioning the
-  model's own posterior GP), so noise must be positive. Bases grow by q per step until
-  :meth:`fit` compresses them back to the caps.
+  model's own posterior GP), so noise must be positive. Used for fantasies
+  (``condition_on_observations``) and, in :meth:`update`, while the state is not a site optimum
+  (set by hand, or bases = data), for at most ``max_basis_growth`` (default 128) bases beyond the
+  cap.
+* **Capped bases in streams (fold mode)**: after :meth:`fit` (or construction on more points than
+  ``num_cov_bases``) the state is the closed-form ELBO optimum of ``a, B`` for fixed bases, kept
+  as site statistics ``Q = K_ZX N^{-1} K_XZ`` and ``s = K_ZX N^{-1} (y - c)`` on the mean basis
+  ``Z = [beta; alpha]``. :meth:`update` adds the new points' terms to ``Q, s`` and re-solves
+  ``a = (K_Z + Q)^{-1} s``, ``B = K_beta^{-1} Q_beta K_beta^{-1}``: the bases never grow, the
+  cost is O(M_alpha^3) per update whatever the stream length, and after any chain of updates
+  the model equals the same fixed-basis optimum computed in one batch on all held data (the
+  collapsed bound of Titsias, "Variational learning of inducing variables in sparse Gaussian
+  processes", 2009, in the decoupled parameterisation). Changing hyperparameters by hand drops
+  the statistics (back to exact growth until the next fit).
 * **What the model keeps to refit**: the observed ``(X, y)`` (and fixed noises) as buffers, O(n)
   memory like an exact GP's data but never used in :meth:`posterior` or conditioning, whose costs
-  do not depend on n. :meth:`fit` trains on them by minibatch Adam.
-* Training (:meth:`fit`): Adam on ``a, L, beta, alpha`` and the hyperparameters with the paper's
-  step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
+  do not depend on n. :meth:`fit` trains on them.
+* Training (:meth:`fit`), default (``method=None`` -> ``"auto"``): L-BFGS-B on the exact GP
+  marginal likelihood of the held data (all of it up to ``exact_fit_points = 512``, else a
+  random subset of that size, O(512^3) per iteration whatever n), bases re-selected by pivoted
+  Cholesky of the fitted kernel on the held data, then the closed-form ``a, B`` (fold mode).
+  Plain Adam from the median heuristic, the previous default, barely moved the hyperparameters
+  in a BO loop's budget. ``method="adam"`` (or passing ``lr``): Adam on ``a, L, beta, alpha``
+  and the hyperparameters with the paper's step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
   ``n / |batch|``, optional column subsampling of ``a^T K_alpha a``), online basis growth
   (``N_delta`` new bases per step from the minibatch, up to the caps), median-heuristic
   lengthscales. The covariance block is trained in whitened coordinates ``L = R^{-T} L0``,
@@ -57,12 +74,17 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood, Likelihood
 from gpytorch.means import ConstantMean
-from linear_operator.operators import DiagLinearOperator, MatmulLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    MatmulLinearOperator,
+)
 from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.linalg import (
     cholesky_append,
+    cholesky_update,
     cholesky_solve,
     psd_cholesky,
     solve_lower,
@@ -162,6 +184,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         input_transform: Any | None = None,
         seed: int = 0,
         warm_start_points: int = 1024,
+        max_basis_growth: int = 128,
+        exact_fit_points: int = 512,
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -189,6 +213,13 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.num_mean_bases = int(num_mean_bases)
         self.num_cov_bases = int(num_cov_bases)
         self.warm_start_points = int(warm_start_points)
+        if max_basis_growth < 0 or exact_fit_points < 1:
+            raise ValueError(
+                f"Need max_basis_growth >= 0 and exact_fit_points >= 1, got {max_basis_growth} "
+                f"and {exact_fit_points}."
+            )
+        self.max_basis_growth = int(max_basis_growth)
+        self.exact_fit_points = int(exact_fit_points)
         self.seed = int(seed)
         self._generator = torch.Generator().manual_seed(self.seed)
         self.fixed_noise = train_Yvar is not None
@@ -218,6 +249,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.register_buffer("a_alpha", None)  # (M_alpha - M_beta)
         # Cache: lower Cholesky factor of H = I + L^T K_beta L.
         self.register_buffer("chol_H", None)
+        # Site statistics of the held data on the mean basis Z = [beta; alpha] (fold mode, see
+        # _fold): Q = K_ZX N^{-1} K_XZ (M_alpha x M_alpha), s = K_ZX N^{-1} (y - c) (M_alpha).
+        self.register_buffer("site_Q", None)
+        self.register_buffer("site_s", None)
         self._seed_bases()
 
     # ------------------------------------------------------------------ what the model is
@@ -324,6 +359,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             t.detach().to(**kw) for t in (beta_points, L, a_beta)
         )
         self.alpha_points, self.a_alpha = alpha_points.detach().to(**kw), a_alpha.detach().to(**kw)
+        self.site_Q, self.site_s = None, None  # a state set by hand is not a site optimum
         self.invalidate_caches()
         return self
 
@@ -339,7 +375,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         beta = X[perm[: self.num_cov_bases]]
         alpha = X[perm[self.num_cov_bases : self.num_cov_bases + n_alpha]]
         with torch.no_grad():
-            self._warm_start(beta, alpha)
+            self._set_sites(beta, alpha)
 
     def _set_exact_state(self, beta: Tensor) -> None:
         r"""Bases = all data: ``a = (K + N)^{-1} (y - c)``, ``L = N^{-1/2}``, the exact GP."""
@@ -361,24 +397,72 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
             idx = torch.randperm(n, generator=self._generator)[: self.warm_start_points]
         else:
             idx = torch.arange(n)
-        Xs, ys = self.train_X[idx], self.train_y[idx]
-        scale = n / idx.shape[0]
-        noise = self._train_noise_diag(idx)
-        w = (scale / noise).sqrt()  # sqrt of scaled precisions
-        Kb = self.covar_module(beta).to_dense()
-        Rb = psd_cholesky(Kb + 1e-8 * torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device))
-        G = self.covar_module(beta, Xs).to_dense() * w  # M_b x n_s
-        eye = torch.eye(Kb.shape[-1], dtype=Kb.dtype, device=Kb.device)
-        LP = psd_cholesky(G @ G.transpose(-1, -2) + 1e-6 * eye)
-        L = cholesky_solve(Rb, LP)
         Z = torch.cat([beta, alpha], dim=-2)
-        KZ = self.covar_module(Z).to_dense()
-        GZ = self.covar_module(Z, Xs).to_dense() * w
-        A = KZ + GZ @ GZ.transpose(-1, -2)
-        rhs = GZ @ (w * (ys - self.mean_module.constant.detach())).unsqueeze(-1)
-        a = cholesky_solve(psd_cholesky(A, jitter=1e-8), rhs).squeeze(-1)
+        Q, s = self._site_statistics(Z, idx)
+        scale = n / idx.shape[0]
+        self._closed_form(beta, alpha, scale * Q, scale * s)
+
+    def _site_statistics(self, Z: Tensor, idx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""``Q = K_ZX N^{-1} K_XZ`` (``M x M``) and ``s = K_ZX N^{-1} (y - c)`` (``M``) over the
+        held data (rows ``idx``, default all), accumulated in chunks of 4,096 rows."""
+        idx = torch.arange(self.num_data) if idx is None else idx
+        M = Z.shape[-2]
+        Q = torch.zeros(M, M, **self._dtype_device)
+        s = torch.zeros(M, **self._dtype_device)
+        c = self.mean_module.constant.detach()
+        for chunk in idx.split(4096):
+            K = self.covar_module(Z, self.train_X[chunk]).to_dense()  # M x chunk
+            w = self._train_noise_diag(chunk).reciprocal()
+            Q = Q + (K * w) @ K.transpose(-1, -2)
+            s = s + K @ (w * (self.train_y[chunk] - c))
+        return Q, s
+
+    def _closed_form(
+        self,
+        beta: Tensor,
+        alpha: Tensor,
+        Q: Tensor,
+        s: Tensor,
+        factors: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
+        statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
+        ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_b^{-1} P K_b^{-1}`` with ``P = Q_{beta,beta}``,
+        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined).
+
+        ``factors``: the Cholesky factors ``(chol(K_b + 1e-8 I), chol(P + 1e-6 I), chol(K_Z +
+        Q))`` when already known (kept up to date by rank-q updates in :meth:`_fold`); returns
+        them."""
         mb = beta.shape[-2]
+        if factors is None:
+            Kb = self.covar_module(beta).to_dense()
+            eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+            KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+            factors = (
+                psd_cholesky(Kb + 1e-8 * eye),
+                psd_cholesky(Q[:mb, :mb] + 1e-6 * eye),
+                psd_cholesky(KZ + Q, jitter=1e-8),
+            )
+        Rb, RP, RA = factors
+        L = cholesky_solve(Rb, RP)
+        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
         self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
+        return factors
+
+    def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
+        r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
+        statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
+        Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
+        factors = self._closed_form(beta, alpha, Q, s)
+        self.site_Q, self.site_s = Q, s
+        # Not a buffer: valid only while ``site_Q`` is this very tensor (any change of the sites
+        # replaces it), so stale factors are never used.
+        self._site_factors = (Q, *factors)
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
+
+    def _in_fold_mode(self) -> bool:
+        return self.site_Q is not None and self._gaussian()
 
     # ------------------------------------------------------------------ caches
 
@@ -394,6 +478,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return psd_cholesky(K + 1e-8 * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device))
 
     def _rebuild_caches(self) -> None:
+        # Hyperparameters changed since the sites were summed: they no longer describe the data
+        # under the current kernel, so updates go back to exact growth until the next fit.
+        self.site_Q, self.site_s = None, None
         self.chol_H = self._chol_H(self.beta_points, self.L)
 
     # ------------------------------------------------------------------ prediction
@@ -414,6 +501,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return solve_lower(self.chol_H, self.L.transpose(-1, -2) @ K_bX)
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if self.beta_points.dim() == 2 and self.a_beta.dim() == 1:
+            return self._latent_posterior_folded(X)
         mean = self._mean_at(X)
         V = self._whitened(X)
         prior = self.covar_module(X)
@@ -421,6 +510,21 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         Vt = V.transpose(-1, -2).expand(*batch, V.shape[-1], V.shape[-2])
         covar = prior + MatmulLinearOperator(Vt, V.expand(*batch, *V.shape[-2:])) * -1.0
         return MultivariateNormal(mean.expand(*batch, mean.shape[-1]), covar)
+
+    def _latent_posterior_folded(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of a non-batched model at ``X`` (``batch x q x d``) with the batch folded
+        into columns: one ``M_beta x (batch * q)`` solve against ``chol_H``, so memory is
+        O(batch * q * (M_beta + q)) and no ``M_beta x M_beta`` factor is copied per batch element
+        (``solve_triangular`` broadcasting would copy it)."""
+        batch, q, d = X.shape[:-2], X.shape[-2], X.shape[-1]
+        Xf = X.reshape(-1, d)  # (batch * q) x d
+        mean = self._mean_at(Xf).reshape(*batch, q)
+        V = self._whitened(Xf)  # M_beta x (batch * q)
+        Vb = V.reshape(V.shape[0], -1, q)  # M_beta x B x q
+        VtV = torch.einsum("mbi,mbj->bij", Vb, Vb).reshape(*batch, q, q)
+        covar = self.covar_module(X).to_dense() - VtV
+        # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
 
     # ------------------------------------------------------------------ conditioning (docs/math.md §3)
 
@@ -475,6 +579,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         new = self._shallow_copy()
         new.beta_points, new.L, new.chol_H, new.a_beta = beta, L, chol_H, a_beta
+        new.site_Q, new.site_s = None, None  # grown bases: exact conditioning, no sites
         new._batch_shape = torch.broadcast_shapes(a_beta.shape[:-1], beta.shape[:-2])
         if new._batch_shape == torch.Size():  # a plain (non-fantasy) model keeps the data
             new.train_X = torch.cat([self.train_X, X], dim=-2)
@@ -485,12 +590,58 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""In place. In fold mode (the state is the site optimum for fixed bases, as after
+        :meth:`fit` or construction on more points than ``num_cov_bases``) the new points are
+        folded into the site statistics and the bases stay capped (:meth:`_fold`). Otherwise the
+        exact conditioning grows the covariance basis by ``q``; once it would exceed
+        ``num_cov_bases + max_basis_growth`` the bases are compressed back to the caps and the
+        model switches to fold mode on all held data (a one-off O(n M_alpha^2))."""
+        if self._in_fold_mode():
+            self._fold(X, Y, noise)
+            return
         beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)  # raises before changes
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         train_noise = self.train_noise
         if self.fixed_noise:
             train_noise = torch.cat([self.train_noise, noise], dim=-1)
         self.beta_points, self.L, self.chol_H, self.a_beta = beta, L, chol_H, a_beta
+        self.train_X = torch.cat([self.train_X, X], dim=-2)
+        self.train_y = torch.cat([self.train_y, Y], dim=-1)
+        self.train_noise = train_noise
+        if self._gaussian() and self.num_beta > self.num_cov_bases + self.max_basis_growth:
+            self._compress()
+            self._set_sites(self.beta_points, self.alpha_points)
+
+    def _fold(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""Fold ``q`` points into fixed bases: ``Q += K_{Z,X*} N*^{-1} K_{X*,Z}``, ``s +=
+        K_{Z,X*} N*^{-1} (y* - c)``, then the closed-form ``a, B`` (:meth:`_closed_form`).
+
+        After any chain of folds the state equals :meth:`_set_sites` on all held data with the
+        same bases and hyperparameters, i.e. the optimum of the ELBO over ``(a, B)`` for those
+        fixed bases (Titsias-style collapsed optimum; the paper's Eqs. 9-10 maximised in closed
+        form). Cost O(M_alpha^2 q + M_beta^3) per update (rank-q Cholesky updates of the kept
+        factors), independent of n and of the number of updates."""
+        N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
+        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
+        K = self.covar_module(Z, X).to_dense()  # M x q
+        w = N.reciprocal()
+        Q = self.site_Q + (K * w) @ K.transpose(-1, -2)
+        s = self.site_s + K @ (w * (Y - self.mean_module.constant.detach()))
+        train_noise = self.train_noise
+        if self.fixed_noise:
+            train_noise = torch.cat([self.train_noise, noise], dim=-1)
+        beta, alpha = self.beta_points, self.alpha_points
+        kept = getattr(self, "_site_factors", None)
+        factors = None
+        if kept is not None and kept[0] is self.site_Q:
+            Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
+            Rb, RP, RA = kept[1:]
+            factors = (Rb, cholesky_update(RP, Kw[: beta.shape[-2]]), cholesky_update(RA, Kw))
+        factors = self._closed_form(beta, alpha, Q, s, factors)  # clears the sites and caches
+        self.site_Q, self.site_s = Q, s
+        self._site_factors = (Q, *factors)
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
         self.train_X = torch.cat([self.train_X, X], dim=-2)
         self.train_y = torch.cat([self.train_y, Y], dim=-1)
         self.train_noise = train_noise
@@ -595,9 +746,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
 
     def fit(
         self,
-        method: Literal["adam", "lbfgs"] = "adam",
+        method: Literal["auto", "adam", "lbfgs"] | None = None,
         max_iter: int = 200,
-        lr: float = 0.01,
+        lr: float | None = None,
         lr_variational: float | None = None,
         batch_size: int = 1024,
         num_kl_columns: int | None = None,
@@ -625,7 +776,18 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         4. If the bases are exactly all the data (and did not move), finish at the closed-form
            optimum ``a = (K + N)^{-1}(y - c), L = N^{-1/2}`` for the fitted hyperparameters.
 
+        **Default** (``method=None``): ``"auto"`` for a Gaussian likelihood when no Adam step
+        size ``lr`` is given and ``max_iter > 0``, else ``"adam"``. ``"auto"`` is
+        :meth:`_fit_auto`: L-BFGS on the exact marginal likelihood of all held data when ``n <=
+        exact_fit_points`` (default 512), else of a random subset of that size; then bases by
+        pivoted Cholesky of the kernel on the held data and ``a, B`` at their closed-form optimum
+        on all held data (fold mode). Plain Adam from the median heuristic barely moves the
+        hyperparameters in a BO loop's few steps. ``"auto"`` uses ``max_iter`` (L-BFGS
+        iterations), ``train_hyperparameters``, ``restandardize`` and ``timeout_sec``; the other
+        options belong to ``"adam"``/``"lbfgs"``.
+
         Args:
+            method: ``None`` (see above), ``"auto"``, ``"adam"`` or ``"lbfgs"`` (ELBO, full batch).
             lr: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
             lr_variational: initial step for ``a`` and ``L`` (default ``lr / 10``): a smaller
                 one keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
@@ -647,8 +809,18 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
+        if method is None:
+            method = "auto" if (lr is None and self._gaussian() and max_iter > 0) else "adam"
+        if method not in ("auto", "adam", "lbfgs"):
+            raise ValueError(f"Unknown fit method {method!r}; use 'auto', 'adam' or 'lbfgs'.")
+        if method == "auto" and not self._gaussian():
+            raise ValueError("fit(method='auto') needs a Gaussian likelihood; use 'adam'.")
+        lr = 0.01 if lr is None else float(lr)
+        self.site_Q, self.site_s = None, None
         if restandardize and self.num_data > 1 and self._gaussian():
             self._restandardize()
+        if method == "auto":
+            return self._fit_auto(max_iter, train_hyperparameters, timeout_sec)
         bases_are_data = self._bases_are_data()
         grown = self.num_beta > self.num_cov_bases or self.num_alpha > self.num_mean_bases
         if compress and grown:
@@ -720,6 +892,75 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.invalidate_caches()
         self.ensure_caches()
         return self
+
+    def _fit_auto(self, max_iter: int, train_hyperparameters: bool, timeout_sec) -> Self:
+        r"""The default fit (see :meth:`fit`): exact-marginal-likelihood hyperparameters on (a
+        subset of) the held data, bases re-selected by pivoted Cholesky, closed-form ``a, B``."""
+        if train_hyperparameters:
+            self._exact_hyperparameters(self.exact_fit_points, max_iter, timeout_sec)
+        with torch.no_grad():
+            n = self.num_data
+            if n <= self.num_cov_bases:
+                self._set_exact_state(self.train_X)
+                self.site_Q, self.site_s = None, None
+            else:
+                beta, alpha = self._select_bases()
+                self._set_sites(beta, alpha)
+        self.last_fit_steps = 0
+        return self
+
+    def _select_bases(self, pool_size: int = 4096) -> tuple[Tensor, Tensor]:
+        r"""``num_mean_bases`` held points (from a random pool of at most ``pool_size``) chosen by
+        pivoted Cholesky of the kernel (greedy largest residual variance): the first
+        ``num_cov_bases`` are the covariance bases, the rest mean-only bases."""
+        n = self.num_data
+        pool = torch.randperm(n, generator=self._generator)[: min(n, pool_size)]
+        Xp = self.train_X[pool]
+        m = min(self.num_mean_bases, Xp.shape[0])
+        rows = torch.zeros(m, Xp.shape[0], **self._dtype_device)
+        resid = self.covar_module(Xp, diag=True).detach().clone()
+        chosen: list[int] = []
+        # Pivoted Cholesky by columns (kernel rows computed on demand, O(pool * m) memory).
+        for j in range(m):
+            if chosen:
+                resid[chosen] = -math.inf
+            i = int(torch.argmax(resid))
+            chosen.append(i)
+            piv = resid[i].clamp_min(1e-300).sqrt()
+            k_i = self.covar_module(Xp[i : i + 1], Xp).to_dense().squeeze(-2)
+            rows[j] = (k_i - rows[:j, i] @ rows[:j]) / piv
+            resid = resid - rows[j].pow(2)
+        Z = Xp[torch.tensor(chosen, dtype=torch.long)]
+        return Z[: self.num_cov_bases], Z[self.num_cov_bases :]
+
+    def _exact_hyperparameters(self, size: int, max_iter: int, timeout_sec) -> None:
+        r"""L-BFGS-B on the exact GP marginal likelihood (plus hyperpriors) of a random subset of
+        at most ``size`` held points (all of them when n is smaller), warm-started."""
+        from bo_online.models.exact import OnlineExactGP
+
+        n = self.num_data
+        idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
+        X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
+        if self.fixed_noise:
+            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise[idx].unsqueeze(-1),
+                                covar_module=self.covar_module, standardize=False)
+        else:
+            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
+                                standardize=False)
+        sub.mean_module = self.mean_module
+        names = {id(p) for p in self.hyperparameters()}
+        params = {k: p for k, p in self.named_parameters() if p.requires_grad and id(p) in names}
+        closure = ForwardBackwardClosure(
+            forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
+                              + self._log_prior() / X.shape[0]),
+            parameters=params,
+        )
+        self.train()
+        try:
+            scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
+                           options={"maxiter": max_iter}, timeout_sec=timeout_sec)
+        finally:
+            self.eval()
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
@@ -897,6 +1138,14 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         if rest.shape[-2] > room:
             rest = rest[pivoted_cholesky_select(self.covar_module(rest).to_dense(), room)]
         self._warm_start(beta, rest)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
+        fold mode) leaves this model without them too."""
+        for name in ("site_Q", "site_s"):
+            if name not in state_dict:
+                self._buffers[name] = None
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _restandardize(self) -> None:
         y = self.train_targets

@@ -40,6 +40,7 @@ import math
 from typing import Any, Callable, Literal
 
 import torch
+from botorch.models.transforms.input import Normalize
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
@@ -124,6 +125,16 @@ class QSGP(HeldDataMixin, OnlineModel):
             raise ValueError(f"train_X must be an n x d tensor, got {shape}.")
         dtype, device = train_X.dtype, train_X.device
         dim = train_X.shape[-1]
+        if input_transform is None and bounds is None and train_X.shape[0] > 1:
+            lo, hi = train_X.min(dim=0).values, train_X.max(dim=0).values
+            if bool((lo < 0).any() or (hi > 1).any()):
+                # Inputs outside the unit cube: the kernel's lengthscale prior (BoTorch's
+                # dimension-scaled one) assumes unit-cube inputs, and the evidence of a finite
+                # RFF basis then picks short lengthscales and near-zero noise (an interpolating
+                # fit that every later conditioning makes worse). Map the data's box onto the
+                # unit cube, as BoTorch's Normalize does.
+                input_transform = Normalize(
+                    d=dim, bounds=torch.stack([lo, torch.where(hi > lo, hi, lo + 1)]).to(train_X))
         super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype,
                          device=device)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)

@@ -380,7 +380,9 @@ class WISKI(OnlineModel):
         r = (y - self._offset()) / self.outcome_std.reshape(())  # sample x batch x q
         a = r * D.rsqrt()  # sample x batch x q
         # u = v + F a; b = u - F (I + F^T F)^-1 F^T u = v + F (a - corr); coefficients S b.
-        Ftu = (F.mT @ self.v.unsqueeze(-1)).squeeze(-1) + (FtF @ a.unsqueeze(-1)).squeeze(-1)
+        # F^T v = D*^-1/2 W* S v with S v = R A^-1 R^T z_r = mean_coef: read through the mean
+        # coefficients, so that any root S of M works (the root is updated, not rebuilt, by _fold).
+        Ftu = interp_vector(idx, wv, self.mean_coef) + (FtF @ a.unsqueeze(-1)).squeeze(-1)
         corr = torch.cholesky_solve(Ftu.unsqueeze(-1), C).squeeze(-1)
         mean_coef = self.mean_coef + (SF @ (a - corr).unsqueeze(-1)).squeeze(-1)
         return F, C, mean_coef
@@ -569,13 +571,14 @@ class WISKI(OnlineModel):
             z_r = (stats["z"] - beta * stats["h"]) / sd
             v = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
             mean_coef = self._mean_coef(R, L_A, v)
+            shared = _updated_roots(self._shared, idx, val * D.rsqrt().unsqueeze(-1))
         for name, value in stats.items():
             setattr(self, name, value)
         for name in _DELTA_NAMES:
             setattr(self, name, None)
         self._stats_shared = False
         self.chol_A, self.v, self.mean_coef = L_A, v, mean_coef
-        self._shared = {}
+        self._shared = shared
 
     def add_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, chunk_size: int = 65536
@@ -966,6 +969,38 @@ def _stats_with(
         "logdet_D": base["logdet_D"] + D.log().sum(), "sum_y": base["sum_y"] + y.sum(),
         "sum_y2": base["sum_y2"] + (y * y).sum(), "sum_D": base["sum_D"] + D.sum(),
     }
+
+
+def _updated_roots(shared: dict[str, Any], idx: Tensor, wv: Tensor) -> dict[str, Any]:
+    r"""The cached root ``S`` and Gram ``M = S S^T = R A^-1 R^T`` (both ``m x m``) after
+    ``A' = A + U U^T``, ``U = R^T W^T D^-1/2`` (``idx``/``wv``: ``q x K`` interpolation indices
+    and weights already scaled by ``D^-1/2``), by rank-q algebra in O(m^2 q) instead of the
+    O(m^3) rebuild; a new dict (the old one may be shared with conditioned models).
+
+    With ``F = S^T W^T D^-1/2`` (``m x q``, 4^d rows of ``S`` per point) and ``SF = S F =
+    M W^T D^-1/2`` (4^d rows of ``M``), Woodbury gives
+    ``M' = M - SF (I + F^T F)^-1 SF^T``, and ``S' = S (I + F Gamma F^T)`` is a root of it when
+    ``(I + F Gamma F^T)^2 = (I + F F^T)^-1``: in the eigenbasis ``F^T F = E diag(lam) E^T``,
+    ``Gamma = E diag(gamma) E^T`` with ``gamma = -1 / (s (1 + s))``, ``s = sqrt(1 + lam)``.
+    ``S'`` is then a root of ``M'`` but no longer ``R L_A'^-T``; every use of ``S`` needs only
+    ``S S^T = M`` (:meth:`WISKI._delta_caches` reads ``S v`` as the mean coefficients).
+    Cached rows of points (``"rows"``) are dropped: they belong to the old state.
+    """
+    S, M = shared.get("S"), shared.get("M")
+    if S is None:
+        return {}
+    F = interp_matmul(idx, wv, S).mT  # m x q
+    FtF = F.mT @ F
+    SF = interp_matmul(idx, wv, M).mT if M is not None else S @ F  # m x q
+    lam, E = torch.linalg.eigh(FtF)
+    root = (1.0 + lam).sqrt()
+    Gamma = (E * (-1.0 / (root * (1.0 + root))).unsqueeze(-2)) @ E.mT
+    out = {"S": torch.addmm(S, SF @ Gamma, F.mT)}
+    if M is not None:
+        C = torch.linalg.cholesky(torch.eye(F.shape[-1], dtype=F.dtype, device=F.device) + FtF)
+        H = torch.linalg.solve_triangular(C, SF.mT, upper=False)  # C^-1 SF^T: q x m
+        out["M"] = torch.addmm(M, H.mT, H, alpha=-1.0)
+    return out
 
 
 def _right_solve(C: Tensor, B: Tensor) -> Tensor:

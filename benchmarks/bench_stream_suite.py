@@ -1,0 +1,247 @@
+r"""Streaming suite: every surrogate on UCI sets in many dimensions, against an exact GP fitted in
+hindsight.
+
+For each (model, data set): a stream of ``--stream`` training rows (default 5,000; q = 1 and the
+``bo-online stream`` defaults: 100 initial points, refit every 50 steps with 50 iterations, test
+metrics every 50 steps) of one fixed 90/10 split, features scaled to the unit cube, targets
+standardised inside the model. Reported:
+
+* final test RMSE / NLL, as ratio and difference to an exact GP (BoTorch ``SingleTaskGP``,
+  fitted by marginal likelihood) fitted in hindsight on the first ``--hindsight`` (2,000) rows of
+  the same stream; targets: RMSE within 1.15x, NLL within 0.15 nats;
+* the prequential NLL against a constant predictor (a Gaussian with the running mean and
+  variance of the targets seen so far): the running averages over the predicted points; target:
+  the model's is not above the constant's after the first 200 points;
+* update time: median, and medians of the first and last 100 steps;
+* peak memory (``ru_maxrss`` of the process running that pair alone).
+
+Each pair runs in its own process (so peak RSS is its own) and writes ``<out>/<model>-<set>.json``;
+existing results are reused (the suite is resumable; ``--redo`` recomputes). ``--json`` writes the
+whole table. ``--memory-check`` runs, for WISKI and TSVGP, a 20,000-point stream and compares the
+peak RSS at 20,000 points with that at 2,000 (target: within 1.2x).
+
+    BO_ONLINE_DATA_DIR=... python benchmarks/bench_stream_suite.py                # full size
+    python benchmarks/bench_stream_suite.py --stream 1000 --hindsight 500 --models exact,tsvgp
+    python benchmarks/bench_stream_suite.py --memory-check --memory-stream 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bo_online.problems import to_unit, uci_problem
+
+DATASETS = ("elevators", "pol", "protein", "kin40k")
+MODELS = ("exact", "tsvgp", "wiski", "decoupled", "qsgp")
+RMSE_RATIO, NLL_DIFF, PREQ_GRACE = 1.15, 0.15, 200
+
+
+def _peak_rss_mb() -> float:
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _problem(name: str, stream: int, max_test: int | None, seed: int):
+    return uci_problem(name, split=0, seed=seed, max_stream=stream, max_test=max_test)
+
+
+def hindsight(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Exact GP (BoTorch SingleTaskGP, MLL fit) on the first ``--hindsight`` stream rows."""
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from bo_online.loops.active import predictive_metrics
+
+    prob = _problem(name, args.stream, args.max_test, args.seed)
+    n = min(args.hindsight, prob.X_stream.shape[0])
+    U = to_unit(prob.X_stream[:n], prob.bounds)
+    t0 = time.perf_counter()
+    gp = SingleTaskGP(U, prob.y_stream[:n].reshape(-1, 1), outcome_transform=Standardize(1))
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    gp.eval()
+    m = predictive_metrics(gp, to_unit(prob.X_test, prob.bounds), prob.y_test)
+    return {"set": name, "n": n, "test_rmse": m["rmse"], "test_nll": m["nll"],
+            "fit_time": time.perf_counter() - t0, "peak_rss_mb": _peak_rss_mb()}
+
+
+def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One streaming run at the CLI defaults; the per-step numbers the table needs."""
+    from bo_online.loops import StreamingLoop
+
+    prob = _problem(name, args.stream, args.max_test, args.seed)
+    loop = StreamingLoop(prob, model=model, n_init=100, eval_every=50, refit_every=50,
+                         fit_max_iter=50, seed=args.seed)
+    rss_at: dict[int, float] = {}
+    marks = set(args.rss_marks)
+
+    def callback(record: dict[str, Any]) -> None:
+        if record["n"] in marks:
+            rss_at[record["n"]] = _peak_rss_mb()
+
+    t0 = time.perf_counter()
+    loop.run(callback=callback)
+    elapsed = time.perf_counter() - t0
+    steps = [r for r in loop.records if r["step"] > 0]
+    final = next(r for r in reversed(loop.records) if r.get("test_rmse") is not None)
+    # prequential NLL of the model vs the constant predictor, running averages
+    y = prob.y_stream.numpy()
+    n0 = loop.config["n_init"]
+    model_nll = np.array([r["pred_nll"] for r in steps], float)
+    const_nll = np.empty(len(steps))
+    for i in range(len(steps)):
+        seen = y[: n0 + i]
+        mu, var = seen.mean(), max(seen.var(), 1e-12)
+        const_nll[i] = 0.5 * (math.log(2 * math.pi * var) + (y[n0 + i] - mu) ** 2 / var)
+    count = np.arange(1, len(steps) + 1)
+    run_model, run_const = np.cumsum(model_nll) / count, np.cumsum(const_nll) / count
+    above = np.flatnonzero(run_model > run_const)
+    upd = [r["time_update"] for r in steps]
+    return {
+        "model": model, "set": name, "d": prob.dim, "n": loop.position,
+        "test_rmse": final["test_rmse"], "test_nll": final["test_nll"],
+        "test_at_n": final["n"],
+        "prequential_nll": float(run_model[-1]), "constant_prequential_nll": float(run_const[-1]),
+        "last_point_above_constant": int(above[-1] + 1) if above.size else 0,
+        "update_median_s": statistics.median(upd),
+        "update_first100_s": statistics.median(upd[:100]),
+        "update_last100_s": statistics.median(upd[-100:]),
+        "elapsed_s": elapsed, "sum_step_s": loop.wall_time,
+        "peak_rss_mb": _peak_rss_mb(), "rss_at_mb": {str(k): v for k, v in rss_at.items()},
+    }
+
+
+def _child(kind: str, model: str, name: str, path: Path, args: argparse.Namespace) -> dict | None:
+    """Run one pair in a fresh process (own peak RSS); result cached at ``path``."""
+    if path.is_file() and not args.redo:
+        return json.loads(path.read_text())
+    cmd = [sys.executable, __file__, "--child", kind, model, name, str(path),
+           "--stream", str(args.stream), "--hindsight", str(args.hindsight), "--seed", str(args.seed),
+           "--threads", str(args.threads), "--rss-marks", *map(str, args.rss_marks)]
+    if args.max_test is not None:
+        cmd += ["--max-test", str(args.max_test)]
+    print(f"... {kind} {model} {name}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not path.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        print(f"    failed: {tail[0]}", file=sys.stderr)
+        return {"model": model, "set": name, "error": tail[0]}
+    return json.loads(path.read_text())
+
+
+def _verdict(r: dict[str, Any], h: dict[str, Any]) -> dict[str, Any]:
+    ratio = r["test_rmse"] / h["test_rmse"]
+    diff = r["test_nll"] - h["test_nll"]
+    preq_ok = r["last_point_above_constant"] <= PREQ_GRACE
+    return {"rmse_ratio": ratio, "nll_diff": diff, "rmse_pass": ratio <= RMSE_RATIO,
+            "nll_pass": diff <= NLL_DIFF, "prequential_pass": preq_ok}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--stream", type=int, default=5000, help="stream rows (100 initial + steps)")
+    p.add_argument("--hindsight", type=int, default=2000, help="rows of the hindsight exact GP")
+    p.add_argument("--max-test", type=int, default=None, help="use only this many test rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("runs/stream_suite"))
+    p.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
+    p.add_argument("--redo", action="store_true", help="recompute cached results")
+    p.add_argument("--memory-check", action="store_true",
+                   help="20,000-point streams for wiski and tsvgp: peak RSS at 20,000 vs 2,000")
+    p.add_argument("--memory-stream", type=int, default=20000)
+    p.add_argument("--memory-set", default="protein")
+    p.add_argument("--rss-marks", type=int, nargs="*", default=[2000])
+    p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if args.child is not None:
+        kind, model, name, path = args.child
+        result = hindsight(name, args) if kind == "hindsight" else stream_run(model, name, args)
+        Path(path).write_text(json.dumps(result, indent=1))
+        return
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = [m for m in args.models.split(",") if m]
+    sets = [s for s in args.datasets.split(",") if s]
+    table: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v)
+                                          for k, v in vars(args).items() if k != "child"},
+                             "torch": torch.__version__, "hindsight": {}, "runs": []}
+    tag = f"s{args.stream}-h{args.hindsight}-t{args.max_test}-seed{args.seed}"
+    if not args.memory_check:
+        for name in sets:
+            table["hindsight"][name] = _child("hindsight", "exact", name,
+                                              args.out / f"hindsight-{name}-{tag}.json", args)
+        for name in sets:
+            for model in models:
+                r = _child("stream", model, name, args.out / f"{model}-{name}-{tag}.json", args)
+                h = table["hindsight"][name]
+                if "error" not in r and "error" not in h:
+                    r = {**r, **_verdict(r, h)}
+                table["runs"].append(r)
+        _print_table(table, args)
+    else:
+        args.stream, args.rss_marks = args.memory_stream, [2000, args.memory_stream]
+        tag = f"mem{args.memory_stream}-seed{args.seed}"
+        for model in ("wiski", "tsvgp"):
+            r = _child("stream", model, args.memory_set,
+                       args.out / f"{model}-{args.memory_set}-{tag}.json", args)
+            if "error" not in r:
+                at = r["rss_at_mb"]
+                r["rss_ratio"] = at[str(args.memory_stream)] / at["2000"]
+                r["memory_pass"] = r["rss_ratio"] <= 1.2
+                print(f"{model:<10} peak RSS at 2,000: {at['2000']:.0f} MB, at "
+                      f"{args.memory_stream:,}: {at[str(args.memory_stream)]:.0f} MB, ratio "
+                      f"{r['rss_ratio']:.2f} -> {'PASS' if r['memory_pass'] else 'FAIL'} (<= 1.2)")
+            else:
+                print(f"{model:<10} error: {r['error']}")
+            table["runs"].append(r)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(table, indent=1))
+        print(f"json: {args.json}")
+
+
+def _print_table(table: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"\nStreams of {args.stream:,} rows (q = 1, CLI defaults), hindsight exact GP on "
+          f"{args.hindsight:,} rows; targets RMSE <= {RMSE_RATIO}x, NLL <= +{NLL_DIFF} nats, "
+          f"prequential NLL <= constant after {PREQ_GRACE} points.")
+    head = (f"{'set':<10}{'d':>3} {'model':<10}{'RMSE':>7}{'(hs)':>7}{'ratio':>7}{'NLL':>8}"
+            f"{'(hs)':>7}{'diff':>7}{'preqNLL':>8}{'const':>7}{'>c@':>6}{'upd ms':>8}"
+            f"{'1st100':>8}{'last100':>8}{'RSS MB':>8}  verdict")
+    print(head)
+    pf = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+    for r in table["runs"]:
+        h = table["hindsight"].get(r["set"], {})
+        if "error" in r:
+            print(f"{r['set']:<10}{'':>3} {r['model']:<10} error: {r['error']}")
+            continue
+        verdict = (f"RMSE {pf(r.get('rmse_pass'))}, NLL {pf(r.get('nll_pass'))}, "
+                   f"preq {pf(r.get('prequential_pass'))}") if "rmse_ratio" in r else "no hindsight"
+        print(f"{r['set']:<10}{r['d']:>3} {r['model']:<10}{r['test_rmse']:>7.3f}"
+              f"{h.get('test_rmse', float('nan')):>7.3f}{r.get('rmse_ratio', float('nan')):>7.2f}"
+              f"{r['test_nll']:>8.3f}{h.get('test_nll', float('nan')):>7.3f}"
+              f"{r.get('nll_diff', float('nan')):>7.2f}{r['prequential_nll']:>8.3f}"
+              f"{r['constant_prequential_nll']:>7.3f}{r['last_point_above_constant']:>6d}"
+              f"{1e3 * r['update_median_s']:>8.2f}{1e3 * r['update_first100_s']:>8.2f}"
+              f"{1e3 * r['update_last100_s']:>8.2f}{r['peak_rss_mb']:>8.0f}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()

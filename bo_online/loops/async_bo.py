@@ -1,0 +1,467 @@
+r"""Asynchronous parallel BO on a Dask cluster.
+
+Every worker of a ``distributed.Client`` is kept busy: whenever one is free, the loop proposes
+one point with the points still being evaluated treated as pending, submits it, and folds each
+result into the online surrogate the moment it arrives (``model.update``, in arrival order).
+
+Pending points:
+
+* ``qucb`` / ``qlognei``: BoTorch's ``X_pending`` (the MC acquisition is evaluated jointly over
+  the candidate and the pending points, i.e. it integrates over their fantasised outcomes);
+* ``ts``: each proposal is an independent joint posterior sample over fresh Sobol candidates, as
+  in asynchronous Thompson sampling (Kandasamy, Krishnamurthy, Schneider, Poczos, "Parallelised
+  Bayesian Optimisation via Thompson Sampling", AISTATS 2018); candidates that coincide with a
+  pending point are excluded, so no point is evaluated twice at once.
+
+Reproducibility: proposal ``k`` draws its randomness from ``(seed, k)`` and the observation noise
+of the evaluation of proposal ``k`` from ``(seed, k, "noise")``, so a point resubmitted after the
+driver was killed gives the same observation. The checkpoint holds the points in flight; a resumed
+loop resubmits them before proposing new ones, and ends with the same number of evaluations.
+
+Failures: a worker that dies mid-evaluation is handled by Dask (the scheduler reruns the task on
+another worker); if Dask gives up (``KilledWorker``) the point is resubmitted. An objective that
+raises is recorded as a failed evaluation (``"failed": true``) and the campaign goes on, until more
+than ``max_failures`` evaluations have failed.
+
+Example:
+    >>> from distributed import Client, LocalCluster
+    >>> client = Client(LocalCluster(n_workers=4, threads_per_worker=1, processes=True))
+    >>> loop = AsyncBayesOptLoop(synthetic_problem("branin"), client, model="wiski", acq="qucb")
+    >>> loop.run(steps=100)   # 100 evaluations after the initial design
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+from torch.quasirandom import SobolEngine
+
+from bo_online.acquisition import build_acquisition, propose
+from bo_online.loops import history
+from bo_online.loops.bayesopt import BayesOptLoop
+from bo_online.problems import Problem, from_unit
+
+__all__ = [
+    "AsyncBayesOptLoop",
+    "ASYNC_ACQUISITIONS",
+    "TooManyFailures",
+    "SlowProblem",
+    "connect",
+]
+
+#: acquisitions that handle pending points (MC acquisitions with ``X_pending``, Thompson sampling).
+ASYNC_ACQUISITIONS = ("qucb", "qlognei", "ts")
+
+
+class TooManyFailures(RuntimeError):
+    """More objective evaluations failed than the loop's ``max_failures`` allows."""
+
+
+def connect(address: str) -> Any:
+    r"""A ``distributed.Client`` for ``local:N`` (a new ``LocalCluster`` of ``N`` single-threaded
+    worker processes) or a scheduler address (``tcp://host:port``)."""
+    from distributed import Client, LocalCluster
+
+    if address.startswith("local:"):
+        n = address.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--dask local:N needs a worker count N >= 1, got {address!r}.")
+        cluster = LocalCluster(
+            n_workers=int(n), threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        return Client(cluster)
+    if "://" not in address:
+        raise ValueError(
+            f"--dask must be local:N or a scheduler address such as tcp://host:8786, got {address!r}."
+        )
+    try:
+        return Client(address, timeout="20s")
+    except OSError as e:
+        raise ValueError(f"Cannot reach the Dask scheduler at {address!r}: {e}") from e
+
+
+def _evaluate_point(problem: Problem, x: Tensor) -> dict[str, Any]:
+    r"""Worker task: the noiseless objective at ``x`` (``1 x d``) with who ran it and when."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker().address
+    except ValueError:  # not on a worker (in-process fallback)
+        worker = "local"
+    start = time.time()
+    y = problem.evaluate_true(x)
+    return {
+        "y_true": float(torch.as_tensor(y, dtype=torch.float64).reshape(-1)[0]),
+        "worker": worker,
+        "start_time": start,
+        "finish_time": time.time(),
+    }
+
+
+class SlowProblem(Problem):
+    r"""A problem whose evaluations take a random time: log-normal with mean ``mean_duration``
+    seconds and log-scale std ``sigma`` (heavy-tailed), drawn from the point itself so the
+    duration of a point is reproducible. For benchmarks and tests of asynchronous loops."""
+
+    def __init__(self, problem: Problem, mean_duration: float = 1.0, sigma: float = 1.0) -> None:
+        if mean_duration < 0 or sigma < 0:
+            raise ValueError("mean_duration and sigma must be >= 0.")
+        self.inner, self.mean_duration, self.sigma = problem, float(mean_duration), float(sigma)
+        self.bounds, self.noise_std = problem.bounds, problem.noise_std
+        self.maximize, self.optimal_value = problem.maximize, problem.optimal_value
+        self.name = f"slow-{problem.name}"
+        self.spec = None  # a wrapper: resume with problem=
+
+    def duration(self, X: Tensor) -> float:
+        seed = history.step_seed(0, hash(tuple(X.reshape(-1).tolist())) & 0x7FFFFFFF, "duration")
+        z = torch.randn((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        # E[exp(mu + sigma z)] = exp(mu + sigma^2 / 2) = mean_duration
+        return self.mean_duration * math.exp(self.sigma * float(z) - self.sigma**2 / 2)
+
+    def evaluate_true(self, X: Tensor) -> Tensor:
+        time.sleep(self.duration(X))
+        return self.inner.evaluate_true(X)
+
+
+class AsyncBayesOptLoop(BayesOptLoop):
+    r"""Asynchronous BO: one point per free worker, results folded in as they arrive.
+
+    A *step* is one folded-in (successful) evaluation; ``run(steps)`` ends after ``steps``
+    evaluations following the initial design (which is evaluated on the cluster too).
+
+    Args:
+        problem: the objective (see :class:`bo_online.loops.BayesOptLoop`).
+        client: a ``distributed.Client`` (its workers' threads are the evaluation slots).
+        acq: ``qucb``, ``qlognei`` or ``ts``.
+        max_failures: stop with :class:`TooManyFailures` once more evaluations than this have
+            raised.
+        max_in_flight: evaluations at once (default: the cluster's worker threads).
+        **kwargs: the other options of :class:`bo_online.loops.BayesOptLoop` (``q`` must be 1).
+    """
+
+    kind = "bo_async"
+
+    def __init__(
+        self,
+        problem: Problem,
+        client: Any,
+        acq: str = "qucb",
+        max_failures: int = 10,
+        max_in_flight: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if acq.lower() not in ASYNC_ACQUISITIONS:
+            raise ValueError(
+                f"Asynchronous BO needs an acquisition that handles pending points: one of "
+                f"{', '.join(ASYNC_ACQUISITIONS)}; got {acq!r}."
+            )
+        if kwargs.get("q", 1) != 1:
+            raise ValueError("Asynchronous BO proposes one point per free worker: use q=1.")
+        if int(max_failures) != max_failures or max_failures < 0:
+            raise ValueError(f"max_failures must be an integer >= 0, got {max_failures}.")
+        if client is None or not hasattr(client, "submit"):
+            raise ValueError("AsyncBayesOptLoop needs a distributed.Client (client=...).")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}.")
+        super().__init__(problem, acq=acq, executor=client, **kwargs)
+        self.client = client
+        self.max_in_flight = max_in_flight
+        self.config["max_failures"] = int(max_failures)
+        self.in_flight: dict[int, dict[str, Any]] = {}  # proposal id -> X, submit time, pending
+        self.next_proposal = 0
+        self.failures = 0
+        self._futures: dict[Any, int] = {}
+        self._hold_checkpoint = False
+        self._run_t0 = time.perf_counter()
+        self._wall0 = 0.0
+
+    # ------------------------------------------------------------------ proposals
+
+    def slots(self) -> int:
+        """How many evaluations run at once."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        return max(1, sum(self.client.nthreads().values()))
+
+    def propose_point(self, pid: int, X_pending: Tensor, k: int = 1) -> Tensor:
+        r"""Proposals ``pid, ..., pid + k - 1`` (``k x d``, problem units, optimised jointly)
+        given the pending points ``X_pending`` (``p x d``, problem units), with randomness seeded
+        by ``(seed, pid)``."""
+        d, name = self.problem.dim, self.config["acq"]
+        U_pending = self._unit(X_pending) if X_pending.shape[0] else None
+        self.model.eval()
+        with history.seeded(self.config["seed"], pid, "ask_async", self.device):
+            if name == "ts":
+                U = self._thompson(U_pending, k)
+            else:
+                acq = build_acquisition(
+                    name,
+                    self.model,
+                    q=k,
+                    step=self.step_count + 1,
+                    dim=d,
+                    X_observed=self._unit(self.X),
+                    Y_observed=self._model_y(self.y),
+                    noisy=self.problem.noise_std > 0,
+                    options=self.config["acq_options"],
+                )
+                acq.set_X_pending(U_pending)
+                U = propose(acq, k, d, self.config["optimizer_options"], **self.tkwargs)
+        return from_unit(U.detach().cpu().to(torch.float64), self.problem.bounds)
+
+    def _thompson(self, U_pending: Tensor | None, k: int) -> Tensor:
+        from botorch.generation.sampling import MaxPosteriorSampling
+
+        d = self.problem.dim
+        n_cand = int(self.config["acq_options"].get("num_candidates", 1000))
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))
+        cands = SobolEngine(d, scramble=True, seed=seed).draw(n_cand, dtype=torch.float64)
+        cands = cands.to(**self.tkwargs)
+        if U_pending is not None:  # never re-propose a point being evaluated
+            keep = torch.cdist(cands, U_pending).min(-1).values > 1e-9
+            cands = cands[keep]
+        with torch.no_grad():
+            return MaxPosteriorSampling(self.model, replacement=False)(cands, num_samples=k)
+
+    def _pending_X(self) -> Tensor:
+        if not self.in_flight:
+            return torch.empty(0, self.problem.dim, dtype=torch.float64)
+        return torch.cat([v["X"] for _, v in sorted(self.in_flight.items())])
+
+    def _submit(self, pid: int) -> Any:
+        entry = self.in_flight[pid]
+        entry["submit_time"] = time.time()
+        future = self.client.submit(_evaluate_point, self.problem, entry["X"], pure=False)
+        self._futures[future] = pid
+        return future
+
+    def _fill(self, completed: Any) -> None:
+        """Propose and submit until every slot is busy or the budget is covered. When several
+        slots are free at once (the start, or results that arrived while the driver was busy),
+        their points are proposed jointly as one q-batch, with the other points in flight
+        pending: fewer acquisition optimisations when the driver is the bottleneck."""
+        k = min(
+            self.slots() - len(self.in_flight),
+            self.target_steps - self.step_count - len(self.in_flight),
+        )
+        if k <= 0:
+            return
+        pid = self.next_proposal
+        pending = self._pending_X()
+        t0 = self._now()
+        X = self.propose_point(pid, pending, k)
+        t_acq = (self._now() - t0) / k
+        for i in range(k):
+            self.in_flight[pid + i] = {
+                "X": X[i : i + 1],
+                "pending": pending,
+                "batch": k,
+                "time_acquisition": t_acq,
+            }
+        self.next_proposal += k
+        for i in range(k):
+            completed.add(self._submit(pid + i))
+
+    # ------------------------------------------------------------------ folding results
+
+    def _noise(self, pid: int) -> float:
+        if self.problem.noise_std == 0:
+            return 0.0
+        g = torch.Generator().manual_seed(history.step_seed(self.config["seed"], pid, "noise"))
+        return self.problem.noise_std * float(torch.randn((), generator=g, dtype=torch.float64))
+
+    def _handle(self, future: Any) -> dict[str, Any] | None:
+        r"""Fold one finished evaluation in (or record its failure); returns its record, or
+        None when the point was resubmitted."""
+        from distributed import KilledWorker
+
+        pid = self._futures.pop(future)
+        entry = self.in_flight[pid]
+        arrival = time.time()
+        meta = {
+            "proposal": pid,
+            "submit_time": entry["submit_time"],
+            "arrival_time": arrival,
+            "pending": entry["pending"],
+            "batch": entry.get("batch", 1),
+        }
+        if future.status == "error":
+            exc = future.exception()
+            if isinstance(exc, KilledWorker):  # Dask gave up after worker deaths: resubmit
+                entry["attempts"] = entry.get("attempts", 1) + 1
+                return None
+            del self.in_flight[pid]
+            self.failures += 1
+            record = {
+                "step": self.step_count,
+                "X": entry["X"],
+                **self._summary_fields(),
+                **meta,
+                "failed": True,
+                "error": f"{type(exc).__name__}: {exc}",
+                "refit": False,
+                "time_acquisition": entry["time_acquisition"],
+            }
+            return self._finish_record(record)
+        result = future.result()
+        del self.in_flight[pid]
+        y_true = torch.tensor([result["y_true"]], dtype=torch.float64)
+        y = y_true + self._noise(pid)
+        self._meta = {
+            **meta,
+            "worker": result["worker"],
+            "start_time": result["start_time"],
+            "finish_time": result["finish_time"],
+            "failed": False,
+        }
+        self._pending = {
+            "time_acquisition": entry["time_acquisition"],
+            "time_evaluation": result["finish_time"] - result["start_time"],
+        }
+        try:
+            return self.tell(entry["X"], y, y_true)
+        finally:
+            self._meta = None
+
+    def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        meta = getattr(self, "_meta", None)
+        if meta:
+            record.update(meta)
+        for key in ("time_fit", "time_acquisition", "time_evaluation", "time_update"):
+            record.setdefault(key, 0.0)
+        record["time_step"] = float(
+            sum(record[k] for k in ("time_fit", "time_acquisition", "time_update"))
+        )
+        # Wall time is real elapsed time (evaluations overlap), continued across resume.
+        self.wall_time = self._wall0 + time.perf_counter() - self._run_t0
+        record["wall_time"] = self.wall_time
+        return self._commit(record)
+
+    def save_checkpoint(self) -> None:
+        if not self._hold_checkpoint:
+            super().save_checkpoint()
+
+    # ------------------------------------------------------------------ driver
+
+    def run(
+        self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
+        r"""Evaluate until ``steps`` evaluations after the initial design have been folded in."""
+        from distributed import as_completed
+
+        if steps is None:
+            steps = self.target_steps
+        if steps is None or int(steps) != steps or steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {steps}.")
+        self.target_steps = int(steps)
+        self._run_t0, self._wall0 = time.perf_counter(), self.wall_time
+        if not self.initialized:
+            record = self.initialize()
+            if callback is not None:
+                callback(record)
+        completed = as_completed()
+        for pid in sorted(self.in_flight):  # points in flight when the run was interrupted
+            completed.add(self._submit(pid))
+        try:
+            with self._progress() as advance:
+                if self.step_count < self.target_steps:
+                    self._fill(completed)
+                # Fold in every result that has arrived (in arrival order), then fill the free
+                # slots with one joint proposal.
+                for batch in completed.batches():
+                    for future in batch:
+                        self._fold(future, completed, advance, callback)
+                    last = self.step_count >= self.target_steps
+                    if last:
+                        if self.out_dir is not None:
+                            self.save_checkpoint()
+                        break
+                    self._fill(completed)
+                    if self.out_dir is not None and self._checkpoint_due():
+                        self.save_checkpoint()  # with the new in-flight set
+        finally:
+            for future in list(self._futures):
+                future.cancel()
+            self._futures.clear()
+        return self.records
+
+    def _fold(self, future: Any, completed: Any, advance: Any, callback: Any) -> None:
+        """Handle one finished future: fold it in, record a failure, or resubmit its point."""
+        self._hold_checkpoint = True  # checkpoint once the in-flight set is refilled
+        try:
+            record = self._handle(future)
+        finally:
+            self._hold_checkpoint = False
+        if record is None:  # Dask gave up after worker deaths: resubmit the point
+            completed.add(self._submit(self._pending_pid_of_resubmit()))
+            return
+        if record.get("failed") and self.failures > self.config["max_failures"]:
+            if self.out_dir is not None:
+                self.save_checkpoint()
+            raise TooManyFailures(
+                f"{self.failures} objective evaluations failed (more than "
+                f"max_failures={self.config['max_failures']}); last error: "
+                f"{record['error']}. Fix the objective, then resume the run."
+            )
+        if not record.get("failed"):
+            advance()
+        if callback is not None:
+            callback(record)
+
+    def _pending_pid_of_resubmit(self) -> int:
+        # The one in-flight point without a live future is the one to resubmit.
+        live = set(self._futures.values())
+        return next(pid for pid in sorted(self.in_flight) if pid not in live)
+
+    # ------------------------------------------------------------------ checkpoint / resume
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            **super()._state(),
+            "in_flight": {
+                pid: {
+                    k: v for k, v in e.items() if k in ("X", "pending", "batch", "time_acquisition")
+                }
+                for pid, e in self.in_flight.items()
+            },
+            "next_proposal": self.next_proposal,
+            "failures": self.failures,
+        }
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        super()._restore_state(state)
+        self.in_flight = {int(k): dict(v) for k, v in state["in_flight"].items()}
+        self.next_proposal = int(state["next_proposal"])
+        self.failures = int(state["failures"])
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: dict[str, Any],
+        out_dir: str | Path | None,
+        problem: Problem | None = None,
+        data_dir: str | None = None,
+        client: Any = None,
+        **overrides: Any,
+    ) -> "AsyncBayesOptLoop":
+        r"""Rebuild the loop from a checkpoint; ``client`` is the cluster to continue on."""
+        if client is None:
+            raise ValueError(
+                "This is an asynchronous (Dask) run: resume it with a cluster "
+                "(bo-online resume RUN --dask local:N or --dask tcp://host:port)."
+            )
+        overrides.pop("executor", None)
+        return super().from_checkpoint(
+            ckpt,
+            out_dir,
+            problem=problem,
+            data_dir=data_dir,
+            client=client,
+            max_failures=ckpt["config"]["max_failures"],
+            **overrides,
+        )

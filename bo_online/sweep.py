@@ -1,0 +1,285 @@
+r"""Campaign sweeps on a Dask cluster: problems x models x acquisitions x seeds.
+
+A spec file (TOML, or YAML with PyYAML) lists the campaigns::
+
+    steps = 40                          # BO steps after the initial design
+    problems = ["branin", "hartmann3"]  # names, or tables {name = "levy", dim = 3, noise = 0.1}
+    models = ["exact", "wiski"]
+    acqs = ["qucb", "ts"]
+    seeds = [0, 1, 2]
+
+    [options]                           # BayesOptLoop options shared by every campaign
+    q = 1
+    refit_every = 10
+    optimizer_options = {num_restarts = 4, raw_samples = 128}
+
+Each campaign is one Dask task (a synchronous :class:`bo_online.loops.BayesOptLoop`) writing to
+``OUT/<problem>-<model>-<acq>-s<seed>``. Running the sweep again skips finished campaigns and
+resumes interrupted ones from their checkpoints; adding seeds (or steps) only runs what is new.
+At the end :func:`summarize` tabulates final regret per campaign and :func:`plot_sweep` draws, per
+problem, mean regret with 2-SE bands over seeds vs evaluations and vs wall time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Campaign", "load_spec", "campaigns", "run_campaign", "run_sweep", "summarize", "plot_sweep"]
+
+_SPEC_KEYS = {"steps", "problems", "models", "acqs", "seeds", "options"}
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One BO run of a sweep."""
+
+    problem: dict[str, Any]  # {"name", "dim", "noise"}
+    model: str
+    acq: str
+    seed: int
+    steps: int
+    options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        p = self.problem
+        tag = p["name"] + (f"{p['dim']}d" if p.get("dim") else "")
+        tag += f"-noise{p['noise']:g}" if p.get("noise") else ""
+        return f"{tag}-{self.model}-{self.acq}-s{self.seed}"
+
+    @property
+    def problem_label(self) -> str:
+        return self.name.rsplit(f"-{self.model}-{self.acq}-s", 1)[0]
+
+
+def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+    r"""Read and check a sweep spec (``.toml``, or ``.yaml`` / ``.yml`` with PyYAML)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"No sweep spec at {str(path)!r}.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: invalid YAML: {e}") from e
+    else:
+        try:
+            spec = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: invalid TOML: {e}") from e
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: the spec must be a table of steps, problems, models, acqs, seeds.")
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}.")
+    for key in ("problems", "models", "acqs", "seeds"):
+        if not isinstance(spec.get(key), list) or not spec[key]:
+            raise ValueError(f"{path}: {key!r} must be a non-empty list.")
+    steps = spec.get("steps")
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"{path}: 'steps' must be an integer >= 0, got {steps!r}.")
+    if not all(isinstance(s, int) for s in spec["seeds"]):
+        raise ValueError(f"{path}: 'seeds' must be integers.")
+    if not isinstance(spec.get("options", {}), dict):
+        raise ValueError(f"{path}: [options] must be a table of BayesOptLoop options.")
+    return spec
+
+
+def _problem(entry: Any) -> dict[str, Any]:
+    if isinstance(entry, str):
+        return {"name": entry, "dim": None, "noise": 0.0}
+    if isinstance(entry, dict) and "name" in entry and set(entry) <= {"name", "dim", "noise"}:
+        return {"name": entry["name"], "dim": entry.get("dim"), "noise": float(entry.get("noise", 0.0))}
+    raise ValueError(f"A problem is a name or a table {{name, dim, noise}}, got {entry!r}.")
+
+
+def campaigns(spec: dict[str, Any]) -> list[Campaign]:
+    r"""Every campaign of a spec (problems x models x acqs x seeds); checks names up front."""
+    from bo_online.acquisition import ACQUISITIONS
+    from bo_online.models.registry import get_model_class
+    from bo_online.problems import synthetic_problem
+
+    problems = [_problem(p) for p in spec["problems"]]
+    for p in problems:
+        synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])  # raises on bad names
+    for m in spec["models"]:
+        get_model_class(m)
+    for a in spec["acqs"]:
+        if a not in ACQUISITIONS or a == "qnipv":
+            raise ValueError(f"Unknown acquisition {a!r} in the sweep spec.")
+    options = dict(spec.get("options", {}))
+    return [
+        Campaign(p, m, a, int(s), int(spec["steps"]), options)
+        for p, m, a, s in itertools.product(problems, spec["models"], spec["acqs"], spec["seeds"])
+    ]
+
+
+def _done_steps(run_dir: Path) -> int | None:
+    """Steps finished by the run in ``run_dir`` (None: no run there)."""
+    from bo_online.loops.history import CHECKPOINT_FILE, read_records
+
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        return None
+    records = read_records(run_dir)
+    return max((r["step"] for r in records), default=0)
+
+
+def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, Any]:
+    r"""Run (or resume) one campaign in ``run_dir``; a Dask task. Returns its summary."""
+    import torch
+
+    from bo_online.loops import BayesOptLoop, load_loop
+    from bo_online.problems import synthetic_problem
+
+    torch.set_num_threads(1)  # one campaign per worker thread
+    run_dir = Path(run_dir)
+    done = _done_steps(run_dir)
+    if done is not None:
+        loop = load_loop(run_dir, quiet=True)
+        status = "resumed"
+    else:
+        p = campaign.problem
+        loop = BayesOptLoop(
+            synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"]),
+            model=campaign.model,
+            acq=campaign.acq,
+            seed=campaign.seed,
+            out_dir=run_dir,
+            overwrite=True,
+            quiet=True,
+            **campaign.options,
+        )
+        status = "ran"
+    records = loop.run(campaign.steps)
+    return _summary(campaign, records, status)
+
+
+def _summary(campaign: Campaign, records: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    last = records[-1]
+    return {
+        "campaign": campaign.name,
+        "problem": campaign.problem_label,
+        "model": campaign.model,
+        "acq": campaign.acq,
+        "seed": campaign.seed,
+        "evaluations": last["n"],
+        "regret": last.get("regret"),
+        "wall_time": last.get("wall_time"),
+        "status": status,
+    }
+
+
+def run_sweep(spec_path: str | os.PathLike, out: str | os.PathLike, client: Any) -> list[dict[str, Any]]:
+    r"""Run every unfinished campaign of the spec as a task on ``client``'s cluster; finished
+    ones are skipped. Returns one summary per campaign (``status``: ran, resumed, skipped)."""
+    from distributed import as_completed
+
+    from bo_online.loops.history import read_records
+
+    out = Path(out)
+    todo = campaigns(load_spec(spec_path))
+    summaries: list[dict[str, Any]] = []
+    futures = {}
+    for c in todo:
+        run_dir = out / c.name
+        done = _done_steps(run_dir)
+        if done is not None and done >= c.steps:
+            summaries.append(_summary(c, read_records(run_dir), "skipped"))
+            continue
+        futures[client.submit(run_campaign, c, run_dir, pure=False)] = c
+    for future in as_completed(futures):
+        summaries.append(future.result())  # a campaign that raised stops the sweep with its error
+    order = {c.name: i for i, c in enumerate(todo)}
+    return sorted(summaries, key=lambda s: order[s["campaign"]])
+
+
+def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    r"""Per (problem, model, acq): number of seeds, mean final regret and its standard error."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for s in summaries:
+        key = (s["problem"], s["model"], s["acq"])
+        groups.setdefault(key, [])
+        if s["regret"] is not None:
+            groups[key].append(float(s["regret"]))
+    rows = []
+    for (problem, model, acq), values in groups.items():
+        n = len(values)
+        mean = sum(values) / n if n else math.nan
+        se = (
+            math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else math.nan
+        )
+        rows.append({"problem": problem, "model": model, "acq": acq, "seeds": n,
+                     "mean_regret": mean, "se_regret": se})
+    return rows
+
+
+def _band(curves: list[tuple[Any, Any]], grid: Any) -> tuple[Any, Any]:
+    """Mean and 2 SE over seeds of step curves ``(x, y)`` read at ``grid`` (last value so far)."""
+    import numpy as np
+
+    Y = []
+    for x, y in curves:
+        idx = np.searchsorted(x, grid, side="right") - 1
+        Y.append(np.where(idx >= 0, y[np.clip(idx, 0, None)], np.nan))
+    Y = np.array(Y)
+    n = np.sum(~np.isnan(Y), axis=0)
+    mean = np.nanmean(Y, axis=0)
+    se = np.where(n > 1, np.nanstd(Y, axis=0, ddof=1) / np.sqrt(np.maximum(n, 1)), 0.0)
+    return mean, 2 * se
+
+
+def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[Path]:
+    r"""One PNG per problem: mean regret (2-SE band over seeds) vs evaluations and vs wall time,
+    one line per (model, acq)."""
+    import warnings
+
+    import numpy as np
+
+    from bo_online.loops.history import read_records
+    from bo_online.plotting import _save, plt
+
+    out = Path(out)
+    written = []
+    for problem in dict.fromkeys(s["problem"] for s in summaries):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        rows = [s for s in summaries if s["problem"] == problem]
+        for method in dict.fromkeys((s["model"], s["acq"]) for s in rows):
+            by_n, by_t = [], []
+            for s in rows:
+                if (s["model"], s["acq"]) != method:
+                    continue
+                recs = [r for r in read_records(out / s["campaign"]) if r.get("regret") is not None]
+                n = np.array([r["n"] for r in recs], float)
+                t = np.array([r["wall_time"] for r in recs], float)
+                y = np.minimum.accumulate(np.array([r["regret"] for r in recs], float))
+                by_n.append((n, y))
+                by_t.append((t, y))
+            if not by_n:
+                continue
+            label = f"{method[0]}/{method[1]} ({len(by_n)} seeds)"
+            with warnings.catch_warnings():  # all-NaN columns before the first record
+                warnings.simplefilter("ignore", RuntimeWarning)
+                for ax, curves in zip(axes, (by_n, by_t)):
+                    grid = np.linspace(min(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200)
+                    mean, band = _band(curves, grid)
+                    line, = ax.plot(grid, mean, label=label)
+                    ax.fill_between(grid, np.maximum(mean - band, 1e-12), mean + band,
+                                    color=line.get_color(), alpha=0.2)
+        for ax, xlabel in zip(axes, ("evaluations", "wall time (s)")):
+            ax.set_yscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("simple regret (mean, 2 SE)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(problem)
+        written.append(_save(fig, out / "plots" / f"{problem}.png"))
+    return written

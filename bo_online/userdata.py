@@ -1,0 +1,440 @@
+r"""A user's own data as a stream (streaming loop) or a pool (active learning).
+
+Files: ``.csv`` / ``.csv.gz`` (comma separated; a first row with any non-numeric cell is a
+header of column names) or ``.npz`` (either arrays ``X`` (``n x d``) and ``y`` (``n``), with an
+optional ``test_mask`` (``n``), or one ``n x k`` array, named ``data`` or the only array).
+
+Everything is checked before a loop is built: every cell must be a finite number, every row as
+long as the header; the first offending cell is reported in one line naming the file, the line
+and the column (:class:`DataFileError`, a ``ValueError``).
+
+Problems built here are scaled like the shipped sets: the loops map the data's bounding box to the
+unit cube, and the surrogates standardise targets internally. Their ``spec`` records the file's
+absolute path and SHA-256, so a run resumes only on the very same file (a changed file is refused,
+:class:`DataChangedError`).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from bo_online.problems import PoolProblem, StreamProblem, _data_bounds
+
+__all__ = [
+    "DataFileError",
+    "DataChangedError",
+    "Table",
+    "read_table",
+    "file_sha256",
+    "stream_from_file",
+    "pool_from_file",
+    "problem_from_spec",
+]
+
+SUFFIXES = (".csv", ".csv.gz", ".npz")
+
+
+class DataFileError(ValueError):
+    """A user data file cannot be used; the message names the file, line and column."""
+
+
+class DataChangedError(ValueError):
+    """A run's data file differs from the one the run started on."""
+
+
+@dataclass
+class Table:
+    r"""A numeric table read from a file.
+
+    Attributes:
+        data: ``n x k`` float64 values.
+        columns: the ``k`` column names (``"0"``, ``"1"``, ... when the file has no header).
+        path: the file.
+        first_line: file line number of ``data[0]`` (1-based; 2 with a header). For ``.npz``: 0.
+        mask: an ``n`` test mask stored in an ``.npz`` file, else None.
+    """
+
+    data: np.ndarray
+    columns: list[str]
+    path: Path
+    first_line: int
+    mask: np.ndarray | None = None
+
+    def column(self, key: str | int, what: str) -> int:
+        """Index of a column given by name or (possibly negative) position."""
+        if isinstance(key, str) and key in self.columns:
+            return self.columns.index(key)
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            raise DataFileError(
+                f"{self.path}: no column {key!r} for {what}; columns are {', '.join(self.columns)}."
+            ) from None
+        k = len(self.columns)
+        if not -k <= index < k:
+            raise DataFileError(
+                f"{self.path}: {what} column index {index} is out of range for {k} columns."
+            )
+        return index % k
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in SUFFIXES:
+        if name.endswith(suffix):
+            return suffix
+    raise DataFileError(
+        f"{path}: unsupported file type; give a .csv, .csv.gz or .npz file."
+    )
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_csv(path: Path, gz: bool) -> Table:
+    # csv handles quoting; numpy.loadtxt cannot say which cell is bad, so cells are parsed here.
+    opener = gzip.open if gz else open
+    try:
+        with opener(path, "rt", encoding="utf-8", newline="") as f:
+            rows = [(i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DataFileError(f"{path}: cannot be read as CSV ({e}).") from e
+    if not rows:
+        raise DataFileError(f"{path}: the file holds no rows.")
+    line0, first = rows[0]
+    header = [c.strip() for c in first]
+    has_header = not all(_is_number(c) for c in header)
+    columns = header if has_header else [str(j) for j in range(len(first))]
+    body = rows[1:] if has_header else rows
+    if not body:
+        raise DataFileError(f"{path}: the file holds a header but no data rows.")
+    k = len(columns)
+    data = np.empty((len(body), k), dtype=np.float64)
+    for r, (line, row) in enumerate(body):
+        if len(row) != k:
+            raise DataFileError(
+                f"{path}: line {line} has {len(row)} fields, expected {k} (as in line {line0})."
+            )
+        for j, cell in enumerate(row):
+            text = cell.strip()
+            try:
+                value = float(text) if text else float("nan")
+            except ValueError:
+                raise DataFileError(
+                    f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
+                    f"number; only numeric columns can be used (encode or drop this column)."
+                ) from None
+            if not np.isfinite(value):
+                raise DataFileError(
+                    f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is {text or 'empty'}; "
+                    f"drop or fill the rows with missing values."
+                )
+            data[r, j] = value
+    return Table(data, columns, path, body[0][0])
+
+
+def _read_npz(path: Path) -> Table:
+    try:
+        arrays = dict(np.load(path, allow_pickle=False))
+    except (OSError, ValueError) as e:
+        raise DataFileError(f"{path}: cannot be read as .npz ({e}).") from e
+    mask = None
+    if "X" in arrays and "y" in arrays:
+        X, y = np.asarray(arrays["X"]), np.asarray(arrays["y"]).reshape(-1)
+        if X.ndim != 2 or X.shape[0] != y.shape[0]:
+            raise DataFileError(
+                f"{path}: X must be n x d and y hold n values, got X {X.shape} and y {y.shape}."
+            )
+        data = np.column_stack([X, y])
+        columns = [f"x{j}" for j in range(X.shape[1])] + ["y"]
+        if "test_mask" in arrays:
+            mask = np.asarray(arrays["test_mask"]).reshape(-1)
+            if mask.shape[0] != X.shape[0]:
+                raise DataFileError(
+                    f"{path}: test_mask holds {mask.shape[0]} values for {X.shape[0]} rows."
+                )
+    else:
+        name = "data" if "data" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
+        if name is None:
+            raise DataFileError(
+                f"{path}: expected arrays X and y, or one array 'data'; found {sorted(arrays)}."
+            )
+        data = np.asarray(arrays[name])
+        if data.ndim != 2:
+            raise DataFileError(f"{path}: array {name!r} must be n x k, got shape {data.shape}.")
+        columns = [str(j) for j in range(data.shape[1])]
+    if not np.issubdtype(data.dtype, np.number):
+        raise DataFileError(f"{path}: arrays must be numeric, got dtype {data.dtype}.")
+    data = data.astype(np.float64)
+    bad = np.argwhere(~np.isfinite(data))
+    if bad.size:
+        r, j = bad[0]
+        raise DataFileError(
+            f"{path}: row {r} (0-based), column {columns[j]!r} is {data[r, j]}; drop or fill the "
+            f"rows with missing values."
+        )
+    return Table(data, columns, path, 0, mask)
+
+
+def read_table(path: str | os.PathLike) -> Table:
+    r"""Read and check a ``.csv`` / ``.csv.gz`` / ``.npz`` file (see the module docstring)."""
+    path = Path(path).expanduser()
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise DataFileError(f"{path}: no such file.")
+    table = _read_npz(path) if suffix == ".npz" else _read_csv(path, gz=suffix == ".csv.gz")
+    if table.data.shape[1] < 2:
+        raise DataFileError(
+            f"{path}: needs at least one input column and one target column, got "
+            f"{table.data.shape[1]} column(s)."
+        )
+    return table
+
+
+def _test_mask(
+    table: Table, test_mask: str | int | None, test_fraction: float | None, seed: int,
+) -> tuple[np.ndarray, int | None]:
+    """The test rows (boolean ``n``) and the mask column used (excluded from the inputs)."""
+    n = table.data.shape[0]
+    if test_mask is not None:
+        if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
+            mask_table = read_table_any(Path(test_mask).expanduser())
+            values = mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
+            if values.shape[0] != n:
+                raise DataFileError(
+                    f"{mask_table.path}: the test mask holds {values.shape[0]} rows, but "
+                    f"{table.path} holds {n}."
+                )
+            column = None
+        else:
+            column = table.column(test_mask, "the test mask")
+            values = table.data[:, column]
+        if not np.isin(values, (0.0, 1.0)).all():
+            raise DataFileError(f"{table.path}: the test mask must hold 0/1 values (1 = test row).")
+        mask = values.astype(bool)
+    elif table.mask is not None and test_fraction is None:
+        mask, column = table.mask.astype(bool), None
+    else:
+        fraction = 0.1 if test_fraction is None else float(test_fraction)
+        if not 0.0 < fraction < 1.0:
+            raise DataFileError(f"test fraction must be in (0, 1), got {fraction}.")
+        k = int(round(fraction * n))
+        if not 1 <= k < n:
+            raise DataFileError(
+                f"{table.path}: a test fraction of {fraction} leaves no test or no training rows "
+                f"of {n}."
+            )
+        mask = np.zeros(n, bool)
+        mask[np.random.default_rng(seed).permutation(n)[:k]] = True
+        column = None
+    if mask.all() or not mask.any():
+        raise DataFileError(f"{table.path}: the test mask must mark some but not all rows.")
+    return mask, column
+
+
+def read_table_any(path: Path) -> Table:
+    """A mask file: like :func:`read_table`, but a single column is allowed."""
+    suffix = _suffix(path)
+    if suffix == ".npz":
+        return _read_npz(path)
+    return _read_csv(path, gz=suffix == ".csv.gz")
+
+
+def _inputs(table: Table, inputs: Sequence[str | int] | None, exclude: set[int]) -> list[int]:
+    if inputs is None:
+        cols = [j for j in range(len(table.columns)) if j not in exclude]
+    else:
+        cols = [table.column(c, "an input") for c in inputs]
+        clash = [table.columns[j] for j in cols if j in exclude]
+        if clash:
+            raise DataFileError(
+                f"{table.path}: column(s) {', '.join(clash)} cannot be both input and target/mask."
+            )
+    if not cols:
+        raise DataFileError(f"{table.path}: no input columns are left.")
+    return cols
+
+
+def _labels(y: np.ndarray, path: Path) -> np.ndarray:
+    """Binary labels to {0, 1}: the smaller of the two distinct values is 0."""
+    values = np.unique(y)
+    if values.size != 2:
+        raise DataFileError(
+            f"{path}: binary classification needs exactly two distinct target values, found "
+            f"{values.size}."
+        )
+    return (y == values[1]).astype(np.float64)
+
+
+def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
+    mask = options.get("test_mask")
+    if isinstance(mask, str) and Path(mask).expanduser().is_file():  # resume from any directory
+        options["test_mask"] = str(Path(mask).expanduser().resolve())
+    return {
+        "name": "file",
+        "kind": kind,
+        "path": str(table.path.resolve()),
+        "sha256": file_sha256(table.path),
+        **options,
+    }
+
+
+def stream_from_file(
+    path: str | os.PathLike,
+    target: str | int | None = None,
+    inputs: Sequence[str | int] | None = None,
+    test_fraction: float | None = None,
+    test_mask: str | int | None = None,
+    task: str = "regression",
+    shuffle: bool = True,
+    seed: int = 0,
+    max_stream: int | None = None,
+    max_test: int | None = None,
+    expected_sha256: str | None = None,
+) -> StreamProblem:
+    r"""A :class:`~bo_online.problems.StreamProblem` from a file.
+
+    Args:
+        path: ``.csv`` / ``.csv.gz`` / ``.npz`` file.
+        target: target column (name or index; default: the last column).
+        inputs: input columns (names or indices; default: every other column but the mask).
+        test_fraction: fraction of rows held out at random (seeded; default 0.1, a 90/10 split).
+        test_mask: instead, a column of the file, or a file with one 0/1 column, marking test rows.
+        task: ``"regression"`` or ``"classification"`` (two distinct target values, mapped to
+            {0, 1}).
+        shuffle: stream the training rows in a seeded random order (else in file order).
+        max_stream, max_test: keep only the first this many stream / test rows.
+        expected_sha256: refuse the file unless its hash is this (used on resume).
+    """
+    if task not in ("regression", "classification"):
+        raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
+    if test_mask is not None and test_fraction is not None:
+        raise DataFileError("give a test fraction or a test mask, not both.")
+    table = _checked(path, expected_sha256)
+    t_col = table.column(-1 if target is None else target, "the target")
+    mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
+    exclude = {t_col} | ({m_col} if m_col is not None else set())
+    cols = _inputs(table, inputs, exclude)
+    X, y = table.data[:, cols], table.data[:, t_col]
+    if task == "classification":
+        y = _labels(y, table.path)
+    X_tr, y_tr, X_te, y_te = X[~mask], y[~mask], X[mask], y[mask]
+    order = np.random.default_rng(seed).permutation(len(y_tr)) if shuffle else np.arange(len(y_tr))
+    if max_stream is not None:
+        order = order[:max_stream]
+    test_rows = slice(None) if max_test is None else slice(0, max_test)
+    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    return StreamProblem(
+        name=_stem(table.path),
+        X_stream=t(X_tr[order]),
+        y_stream=t(y_tr[order]),
+        X_test=t(X_te[test_rows]),
+        y_test=t(y_te[test_rows]),
+        bounds=_data_bounds(X),
+        spec=_spec(
+            "stream", table, target=target, inputs=None if inputs is None else list(inputs),
+            test_fraction=test_fraction, test_mask=test_mask, task=task, shuffle=shuffle,
+            seed=seed, max_stream=max_stream, max_test=max_test,
+        ),
+        task=task,
+    )
+
+
+def pool_from_file(
+    path: str | os.PathLike,
+    target: str | int | None = None,
+    inputs: Sequence[str | int] | None = None,
+    test_fraction: float | None = None,
+    test_mask: str | int | None = None,
+    seed: int = 0,
+    pool_size: int | None = None,
+    expected_sha256: str | None = None,
+) -> PoolProblem:
+    r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
+    the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
+    seeded random subset of the pool)."""
+    if test_mask is not None and test_fraction is not None:
+        raise DataFileError("give a test fraction or a test mask, not both.")
+    table = _checked(path, expected_sha256)
+    t_col = table.column(-1 if target is None else target, "the target")
+    mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
+    cols = _inputs(table, inputs, {t_col} | ({m_col} if m_col is not None else set()))
+    X, y = table.data[:, cols], table.data[:, t_col]
+    pool = np.flatnonzero(~mask)
+    if pool_size is not None:
+        if not 1 <= pool_size <= len(pool):
+            raise DataFileError(f"pool size must be in 1..{len(pool)}, got {pool_size}.")
+        pool = np.sort(np.random.default_rng(seed).permutation(pool)[:pool_size])
+    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    return PoolProblem(
+        name=_stem(table.path),
+        X_pool=t(X[pool]),
+        y_pool=t(y[pool]),
+        X_test=t(X[mask]),
+        y_test=t(y[mask]),
+        bounds=_data_bounds(X),
+        spec=_spec(
+            "pool", table, target=target, inputs=None if inputs is None else list(inputs),
+            test_fraction=test_fraction, test_mask=test_mask, seed=seed, pool_size=pool_size,
+        ),
+    )
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _checked(path: str | os.PathLike, expected_sha256: str | None) -> Table:
+    path = Path(path).expanduser()
+    if expected_sha256 is not None:
+        if not path.is_file():
+            raise DataChangedError(
+                f"{path}: the run's data file is gone; put it back to resume the run."
+            )
+        actual = file_sha256(path)
+        if actual != expected_sha256:
+            raise DataChangedError(
+                f"{path} has changed since the run started (SHA-256 {actual[:12]}... instead of "
+                f"{expected_sha256[:12]}...); restore the original file to resume, or start a new "
+                f"run (--overwrite)."
+            )
+    return read_table(path)
+
+
+def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
+    r"""Rebuild a file problem from its ``spec`` (as stored in a checkpoint), refusing a file
+    whose SHA-256 differs from the recorded one."""
+    spec = dict(spec)
+    spec.pop("name", None)
+    kind = spec.pop("kind")
+    path, sha = spec.pop("path"), spec.pop("sha256")
+    build = stream_from_file if kind == "stream" else pool_from_file
+    return build(path, expected_sha256=sha, **spec)

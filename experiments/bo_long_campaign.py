@@ -1,0 +1,366 @@
+r"""Long BO campaigns: the WISKI paper's BO figure (Fig. 5a and Appendix C.2), and a whole BO step
+flat in n.
+
+Set-up of Stanton, Maddox, Delbridge, Wilson, "Kernel Interpolation for Scalable Online Gaussian
+Processes" (AISTATS 2021, arXiv:2103.01454), Sec. 5 and App. C.2: noisy 3-D BoTorch test functions
+(noise sd: Levy 10, Ackley 4, StyblinskiTang 20, Rastrigin 10, Griewank 4, Michalewicz 5), 5 initial
+points, qUCB with q = 3, ``optimize_acqf`` with 10 restarts, 512 raw samples, batch limit 5,
+200 L-BFGS-B iterations, the model refit (warm-started) after every step. Methods: WISKI (default
+3-D grid, m = 1,000), OnlineExactGP (``exact``), BoTorch ``SingleTaskGP`` refit from scratch
+(``singletaskgp``) and t-SVGP (``tsvgp``, the sparse variational online baseline). The initial
+design is the loops' scrambled Sobol design (the paper draws it uniformly at random).
+
+Each (function, method, seed) is one run directory of the project's BO loop
+(``<out>/<function>/<method>/seed<k>``): records and a checkpoint after every step, so a run
+stopped by its time budget or killed continues with ``bo-online resume DIR`` or by running this
+script again. ``--shard i/k`` runs every k-th run starting at i (split over processes); ``--merge``
+(alone, or after the runs) reads every run directory and writes the JSON, the plots and the
+targets' PASS/FAIL. A method whose time per step grows with n (exact, SingleTaskGP) stops when its
+run's cumulative step time passes ``--budget-s``; the JSON and the printout say how far it got.
+
+Outputs (``--out``, default ``experiments/results/bo_long_campaign``): ``bo_long_campaign.json``
+and per function ``<function>.png`` with three panels: best (noiseless) value vs step, vs
+cumulative wall time, and time per step vs n stacked (fit, acquisition, update), mean over seeds.
+
+Defaults (300 steps, 4 seeds, the six functions, 4 methods, a 120 s budget per run for every
+method) are 96 runs; single-threaded on a loaded 2-core machine that is several hours, so split
+them (``--shard``) or select (``--functions levy --seeds 2``). The paper's length:
+``--steps 1500 --budget-s 0`` (no budget; hours per exact-GP run).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bo_long_campaign.py --functions levy \
+        --seeds 2 --steps 150
+    PYTHONPATH=. python experiments/bo_long_campaign.py --merge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.quasirandom import SobolEngine
+
+from bo_online.loops import BayesOptLoop, load_loop
+from bo_online.loops.core import RunDirectoryError
+from bo_online.loops.history import CHECKPOINT_FILE, RECORDS_FILE, read_records
+from bo_online.problems import from_unit, synthetic_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Observation-noise standard deviations of the paper's Table 2 (App. C.2).
+NOISE = {"levy": 10.0, "ackley": 4.0, "styblinskitang": 20.0, "rastrigin": 10.0,
+         "griewank": 4.0, "michalewicz": 5.0}
+METHODS = ("wiski", "exact", "singletaskgp", "tsvgp")
+LABELS = {"wiski": "WISKI", "exact": "OnlineExactGP", "singletaskgp": "SingleTaskGP (scratch)",
+          "tsvgp": "t-SVGP", "sobol": "Sobol"}
+
+
+
+class _Budget(Exception):
+    pass
+
+
+def run_dir(out: Path, fn: str, method: str, seed: int) -> Path:
+    return out / fn / method / f"seed{seed}"
+
+
+def make_loop(args: argparse.Namespace, fn: str, method: str, seed: int, path: Path) -> BayesOptLoop:
+    problem = synthetic_problem(fn, dim=3, noise_std=NOISE[fn])
+    model_options = {"grid_size": args.wiski_grid} if method == "wiski" and args.wiski_grid else {}
+    return BayesOptLoop(
+        problem, acq="qucb",
+        optimizer_options={"num_restarts": args.num_restarts, "raw_samples": args.raw_samples,
+                           "batch_limit": 5, "maxiter": args.maxiter},
+        n_init=5, model=method, model_options=model_options, q=3, seed=seed, refit_every=1,
+        fit_max_iter=args.fit_max_iter, out_dir=path, quiet=True, device=args.device,
+    )
+
+
+def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[str, Any]:
+    """Run (or continue) one campaign until ``args.steps`` or the time budget; returns a status."""
+    path = run_dir(Path(args.out), fn, method, seed)
+    if (path / CHECKPOINT_FILE).exists():
+        loop = load_loop(path, quiet=True)
+    else:
+        loop = make_loop(args, fn, method, seed, path)
+
+    def stop_on_budget(record: dict[str, Any]) -> None:
+        if args.budget_s and loop.wall_time > args.budget_s and loop.step_count < args.steps:
+            raise _Budget
+
+    stopped = False
+    if args.budget_s and loop.wall_time > args.budget_s:
+        stopped = loop.step_count < args.steps
+    else:
+        try:
+            loop.run(args.steps, callback=stop_on_budget)
+        except _Budget:
+            stopped = True
+    status = {"function": fn, "method": method, "seed": seed, "steps": loop.step_count,
+              "wall_time": loop.wall_time, "stopped_by_budget": stopped}
+    print(f"{fn:>15} {LABELS[method]:>24} seed {seed}: {loop.step_count} steps, "
+          f"{loop.wall_time:8.1f} s" + ("  (stopped by the time budget)" if stopped else ""),
+          flush=True)
+    return status
+
+
+def sobol_best(fn: str, seed: int, num: int) -> list[float]:
+    """Best noisy-observation-free value of a scrambled Sobol sequence, after each point."""
+    problem = synthetic_problem(fn, dim=3, noise_std=NOISE[fn])
+    U = SobolEngine(3, scramble=True, seed=10_000 + seed).draw(num, dtype=torch.float64)
+    y = problem.evaluate_true(from_unit(U, problem.bounds)).reshape(-1)
+    return torch.cummin(y, 0).values.tolist()  # the test functions are minimised
+
+
+# ---------------------------------------------------------------------------------- merge
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def load_runs(out: Path) -> dict[str, dict[str, dict[int, list[dict[str, Any]]]]]:
+    runs: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}
+    for rec_file in sorted(out.glob(f"*/*/seed*/{RECORDS_FILE}")):
+        seed_dir = rec_file.parent
+        method, fn = seed_dir.parent.name, seed_dir.parent.parent.name
+        records = read_records(rec_file)
+        if records:
+            runs.setdefault(fn, {}).setdefault(method, {})[int(seed_dir.name[4:])] = records
+    return runs
+
+
+def _step_time(r: dict[str, Any]) -> float:
+    return float(r.get("time_fit", 0.0) + r.get("time_acquisition", 0.0) + r.get("time_update", 0.0))
+
+
+def summarise(runs, target_steps: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"functions": {}, "targets": {}}
+    for fn, methods in runs.items():
+        fsum: dict[str, Any] = {}
+        for method, seeds in methods.items():
+            per_seed = {}
+            for seed, recs in seeds.items():
+                steps = [r for r in recs if r["step"] > 0]
+                per_seed[seed] = {
+                    "steps": len(steps), "finished": len(steps) >= target_steps,
+                    "n": [r["n"] for r in recs], "best": [r["best_true_value"] for r in recs],
+                    "wall_time": [r["wall_time"] for r in recs],
+                    "time_fit": [r.get("time_fit", 0.0) for r in recs],
+                    "time_acquisition": [r.get("time_acquisition", 0.0) for r in recs],
+                    "time_update": [r.get("time_update", 0.0) for r in recs],
+                    "step_time": [_step_time(r) for r in recs],
+                }
+            fsum[method] = per_seed
+        num = max(len(s["n"]) for m in fsum.values() for s in m.values())
+        n_points = 5 + 3 * (num - 1)
+        fsum["sobol"] = {}
+        for seed in sorted({s for m in methods.values() for s in m}):
+            curve = sobol_best(fn, seed, n_points)
+            fsum["sobol"][seed] = {"best_final": curve[-1], "n": n_points, "best": curve}
+        out["functions"][fn] = fsum
+    out["targets"] = targets(out["functions"], target_steps)
+    return out
+
+
+def _window_mean(values: list[float], lo: int, hi: int) -> float:
+    w = values[lo:hi]
+    return sum(w) / len(w) if w else float("nan")
+
+
+def targets(functions: dict[str, Any], target_steps: int) -> dict[str, Any]:
+    """Requirement 2 of the campaign (WISKI flat in n, as good as the exact GP and better than
+    Sobol, much faster at n = 3000, sooner to the exact GP's final value)."""
+    res: dict[str, Any] = {}
+    for fn, f in functions.items():
+        t: dict[str, Any] = {}
+        wiski, exact, stgp = f.get("wiski", {}), f.get("exact", {}), f.get("singletaskgp", {})
+        # 1. flat: mean step time over the last 50 steps vs over steps 20-70, mean over seeds.
+        flat = [(_window_mean(s["step_time"], -50, None), _window_mean(s["step_time"], 20, 71))
+                for s in wiski.values() if s["steps"] >= 120]
+        if flat:
+            ratio = sum(a for a, _ in flat) / sum(b for _, b in flat)
+            t["wiski_flat_ratio"] = {"value": ratio, "pass": ratio <= 1.5}
+        # 2. final best within 2 SE of the exact GP's (where it finished) and better than Sobol.
+        if wiski:
+            w_mean, w_se = _mean_se([s["best"][-1] for s in wiski.values()])
+            # Sobol at the same number of evaluations as each WISKI run.
+            sob_mean, _ = _mean_se([f["sobol"][k]["best"][s["n"][-1] - 1] for k, s in wiski.items()])
+            t["wiski_better_than_sobol"] = {"wiski": w_mean, "sobol": sob_mean,
+                                            "pass": w_mean < sob_mean}
+            if exact and all(s["finished"] for s in exact.values()):
+                e_mean, e_se = _mean_se([s["best"][-1] for s in exact.values()])
+                se = math.sqrt(w_se**2 + e_se**2) if not math.isnan(w_se + e_se) else float("nan")
+                t["wiski_vs_exact_final"] = {"wiski": w_mean, "exact": e_mean, "se": se,
+                                             "pass": None if math.isnan(se) else
+                                             abs(w_mean - e_mean) <= 2 * se}
+            else:
+                t["wiski_vs_exact_final"] = {"pass": None, "note": "the exact GP did not finish"}
+        # 3. step time at n = 3000 (the step whose model holds about 3000 points).
+        def at_n(seeds: dict[str, Any], n: int = 3000) -> float | None:
+            vals = []
+            for s in seeds.values():
+                idx = [i for i, k in enumerate(s["n"]) if abs(k - n) <= 30]
+                if idx:
+                    vals.append(sum(s["step_time"][i] for i in idx) / len(idx))
+            return sum(vals) / len(vals) if vals else None
+        tw, te, ts = at_n(wiski), at_n(exact), at_n(stgp)
+        t["n3000"] = {"wiski": tw, "exact": te, "singletaskgp": ts,
+                      "exact_over_wiski": None if not (tw and te) else te / tw,
+                      "singletaskgp_over_wiski": None if not (tw and ts) else ts / tw}
+        t["n3000"]["pass"] = (None if not (tw and te and ts) else
+                              te / tw >= 20 and ts / tw >= 100)
+        # 4. cumulative wall time to reach the exact GP's final best value (mean over seeds).
+        common = sorted(set(wiski) & set(exact))
+        if common:
+            # Per seed: the exact GP's final best value, and when each method first reached it.
+            def first_hit(s, goal):
+                hit = [w for b, w in zip(s["best"], s["wall_time"]) if b <= goal]
+                return hit[0] if hit else float("inf")
+
+            goals = [exact[k]["best"][-1] for k in common]
+            tw_ = sum(first_hit(wiski[k], g) for k, g in zip(common, goals)) / len(common)
+            te_ = sum(first_hit(exact[k], g) for k, g in zip(common, goals)) / len(common)
+            t["time_to_exact_final"] = {"wiski": tw_, "exact": te_, "pass": tw_ < te_}
+        res[fn] = t
+    return res
+
+
+def plot(functions: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fn, f in functions.items():
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        methods = [m for m in METHODS if m in f]
+        for m in methods:
+            seeds = list(f[m].values())
+            L = min(len(s["best"]) for s in seeds)
+            best = torch.tensor([s["best"][:L] for s in seeds])
+            wall = torch.tensor([s["wall_time"][:L] for s in seeds]).mean(0)
+            mean = best.mean(0)
+            sd = best.std(0) if len(seeds) > 1 else torch.zeros_like(mean)
+            steps = torch.arange(L)
+            axes[0].plot(steps, mean, label=LABELS[m])
+            axes[0].fill_between(steps, mean - 2 * sd, mean + 2 * sd, alpha=0.2)
+            axes[1].plot(wall, mean, label=LABELS[m])
+        sob = [s["best_final"] for s in f["sobol"].values()]
+        axes[0].axhline(sum(sob) / len(sob), color="k", ls=":", label="Sobol (final)")
+        axes[0].set(xlabel="step", ylabel="best noiseless value", title=f"{fn} (3-D)")
+        axes[1].set(xlabel="cumulative wall time (s)", xscale="log", ylabel="best noiseless value")
+        axes[0].legend(fontsize=7)
+        # time per step vs n, stacked fit / acquisition / update, for WISKI and the exact GP.
+        styles = {"time_fit": "fit", "time_acquisition": "acquisition", "time_update": "update"}
+        for m, alpha in (("wiski", 0.8), ("exact", 0.35)):
+            if m not in f:
+                continue
+            seeds = list(f[m].values())
+            L = min(len(s["n"]) for s in seeds)
+            n = seeds[0]["n"][1:L]
+            parts = [torch.tensor([s[k][1:L] for s in seeds]).mean(0) for k in styles]
+            axes[2].stackplot(n, *parts, alpha=alpha,
+                              labels=[f"{LABELS[m]} {v}" for v in styles.values()])
+        axes[2].set(xlabel="n", ylabel="time per step (s)", yscale="linear")
+        axes[2].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"{fn}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def merge(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    runs = load_runs(out)
+    if not runs:
+        raise SystemExit(f"bo_long_campaign: error: no runs under {out}; run the campaign first.")
+    summary = summarise(runs, args.steps)
+    summary["config"] = {k: v for k, v in vars(args).items() if k != "merge"}
+    summary["noise_std"] = NOISE
+    path = out / "bo_long_campaign.json"
+    path.write_text(json.dumps(summary, indent=1, default=float))
+    if not args.no_plots:
+        plot(summary["functions"], out)
+    print(f"\n{'function':>15} {'method':>24} {'seeds':>5} {'steps (min-max)':>15} "
+          f"{'final best mean +- se':>24} {'wall s':>8}")
+    for fn, f in summary["functions"].items():
+        for m in METHODS:
+            if m not in f:
+                continue
+            seeds = list(f[m].values())
+            mean, se = _mean_se([s["best"][-1] for s in seeds])
+            st = [s["steps"] for s in seeds]
+            wall = sum(s["wall_time"][-1] for s in seeds) / len(seeds)
+            print(f"{fn:>15} {LABELS[m]:>24} {len(seeds):>5} {min(st):>7}-{max(st):<7} "
+                  f"{mean:>14.4g} +- {se:<7.3g} {wall:8.1f}")
+        sob = [s["best_final"] for s in f["sobol"].values()]
+        print(f"{fn:>15} {'Sobol':>24} {len(sob):>5} {'':>15} {sum(sob) / len(sob):>14.4g}")
+    print("\nTargets (requirement 2):")
+    for fn, t in summary["targets"].items():
+        for name, v in t.items():
+            verdict = {True: "PASS", False: "FAIL", None: "n/a"}[v.get("pass")]
+            detail = ", ".join(f"{k} {x:.4g}" if isinstance(x, float) else f"{k} {x}"
+                               for k, x in v.items() if k != "pass")
+            print(f"  {fn:>15} {name:>24}: {verdict}  ({detail})")
+    print(f"\nresults: {path}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--functions", nargs="+", default=list(NOISE), choices=list(NOISE))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", type=int, default=4, help="seeds 0 .. N-1")
+    ap.add_argument("--steps", type=int, default=300, help="BO steps after the 5 initial points")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="per-run cap on cumulative step time in seconds (0: none)")
+    ap.add_argument("--num-restarts", type=int, default=10)
+    ap.add_argument("--raw-samples", type=int, default=512)
+    ap.add_argument("--maxiter", type=int, default=200)
+    ap.add_argument("--fit-max-iter", type=int, default=50,
+                    help="iterations of each warm-started refit (every step)")
+    ap.add_argument("--wiski-grid", type=int, default=0,
+                    help="WISKI grid size per dimension (0: the default, m = 1000 in 3-D)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shard", default="0/1", help="i/k: run every k-th run starting at i")
+    ap.add_argument("--merge", action="store_true", help="only merge existing runs")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bo_long_campaign"))
+    args = ap.parse_args(argv)
+    for name in ("seeds", "steps", "num_restarts", "raw_samples", "maxiter"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        i, k = (int(x) for x in args.shard.split("/"))
+        assert 0 <= i < k
+    except (ValueError, AssertionError):
+        ap.error(f"--shard must be i/k with 0 <= i < k, got {args.shard!r}")
+    if not args.merge:
+        jobs = [(fn, m, s) for fn in args.functions for s in range(args.seeds) for m in args.methods]
+        for fn, m, s in jobs[i::k]:
+            try:
+                run_one(args, fn, m, s)
+            except RunDirectoryError as e:
+                print(f"bo_long_campaign: error: {e}", file=sys.stderr)
+                raise SystemExit(2)
+        if k > 1:
+            print("shard done; merge with --merge once every shard has finished.")
+            return
+    merge(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Asynchronous BO and campaign sweeps on a real Dask LocalCluster (2 single-threaded worker
+processes, shared by the module's tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+
+distributed = pytest.importorskip("distributed")
+
+from bo_online.loops import BayesOptLoop, history, load_loop  # noqa: E402
+from bo_online.loops.async_bo import AsyncBayesOptLoop, SlowProblem, TooManyFailures  # noqa: E402
+from bo_online.problems import Problem, synthetic_problem  # noqa: E402
+from bo_online.sweep import run_sweep  # noqa: E402
+
+# The objectives below live in this test module, which the workers cannot import: ship by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+FAST = dict(
+    n_init=5,
+    refit_every=4,
+    fit_max_iter=5,
+    init_fit_max_iter=20,
+    optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20},
+)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    with distributed.Client(cluster) as c:
+        c.run(__import__, "bo_online.problems")  # warm the workers up once
+        yield c
+    cluster.close()
+
+
+def _evaluations(records):
+    return [r for r in records if r["step"] > 0 and "proposal" in r and not r["failed"]]
+
+
+def _dense_posterior(model, X, Y, Xs):
+    """Exact-GP posterior by hand (dense Cholesky) with ``model``'s hyperparameters."""
+    with torch.no_grad():
+        om, os_ = model.outcome_mean.reshape(()), model.outcome_std.reshape(())
+        c = model.mean_module.constant.reshape(())
+        noise = model.likelihood.noise.reshape(())
+        K = model.covar_module(X).to_dense() + noise * torch.eye(X.shape[0], dtype=X.dtype)
+        Ks = model.covar_module(Xs, X).to_dense()
+        Kss = model.covar_module(Xs).to_dense()
+        L = torch.linalg.cholesky(K)
+        r = ((Y.reshape(-1) - om) / os_ - c).unsqueeze(-1)
+        alpha = torch.cholesky_solve(r, L)
+        mean = om + os_ * (c + Ks @ alpha).squeeze(-1)
+        V = torch.linalg.solve_triangular(L, Ks.T, upper=False)
+        var = os_**2 * (Kss.diagonal() - (V**2).sum(0))
+    return mean, var
+
+
+def test_async_bo_arrival_order_no_duplicates_and_dense_model(client):
+    problem = SlowProblem(synthetic_problem("branin", noise_std=0.1), mean_duration=0.05, sigma=1.0)
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", seed=1, **FAST)
+    records = loop.run(steps=10)
+    evals = _evaluations(records)
+    assert len(evals) == 10 and loop.step_count == 10
+    assert loop.X.shape[0] == 5 + 10
+    # Arrival order: the model's data are the records' points in record order, and records come
+    # in the order the workers finished (worker clocks are the host's: same machine).
+    got = torch.tensor([r["X"] for r in evals], dtype=torch.float64).reshape(-1, 2)
+    torch.testing.assert_close(loop.X[5:], got, rtol=0, atol=0)
+    finish = [r["finish_time"] for r in evals]
+    assert all(b >= a - 0.02 for a, b in zip(finish, finish[1:]))
+    assert len({r["worker"] for r in evals}) == 2  # both workers used
+    # Every worker kept busy: each proposal filled the free slots (its joint batch plus the
+    # points pending then make 2), except where the budget left fewer evaluations to start;
+    # and no point was proposed while being evaluated.
+    for r in evals:
+        if r["proposal"] <= 8:  # the budget had >= 2 evaluations left to start
+            assert len(r["pending"]) + r["batch"] == 2, r
+    assert sum(len(r["pending"]) == 1 for r in evals) >= 3
+    for r in evals:
+        if r["pending"]:
+            gap = torch.cdist(torch.tensor(r["X"]).reshape(1, 2), torch.tensor(r["pending"]).reshape(-1, 2)).min()
+            assert gap > 1e-6
+    assert torch.pdist(loop.X).min() > 1e-9  # no duplicate evaluations
+    # The surrogate built by online updates equals a dense exact GP on all results.
+    Xs = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    U, Y = loop._training_data()
+    mean, var = _dense_posterior(loop.model, U, Y, Xs)
+    with torch.no_grad():
+        post = loop.model.posterior(Xs)
+    torch.testing.assert_close(post.mean.reshape(-1), mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(post.variance.reshape(-1), var, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("acq", ["qlognei", "ts"])
+def test_async_bo_acquisitions_regret_comparable_to_sync(client, acq):
+    """Equal evaluations, same seeds: the asynchronous loop's final regret is within 0.25 x the
+    regret after the initial design of the synchronous loop's (branin, exact GP, 2 seeds)."""
+    problem = synthetic_problem("branin")
+    a, s, r0 = [], [], []
+    for seed in (0, 1):
+        loop = AsyncBayesOptLoop(problem, client, model="exact", acq=acq, seed=seed, **FAST)
+        recs = loop.run(steps=10)
+        a.append(recs[-1]["regret"])
+        r0.append(recs[0]["regret"])
+        sync = BayesOptLoop(problem, model="exact", acq=acq, seed=seed, **FAST).run(steps=10)
+        s.append(sync[-1]["regret"])
+        assert sync[0]["regret"] == recs[0]["regret"]  # same initial design
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    assert mean(a) <= mean(s) + 0.25 * mean(r0), (a, s, r0)
+
+
+def test_resume_after_driver_killed(client, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--noise", "0.1",
+        "--model", "wiski", "--acq", "qucb", "--steps", "14", "--dask", client.scheduler.address,
+        "--num-restarts", "2", "--raw-samples", "32", "--acqf-maxiter", "20", "--n-init", "5",
+        "--out", str(out), "--quiet", "--no-plots",
+        "--checkpoint-every", "1",  # a checkpoint per result, so the kill leaves points in flight
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    records_file = out / history.RECORDS_FILE
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if records_file.is_file() and len(records_file.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    in_flight = ckpt["state"]["in_flight"]
+    assert 0 < len(in_flight) <= 2 and ckpt["step_count"] < 14
+    loop = load_loop(out, client=client)
+    records = loop.run()
+    evals = _evaluations(records)
+    assert loop.step_count == 14 and len(evals) == 14 and loop.X.shape[0] == 5 + 14
+    pids = [r["proposal"] for r in evals]
+    assert len(set(pids)) == 14  # nothing evaluated twice
+    assert set(in_flight) <= set(pids)  # the points in flight were resubmitted and folded in
+    assert history.read_records(out) == records  # file and memory agree, no duplicates
+    for r in evals:  # observation noise seeded by (seed, proposal): reproducible on resubmission
+        g = torch.Generator().manual_seed(history.step_seed(0, r["proposal"], "noise"))
+        noise = 0.1 * float(torch.randn((), generator=g, dtype=torch.float64))
+        assert r["y"][0] == pytest.approx(r["y_true"][0] + noise, abs=1e-12)
+
+
+class _Flaky(Problem):
+    """Branin whose evaluations, counted across workers through files in ``root``, kill their
+    worker process on call ``kill_at`` and raise on the calls in ``raise_at``."""
+
+    def __init__(self, root: Path, kill_at: int, raise_at: tuple[int, ...]) -> None:
+        inner = synthetic_problem("branin")
+        self.inner, self.root, self.kill_at, self.raise_at = inner, str(root), kill_at, raise_at
+        self.bounds, self.noise_std, self.maximize = inner.bounds, 0.0, False
+        self.optimal_value, self.name, self.spec = inner.optimal_value, "flaky", None
+
+    def evaluate_true(self, X):
+        if not os.path.exists(os.path.join(self.root, "armed")):
+            return self.inner.evaluate_true(X)
+        i = 0
+        while True:  # claim the next call number atomically
+            try:
+                os.close(os.open(os.path.join(self.root, f"call{i}"), os.O_CREAT | os.O_EXCL))
+                break
+            except FileExistsError:
+                i += 1
+        if i == self.kill_at:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-evaluation
+        if i in self.raise_at:
+            raise RuntimeError(f"instrument fault at call {i}")
+        return self.inner.evaluate_true(X)
+
+
+def test_worker_killed_and_objective_raising(client, tmp_path):
+    problem = _Flaky(tmp_path, kill_at=1, raise_at=(3, 9))
+    loop = AsyncBayesOptLoop(
+        problem, client, model="exact", acq="qucb", max_failures=1, out_dir=tmp_path / "run", **FAST
+    )
+    loop.initialize()
+    (tmp_path / "armed").touch()
+    loop.run(steps=6)
+    fails = [r for r in loop.records if r.get("failed")]
+    assert len(fails) == 1 and "instrument fault at call 3" in fails[0]["error"]
+    assert loop.step_count == 6 and len(_evaluations(loop.records)) == 6  # campaign went on
+    # Every proposal was either folded in or recorded as failed, the killed one included.
+    pids = sorted(r["proposal"] for r in loop.records if "proposal" in r)
+    assert pids == list(range(7))
+    # 7 proposals, 8 calls: the evaluation whose worker was killed was run again (by Dask).
+    assert len(list(tmp_path.glob("call*"))) == 8
+    # One more failure than max_failures stops the campaign with a clear message.
+    with pytest.raises(TooManyFailures, match="max_failures=1"):
+        loop.run(steps=30)
+    assert loop.failures == 2
+
+
+def _spec(path: Path, seeds: list[int]) -> Path:
+    path.write_text(
+        "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb', 'ts']\n"
+        f"seeds = {seeds}\n[options]\nn_init = 5\nrefit_every = 0\ninit_fit_max_iter = 10\n"
+        "optimizer_options = {num_restarts = 2, raw_samples = 32, maxiter = 20}\n"
+    )
+    return path
+
+
+def test_sweep_skips_finished_and_extends(client, tmp_path):
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    first = run_sweep(spec, out, client)
+    assert [s["status"] for s in first] == ["ran", "ran"]
+    assert all(s["evaluations"] == 8 for s in first)
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/records.jsonl")}
+    again = run_sweep(spec, out, client)
+    assert [s["status"] for s in again] == ["skipped", "skipped"]
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/records.jsonl")} == stamps
+    assert [s["regret"] for s in again] == [s["regret"] for s in first]
+    more = run_sweep(_spec(spec, [0, 1]), out, client)
+    assert [(s["seed"], s["status"]) for s in more] == [
+        (0, "skipped"), (1, "ran"), (0, "skipped"), (1, "ran")
+    ]
+    # A campaign run by the sweep equals the same campaign run directly.
+    direct = BayesOptLoop(
+        synthetic_problem("branin"), model="exact", acq="qucb", seed=1, n_init=5, refit_every=0,
+        init_fit_max_iter=10, optimizer_options=FAST["optimizer_options"],
+    ).run(steps=3)
+    swept = history.read_records(out / "branin-exact-qucb-s1")
+    assert history.without_timing(swept) == history.without_timing(direct)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dask", "local:0"], "worker count N >= 1"),
+        (["--dask", "somewhere"], "local:N or a scheduler address"),
+        (["--dask", "local:2", "--q", "2"], "leave --q at 1"),
+        (["--dask", "local:2", "--acq", "logei"], "--acq qucb, qlognei or ts"),
+        (["--dask", "local:2", "--workers", "2"], "exclude each other"),
+    ],
+)
+def test_cli_dask_errors(tmp_path, capsys, args, message):
+    from bo_online.cli import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["bo", "--problem", "branin", "--out", str(out), "--quiet", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bo-online: error:") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_sweep_spec_errors(tmp_path):
+    from bo_online.sweep import campaigns, load_spec
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\nsteps_per = 1\n")
+    with pytest.raises(ValueError, match="unknown key"):
+        load_spec(bad)
+    bad.write_text("steps = 3\nproblems = ['nosuch']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\n")
+    with pytest.raises(ValueError):
+        campaigns(load_spec(bad))
+    yml = tmp_path / "spec.yaml"
+    yml.write_text("steps: 2\nproblems: [branin, {name: hartmann, dim: 3}]\nmodels: [exact]\n"
+                   "acqs: [qucb]\nseeds: [0, 1]\n")
+    names = [c.name for c in campaigns(load_spec(yml))]
+    assert names == ["branin-exact-qucb-s0", "branin-exact-qucb-s1",
+                     "hartmann3d-exact-qucb-s0", "hartmann3d-exact-qucb-s1"]

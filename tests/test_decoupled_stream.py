@@ -1,0 +1,239 @@
+r"""DecoupledSVGP on streams: the default fit against an exact GP, capped bases under long chains
+of updates against a dense computation, and posterior memory linear in the batch size
+(float64, CPU, seeded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from botorch.test_functions import Branin, Hartmann
+
+from bo_online.models import DecoupledSVGP, OnlineExactGP
+
+DT = torch.float64
+
+
+def _function_data(f, n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, f.dim, generator=g, dtype=DT)
+    lb, ub = f.bounds.to(X)
+    Y = f(lb + (ub - lb) * X).unsqueeze(-1)
+    return X, Y + 0.01 * Y.std() * torch.randn(n, 1, generator=g, dtype=DT)
+
+
+def _stream(n: int, d: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    return X, Y
+
+
+# ---------------------------------------------------------------------- the default fit
+
+
+def test_default_fit_reaches_the_exact_gp_hyperparameters():
+    # Branin (2-D, 60 points) and Hartmann (4-D, 80 points): n > num_cov_bases, so the bases are
+    # not the data, yet the hyperparameters are those of an exact GP fitted on the same data.
+    for f, n in ((Branin(), 60), (Hartmann(dim=4), 80)):
+        X, Y = _function_data(f, n)
+        m = DecoupledSVGP(X, Y, num_mean_bases=48, num_cov_bases=16)
+        m.fit(max_iter=200)
+        e = OnlineExactGP(X, Y)
+        e.fit()
+        ls_m, ls_e = m.covar_module.lengthscale.detach(), e.covar_module.lengthscale.detach()
+        assert torch.allclose(ls_m, ls_e, rtol=0.05), (ls_m, ls_e)
+        noise_m, noise_e = float(m.likelihood.noise), float(e.likelihood.noise)
+        assert abs(noise_m / noise_e - 1) < 0.2, (noise_m, noise_e)
+        # The exact marginal likelihood at the decoupled model's hyperparameters.
+        at_m = OnlineExactGP(X, Y, covar_module=m.covar_module, likelihood=m.likelihood)
+        at_m.mean_module = m.mean_module
+        mll_m = float(at_m.marginal_log_likelihood())
+        assert mll_m > float(e.marginal_log_likelihood()) - 1e-3
+        # And the fitted model ends at the closed-form optimum: bases capped, fold mode on.
+        assert m.num_beta == 16 and m.num_alpha == 48 and m.site_Q is not None
+
+
+def test_default_fit_with_bases_equal_to_data_is_the_exact_gp():
+    X, Y = _function_data(Branin(), 30, seed=3)
+    m = DecoupledSVGP(X, Y)  # 30 <= 64 covariance bases: the bases are the data
+    m.fit(max_iter=200)
+    e = OnlineExactGP(X, Y)
+    e.fit()
+    Xt = torch.rand(7, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    pm, pe = m.posterior(Xt), e.posterior(Xt)
+    assert torch.allclose(pm.mean, pe.mean, atol=1e-4 * float(Y.std()))
+    assert torch.allclose(pm.variance, pe.variance, rtol=1e-3, atol=1e-8 * float(Y.var()))
+
+
+# ---------------------------------------------------------------------- capped bases
+
+
+def _dense_site_optimum(m: DecoupledSVGP, Xt: torch.Tensor):
+    r"""Independent dense computation, by explicit inverses, of the model that a chain of folds
+    must equal: for fixed bases ``Z = [beta; alpha]`` and hyperparameters, the ELBO optimum
+    over ``(a, B)`` on ALL held data (standardised units):
+    ``mean(x) = c + k_xZ (K_Z + K_ZX N^-1 K_XZ)^-1 K_ZX N^-1 (y - c)`` and
+    ``cov = k_xx - k_xb (B^-1 + K_b)^-1 k_bx``, ``B = K_j^-1 (P + 1e-6 I) K_j^-1``,
+    ``P = K_bX N^-1 K_Xb``, ``K_j = K_b + 1e-8 I`` (the model's stated jitters)."""
+    k = lambda A, B: m.covar_module(A, B).to_dense()  # noqa: E731
+    beta, Z, X = m.beta_points, torch.cat([m.beta_points, m.alpha_points]), m.train_X
+    Ninv = torch.diag(1.0 / m.likelihood.noise.detach().expand(X.shape[0]))
+    c = m.mean_module.constant.detach()
+    KZX = k(Z, X)
+    a = torch.linalg.inv(k(Z, Z) + KZX @ Ninv @ KZX.T) @ KZX @ Ninv @ (m.train_y - c)
+    mean = c + k(Xt, Z) @ a  # noqa: the inverses are the independent route
+    Kb = k(beta, beta)
+    eye = torch.eye(Kb.shape[0], dtype=DT)
+    P = k(beta, X) @ Ninv @ k(X, beta)
+    Kj_inv = torch.linalg.inv(Kb + 1e-8 * eye)
+    B = Kj_inv @ (P + 1e-6 * eye) @ Kj_inv
+    cov = k(Xt, Xt) - k(Xt, beta) @ torch.linalg.inv(torch.linalg.inv(B) + Kb) @ k(beta, Xt)
+    return mean, cov
+
+
+def test_long_chain_of_updates_keeps_bases_capped_and_equals_the_batch_site_optimum():
+    X, Y = _stream(40)
+    m = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
+    with torch.no_grad():
+        # Short lengthscales keep K_Z well conditioned, so that 1e-9 tests the algebra.
+        m.covar_module.lengthscale = torch.tensor([[0.15, 0.2]], dtype=DT)
+        m.likelihood.noise = torch.tensor([0.05], dtype=DT)
+    m.fit(max_iter=0)  # restandardise and compress only (no optimiser steps)
+    m._set_sites(m.beta_points, m.alpha_points)  # the site optimum for these hyperparameters
+    Xs, Ys = _stream(400, seed=1)
+    sizes = [1] * 300 + [3] * 20 + [2] * 20  # 400 points in 340 updates
+    start = 0
+    for q in sizes:
+        m.update(Xs[start : start + q], Ys[start : start + q])
+        start += q
+    assert m.num_beta == 8 and m.num_alpha == 20 and m.num_data == 440
+    Xt = torch.rand(6, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
+    p = m.posterior(Xt)
+    mean_ref, cov_ref = _dense_site_optimum(m, Xt)
+    std, var = m.outcome_std, m.outcome_std**2
+    assert torch.allclose(p.mean.squeeze(-1), mean_ref * std + m.outcome_mean, atol=1e-9, rtol=0)
+    assert torch.allclose(p.covariance_matrix, cov_ref * var, atol=1e-9, rtol=0)
+    # The same statistics summed in one batch over all held data give the same model.
+    b = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
+    b.load_state_dict(m.state_dict())
+    b._set_sites(m.beta_points, m.alpha_points)
+    assert torch.allclose(b.site_Q, m.site_Q, atol=1e-9 * float(m.site_Q.abs().max()), rtol=0)
+    pb = b.posterior(Xt)
+    assert torch.allclose(pb.mean, p.mean, atol=1e-9, rtol=0)
+    assert torch.allclose(pb.covariance_matrix, p.covariance_matrix, atol=1e-9, rtol=0)
+
+
+def test_exact_growth_stops_at_the_budget_and_then_folds():
+    X, Y = _stream(5)  # 5 <= 8 covariance bases: bases = data, exact conditioning grows them
+    m = DecoupledSVGP(X, Y, num_mean_bases=16, num_cov_bases=8, max_basis_growth=10)
+    with torch.no_grad():
+        m.covar_module.lengthscale = torch.tensor([[0.15, 0.2]], dtype=DT)
+    m.fit(max_iter=0)  # the exact-GP state for the new lengthscales (bases = data)
+    Xs, Ys = _stream(40, seed=2)
+    for i in range(13):  # 18 points: still within 8 + 10
+        m.update(Xs[i : i + 1], Ys[i : i + 1])
+    assert m.num_beta == 18 and m.site_Q is None
+    Ystd = (torch.cat([Y, Ys[:13]]) - m.outcome_mean) / m.outcome_std  # the model's scaling
+    e = OnlineExactGP(torch.cat([X, Xs[:13]]), Ystd, covar_module=m.covar_module,
+                      likelihood=m.likelihood, standardize=False)
+    e.mean_module = m.mean_module
+    Xt = torch.rand(4, 2, generator=torch.Generator().manual_seed(6), dtype=DT)
+    assert torch.allclose(m.posterior(Xt).mean, e.posterior(Xt).mean * m.outcome_std
+                          + m.outcome_mean, atol=1e-9)
+    for i in range(13, 40):  # past the budget: compressed to the caps, then folded
+        m.update(Xs[i : i + 1], Ys[i : i + 1])
+    assert m.num_beta == 8 and m.num_alpha == 16 and m.site_Q is not None
+    mean_ref, cov_ref = _dense_site_optimum(m, Xt)
+    p = m.posterior(Xt)
+    assert torch.allclose(p.mean.squeeze(-1), mean_ref * m.outcome_std + m.outcome_mean,
+                          atol=1e-9, rtol=0)
+    assert torch.allclose(p.covariance_matrix, cov_ref * m.outcome_std**2, atol=1e-9, rtol=0)
+
+
+def test_changed_hyperparameters_drop_the_sites_and_fantasies_do_not_share_them():
+    X, Y = _stream(30)
+    m = DecoupledSVGP(X, Y, num_mean_bases=16, num_cov_bases=8)
+    assert m.site_Q is not None
+    c = m.condition_on_observations(X[:2], Y[:2])
+    assert c.site_Q is None and c.num_beta == 10 and m.site_Q is not None
+    with torch.no_grad():
+        m.covar_module.lengthscale = m.covar_module.lengthscale * 1.3
+    m.update(X[:1], Y[:1])  # sites summed under the old kernel are stale: exact growth instead
+    assert m.site_Q is None and m.num_beta == 9
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def test_batched_posterior_equals_flat_one():
+    X, Y = _stream(60)
+    m = DecoupledSVGP(X, Y, num_mean_bases=24, num_cov_bases=8, max_basis_growth=500)
+    m.set_variational_parameters(m.beta_points, m.L, m.a_beta, m.alpha_points, m.a_alpha)
+    Xs, Ys = _stream(50, seed=3)
+    for i in range(50):  # exact growth: 58 covariance bases
+        m.update(Xs[i : i + 1], Ys[i : i + 1])
+    Xt = torch.rand(37, 2, generator=torch.Generator().manual_seed(7), dtype=DT)
+    flat, batched = m.posterior(Xt), m.posterior(Xt.unsqueeze(-2))
+    assert torch.allclose(batched.mean.reshape(-1), flat.mean.reshape(-1), atol=1e-10, rtol=0)
+    assert torch.allclose(batched.variance.reshape(-1), flat.variance.reshape(-1),
+                          atol=1e-10, rtol=0)
+    Xq = Xt[:36].reshape(12, 3, 2)  # b x q x d with q = 3: the joint q x q blocks
+    pq = m.posterior(Xq)
+    for i in range(12):
+        pi = m.posterior(Xq[i])
+        assert torch.allclose(pq.covariance_matrix[i], pi.covariance_matrix, atol=1e-10, rtol=0)
+
+
+_MEMORY_SCRIPT = textwrap.dedent(
+    r"""
+    import json, resource, sys
+    import torch
+    from bo_online.models import DecoupledSVGP
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(100, 3, generator=g, dtype=torch.float64)
+    Y = torch.sin(3 * X).sum(-1, keepdim=True)
+    m = DecoupledSVGP(X, Y, num_mean_bases=64, num_cov_bases=32, max_basis_growth=10**6)
+    m.set_variational_parameters(m.beta_points, m.L, m.a_beta, m.alpha_points, m.a_alpha)
+    with torch.no_grad():
+        m.likelihood.noise = torch.tensor([0.01], dtype=torch.float64)
+    Xs = torch.rand(400, 3, generator=g, dtype=torch.float64)
+    for i in range(400):  # k = 400 exact updates since the refit: 432 covariance bases
+        m.update(Xs[i : i + 1], torch.sin(3 * Xs[i : i + 1]).sum(-1, keepdim=True))
+    b = 512
+    Xt = torch.rand(b, 3, generator=g, dtype=torch.float64)
+
+    def peak_mb():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    p = m.posterior(Xt[:4].unsqueeze(-2)); p.mean; p.variance  # warm-up of every code path
+    p = m.posterior(Xt[:4]); p.mean; p.variance
+    base = peak_mb()
+    p = m.posterior(Xt); p.mean; p.variance
+    flat = peak_mb() - base
+    del p
+    p = m.posterior(Xt.unsqueeze(-2)); p.mean; p.variance
+    both = peak_mb() - base
+    print(json.dumps({"flat_mb": flat, "batched_mb": both, "num_beta": m.num_beta}))
+    """
+)
+
+
+def test_posterior_peak_memory_for_b_x_1_x_d_within_2x_of_b_x_d():
+    # Measured in a fresh process: ru_maxrss (peak RSS, KiB on Linux) sees torch's CPU
+    # allocations, which tracemalloc does not. The b x 1 x d posterior runs after the b x d one,
+    # so ``batched_mb`` is the peak over both; it must stay within 2x of the b x d peak (plus
+    # 32 MB of allocator slack). Per-batch copies of the 432 x 432 factor would cost ~760 MB.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, env=env,
+        timeout=120, check=True,
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["num_beta"] == 432
+    assert r["batched_mb"] <= 2 * r["flat_mb"] + 32, r

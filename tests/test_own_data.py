@@ -1,0 +1,263 @@
+"""A user's own data files: reading and checking, the CLI route, resume on the same file only,
+and checkpointing by elapsed time."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bo_online.cli import main
+from bo_online.loops import StreamingLoop, history, load_loop, read_records, without_timing
+from bo_online.problems import make_problem, to_unit
+from bo_online.userdata import DataChangedError, DataFileError, pool_from_file, stream_from_file
+
+
+def _data(n: int = 160, d: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3.0, 5.0, size=(n, d))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.05 * rng.standard_normal(n)
+    return X, y
+
+
+def _write_csv(path, X, y, header=True, extra=None) -> None:
+    names = [f"x{j}" for j in range(X.shape[1])] + ["target"]
+    lines = [",".join(names)] if header else []
+    lines += [",".join(f"{v:.17g}" for v in row) for row in np.column_stack([X, y])]
+    if extra:
+        lines = lines[:extra[0]] + [extra[1]] + lines[extra[0]:]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    return code, capsys.readouterr().err
+
+
+def test_stream_from_csv_matches_hand_split_and_scaling(tmp_path):
+    X, y = _data()
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    prob = stream_from_file(path, test_fraction=0.25, seed=3)
+    # the same seeded 75/25 split and arrival order, computed here independently
+    n = len(y)
+    test = np.zeros(n, bool)
+    test[np.random.default_rng(3).permutation(n)[: int(round(0.25 * n))]] = True
+    order = np.random.default_rng(3).permutation(int((~test).sum()))
+    np.testing.assert_allclose(prob.X_stream.numpy(), X[~test][order], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(prob.y_stream.numpy(), y[~test][order], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(prob.X_test.numpy(), X[test], rtol=0, atol=1e-12)
+    # the loop's unit-cube scaling spans the data's box, like the shipped sets
+    U = to_unit(torch.tensor(X), prob.bounds)
+    np.testing.assert_allclose(U.min(0).values.numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(U.max(0).values.numpy(), 1.0, atol=1e-12)
+    assert prob.name == "mine" and prob.spec["path"] == str(path.resolve())
+
+
+def test_gz_npz_target_and_mask_column(tmp_path):
+    X, y = _data(n=50, d=3)
+    mask = (np.arange(50) % 5 == 0).astype(float)
+    table = np.column_stack([y, X, mask])
+    gz = tmp_path / "d.csv.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write("y,a,b,c,is_test\n" + "\n".join(",".join(f"{v:.17g}" for v in r) for r in table))
+    prob = stream_from_file(gz, target="y", test_mask="is_test", shuffle=False)
+    np.testing.assert_allclose(prob.X_stream.numpy(), X[mask == 0], atol=1e-12)
+    np.testing.assert_allclose(prob.y_test.numpy(), y[mask == 1], atol=1e-12)
+    npz = tmp_path / "d.npz"
+    np.savez(npz, X=X, y=y, test_mask=mask.astype(bool))
+    prob2 = stream_from_file(npz, shuffle=False)
+    np.testing.assert_allclose(prob2.X_stream.numpy(), X[mask == 0], atol=1e-12)
+    plain, mask_file = tmp_path / "plain.csv", tmp_path / "mask.csv"
+    _write_csv(plain, X, y, header=False)
+    np.savetxt(mask_file, mask, fmt="%d")
+    prob3 = stream_from_file(plain, test_mask=str(mask_file), shuffle=False)
+    np.testing.assert_allclose(prob3.y_stream.numpy(), y[mask == 0], atol=1e-12)
+    assert prob3.spec["test_mask"] == str(mask_file.resolve())
+    np.savetxt(mask_file, mask[:-1], fmt="%d")
+    with pytest.raises(DataFileError, match="the test mask holds 49 rows"):
+        stream_from_file(plain, test_mask=str(mask_file))
+    pool = pool_from_file(gz, target=0, inputs=["a", "c"], test_mask=4)
+    np.testing.assert_allclose(pool.X_pool.numpy(), X[mask == 0][:, [0, 2]], atol=1e-12)
+    np.testing.assert_allclose(pool.y_test.numpy(), y[mask == 1], atol=1e-12)
+
+
+def test_classification_labels_mapped(tmp_path):
+    X, _ = _data(n=60, d=2)
+    y = np.where(X[:, 0] > 1, 7.0, -2.0)
+    path = tmp_path / "c.csv"
+    _write_csv(path, X, y)
+    prob = stream_from_file(path, task="classification")
+    assert set(prob.y_stream.tolist()) <= {0.0, 1.0}
+    np.testing.assert_array_equal(prob.y_stream.numpy() == 1.0, prob.X_stream[:, 0].numpy() > 1)
+    _write_csv(path, X, X[:, 0])
+    with pytest.raises(DataFileError, match="two distinct target values"):
+        stream_from_file(path, task="classification")
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        ((3, "1,2,abc,4,5"), r"line 4, column 'x2' \(no. 3\): 'abc' is not a number"),
+        ((6, "1,2,,4,5"), r"line 7, column 'x2' \(no. 3\) is empty"),
+        ((2, "1,2,nan,4,5"), r"line 3, column 'x2' \(no. 3\) is nan"),
+        ((5, "1,2,3"), r"line 6 has 3 fields, expected 5"),
+    ],
+)
+def test_bad_cells_named_by_file_line_column(tmp_path, extra, pattern):
+    X, y = _data(n=20)
+    path = tmp_path / "bad.csv"
+    _write_csv(path, X, y, extra=extra)
+    with pytest.raises(DataFileError, match=pattern) as info:
+        stream_from_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_cli_bad_file_one_line_and_nothing_written(tmp_path, capsys):
+    X, y = _data(n=20)
+    path = tmp_path / "bad.csv"
+    _write_csv(path, X, y, extra=(3, "1,2,abc,4,5"))
+    out = tmp_path / "run"
+    code, err = _run(["stream", "--data", str(path), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("bo-online: error:")
+    assert "line 4" in err and "'x2'" in err and str(path) in err
+    assert not out.exists()
+    code, err = _run(["stream", "--data", str(path), "--problem", "protein", "-Q"], capsys)
+    assert code == 2 and "one of them" in err
+    code, err = _run(["stream", "--problem", "protein", "--target", "y", "-Q"], capsys)
+    assert code == 2 and "--target only applies" in err
+    code, err = _run(["stream", "--data", str(tmp_path / "x.xlsx"), "-Q"], capsys)
+    assert code == 2 and "unsupported file type" in err
+
+
+def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path, capsys):
+    X, y = _data(n=90, d=4)
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    base = ["stream", "--data", str(path), "--model", "exact", "--n-init", "20", "--eval-every",
+            "10", "--refit-every", "0", "--fit-max-iter", "5", "-Q", "--no-plots"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    main(base + ["--out", str(full)])
+    main(base + ["--out", str(part), "--steps", "30"])
+    config = json.loads((part / history.CONFIG_FILE).read_text())
+    assert config["problem"]["path"] == str(path.resolve()) and len(config["problem"]["sha256"]) == 64
+    main(["resume", str(part), "--steps", str(len(read_records(full)) - 1), "-Q", "--no-plots"])
+    assert without_timing(read_records(part)) == without_timing(read_records(full))
+    # a stream of 90 rows with 10% test: 81 training rows, 20 initial points
+    assert read_records(full)[-1]["n"] == 81
+    # the file changes: resume refuses with a clear one-line message
+    _write_csv(path, X, y + 1.0)
+    code, err = _run(["resume", str(part), "--steps", "70", "-Q", "--no-plots"], capsys)
+    assert code == 2 and "has changed since the run started" in err
+
+
+def test_cli_active_pool_file(tmp_path, capsys):
+    X, y = _data(n=120, d=3)
+    path = tmp_path / "pool.csv"
+    _write_csv(path, X, y)
+    out = tmp_path / "run"
+    main(["active", "--pool", str(path), "--inputs", "x0,x1", "--target", "target",
+          "--test-fraction", "0.25", "--model", "exact", "--acq", "random", "--q", "2",
+          "--steps", "3", "--n-init", "5", "--fit-max-iter", "3", "--out", str(out), "-Q",
+          "--no-plots"])
+    records = read_records(out)
+    assert records[-1]["n"] == 11 and records[-1]["rmse"] is not None
+    loop = load_loop(out)
+    assert loop.problem.X_pool.shape == (90, 2) and loop.problem.X_test.shape == (30, 2)
+    code, err = _run(["active", "--pool", str(path), "--inputs", "x0,nope", "-Q"], capsys)
+    assert code == 2 and "no column 'nope'" in err
+
+
+def test_renamed_shipped_set_refused_by_shape(tmp_path):
+    """A file put under a shipped set's name must not run as that set."""
+    X, y = _data(n=30, d=5)
+    (tmp_path / "uci" / "protein").mkdir(parents=True)
+    with gzip.open(tmp_path / "uci/protein/data.csv.gz", "wt") as f:
+        f.write("\n".join(",".join(map(str, r)) for r in np.column_stack([X, y])))
+    with gzip.open(tmp_path / "uci/protein/test_mask.csv.gz", "wt") as f:
+        f.write("\n".join(",".join(["0"] * 10) for _ in range(30)))
+    with pytest.raises(ValueError, match="is not the protein set"):
+        make_problem({"name": "protein"}, data_dir=tmp_path)
+
+
+def test_fewer_magnetometer_tracks_says_which(tmp_path, capsys):
+    (tmp_path / "magnetometer").mkdir()
+    for k in (1, 2):
+        np.savetxt(tmp_path / f"magnetometer/{k}-loc.csv", np.random.rand(30, 2), delimiter=",")
+        np.savetxt(tmp_path / f"magnetometer/{k}-mag.csv", np.random.rand(30, 3), delimiter=",")
+    code, err = _run(["active", "--data-dir", str(tmp_path), "-Q"], capsys)
+    assert code == 2 and "tracks present: [1, 2]" in err and "--tracks 1,2" in err
+    out = tmp_path / "run"
+    main(["active", "--data-dir", str(tmp_path), "--tracks", "1,2", "--test-size", "20",
+          "--acq", "random", "--steps", "1", "--n-init", "4", "--fit-max-iter", "2",
+          "--out", str(out), "-Q", "--no-plots"])
+    assert read_records(out)[-1]["n"] == 10
+
+
+def test_checkpoint_by_time_resumes_to_identical_records(tmp_path, monkeypatch):
+    """Default cadence: checkpoints by elapsed time; records appended after the last one are
+    dropped and redone on resume, giving the records of an uninterrupted run."""
+    X, y = _data(n=70, d=3)
+    path = tmp_path / "s.csv"
+    _write_csv(path, X, y)
+    prob = stream_from_file(path)
+    opts = dict(model="exact", n_init=10, refit_every=3, fit_max_iter=3, eval_every=4)
+    ref = StreamingLoop(prob, out_dir=tmp_path / "ref", **opts)
+    ref.run(20)
+    saves = []
+    run = StreamingLoop(prob, out_dir=tmp_path / "cut", checkpoint_seconds=3600.0, **opts)
+    original = run.save_checkpoint
+    monkeypatch.setattr(run, "save_checkpoint", lambda: (saves.append(run.step_count), original()))
+    run.run(12)
+    assert saves == [0, 12]  # the initial design and the end only
+    # a crash after step 15: records 13..15 are on disk, the checkpoint is at step 12
+    run.target_steps = 20
+    for _ in range(3):
+        run.step()
+    assert len(read_records(tmp_path / "cut")) == 16
+    resumed = load_loop(tmp_path / "cut")
+    assert resumed.step_count == 12 and len(read_records(tmp_path / "cut")) == 13
+    resumed.run(20)
+    assert without_timing(read_records(tmp_path / "cut")) == without_timing(read_records(tmp_path / "ref"))
+    assert resumed.elapsed >= resumed.wall_time > 0
+    every = StreamingLoop(prob, checkpoint_every=5, out_dir=tmp_path / "every", **opts)
+    monkeypatch.setattr(every, "save_checkpoint", lambda: saves.append(("every", every.step_count)))
+    every.run(12)
+    assert saves[-4:] == [("every", 0), ("every", 5), ("every", 10), ("every", 12)]
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, signame):
+    import os
+    import signal
+
+    X, y = _data(n=50, d=2)
+    path = tmp_path / "s.csv"
+    _write_csv(path, X, y)
+    prob = stream_from_file(path)
+    opts = dict(model="exact", n_init=10, refit_every=4, fit_max_iter=3, eval_every=3)
+    ref = StreamingLoop(prob, out_dir=tmp_path / "ref", **opts)
+    ref.run(15)
+    run = StreamingLoop(prob, out_dir=tmp_path / "cut", checkpoint_seconds=3600.0, **opts)
+    sig = getattr(signal, signame)
+    before = signal.getsignal(sig)
+
+    def callback(record):
+        if record["step"] == 6:
+            os.kill(os.getpid(), sig)
+
+    expected = KeyboardInterrupt if signame == "SIGINT" else SystemExit
+    with pytest.raises(expected):
+        run.run(15, callback=callback)
+    assert signal.getsignal(sig) is before and run.step_count == 6
+    resumed = load_loop(tmp_path / "cut")
+    assert resumed.step_count == 6  # the checkpoint holds step 6: written on the signal
+    resumed.run()
+    assert without_timing(read_records(tmp_path / "cut")) == without_timing(read_records(tmp_path / "ref"))

@@ -1,0 +1,81 @@
+"""WISKI's cached root ``S`` and Gram ``M = R A^-1 R^T`` carried through in-place updates by
+rank-q algebra (``bo_online.models.wiski._updated_roots``), against caches rebuilt from scratch
+and the dense SKI posterior."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from gpytorch.kernels import MaternKernel, ScaleKernel
+
+from bo_online.models import WISKI
+from wiski_reference import dense_posterior
+
+DT = torch.float64
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def _f(X: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    return 3 + 2 * torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
+        X.shape[0], 1, generator=g, dtype=DT
+    )
+
+
+def test_roots_updated_through_a_chain_of_updates_equal_a_rebuild_and_dense_ski():
+    g = torch.Generator().manual_seed(21)
+    X = torch.rand(20, 2, generator=g, dtype=DT)
+    Y = _f(X, g)
+    covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=2))
+    model = WISKI(X, Y, grid_size=14, covar_module=covar)  # m = 144 > two column blocks
+    covar.outputscale = 1.7
+    covar.base_kernel.lengthscale = torch.tensor([0.25, 0.35], dtype=DT)
+    model.likelihood.noise = 0.07
+    model.eval()
+    Xn = torch.rand(2, 3, 2, generator=g, dtype=DT)  # 2 candidate batches of q = 3
+    Yn = torch.randn(2, 3, 1, generator=g, dtype=DT) + 3
+    Xs = torch.rand(60, 2, generator=g, dtype=DT)
+    Xall, Yall = X, Y
+    for step in range(60):
+        if step % 10 == 0:  # a fantasy on the current state: builds (first) or uses the caches
+            model.condition_on_observations(Xn, Yn).posterior(Xs)
+        Xq = torch.rand(3, 2, generator=g, dtype=DT)
+        Yq = _f(Xq, g)
+        model.update(Xq, Yq)
+        Xall, Yall = torch.cat([Xall, Xq]), torch.cat([Yall, Yq])
+        assert model._shared.get("S") is not None and model._shared.get("M") is not None
+    S, M = model._shared["S"], model._shared["M"]
+    rebuilt = copy.deepcopy(model)
+    rebuilt.invalidate_caches()
+    rebuilt.ensure_caches()
+    assert rebuilt._shared == {}
+    M_ref = rebuilt._factor_gram()
+    assert _rel(M, M_ref) < 1e-9
+    assert _rel(S @ S.mT, M_ref) < 1e-9
+    # The conditioned posterior through the updated caches, against the rebuilt ones and dense SKI.
+    p, p_ref = model.condition_on_observations(Xn, Yn).posterior(Xs), rebuilt.condition_on_observations(
+        Xn, Yn).posterior(Xs)
+    assert _rel(p.mean, p_ref.mean) < 1e-9
+    assert _rel(p.mvn.lazy_covariance_matrix.to_dense(), p_ref.mvn.lazy_covariance_matrix.to_dense()) < 1e-9
+    sd2 = model.outcome_std.reshape(()) ** 2
+    noise = model.likelihood.noise.reshape(()).expand(3)
+    for b in range(2):
+        mean_ref, cov_ref = dense_posterior(model, Xall, Yall, None, Xs, extra=(Xn[b], Yn[b], noise))
+        assert _rel(p.mean[b].squeeze(-1), mean_ref) < 1e-8
+        assert _rel(p.mvn.lazy_covariance_matrix[b].to_dense() / sd2, cov_ref) < 1e-8
+
+
+def test_update_without_cached_roots_leaves_them_to_be_built_lazily():
+    g = torch.Generator().manual_seed(22)
+    X = torch.rand(15, 2, generator=g, dtype=DT)
+    model = WISKI(X, _f(X, g), grid_size=12)
+    model.eval()
+    model.posterior(X[:2])  # a small request: no root is cached
+    assert model._shared.get("S") is None
+    Xq = torch.rand(3, 2, generator=g, dtype=DT)
+    model.update(Xq, _f(Xq, g))
+    assert model._shared == {}
