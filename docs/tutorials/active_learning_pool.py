@@ -110,5 +110,6 @@ fig.savefig(FIGURES / "active_learning_pool.png", dpi=110)
 # ![Test RMSE and posterior variance against labels](figures/active_learning_pool.png)
 #
 # qNIPV spreads its labels over the whole box instead of following the pool's crowded corner, so
-# the variance over the test inputs falls faster. From the command line, `bo-online active` runs
-# the same loop (see [the bo-online command](../usage.md)).
+# the variance over the test inputs falls faster. From the command line, a pool in a file runs
+# the same loop: `bo-online active --pool pool.csv --target y --model exact` (CSV or NPZ; see
+# [the bo-online command](../usage.md)).

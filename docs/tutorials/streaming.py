@@ -141,4 +141,6 @@ fig.savefig(FIGURES / "streaming.png", dpi=110)
 # stays high (in the run shown it even rises at first, while the models fit the region seen so
 # far) until the stream has covered the box, and then falls. The command-line equivalents are
 # `bo-online stream --problem banana --model tsvgp` and, for the UCI regression streams,
-# `--problem` with a data-set name (see [the bo-online command](../usage.md)).
+# `--problem` with a data-set name; a stream in your own file is
+# `bo-online stream --data stream.csv --target y --task regression` (see
+# [the bo-online command](../usage.md)).
