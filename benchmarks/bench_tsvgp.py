@@ -66,7 +66,7 @@ DT = torch.float64
 JITTER = 1e-10  # the anchor's jitter_val (float64): OVC's pseudo-point error is linear in it
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
-try:  # the project's shared timing helper (BENCHMARKS.md)
+try:  # the project's shared timing helper
     from bo_online.benchmarking import time_interleaved as _time_interleaved
 except ImportError:  # pragma: no cover - older checkouts without it
     _time_interleaved = None
@@ -157,7 +157,7 @@ def ovc_fantasy_stock(anchor, X: torch.Tensor, Y: torch.Tensor, Xt: torch.Tensor
 
 
 def dense_condition(model: TSVGP, Xt, Xq, Y, noise: float):
-    r"""Exact Gaussian conditioning of the model's posterior GP on ``(Xq, Y)`` (MATH.md §5),
+    r"""Exact Gaussian conditioning of the model's posterior GP on ``(Xq, Y)`` (docs/math.md §5),
     densely: mean/variance at ``Xt`` for each row of ``Y`` (``samples x q``)."""
     joint = model.posterior(torch.cat([Xt, Xq]))
     mu, C = joint.mean.squeeze(-1), joint.covariance_matrix
@@ -176,7 +176,7 @@ def fantasy_table(args) -> list[dict]:
           f"50 test points)")
     print("accuracy: max |d mean| / max |d var| at 50 test points given the SAME fantasy "
           "observations, fantasy points X_q on inducing inputs (k** = Q**: every method is exact "
-          "conditioning of the same q(u)); 'dense' = posterior-as-prior conditioning (MATH.md §5); "
+          "conditioning of the same q(u)); 'dense' = posterior-as-prior conditioning (docs/math.md §5); "
           "'OVC fixed' = GPyTorch OVC with the cache/variance workaround, 'stock' = as shipped; "
           "ratio = OVC fixed / ours, r.stock = stock OVC (wrong, see docstring) / ours")
     head = (f"{'m':>4} {'q':>3} | {'TSVGP s (min-max)':>26} | {'OVC fixed s (min-max)':>28} | "

@@ -1,4 +1,4 @@
-"""WISKI speed, side by side (BENCHMARKS.md): constant-time updates, conditioning, qNIPV, flop rate.
+"""WISKI speed, side by side: constant-time updates, conditioning, qNIPV, flop rate.
 
 Sections (float64, one process, interleaved candidates, median of ``--reps`` after a warm-up,
 min-max spread printed beside it):

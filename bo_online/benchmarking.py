@@ -1,4 +1,4 @@
-r"""Side-by-side timing as BENCHMARKS.md prescribes.
+r"""Side-by-side timing: interleaved candidates, a warm-up, median and min-max.
 
 Every speed claim in bo_online is a ratio measured in one run: the candidates are timed
 interleaved (A B A B ...), after a warm-up, the median of at least five repetitions is reported

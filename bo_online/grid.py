@@ -5,7 +5,7 @@ kernel on a fixed regular grid ``U`` and ``w_x`` a sparse vector of cubic interp
 This module owns the grid and the weights; the models own the kernel.
 
 * :class:`RegularGrid` -- a product grid covering a data box plus two cells of padding on every
-  side (MATH.md section 1), with row-major flat indexing.
+  side (docs/math.md §1), with row-major flat indexing.
 * :meth:`RegularGrid.interpolate` -- Keys cubic-convolution weights, 4 points per dimension, so
   ``4^d`` non-zeros per row; returned as ``(indices, values)`` and never as a dense ``n x m``
   matrix. Inputs whose stencil would leave the grid raise ``ValueError`` (never a silent clamp).
@@ -31,7 +31,7 @@ __all__ = ["RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_
 # Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
 _KEYS_A = -0.5
 
-#: The grid extends this many cells beyond the data box on every side (MATH.md section 1).
+#: The grid extends this many cells beyond the data box on every side (docs/math.md §1).
 PADDING_CELLS = 2
 
 
@@ -49,7 +49,7 @@ class RegularGrid:
 
     With ``g_k`` points in dimension k and data box ``[lo_k, hi_k]``, the spacing is
     ``h_k = (hi_k - lo_k) / (g_k - 1 - 2 * PADDING_CELLS)`` and the grid runs from
-    ``lo_k - 2 h_k`` to ``hi_k + 2 h_k`` (MATH.md section 1).
+    ``lo_k - 2 h_k`` to ``hi_k + 2 h_k`` (docs/math.md §1).
 
     The cubic stencil of a point in the box reaches at most one cell beyond the box, so the
     outermost ring of grid points never receives a non-zero weight: every interpolation row, and
@@ -61,7 +61,8 @@ class RegularGrid:
     Args:
         sizes: number of grid points per dimension including the padding (each >= 6).
         bounds: ``2 x d`` data box (lower row, upper row); default the unit cube.
-        dtype, device: of the grid tensors.
+        dtype: of the grid tensors.
+        device: of the grid tensors.
     """
 
     def __init__(
@@ -175,7 +176,8 @@ def interp_vector(idx: Tensor, val: Tensor, a: Tensor) -> Tensor:
     r"""``W a`` for a grid vector ``a``.
 
     Args:
-        idx, val: ``xb x n x K`` interpolation indices and weights.
+        idx: ``xb x n x K`` interpolation indices.
+        val: ``xb x n x K`` interpolation weights.
         a: ``ab x m`` grid vector(s).
 
     Returns:
@@ -193,7 +195,8 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     r"""``W M`` for a dense ``m x c`` matrix ``M`` (no batch), without forming ``W``.
 
     Args:
-        idx, val: ``... x n x K`` interpolation indices and weights.
+        idx: ``... x n x K`` interpolation indices.
+        val: ``... x n x K`` interpolation weights.
         M: ``m x c``.
         chunk: bound on the elements of the gathered temporary (rows are processed in chunks).
 
@@ -238,7 +241,8 @@ def interp_gram(
     random scatter-adds.
 
     Args:
-        idx, val: ``n x K`` interpolation indices and weights (no batch).
+        idx: ``n x K`` interpolation indices (no batch).
+        val: ``n x K`` interpolation weights (no batch).
         weights: ``n`` row weights (``D^{-1}``).
         m: number of grid points.
         out: optional ``m x m`` contiguous matrix to accumulate into IN PLACE (returned).

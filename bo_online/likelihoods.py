@@ -2,14 +2,14 @@ r"""Per-point likelihoods with expected derivatives, for site-based (dual) varia
 
 A site-based model (``bo_online.models.TSVGP``) needs, for every observation ``y_i`` and the
 current Gaussian marginal ``q(f_i) = N(m_i, v_i)`` of the latent function, the expected first and
-second derivatives of the log-likelihood (MATH.md §2, E-step)::
+second derivatives of the log-likelihood (docs/math.md §2, E-step)::
 
     alpha_i = E_q[d log p(y_i | f) / df]          beta_i = -E_q[d^2 log p(y_i | f) / df^2]
 
 and the expected log-likelihood ``E_q[log p(y_i | f)]`` for the ELBO. All three are computed here by
 vectorised Gauss-Hermite quadrature (GPyTorch's ``GaussHermiteQuadrature1D``) on closed-form
 derivatives, so every likelihood is handled the same way. ``beta`` is a POSITIVE site precision
-(MATH.md's sign convention) and is clipped at ``beta_min`` (1e-8): for a non-log-concave likelihood
+(docs/math.md's sign convention) and is clipped at ``beta_min`` (1e-8): for a non-log-concave likelihood
 (Student-t) the expected curvature can be negative, which would make the sites improper.
 
 Likelihoods (``y`` as stored by the model):
@@ -50,7 +50,7 @@ __all__ = [
     "StudentT",
 ]
 
-#: Smallest site precision (MATH.md §2: clip beta_i >= 1e-8).
+#: Smallest site precision (docs/math.md §2: clip beta_i >= 1e-8).
 BETA_MIN = 1e-8
 #: Smallest Gaussian noise variance used to form sites (a zero-noise site has infinite precision).
 NOISE_MIN = 1e-8
@@ -137,7 +137,7 @@ class SiteLikelihood(Module):
         self, y: Tensor, mean: Tensor, var: Tensor, noise: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         r"""``(alpha, beta)`` with ``alpha = E_q[d log p/df]`` and ``beta = max(-E_q[d^2 log p/df^2],
-        beta_min)`` under ``q = N(mean, var)``, elementwise (MATH.md §2, E-step)."""
+        beta_min)`` under ``q = N(mean, var)``, elementwise (docs/math.md §2, E-step)."""
         alpha = self._expect(lambda f: self.d1(y, f, noise), mean, var, y, noise)
         beta = -self._expect(lambda f: self.d2(y, f, noise), mean, var, y, noise)
         return alpha, beta.clamp_min(self.beta_min)
@@ -309,7 +309,7 @@ class StudentT(SiteLikelihood):
     ``StudentTLikelihood`` (``noise`` = scale^2, ``deg_free`` = nu > 2 by its constraint).
 
     Not log-concave: ``-d^2 log p / df^2`` is negative for residuals beyond ``scale sqrt(nu)``, so
-    the expected curvature is clipped at ``beta_min`` (MATH.md §2).
+    the expected curvature is clipped at ``beta_min`` (docs/math.md §2).
     """
 
     def __init__(self, likelihood: StudentTLikelihood | None = None, **kwargs) -> None:

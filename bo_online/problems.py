@@ -457,7 +457,8 @@ def uci_problem(
         name: UCI set (see :data:`bo_online.datasets.UCI_DATASETS`).
         split: which fixed 90/10 split (0..9).
         shuffle: randomise the arrival order (seeded).
-        max_stream, max_test: optionally truncate the stream / test set (small tests).
+        max_stream: optionally truncate the stream (small tests).
+        max_test: optionally truncate the test set (small tests).
     """
     data = datasets.load_uci(name, split=split, data_dir=data_dir)
     X_tr, y_tr = data.train
@@ -498,7 +499,8 @@ def banana_problem(
 
     Args:
         shuffle: randomise the arrival order (seeded).
-        max_stream, max_test: optionally truncate the stream / test set (small tests).
+        max_stream: optionally truncate the stream (small tests).
+        max_test: optionally truncate the test set (small tests).
     """
     data = datasets.load_banana(data_dir=data_dir)
     X_tr, y_tr = data.train

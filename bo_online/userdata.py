@@ -327,7 +327,8 @@ def stream_from_file(
         task: ``"regression"`` or ``"classification"`` (two distinct target values, mapped to
             {0, 1}).
         shuffle: stream the training rows in a seeded random order (else in file order).
-        max_stream, max_test: keep only the first this many stream / test rows.
+        max_stream: keep only the first this many stream rows.
+        max_test: keep only the first this many test rows.
         expected_sha256: refuse the file unless its hash is this (used on resume).
     """
     if task not in ("regression", "classification"):

@@ -3,7 +3,7 @@
 The setting of the paper: WISKI on a 30 x 30 grid with a Matern-1/2 kernel, batches of q = 6 chosen
 by qNIPV (BoTorch's ``qNegIntegratedPosteriorVariance``), 50 steps, RMSE on a 10,000-point held-out
 test set after every step. qNIPV integrates the fantasy posterior variance over ``--num-mc-points``
-of the held-out inputs; WISKI's fast path (MATH.md section 1) makes that variance O(m^2 q + m q N)
+of the held-out inputs; WISKI's fast path (docs/math.md §1) makes that variance O(m^2 q + m q N)
 per candidate batch (here O(4^d (m + N) q): the rank-q correction reads rows of ``R L_A^-T`` and
 ``R A^-1 R^T`` cached once per step, and the mc_points' rows are cached across candidate batches).
 

@@ -599,7 +599,7 @@ def test_expected_log_lik_against_brute_force_integration(lik):
 
 def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
     """For the Gaussian likelihood Thm 3 with the standard deviation in place of the variance
-    (MATH.md §4) is a lower bound in expectation; with the paper's variance it is not even the
+    (docs/math.md §4) is a lower bound in expectation; with the paper's variance it is not even the
     right scale, so the fix is what makes it match the exact term as m~ -> m."""
     from bo_online.models.qsgp_estimators import expected_log_lik, sample_indices, theorem3_estimate
 

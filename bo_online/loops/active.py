@@ -69,7 +69,8 @@ class ActiveLearningLoop(OnlineLoop):
         integrate_over: ``"test"`` (a random subset of the held-out test inputs, fixed for the
             run) or ``"sobol"`` (scrambled Sobol points of the unit cube, redrawn each step).
         num_pool_candidates: pool points scored per step with ``selection="pool"``.
-        acq_options, optimizer_options: as for :class:`bo_online.loops.BayesOptLoop`.
+        acq_options: as for :class:`bo_online.loops.BayesOptLoop`.
+        optimizer_options: as for :class:`bo_online.loops.BayesOptLoop`.
         eval_every: compute the test metrics every this many steps (and at step 0).
         n_init: random pool points of the initial design.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop`.

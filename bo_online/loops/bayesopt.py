@@ -5,7 +5,7 @@ sampling), maximise it with BoTorch's ``optimize_acqf`` over the unit cube, eval
 (through the user's executor), fold it into the surrogate with ``model.update`` (in place) and
 refit hyperparameters on the schedule. The initial design is a scrambled Sobol sequence.
 
-Example:
+Examples:
     >>> from bo_online.problems import synthetic_problem
     >>> loop = BayesOptLoop(synthetic_problem("branin"), model="exact", acq="logei", seed=0)
     >>> records = loop.run(steps=30)

@@ -69,7 +69,8 @@ class OnlineLoop:
             last checkpoint are redone on resume, so records are identical either way.
         overwrite: replace an existing run in ``out_dir``.
         quiet: no progress bar.
-        device, dtype: where and in which precision the surrogate and acquisition run.
+        device: where the surrogate and acquisition run.
+        dtype: in which precision the surrogate and acquisition run.
         executor: a ``concurrent.futures.Executor`` for objective evaluations (None: in-process).
     """
 

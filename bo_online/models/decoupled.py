@@ -1,7 +1,7 @@
 r"""Decoupled sparse variational GP (Cheng & Boots, 2017) with exact online conditioning.
 
 ``DecoupledSVGP`` approximates the GP posterior with separate bases for the mean and the
-covariance (``../shared/design/MATH.md`` §3, the paper's Eqs. 7-10)::
+covariance (docs/math.md §3, the paper's Eqs. 7-10)::
 
     mean(x)   = c + k_{x,alpha} a
     cov(x,x') = k(x,x') - k_{x,beta} L H^{-1} L^T k_{beta,x'},      H = I + L^T K_beta L
@@ -21,7 +21,7 @@ Design choices (documented because the paper leaves them open):
   coupled SVGP (alpha = beta).
 * ``L`` is a general square ``M_beta x M_beta`` matrix (``B = L L^T`` for any square L); it is
   never initialised to zero (a fixed point of gradient ascent).
-* **Conditioning** on ``(X*, y*, noise N*)`` (MATH.md §3): ``beta' = [beta; X*]``,
+* **Conditioning** on ``(X*, y*, noise N*)`` (docs/math.md §3): ``beta' = [beta; X*]``,
   ``L' = blockdiag(L, N*^{-1/2})`` (precisions add), ``H`` grows by a bordered Cholesky
   (``bo_online.linalg.cholesky_append``), and with ``c = (k^(X*,X*) + N*)^{-1} (y* - mean(X*))``:
   ``a_beta' = [a_beta - L H^{-1} L^T K_{beta,X*} c; c]``. Exact (it equals conditioning the
@@ -391,7 +391,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
 
         ``B* = K_b^{-1} P K_b^{-1}``, ``P = K_bX N^{-1} K_Xb``, so ``L = K_b^{-1} chol(P)``; and
         ``a* = (K_Z + K_ZX N^{-1} K_XZ)^{-1} K_ZX N^{-1} (y - c)`` for the mean basis ``Z = [beta;
-        alpha]`` (maximisers of the ELBO in ``a`` and ``B``, MATH.md §3 / the paper's Eq. 9-10)."""
+        alpha]`` (maximisers of the ELBO in ``a`` and ``B``, docs/math.md §3 / the paper's Eq. 9-10)."""
         n = self.num_data
         if n > self.warm_start_points:
             idx = torch.randperm(n, generator=self._generator)[: self.warm_start_points]
@@ -526,7 +526,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 
-    # ------------------------------------------------------------------ conditioning (MATH.md §3)
+    # ------------------------------------------------------------------ conditioning (docs/math.md §3)
 
     def _conditioned_state(self, X: Tensor, noise: Tensor | None):
         r"""The Y-independent part of conditioning on ``X`` (``batch x q x d``), shared by
@@ -658,15 +658,17 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         generator: torch.Generator | None = None,
         columns: Tensor | None = None,
     ) -> Tensor:
-        r"""KL[q || p] of the paper's Eq. 9 in the stable form (MATH.md §3)::
+        r"""KL[q || p] of the paper's Eq. 9 in the stable form (docs/math.md §3)::
 
             KL = 1/2 a^T K_Z a + 1/2 logdet H - 1/2 tr(K_beta L H^{-1} L^T),
 
         with ``tr(K_beta L H^{-1} L^T) = tr(H^{-1} (H - I)) = M_beta - tr(H^{-1})``.
 
         Args:
-            beta, L: covariance bases and factor (default: the model's).
-            a, Z: all mean coefficients and bases ``[beta; alpha]`` (default: the model's).
+            beta: covariance bases (default: the model's).
+            L: covariance factor (default: the model's).
+            a: all mean coefficients (default: the model's).
+            Z: all mean bases ``[beta; alpha]`` (default: the model's).
             num_columns: if given, ``a^T K_Z a`` is estimated without bias from that many
                 columns drawn without replacement, ``(M/s) a^T K_{Z,S} a_S`` (O(M_alpha s)).
             columns: explicit column indices ``S`` for that estimate (overrides the draw).

@@ -1,7 +1,7 @@
 r"""Quadruply stochastic GP (QSGP): a weight-space GP whose SGD step costs O(1) in n and m.
 
-Evans & Nair, "Quadruply Stochastic Gaussian Processes" (``001_94c77022af740cb0.txt``); corrected
-equations in MATH.md §4, conditioning in MATH.md §5.
+Evans & Nair, "Quadruply Stochastic Gaussian Processes" (2018, arXiv:1812.03010); corrected
+equations in docs/math.md §4, conditioning in docs/math.md §5.
 
 Model: ``f(x) = phi(x)^T w``, ``w ~ N(0, S^-1)`` with a basis dictionary of ``m`` functions
 (:mod:`bo_online.models.qsgp_bases`: random Fourier features for SE-ARD, inducing points at the
@@ -26,7 +26,7 @@ Fitting (``fit``):
   exponentially decayed learning rates and a warm-up freeze of the hyperparameters.
 
 Online use: ``condition_on_observations`` / ``update`` / ``fantasize`` condition the current
-Gaussian posterior exactly on new Gaussian observations ("posterior as prior", MATH.md §5); the
+Gaussian posterior exactly on new Gaussian observations ("posterior as prior", docs/math.md §5); the
 data are kept and absorbed into the variational fit by the next ``fit``. ``sample_paths`` returns
 explicit, deterministic posterior function draws (pathwise-conditioned) for Thompson sampling.
 
@@ -213,7 +213,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.register_buffer("var_mean", torch.zeros(m, dtype=dtype, device=device))
         self.register_buffer("var_log_diag", -0.5 * prior_prec.log())
         self.register_buffer("var_cols", torch.zeros(m, k, dtype=dtype, device=device))
-        # Conditioning data held since the last fit (MATH.md §5) and its caches.
+        # Conditioning data held since the last fit (docs/math.md §5) and its caches.
         self.register_buffer("cond_X", None)  # batch x p x d
         self.register_buffer("cond_y", None)  # sample x batch x p (standardised)
         self.register_buffer("cond_noise", None)  # batch x p
@@ -456,7 +456,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             variances.append(var * self.outcome_std**2)
         return torch.cat(means, -1), torch.cat(variances, -1)
 
-    # ------------------------------------------------------------------ conditioning (MATH.md §5)
+    # ------------------------------------------------------------------ conditioning (docs/math.md §5)
 
     def _point_noise(self, X: Tensor, noise: Tensor | None) -> Tensor:
         if self.likelihood_name != "gaussian":

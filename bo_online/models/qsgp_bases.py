@@ -1,6 +1,6 @@
 r"""Basis-function dictionaries for the weight-space GP of :mod:`bo_online.models.qsgp`.
 
-QSGP (Evans & Nair, ``001_94c77022af740cb0.txt``) models ``f(x) = phi(x)^T w`` with a weight prior
+QSGP (Evans & Nair, 2018, arXiv:1812.03010) models ``f(x) = phi(x)^T w`` with a weight prior
 ``w ~ N(0, S^-1)``, so the implied kernel is ``k(x, z) = phi(x)^T S^-1 phi(z)``. A basis provides:
 
 * ``features(X, idx)``: the columns ``idx`` of ``Phi`` at inputs ``X`` (``... x q x |idx|``); the full

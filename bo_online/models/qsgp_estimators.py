@@ -1,6 +1,6 @@
 r"""Index samplers, unbiased ELBO estimators and control variates of QSGP.
 
-Notation (``001_94c77022af740cb0.txt``, Eq. 2; MATH.md §4): ``f = Phi w``, ``w ~ N(0, S^-1)``,
+Notation (Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010, Eq. 2; docs/math.md §4): ``f = Phi w``, ``w ~ N(0, S^-1)``,
 ``q(w) = N(mu, C C^T)``, per-row noise precisions ``w_l = 1 / sigma_l^2`` (``sigma^2`` for all rows in
 the paper; a per-row vector here so fixed heteroscedastic noise works the same way). The negative
 ELBO is ``(L_mu + L_Sigma + L_const) / 2`` with
@@ -21,7 +21,7 @@ columns: all ``k`` or ``k~`` of them, scale ``k/k~``).
 Estimators (Theorems 1-2, Prop. 2) use the two-index ("triple") form only where the matrix is dense.
 For diagonal parts (a diagonal ``S``, the diagonal columns of ``C``, the ``c_rr`` spike of a dense
 column) the two-index form is unbiased but almost always zero (``i`` and ``j`` rarely coincide), so
-single-index estimators are used instead (MATH.md §4): e.g. ``sum_i s_ii mu_i^2 ~ (m/m~) sum_{i in I}
+single-index estimators are used instead (docs/math.md §4): e.g. ``sum_i s_ii mu_i^2 ~ (m/m~) sum_{i in I}
 s_ii mu_i^2`` and ``c_rr^2 ||phi_r||_W^2 ~ c_rr^2 (n/n~) sum_{l in L} w_l phi_lr^2``.
 
 Control variate (Eq. 3, Prop. 3): the Phi-quadratic term ``v^T Phi^T W Phi v`` (``v = mu`` or
@@ -29,7 +29,7 @@ Control variate (Eq. 3, Prop. 3): the Phi-quadratic term ``v^T Phi^T W Phi v`` (
 set ``p`` of ``n_bar`` rows and ``a = Phi_p v`` maintained incrementally; its gradient is sparsified
 and rescaled by ``m/|i u j|`` (App. F.1) so the update stays sparse.
 
-Theorem 3 (log-concave likelihoods) with the standard-deviation fix of MATH.md §4: the quadrature
+Theorem 3 (log-concave likelihoods) with the standard-deviation fix of docs/math.md §4: the quadrature
 node multiplies the *standard deviation* ``sqrt(phi Sigma phi^T)`` (the paper's Eq. 5 / Thm 3 put the
 variance there).
 """
@@ -385,7 +385,7 @@ def theorem3_estimate(
     L_i: Tensor | None = None,
     L_j: Tensor | None = None,
 ) -> Tensor:
-    r"""Theorem 3 estimate of ``E_q log p(y | X, w)`` with the std fix (MATH.md §4).
+    r"""Theorem 3 estimate of ``E_q log p(y | X, w)`` with the std fix (docs/math.md §4).
 
     Per sampled row: mean ``(m/m~) Phi_li mu_i``; variance ``phi Sigma phi^T`` estimated without
     bias (single index on the diagonal columns; ``c_rr``-spike, cross and two-index terms on the

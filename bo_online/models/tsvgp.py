@@ -1,8 +1,8 @@
 r"""t-SVGP: a sparse variational GP in dual (site) parameters, with additive online conditioning.
 
 ``TSVGP`` is the sparse variational GP of Adam, Chang, Khan & Solin (NeurIPS 2021,
-``../shared/papers/003_1cf42fdc1944cbcb.txt``) written in the notation and sign convention of
-MATH.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
+arXiv:2111.03412) written in the notation and sign convention of
+docs/math.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
 latent ``h = f - c`` (``c`` the constant prior mean), with a POSITIVE site precision ``beta_i``.
 The sites enter the posterior only through two m-dimensional summaries::
 
@@ -21,7 +21,7 @@ Factorisation used (a stable form of "the Cholesky of K + Lam"): with ``L_K L_K^
 whitened ``B = I + L_K^-1 Lam L_K^-T = L_B L_B^T`` (eigenvalues >= 1), ``chol(K + Lam) = L_K L_B``.
 The caches are ``L_K``, ``L_B``, ``lam_w = L_K^-1 lam`` and ``v = B^-1 lam_w``; then
 ``mean(x) = c + a_x^T v`` and ``var(x) = k_xx - |a_x|^2 + |L_B^-1 a_x|^2`` with ``a_x = L_K^-1 k_ux``,
-and ``KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2)`` (MATH.md §2's KL, whitened).
+and ``KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2)`` (docs/math.md §2's KL, whitened).
 
 Learning is variational EM (paper Sec. 3-4): E-steps move the sites by natural gradients
 (full batch or minibatch with the N/|B| scaling of Eqs. 22-23); M-steps maximise the TIGHTER bound
@@ -114,7 +114,7 @@ class TSVGP(OnlineModel):
         num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods
             (the first from the prior marginals).
         condition_steps: further fixed-point steps on the new sites when conditioning with a
-            non-Gaussian likelihood (0 = one step at the current marginal, MATH.md §2).
+            non-Gaussian likelihood (0 = one step at the current marginal, docs/math.md §2).
 
     Example:
         >>> model = TSVGP(train_X, train_Y)               # Gaussian, 128 inducing points
@@ -311,7 +311,7 @@ class TSVGP(OnlineModel):
         return self.likelihood.noise.expand(n_shape)
 
     def _exact_sites(self, y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
-        r"""Gaussian sites (MATH.md §2): ``g1 = (y - c)/sigma^2``, ``beta = 1/sigma^2``."""
+        r"""Gaussian sites (docs/math.md §2): ``g1 = (y - c)/sigma^2``, ``beta = 1/sigma^2``."""
         s2 = self.likelihood._var(self._point_noise(y.shape, noise))
         c = self._const()
         return (y - c) / s2, (1.0 / s2).expand(y.shape)
@@ -394,7 +394,7 @@ class TSVGP(OnlineModel):
         check_finite("g1", g1)
         check_finite("beta", beta)
         if bool((beta < 0).any()):
-            raise ValueError("Site precisions beta must be >= 0 (MATH.md §2 sign convention).")
+            raise ValueError("Site precisions beta must be >= 0 (docs/math.md §2 sign convention).")
         self._set_base_sites(g1, beta)
         return self
 
@@ -684,7 +684,7 @@ class TSVGP(OnlineModel):
         return ell - self._kl(L_B, v).sum()  # summed over independent outputs
 
     def _kl(self, L_B: Tensor, v: Tensor) -> Tensor:
-        r"""KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2) (MATH.md §2, whitened)."""
+        r"""KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2) (docs/math.md §2, whitened)."""
         m = L_B.shape[-1]
         eye = torch.eye(m, dtype=L_B.dtype, device=L_B.device)
         tr_inv = solve_lower(L_B, eye).pow(2).sum((-1, -2))
@@ -696,7 +696,7 @@ class TSVGP(OnlineModel):
         return self._kl(self._B_factor().cholesky(), self.v)
 
     def q_u(self) -> tuple[Tensor, Tensor]:
-        r"""``(m_u, S_u)`` of q(u) (standardised units; ``u`` is h = f - c at Z), MATH.md §2:
+        r"""``(m_u, S_u)`` of q(u) (standardised units; ``u`` is h = f - c at Z), docs/math.md §2:
         ``m_u = K (K + Lam)^-1 lam = L_K v``, ``S_u = K (K + Lam)^-1 K = L_K B^-1 L_K^T``."""
         self.ensure_caches()
         L_K = self.chol_K
@@ -712,7 +712,7 @@ class TSVGP(OnlineModel):
         batch_size: int | None = None,
         generator: torch.Generator | None = None,
     ) -> Self:
-        r"""One natural-gradient E-step on the sites (MATH.md §2; paper Eqs. 18, 22-23).
+        r"""One natural-gradient E-step on the sites (docs/math.md §2; paper Eqs. 18, 22-23).
 
         Full batch (``batch_size`` None or >= n): every site moves,
         ``lambda_i <- (1 - rho) lambda_i + rho g_i`` with ``g_i = (beta_i m_i + alpha_i, beta_i)``

@@ -1,9 +1,10 @@
 r"""WISKI: structured kernel interpolation with O(1)-in-n online updates.
 
-``WISKI`` (Stanton, Maddox, Delbridge and Wilson, 2021; paper 002 in ``shared/papers``) is a GP
+``WISKI`` (Stanton, Maddox, Delbridge and Wilson, "Kernel Interpolation for
+Scalable Online Gaussian Processes", AISTATS 2021, arXiv:2103.01454) is a GP
 whose kernel is the SKI approximation ``k(x, x') ~ w_x^T K_UU w_x'`` on a fixed regular grid
 ``U`` of ``m`` points with sparse cubic interpolation weights ``w_x`` (``4^d`` non-zeros). All
-data enter only through hyperparameter-free sufficient statistics (MATH.md section 1)::
+data enter only through hyperparameter-free sufficient statistics (docs/math.md §1)::
 
     G = W^T D^-1 W (m x m),  z = W^T D^-1 y,  s = y^T D^-1 y,  n,  logdet D,
     h = W^T D^-1 1,  t = 1^T D^-1 y,  c = 1^T D^-1 1,
@@ -17,7 +18,7 @@ the statistics and ``L_A`` by a rank-q Cholesky update, O(m^2 q) whatever n is.
 Conditioning (``condition_on_observations``/``fantasize``) is lazy: the new model keeps the base
 model's factors and a rank-q correction ``F = L_A^-1 U``, ``C C^T = I + F^T F``; the covariance is
 shared by all fantasy samples (only the mean coefficients differ), and the variance at ``N`` fixed
-points costs O(m^2 q + m q N) per candidate batch (MATH.md section 1) -- here O(4^d (m + N) q):
+points costs O(m^2 q + m q N) per candidate batch (docs/math.md §1) -- here O(4^d (m + N) q):
 the correction reads rows of ``R L_A^-T`` and ``R A^-1 R^T``, cached once per base state (O(m^3)),
 and, for points asked for repeatedly (qNIPV's ``mc_points``), their rows times those matrices --
 which is what makes ``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
@@ -632,7 +633,7 @@ class WISKI(OnlineModel):
         joint: bool = False,
     ) -> Self:
         r"""Learn the input projection jointly with the GP hyperparameters on raw data the user
-        kept, then REBUILD the statistics from the new features (paper 002, Sec. 4.3).
+        kept, then REBUILD the statistics from the new features (arXiv:2103.01454, Sec. 4.3).
 
         The statistics of a projected model depend on the projection, so they cannot be
         re-featurised without the raw inputs; this replaces them by those of ``(X, Y, Yvar)``
@@ -642,7 +643,9 @@ class WISKI(OnlineModel):
 
         Args:
             X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
-            method, max_iter, lr: optimiser settings (see :meth:`fit`).
+            method: optimiser (see :meth:`fit`).
+            max_iter: optimiser iterations (see :meth:`fit`).
+            lr: learning rate (see :meth:`fit`).
             joint: ``False`` (default) where the projection has ``init_from_data``: the map is
                 re-derived from the data (the leading gradient directions of an exact GP, see
                 :mod:`bo_online.models.projection`), the statistics are rebuilt and only the
@@ -719,7 +722,7 @@ class WISKI(OnlineModel):
     def projection_step(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
     ) -> Tensor:
-        r"""One online gradient-ascent step on the projection for new points (paper 002 Eq. 18,
+        r"""One online gradient-ascent step on the projection for new points (arXiv:2103.01454, Eq. 18,
         App. A.4), to be followed by ``update(X, Y, noise)``.
 
         Only the new points' interpolation weights depend on the projection; the statistics of
@@ -799,7 +802,7 @@ class WISKI(OnlineModel):
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""Exact SKI log marginal likelihood of the standardised outcomes divided by n (plus log
-        priors / n), from the statistics alone (MATH.md section 1); differentiable in every
+        priors / n), from the statistics alone (docs/math.md §1); differentiable in every
         hyperparameter. O(m^3), independent of n."""
         self._materialize()
         stats = {name: getattr(self, name) for name in _STAT_NAMES}

@@ -1,7 +1,7 @@
 r"""A lazy covariance ``P P^T - Q Q^T`` with broadcast batch dimensions.
 
-WISKI's posterior covariance at ``N`` test points is ``sigma^2 (E^T E - H^T H)`` (MATH.md
-section 1): ``E`` (``m x N``) is shared by every fantasy model conditioned on the same base model
+WISKI's posterior covariance at ``N`` test points is ``sigma^2 (E^T E - H^T H)`` (docs/math.md
+§1): ``E`` (``m x N``) is shared by every fantasy model conditioned on the same base model
 and ``H`` (``q x N`` per candidate batch) is the rank-q correction of a fantasy. Expanding ``E``
 to the batch would copy ``batch x N x m`` numbers (gigabytes for qNIPV with 10,000 mc_points), so
 this operator keeps the two roots with their own batch shapes and computes the diagonal as
