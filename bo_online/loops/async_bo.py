@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
-from bo_online.acquisition import build_acquisition, propose
+
 from bo_online.loops import history
 from bo_online.loops.bayesopt import BayesOptLoop
 from bo_online.problems import Problem, from_unit
@@ -192,26 +192,14 @@ class AsyncBayesOptLoop(BayesOptLoop):
         r"""Proposals ``pid, ..., pid + k - 1`` (``k x d``, problem units, optimised jointly)
         given the pending points ``X_pending`` (``p x d``, problem units), with randomness seeded
         by ``(seed, pid)``."""
-        d, name = self.problem.dim, self.config["acq"]
+        name = self.config["acq"]
         U_pending = self._unit(X_pending) if X_pending.shape[0] else None
         self.model.eval()
         with history.seeded(self.config["seed"], pid, "ask_async", self.device):
             if name == "ts":
                 U = self._thompson(U_pending, k)
             else:
-                acq = build_acquisition(
-                    name,
-                    self.model,
-                    q=k,
-                    step=self.step_count + 1,
-                    dim=d,
-                    X_observed=self._unit(self.X),
-                    Y_observed=self._model_y(self.y),
-                    noisy=self.problem.noise_std > 0,
-                    options=self.config["acq_options"],
-                )
-                acq.set_X_pending(U_pending)
-                U = propose(acq, k, d, self.config["optimizer_options"], **self.tkwargs)
+                U = self._maximize_acquisition(k, U_pending)
         return from_unit(U.detach().cpu().to(torch.float64), self.problem.bounds)
 
     def _thompson(self, U_pending: Tensor | None, k: int) -> Tensor:

@@ -215,21 +215,29 @@ class BayesOptLoop(OnlineLoop):
                 n_cand = int(self.config["acq_options"].get("num_candidates", 1000))
                 U = thompson_sample(self.model, q, d, num_candidates=n_cand, **self.tkwargs)
             else:
-                acq = build_acquisition(
-                    name,
-                    self.model,
-                    q=q,
-                    step=self.step_count + 1,
-                    dim=d,
-                    X_observed=self._unit(self.X),
-                    Y_observed=self._model_y(self.y),
-                    noisy=self.problem.noise_std > 0,
-                    options=self.config["acq_options"],
-                )
-                U = propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)
+                U = self._maximize_acquisition(q)
         X = from_unit(U.detach().cpu().to(torch.float64), self.problem.bounds)
         self._pending = {"X": X, "time_acquisition": self._now() - t0}
         return X
+
+    def _maximize_acquisition(self, q: int, U_pending: Tensor | None = None) -> Tensor:
+        r"""Build the configured acquisition for ``q`` points (with ``U_pending``, ``p x d`` in
+        the unit cube, as BoTorch's ``X_pending``) and maximise it: ``q x d`` in the unit cube."""
+        d = self.problem.dim
+        acq = build_acquisition(
+            self.config["acq"],
+            self.model,
+            q=q,
+            step=self.step_count + 1,
+            dim=d,
+            X_observed=self._unit(self.X),
+            Y_observed=self._model_y(self.y),
+            noisy=self.problem.noise_std > 0,
+            options=self.config["acq_options"],
+        )
+        if U_pending is not None:
+            acq.set_X_pending(U_pending)
+        return propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)
 
     def _evaluate_pending(self) -> dict[str, Any]:
         assert self._pending is not None

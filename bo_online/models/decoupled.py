@@ -950,6 +950,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         sub.mean_module = self.mean_module
         names = {id(p) for p in self.hyperparameters()}
         params = {k: p for k, p in self.named_parameters() if p.requires_grad and id(p) in names}
+        # OnlineExactGP.marginal_log_likelihood(include_priors=True) needs ``named_priors``, which
+        # OnlineModel lacks (torch Module, not a GPyTorch one): add the priors here instead, and
+        # pass the constraint bounds (BoTorch's default constraints are untransformed).
         closure = ForwardBackwardClosure(
             forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
                               + self._log_prior() / X.shape[0]),
@@ -965,30 +968,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
         likelihood and mean modules), then the closed-form variational warm start."""
-        from bo_online.models.exact import OnlineExactGP
-
-        n = self.num_data
-        idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
-        X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
-        if self.fixed_noise:
-            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise[idx].unsqueeze(-1),
-                                covar_module=self.covar_module, standardize=False)
-        else:
-            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
-                                standardize=False)
-        sub.mean_module = self.mean_module
-        names = {id(p) for p in self.hyperparameters()}
-        params = {k: p for k, p in self.named_parameters() if p.requires_grad and id(p) in names}
-        # OnlineExactGP.marginal_log_likelihood(include_priors=True) needs ``named_priors``, which
-        # OnlineModel lacks (torch Module, not a GPyTorch one): add the priors here instead, and
-        # pass the constraint bounds (BoTorch's default constraints are untransformed).
-        closure = ForwardBackwardClosure(
-            forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
-                              + self._log_prior() / X.shape[0]),
-            parameters=params,
-        )
-        scipy_minimize(closure=closure, parameters=params, bounds=self._bounds(params),
-                       options={"maxiter": 200})
+        self._exact_hyperparameters(size, max_iter=200, timeout_sec=None)
         with torch.no_grad():
             if bases_are_data and self._gaussian():
                 self._set_exact_state(self.train_X)
