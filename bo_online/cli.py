@@ -653,6 +653,15 @@ def bo(
     shared = _shared(model, model_option, q, seed, refit, fit_max_iter, checkpoint_every,
                      out, overwrite, quiet, device, dtype, dim=prob.dim,
                      checkpoint_seconds=checkpoint_seconds)
+    bo_options = dict(
+        acq=acq,
+        acq_options={"beta": beta, "beta_schedule": beta_schedule,
+                     "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
+        optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
+                                             batch_limit, sequential),
+        n_init=n_init,
+        **shared,
+    )
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
@@ -661,34 +670,13 @@ def bo(
 
         _check(acq in ("qucb", "qlognei", "ts"), f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.")
         with _dask_client(dask) as client:
-            loop = AsyncBayesOptLoop(
-                prob,
-                client,
-                acq=acq,
-                max_failures=max_failures,
-                acq_options={"beta": beta, "beta_schedule": beta_schedule,
-                             "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
-                optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
-                                                     batch_limit, sequential),
-                n_init=n_init,
-                **shared,
-            )
+            loop = AsyncBayesOptLoop(prob, client, max_failures=max_failures, **bo_options)
             _run_async(loop, steps)
         _finish(loop, plots, quiet)
         return
     executor = _executor(workers)
     try:
-        loop = BayesOptLoop(
-            prob,
-            acq=acq,
-            acq_options={"beta": beta, "beta_schedule": beta_schedule,
-                         "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
-            optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
-                                                 batch_limit, sequential),
-            n_init=n_init,
-            executor=executor,
-            **shared,
-        )
+        loop = BayesOptLoop(prob, executor=executor, **bo_options)
         loop.run(steps)
     finally:
         _shutdown(executor)

@@ -63,7 +63,7 @@ resolution than the covariance; for small n it starts as the exact GP (bases = d
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from botorch.models.utils.gpytorch_modules import (
@@ -115,14 +115,21 @@ def median_lengthscale(
     return med if bool(med > 0) else torch.ones_like(med)
 
 
-def pivoted_cholesky_select(K: Tensor, k: int) -> Tensor:
+def pivoted_cholesky_select(
+    K: Tensor | None, k: int, diag: Tensor | None = None, row: Callable[[int], Tensor] | None = None
+) -> Tensor:
     r"""Indices of ``k`` points chosen greedily by largest residual variance (pivoted Cholesky of
-    the kernel matrix ``K``, ``m x m``), a cheap way to keep a diverse subset of bases. O(m k^2).
+    the kernel matrix, ``m x m``), a cheap way to keep a diverse subset of bases. O(m k^2).
+
+    Give the dense ``K``, or its diagonal ``diag`` (``m``) and ``row(i)`` returning row ``i``
+    (``m``), so that only the ``k`` chosen rows are ever computed (O(m k) memory).
     Hand-written because ``linear_operator``'s pivoted Cholesky does not return the pivots."""
-    m = K.shape[-1]
+    if K is not None:
+        diag, row = torch.diagonal(K), (lambda i: K[i])
+    m = diag.shape[-1]
     k = min(k, m)
-    resid = torch.diagonal(K).clone()
-    rows = torch.zeros(k, m, dtype=K.dtype, device=K.device)
+    resid = diag.clone()
+    rows = torch.zeros(k, m, dtype=diag.dtype, device=diag.device)
     chosen: list[int] = []
     for j in range(k):
         if chosen:
@@ -130,10 +137,9 @@ def pivoted_cholesky_select(K: Tensor, k: int) -> Tensor:
         i = int(torch.argmax(resid))
         chosen.append(i)
         piv = resid[i].clamp_min(1e-300).sqrt()
-        row = (K[i] - rows[:j, i] @ rows[:j]) / piv
-        rows[j] = row
-        resid = resid - row.pow(2)
-    return torch.tensor(chosen, dtype=torch.long, device=K.device)
+        rows[j] = (row(i) - rows[:j, i] @ rows[:j]) / piv
+        resid = resid - rows[j].pow(2)
+    return torch.tensor(chosen, dtype=torch.long, device=diag.device)
 
 
 class DecoupledSVGP(HeldDataMixin, OnlineModel):
@@ -916,21 +922,14 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         n = self.num_data
         pool = torch.randperm(n, generator=self._generator)[: min(n, pool_size)]
         Xp = self.train_X[pool]
-        m = min(self.num_mean_bases, Xp.shape[0])
-        rows = torch.zeros(m, Xp.shape[0], **self._dtype_device)
-        resid = self.covar_module(Xp, diag=True).detach().clone()
-        chosen: list[int] = []
-        # Pivoted Cholesky by columns (kernel rows computed on demand, O(pool * m) memory).
-        for j in range(m):
-            if chosen:
-                resid[chosen] = -math.inf
-            i = int(torch.argmax(resid))
-            chosen.append(i)
-            piv = resid[i].clamp_min(1e-300).sqrt()
-            k_i = self.covar_module(Xp[i : i + 1], Xp).to_dense().squeeze(-2)
-            rows[j] = (k_i - rows[:j, i] @ rows[:j]) / piv
-            resid = resid - rows[j].pow(2)
-        Z = Xp[torch.tensor(chosen, dtype=torch.long)]
+        with torch.no_grad():
+            chosen = pivoted_cholesky_select(
+                None,
+                self.num_mean_bases,
+                diag=self.covar_module(Xp, diag=True),
+                row=lambda i: self.covar_module(Xp[i : i + 1], Xp).to_dense().squeeze(-2),
+            )
+        Z = Xp[chosen]
         return Z[: self.num_cov_bases], Z[self.num_cov_bases :]
 
     def _exact_hyperparameters(self, size: int, max_iter: int, timeout_sec) -> None:
