@@ -166,6 +166,8 @@ def main() -> None:
                    help="20,000-point streams for wiski and tsvgp: peak RSS at 20,000 vs 2,000")
     p.add_argument("--memory-stream", type=int, default=20000)
     p.add_argument("--memory-set", default="protein")
+    p.add_argument("--memory-models", default="wiski,tsvgp",
+                   help="models of the memory check (comma separated)")
     p.add_argument("--rss-marks", type=int, nargs="*", default=[2000])
     p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -199,7 +201,7 @@ def main() -> None:
     else:
         args.stream, args.rss_marks = args.memory_stream, [2000, args.memory_stream]
         tag = f"mem{args.memory_stream}-seed{args.seed}"
-        for model in ("wiski", "tsvgp"):
+        for model in [m for m in args.memory_models.split(",") if m]:
             r = _child("stream", model, args.memory_set,
                        args.out / f"{model}-{args.memory_set}-{tag}.json", args)
             if "error" not in r:
