@@ -65,3 +65,20 @@ def test_default_fit_beyond_exact_subset_is_calibrated_in_eight_dimensions():
     # Before the collapsed refinement: RMSE 1.58x the exact GP's and NLL +0.81 nats.
     assert rmse <= 1.1 * rmse_gp
     assert nll <= nll_gp + 0.35
+
+
+def test_refit_after_collapsed_refinement_starts_from_it_and_survives_state_dict():
+    X, y = _data(150, 3, seed=2)
+    model = DecoupledSVGP(X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8,
+                          exact_fit_points=40)
+    calls = []
+    exact = model._exact_hyperparameters
+    model._exact_hyperparameters = lambda *a, **k: (calls.append(1), exact(*a, **k))
+    model.fit(max_iter=30)
+    assert calls == [1] and model.collapsed_fit is not None
+    model.fit(max_iter=30)
+    assert calls == [1]  # the second refit does not go back to the subset's exact fit
+    clone = DecoupledSVGP(X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8,
+                          exact_fit_points=40)
+    clone.load_state_dict(model.state_dict())
+    assert clone.collapsed_fit is not None

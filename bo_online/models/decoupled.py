@@ -257,6 +257,8 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         self.register_buffer("chol_H", None)
         # Site statistics of the held data on the mean basis Z = [beta; alpha] (fold mode, see
         # _fold): Q = K_ZX N^{-1} K_XZ (M_alpha x M_alpha), s = K_ZX N^{-1} (y - c) (M_alpha).
+        # Set once the hyperparameters were refined on the collapsed bound (see _fit_auto).
+        self.register_buffer("collapsed_fit", None)
         self.register_buffer("site_Q", None)
         self.register_buffer("site_s", None)
         self._seed_bases()
@@ -903,10 +905,13 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
     def _fit_auto(self, max_iter: int, train_hyperparameters: bool, timeout_sec) -> Self:
         r"""The default fit (see :meth:`fit`): exact-marginal-likelihood hyperparameters on (a
         subset of) the held data, bases re-selected by pivoted Cholesky, closed-form ``a, B``."""
-        if train_hyperparameters:
-            self._exact_hyperparameters(self.exact_fit_points, max_iter, timeout_sec)
         n = self.num_data
-        if train_hyperparameters and n > max(self.exact_fit_points, self.num_cov_bases):
+        beyond_subset = n > max(self.exact_fit_points, self.num_cov_bases)
+        # Once refined on the collapsed bound, later refits start from there: the subset's
+        # exact fit would only pull the hyperparameters back (and double a stream refit's cost).
+        if train_hyperparameters and not (beyond_subset and self.collapsed_fit is not None):
+            self._exact_hyperparameters(self.exact_fit_points, max_iter, timeout_sec)
+        if train_hyperparameters and beyond_subset:
             # The subset's exact-GP hyperparameters suit an exact GP on that subset (short
             # lengthscales in many dimensions), not the sparse model: with them the prediction
             # is far from every basis and its variance falls back to the prior (pol, 26 inputs,
@@ -917,6 +922,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                 beta, alpha = self._select_bases()
             self._collapsed_hyperparameters(torch.cat([beta, alpha], dim=-2), max_iter,
                                             timeout_sec)
+            self.collapsed_fit = torch.ones((), **self._dtype_device)
         with torch.no_grad():
             if n <= self.num_cov_bases:
                 self._set_exact_state(self.train_X)
@@ -1176,7 +1182,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
         fold mode) leaves this model without them too."""
-        for name in ("site_Q", "site_s"):
+        for name in ("site_Q", "site_s", "collapsed_fit"):
             if name not in state_dict:
                 self._buffers[name] = None
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
