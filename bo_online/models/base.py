@@ -99,6 +99,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self._batch_shape = torch.Size()
         self._cache_key: list[Tensor] | None = None
 
+    @staticmethod
+    def transformed_dim(train_X: Tensor, input_transform: Any | None) -> int:
+        r"""The input dimension d a model works in: the width of ``train_X`` (``n x d_raw``) after
+        ``input_transform``, which may add or drop columns (BoTorch's ``InteractionFeatures``,
+        ``FilterFeatures``). Kernels, bounds and input checks all see transformed inputs, so
+        constructors pass this, not ``train_X.shape[-1]``, as ``dim``. The transform runs on a copy,
+        so one that learns from what it sees (``Normalize`` with learned bounds) is left as it was.
+        """
+        if input_transform is None:
+            return int(train_X.shape[-1])
+        with torch.no_grad():
+            return int(copy.deepcopy(input_transform)(train_X).shape[-1])
+
     # ------------------------------------------------------------------ properties BoTorch reads
 
     @property

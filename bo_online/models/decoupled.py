@@ -202,7 +202,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                 f"Need 1 <= num_cov_bases <= num_mean_bases, got num_cov_bases={num_cov_bases}, "
                 f"num_mean_bases={num_mean_bases}."
             )
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )

@@ -79,7 +79,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         dtype, device = train_X.dtype, train_X.device
         if train_X.dim() != 2:
             raise ValueError(f"train_X must be n x d, got shape {tuple(train_X.shape)}.")
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )

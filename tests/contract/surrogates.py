@@ -1,0 +1,301 @@
+r"""The surrogates the contract suite (``tests/contract/``) checks, and their dense references.
+
+To put a new surrogate under the contract of ``docs/contract.md``, append one
+:class:`Surrogate` to :data:`SURROGATES`: a factory that builds the model on given data with fixed
+hyperparameters, and a dense reference that computes the model's latent posterior from the data
+by hand (no caches, statistics or update formulas of the model). Where the model legitimately
+cannot satisfy a row, say so with a capability flag and its reason; the tests then check what the
+model does promise instead of skipping the row.
+
+Conventions of the dense references: ``dense(model, X, y, noise, Xt)`` takes transformed training
+inputs ``X`` (``n x d``), standardised targets ``y`` (``n``) and standardised noise variances
+``noise`` (``n``) under the model's current hyperparameters, and returns the latent posterior
+mean (``N``) and covariance (``N x N``) at transformed test inputs ``Xt`` (``N x d``), in
+standardised units. Everything is float64 and small (n <= ~40), so everything is formed densely.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from bo_online.models import QSGP, TSVGP, WISKI, DecoupledSVGP, OnlineExactGP, OnlineModel
+
+# The fixed hyperparameters every factory sets (standardised units), so that two models built on
+# different data (the parent and a rebuild on all data) are the same GP.
+LENGTHSCALE = 0.3
+CONSTANT = 0.1
+NOISE = 0.05
+
+
+def gp_posterior(
+    Kxx: Tensor, Kxs: Tensor, Kss: Tensor, c: float | Tensor, y: Tensor, noise: Tensor
+) -> tuple[Tensor, Tensor]:
+    r"""Dense GP posterior by hand: prior mean ``c``, covariance blocks ``Kxx`` (``n x n``),
+    ``Kxs`` (``n x N``), ``Kss`` (``N x N``), per-point noise variances (``n``)."""
+    L = torch.linalg.cholesky(Kxx + torch.diag(noise))
+    A = torch.cholesky_solve(Kxs, L)  # (K + N)^-1 K_xs
+    mean = c + A.T @ (y - c)
+    return mean, Kss - Kxs.T @ A
+
+
+def _kernel_dense(model: OnlineModel, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    """Exact GP with the model's kernel and constant mean."""
+    k = model.covar_module
+    with torch.no_grad():
+        c = model.mean_module.constant.reshape(())
+        return gp_posterior(k(X).to_dense(), k(X, Xt).to_dense(), k(Xt).to_dense(), c, y, noise)
+
+
+def _ski_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    r"""SKI GP: kernel ``W K_UU W^T`` with the dense interpolation weights ``W`` of the grid and
+    the model's jittered grid kernel (as ``tests/wiski_reference.py``)."""
+    from wiski_reference import grid_kernel
+
+    with torch.no_grad():
+        W = model.grid.dense_weights(model._features(X))
+        Ws = model.grid.dense_weights(model._features(Xt))
+        K = grid_kernel(model)
+        c = model.mean_module.constant.reshape(())
+        return gp_posterior(W @ K @ W.T, W @ K @ Ws.T, Ws @ K @ Ws.T, c, y, noise)
+
+
+def _sgpr_dense(model: TSVGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    r"""Titsias' SGPR at the model's inducing inputs Z (as ``tests/test_tsvgp.py``): the optimal
+    Gaussian q(u) of a Gaussian likelihood, computed densely."""
+    k = model.covar_module
+    with torch.no_grad():
+        Z = model.inducing_points
+        c = model.mean_module.constant.reshape(())
+        Kuu, Kuf = k(Z).to_dense(), k(Z, X).to_dense()
+        Ksu, Kss = k(Xt, Z).to_dense(), k(Xt).to_dense()
+        Sig = torch.linalg.inv(Kuu + (Kuf / noise) @ Kuf.T)
+        mean = c + Ksu @ Sig @ Kuf @ ((y - c) / noise)
+        cov = Kss - Ksu @ torch.linalg.solve(Kuu, Ksu.T) + Ksu @ Sig @ Ksu.T
+        return mean, cov
+
+
+def _features_dense(model: QSGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    r"""Bayesian linear regression on the model's features (prior ``w ~ N(0, I)`` for an RFF
+    basis): the exact GP with kernel ``Phi Phi^T`` and zero mean."""
+    with torch.no_grad():
+        F, Fs = model.basis.features(X), model.basis.features(Xt)
+        return gp_posterior(F @ F.T, F @ Fs.T, Fs @ Fs.T, 0.0, y, noise)
+
+
+def _likelihood_noise(model: OnlineModel) -> Tensor:
+    """The homoscedastic noise variance (standardised units) as a scalar tensor."""
+    lik = model.likelihood
+    noise = lik.noise if not hasattr(lik, "gaussian") else lik.gaussian.noise
+    return noise.detach().reshape(())
+
+
+def _set_common(model: OnlineModel) -> None:
+    """Lengthscale, constant mean and (inferred) noise of the kernel/mean/likelihood modules."""
+    with torch.no_grad():
+        kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+        base = getattr(kernel, "base_kernel", kernel)
+        base.lengthscale = torch.full_like(base.lengthscale, LENGTHSCALE)
+        if hasattr(model, "mean_module"):
+            model.mean_module.constant.fill_(CONSTANT)
+        if not model.fixed_noise:
+            lik = model.likelihood
+            lik = getattr(lik, "gaussian", lik)
+            lik.noise = torch.full_like(lik.noise, NOISE)
+
+
+def _make_exact(X, Y, Yvar=None, *, template=None, **kw) -> OnlineExactGP:
+    model = OnlineExactGP(X, Y, Yvar, **kw)
+    _set_common(model)
+    return model
+
+
+def _make_wiski(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
+    # 9 points per dimension (about 4 carry weight inside the unit cube): small m keeps the
+    # dense reference and every O(m^3) rebuild cheap; the grid's accuracy is not under test.
+    model = WISKI(X, Y, Yvar, grid_size=9, **kw)
+    _set_common(model)
+    return model
+
+
+def _make_tsvgp(X, Y, Yvar=None, *, template=None, **kw) -> TSVGP:
+    # The inducing inputs are part of the model: a rebuild on all data reuses the parent's.
+    Z = 8 if template is None else template.inducing_points.detach().clone()
+    model = TSVGP(X, Y, Yvar, inducing_points=Z, **kw)
+    _set_common(model)
+    return model
+
+
+def _make_decoupled(X, Y, Yvar=None, *, template=None, **kw) -> DecoupledSVGP:
+    # n <= num_cov_bases: the bases are the data and the state is the exact GP's (set again after
+    # the hyperparameters change, as the variational state is not a cache).
+    model = DecoupledSVGP(X, Y, Yvar, num_mean_bases=64, num_cov_bases=48, **kw)
+    _set_common(model)
+    with torch.no_grad():
+        model._set_exact_state(model.train_X)
+    return model
+
+
+def _make_qsgp(X, Y, Yvar=None, *, template=None, **kw) -> QSGP:
+    # An RFF basis with the full family: exact Bayesian linear regression in weight space.
+    model = QSGP(X, Y, Yvar, num_features=40, family="full", seed=3, **kw)
+    _set_common(model)
+    with torch.no_grad():
+        model.set_optimal_variational()
+    return model
+
+
+@dataclass(frozen=True)
+class Surrogate:
+    r"""One surrogate under the contract.
+
+    Attributes:
+        name: test id.
+        make: ``make(X, Y, Yvar=None, *, template=None, **constructor_options)``: the model on
+            ``X`` (``n x d``), ``Y`` (``n x 1``), optional fixed noise ``Yvar`` (``n x 1``), with the
+            fixed hyperparameters above; deterministic. ``template``: a model whose structural
+            choices (inducing inputs, ...) the new one must share (a rebuild on all data).
+        dense: the dense reference (module docstring).
+        max_dim: largest input dimension the model takes without extra options (WISKI's grid).
+        fixed_noise: the model accepts ``train_Yvar`` (fixed heteroscedastic noise).
+        exact_in_hyperparameters: the posterior after a hyperparameter change equals the dense
+            reference with the new values (the state is statistics plus caches). False where the
+            model holds a variational state that a hyperparameter change does not re-optimise
+            (a refit does); the row then checks that caches are rebuilt (the posterior equals
+            the one after ``invalidate_caches``).
+        exact_mll: ``ExactMarginalLogLikelihood(model.likelihood, model)`` can be built (the
+            likelihood is a GPyTorch ``GaussianLikelihood``); otherwise another GPyTorch
+            marginal likelihood around the model dispatches ``fit_gpytorch_mll`` to ``fit``.
+        reasons: why a capability is False (shown in the tests' skip/xfail messages).
+        tol: tolerance of the comparisons with the dense reference (float64).
+    """
+
+    name: str
+    make: Callable[..., OnlineModel]
+    dense: Callable[[Any, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+    max_dim: int = 8
+    fixed_noise: bool = True
+    exact_in_hyperparameters: bool = True
+    exact_mll: bool = True
+    reasons: dict[str, str] = field(default_factory=dict)
+    tol: float = 1e-8
+
+    def noise_of(self, model: OnlineModel) -> Tensor:
+        """The model's homoscedastic noise (standardised units, scalar)."""
+        return _likelihood_noise(model)
+
+
+#: Every surrogate the suite checks. Add a new one here (and nowhere else).
+SURROGATES: list[Surrogate] = [
+    Surrogate("exact", _make_exact, _kernel_dense),
+    Surrogate("wiski", _make_wiski, _ski_dense, max_dim=3),
+    Surrogate(
+        "tsvgp",
+        _make_tsvgp,
+        _sgpr_dense,
+        exact_mll=False,
+        reasons={
+            "exact_mll": "its likelihood is a site likelihood (Gaussian, Bernoulli, Poisson, "
+            "Student-t), which GPyTorch's ExactMarginalLogLikelihood refuses",
+        },
+    ),
+    Surrogate(
+        "decoupled",
+        _make_decoupled,
+        _kernel_dense,
+        exact_in_hyperparameters=False,
+        reasons={
+            "exact_in_hyperparameters": "the variational state (a, L) is a parameter of the "
+            "model, not a cache: a hyperparameter change keeps it (fit re-optimises it)",
+        },
+    ),
+    Surrogate(
+        "qsgp",
+        _make_qsgp,
+        _features_dense,
+        exact_in_hyperparameters=False,
+        reasons={
+            "exact_in_hyperparameters": "the weight-space variational state (mean, factor) is "
+            "kept when the kernel changes; only fit / set_optimal_variational re-optimise it",
+        },
+    ),
+]
+
+
+def ids(surrogates: list[Surrogate] = SURROGATES) -> list[str]:
+    return [s.name for s in surrogates]
+
+
+def data(n: int, d: int, seed: int, dtype: torch.dtype = torch.float64, fixed: bool = False):
+    r"""``(X, Y, Yvar)``: inputs in the unit cube, a smooth function plus noise, optional fixed
+    noise variances (user units); seeded."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=torch.float64)
+    Y = 2.0 + 1.5 * torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
+        n, 1, generator=g, dtype=torch.float64
+    )
+    Yvar = (0.01 + 0.04 * torch.rand(n, 1, generator=g, dtype=torch.float64)) if fixed else None
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    return cast(X), cast(Y), cast(Yvar)
+
+
+def standardised(model: OnlineModel, Y: Tensor, Yvar: Tensor | None) -> tuple[Tensor, Tensor]:
+    r"""Targets (``n``) and noise variances (``n``) of user-unit data in the model's
+    standardised units; the homoscedastic noise where ``Yvar`` is None."""
+    std = model.outcome_std.reshape(())
+    y = ((Y - model.outcome_mean) / std).reshape(-1)
+    if Yvar is None:
+        noise = _likelihood_noise(model).expand(y.shape)
+    else:
+        noise = Yvar.reshape(-1) / std**2
+    return y, noise
+
+
+def reference(s: Surrogate, model: OnlineModel, X, Y, Yvar, Xt) -> tuple[Tensor, Tensor]:
+    r"""The dense latent posterior at ``Xt`` (``N x d``, untransformed) in the user's units:
+    mean (``N``) and covariance (``N x N``), for data ``X, Y, Yvar`` (user units,
+    untransformed) under the model's hyperparameters and scaling."""
+    with torch.no_grad():
+        tX, tXt = model.transform_inputs(X), model.transform_inputs(Xt)
+    y, noise = standardised(model, Y, Yvar)
+    mean, cov = s.dense(model, tX, y, noise, tXt)
+    std = model.outcome_std.reshape(())
+    return mean * std + model.outcome_mean.reshape(()), cov * std**2
+
+
+def latent(model: OnlineModel, Xt: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+    """Posterior mean (``batch x N``) and covariance (``batch x N x N``), user units, detached."""
+    with torch.no_grad():
+        post = model.posterior(Xt, **kwargs)
+        return post.mean.squeeze(-1), post.covariance_matrix
+
+
+def assert_close(a: Tensor, b: Tensor, tol: float, what: str = "") -> None:
+    """``|a - b| <= tol * max(1, max |b|)`` elementwise, with the worst error in the message."""
+    a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    assert a.shape == b.shape, f"{what}: shapes {tuple(a.shape)} != {tuple(b.shape)}"
+    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+    err = float((a - b).abs().max()) if a.numel() else 0.0
+    assert err <= tol * scale and not math.isnan(err), f"{what}: max error {err:.3g} > {tol * scale:.3g}"
+
+
+def tensor_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    r"""Every buffer and parameter of the model (not through ``state_dict``, which may refresh
+    caches), cloned; plus the model's own tensor attributes that are not modules' buffers."""
+    out = {f"buffer:{k}": v.detach().clone() for k, v in model.named_buffers() if v is not None}
+    out.update({f"param:{k}": v.detach().clone() for k, v in model.named_parameters()})
+    return out
+
+
+def same_state(before: dict[str, Tensor], after: dict[str, Tensor]) -> list[str]:
+    """Names whose tensors differ (shape or any value) or that appeared/disappeared."""
+    diff = sorted(set(before) ^ set(after))
+    for k in set(before) & set(after):
+        a, b = before[k], after[k]
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+            diff.append(k)
+    return diff
