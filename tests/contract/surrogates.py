@@ -111,11 +111,82 @@ def _features_family_dense(model: QSGP, X: Tensor, y: Tensor, noise: Tensor, Xt:
         return Fs @ mu, V @ V.T
 
 
+def _sgpr_sites(model: TSVGP, X: Tensor, g1: Tensor, beta: Tensor, Xt: Tensor):
+    r"""t-SVGP's q(f) at ``Xt`` from Gaussian sites ``exp(g1 h - beta h^2 / 2)`` (``h = f - c``) on
+    ``X``: SGPR with pseudo-targets ``c + g1 / beta`` and noise ``1 / beta``, densely."""
+    k = model.covar_module
+    Z = model.inducing_points.detach()
+    c = model.mean_module.constant.detach().reshape(())
+    Kuu, Kuf = k(Z).to_dense(), k(Z, X).to_dense()
+    Ksu, Kss = k(Xt, Z).to_dense(), k(Xt).to_dense()
+    Sig = torch.linalg.inv(Kuu + (Kuf * beta) @ Kuf.T)
+    mean = c + Ksu @ Sig @ Kuf @ g1
+    return mean, Kss - Ksu @ torch.linalg.solve(Kuu, Ksu.T) + Ksu @ Sig @ Ksu.T
+
+
+def _probit_site(y: Tensor, mean: Tensor, var: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The t-SVGP site of a probit-Bernoulli label ``y`` at the marginal ``N(mean, var)``, by
+    hand: ``alpha = E[d log Phi(s f) / df]``, ``beta = -E[d^2 log Phi(s f) / df^2]`` (``s = 2y - 1``;
+    with ``r = phi(s f) / Phi(s f)`` the derivatives are ``s r`` and ``-r (s f + r)``), integrated
+    by the trapezoid rule on 4001 points over +-12 sd (exponentially accurate for these smooth
+    integrands; the model uses Gauss-Hermite quadrature), and ``g1 = beta (mean - c) + alpha``."""
+    sgn = 2 * y - 1
+    t = torch.linspace(-12.0, 12.0, 4001, dtype=mean.dtype)
+    f = mean.unsqueeze(-1) + var.clamp_min(0).sqrt().unsqueeze(-1) * t  # n x 4001
+    w = torch.exp(-0.5 * t**2) / math.sqrt(2 * math.pi)
+    z = sgn.unsqueeze(-1) * f
+    r = torch.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - torch.special.log_ndtr(z))
+    alpha = torch.trapezoid(sgn.unsqueeze(-1) * r * w, t, dim=-1)
+    beta = torch.trapezoid(r * (z + r) * w, t, dim=-1)
+    return beta * (mean - c) + alpha, beta
+
+
+def _bernoulli_sites(model: TSVGP, X: Tensor, y: Tensor, batches=()):
+    r"""Sites of the initial data after ``BERNOULLI_E_STEPS`` full E-steps (rho = 1) from the
+    prior, then one site step per conditioning batch at the marginal of everything before it."""
+    c = model.mean_module.constant.detach().reshape(())
+    g1, beta = torch.zeros_like(y), torch.zeros_like(y)
+    for _ in range(BERNOULLI_E_STEPS):
+        mean, cov = _sgpr_sites(model, X, g1, beta, X)
+        g1, beta = _probit_site(y, mean, cov.diagonal(), c)
+    for Xb, yb in batches:
+        mean, cov = _sgpr_sites(model, X, g1, beta, Xb)
+        g1b, betab = _probit_site(yb, mean, cov.diagonal(), c)
+        X, g1, beta = torch.cat([X, Xb]), torch.cat([g1, g1b]), torch.cat([beta, betab])
+    return X, g1, beta
+
+
+def _bernoulli_dense(model: TSVGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    """Probit t-SVGP on labels ``y``: E-steps by hand, then the posterior from the sites."""
+    with torch.no_grad():
+        X, g1, beta = _bernoulli_sites(model, X, y)
+        return _sgpr_sites(model, X, g1, beta, Xt)
+
+
+def _bernoulli_conditioned(model: TSVGP, X, y, noise, batches, Xt):
+    r"""Online t-SVGP conditioning: each batch adds its sites at the current marginal (one step,
+    ``condition_steps = 0``), the earlier sites unchanged."""
+    with torch.no_grad():
+        X, g1, beta = _bernoulli_sites(model, X, y, [(Xb, yb) for Xb, yb, _ in batches])
+        return _sgpr_sites(model, X, g1, beta, Xt)
+
+
+def _bernoulli_fantasy_Y(model: TSVGP, X: Tensor, sampler) -> Tensor:
+    r"""The labels ``fantasize`` draws: latent samples ``f`` from the sampler, then ``y = 1[u <
+    Phi(f)]`` with uniforms from a generator seeded by the sampler's seed."""
+    with torch.no_grad():
+        F = sampler(model.posterior(X))
+    gen = torch.Generator().manual_seed(int(sampler.seed))
+    U = torch.rand(F.shape, generator=gen, dtype=F.dtype)
+    return (U < torch.distributions.Normal(0.0, 1.0).cdf(F)).to(F)
+
+
 def _likelihood_noise(model: OnlineModel) -> Tensor:
     """The homoscedastic noise variance (standardised units) as a scalar tensor."""
-    lik = model.likelihood
-    noise = lik.noise if not hasattr(lik, "gaussian") else lik.gaussian.noise
-    return noise.detach().reshape(())
+    lik = getattr(model.likelihood, "gaussian", model.likelihood)
+    if not hasattr(lik, "noise"):  # a likelihood without a noise variance (Bernoulli)
+        return torch.tensor(float("nan"), dtype=model.outcome_mean.dtype)
+    return lik.noise.detach().reshape(())
 
 
 def _set_common(model: OnlineModel) -> None:
@@ -126,9 +197,8 @@ def _set_common(model: OnlineModel) -> None:
         base.lengthscale = torch.full_like(base.lengthscale, LENGTHSCALE)
         if hasattr(model, "mean_module"):
             model.mean_module.constant.fill_(CONSTANT)
-        if not model.fixed_noise:
-            lik = model.likelihood
-            lik = getattr(lik, "gaussian", lik)
+        lik = getattr(model.likelihood, "gaussian", model.likelihood)
+        if not model.fixed_noise and hasattr(lik, "noise"):
             lik.noise = torch.full_like(lik.noise, NOISE)
 
 
@@ -157,6 +227,25 @@ def _make_tsvgp(X, Y, Yvar=None, *, template=None, **kw) -> TSVGP:
     Z = 8 if template is None else template.inducing_points.detach().clone()
     model = TSVGP(X, Y, Yvar, inducing_points=Z, **kw)
     _set_common(model)
+    return model
+
+
+#: full E-steps (rho = 1) run by the probit-Bernoulli TSVGP factory (and its dense reference)
+BERNOULLI_E_STEPS = 5
+
+
+def _make_tsvgp_bernoulli(X, Y, Yvar=None, *, template=None, **kw) -> TSVGP:
+    from bo_online.likelihoods import Bernoulli
+
+    Z = 8 if template is None else template.inducing_points.detach().clone()
+    model = TSVGP(X, Y, Yvar, inducing_points=Z, likelihood=Bernoulli("probit"), **kw)
+    _set_common(model)
+    # The constructor's E-steps ran under the default hyperparameters: start again from the
+    # prior under the fixed ones.
+    zeros = torch.zeros_like(model.train_y)
+    model.set_sites(zeros, zeros)
+    for _ in range(BERNOULLI_E_STEPS):
+        model.e_step(rho=1.0)
     return model
 
 
@@ -212,6 +301,18 @@ class Surrogate:
             data. ``"posterior_as_prior"``: exact Gaussian conditioning of the model's own
             posterior (the dense reference's joint at the new and the test points, conditioned
             on the new observations by hand); a rebuild differs (the reason says why).
+            Or a callable ``(model, X, y, noise, batches, Xt) -> (mean, cov)`` (standardised
+            units; ``batches``: ``[(Xb, yb, noise_b), ...]`` conditioned on in turn): the
+            surrogate's own dense reference for conditioning.
+        chain_equals_batch: conditioning on two batches in turn equals conditioning once on
+            both (False: each is checked against its own reference).
+        fantasy_covariance_independent_of_Y: as the contract says for Gaussian likelihoods.
+        outcomes: maps the suite's real-valued data to the model's outcomes (labels, counts).
+        observation_noise_at: ``(model, f) -> variance`` (standardised) that
+            ``observation_noise=True`` adds at the latent mean ``f``; None: the likelihood's noise
+            (or the mean training noise of a fixed-noise model).
+        fantasy_Y: ``(model, X, sampler) -> Y`` (user units), the observations ``fantasize``
+            draws; None: BoTorch's Gaussian samples of the posterior with observation noise.
         reasons: why a capability is False (shown in the tests' skip/xfail messages).
         tol: tolerance of the comparisons with the dense reference (float64).
     """
@@ -224,9 +325,19 @@ class Surrogate:
     exact_in_hyperparameters: bool = True
     exact_mll: bool = True
     lazy_covariance: bool = True
-    conditioning: str = "rebuild"
+    conditioning: str | Callable[..., tuple[Tensor, Tensor]] = "rebuild"
+    chain_equals_batch: bool = True
+    fantasy_covariance_independent_of_Y: bool = True
+    outcomes: Callable[[Tensor], Tensor] | None = None
+    observation_noise_at: Callable[[Any, Tensor], Tensor] | None = None
+    fantasy_Y: Callable[[Any, Tensor, Any], Tensor] | None = None
     reasons: dict[str, str] = field(default_factory=dict)
     tol: float = 1e-8
+
+    def data(self, n: int, d: int, seed: int, dtype: torch.dtype = torch.float64, fixed=False):
+        """The suite's data (see :func:`data`) with outcomes the model takes."""
+        X, Y, Yvar = data(n, d, seed, dtype, fixed)
+        return X, (Y if self.outcomes is None else self.outcomes(Y)), Yvar
 
     def noise_of(self, model: OnlineModel) -> Tensor:
         """The model's homoscedastic noise (standardised units, scalar)."""
@@ -245,6 +356,34 @@ SURROGATES: list[Surrogate] = [
         reasons={
             "exact_mll": "its likelihood is a site likelihood (Gaussian, Bernoulli, Poisson, "
             "Student-t), which GPyTorch's ExactMarginalLogLikelihood refuses",
+        },
+    ),
+    Surrogate(
+        "tsvgp-bernoulli",  # the streaming loop's classifier (loops.classifiers.TSVGPClassifier)
+        _make_tsvgp_bernoulli,
+        _bernoulli_dense,
+        fixed_noise=False,
+        exact_in_hyperparameters=False,
+        exact_mll=False,
+        conditioning=_bernoulli_conditioned,
+        chain_equals_batch=False,
+        fantasy_covariance_independent_of_Y=False,
+        outcomes=lambda Y: (Y > 2.5).to(Y),
+        observation_noise_at=lambda model, f: (p := torch.distributions.Normal(0.0, 1.0).cdf(f))
+        * (1 - p),
+        fantasy_Y=_bernoulli_fantasy_Y,
+        tol=1e-7,
+        reasons={
+            "fixed_noise": "labels have no noise variance",
+            "exact_in_hyperparameters": "the sites are variational parameters that a "
+            "hyperparameter change keeps (the E-steps of fit move them)",
+            "exact_mll": "a site likelihood, which ExactMarginalLogLikelihood refuses",
+            "conditioning": "online t-SVGP: the new sites are taken at the current marginal "
+            "(one step), the old ones kept; a rebuild on all data runs E-steps from the prior",
+            "chain_equals_batch": "the second batch's sites are taken at the marginal that "
+            "already includes the first batch's, not at the parent's",
+            "fantasy_covariance_independent_of_Y": "a site precision depends on its label for a "
+            "non-Gaussian likelihood, so each fantasy has its own covariance",
         },
     ),
     Surrogate(
@@ -335,19 +474,33 @@ def reference(s: Surrogate, model: OnlineModel, X, Y, Yvar, Xt) -> tuple[Tensor,
 
 
 def reference_conditioned(
-    s: Surrogate, model: OnlineModel, X, Y, Yvar, Xn, Yn, Nn, Xt
+    s: Surrogate, model: OnlineModel, X, Y, Yvar, batches, Xt
 ) -> tuple[Tensor, Tensor]:
     r"""The dense latent posterior at ``Xt`` (user units) of ``model`` (built on ``X, Y, Yvar``)
-    after conditioning on ``Xn`` (``p x d``), ``Yn`` (``p x 1``) with user-unit noise ``Nn``
-    (``p x 1``; None: the likelihood's), as the surrogate's ``conditioning`` says."""
+    after conditioning on ``batches`` in turn: ``[(Xb, Yb, Nb), ...]`` with ``Xb`` (``p x d``),
+    ``Yb`` (``p x 1``) and user-unit noise ``Nb`` (``p x 1``; None: the likelihood's), as the
+    surrogate's ``conditioning`` says."""
+    std = model.outcome_std.reshape(())
+    if callable(s.conditioning):
+        with torch.no_grad():
+            tX, tXt = model.transform_inputs(X), model.transform_inputs(Xt)
+            y, noise = standardised(model, Y, Yvar)
+            std_batches = []
+            for Xb, Yb, Nb in batches:
+                yb, nb = standardised(model, Yb, Nb)
+                std_batches.append((model.transform_inputs(Xb), yb, nb))
+        mean, cov = s.conditioning(model, tX, y, noise, std_batches, tXt)
+        return mean * std + model.outcome_mean.reshape(()), cov * std**2
+    Xn = torch.cat([b[0] for b in batches])
+    Yn = torch.cat([b[1] for b in batches])
+    Nn = None if batches[0][2] is None else torch.cat([b[2] for b in batches])
     if s.conditioning == "rebuild":
         Va = None if Yvar is None else torch.cat([Yvar, Nn])
         return reference(s, model, torch.cat([X, Xn]), torch.cat([Y, Yn]), Va, Xt)
     assert s.conditioning == "posterior_as_prior", s.conditioning
     p = Xn.shape[-2]
     mean, cov = reference(s, model, X, Y, Yvar, torch.cat([Xn, Xt]))
-    std2 = model.outcome_std.reshape(()) ** 2
-    noise = _likelihood_noise(model) * std2 * torch.ones(p, dtype=X.dtype) if Nn is None else Nn.reshape(-1)
+    noise = _likelihood_noise(model) * std**2 * torch.ones(p, dtype=X.dtype) if Nn is None else Nn.reshape(-1)
     G = cov[:p, :p] + torch.diag(noise)
     gain = torch.linalg.solve(G, cov[:p, p:]).T  # N x p
     return mean[p:] + gain @ (Yn.reshape(-1) - mean[:p]), cov[p:, p:] - gain @ cov[:p, p:]
