@@ -283,6 +283,38 @@ def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
         assert_close(C0, cov[0], 10 * s.tol, "covariance with Y = 0")
 
 
+@surrogates
+def test_fantasy_factorisations_are_shared_by_the_samples(s):
+    """condition_on_observations with leading fantasy-sample dims does the Y-independent work
+    once: no Cholesky factorisation during fantasize (and the fantasy posterior) carries the
+    sample dimension, for a batch of 3 candidate sets and 5 samples."""
+    if not s.fantasy_covariance_independent_of_Y:
+        pytest.skip(s.reasons["fantasy_covariance_independent_of_Y"])
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    latent(model, _test_points())  # the parent's caches exist before fantasising
+    S, B = 5, 3
+    Xf = _test_points(2, seed=7, batch=(B,))
+    shapes: list[torch.Size] = []
+    chol, chol_ex = torch.linalg.cholesky, torch.linalg.cholesky_ex
+
+    def record(fn):
+        def wrapped(A, *args, **kwargs):
+            shapes.append(A.shape)
+            return fn(A, *args, **kwargs)
+        return wrapped
+
+    with mock.patch("torch.linalg.cholesky", record(chol)), mock.patch(
+        "torch.linalg.cholesky_ex", record(chol_ex)
+    ):
+        fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([S]), seed=0))
+        post = fm.posterior(_test_points(4, seed=8, batch=(B,)))
+        post.mean, post.covariance_matrix
+    assert fm.batch_shape == torch.Size([S, B])
+    per_sample = [tuple(sh) for sh in shapes if S in sh[:-2]]
+    assert per_sample == [], f"factorisations repeated per fantasy sample: {per_sample}"
+
+
 # ------------------------------------------------------------------ state
 
 
