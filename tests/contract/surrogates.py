@@ -5,7 +5,8 @@ To put a new surrogate under the contract of ``docs/contract.md``, append one
 hyperparameters, and a dense reference that computes the model's latent posterior from the data
 by hand (no caches, statistics or update formulas of the model). Where the model legitimately
 cannot satisfy a row, say so with a capability flag and its reason; the tests then check what the
-model does promise instead of skipping the row.
+model does promise instead (a row that cannot apply at all, such as fixed noise for labels, is
+skipped with that reason; a known violation is a strict xfail with its reason).
 
 Not listed, because they do not claim the contract: ``RefitSingleTaskGP`` (a BoTorch
 ``SingleTaskGP`` rebuilt and refit on every update: the baseline, not an ``OnlineModel``) and
@@ -169,6 +170,13 @@ def _bernoulli_conditioned(model: TSVGP, X, y, noise, batches, Xt):
     with torch.no_grad():
         X, g1, beta = _bernoulli_sites(model, X, y, [(Xb, yb) for Xb, yb, _ in batches])
         return _sgpr_sites(model, X, g1, beta, Xt)
+
+
+def _probit_label_variance(model: TSVGP, f: Tensor) -> Tensor:
+    r"""``Var[y | f] = p (1 - p)``, ``p = Phi(f)``: what ``observation_noise=True`` adds for labels
+    (at the latent mean ``f``)."""
+    p = torch.distributions.Normal(0.0, 1.0).cdf(f)
+    return p * (1 - p)
 
 
 def _bernoulli_fantasy_Y(model: TSVGP, X: Tensor, sampler) -> Tensor:
@@ -369,8 +377,7 @@ SURROGATES: list[Surrogate] = [
         chain_equals_batch=False,
         fantasy_covariance_independent_of_Y=False,
         outcomes=lambda Y: (Y > 2.5).to(Y),
-        observation_noise_at=lambda model, f: (p := torch.distributions.Normal(0.0, 1.0).cdf(f))
-        * (1 - p),
+        observation_noise_at=_probit_label_variance,
         fantasy_Y=_bernoulli_fantasy_Y,
         tol=1e-7,
         reasons={
