@@ -226,6 +226,9 @@ def test_conditioning_leaves_parent_untouched_and_child_independent(s):
     for seed in (3, 4):  # later in-place updates of the parent
         Xu, Yu, _ = s.data(2, D, seed=seed)
         parent.update(Xu, Yu)
+    # loading another state (the same hyperparameters, other data) into the parent does not
+    # reach the child through shared buffers
+    parent.load_state_dict(s.make(X[:4], Y[:4], template=parent).state_dict())
     assert same_state(child_state, tensor_state(child)) == []
     mc2, Cc2 = latent(child, Xt)
     assert_close(mc2, mc, 1e-12, "child mean after parent updates")
@@ -361,6 +364,36 @@ def test_state_dict_round_trip_restores_caches_without_refactorisation(s, fixed)
     m3, C3 = latent(fresh, Xt)
     assert_close(m3, m2, 1e-12, "mean after a further update")
     assert_close(C3, C2, 1e-12, "covariance after a further update")
+    # an earlier state (before any update: fewer and absent caches) loads into the grown model
+    first = s.make(X, Y, Yvar)
+    m4, C4 = latent(first, Xt)
+    model.load_state_dict(first.state_dict())
+    m5, C5 = latent(model, Xt)
+    assert torch.equal(m4, m5) and torch.equal(C4, C5)
+
+
+@surrogates
+def test_load_state_dict_failure_leaves_state_unchanged(s):
+    """A state that does not fit (a key missing, or another surrogate's) raises and leaves every
+    buffer and parameter of the model as it was."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(Q, D, seed=1))
+    Xt = _test_points()
+    m0, C0 = latent(model, Xt)
+    before = tensor_state(model)
+    good = s.make(X[:6], Y[:6], template=model).state_dict()
+    param = next(k for k, _ in model.named_parameters())
+    other = next(o for o in SURROGATES if type(o.make(X[:3], o.data(3, D, 0)[1])) is not type(model))
+    for bad in (
+        {k: v for k, v in good.items() if k != param},
+        other.make(*other.data(N0, D, seed=0)[:2]).state_dict(),
+    ):
+        with pytest.raises(RuntimeError):
+            model.load_state_dict(bad)
+        assert same_state(before, tensor_state(model)) == []
+    m1, C1 = latent(model, Xt)
+    assert torch.equal(m0, m1) and torch.equal(C0, C1)
 
 
 def _bad_inputs(fixed: bool):
@@ -419,9 +452,27 @@ def test_bad_input_raises_value_error_and_leaves_state_unchanged(s, fixed):
             model.posterior(bad_X)
     with pytest.raises(ValueError):  # a negative observation-noise tensor
         model.posterior(Xt, observation_noise=-torch.ones(5, 1, dtype=DT))
+    with pytest.raises(ValueError):  # one of the wrong shape
+        model.posterior(Xt, observation_noise=torch.full((7, 1), 0.01, dtype=DT))
     assert same_state(before, tensor_state(model)) == []
     m1, C1 = latent(model, Xt)
     assert torch.equal(m0, m1) and torch.equal(C0, C1)
+
+
+@surrogates
+def test_constructor_refuses_bad_data(s):
+    """The constructor validates its data like every other entry point."""
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=s.fixed_noise)
+    nan_X = X.clone()
+    nan_X[3, 0] = float("nan")
+    inf_Y = Y.clone()
+    inf_Y[2, 0] = float("inf")
+    cases = [(nan_X, Y, None), (X, inf_Y, None), (X, Y[:-1], None), (X[:, 0], Y, None)]
+    if s.fixed_noise:
+        cases += [(X, Y, -Yvar), (X, Y, Yvar[:-1])]
+    for Xb, Yb, Vb in cases:
+        with pytest.raises(ValueError):
+            s.make(Xb, Yb, Vb)
 
 
 def _tensors_with_graph(obj, seen=None, path="model") -> list[str]:
@@ -500,8 +551,11 @@ def test_float32_matches_float64(s):
         scale = float(a.outcome_std)
         assert_close(mean32, mean64, tol * scale, f"{stage} mean")
         assert_close(cov32, cov64, tol * scale**2, f"{stage} covariance")
-    mean, _ = latent(m32, Xt)  # float64 inputs
+    mean, _ = latent(m32, Xt)  # float64 inputs to a float32 model are cast
     assert mean.dtype == torch.float32
+    mean, _ = latent(m64, Xt.float())  # and float32 inputs to a float64 model
+    assert mean.dtype == torch.float64
+    assert_close(mean, latent(m64, Xt)[0], 1e-6 * float(m64.outcome_std), "float32 inputs")
 
 
 # ------------------------------------------------------------------ input transforms
