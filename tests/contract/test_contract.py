@@ -173,6 +173,18 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
         assert_close(C, cov_ref, s.tol, f"{name} covariance vs dense")
     assert_close(m_c, m_u, s.tol, "condition vs update")
     assert_close(C_c, C_u, s.tol, "condition vs update")
+    # a batch of candidate sets (b x q x d, Y b x q x 1): each equals its own conditioning
+    Xs = torch.stack([Xn, Xn.flip(0) * 0.9])
+    Ys = torch.stack([Yn, Yn.flip(0)])
+    Ns = None if Nn is None else torch.stack([Nn, Nn.flip(0)]) / std2
+    batched = parent.condition_on_observations(Xs, Ys, noise=Ns)
+    assert batched.batch_shape == torch.Size([2])
+    m_b, C_b = latent(batched, Xt.expand(2, *Xt.shape))
+    for j in range(2):
+        Nj = None if Nn is None else Ns[j] * std2
+        mean_j, cov_j = reference_conditioned(s, parent, X, Y, Yvar, [(Xs[j], Ys[j], Nj)], Xt)
+        assert_close(m_b[j], mean_j, s.tol, f"batched conditioning {j} mean")
+        assert_close(C_b[j], cov_j, s.tol, f"batched conditioning {j} covariance")
     # chained conditioning == once on both batches == dense on everything
     chained = cond.condition_on_observations(Xm, Ym, noise=None if Nm is None else Nm / std2)
     both = parent.condition_on_observations(
@@ -258,6 +270,13 @@ def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
     assert post.mean.shape == torch.Size([S, B, 5, 1])
     cov = post.covariance_matrix.detach()
     assert cov.shape == torch.Size([S, B, 5, 5])
+    # a q x d input broadcasts over the fantasy batch; observation noise keeps the shapes
+    shared = fm.posterior(Xt[1])
+    assert shared.mean.shape == torch.Size([S, B, 5, 1])
+    assert_close(shared.mean[:, 1], post.mean[:, 1], 1e-10, "q x d input to a fantasy model")
+    noisy = fm.posterior(Xt, observation_noise=True)
+    assert noisy.variance.shape == torch.Size([S, B, 5, 1])
+    assert bool((noisy.variance > post.variance).all())
     # The fantasy Y: the same sampler (fixed base samples) on the same posterior.
     noise_s = None if not fixed else (Yvar / std2).mean().reshape(1, 1).expand(B, q, 1)
     if s.fantasy_Y is not None:
@@ -672,6 +691,13 @@ def test_fit_gpytorch_mll_dispatches_to_fit_from_own_statistics(s):
     assert not mll.training
     changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
     assert changed, "fit left every hyperparameter unchanged"
+    # fit(restandardize=True), the default, rescales outcomes from all the data held
+    Y_all = torch.cat([Y, Yn])
+    if s.outcomes is None:
+        assert_close(model.outcome_mean.reshape(()), Y_all.mean(), 1e-12, "outcome_mean after fit")
+        assert_close(model.outcome_std.reshape(()), Y_all.std(), 1e-12, "outcome_std after fit")
+    else:  # labels are never standardised
+        assert float(model.outcome_mean) == 0.0 and float(model.outcome_std) == 1.0
     Xt = _test_points()
     m1, C1 = latent(model, Xt)
     assert bool(torch.isfinite(m1).all() and torch.isfinite(C1).all())
