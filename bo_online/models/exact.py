@@ -144,7 +144,10 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
     def _train_noise_diag(self) -> Tensor:
         if self.fixed_noise:
             return self.train_noise
-        return self.likelihood.noise.squeeze(-1).expand(self.train_X.shape[:-1])
+        lik = self.likelihood.noise.squeeze(-1).expand(self.train_X.shape[:-1])
+        if self.train_noise is not None:  # points given explicit noise (NaN: the likelihood's)
+            return torch.where(torch.isnan(self.train_noise), lik, self.train_noise)
+        return lik
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
@@ -233,6 +236,15 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         if self.fixed_noise:
             old = self.train_noise.expand(*batch, self.train_noise.shape[-1])
             new_noise = torch.cat([old, point_noise.expand(*batch, X.shape[-2])], dim=-1)
+        elif noise is not None or self.train_noise is not None:
+            # Explicit noise on an inferred-noise model is kept with its points (NaN marks the
+            # points that take the likelihood's noise), so rebuilt caches still hold it.
+            old = self.train_noise
+            if old is None:
+                old = torch.full(self.train_X.shape[:-1], float("nan"), **self._dtype_device)
+            new = torch.full(X.shape[:-1], float("nan"), **self._dtype_device) if noise is None else noise
+            old = old.expand(*batch, old.shape[-1])
+            new_noise = torch.cat([old, new.expand(*batch, X.shape[-2])], dim=-1)
         return S_t, L22, new_X, new_noise
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:

@@ -312,6 +312,8 @@ class Surrogate:
             Or a callable ``(model, X, y, noise, batches, Xt) -> (mean, cov)`` (standardised
             units; ``batches``: ``[(Xb, yb, noise_b), ...]`` conditioned on in turn): the
             surrogate's own dense reference for conditioning.
+        explicit_noise_when_inferred: ``update(X, Y, noise)`` takes per-point noise on a model
+            that infers its noise (False: it refuses with a ValueError, state unchanged).
         chain_equals_batch: conditioning on two batches in turn equals conditioning once on
             both (False: each is checked against its own reference).
         fantasy_covariance_independent_of_Y: as the contract says for Gaussian likelihoods.
@@ -334,6 +336,7 @@ class Surrogate:
     exact_mll: bool = True
     lazy_covariance: bool = True
     conditioning: str | Callable[..., tuple[Tensor, Tensor]] = "rebuild"
+    explicit_noise_when_inferred: bool = True
     chain_equals_batch: bool = True
     fantasy_covariance_independent_of_Y: bool = True
     outcomes: Callable[[Tensor], Tensor] | None = None
@@ -361,7 +364,10 @@ SURROGATES: list[Surrogate] = [
         _make_tsvgp,
         _sgpr_dense,
         exact_mll=False,
+        explicit_noise_when_inferred=False,
         reasons={
+            "explicit_noise_when_inferred": "per-point noise is stored only for a fixed-noise "
+            "TSVGP (train_Yvar); update() refuses it otherwise",
             "exact_mll": "its likelihood is a site likelihood (Gaussian, Bernoulli, Poisson, "
             "Student-t), which GPyTorch's ExactMarginalLogLikelihood refuses",
         },
@@ -373,6 +379,7 @@ SURROGATES: list[Surrogate] = [
         fixed_noise=False,
         exact_in_hyperparameters=False,
         exact_mll=False,
+        explicit_noise_when_inferred=False,
         conditioning=_bernoulli_conditioned,
         chain_equals_batch=False,
         fantasy_covariance_independent_of_Y=False,
@@ -382,6 +389,7 @@ SURROGATES: list[Surrogate] = [
         tol=1e-7,
         reasons={
             "fixed_noise": "labels have no noise variance",
+            "explicit_noise_when_inferred": "labels have no noise variance",
             "exact_in_hyperparameters": "the sites are variational parameters that a "
             "hyperparameter change keeps (the E-steps of fit move them)",
             "exact_mll": "a site likelihood, which ExactMarginalLogLikelihood refuses",
@@ -502,6 +510,8 @@ def reference_conditioned(
     Yn = torch.cat([b[1] for b in batches])
     Nn = None if batches[0][2] is None else torch.cat([b[2] for b in batches])
     if s.conditioning == "rebuild":
+        if Yvar is None and Nn is not None:  # explicit noise on an inferred-noise model
+            Yvar = _likelihood_noise(model) * std**2 * torch.ones_like(Y)
         Va = None if Yvar is None else torch.cat([Yvar, Nn])
         return reference(s, model, torch.cat([X, Xn]), torch.cat([Y, Yn]), Va, Xt)
     assert s.conditioning == "posterior_as_prior", s.conditioning

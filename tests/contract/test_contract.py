@@ -213,6 +213,36 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
 
 
 @surrogates
+def test_explicit_noise_on_an_inferred_noise_model(s):
+    """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
+    noise (standardised), the dense reference with those per-point noises, and kept by the
+    model's statistics (a cache rebuild with the same hyperparameters changes nothing)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Nn = torch.linspace(0.05, 0.3, Q, dtype=DT).unsqueeze(-1)  # user units
+    Xt = _test_points()
+    model = s.make(X, Y)
+    if not s.explicit_noise_when_inferred:
+        latent(model, Xt)  # (caches built: a lazy first build is not a change of state)
+        before = tensor_state(model)
+        with pytest.raises(ValueError):
+            model.update(Xn, Yn, Nn)
+        assert same_state(before, tensor_state(model)) == []
+        return
+    std2 = model.outcome_std**2
+    cond = model.condition_on_observations(Xn, Yn, noise=Nn / std2)
+    mean_ref, cov_ref = reference_conditioned(s, model, X, Y, None, [(Xn, Yn, Nn)], Xt)
+    model.update(Xn, Yn, Nn)
+    for name, mdl in {"condition": cond, "update": model}.items():
+        for rebuilt in (False, True):
+            if rebuilt:
+                mdl.invalidate_caches()
+            m, C = latent(mdl, Xt)
+            assert_close(m, mean_ref, s.tol, f"{name} mean (caches rebuilt: {rebuilt})")
+            assert_close(C, cov_ref, s.tol, f"{name} covariance (caches rebuilt: {rebuilt})")
+
+
+@surrogates
 def test_conditioning_leaves_parent_untouched_and_child_independent(s):
     """The original is untouched by conditioning, shares its hyperparameter modules with the
     child, and the child does not change when the parent is later updated in place."""
