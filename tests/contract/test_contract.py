@@ -213,6 +213,25 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
 
 
 @surrogates
+def test_long_stream_of_updates_matches_dense_reference(s):
+    """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
+    drift of the incrementally updated factors."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xs, Ys, _ = s.data(40, D, seed=11)
+    Xt = _test_points()
+    model = s.make(X, Y)
+    twin = s.make(X, Y)  # untouched, for the reference's hyperparameters and scaling
+    for i in range(40):
+        model.update(Xs[i : i + 1], Ys[i : i + 1])
+    mean_ref, cov_ref = reference_conditioned(
+        s, twin, X, Y, None, [(Xs[i : i + 1], Ys[i : i + 1], None) for i in range(40)], Xt
+    )
+    m, C = latent(model, Xt)
+    assert_close(m, mean_ref, 10 * s.tol, "mean after 40 updates")
+    assert_close(C, cov_ref, 10 * s.tol, "covariance after 40 updates")
+
+
+@surrogates
 def test_explicit_noise_on_an_inferred_noise_model(s):
     """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
     noise (standardised), the dense reference with those per-point noises, and kept by the
@@ -293,7 +312,10 @@ def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
     S, B, q = 4, 3, 2
     Xf = _test_points(q, seed=7, batch=(B,))
     sampler = SobolQMCNormalSampler(torch.Size([S]), seed=0)
+    latent(model, Xf[0])  # caches built
+    before = tensor_state(model)
     fm = model.fantasize(Xf, sampler)
+    assert same_state(before, tensor_state(model)) == [], "fantasize changed the model"
     assert fm.batch_shape == torch.Size([S, B])
     Xt = _test_points(5, seed=8, batch=(B,))
     post = fm.posterior(Xt)
