@@ -189,6 +189,21 @@ def _bernoulli_fantasy_Y(model: TSVGP, X: Tensor, sampler) -> Tensor:
     return (U < torch.distributions.Normal(0.0, 1.0).cdf(F)).to(F)
 
 
+def _decoupled_state_dense(model: DecoupledSVGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    r"""The decoupled predictive of the model's variational state, by hand (the data enter only
+    through that state): mean ``c + K_{x,beta} a_beta + K_{x,alpha} a_alpha``, covariance
+    ``K_xx - K_{x,beta} (B^-1 + K_beta)^-1 K_{beta,x}`` with ``B = L L^T``, inverted densely."""
+    k = model.covar_module
+    with torch.no_grad():
+        beta, L = model.beta_points, model.L
+        mean = model.mean_module.constant.reshape(()) + k(Xt, beta).to_dense() @ model.a_beta
+        if model.alpha_points.shape[-2] > 0:
+            mean = mean + k(Xt, model.alpha_points).to_dense() @ model.a_alpha
+        K_sb = k(Xt, beta).to_dense()
+        inner = torch.linalg.inv(torch.linalg.inv(L @ L.T) + k(beta).to_dense())
+        return mean, k(Xt).to_dense() - K_sb @ inner @ K_sb.T
+
+
 def _likelihood_noise(model: OnlineModel) -> Tensor:
     """The homoscedastic noise variance (standardised units) as a scalar tensor."""
     lik = getattr(model.likelihood, "gaussian", model.likelihood)
@@ -264,6 +279,14 @@ def _make_decoupled(X, Y, Yvar=None, *, template=None, **kw) -> DecoupledSVGP:
     _set_common(model)
     with torch.no_grad():
         model._set_exact_state(model.train_X)
+    return model
+
+
+def _make_decoupled_sparse(X, Y, Yvar=None, *, template=None, **kw) -> DecoupledSVGP:
+    # n > num_cov_bases: bases seeded from random data points with the closed-form warm start
+    # (the state of every model on more than num_cov_bases points); hyperparameters set after.
+    model = DecoupledSVGP(X, Y, Yvar, num_mean_bases=7, num_cov_bases=4, seed=1, **kw)
+    _set_common(model)
     return model
 
 
@@ -407,6 +430,20 @@ SURROGATES: list[Surrogate] = [
         _kernel_dense,
         exact_in_hyperparameters=False,
         reasons={
+            "exact_in_hyperparameters": "the variational state (a, L) is a parameter of the "
+            "model, not a cache: a hyperparameter change keeps it (fit re-optimises it)",
+        },
+    ),
+    Surrogate(
+        "decoupled-sparse",
+        _make_decoupled_sparse,
+        _decoupled_state_dense,
+        exact_in_hyperparameters=False,
+        conditioning="posterior_as_prior",
+        reasons={
+            "conditioning": "with fewer bases than data the state is a variational "
+            "approximation: conditioning is exact Gaussian conditioning of it (new bases at the "
+            "new points), while a rebuild on all data seeds and warm-starts other bases",
             "exact_in_hyperparameters": "the variational state (a, L) is a parameter of the "
             "model, not a cache: a hyperparameter change keeps it (fit re-optimises it)",
         },
