@@ -757,3 +757,24 @@ def test_fit_gpytorch_mll_dispatches_to_fit_from_own_statistics(s):
         mean_ref, cov_ref = reference(s, model, torch.cat([X, Xn]), torch.cat([Y, Yn]), None, Xt)
         assert_close(m1, mean_ref, 1e-7, "mean vs dense after fit")
         assert_close(C1, cov_ref, 1e-7, "covariance vs dense after fit")
+
+
+@surrogates
+def test_fit_respects_the_bounds_of_gpytorch_constraints(s):
+    """fit keeps a constrained hyperparameter inside its GPyTorch constraint when the constraint
+    has no transform (so only the optimiser's bounds hold it): the lengthscale in [0.2, 0.25],
+    below what the data would pick."""
+    from gpytorch.constraints import Interval
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(Q, D, seed=1))
+    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    base = getattr(kernel, "base_kernel", kernel)
+    base.register_constraint("raw_lengthscale", Interval(0.2, 0.25, transform=None))
+    with torch.no_grad():
+        base.raw_lengthscale.fill_(0.22)
+    model.fit(max_iter=10)
+    ls = base.lengthscale.detach()
+    assert bool(((ls >= 0.2 - 1e-9) & (ls <= 0.25 + 1e-9)).all()), ls
+    assert not torch.equal(ls, torch.full_like(ls, 0.22)), "fit did not move the lengthscale"
