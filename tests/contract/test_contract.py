@@ -297,6 +297,14 @@ def test_conditioning_leaves_parent_untouched_and_child_independent(s):
     mean_ref, cov_ref = reference_conditioned(s, parent0, X, Y, None, [(Xn, Yn, None)], Xt)
     assert_close(mc2, mean_ref, s.tol, "child mean vs dense after parent updates")
     assert_close(Cc2, cov_ref, s.tol, "child covariance vs dense after parent updates")
+    if s.exact_in_hyperparameters:
+        # A refit of the parent moves the shared hyperparameters: the child follows them from
+        # its own data and scaling (the parent's restandardisation does not reach it).
+        parent.fit(max_iter=5)
+        mc3, Cc3 = latent(child, Xt)
+        mean_ref, cov_ref = reference_conditioned(s, child, X, Y, None, [(Xn, Yn, None)], Xt)
+        assert_close(mc3, mean_ref, 10 * s.tol, "child mean after a parent refit")
+        assert_close(Cc3, cov_ref, 10 * s.tol, "child covariance after a parent refit")
 
 
 @surrogates
