@@ -239,10 +239,9 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         elif noise is not None or self.train_noise is not None:
             # Explicit noise on an inferred-noise model is kept with its points (NaN marks the
             # points that take the likelihood's noise), so rebuilt caches still hold it.
-            old = self.train_noise
-            if old is None:
-                old = torch.full(self.train_X.shape[:-1], float("nan"), **self._dtype_device)
-            new = torch.full(X.shape[:-1], float("nan"), **self._dtype_device) if noise is None else noise
+            nan = lambda shape: torch.full(shape, float("nan"), **self._dtype_device)  # noqa: E731
+            old = nan(self.train_X.shape[:-1]) if self.train_noise is None else self.train_noise
+            new = nan(X.shape[:-1]) if noise is None else noise
             old = old.expand(*batch, old.shape[-1])
             new_noise = torch.cat([old, new.expand(*batch, X.shape[-2])], dim=-1)
         return S_t, L22, new_X, new_noise

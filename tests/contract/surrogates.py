@@ -127,7 +127,8 @@ def _sgpr_sites(model: TSVGP, X: Tensor, g1: Tensor, beta: Tensor, Xt: Tensor):
 
 def _probit_site(y: Tensor, mean: Tensor, var: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     r"""The t-SVGP site of a probit-Bernoulli label ``y`` at the marginal ``N(mean, var)``, by
-    hand: ``alpha = E[d log Phi(s f) / df]``, ``beta = -E[d^2 log Phi(s f) / df^2]`` (``s = 2y - 1``;
+    hand: ``alpha = E[d log Phi(s f) / df]``, ``beta = -E[d^2 log Phi(s f) / df^2]``
+    (``s = 2y - 1``;
     with ``r = phi(s f) / Phi(s f)`` the derivatives are ``s r`` and ``-r (s f + r)``), integrated
     by the trapezoid rule on 4001 points over +-12 sd (exponentially accurate for these smooth
     integrands; the model uses Gauss-Hermite quadrature), and ``g1 = beta (mean - c) + alpha``."""
@@ -310,9 +311,10 @@ class Surrogate:
     Attributes:
         name: test id.
         make: ``make(X, Y, Yvar=None, *, template=None, **constructor_options)``: the model on
-            ``X`` (``n x d``), ``Y`` (``n x 1``), optional fixed noise ``Yvar`` (``n x 1``), with the
-            fixed hyperparameters above; deterministic. ``template``: a model whose structural
-            choices (inducing inputs, ...) the new one must share (a rebuild on all data).
+            ``X`` (``n x d``), ``Y`` (``n x 1``), optional fixed noise ``Yvar`` (``n x 1``), with
+            the fixed hyperparameters above; deterministic. ``template``: a model whose
+            structural choices (inducing inputs, ...) the new one must share (a rebuild on all
+            data).
         dense: the dense reference (module docstring).
         max_dim: largest input dimension the model takes without extra options (WISKI's grid).
         fixed_noise: the model accepts ``train_Yvar`` (fixed heteroscedastic noise).
@@ -554,7 +556,10 @@ def reference_conditioned(
     assert s.conditioning == "posterior_as_prior", s.conditioning
     p = Xn.shape[-2]
     mean, cov = reference(s, model, X, Y, Yvar, torch.cat([Xn, Xt]))
-    noise = _likelihood_noise(model) * std**2 * torch.ones(p, dtype=X.dtype) if Nn is None else Nn.reshape(-1)
+    if Nn is None:
+        noise = _likelihood_noise(model) * std**2 * torch.ones(p, dtype=X.dtype)
+    else:
+        noise = Nn.reshape(-1)
     G = cov[:p, :p] + torch.diag(noise)
     gain = torch.linalg.solve(G, cov[:p, p:]).T  # N x p
     return mean[p:] + gain @ (Yn.reshape(-1) - mean[:p]), cov[p:, p:] - gain @ cov[:p, p:]
@@ -573,7 +578,8 @@ def assert_close(a: Tensor, b: Tensor, tol: float, what: str = "") -> None:
     assert a.shape == b.shape, f"{what}: shapes {tuple(a.shape)} != {tuple(b.shape)}"
     scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
     err = float((a - b).abs().max()) if a.numel() else 0.0
-    assert err <= tol * scale and not math.isnan(err), f"{what}: max error {err:.3g} > {tol * scale:.3g}"
+    bound = tol * scale
+    assert err <= bound and not math.isnan(err), f"{what}: max error {err:.3g} > {bound:.3g}"
 
 
 def tensor_state(model: torch.nn.Module) -> dict[str, Tensor]:

@@ -108,9 +108,8 @@ def test_posterior_shapes_and_units_match_dense_reference(s, fixed, d):
         Xt, posterior_transform=ScalarizedPosteriorTransform(torch.tensor([-2.0], dtype=DT))
     )
     assert_close(post.mean.squeeze(-1), -2 * mean_ref.reshape(B, q), s.tol, "scalarised mean")
-    assert_close(
-        post.variance.squeeze(-1), 4 * cov_ref.diagonal().reshape(B, q), s.tol, "scalarised variance"
-    )
+    var_ref = 4 * cov_ref.diagonal().reshape(B, q)
+    assert_close(post.variance.squeeze(-1), var_ref, s.tol, "scalarised variance")
 
 
 @surrogates
@@ -196,11 +195,9 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
     )
     refs = {"chained": (mean_ref2, cov_ref2), "both": (mean_ref2, cov_ref2)}
     if not s.chain_equals_batch:  # each against its own reference (see the surrogate's reason)
-        refs["both"] = reference_conditioned(
-            s, parent, X, Y, Yvar,
-            [(torch.cat([Xn, Xm]), torch.cat([Yn, Ym]), None if Nn is None else torch.cat([Nn, Nm]))],
-            Xt,
-        )
+        N_both = None if Nn is None else torch.cat([Nn, Nm])
+        batch = (torch.cat([Xn, Xm]), torch.cat([Yn, Ym]), N_both)
+        refs["both"] = reference_conditioned(s, parent, X, Y, Yvar, [batch], Xt)
     for name, mdl in {"chained": chained, "both": both}.items():
         m, C = latent(mdl, Xt)
         assert_close(m, refs[name][0], s.tol, f"{name} mean vs dense")
@@ -342,8 +339,9 @@ def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
     if s.fantasy_Y is not None:
         Yf = s.fantasy_Y(model, Xf, sampler)
     else:
+        obs = True if noise_s is None else noise_s
         with torch.no_grad():
-            Yf = sampler(model.posterior(Xf, observation_noise=True if noise_s is None else noise_s))
+            Yf = sampler(model.posterior(Xf, observation_noise=obs))
     assert Yf.shape == torch.Size([S, B, q, 1])
     noise_user = None if not fixed else (noise_s * std2)
     for b in range(B):
@@ -463,7 +461,7 @@ def test_load_state_dict_failure_leaves_state_unchanged(s):
     before = tensor_state(model)
     good = s.make(X[:6], Y[:6], template=model).state_dict()
     param = next(k for k, _ in model.named_parameters())
-    other = next(o for o in SURROGATES if type(o.make(X[:3], o.data(3, D, 0)[1])) is not type(model))
+    other = next(o for o in SURROGATES if type(o.make(*o.data(3, D, 0)[:2])) is not type(model))
     for bad in (
         {k: v for k, v in good.items() if k != param},
         other.make(*other.data(N0, D, seed=0)[:2]).state_dict(),
@@ -618,7 +616,8 @@ def test_float32_matches_float64(s):
     tol = 2e-3  # relative to the outcome scale: float32 solves of well-conditioned n ~ 15 systems
     for stage in ("initial", "conditioned", "updated"):
         if stage == "conditioned":
-            a, b = m64.condition_on_observations(Xn, Yn), m32.condition_on_observations(Xn.float(), Yn.float())
+            a = m64.condition_on_observations(Xn, Yn)
+            b = m32.condition_on_observations(Xn.float(), Yn.float())
         else:
             if stage == "updated":
                 m64.update(Xn, Yn)
