@@ -92,7 +92,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         num_dense_columns: ``k`` for the chevron family (default 10).
         likelihood: ``"gaussian"`` | ``"laplace"`` | ``"logistic"``.
         kernel: GPyTorch kernel; for RFF a ``ScaleKernel(RBFKernel(ard))`` (default: BoTorch's
-            dimension-scaled lengthscale prior inside a ``ScaleKernel``).
+            dimension-scaled lengthscale prior inside a ``ScaleKernel`` whose outputscale is
+            fixed at 1, as ``SingleTaskGP``'s on standardised outcomes).
         bounds: optional ``2 x d`` input box.
         standardize: standardise regression targets (not for logistic).
         augment_variance: Prop. 4 predictive-variance augmentation (default: on for the inducing
