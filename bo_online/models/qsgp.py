@@ -36,6 +36,7 @@ data), for explicit sample paths, or for robust (Laplace) / classification (logi
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, Literal
 
@@ -167,6 +168,14 @@ class QSGP(HeldDataMixin, OnlineModel):
             self.outcome_std = torch.where(std > 0, std, torch.ones_like(std))
         self.standardize = standardize
         self.fixed_noise = train_Yvar is not None
+        unknown = sorted(set(fit_options) - self._fit_option_names())
+        if unknown:  # a typo must not silently fall back to a default
+            init = inspect.signature(type(self).__init__).parameters
+            named = [k for k, p in init.items() if k != "self" and p.kind is not p.VAR_KEYWORD]
+            raise TypeError(
+                f"QSGP got unknown options {unknown}; its arguments are {named} and its fit "
+                f"options {sorted(self._fit_option_names())}."
+            )
         self.fit_options = dict(fit_options)
         self.seed = int(seed)
 
@@ -651,6 +660,12 @@ class QSGP(HeldDataMixin, OnlineModel):
         return out
 
     # ------------------------------------------------------------------ fitting
+
+    @classmethod
+    def _fit_option_names(cls) -> set[str]:
+        """Names :meth:`fit` accepts as options (and the constructor as their defaults)."""
+        sgd = set(inspect.signature(cls.fit_sgd).parameters) - {"self", "max_iter"}
+        return sgd | {"restandardize", "hyper_evidence"}
 
     def fit(
         self,
