@@ -150,6 +150,11 @@ class TSVGP(OnlineModel):
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
         X = self._transform_and_check(train_X)
+        if isinstance(train_Y, Tensor) and train_Y.dim() < 2:
+            raise ValueError(
+                f"train_Y must be n x m (one column per output; n x 1 for one output), got shape "
+                f"{tuple(train_Y.shape)}; use train_Y.unsqueeze(-1)."
+            )
         check_observations(
             X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds,
             num_outputs=train_Y.shape[-1] if isinstance(train_Y, Tensor) and train_Y.dim() else 1,
