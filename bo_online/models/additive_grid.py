@@ -36,7 +36,7 @@ from bo_online.grid import RegularGrid
 __all__ = ["StackedGrid", "BlockGridKernel", "input_groups", "additive_grid_size"]
 
 #: Total grid points the default additive WISKI aims at (the cost of a fit step is O(m^3)).
-ADDITIVE_GRID_BUDGET = 800
+ADDITIVE_GRID_BUDGET = 400
 
 
 def input_groups(spec: str | Sequence[Sequence[int]], dim: int) -> list[list[int]]:

@@ -182,6 +182,10 @@ class WISKI(OnlineModel):
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        if isinstance(projection, str) and projection.strip().lower() == "pairs":
+            if additive is not None:
+                raise ValueError("Pass either `additive` or projection='pairs', not both.")
+            projection, additive = None, "pairs"  # the additive model over pairs of inputs
         projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
         self.input_groups: list[list[int]] | None = None
         if additive is not None:
@@ -193,8 +197,8 @@ class WISKI(OnlineModel):
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass additive='pairs' (a sum of "
-                    "2-D grids over pairs of inputs; the loops and the CLI do this by default) or "
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs' (a sum "
+                    "of 2-D grids over pairs of inputs; the loops and the CLI do this by default) or "
                     "projection='tanh' (or 'tanh:3', or "
                     "bo_online.models.projection.TanhProjection(d, out_dim=2)) to learn k <= 3 "
                     "features."
@@ -290,9 +294,9 @@ class WISKI(OnlineModel):
     @classmethod
     def loop_default_options(cls, dim: int) -> dict[str, Any]:
         r"""Constructor options the loops (and so the CLI) use unless the user gives them: above
-        3 inputs an additive model over pairs of inputs (``additive="pairs"``, see
+        3 inputs an additive model over pairs of inputs (``projection="pairs"``, see
         :mod:`bo_online.models.additive_grid`)."""
-        return {"additive": "pairs"} if dim > 3 else {}
+        return {"projection": "pairs"} if dim > 3 else {}
 
     # ------------------------------------------------------------------ small helpers
 
