@@ -450,11 +450,41 @@ class WISKI(OnlineModel):
 
     # ------------------------------------------------------------------ caches
 
+    def _block_sizes(self, active: Tensor | None = None) -> list[int] | None:
+        r"""Sizes of the diagonal blocks of ``K_UU`` (restricted to the ``active`` grid points,
+        which are sorted) for the additive model; None for a single grid."""
+        if self.input_groups is None:
+            return None
+        sizes = self.grid.sizes_per_grid
+        if active is None:
+            return list(sizes)
+        comp = torch.repeat_interleave(
+            torch.arange(len(sizes), device=active.device),
+            torch.tensor(sizes, device=active.device),
+        )
+        return torch.bincount(comp[active], minlength=len(sizes)).tolist()
+
+    @staticmethod
+    def _root_and_gram(
+        K: Tensor, G: Tensor, sizes: list[int] | None
+    ) -> tuple[Tensor, Tensor]:
+        r"""``R`` (``R R^T = K``, lower) and ``R^T G R``. For a block-diagonal ``K`` (the additive
+        model, diagonal blocks of ``sizes``) ``R`` is the block-diagonal of the blocks' Cholesky
+        factors (which is the Cholesky factor of ``K``) and both products go block by block:
+        ``2 m^3 / J`` flops instead of ``2 m^3``."""
+        if sizes is None or len(sizes) == 1:
+            R = psd_cholesky(K)
+            return R, R.mT @ G @ R
+        starts = [sum(sizes[:j]) for j in range(len(sizes))]
+        roots = [psd_cholesky(K[a:a + b, a:a + b]) for a, b in zip(starts, sizes)]
+        GR = torch.cat([G[:, a:a + b] @ Rb for a, b, Rb in zip(starts, sizes, roots)], -1)
+        RtGR = torch.cat([Rb.mT @ GR[a:a + b] for a, b, Rb in zip(starts, sizes, roots)], 0)
+        return torch.block_diag(*roots), RtGR
+
     def _rebuild_caches(self) -> None:
-        R = psd_cholesky(self._grid_kernel())
+        R, A = self._root_and_gram(self._grid_kernel(), self.G, self._block_sizes())
         sigma2 = self._sigma2()
         m = R.shape[-1]
-        A = R.mT @ self.G @ R
         A = A + sigma2 * torch.eye(m, dtype=A.dtype, device=A.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
         z_r, _ = self._residual_stats()
@@ -939,11 +969,13 @@ class WISKI(OnlineModel):
         # The kernel is evaluated on the whole grid and then restricted, so the entries are
         # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
         K = self._grid_kernel()
-        R = psd_cholesky(K if full else K[active][:, active])
         G = G if full else G[active][:, active]
+        R, A = self._root_and_gram(
+            K if full else K[active][:, active], G, self._block_sizes(None if full else active)
+        )
         sigma2 = self._sigma2()
         m = R.shape[-1]
-        A = R.mT @ G @ R + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
+        A = A + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
         beta, sd = self._offset(), self.outcome_std.reshape(())
         z_r = (stats["z"] - beta * stats["h"]) / sd
