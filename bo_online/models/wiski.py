@@ -110,14 +110,14 @@ def _default_kernel(k: int, floor: float) -> Kernel:
     return kernel
 
 
-def _default_additive_kernel(k: int, floor: float, sizes: Sequence[int]) -> Kernel:
+def _default_additive_kernel(k: int, floors: Sequence[float], sizes: Sequence[int]) -> Kernel:
     r"""One ``ScaleKernel(_default_kernel(k, floor))`` per component grid, block-diagonal. Each
     component's outputscale starts at ``1 / J`` (the standardised outcomes' variance shared out)
     with a ``Gamma(2, J)`` prior (mode ``1 / J``), so that the fit can switch off components the
     data do not support."""
     J = len(sizes)
     parts = []
-    for _ in range(J):
+    for floor in floors:
         part = ScaleKernel(_default_kernel(k, floor), outputscale_prior=GammaPrior(2.0, float(J)))
         part.outputscale = 1.0 / J
         parts.append(part)
@@ -204,17 +204,24 @@ class WISKI(OnlineModel):
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
-        if isinstance(projection, str) and projection.strip().lower() == "pairs":
+        spec = projection.strip().lower() if isinstance(projection, str) else None
+        if spec in ("pairs", "pairs+tanh"):
             if additive is not None:
-                raise ValueError("Pass either `additive` or projection='pairs', not both.")
-            projection, additive = None, "pairs"  # the additive model over pairs of inputs
+                raise ValueError(f"Pass either `additive` or projection={spec!r}, not both.")
+            # the additive model over pairs of inputs (plus a learned 2-D projection component)
+            additive, projection = "pairs", ("tanh:2" if spec == "pairs+tanh" else None)
         projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
         self.input_groups: list[list[int]] | None = None
         if additive is not None:
-            if projection is not None:
-                raise ValueError("Pass either `additive` or `projection` to WISKI, not both.")
             self.input_groups = input_groups(additive, dim)
             k, grid_bounds = len(self.input_groups[0]), None
+            if projection is not None:  # one more component: the projection's k features
+                if int(getattr(projection, "out_dim", -1)) != k:
+                    raise ValueError(
+                        f"With `additive` groups of {k} inputs the projection must give {k} "
+                        f"features, got out_dim={getattr(projection, 'out_dim', None)}."
+                    )
+                self._attach_projection(projection, X, train_Y)
         elif projection is None:
             if dim > 3:
                 raise ValueError(
@@ -231,30 +238,27 @@ class WISKI(OnlineModel):
             if not 1 <= k <= 3:
                 raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
             grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
-            self.projection = projection.to(dtype=dtype, device=device)
-            if getattr(projection, "needs_data_init", False) and X.shape[0] >= dim + 2:
-                projection.init_from_data(X, train_Y)  # see projection.py: random maps fail
-            elif (
-                X.shape[0] > 1
-                and hasattr(projection, "set_normalisation")
-                and not getattr(projection, "normalised", False)  # keep a fitted map as it is
-            ):
-                projection.set_normalisation(X)  # batch norm statistics of the initial data
+            self._attach_projection(projection, X, train_Y)
         self.num_features = k
         if grid_size is None:
             groups = self.input_groups
-            grid_size = default_grid_size(k) if groups is None else additive_grid_size(len(groups), k)
+            J = 0 if groups is None else len(groups) + int(hasattr(self, "projection"))
+            grid_size = default_grid_size(k) if groups is None else additive_grid_size(J, k)
         sizes = [int(grid_size)] * k if isinstance(grid_size, int) else [int(g) for g in grid_size]
         if len(sizes) != k:
             raise ValueError(f"grid_size must give {k} sizes (one per feature), got {sizes}.")
         if self.input_groups is None:
             self.grid = RegularGrid(sizes, grid_bounds, dtype=dtype, device=device)
         else:  # one k-D grid per group of inputs, over the input box's faces
-            self.num_features = k * len(self.input_groups)
-            self.grid = StackedGrid([
+            grids = [
                 RegularGrid(sizes, self.input_bounds[:, g], dtype=dtype, device=device)
                 for g in self.input_groups
-            ])
+            ]
+            if hasattr(self, "projection"):  # and one over the projection's (-1, 1)^k
+                box = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
+                grids.append(RegularGrid(sizes, box, dtype=dtype, device=device))
+            self.grid = StackedGrid(grids)
+            self.num_features = self.grid.dim
         self.grid_jitter = float(grid_jitter)
         if standardize and train_Y.shape[0] > 1:
             std = train_Y.std(dim=0)
@@ -265,9 +269,12 @@ class WISKI(OnlineModel):
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
         self.lengthscale_floor = self._lengthscale_floor(lengthscale_floor, covar_module)
         if covar_module is None and self.input_groups is not None:
-            covar_module = _default_additive_kernel(
-                k, self.lengthscale_floor, self.grid.sizes_per_grid
-            )
+            floors = [
+                max(self.lengthscale_floor, float(g.spacing.min()))
+                if lengthscale_floor == "grid" else self.lengthscale_floor
+                for g in self.grid.grids
+            ]  # each component's own grid spacing
+            covar_module = _default_additive_kernel(k, floors, self.grid.sizes_per_grid)
         self.covar_module = covar_module or _default_kernel(k, self.lengthscale_floor)
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
@@ -313,6 +320,20 @@ class WISKI(OnlineModel):
             )
         return float(spec)
 
+    def _attach_projection(self, projection: torch.nn.Module, X: Tensor, Y: Tensor) -> None:
+        r"""Keep ``projection`` (moved to the model's dtype/device) and initialise it on the
+        initial data: from data where it asks for it (``d + 2`` points at least), else its batch
+        norm statistics, unless it is already normalised (a fitted map is kept as it is)."""
+        self.projection = projection.to(dtype=X.dtype, device=X.device)
+        if getattr(projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+            projection.init_from_data(X, Y)  # see projection.py: random maps fail
+        elif (
+            X.shape[0] > 1
+            and hasattr(projection, "set_normalisation")
+            and not getattr(projection, "normalised", False)
+        ):
+            projection.set_normalisation(X)  # batch norm statistics of the initial data
+
     @classmethod
     def loop_default_options(cls, dim: int) -> dict[str, Any]:
         r"""Constructor options the loops (and so the CLI) use unless the user gives them: above
@@ -354,13 +375,16 @@ class WISKI(OnlineModel):
 
     def _features(self, X: Tensor) -> Tensor:
         """Grid coordinates of (transformed, validated) inputs: identity or the projection."""
+        features = []
         if self.input_groups is not None:  # additive: the groups' inputs side by side
-            return X[..., [i for g in self.input_groups for i in g]]
+            features.append(X[..., [i for g in self.input_groups for i in g]])
         if hasattr(self, "projection"):
             if self.projection.training and not getattr(self, "_fitting_projection", False):
                 self.projection.eval()  # a fixed map except while it is being learned
-            return self.projection(X)
-        return X
+            features.append(self.projection(X))
+        if not features:
+            return X
+        return features[0] if len(features) == 1 else torch.cat(features, -1)
 
     def _interp(self, X: Tensor) -> tuple[Tensor, Tensor]:
         return self.grid.interpolate(self._features(X))
