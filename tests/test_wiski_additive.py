@@ -35,15 +35,22 @@ def _dense_cov(model: WISKI, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     r"""``sum_j W_j(A) K_j W_j(B)^T`` (standardised units) from per-component grids and kernels,
     with the model's jitter ``grid_jitter * mean(diag of all K_j)``."""
     sizes = [g.sizes for g in model.grid.grids]
+    # each component's inputs: a group of columns, or (last, with a projection) the learned map
+    parts = [lambda Z, g=g: Z[:, g] for g in model.input_groups]
+    boxes = [model.input_bounds[:, g] for g in model.input_groups]
+    if hasattr(model, "projection"):
+        parts.append(lambda Z: model.projection.eval()(Z))
+        boxes.append(torch.tensor([[-1.0, -1.0], [1.0, 1.0]], dtype=DT))
+    assert len(parts) == len(sizes) == len(model.covar_module.kernels)
     blocks = []
-    for group, size, kern in zip(model.input_groups, sizes, model.covar_module.kernels):
-        grid = RegularGrid(size, model.input_bounds[:, group], dtype=DT)
+    for part, box, size, kern in zip(parts, boxes, sizes, model.covar_module.kernels):
+        grid = RegularGrid(size, box, dtype=DT)
         K = kern(grid.points()).to_dense()
-        blocks.append((grid, group, K))
+        blocks.append((grid, part, K))
     jitter = model.grid_jitter * torch.cat([torch.diagonal(K) for _, _, K in blocks]).mean()
     out = 0
-    for grid, group, K in blocks:
-        Wa, Wb = grid.dense_weights(A[:, group]), grid.dense_weights(B[:, group])
+    for grid, part, K in blocks:
+        Wa, Wb = grid.dense_weights(part(A)), grid.dense_weights(part(B))
         out = out + Wa @ (K + jitter * torch.eye(K.shape[0], dtype=DT)) @ Wb.T
     return out
 
@@ -62,14 +69,20 @@ def _dense_posterior_and_mll(model: WISKI, X, Y, Xs):
     return mean * model.outcome_std + model.outcome_mean, cov, mll
 
 
-def test_additive_wiski_equals_the_dense_sum_of_ski_components():
+@pytest.mark.parametrize("spec, parts", [("pairs", 3), ("pairs+tanh", 4)])
+def test_additive_wiski_equals_the_dense_sum_of_ski_components(spec, parts):
     X, Y = _data(70)
     Xs = torch.rand(9, 5, generator=torch.Generator().manual_seed(5), dtype=DT)
-    model = WISKI(X[:40], Y[:40], projection="pairs", grid_size=12)
+    model = WISKI(X[:40], Y[:40], projection=spec, grid_size=12)
     assert model.input_groups == [[0, 1], [2, 3], [4, 0]]
     assert isinstance(model.grid, StackedGrid) and isinstance(model.covar_module, BlockGridKernel)
-    model.fit(max_iter=15)  # hyperparameters away from their defaults
-    assert len({round(float(k.outputscale.detach()), 6) for k in model.covar_module.kernels}) == 3
+    assert len(model.grid.grids) == parts and hasattr(model, "projection") == (parts == 4)
+    if parts == 4:  # the loop's refit path: map from data, statistics rebuilt, kernel fitted
+        model.fit_projection(X[:40], Y[:40], method="lbfgs", max_iter=15)
+    else:
+        model.fit(max_iter=15)  # hyperparameters away from their defaults
+    scales = {round(float(k.outputscale.detach()), 6) for k in model.covar_module.kernels}
+    assert len(scales) == parts
     mean_ref, cov_ref, mll_ref = _dense_posterior_and_mll(model, X[:40], Y[:40], Xs)
     with torch.no_grad():
         mll = model.marginal_log_likelihood(include_priors=False)
@@ -85,7 +98,8 @@ def test_additive_wiski_equals_the_dense_sum_of_ski_components():
     assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
     assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
     # and the statistics are those of a model built on all data at once
-    scratch = WISKI(X, Y, projection="pairs", grid_size=12)
+    scratch = WISKI(X, Y, additive="pairs", grid_size=12,
+                    projection=getattr(model, "projection", None))
     ours, ref = model.statistics(), scratch.statistics()
     for name in ours:
         assert _rel(ours[name], ref[name]) < 1e-10, name
@@ -109,8 +123,8 @@ def test_groups_and_errors():
         with pytest.raises(ValueError, match="additive"):
             input_groups(bad, 4)
     X, Y = _data(20, dim=4)
-    with pytest.raises(ValueError, match="not both"):
-        WISKI(X, Y, projection="tanh", additive="pairs")
+    with pytest.raises(ValueError, match="must give 2 features"):
+        WISKI(X, Y, projection="tanh:3", additive="pairs")
     with pytest.raises(ValueError, match="not both"):
         WISKI(X, Y, projection="pairs", additive=[[0, 1], [2, 3]])
     model = WISKI(X, Y, additive=[[0, 2], [1, 3]])
