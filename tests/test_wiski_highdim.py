@@ -47,7 +47,7 @@ def _heldout(model, Xte, Yte):
 )
 def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, structure):
     r"""200 seeded points in the unit cube, WISKI with the loops' default for d > 3
-    (``projection="pairs"``, see ``loop_default_options``) and with the learned projection
+    (``projection="pairs+tanh"``, see ``loop_default_options``) and with the learned projection
     ``projection="tanh:2"``, ``fit()``: held-out RMSE below the training data's standard
     deviation (a constant predictor's error) and the 95% predictive interval covering >= 80% of
     300 held-out values (not overconfident)."""
@@ -55,6 +55,7 @@ def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, str
     if structure == "default":
         model = WISKI(Xtr, Ytr, **WISKI.loop_default_options(dim))
         assert model.input_groups == [[i, i + 1] for i in range(0, dim, 2)]
+        assert isinstance(model.projection, TanhProjection) and len(model.grid.grids) == dim // 2 + 1
     else:
         model = WISKI(Xtr, Ytr, grid_size=20, projection=structure)
         assert isinstance(model.projection, TanhProjection) and model.num_features == 2
@@ -110,7 +111,7 @@ def test_projection_shorthand_strings_and_error_hint():
         with pytest.raises(ValueError, match="projection='tanh'") as err:
             WISKI(X, Y, projection=spec)
         assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
-    assert WISKI.loop_default_options(6) == {"projection": "pairs"}
+    assert WISKI.loop_default_options(6) == {"projection": "pairs+tanh"}
     assert WISKI.loop_default_options(3) == {}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
@@ -118,9 +119,9 @@ def test_projection_shorthand_strings_and_error_hint():
 
 def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     r"""``BayesOptLoop(model="wiski")`` on a 6-D problem needs no options: the loop adds
-    ``loop_default_options`` (the additive model over pairs of inputs; a user's own
-    ``projection`` wins, and its initial fit is then the ``fit_projection`` path on the loop's
-    data)."""
+    ``loop_default_options`` (the additive model over pairs of inputs plus a learned 2-D
+    projection component; a user's own ``projection`` wins), and its initial fit is the
+    ``fit_projection`` path on the loop's data."""
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
@@ -128,7 +129,8 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
                         model_options={"grid_size": 10}, fit_max_iter=5, init_fit_max_iter=5)
     loop.initialize()
     assert loop.model.input_groups == [[0, 1], [2, 3], [4, 5]]
-    assert not hasattr(loop.model, "projection")
+    assert isinstance(loop.model.projection, TanhProjection)
+    assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
     assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
     loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
                         model_options={"grid_size": 10, "projection": "tanh"},
