@@ -480,24 +480,10 @@ DaskOpt = Annotated[
 
 
 def _dask_client(address: str) -> Any:
-    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.loops.async_bo."""
-    import contextlib
+    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.sweep.dask_client."""
+    from bo_online.sweep import dask_client
 
-    from bo_online.loops.async_bo import connect
-
-    client = connect(address)
-    cluster = client.cluster if address.startswith("local:") else None
-
-    @contextlib.contextmanager
-    def closing():
-        try:
-            yield client
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-
-    return closing()
+    return dask_client(address)
 
 
 def _run_async(loop: Any, steps: int | None) -> None:

@@ -176,6 +176,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         >>> post = model.posterior(test_X)
     """
 
+    #: above this many points per batch the posterior covariance stays a lazy operator, so that
+    #: ``.variance`` at many points forms no ``q x q`` matrix (below it a dense one is faster)
+    dense_posterior_max_q: int = 512
+
     def __init__(
         self,
         train_X: Tensor,
@@ -202,7 +206,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                 f"Need 1 <= num_cov_bases <= num_mean_bases, got num_cov_bases={num_cov_bases}, "
                 f"num_mean_bases={num_mean_bases}."
             )
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
@@ -527,6 +531,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         mean = self._mean_at(Xf).reshape(*batch, q)
         V = self._whitened(Xf)  # M_beta x (batch * q)
         Vb = V.reshape(V.shape[0], -1, q)  # M_beta x B x q
+        if q > self.dense_posterior_max_q:  # many points: a lazy covariance (docs/contract.md)
+            Vt = Vb.permute(1, 2, 0).reshape(*batch, q, -1)  # batch x q x M_beta
+            covar = self.covar_module(X) + MatmulLinearOperator(Vt, Vt.transpose(-1, -2)) * -1.0
+            return MultivariateNormal(mean, covar)
         VtV = torch.einsum("mbi,mbj->bij", Vb, Vb).reshape(*batch, q, q)
         covar = self.covar_module(X).to_dense() - VtV
         # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.

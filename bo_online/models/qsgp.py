@@ -124,7 +124,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             shape = getattr(train_X, "shape", None)
             raise ValueError(f"train_X must be an n x d tensor, got {shape}.")
         dtype, device = train_X.dtype, train_X.device
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         if input_transform is None and bounds is None and train_X.shape[0] > 1:
             lo, hi = train_X.min(dim=0).values, train_X.max(dim=0).values
             if bool((lo < 0).any() or (hi > 1).any()):

@@ -141,7 +141,7 @@ class TSVGP(OnlineModel):
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}.")
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
@@ -615,7 +615,8 @@ class TSVGP(OnlineModel):
         if self._noise is not None:
             self._noise[..., n : n + q] = noise
         self._n = n + q
-        self.num_data_.fill_(self._n)
+        # A new tensor, not fill_: models made by condition_on_observations share this buffer.
+        self.num_data_ = self.num_data_.new_tensor(self._n)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """State with the per-point storage trimmed to the data held (no spare capacity)."""

@@ -199,7 +199,7 @@ class WISKI(OnlineModel):
                 f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', type(train_X))}."
             )
         dtype, device = train_X.dtype, train_X.device
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         if bounds is None:
             bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(dtype=dtype, device=device)
         super().__init__(
