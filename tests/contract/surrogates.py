@@ -236,8 +236,9 @@ def _make_exact(X, Y, Yvar=None, *, template=None, **kw) -> OnlineExactGP:
 def _make_wiski(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
     # 9 points per dimension (about 4 carry weight inside the unit cube): small m keeps the
     # dense reference and every O(m^3) rebuild cheap; the grid's accuracy is not under test.
-    # d > 3: the loops' default (additive pairs plus a learned 2-D projection; the dense reference reads the
-    # features through it); a rebuild reuses the parent's (already initialised) map.
+    # d > 3: the loops' default (additive pairs plus a learned 2-D projection; the dense
+    # reference reads the features through it); a rebuild reuses the parent's (already
+    # initialised) map and its groups.
     if template is not None and hasattr(template, "projection"):
         kw.setdefault("projection", copy.deepcopy(template.projection))
     if template is not None and getattr(template, "input_groups", None) is not None:
