@@ -59,7 +59,8 @@ def _dense_posterior_and_mll(model: WISKI, X, Y, Xs):
     with torch.no_grad():
         y = (Y.reshape(-1) - model.outcome_mean) / model.outcome_std
         c = model.mean_module.constant.reshape(())
-        C = _dense_cov(model, X, X) + model.likelihood.noise.reshape(()) * torch.eye(len(y), dtype=DT)
+        noise = model.likelihood.noise.reshape(())
+        C = _dense_cov(model, X, X) + noise * torch.eye(len(y), dtype=DT)
         Kxs = _dense_cov(model, Xs, X)
         L = torch.linalg.cholesky(C)
         mean = c + Kxs @ torch.cholesky_solve((y - c).unsqueeze(-1), L).squeeze(-1)

@@ -55,7 +55,8 @@ def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, str
     if structure == "default":
         model = WISKI(Xtr, Ytr, **WISKI.loop_default_options(dim))
         assert model.input_groups == [[i, i + 1] for i in range(0, dim, 2)]
-        assert isinstance(model.projection, TanhProjection) and len(model.grid.grids) == dim // 2 + 1
+        assert isinstance(model.projection, TanhProjection)
+        assert len(model.grid.grids) == dim // 2 + 1
     else:
         model = WISKI(Xtr, Ytr, grid_size=20, projection=structure)
         assert isinstance(model.projection, TanhProjection) and model.num_features == 2

@@ -229,8 +229,9 @@ class WISKI(OnlineModel):
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs' (a sum "
-                    "of 2-D grids over pairs of inputs; the loops and the CLI do this by default) or "
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs+tanh' (a "
+                    "sum of 2-D grids over pairs of inputs and one on a learned projection; the "
+                    "loops and the CLI do this by default), 'pairs' (without the projection) or "
                     "projection='tanh' (or 'tanh:3', or "
                     "bo_online.models.projection.TanhProjection(d, out_dim=2)) to learn k <= 3 "
                     "features."
