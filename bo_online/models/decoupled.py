@@ -179,6 +179,9 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
     #: above this many points per batch the posterior covariance stays a lazy operator, so that
     #: ``.variance`` at many points forms no ``q x q`` matrix (below it a dense one is faster)
     dense_posterior_max_q: int = 512
+    #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
+    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
+    restart_fit_from_defaults = True
 
     def __init__(
         self,
@@ -971,6 +974,24 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                            options={"maxiter": max_iter}, timeout_sec=timeout_sec)
         finally:
             self.eval()
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""Per point: the exact GP log marginal likelihood of all held data under this model's
+        kernel, mean and noise (plus log priors / n), i.e. the objective of the default fit
+        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, to choose
+        between a warm-started refit and a fit from the defaults."""
+        from bo_online.models.exact import OnlineExactGP
+
+        X, Y = self.train_X, self.train_y.unsqueeze(-1)
+        if self.fixed_noise:
+            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise.unsqueeze(-1),
+                                covar_module=self.covar_module, standardize=False)
+        else:
+            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
+                                standardize=False)
+        sub.mean_module = self.mean_module
+        mll = sub.marginal_log_likelihood(include_priors=False)
+        return mll + self._log_prior() / X.shape[0] if include_priors else mll
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
