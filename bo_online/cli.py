@@ -65,8 +65,8 @@ ModelOptionOpt = Annotated[
         "when possible (numbers, true/false, lists), else kept as strings; a value "
         "module.Class(literal args) builds that object (only classes of bo_online.models.projection "
         "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
-        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default tanh:2) "
-        "--model-option projection=tanh:3.",
+        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default pairs+tanh) "
+        "--model-option projection=pairs.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]

@@ -217,8 +217,9 @@ def _set_common(model: OnlineModel) -> None:
     """Lengthscale, constant mean and (inferred) noise of the kernel/mean/likelihood modules."""
     with torch.no_grad():
         kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
-        base = getattr(kernel, "base_kernel", kernel)
-        base.lengthscale = torch.full_like(base.lengthscale, LENGTHSCALE)
+        for part in getattr(kernel, "kernels", [kernel]):  # WISKI d > 3: one kernel per grid
+            base = getattr(part, "base_kernel", part)
+            base.lengthscale = torch.full_like(base.lengthscale, LENGTHSCALE)
         if hasattr(model, "mean_module"):
             model.mean_module.constant.fill_(CONSTANT)
         lik = getattr(model.likelihood, "gaussian", model.likelihood)
@@ -235,10 +236,13 @@ def _make_exact(X, Y, Yvar=None, *, template=None, **kw) -> OnlineExactGP:
 def _make_wiski(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
     # 9 points per dimension (about 4 carry weight inside the unit cube): small m keeps the
     # dense reference and every O(m^3) rebuild cheap; the grid's accuracy is not under test.
-    # d > 3: the loops' default learned projection to 2 features (the dense reference reads the
-    # features through it); a rebuild reuses the parent's (already initialised) map.
+    # d > 3: the loops' default (additive pairs plus a learned 2-D projection; the dense
+    # reference reads the features through it); a rebuild reuses the parent's (already
+    # initialised) map and its groups.
     if template is not None and hasattr(template, "projection"):
         kw.setdefault("projection", copy.deepcopy(template.projection))
+    if template is not None and getattr(template, "input_groups", None) is not None:
+        kw.setdefault("additive", template.input_groups)  # the parent's additive structure
     elif "input_transform" not in kw:
         kw = {**WISKI.loop_default_options(X.shape[-1]), **kw}
     model = WISKI(X, Y, Yvar, grid_size=9, **kw)
