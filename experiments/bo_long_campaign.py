@@ -24,7 +24,8 @@ cumulative wall time, and time per step vs n stacked (fit, acquisition, update),
 
 Defaults (300 steps, 4 seeds, the six functions, 4 methods, a 120 s budget per run for every
 method) are 96 runs; single-threaded on a loaded 2-core machine that is several hours, so split
-them (``--shard``) or select (``--functions levy --seeds 2``). The paper's length:
+them (``--shard``, or ``--dask local:2`` / ``--dask tcp://host:port`` to run them as tasks on a
+Dask cluster) or select (``--functions levy --seeds 2``). The paper's length:
 ``--steps 1500 --budget-s 0`` (no budget; hours per exact-GP run).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python experiments/bo_long_campaign.py --functions levy \
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shard", default="0/1", help="i/k: run every k-th run starting at i")
     ap.add_argument("--merge", action="store_true", help="only merge existing runs")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--dask", default=None, metavar="ADDRESS",
+                    help="run each (function, method, seed) as a task on a Dask cluster: local:N "
+                    "(a LocalCluster of N single-threaded workers) or tcp://host:port")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bo_long_campaign"))
     args = ap.parse_args(argv)
     for name in ("seeds", "steps", "num_restarts", "raw_samples", "maxiter"):
@@ -350,12 +354,21 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--shard must be i/k with 0 <= i < k, got {args.shard!r}")
     if not args.merge:
         jobs = [(fn, m, s) for fn in args.functions for s in range(args.seeds) for m in args.methods]
-        for fn, m, s in jobs[i::k]:
-            try:
-                run_one(args, fn, m, s)
-            except RunDirectoryError as e:
-                print(f"bo_long_campaign: error: {e}", file=sys.stderr)
-                raise SystemExit(2)
+        try:
+            if args.dask:
+                from bo_online.sweep import dask_client, map_on_cluster
+
+                with dask_client(args.dask) as client:
+                    if __name__ != "__main__":  # imported (tests): make this module importable there
+                        client.upload_file(__file__)
+                    map_on_cluster(client, run_one, [(args, *job) for job in jobs[i::k]],
+                                   on_result=lambda job, _: print(f"done {job[1:]}", flush=True))
+            else:
+                for fn, m, s in jobs[i::k]:
+                    run_one(args, fn, m, s)
+        except RunDirectoryError as e:
+            print(f"bo_long_campaign: error: {e}", file=sys.stderr)
+            raise SystemExit(2)
         if k > 1:
             print("shard done; merge with --merge once every shard has finished.")
             return

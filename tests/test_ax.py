@@ -31,10 +31,13 @@ FAST_OPT = {"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 20}}
 
 
 def _supports_dim(name: str, d: int) -> bool:
+    """Whether the model takes ``d`` inputs with the options the Ax strategy gives it (the
+    loops' defaults for ``d`` inputs, e.g. WISKI's structure above 3 inputs)."""
     cls = boax.available_models()[name]._bo_online_base
     X = torch.rand(4, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    defaults = getattr(cls, "loop_default_options", None)
     try:
-        cls(X, X.sum(-1, keepdim=True))
+        cls(X, X.sum(-1, keepdim=True), **(defaults(d) if callable(defaults) else {}))
     except (ValueError, NotImplementedError):
         return False
     return True
@@ -140,6 +143,12 @@ def test_branin_short_run_each_model(model):
     assert len(values) == 10 and all(math.isfinite(v) for v in values)
     stats = boax.session_stats()
     assert stats.rebuilds == 1 and stats.incremental == 2, stats.reasons
+
+
+def test_every_model_takes_six_inputs_at_the_strategy_defaults():
+    assert {"OnlineExactGP", "WISKI", "TSVGP", "DecoupledSVGP", "QSGP"} <= {
+        m for m in MODELS if _supports_dim(m, 6)
+    }
 
 
 @pytest.mark.parametrize("model", [m for m in MODELS if _supports_dim(m, 6)])

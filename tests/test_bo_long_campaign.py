@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bo_online.loops.history import read_records
 
@@ -59,3 +60,17 @@ def test_campaign_rejects_bad_shard(campaign, tmp_path):
     with pytest.raises(SystemExit) as e:
         campaign.main([*TOY, "--shard", "2/2", "--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_campaign_runs_as_tasks_on_a_dask_cluster(campaign, tmp_path):
+    """``--dask local:2``: every run is a task on a LocalCluster; the run directories hold the
+    same records as an in-process run with the same seeds."""
+    args = [*TOY, "--steps", "2", "--budget-s", "0"]
+    campaign.main([*args, "--out", str(tmp_path / "local")])
+    campaign.main([*args, "--out", str(tmp_path / "dask"), "--dask", "local:2"])
+    for method in ("wiski", "exact"):
+        a, b = (read_records(campaign.run_dir(tmp_path / where, "levy", method, 0) / "records.jsonl")
+                for where in ("local", "dask"))
+        assert [r["step"] for r in b] == [0, 1, 2]
+        for ra, rb in zip(a, b):
+            assert torch.allclose(torch.tensor(ra["X"]), torch.tensor(rb["X"]), rtol=1e-9, atol=1e-12)

@@ -197,3 +197,18 @@ def test_cli_names_every_problem_and_rejects_bad_dims(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bo", "--problem", "powell", "--dim", "5", "-Q"])
     assert e.value.code == 2 and "multiple of 4" in capsys.readouterr().err
+
+
+def test_suite_jobs_on_a_dask_cluster_equal_the_in_process_run(tmp_path):
+    """``--dask local:2`` runs each (function, seed) as a task on a LocalCluster; the results
+    equal those of the in-process run (same seeds, one thread)."""
+    bench = _bench()
+    common = ["--functions", "branin", "--methods", "sobol,exact", "--seeds", "2", "--steps", "2",
+              "--no-plot"]
+    bench.main([*common, "--out", str(tmp_path / "local")])
+    bench.main([*common, "--out", str(tmp_path / "dask"), "--dask", "local:2"])
+    for seed in (0, 1):
+        for method in ("sobol", "exact"):
+            a, b = (json.loads((tmp_path / where / "q1" / "branin" / f"{method}_seed{seed}.json").read_text())
+                    for where in ("local", "dask"))
+            assert a["regret"] == pytest.approx(b["regret"], rel=1e-9, abs=1e-12)

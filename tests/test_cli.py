@@ -149,6 +149,10 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     code, _, err = _run(["bo", "--problem", "branin", "--out", str(out), "--steps", "1"], capsys)
     assert code == 2 and "already holds a run" in err
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
+    # a target below the steps already done is refused with one line, the run untouched
+    code, _, err = _run(["resume", str(out), "--steps", "2", "--quiet"], capsys)
+    assert code == 2 and "--steps 2 is below the 3 steps this run has already done" in err
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4
     # resume to a longer target, quietly
     code, stdout, err = _run(["resume", str(out), "--steps", "5", "--quiet"], capsys)
     assert code == 0 and stdout == "", err

@@ -415,6 +415,33 @@ def test_workers_end_with_the_driver(tmp_path, sig):
             driver.kill()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_names_its_directory_for_resume(tmp_path, sig):
+    """Ctrl-C (SIGINT) and SIGTERM end with one line naming the real run directory to resume
+    (typer turns Ctrl-C into a return code, which must not end the run silently)."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--steps", "10000",
+         "--out", str(out), *CLI_FAST],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not (out / history.RECORDS_FILE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        driver.send_signal(sig)
+        err = driver.communicate(timeout=60)[1]
+        assert driver.returncode == (130 if sig == signal.SIGINT else 143)
+        lines = err.strip().splitlines()
+        word = "interrupted" if sig == signal.SIGINT else "terminated"
+        assert lines[-1] == f"bo-online: error: {word}; continue the run with `bo-online resume {out}`"
+        assert (out / history.CHECKPOINT_FILE).exists()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
 # ------------------------------------------------------------------------------ numerical edges
 
 MODELS = ["exact", "wiski", "tsvgp", "decoupled", "qsgp"]

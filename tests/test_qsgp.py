@@ -765,3 +765,13 @@ def test_inputs_off_the_unit_cube_are_normalised():
         p, q = raw.posterior(Ut * scale + shift), ref.posterior((Ut - lo) / (hi - lo))
     torch.testing.assert_close(p.mean, q.mean, atol=1e-6, rtol=0)
     torch.testing.assert_close(p.variance, q.variance, atol=1e-6, rtol=0)
+
+
+def test_unknown_option_is_refused_not_ignored():
+    """A misspelt option (``num_feature`` for ``num_features``) raises, naming the valid ones,
+    instead of silently running with the default."""
+    X = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match=r"unknown options \['num_feature'\].*num_features"):
+        QSGP(X, X.sum(-1, keepdim=True), num_feature=64)
+    model = QSGP(X, X.sum(-1, keepdim=True), num_rows=10, hyper_evidence="kernel")
+    assert model.fit_options == {"num_rows": 10, "hyper_evidence": "kernel"}

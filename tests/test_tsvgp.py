@@ -669,3 +669,9 @@ def test_bernoulli_condition_steps_reach_the_new_sites_fixed_point():
     # one step (the default) is not yet there, and only the new sites moved
     assert not torch.allclose(one._cg1, many._cg1, atol=1e-6)
     assert torch.equal(many.sites[0], model.sites[0])
+
+
+def test_one_dimensional_targets_get_a_shape_hint():
+    X = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"train_Y must be n x m .*got shape \(30,\); use train_Y.unsqueeze\(-1\)"):
+        TSVGP(X, X.sum(-1))

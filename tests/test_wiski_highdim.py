@@ -37,6 +37,7 @@ def _heldout(model, Xte, Yte):
     return float(((mu - y) ** 2).mean().sqrt()), float(((y - mu).abs() <= 1.96 * sd).double().mean())
 
 
+@pytest.mark.parametrize("structure", ["default", "tanh:2"])
 @pytest.mark.parametrize(
     "name, f, dim",
     [
@@ -44,14 +45,21 @@ def _heldout(model, Xte, Yte):
         ("styblinskitang4", lambda x: StyblinskiTang(dim=4)(10 * x - 5), 4),
     ],
 )
-def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim):
+def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, structure):
     r"""200 seeded points in the unit cube, WISKI with the loops' default for d > 3
-    (``projection="tanh:2"``, see ``loop_default_options``), ``fit()``: held-out
-    RMSE below the training data's standard deviation (a constant predictor's error) and the 95%
-    predictive interval covering >= 80% of 300 held-out values (not overconfident)."""
+    (``projection="pairs+tanh"``, see ``loop_default_options``) and with the learned projection
+    ``projection="tanh:2"``, ``fit()``: held-out RMSE below the training data's standard
+    deviation (a constant predictor's error) and the 95% predictive interval covering >= 80% of
+    300 held-out values (not overconfident)."""
     Xtr, Ytr, Xte, Yte = _split(f, dim, 200)
-    model = WISKI(Xtr, Ytr, grid_size=20, **WISKI.loop_default_options(dim))
-    assert isinstance(model.projection, TanhProjection) and model.num_features == 2
+    if structure == "default":
+        model = WISKI(Xtr, Ytr, **WISKI.loop_default_options(dim))
+        assert model.input_groups == [[i, i + 1] for i in range(0, dim, 2)]
+        assert isinstance(model.projection, TanhProjection)
+        assert len(model.grid.grids) == dim // 2 + 1
+    else:
+        model = WISKI(Xtr, Ytr, grid_size=20, projection=structure)
+        assert isinstance(model.projection, TanhProjection) and model.num_features == 2
     model.fit(max_iter=60)
     rmse, coverage = _heldout(model, Xte, Yte)
     assert rmse < float(Ytr.std()), (name, rmse, float(Ytr.std()))
@@ -104,7 +112,7 @@ def test_projection_shorthand_strings_and_error_hint():
         with pytest.raises(ValueError, match="projection='tanh'") as err:
             WISKI(X, Y, projection=spec)
         assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
-    assert WISKI.loop_default_options(6) == {"projection": "tanh:2"}
+    assert WISKI.loop_default_options(6) == {"projection": "pairs+tanh"}
     assert WISKI.loop_default_options(3) == {}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
@@ -112,7 +120,8 @@ def test_projection_shorthand_strings_and_error_hint():
 
 def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     r"""``BayesOptLoop(model="wiski")`` on a 6-D problem needs no options: the loop adds
-    ``loop_default_options`` (a user's own ``projection`` wins), and its initial fit is the
+    ``loop_default_options`` (the additive model over pairs of inputs plus a learned 2-D
+    projection component; a user's own ``projection`` wins), and its initial fit is the
     ``fit_projection`` path on the loop's data."""
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
@@ -120,9 +129,16 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
                         model_options={"grid_size": 10}, fit_max_iter=5, init_fit_max_iter=5)
     loop.initialize()
+    assert loop.model.input_groups == [[0, 1], [2, 3], [4, 5]]
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
     assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
+                        model_options={"grid_size": 10, "projection": "tanh"},
+                        fit_max_iter=5, init_fit_max_iter=5)
+    loop.initialize()
+    assert isinstance(loop.model.projection, TanhProjection)
+    assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
     loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
                         model_options={"grid_size": 10, "projection": "tanh:1"},
                         fit_max_iter=5, init_fit_max_iter=5)

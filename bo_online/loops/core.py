@@ -299,9 +299,21 @@ class OnlineLoop:
             fit_projection(*data, max_iter=max_iter, **options)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
-            if self._fit_cost_grows_with_n() and data is not None and self.step_count > 0:
+            if data is not None and self.step_count > 0 and self._restart_due(data[0].shape[0]):
                 self._restart_from_defaults(data)  # (the initial fit starts from the defaults)
         return self._now() - t0
+
+    def _restart_due(self, n: int) -> bool:
+        r"""Whether a refit also tries a fit from the defaults (:meth:`_restart_from_defaults`):
+        always for a surrogate whose fit cost grows with n (its refits are thinned already);
+        for one that declares ``restart_fit_from_defaults`` (t-SVGP, decoupled SVGP, QSGP: a
+        rebuild from all data is O(n)) while n <= ``AUTO_REFIT_SMALL_N``, where a warm start's
+        basin matters most and a second small fit costs little."""
+        if self._fit_cost_grows_with_n():
+            return True
+        return bool(getattr(self.model_cls, "restart_fit_from_defaults", False)) and (
+            n <= self.AUTO_REFIT_SMALL_N
+        )
 
     def _restart_from_defaults(self, data: tuple[Tensor, Tensor]) -> None:
         r"""Also fit a model built afresh on all data (default hyperparameters, the initial
@@ -311,9 +323,9 @@ class OnlineLoop:
         that basin is often a poor one (measured on Styblinski-Tang 4-D after 20 steps: warm log
         marginal likelihood -1.36 per point against -0.91 from the defaults, lengthscales
         0.19/0.07/0.03/2.5 against 1.5/0.6/0.24/0.14), which is the gap to BoTorch's
-        refit-from-defaults loop. Only for surrogates whose fit grows with n (the exact GP):
-        they hold all data, so the rebuilt model is the same posterior family on the same
-        data, and their refits are already thinned by the "auto" schedule."""
+        refit-from-defaults loop. For the surrogates of :meth:`_restart_due`: the rebuilt
+        model is the same posterior family on the same data, and both are compared by the
+        model's own fit objective (``marginal_log_likelihood``, per point)."""
         mll = getattr(self.model, "marginal_log_likelihood", None)
         if not callable(mll):
             return

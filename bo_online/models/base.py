@@ -99,6 +99,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self._batch_shape = torch.Size()
         self._cache_key: list[Tensor] | None = None
 
+    @staticmethod
+    def transformed_dim(train_X: Tensor, input_transform: Any | None) -> int:
+        r"""The input dimension d a model works in: the width of ``train_X`` (``n x d_raw``) after
+        ``input_transform``, which may add or drop columns (BoTorch's ``InteractionFeatures``,
+        ``FilterFeatures``). Kernels, bounds and input checks all see transformed inputs, so
+        constructors pass this, not ``train_X.shape[-1]``, as ``dim``. The transform runs on a copy,
+        so one that learns from what it sees (``Normalize`` with learned bounds) is left as it was.
+        """
+        if input_transform is None:
+            return int(train_X.shape[-1])
+        with torch.no_grad():
+            return int(copy.deepcopy(input_transform)(train_X).shape[-1])
+
     # ------------------------------------------------------------------ properties BoTorch reads
 
     @property
@@ -441,16 +454,42 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         r"""Load a state, resizing buffers that grew (data, factors) to the saved shapes.
 
         The loaded caches are trusted to match the loaded hyperparameters (``state_dict`` always
-        saves fresh caches), so no refactorisation happens here.
+        saves fresh caches), so no refactorisation happens here. A state that does not fit raises
+        torch's ``RuntimeError`` and leaves the model as it was.
         """
-        for name, value in state_dict.items():
-            module, _, leaf = self._locate(name)
-            if module is not None and leaf in module._buffers:
-                # Always a fresh buffer (not only when it grew): models made by
-                # condition_on_observations share this model's buffers, and loading into them in
-                # place would silently change those models too.
-                module._buffers[leaf] = torch.empty_like(value)
-        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        # Restored if loading fails (torch copies what matches before reporting what does not).
+        saved_buffers = [(module, dict(module._buffers)) for module in self.modules()]
+        saved_params = [(p, p.detach().clone()) for p in self.parameters()]
+        try:
+            for name, value in state_dict.items():
+                module, _, leaf = self._locate(name)
+                if module is not None and leaf in module._buffers:
+                    # Always a fresh buffer (not only when it grew): models made by
+                    # condition_on_observations share this model's buffers, and loading into
+                    # them in place would silently change those models too.
+                    module._buffers[leaf] = torch.empty_like(value)
+            if strict:
+                # torch's state_dict leaves out None buffers (a cache or pending conditioning
+                # the saved model did not have): clear them, so that an earlier state loads into
+                # a model that has them since.
+                for prefix, module in self.named_modules():
+                    for leaf, buf in module._buffers.items():
+                        key = f"{prefix}.{leaf}" if prefix else leaf
+                        if (
+                            buf is not None
+                            and key not in state_dict
+                            and leaf not in module._non_persistent_buffers_set
+                        ):
+                            module._buffers[leaf] = None
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except Exception:
+            for module, buffers in saved_buffers:
+                module._buffers.clear()
+                module._buffers.update(buffers)
+            with torch.no_grad():
+                for p, value in saved_params:
+                    p.copy_(value)
+            raise
         self._after_load()
         self._cache_key = self._current_key()
         return result

@@ -176,6 +176,13 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         >>> post = model.posterior(test_X)
     """
 
+    #: above this many points per batch the posterior covariance stays a lazy operator, so that
+    #: ``.variance`` at many points forms no ``q x q`` matrix (below it a dense one is faster)
+    dense_posterior_max_q: int = 512
+    #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
+    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
+    restart_fit_from_defaults = True
+
     def __init__(
         self,
         train_X: Tensor,
@@ -202,7 +209,7 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                 f"Need 1 <= num_cov_bases <= num_mean_bases, got num_cov_bases={num_cov_bases}, "
                 f"num_mean_bases={num_mean_bases}."
             )
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
@@ -529,6 +536,10 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
         mean = self._mean_at(Xf).reshape(*batch, q)
         V = self._whitened(Xf)  # M_beta x (batch * q)
         Vb = V.reshape(V.shape[0], -1, q)  # M_beta x B x q
+        if q > self.dense_posterior_max_q:  # many points: a lazy covariance (docs/contract.md)
+            Vt = Vb.permute(1, 2, 0).reshape(*batch, q, -1)  # batch x q x M_beta
+            covar = self.covar_module(X) + MatmulLinearOperator(Vt, Vt.transpose(-1, -2)) * -1.0
+            return MultivariateNormal(mean, covar)
         VtV = torch.einsum("mbi,mbj->bij", Vb, Vb).reshape(*batch, q, q)
         covar = self.covar_module(X).to_dense() - VtV
         # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.
@@ -1024,6 +1035,24 @@ class DecoupledSVGP(HeldDataMixin, OnlineModel):
                            options={"maxiter": max_iter}, timeout_sec=timeout_sec)
         finally:
             self.eval()
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""Per point: the exact GP log marginal likelihood of all held data under this model's
+        kernel, mean and noise (plus log priors / n), i.e. the objective of the default fit
+        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, to choose
+        between a warm-started refit and a fit from the defaults."""
+        from bo_online.models.exact import OnlineExactGP
+
+        X, Y = self.train_X, self.train_y.unsqueeze(-1)
+        if self.fixed_noise:
+            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise.unsqueeze(-1),
+                                covar_module=self.covar_module, standardize=False)
+        else:
+            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
+                                standardize=False)
+        sub.mean_module = self.mean_module
+        mll = sub.marginal_log_likelihood(include_priors=False)
+        return mll + self._log_prior() / X.shape[0] if include_priors else mll
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,

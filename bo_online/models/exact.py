@@ -79,7 +79,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         dtype, device = train_X.dtype, train_X.device
         if train_X.dim() != 2:
             raise ValueError(f"train_X must be n x d, got shape {tuple(train_X.shape)}.")
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
@@ -144,7 +144,10 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
     def _train_noise_diag(self) -> Tensor:
         if self.fixed_noise:
             return self.train_noise
-        return self.likelihood.noise.squeeze(-1).expand(self.train_X.shape[:-1])
+        lik = self.likelihood.noise.squeeze(-1).expand(self.train_X.shape[:-1])
+        if self.train_noise is not None:  # points given explicit noise (NaN: the likelihood's)
+            return torch.where(torch.isnan(self.train_noise), lik, self.train_noise)
+        return lik
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
@@ -233,6 +236,14 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         if self.fixed_noise:
             old = self.train_noise.expand(*batch, self.train_noise.shape[-1])
             new_noise = torch.cat([old, point_noise.expand(*batch, X.shape[-2])], dim=-1)
+        elif noise is not None or self.train_noise is not None:
+            # Explicit noise on an inferred-noise model is kept with its points (NaN marks the
+            # points that take the likelihood's noise), so rebuilt caches still hold it.
+            nan = lambda shape: torch.full(shape, float("nan"), **self._dtype_device)  # noqa: E731
+            old = nan(self.train_X.shape[:-1]) if self.train_noise is None else self.train_noise
+            new = nan(X.shape[:-1]) if noise is None else noise
+            old = old.expand(*batch, old.shape[-1])
+            new_noise = torch.cat([old, new.expand(*batch, X.shape[-2])], dim=-1)
         return S_t, L22, new_X, new_noise
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:

@@ -143,5 +143,6 @@ def make_projection(spec: object, in_dim: int) -> nn.Module | None:
                 )
             return TanhProjection(in_dim, out_dim)
     raise ValueError(
-        f"projection must be a module, 'tanh', 'tanh:K' (K = 1, 2 or 3) or 'none'; got {spec!r}."
+        f"projection must be a module, 'tanh', 'tanh:K' (K = 1, 2 or 3), 'none' or (WISKI) "
+        f"'pairs' / 'pairs+tanh'; got {spec!r}."
     )

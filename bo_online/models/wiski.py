@@ -27,10 +27,24 @@ Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed he
 (``train_Yvar`` given: ``D`` the variances in the user's units, ``sigma^2 = 1 / outcome_std^2``
 so that the standardised noise is exactly ``train_Yvar / outcome_std^2``).
 
-Use it for long BO / active-learning runs on d <= 3 inputs (or more through a learned projection
-to k <= 3 features, see :class:`bo_online.models.projection.TanhProjection`), where an exact GP
-becomes too slow. Inputs live in a box (default the unit cube); the grid covers it plus two cells
-of padding on every side, and inputs outside the box are an error.
+Use it for long BO / active-learning runs on d <= 3 inputs, where an exact GP becomes too slow.
+Above 3 inputs the loops' default (``projection="pairs+tanh"``) is an additive model: a sum of
+SKI components on 2-D grids, one per pair of inputs and one on a learned 2-D projection of all
+inputs (:mod:`bo_online.models.additive_grid`). It is still one SKI kernel ``W K W^T`` with a
+block-diagonal ``K``, so everything above holds unchanged. Trade-off: interactions between inputs
+of different pairs are modelled only along the projection's two directions; the projection is
+re-derived from the raw data at each refit (an exact GP on at most 400 points, and a rebuild of
+the statistics), which the loops keep. ``projection="pairs"`` drops the projection component
+(cheaper refits, exact for additive functions, but no better than a constant on a strongly
+coupled stream such as kin40k); ``projection="tanh:K"``
+(:class:`bo_online.models.projection.TanhProjection`) is the projection alone (in BO no better
+than Sobol on several 4-6-D test functions).
+
+The default kernel's lengthscales are bounded below by one grid spacing (``lengthscale_floor``):
+the SKI kernel cannot follow shorter ones, and below it its prior variance oscillates between grid
+nodes, so the acquisition function proposes grid nodes. Inputs live in a box (default the unit
+cube); the grid covers it plus two cells of padding on every side, and inputs outside the box are
+an error.
 """
 
 from __future__ import annotations
@@ -45,7 +59,9 @@ from botorch.models.utils.gpytorch_modules import (
 )
 from botorch.optim.utils import get_parameters_and_bounds
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.priors import GammaPrior
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from linear_operator.operators import DenseLinearOperator
@@ -54,6 +70,12 @@ from typing_extensions import Self
 
 from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vector
 from bo_online.linalg import cholesky_update, psd_cholesky, solve_lower, solve_lower_transpose
+from bo_online.models.additive_grid import (
+    BlockGridKernel,
+    StackedGrid,
+    additive_grid_size,
+    input_groups,
+)
 from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import minimize_loss
 from bo_online.models.projection import make_projection
@@ -66,6 +88,43 @@ _STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2",
 _DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef")
 # Below this many test points per batch the posterior covariance is returned dense.
 _DENSE_COVAR_MAX = 64
+
+
+#: BoTorch's lower lengthscale bound in its default kernel.
+_BOTORCH_MIN_LENGTHSCALE = 2.5e-2
+
+
+def _default_kernel(k: int, floor: float) -> Kernel:
+    r"""BoTorch's RBF-ARD kernel with its dimension-scaled lengthscale prior on ``k`` features,
+    with the lengthscale's lower bound raised to ``floor`` (grid coordinates).
+
+    Why a floor: the SKI kernel ``w_x^T K_UU w_x'`` cannot follow a lengthscale shorter than the
+    grid spacing ``h``. Below it the interpolated prior variance ``w_x^T K_UU w_x`` peaks at the
+    grid nodes and dips between them, so an acquisition function proposes grid nodes and little
+    else (measured: WISKI on 3-D Levy with noise, h = 0.2, fitted lengthscales ~0.08, 20 of 20
+    BO proposals on grid nodes and a regret worse than Sobol's)."""
+    kernel = get_covar_module_with_dim_scaled_prior(ard_num_dims=k)
+    if floor > _BOTORCH_MIN_LENGTHSCALE:
+        init = max(float(kernel.lengthscale_prior.mode), floor)
+        kernel.register_constraint(
+            "raw_lengthscale", GreaterThan(floor, transform=None, initial_value=init)
+        )
+        kernel.lengthscale = init
+    return kernel
+
+
+def _default_additive_kernel(k: int, floors: Sequence[float], sizes: Sequence[int]) -> Kernel:
+    r"""One ``ScaleKernel(_default_kernel(k, floor))`` per component grid, block-diagonal. Each
+    component's outputscale starts at ``1 / J`` (the standardised outcomes' variance shared out)
+    with a ``Gamma(2, J)`` prior (mode ``1 / J``), so that the fit can switch off components the
+    data do not support."""
+    J = len(sizes)
+    parts = []
+    for floor in floors:
+        part = ScaleKernel(_default_kernel(k, floor), outputscale_prior=GammaPrior(2.0, float(J)))
+        part.outputscale = 1.0 / J
+        parts.append(part)
+    return BlockGridKernel(parts, sizes)
 
 
 def default_grid_size(k: int) -> int:
@@ -86,7 +145,9 @@ class WISKI(OnlineModel):
         train_Yvar: optional ``n x 1`` fixed noise variances (user units); then every later
             ``update`` must pass ``noise``.
         grid_size: points per grid dimension (int or one per dimension); default 30 (k <= 2) or
-            10 (k = 3), see :func:`default_grid_size`.
+            10 (k = 3), see :func:`default_grid_size`; for the additive model, per dimension of
+            each component grid, default ~400 grid points in total
+            (:func:`bo_online.models.additive_grid.additive_grid_size`).
         bounds: ``2 x d`` input box (default the unit cube); inputs outside it are an error.
         covar_module: any stationary GPyTorch kernel on the (projected) k-dim inputs; default
             BoTorch's RBF with dimension-scaled lengthscale prior.
@@ -96,10 +157,19 @@ class WISKI(OnlineModel):
             part of the model (the dense SKI reference uses the same matrix).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
             ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
-            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"none"``/``None``; needed
-            when d > 3 (the loops default to ``"tanh:2"`` there, see
-            :meth:`loop_default_options` and :mod:`bo_online.models.projection`).
+            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"pairs"`` (the additive model
+            over consecutive pairs of inputs, as ``additive="pairs"``), or ``"none"``/``None``;
+            one of them is needed when d > 3 (the loops default to ``"pairs"`` there, see
+            :meth:`loop_default_options`).
         input_transform: optional BoTorch input transform.
+        lengthscale_floor: lower bound on the default kernel's lengthscales (grid coordinates):
+            ``"grid"`` (default) one grid spacing (at least BoTorch's 0.025), ``None`` BoTorch's
+            0.025, or a number. Not used with a user's ``covar_module``.
+        additive: groups of input indices (``G x k``, k <= 3, e.g. ``[[0, 1], [2, 3]]``) or
+            ``"pairs"``: model ``f(x) = sum_j f_j(x[g_j])``, one SKI component per group, each
+            on its own k-D grid with its own ``ScaleKernel`` (default kernel: see
+            :func:`_default_additive_kernel`); a user's ``covar_module`` must then be a
+            :class:`bo_online.models.additive_grid.BlockGridKernel`.
 
     Example:
         >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
@@ -121,13 +191,15 @@ class WISKI(OnlineModel):
         grid_jitter: float = 1e-6,
         projection: torch.nn.Module | str | None = None,
         input_transform: Any | None = None,
+        lengthscale_floor: float | str | None = "grid",
+        additive: str | Sequence[Sequence[int]] | None = None,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(
                 f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', type(train_X))}."
             )
         dtype, device = train_X.dtype, train_X.device
-        dim = train_X.shape[-1]
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         if bounds is None:
             bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(dtype=dtype, device=device)
         super().__init__(
@@ -135,14 +207,34 @@ class WISKI(OnlineModel):
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        spec = projection.strip().lower() if isinstance(projection, str) else None
+        if spec in ("pairs", "pairs+tanh"):
+            if additive is not None:
+                raise ValueError(f"Pass either `additive` or projection={spec!r}, not both.")
+            # the additive model over pairs of inputs (plus a learned 2-D projection component)
+            additive, projection = "pairs", ("tanh:2" if spec == "pairs+tanh" else None)
         projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
-        if projection is None:
+        self.input_groups: list[list[int]] | None = None
+        if additive is not None:
+            self.input_groups = input_groups(additive, dim)
+            k, grid_bounds = len(self.input_groups[0]), None
+            if projection is not None:  # one more component: the projection's k features
+                if int(getattr(projection, "out_dim", -1)) != k:
+                    raise ValueError(
+                        f"With `additive` groups of {k} inputs the projection must give {k} "
+                        f"features, got out_dim={getattr(projection, 'out_dim', None)}."
+                    )
+                self._attach_projection(projection, X, train_Y)
+        elif projection is None:
             if dim > 3:
                 raise ValueError(
                     f"WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass projection='tanh' (or "
-                    "'tanh:3', or bo_online.models.projection.TanhProjection(d, out_dim=2)) to "
-                    "learn k <= 3 features (the loops and the CLI do this by default)."
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs+tanh' (a "
+                    "sum of 2-D grids over pairs of inputs and one on a learned projection; the "
+                    "loops and the CLI do this by default), 'pairs' (without the projection) or "
+                    "projection='tanh' (or 'tanh:3', or "
+                    "bo_online.models.projection.TanhProjection(d, out_dim=2)) to learn k <= 3 "
+                    "features."
                 )
             k, grid_bounds = dim, self.input_bounds
         else:
@@ -150,22 +242,27 @@ class WISKI(OnlineModel):
             if not 1 <= k <= 3:
                 raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
             grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
-            self.projection = projection.to(dtype=dtype, device=device)
-            if getattr(projection, "needs_data_init", False) and X.shape[0] >= dim + 2:
-                projection.init_from_data(X, train_Y)  # see projection.py: random maps fail
-            elif (
-                X.shape[0] > 1
-                and hasattr(projection, "set_normalisation")
-                and not getattr(projection, "normalised", False)  # keep a fitted map as it is
-            ):
-                projection.set_normalisation(X)  # batch norm statistics of the initial data
+            self._attach_projection(projection, X, train_Y)
         self.num_features = k
         if grid_size is None:
-            grid_size = default_grid_size(k)
+            groups = self.input_groups
+            J = 0 if groups is None else len(groups) + int(hasattr(self, "projection"))
+            grid_size = default_grid_size(k) if groups is None else additive_grid_size(J, k)
         sizes = [int(grid_size)] * k if isinstance(grid_size, int) else [int(g) for g in grid_size]
         if len(sizes) != k:
             raise ValueError(f"grid_size must give {k} sizes (one per feature), got {sizes}.")
-        self.grid = RegularGrid(sizes, grid_bounds, dtype=dtype, device=device)
+        if self.input_groups is None:
+            self.grid = RegularGrid(sizes, grid_bounds, dtype=dtype, device=device)
+        else:  # one k-D grid per group of inputs, over the input box's faces
+            grids = [
+                RegularGrid(sizes, self.input_bounds[:, g], dtype=dtype, device=device)
+                for g in self.input_groups
+            ]
+            if hasattr(self, "projection"):  # and one over the projection's (-1, 1)^k
+                box = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
+                grids.append(RegularGrid(sizes, box, dtype=dtype, device=device))
+            self.grid = StackedGrid(grids)
+            self.num_features = self.grid.dim
         self.grid_jitter = float(grid_jitter)
         if standardize and train_Y.shape[0] > 1:
             std = train_Y.std(dim=0)
@@ -174,7 +271,15 @@ class WISKI(OnlineModel):
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
-        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=k)
+        self.lengthscale_floor = self._lengthscale_floor(lengthscale_floor, covar_module)
+        if covar_module is None and self.input_groups is not None:
+            floors = [
+                max(self.lengthscale_floor, float(g.spacing.min()))
+                if lengthscale_floor == "grid" else self.lengthscale_floor
+                for g in self.grid.grids
+            ]  # each component's own grid spacing
+            covar_module = _default_additive_kernel(k, floors, self.grid.sizes_per_grid)
+        self.covar_module = covar_module or _default_kernel(k, self.lengthscale_floor)
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
         self.to(dtype=dtype, device=device)
@@ -200,11 +305,45 @@ class WISKI(OnlineModel):
         with torch.no_grad():
             self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
 
+    def _lengthscale_floor(self, spec: float | str | None, covar_module: Kernel | None) -> float:
+        r"""The default kernel's lower lengthscale bound (in grid coordinates): ``"grid"`` -- one
+        grid spacing (the smallest over dimensions) or BoTorch's 0.025, whichever is larger;
+        ``None`` -- BoTorch's 0.025; a positive number -- that bound."""
+        if isinstance(spec, str) and spec == "grid":
+            return max(_BOTORCH_MIN_LENGTHSCALE, float(self.grid.spacing.min()))
+        if spec is None:
+            return _BOTORCH_MIN_LENGTHSCALE
+        if isinstance(spec, str) or not float(spec) > 0:
+            raise ValueError(
+                f"lengthscale_floor must be 'grid', None or a positive number, got {spec!r}."
+            )
+        if covar_module is not None:
+            raise ValueError(
+                "lengthscale_floor applies to the default kernel only; set the lengthscale "
+                "constraint of your own covar_module instead."
+            )
+        return float(spec)
+
+    def _attach_projection(self, projection: torch.nn.Module, X: Tensor, Y: Tensor) -> None:
+        r"""Keep ``projection`` (moved to the model's dtype/device) and initialise it on the
+        initial data: from data where it asks for it (``d + 2`` points at least), else its batch
+        norm statistics, unless it is already normalised (a fitted map is kept as it is)."""
+        self.projection = projection.to(dtype=X.dtype, device=X.device)
+        if getattr(projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+            projection.init_from_data(X, Y)  # see projection.py: random maps fail
+        elif (
+            X.shape[0] > 1
+            and hasattr(projection, "set_normalisation")
+            and not getattr(projection, "normalised", False)
+        ):
+            projection.set_normalisation(X)  # batch norm statistics of the initial data
+
     @classmethod
     def loop_default_options(cls, dim: int) -> dict[str, Any]:
-        r"""Constructor options the loops (and so the CLI) use unless the user gives them: a
-        learned, data-initialised projection to 2 features above 3 inputs."""
-        return {"projection": "tanh:2"} if dim > 3 else {}
+        r"""Constructor options the loops (and so the CLI) use unless the user gives them: above
+        3 inputs an additive model over pairs of inputs plus one component on a learned 2-D
+        projection (``projection="pairs+tanh"``, see :mod:`bo_online.models.additive_grid`)."""
+        return {"projection": "pairs+tanh"} if dim > 3 else {}
 
     # ------------------------------------------------------------------ small helpers
 
@@ -240,11 +379,16 @@ class WISKI(OnlineModel):
 
     def _features(self, X: Tensor) -> Tensor:
         """Grid coordinates of (transformed, validated) inputs: identity or the projection."""
+        features = []
+        if self.input_groups is not None:  # additive: the groups' inputs side by side
+            features.append(X[..., [i for g in self.input_groups for i in g]])
         if hasattr(self, "projection"):
             if self.projection.training and not getattr(self, "_fitting_projection", False):
                 self.projection.eval()  # a fixed map except while it is being learned
-            return self.projection(X)
-        return X
+            features.append(self.projection(X))
+        if not features:
+            return X
+        return features[0] if len(features) == 1 else torch.cat(features, -1)
 
     def _interp(self, X: Tensor) -> tuple[Tensor, Tensor]:
         return self.grid.interpolate(self._features(X))
@@ -334,11 +478,41 @@ class WISKI(OnlineModel):
 
     # ------------------------------------------------------------------ caches
 
+    def _block_sizes(self, active: Tensor | None = None) -> list[int] | None:
+        r"""Sizes of the diagonal blocks of ``K_UU`` (restricted to the ``active`` grid points,
+        which are sorted) for the additive model; None for a single grid."""
+        if self.input_groups is None:
+            return None
+        sizes = self.grid.sizes_per_grid
+        if active is None:
+            return list(sizes)
+        comp = torch.repeat_interleave(
+            torch.arange(len(sizes), device=active.device),
+            torch.tensor(sizes, device=active.device),
+        )
+        return torch.bincount(comp[active], minlength=len(sizes)).tolist()
+
+    @staticmethod
+    def _root_and_gram(
+        K: Tensor, G: Tensor, sizes: list[int] | None
+    ) -> tuple[Tensor, Tensor]:
+        r"""``R`` (``R R^T = K``, lower) and ``R^T G R``. For a block-diagonal ``K`` (the additive
+        model, diagonal blocks of ``sizes``) ``R`` is the block-diagonal of the blocks' Cholesky
+        factors (which is the Cholesky factor of ``K``) and both products go block by block:
+        ``2 m^3 / J`` flops instead of ``2 m^3``."""
+        if sizes is None or len(sizes) == 1:
+            R = psd_cholesky(K)
+            return R, R.mT @ G @ R
+        starts = [sum(sizes[:j]) for j in range(len(sizes))]
+        roots = [psd_cholesky(K[a:a + b, a:a + b]) for a, b in zip(starts, sizes)]
+        GR = torch.cat([G[:, a:a + b] @ Rb for a, b, Rb in zip(starts, sizes, roots)], -1)
+        RtGR = torch.cat([Rb.mT @ GR[a:a + b] for a, b, Rb in zip(starts, sizes, roots)], 0)
+        return torch.block_diag(*roots), RtGR
+
     def _rebuild_caches(self) -> None:
-        R = psd_cholesky(self._grid_kernel())
+        R, A = self._root_and_gram(self._grid_kernel(), self.G, self._block_sizes())
         sigma2 = self._sigma2()
         m = R.shape[-1]
-        A = R.mT @ self.G @ R
         A = A + sigma2 * torch.eye(m, dtype=A.dtype, device=A.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
         z_r, _ = self._residual_stats()
@@ -823,11 +997,13 @@ class WISKI(OnlineModel):
         # The kernel is evaluated on the whole grid and then restricted, so the entries are
         # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
         K = self._grid_kernel()
-        R = psd_cholesky(K if full else K[active][:, active])
         G = G if full else G[active][:, active]
+        R, A = self._root_and_gram(
+            K if full else K[active][:, active], G, self._block_sizes(None if full else active)
+        )
         sigma2 = self._sigma2()
         m = R.shape[-1]
-        A = R.mT @ G @ R + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
+        A = A + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
         beta, sd = self._offset(), self.outcome_std.reshape(())
         z_r = (stats["z"] - beta * stats["h"]) / sd

@@ -1,0 +1,787 @@
+r"""Every row of ``docs/contract.md``, checked for every surrogate in ``surrogates.SURROGATES``
+against a dense reference computed by hand (float64, CPU, seeded, small n).
+
+A new surrogate is covered by adding it to that one list.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from botorch.acquisition.objective import ScalarizedPosteriorTransform
+from botorch.fit import fit_gpytorch_mll
+from botorch.models.transforms.input import FilterFeatures, InteractionFeatures, Normalize
+from botorch.sampling import SobolQMCNormalSampler
+from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
+from linear_operator.operators import DenseLinearOperator
+
+from surrogates import (
+    SURROGATES,
+    assert_close,
+    ids,
+    latent,
+    reference,
+    reference_conditioned,
+    same_state,
+    tensor_state,
+)
+
+DT = torch.float64
+D = 2  # input dimension of most rows (every surrogate takes it without extra options)
+N0, Q = 12, 3  # initial points, points per conditioning
+
+surrogates = pytest.mark.parametrize("s", SURROGATES, ids=ids())
+dims = pytest.mark.parametrize("d", [D, 4], ids=["d2", "d4"])
+noise_kinds = pytest.mark.parametrize("fixed", [False, True], ids=["inferred", "fixed"])
+
+
+def _skip_unsupported(s, fixed: bool) -> None:
+    if fixed and not s.fixed_noise:
+        pytest.skip(f"{s.name} has no fixed-noise variant: {s.reasons.get('fixed_noise', '')}")
+
+
+def _test_points(n: int = 5, d: int = D, seed: int = 99, batch: tuple[int, ...] = ()):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*batch, n, d, generator=g, dtype=DT)
+
+
+def _block(t: torch.Tensor, b: int, q: int) -> torch.Tensor:
+    """Batch ``b`` of a stacked reference (``(B q)`` mean or ``(B q) x (B q)`` covariance)."""
+    sl = slice(b * q, (b + 1) * q)
+    return t[sl] if t.dim() == 1 else t[sl, sl]
+
+
+# ------------------------------------------------------------------ posterior
+
+
+@surrogates
+@noise_kinds
+@dims
+def test_posterior_shapes_and_units_match_dense_reference(s, fixed, d):
+    """posterior(): ``q x d`` and ``b x q x d`` inputs, latent and with observation noise (True:
+    the likelihood's noise, or the mean training noise for fixed noise, as BoTorch; a tensor:
+    standardised units), in the user's outcome units."""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, d, seed=0, fixed=fixed)
+    model = s.make(X, Y, Yvar)
+    B, q = 3, 4
+    Xt = _test_points(q, d=d, batch=(B,))
+    mean_ref, cov_ref = reference(s, model, X, Y, Yvar, Xt.reshape(-1, d))
+    std2 = model.outcome_std.reshape(()) ** 2
+    if s.observation_noise_at is not None:  # depends on the latent mean (standardised)
+        f = (mean_ref - model.outcome_mean) / model.outcome_std
+        noise_std = s.observation_noise_at(model, f)
+    elif fixed:
+        noise_std = (Yvar / std2).mean().expand(B * q)
+    else:
+        noise_std = s.noise_of(model).expand(B * q)
+    given = torch.linspace(0.01, 0.05, B * q, dtype=DT).reshape(B, q, 1)  # standardised
+    for obs in (False, True, given):
+        for Xq, batch in ((Xt[1], ()), (Xt, (B,))):
+            o = obs if not isinstance(obs, torch.Tensor) else (obs if batch else obs[1])
+            post = model.posterior(Xq, observation_noise=o)
+            assert post.mean.shape == torch.Size([*batch, q, 1])
+            assert post.variance.shape == torch.Size([*batch, q, 1])
+            cov = post.covariance_matrix
+            assert cov.shape == torch.Size([*batch, q, q])
+            for b in range(B) if batch else [1]:
+                m_b = post.mean[b] if batch else post.mean
+                c_b = cov[b] if batch else cov
+                add = torch.zeros(q, dtype=DT)
+                if obs is True:
+                    add = _block(noise_std, b, q)
+                elif isinstance(obs, torch.Tensor):
+                    add = given[b].squeeze(-1)
+                expect = _block(cov_ref, b, q) + torch.diag(add * std2)
+                assert_close(m_b.squeeze(-1), _block(mean_ref, b, q), s.tol, f"mean obs={obs!r:.5}")
+                assert_close(c_b, expect, s.tol, f"covariance obs={obs!r:.5}")
+    # output_indices=[0] is the whole posterior; anything else is refused
+    post = model.posterior(Xt, output_indices=[0])
+    assert_close(post.mean.squeeze(-1), mean_ref.reshape(B, q), s.tol, "output_indices=[0]")
+    for bad in ([1], [], [0, 1]):
+        with pytest.raises(ValueError):
+            model.posterior(Xt, output_indices=bad)
+    # a posterior transform is applied last, in the user's units
+    post = model.posterior(
+        Xt, posterior_transform=ScalarizedPosteriorTransform(torch.tensor([-2.0], dtype=DT))
+    )
+    assert_close(post.mean.squeeze(-1), -2 * mean_ref.reshape(B, q), s.tol, "scalarised mean")
+    var_ref = 4 * cov_ref.diagonal().reshape(B, q)
+    assert_close(post.variance.squeeze(-1), var_ref, s.tol, "scalarised variance")
+
+
+@surrogates
+def test_variance_at_many_points_is_lazy(s, request):
+    """.variance at many points (one batch of q = 1000) equals the dense diagonal, and the
+    covariance is a lazy operator (no q x q matrix is formed to get it)."""
+    if not s.lazy_covariance:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=s.reasons["lazy_covariance"]))
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    Xm = _test_points(1000, seed=5)
+    post = model.posterior(Xm)
+    _, cov_m = reference(s, model, X, Y, None, Xm)
+    assert_close(post.variance.squeeze(-1).detach(), cov_m.diagonal(), s.tol, "variance")
+    covar = post.distribution.lazy_covariance_matrix
+    assert not isinstance(covar, DenseLinearOperator), type(covar).__name__
+
+
+# ------------------------------------------------------------------ conditioning
+
+
+def _rebuild(s, parent, X, Y, Yvar):
+    r"""A model built on all data with the parent's hyperparameters and outcome scaling: the
+    data standardised by the parent's scaling, the model's own standardisation off."""
+    mu, sd = parent.outcome_mean, parent.outcome_std
+    Yvar_s = None if Yvar is None else Yvar / sd**2
+    return s.make(X, (Y - mu) / sd, Yvar_s, template=parent, standardize=False), mu, sd
+
+
+@surrogates
+@noise_kinds
+@dims
+def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
+    """condition_on_observations (standardised noise) == update (user-unit noise) == a model built
+    on all data with the same hyperparameters and scaling == the dense reference on all data;
+    conditioning a conditioned model == conditioning once on both batches."""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, d, seed=0, fixed=fixed)
+    Xn, Yn, Nn = s.data(Q, d, seed=1, fixed=fixed)
+    Xm, Ym, Nm = s.data(2, d, seed=2, fixed=fixed)
+    Xt = _test_points(d=d)
+    parent = s.make(X, Y, Yvar)
+    std2 = parent.outcome_std**2
+    cond = parent.condition_on_observations(Xn, Yn, noise=None if Nn is None else Nn / std2)
+    assert type(cond) is type(parent)
+    upd = s.make(X, Y, Yvar)
+    assert upd.update(Xn, Yn, Nn) is upd
+    mean_ref, cov_ref = reference_conditioned(s, parent, X, Y, Yvar, [(Xn, Yn, Nn)], Xt)
+    m_c, C_c = latent(cond, Xt)
+    m_u, C_u = latent(upd, Xt)
+    results = {"condition": (m_c, C_c), "update": (m_u, C_u)}
+    if s.conditioning == "rebuild":
+        Xa, Ya = torch.cat([X, Xn]), torch.cat([Y, Yn])
+        Va = None if Yvar is None else torch.cat([Yvar, Nn])
+        reb, mu, sd = _rebuild(s, parent, Xa, Ya, Va)
+        m_r, C_r = latent(reb, Xt)
+        results["rebuild"] = (m_r * sd + mu, C_r * sd**2)
+    for name, (m, C) in results.items():
+        assert_close(m, mean_ref, s.tol, f"{name} mean vs dense")
+        assert_close(C, cov_ref, s.tol, f"{name} covariance vs dense")
+    assert_close(m_c, m_u, s.tol, "condition vs update")
+    assert_close(C_c, C_u, s.tol, "condition vs update")
+    # a batch of candidate sets (b x q x d, Y b x q x 1): each equals its own conditioning
+    Xs = torch.stack([Xn, Xn.flip(0) * 0.9])
+    Ys = torch.stack([Yn, Yn.flip(0)])
+    Ns = None if Nn is None else torch.stack([Nn, Nn.flip(0)]) / std2
+    batched = parent.condition_on_observations(Xs, Ys, noise=Ns)
+    assert batched.batch_shape == torch.Size([2])
+    m_b, C_b = latent(batched, Xt.expand(2, *Xt.shape))
+    for j in range(2):
+        Nj = None if Nn is None else Ns[j] * std2
+        mean_j, cov_j = reference_conditioned(s, parent, X, Y, Yvar, [(Xs[j], Ys[j], Nj)], Xt)
+        assert_close(m_b[j], mean_j, s.tol, f"batched conditioning {j} mean")
+        assert_close(C_b[j], cov_j, s.tol, f"batched conditioning {j} covariance")
+    # chained conditioning == once on both batches == dense on everything
+    chained = cond.condition_on_observations(Xm, Ym, noise=None if Nm is None else Nm / std2)
+    both = parent.condition_on_observations(
+        torch.cat([Xn, Xm]), torch.cat([Yn, Ym]),
+        noise=None if Nn is None else torch.cat([Nn, Nm]) / std2,
+    )
+    mean_ref2, cov_ref2 = reference_conditioned(
+        s, parent, X, Y, Yvar, [(Xn, Yn, Nn), (Xm, Ym, Nm)], Xt
+    )
+    refs = {"chained": (mean_ref2, cov_ref2), "both": (mean_ref2, cov_ref2)}
+    if not s.chain_equals_batch:  # each against its own reference (see the surrogate's reason)
+        N_both = None if Nn is None else torch.cat([Nn, Nm])
+        batch = (torch.cat([Xn, Xm]), torch.cat([Yn, Ym]), N_both)
+        refs["both"] = reference_conditioned(s, parent, X, Y, Yvar, [batch], Xt)
+    for name, mdl in {"chained": chained, "both": both}.items():
+        m, C = latent(mdl, Xt)
+        assert_close(m, refs[name][0], s.tol, f"{name} mean vs dense")
+        assert_close(C, refs[name][1], s.tol, f"{name} covariance vs dense")
+    # a second in-place update continues from the first
+    upd.update(Xm, Ym, Nm)
+    m, C = latent(upd, Xt)
+    assert_close(m, mean_ref2, s.tol, "second update mean")
+    assert_close(C, cov_ref2, s.tol, "second update covariance")
+
+
+@surrogates
+def test_long_stream_of_updates_matches_dense_reference(s):
+    """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
+    drift of the incrementally updated factors."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xs, Ys, _ = s.data(40, D, seed=11)
+    Xt = _test_points()
+    model = s.make(X, Y)
+    twin = s.make(X, Y)  # untouched, for the reference's hyperparameters and scaling
+    for i in range(40):
+        model.update(Xs[i : i + 1], Ys[i : i + 1])
+    mean_ref, cov_ref = reference_conditioned(
+        s, twin, X, Y, None, [(Xs[i : i + 1], Ys[i : i + 1], None) for i in range(40)], Xt
+    )
+    m, C = latent(model, Xt)
+    assert_close(m, mean_ref, 10 * s.tol, "mean after 40 updates")
+    assert_close(C, cov_ref, 10 * s.tol, "covariance after 40 updates")
+
+
+@surrogates
+def test_explicit_noise_on_an_inferred_noise_model(s):
+    """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
+    noise (standardised), the dense reference with those per-point noises, and kept by the
+    model's statistics (a cache rebuild with the same hyperparameters changes nothing)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Nn = torch.linspace(0.05, 0.3, Q, dtype=DT).unsqueeze(-1)  # user units
+    Xt = _test_points()
+    model = s.make(X, Y)
+    if not s.explicit_noise_when_inferred:
+        latent(model, Xt)  # (caches built: a lazy first build is not a change of state)
+        before = tensor_state(model)
+        with pytest.raises(ValueError):
+            model.update(Xn, Yn, Nn)
+        assert same_state(before, tensor_state(model)) == []
+        return
+    std2 = model.outcome_std**2
+    cond = model.condition_on_observations(Xn, Yn, noise=Nn / std2)
+    mean_ref, cov_ref = reference_conditioned(s, model, X, Y, None, [(Xn, Yn, Nn)], Xt)
+    model.update(Xn, Yn, Nn)
+    for name, mdl in {"condition": cond, "update": model}.items():
+        for rebuilt in (False, True):
+            if rebuilt:
+                mdl.invalidate_caches()
+            m, C = latent(mdl, Xt)
+            assert_close(m, mean_ref, s.tol, f"{name} mean (caches rebuilt: {rebuilt})")
+            assert_close(C, cov_ref, s.tol, f"{name} covariance (caches rebuilt: {rebuilt})")
+
+
+@surrogates
+def test_conditioning_leaves_parent_untouched_and_child_independent(s):
+    """The original is untouched by conditioning, shares its hyperparameter modules with the
+    child, and the child does not change when the parent is later updated in place."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Xt = _test_points()
+    parent = s.make(X, Y)
+    parent0 = s.make(X, Y)  # an untouched twin, for the dense reference
+    m0, C0 = latent(parent, Xt)  # caches built
+    before = tensor_state(parent)
+    child = parent.condition_on_observations(Xn, Yn)
+    assert same_state(before, tensor_state(parent)) == []
+    m1, C1 = latent(parent, Xt)
+    # (equal up to rounding: a model may cache a factor root on the first conditioning and
+    # predict through it afterwards)
+    assert_close(m1, m0, 1e-12, "parent mean after conditioning")
+    assert_close(C1, C0, 1e-12, "parent covariance after conditioning")
+    for name, module in parent.named_children():
+        if any(True for _ in module.parameters()):  # hyperparameter modules are shared
+            assert getattr(child, name) is module, name
+    mc, Cc = latent(child, Xt)
+    child_state = tensor_state(child)
+    for seed in (3, 4):  # later in-place updates of the parent
+        Xu, Yu, _ = s.data(2, D, seed=seed)
+        parent.update(Xu, Yu)
+    # loading another state (the same hyperparameters, other data) into the parent does not
+    # reach the child through shared buffers
+    parent.load_state_dict(s.make(X[:4], Y[:4], template=parent).state_dict())
+    assert same_state(child_state, tensor_state(child)) == []
+    mc2, Cc2 = latent(child, Xt)
+    assert_close(mc2, mc, 1e-12, "child mean after parent updates")
+    assert_close(Cc2, Cc, 1e-12, "child covariance after parent updates")
+    mean_ref, cov_ref = reference_conditioned(s, parent0, X, Y, None, [(Xn, Yn, None)], Xt)
+    assert_close(mc2, mean_ref, s.tol, "child mean vs dense after parent updates")
+    assert_close(Cc2, cov_ref, s.tol, "child covariance vs dense after parent updates")
+    if s.exact_in_hyperparameters:
+        # A refit of the parent moves the shared hyperparameters: the child follows them from
+        # its own data and scaling (the parent's restandardisation does not reach it).
+        parent.fit(max_iter=5)
+        mc3, Cc3 = latent(child, Xt)
+        mean_ref, cov_ref = reference_conditioned(s, child, X, Y, None, [(Xn, Yn, None)], Xt)
+        assert_close(mc3, mean_ref, 10 * s.tol, "child mean after a parent refit")
+        assert_close(Cc3, cov_ref, 10 * s.tol, "child covariance after a parent refit")
+
+
+@surrogates
+@noise_kinds
+def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
+    """fantasize: ``sample x batch`` fantasy models; every fantasy equals the dense posterior on
+    the data plus that fantasy's Y; the covariance does not depend on Y; fixed-noise models
+    default to the mean training noise, as BoTorch."""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=fixed)
+    model = s.make(X, Y, Yvar)
+    std2 = model.outcome_std**2
+    S, B, q = 4, 3, 2
+    Xf = _test_points(q, seed=7, batch=(B,))
+    sampler = SobolQMCNormalSampler(torch.Size([S]), seed=0)
+    latent(model, Xf[0])  # caches built
+    before = tensor_state(model)
+    fm = model.fantasize(Xf, sampler)
+    assert same_state(before, tensor_state(model)) == [], "fantasize changed the model"
+    assert fm.batch_shape == torch.Size([S, B])
+    Xt = _test_points(5, seed=8, batch=(B,))
+    post = fm.posterior(Xt)
+    assert post.mean.shape == torch.Size([S, B, 5, 1])
+    cov = post.covariance_matrix.detach()
+    assert cov.shape == torch.Size([S, B, 5, 5])
+    # a q x d input broadcasts over the fantasy batch; observation noise keeps the shapes
+    shared = fm.posterior(Xt[1])
+    assert shared.mean.shape == torch.Size([S, B, 5, 1])
+    assert_close(shared.mean[:, 1], post.mean[:, 1], 1e-10, "q x d input to a fantasy model")
+    noisy = fm.posterior(Xt, observation_noise=True)
+    assert noisy.variance.shape == torch.Size([S, B, 5, 1])
+    assert bool((noisy.variance > post.variance).all())
+    # The fantasy Y: the same sampler (fixed base samples) on the same posterior.
+    noise_s = None if not fixed else (Yvar / std2).mean().reshape(1, 1).expand(B, q, 1)
+    if s.fantasy_Y is not None:
+        Yf = s.fantasy_Y(model, Xf, sampler)
+    else:
+        obs = True if noise_s is None else noise_s
+        with torch.no_grad():
+            Yf = sampler(model.posterior(Xf, observation_noise=obs))
+    assert Yf.shape == torch.Size([S, B, q, 1])
+    noise_user = None if not fixed else (noise_s * std2)
+    for b in range(B):
+        Nb = None if not fixed else noise_user[b]
+        for j in range(S):
+            mean_ref, cov_ref = reference_conditioned(
+                s, model, X, Y, Yvar, [(Xf[b], Yf[j, b], Nb)], Xt[b]
+            )
+            assert_close(post.mean[j, b].squeeze(-1), mean_ref, 10 * s.tol, f"fantasy {j},{b} mean")
+            assert_close(cov[j, b], cov_ref, 10 * s.tol, f"fantasy {j},{b} covariance")
+            if s.fantasy_covariance_independent_of_Y:
+                assert_close(cov[j, b], cov[0, b], 1e-12, "covariance differs between fantasies")
+    if s.fantasy_covariance_independent_of_Y:
+        # Conditioning on any other Y (zeros) gives the same covariance.
+        other = model.condition_on_observations(
+            Xf, torch.zeros(B, q, 1, dtype=DT), noise=noise_s
+        )
+        _, C0 = latent(other, Xt)
+        assert_close(C0, cov[0], 10 * s.tol, "covariance with Y = 0")
+
+
+@surrogates
+def test_fantasy_factorisations_are_shared_by_the_samples(s):
+    """condition_on_observations with leading fantasy-sample dims does the Y-independent work
+    once: no Cholesky factorisation during fantasize (and the fantasy posterior) carries the
+    sample dimension, for a batch of 3 candidate sets and 5 samples."""
+    if not s.fantasy_covariance_independent_of_Y:
+        pytest.skip(s.reasons["fantasy_covariance_independent_of_Y"])
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    latent(model, _test_points())  # the parent's caches exist before fantasising
+    S, B = 5, 3
+    Xf = _test_points(2, seed=7, batch=(B,))
+    shapes: list[torch.Size] = []
+    chol, chol_ex = torch.linalg.cholesky, torch.linalg.cholesky_ex
+
+    def record(fn):
+        def wrapped(A, *args, **kwargs):
+            shapes.append(A.shape)
+            return fn(A, *args, **kwargs)
+        return wrapped
+
+    with mock.patch("torch.linalg.cholesky", record(chol)), mock.patch(
+        "torch.linalg.cholesky_ex", record(chol_ex)
+    ):
+        fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([S]), seed=0))
+        post = fm.posterior(_test_points(4, seed=8, batch=(B,)))
+        post.mean, post.covariance_matrix
+    assert fm.batch_shape == torch.Size([S, B])
+    per_sample = [tuple(sh) for sh in shapes if S in sh[:-2]]
+    assert per_sample == [], f"factorisations repeated per fantasy sample: {per_sample}"
+
+
+# ------------------------------------------------------------------ state
+
+
+class _Counter:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+@surrogates
+@noise_kinds
+def test_state_dict_round_trip_restores_caches_without_refactorisation(s, fixed):
+    """state_dict carries the caches; load_state_dict into a fresh (smaller) model resizes the
+    grown buffers and gives the same posterior bit for bit, without rebuilding any cache."""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=fixed)
+    model = s.make(X, Y, Yvar)
+    for seed in (1, 2):
+        Xn, Yn, Nn = s.data(Q, D, seed=seed, fixed=fixed)
+        model.update(Xn, Yn, Nn)
+    Xt = _test_points()
+    m0, C0 = latent(model, Xt)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh = s.make(X[:5], Y[:5], None if Yvar is None else Yvar[:5])
+    counter = _Counter(fresh._rebuild_caches)
+    fresh._rebuild_caches = counter  # instance attribute: every rebuild goes through it
+    fresh.load_state_dict(state)
+    loaded = fresh.state_dict()
+    assert loaded.keys() == state.keys()
+    for k, v in state.items():
+        assert loaded[k].shape == v.shape and torch.equal(loaded[k], v), k
+    m1, C1 = latent(fresh, Xt)
+    assert counter.calls == 0, "load_state_dict / posterior refactorised the caches"
+    assert torch.equal(m0, m1) and torch.equal(C0, C1)
+    # and the loaded model goes on like the original
+    Xn, Yn, Nn = s.data(Q, D, seed=3, fixed=fixed)
+    model.update(Xn, Yn, Nn)
+    fresh.update(Xn, Yn, Nn)
+    assert counter.calls == 0
+    m2, C2 = latent(model, Xt)
+    m3, C3 = latent(fresh, Xt)
+    assert_close(m3, m2, 1e-12, "mean after a further update")
+    assert_close(C3, C2, 1e-12, "covariance after a further update")
+    # an earlier state (before any update: fewer and absent caches) loads into the grown model
+    first = s.make(X, Y, Yvar)
+    m4, C4 = latent(first, Xt)
+    model.load_state_dict(first.state_dict())
+    m5, C5 = latent(model, Xt)
+    assert torch.equal(m4, m5) and torch.equal(C4, C5)
+
+
+@surrogates
+def test_load_state_dict_failure_leaves_state_unchanged(s):
+    """A state that does not fit (a key missing, or another surrogate's) raises and leaves every
+    buffer and parameter of the model as it was."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(Q, D, seed=1))
+    Xt = _test_points()
+    m0, C0 = latent(model, Xt)
+    before = tensor_state(model)
+    good = s.make(X[:6], Y[:6], template=model).state_dict()
+    param = next(k for k, _ in model.named_parameters())
+    other = next(o for o in SURROGATES if type(o.make(*o.data(3, D, 0)[:2])) is not type(model))
+    for bad in (
+        {k: v for k, v in good.items() if k != param},
+        other.make(*other.data(N0, D, seed=0)[:2]).state_dict(),
+    ):
+        with pytest.raises(RuntimeError):
+            model.load_state_dict(bad)
+        assert same_state(before, tensor_state(model)) == []
+    m1, C1 = latent(model, Xt)
+    assert torch.equal(m0, m1) and torch.equal(C0, C1)
+
+
+def _bad_inputs(fixed: bool):
+    r"""(name, X, Y, noise) triples every entry point must refuse (``q x d`` shapes)."""
+    x = torch.full((2, D), 0.5, dtype=DT)
+    y = torch.ones(2, 1, dtype=DT)
+    n = torch.full((2, 1), 0.02, dtype=DT) if fixed else None
+    nan_x = x.clone()
+    nan_x[0, 1] = float("nan")
+    inf_y = y.clone()
+    inf_y[1, 0] = float("inf")
+    return [
+        ("nan X", nan_x, y, n),
+        ("inf X", x.clone().fill_(float("inf")), y, n),
+        ("inf Y", x, inf_y, n),
+        ("nan Y", x, torch.full_like(y, float("nan")), n),
+        ("X width", torch.full((2, D + 1), 0.5, dtype=DT), y, n),
+        ("rows of Y", x, torch.ones(3, 1, dtype=DT), n),
+        ("Y columns", x, torch.ones(2, 2, dtype=DT), n),
+        ("negative noise", x, y, torch.tensor([[0.02], [-0.01]], dtype=DT)),
+        ("nan noise", x, y, torch.tensor([[0.02], [float("nan")]], dtype=DT)),
+        ("noise shape", x, y, torch.full((3, 1), 0.02, dtype=DT)),
+        ("1-D X", torch.full((D,), 0.5, dtype=DT), y[:1], None if n is None else n[:1]),
+        ("outside the bounds", torch.tensor([[0.5, 1.2], [0.5, 0.5]], dtype=DT), y, n),
+    ]
+
+
+@surrogates
+@noise_kinds
+def test_bad_input_raises_value_error_and_leaves_state_unchanged(s, fixed):
+    """update / condition_on_observations / posterior refuse NaN/inf, wrong shapes and negative
+    noise with a ValueError, and every buffer and parameter is unchanged afterwards."""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=fixed)
+    unit_cube = torch.stack([torch.zeros(D, dtype=DT), torch.ones(D, dtype=DT)])
+    model = s.make(X, Y, Yvar, bounds=unit_cube)
+    model.update(*s.data(2, D, seed=1, fixed=fixed))
+    Xt = _test_points()
+    m0, C0 = latent(model, Xt)
+    before = tensor_state(model)
+    for name, Xb, Yb, nb in _bad_inputs(fixed):
+        with pytest.raises(ValueError):
+            model.update(Xb, Yb, nb)
+        assert same_state(before, tensor_state(model)) == [], f"update({name}) changed the state"
+        with pytest.raises(ValueError):
+            model.condition_on_observations(Xb, Yb, nb)
+        assert same_state(before, tensor_state(model)) == [], f"condition({name}) changed the state"
+    if fixed:  # a fixed-noise model needs the noise of new points
+        with pytest.raises(ValueError, match="noise"):
+            model.update(torch.full((1, D), 0.5, dtype=DT), torch.ones(1, 1, dtype=DT))
+    with pytest.raises(ValueError):  # update is for q x d, not batches
+        model.update(torch.full((2, 1, D), 0.5, dtype=DT), torch.ones(2, 1, 1, dtype=DT))
+    for bad_X in (torch.full((3, D), float("nan"), dtype=DT), torch.rand(3, D + 1, dtype=DT),
+                  torch.rand(D, dtype=DT), torch.full((3, D), -0.5, dtype=DT)):
+        with pytest.raises(ValueError):
+            model.posterior(bad_X)
+    with pytest.raises(ValueError):  # a negative observation-noise tensor
+        model.posterior(Xt, observation_noise=-torch.ones(5, 1, dtype=DT))
+    with pytest.raises(ValueError):  # one of the wrong shape
+        model.posterior(Xt, observation_noise=torch.full((7, 1), 0.01, dtype=DT))
+    assert same_state(before, tensor_state(model)) == []
+    m1, C1 = latent(model, Xt)
+    assert torch.equal(m0, m1) and torch.equal(C0, C1)
+
+
+@surrogates
+def test_constructor_refuses_bad_data(s):
+    """The constructor validates its data like every other entry point."""
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=s.fixed_noise)
+    nan_X = X.clone()
+    nan_X[3, 0] = float("nan")
+    inf_Y = Y.clone()
+    inf_Y[2, 0] = float("inf")
+    cases = [(nan_X, Y, None), (X, inf_Y, None), (X, Y[:-1], None), (X[:, 0], Y, None)]
+    if s.fixed_noise:
+        cases += [(X, Y, -Yvar), (X, Y, Yvar[:-1])]
+    for Xb, Yb, Vb in cases:
+        with pytest.raises(ValueError):
+            s.make(Xb, Yb, Vb)
+
+
+def _tensors_with_graph(obj, seen=None, path="model") -> list[str]:
+    """Paths of tensors reachable from a module's buffers and plain attributes (dicts, lists,
+    tuples) that carry an autograd graph (``grad_fn``)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    out = []
+    if isinstance(obj, torch.Tensor):
+        return [path] if obj.grad_fn is not None else []
+    if isinstance(obj, torch.nn.Module):
+        for k, v in obj._buffers.items():
+            out += _tensors_with_graph(v, seen, f"{path}.{k}")
+        for k, v in obj._modules.items():
+            out += _tensors_with_graph(v, seen, f"{path}.{k}")
+        for k, v in vars(obj).items():
+            if not k.startswith("_modules") and not k.startswith("_parameters"):
+                out += _tensors_with_graph(v, seen, f"{path}.{k}")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _tensors_with_graph(v, seen, f"{path}[{k!r}]")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out += _tensors_with_graph(v, seen, f"{path}[{i}]")
+    return out
+
+
+@surrogates
+def test_no_autograd_graph_kept_in_caches(s):
+    """Posteriors are differentiable in X, but no cached tensor keeps a graph: not after a
+    posterior at inputs that require grad, a conditioning on them, or in-place updates."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(2, D, seed=1))
+    for seed in (5, 6):  # twice: a second request may hit per-point caches
+        Xg = _test_points(4, seed=5, batch=(2,)).requires_grad_(True)
+        post = model.posterior(Xg, observation_noise=True)
+        (post.mean.sum() + post.variance.sum()).backward()
+        assert Xg.grad is not None and bool(torch.isfinite(Xg.grad).all())
+        assert Xg.grad.abs().sum() > 0
+    assert _tensors_with_graph(model) == []
+    Xc = _test_points(2, seed=6).requires_grad_(True)
+    child = model.condition_on_observations(Xc, torch.ones(2, 1, dtype=DT))
+    child.posterior(_test_points(3, seed=7)).mean.sum().backward()
+    assert Xc.grad is not None  # fantasies stay differentiable in their X (qKG)
+    assert _tensors_with_graph(model) == []
+    model.update(*s.data(2, D, seed=2))
+    model.posterior(_test_points(3, seed=7).requires_grad_(True)).mean.sum().backward()
+    assert _tensors_with_graph(model) == []
+
+
+@surrogates
+def test_float32_matches_float64(s):
+    """A float32 model (float32 data) gives the float64 posterior within float32 accuracy, also
+    after conditioning and updates; float64 inputs to it are cast, not rejected."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Xt = _test_points()
+    m64 = s.make(X, Y)
+    m32 = s.make(X.float(), Y.float())
+    assert m32.outcome_mean.dtype == torch.float32
+    tol = 2e-3  # relative to the outcome scale: float32 solves of well-conditioned n ~ 15 systems
+    for stage in ("initial", "conditioned", "updated"):
+        if stage == "conditioned":
+            a = m64.condition_on_observations(Xn, Yn)
+            b = m32.condition_on_observations(Xn.float(), Yn.float())
+        else:
+            if stage == "updated":
+                m64.update(Xn, Yn)
+                m32.update(Xn.float(), Yn.float())
+            a, b = m64, m32
+        mean64, cov64 = latent(a, Xt)
+        mean32, cov32 = latent(b, Xt.float())
+        assert mean32.dtype == torch.float32
+        scale = float(a.outcome_std)
+        assert_close(mean32, mean64, tol * scale, f"{stage} mean")
+        assert_close(cov32, cov64, tol * scale**2, f"{stage} covariance")
+    mean, _ = latent(m32, Xt)  # float64 inputs to a float32 model are cast
+    assert mean.dtype == torch.float32
+    mean, _ = latent(m64, Xt.float())  # and float32 inputs to a float64 model
+    assert mean.dtype == torch.float64
+    assert_close(mean, latent(m64, Xt)[0], 1e-6 * float(m64.outcome_std), "float32 inputs")
+
+
+# ------------------------------------------------------------------ input transforms
+
+
+def _transform_cases():
+    lo = torch.tensor([-1.0, 2.0], dtype=DT)
+    hi = torch.tensor([3.0, 2.5], dtype=DT)
+    return {
+        # same dimension: raw inputs in a box, mapped to the unit cube by the transform
+        "normalize": (
+            lambda: Normalize(d=D, bounds=torch.stack([lo, hi])),
+            lambda U: lo + (hi - lo) * U,  # raw inputs whose transform is U
+            lambda U: U,  # what the model sees
+        ),
+        # drops a column: d + 1 raw inputs, the last one ignored
+        "filter": (
+            lambda: FilterFeatures(feature_indices=torch.arange(D)),
+            lambda U: torch.cat([U, torch.full_like(U[..., :1], 0.7)], dim=-1),
+            lambda U: U,
+        ),
+        # appends a column: the product x1 * x2 (in the unit cube)
+        "interaction": (
+            lambda: InteractionFeatures(),
+            lambda U: U,
+            lambda U: torch.cat([U, U[..., :1] * U[..., 1:2]], dim=-1),
+        ),
+    }
+
+
+@surrogates
+@pytest.mark.parametrize("case", list(_transform_cases()))
+def test_input_transform_equals_model_on_transformed_inputs(s, case):
+    """A model with an input transform (including one that adds or drops columns) equals the
+    same model built on the transformed inputs: posterior, conditioning, update and state."""
+    make_tf, raw, seen = _transform_cases()[case]
+    U, Y, _ = s.data(N0, D, seed=0)
+    Un, Yn, _ = s.data(Q, D, seed=1)
+    Ut = _test_points()
+    plain = s.make(seen(U), Y)
+    model = s.make(raw(U), Y, input_transform=make_tf())
+    assert model.dim == seen(U).shape[-1]
+    m_ref, C_ref = latent(plain, seen(Ut))
+    m, C = latent(model, raw(Ut))
+    assert_close(m, m_ref, s.tol, "posterior mean")
+    assert_close(C, C_ref, s.tol, "posterior covariance")
+    cond_ref = plain.condition_on_observations(seen(Un), Yn)
+    cond = model.condition_on_observations(raw(Un), Yn)
+    assert_close(latent(cond, raw(Ut))[0], latent(cond_ref, seen(Ut))[0], s.tol, "conditioned mean")
+    fm = model.fantasize(raw(Un).unsqueeze(0), SobolQMCNormalSampler(torch.Size([2]), seed=0))
+    assert fm.posterior(raw(Ut)).mean.shape == torch.Size([2, 1, 5, 1])
+    plain.update(seen(Un), Yn)
+    model.update(raw(Un), Yn)
+    assert_close(latent(model, raw(Ut))[0], latent(plain, seen(Ut))[0], s.tol, "updated mean")
+    assert_close(latent(model, raw(Ut))[1], latent(plain, seen(Ut))[1], s.tol, "updated covariance")
+
+
+# ------------------------------------------------------------------ caches and fit
+
+
+@surrogates
+def test_caches_follow_hyperparameter_changes(s):
+    """ensure_caches: changing any hyperparameter in place rebuilds the caches at the next use
+    (the posterior equals the one after invalidate_caches), and for models whose state is
+    statistics plus caches it equals the dense reference with the new values."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Xt = _test_points()
+    model = s.make(X, Y)
+    model.update(Xn, Yn)
+    latent(model, Xt)
+    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    base = getattr(kernel, "base_kernel", kernel)
+    with torch.no_grad():
+        base.lengthscale = base.lengthscale * 1.3
+    m1, C1 = latent(model, Xt)
+    model.invalidate_caches()
+    m2, C2 = latent(model, Xt)
+    assert_close(m1, m2, 1e-12, "mean after a lengthscale change")
+    assert_close(C1, C2, 1e-12, "covariance after a lengthscale change")
+    if s.exact_in_hyperparameters:  # (implies a state of statistics: conditioning = rebuild)
+        mean_ref, cov_ref = reference(s, model, torch.cat([X, Xn]), torch.cat([Y, Yn]), None, Xt)
+        assert_close(m1, mean_ref, s.tol, "mean vs dense with the new lengthscale")
+        assert_close(C1, cov_ref, s.tol, "covariance vs dense with the new lengthscale")
+
+
+class _AnyMLL(MarginalLogLikelihood):
+    """A marginal likelihood object around the model; never evaluated (custom_fit takes over)."""
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("fit_gpytorch_mll evaluated the mll instead of calling custom_fit")
+
+
+@surrogates
+def test_fit_gpytorch_mll_dispatches_to_fit_from_own_statistics(s):
+    """fit_gpytorch_mll dispatches to the model's fit (custom_fit); fit works from the model's
+    own statistics after updates (no data passed) and leaves a consistent model: for models whose
+    state is statistics plus caches, the dense reference under the fitted hyperparameters."""
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    model = s.make(X, Y)
+    model.update(Xn, Yn)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    if s.exact_mll:
+        mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    else:  # any GPyTorch marginal likelihood around the model dispatches the same way
+        with pytest.raises(RuntimeError):
+            ExactMarginalLogLikelihood(model.likelihood, model)
+        mll = _AnyMLL(model.likelihood, model)
+    with mock.patch.object(type(model), "fit", autospec=True, side_effect=type(model).fit) as fit:
+        fit_gpytorch_mll(mll, max_iter=5)
+    assert fit.call_count == 1 and fit.call_args.kwargs.get("max_iter") == 5
+    assert not mll.training
+    changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
+    assert changed, "fit left every hyperparameter unchanged"
+    # fit(restandardize=True), the default, rescales outcomes from all the data held
+    Y_all = torch.cat([Y, Yn])
+    if s.outcomes is None:
+        assert_close(model.outcome_mean.reshape(()), Y_all.mean(), 1e-12, "outcome_mean after fit")
+        assert_close(model.outcome_std.reshape(()), Y_all.std(), 1e-12, "outcome_std after fit")
+    else:  # labels are never standardised
+        assert float(model.outcome_mean) == 0.0 and float(model.outcome_std) == 1.0
+    Xt = _test_points()
+    m1, C1 = latent(model, Xt)
+    assert bool(torch.isfinite(m1).all() and torch.isfinite(C1).all())
+    if s.exact_in_hyperparameters:
+        mean_ref, cov_ref = reference(s, model, torch.cat([X, Xn]), torch.cat([Y, Yn]), None, Xt)
+        assert_close(m1, mean_ref, 1e-7, "mean vs dense after fit")
+        assert_close(C1, cov_ref, 1e-7, "covariance vs dense after fit")
+
+
+@surrogates
+def test_fit_respects_the_bounds_of_gpytorch_constraints(s):
+    """fit keeps a constrained hyperparameter inside its GPyTorch constraint when the constraint
+    has no transform (so only the optimiser's bounds hold it): the lengthscale in [0.2, 0.25],
+    below what the data would pick."""
+    from gpytorch.constraints import Interval
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(Q, D, seed=1))
+    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    base = getattr(kernel, "base_kernel", kernel)
+    base.register_constraint("raw_lengthscale", Interval(0.2, 0.25, transform=None))
+    with torch.no_grad():
+        base.raw_lengthscale.fill_(0.22)
+    model.fit(max_iter=10)
+    ls = base.lengthscale.detach()
+    assert bool(((ls >= 0.2 - 1e-9) & (ls <= 0.25 + 1e-9)).all()), ls
+    assert not torch.equal(ls, torch.full_like(ls, 0.22)), "fit did not move the lengthscale"

@@ -1,0 +1,170 @@
+"""The BO loop's surrogate fits against plain BoTorch / an exact GP on the same data.
+
+A BoTorch user compares our loop with ``SingleTaskGP`` refit by ``fit_gpytorch_mll`` every step;
+the exact GP is the same model class and t-SVGP / the decoupled SVGP hold every point as an
+inducing / basis point at small n, so their fitted hyperparameters and posteriors must match an
+exact GP's there (any gap is a fit defect, not a modelling choice).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from botorch.models.transforms.outcome import Standardize
+from gpytorch.mlls import ExactMarginalLogLikelihood
+
+from bo_online.loops import BayesOptLoop
+from bo_online.models import OnlineExactGP
+from bo_online.models.decoupled import DecoupledSVGP
+from bo_online.models.tsvgp import TSVGP
+from bo_online.problems import synthetic_problem
+
+DT = torch.float64
+FAST_OPT = {"num_restarts": 2, "raw_samples": 32, "maxiter": 20}
+
+
+def _data(n: int, d: int = 3, seed: int = 0, noise_std: float = 0.05):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(6 * X).sum(-1, keepdim=True) + noise_std * torch.randn(n, 1, generator=g, dtype=DT)
+    return X, Y
+
+
+def _reference(X, Y) -> tuple[SingleTaskGP, float]:
+    """SingleTaskGP (Standardize) fitted from its defaults by fit_gpytorch_mll; its MLL per point."""
+    ref = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
+    mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit_gpytorch_mll(mll)
+    ref.train()
+    with torch.no_grad():
+        value = float(mll(ref(*ref.train_inputs), ref.train_targets))
+    ref.eval()
+    return ref, value
+
+
+def test_exact_fit_from_defaults_equals_singletaskgp_fit_gpytorch_mll():
+    X, Y = _data(20)
+    ref, ref_mll = _reference(X, Y)
+    ours = OnlineExactGP(X, Y).fit(max_iter=200)
+    assert float(ours.marginal_log_likelihood()) == pytest.approx(ref_mll, abs=1e-5)
+    assert torch.allclose(ours.covar_module.lengthscale, ref.covar_module.lengthscale, rtol=1e-3)
+    assert float(ours.likelihood.noise) == pytest.approx(float(ref.likelihood.noise), rel=1e-2)
+    Xt = torch.rand(6, 3, dtype=DT)
+    p, r = ours.posterior(Xt), ref.posterior(Xt)
+    assert torch.allclose(p.mean, r.mean, atol=1e-4)
+    assert torch.allclose(p.variance, r.variance, rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("model", ["exact", "tsvgp", "decoupled"])
+def test_loop_fit_is_at_least_as_good_as_botorch_on_the_loop_data(model):
+    """After a few BO steps (warm-started refits), the loop's surrogate reaches at least the
+    marginal likelihood of SingleTaskGP refit from its defaults on the same data."""
+    loop = BayesOptLoop(synthetic_problem("hartmann6"), model=model, acq="logei", seed=1,
+                        optimizer_options=FAST_OPT)
+    records = loop.run(2)
+    assert all(r["refit"] for r in records)
+    assert all(r["time_fit"] > 0 for r in records)
+    X, Y = loop._training_data()
+    _, ref_mll = _reference(X, Y)
+    assert float(loop.model.marginal_log_likelihood()) >= ref_mll - 1e-4
+
+
+def test_tsvgp_fit_at_small_n_is_the_exact_gp_fit():
+    """n <= m: the inducing points are re-selected on the data and held fixed, so the collapsed
+    bound is the exact marginal likelihood and the fit equals the exact GP's (after an update
+    too, whose points were not among the initial inducing inputs)."""
+    X, Y = _data(25)
+    ex = OnlineExactGP(X[:10], Y[:10]).fit()
+    ts = TSVGP(X[:10], Y[:10]).fit()
+    ex.update(X[10:], Y[10:])
+    ts.update(X[10:], Y[10:])
+    ex.fit()
+    ts.fit()
+    assert torch.allclose(ts.covar_module.lengthscale, ex.covar_module.lengthscale, rtol=1e-4)
+    assert float(ts.likelihood.noise) == pytest.approx(float(ex.likelihood.noise), rel=1e-4)
+    assert float(ts.marginal_log_likelihood()) == pytest.approx(
+        float(ex.marginal_log_likelihood()), abs=1e-6)
+    # every data point is an inducing input
+    gap = (ts.train_X.unsqueeze(-2) - ts.inducing_points.unsqueeze(-3)).abs().amax(-1)
+    assert float(gap.min(-1).values.max()) == 0.0
+    Xt = torch.rand(8, 3, dtype=DT)
+    p, r = ts.posterior(Xt), ex.posterior(Xt)
+    assert torch.allclose(p.mean, r.mean, atol=1e-5)
+    assert torch.allclose(p.variance, r.variance, rtol=1e-4, atol=1e-8)
+
+
+def test_tsvgp_beyond_m_still_learns_inducing_points():
+    X, Y = _data(40)
+    ts = TSVGP(X, Y, inducing_points=8)
+    Z0 = ts.inducing_points.detach().clone()
+    ts.fit(max_iter=20)
+    assert not torch.allclose(ts.inducing_points.detach(), Z0)
+
+
+def test_decoupled_objective_is_the_exact_marginal_likelihood():
+    X, Y = _data(25)
+    ex = OnlineExactGP(X[:10], Y[:10]).fit()
+    dec = DecoupledSVGP(X[:10], Y[:10]).fit()
+    ex.update(X[10:], Y[10:])
+    dec.update(X[10:], Y[10:])
+    ex.fit()
+    dec.fit()
+    assert torch.allclose(dec.covar_module.lengthscale, ex.covar_module.lengthscale, rtol=1e-3)
+    assert float(dec.marginal_log_likelihood()) == pytest.approx(
+        float(ex.marginal_log_likelihood()), abs=1e-6)
+
+
+def test_restart_from_defaults_schedule():
+    """Online surrogates try a fit from the defaults only at small n; the exact GP always."""
+    problem = synthetic_problem("branin")
+    for model, small, large in (("exact", True, True), ("tsvgp", True, False),
+                                ("decoupled", True, False), ("qsgp", True, False)):
+        loop = BayesOptLoop(problem, model=model, acq="logei", seed=0)
+        n = loop.AUTO_REFIT_SMALL_N
+        assert loop._restart_due(n) is small
+        assert loop._restart_due(n + 1) is large
+
+
+def _qsgp_posterior_error(sampling: str, d: int = 4, seeds: int = 3) -> tuple[float, float]:
+    """QSGP (m = 512 RFF, fixed hyperparameters) against the exact GP of the kernel its features
+    approximate, on n = 20 points: RMSE of the posterior mean and mean abs error of the posterior
+    sd over 300 test points, both relative to the data's sd (averaged over seeds)."""
+    from bo_online.models.qsgp import QSGP
+
+    mean_err, sd_err = 0.0, 0.0
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        X = torch.rand(20, d, generator=g, dtype=DT)
+        Y = torch.sin(5 * X).sum(-1, keepdim=True)
+        Xt = torch.rand(300, d, generator=g, dtype=DT)
+        model = QSGP(X, Y, num_features=512)
+        model.basis.sampling, model.basis._freq_cache = sampling, None
+        model.basis.kernel.base_kernel.lengthscale = 0.3
+        model.likelihood.noise = 1e-3
+        with torch.no_grad():
+            model.set_optimal_variational()
+            model.invalidate_caches()
+            mean, var = model.predict(Xt)
+            k, ys = model.basis.kernel, model.train_y
+            K = k(X).to_dense() + 1e-3 * torch.eye(20, dtype=DT)
+            Ks = k(Xt, X).to_dense()
+            ex_mean = (Ks @ torch.linalg.solve(K, ys)) * model.outcome_std + model.outcome_mean
+            ex_var = (1 - (Ks * torch.linalg.solve(K, Ks.T).T).sum(-1)) * model.outcome_std**2
+        mean_err += float((mean - ex_mean).pow(2).mean().sqrt() / Y.std()) / seeds
+        sd_err += float((var.sqrt() - ex_var.clamp_min(0).sqrt()).abs().mean() / Y.std()) / seeds
+    return mean_err, sd_err
+
+
+def test_qsgp_small_n_posterior_against_exact_gp():
+    """At BO sizes the default (quasi-Monte Carlo, paired) features give a posterior close to
+    the exact GP's, closer than i.i.d. random features at the same m (4-D, n = 20, m = 512)."""
+    qmc_mean, qmc_sd = _qsgp_posterior_error("qmc")
+    rnd_mean, rnd_sd = _qsgp_posterior_error("random")
+    assert qmc_mean < 0.1 and qmc_sd < 0.02
+    assert qmc_mean < 0.7 * rnd_mean and qmc_sd < rnd_sd
