@@ -21,7 +21,7 @@ import gzip
 import hashlib
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,9 +69,23 @@ class Table:
     path: Path
     first_line: int
     mask: np.ndarray | None = None
+    #: column index -> (file line, message) of its first non-numeric or missing cell; checked
+    #: only for the columns a run uses (:meth:`require`), so an unused ID column does no harm
+    problems: dict[int, tuple[int, str]] = field(default_factory=dict)
+
+    def require(self, columns: Sequence[int]) -> None:
+        """Raise for the first bad cell (in file order) of the given columns."""
+        found = [self.problems[j] for j in set(columns) if j in self.problems]
+        if found:
+            raise DataFileError(min(found)[1])
 
     def column(self, key: str | int, what: str) -> int:
         """Index of a column given by name or (possibly negative) position."""
+        index = self._index(key, what)
+        self.require([index])
+        return index
+
+    def _index(self, key: str | int, what: str) -> int:
         if isinstance(key, str) and key in self.columns:
             return self.columns.index(key)
         try:
@@ -134,6 +148,7 @@ def _read_csv(path: Path, gz: bool) -> Table:
         raise DataFileError(f"{path}: the file holds a header but no data rows.")
     k = len(columns)
     data = np.empty((len(body), k), dtype=np.float64)
+    problems: dict[int, tuple[int, str]] = {}
     for r, (line, row) in enumerate(body):
         if len(row) != k:
             raise DataFileError(
@@ -144,17 +159,19 @@ def _read_csv(path: Path, gz: bool) -> Table:
             try:
                 value = float(text) if text else float("nan")
             except ValueError:
-                raise DataFileError(
+                value = float("nan")
+                problems.setdefault(j, (line, (
                     f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
-                    f"number; only numeric columns can be used (encode or drop this column)."
-                ) from None
-            if not np.isfinite(value):
-                raise DataFileError(
+                    f"number; only numeric columns can be used (encode this column, or leave it "
+                    f"out with --inputs)."
+                )))
+            if not np.isfinite(value) and j not in problems:
+                problems[j] = (line, (
                     f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is {text or 'empty'}; "
                     f"drop or fill the rows with missing values."
-                )
+                ))
             data[r, j] = value
-    return Table(data, columns, path, body[0][0])
+    return Table(data, columns, path, body[0][0], problems=problems)
 
 
 def _read_npz(path: Path) -> Table:
@@ -223,6 +240,7 @@ def _test_mask(
     if test_mask is not None:
         if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
             mask_table = read_table_any(Path(test_mask).expanduser())
+            mask_table.require([mask_table.data.shape[1] - 1])
             values = mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
             if values.shape[0] != n:
                 raise DataFileError(
@@ -267,6 +285,7 @@ def read_table_any(path: Path) -> Table:
 def _inputs(table: Table, inputs: Sequence[str | int] | None, exclude: set[int]) -> list[int]:
     if inputs is None:
         cols = [j for j in range(len(table.columns)) if j not in exclude]
+        table.require(cols)
     else:
         cols = [table.column(c, "an input") for c in inputs]
         clash = [table.columns[j] for j in cols if j in exclude]

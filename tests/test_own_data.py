@@ -120,6 +120,33 @@ def test_bad_cells_named_by_file_line_column(tmp_path, extra, pattern):
     assert str(path) in str(info.value)
 
 
+def test_unused_text_or_missing_columns_are_ignored(tmp_path):
+    """An ID column with text and a column with gaps do no harm when --inputs leaves them out;
+    the same cells in a used column (or in the default inputs) are still refused."""
+    X, y = _data(n=30)
+    path = tmp_path / "ids.csv"
+    lines = ["x0,x1,x2,x3,name,notes,target"]
+    lines += [",".join([*(f"{v:.17g}" for v in X[i]), f"id{i}", "" if i % 3 else "1.5",
+                        f"{y[i]:.17g}"]) for i in range(30)]
+    path.write_text("\n".join(lines) + "\n")
+    problem = stream_from_file(path, inputs=["x0", "x1", "x2", "x3"], target="target")
+    reference = stream_from_file(_write_plain(tmp_path, X, y))
+    torch.testing.assert_close(problem.X_stream, reference.X_stream)
+    torch.testing.assert_close(problem.y_test, reference.y_test)
+    pool = pool_from_file(path, inputs=[0, 1, 2, 3], target=-1)
+    assert pool.X_pool.shape[-1] == 4
+    with pytest.raises(DataFileError, match=r"line 2, column 'name' \(no. 5\): 'id0' is not a number"):
+        stream_from_file(path, target="target")  # default inputs include the text column
+    with pytest.raises(DataFileError, match=r"line 3, column 'notes' \(no. 6\) is empty"):
+        stream_from_file(path, inputs=["x0", "notes"], target="target")
+
+
+def _write_plain(tmp_path, X, y):
+    path = tmp_path / "plain.csv"
+    _write_csv(path, X, y)
+    return path
+
+
 def test_cli_bad_file_one_line_and_nothing_written(tmp_path, capsys):
     X, y = _data(n=20)
     path = tmp_path / "bad.csv"
