@@ -374,6 +374,15 @@ def _fmt(value: Any, digits: int = 5) -> str:
     return str(value)
 
 
+
+def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
+    """A summary row for the last recorded value of a metric, labelled with its step (test
+    metrics are recorded every ``--eval-every`` steps, so the last may predate the last step)."""
+    last = next((r for r in reversed(records) if r.get(key) is not None), None)
+    if last is None:
+        return (f"last {label}", _fmt(None))
+    return (f"{label} (step {last['step']})", _fmt(last[key], 4))
+
 def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     r"""Write plots, then print the summary table and where everything went."""
     from bo_online.loops import history
@@ -422,15 +431,15 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         rows += [
             ("prequential accuracy", _fmt(last.get("prequential_accuracy"), 4)),
             ("prequential log loss", _fmt(last.get("prequential_nll"), 4)),
-            ("last test accuracy", _fmt(next((r["test_accuracy"] for r in reversed(records) if r.get("test_accuracy") is not None), None), 4)),
-            ("last test NLL", _fmt(next((r["test_nll"] for r in reversed(records) if r.get("test_nll") is not None), None), 4)),
+            _last_metric(records, "test_accuracy", "test accuracy"),
+            _last_metric(records, "test_nll", "test NLL"),
         ]
     else:
         rows += [
             ("prequential RMSE", _fmt(last.get("prequential_rmse"), 4)),
             ("prequential NLL", _fmt(last.get("prequential_nll"), 4)),
-            ("last test RMSE", _fmt(next((r["test_rmse"] for r in reversed(records) if r.get("test_rmse") is not None), None), 4)),
-            ("last test NLL", _fmt(next((r["test_nll"] for r in reversed(records) if r.get("test_nll") is not None), None), 4)),
+            _last_metric(records, "test_rmse", "test RMSE"),
+            _last_metric(records, "test_nll", "test NLL"),
         ]
     if steps:
         rows += [

@@ -204,7 +204,7 @@ def test_stream_banana_classification_command(tmp_path, capsys):
          "--max-stream", "60", "--max-test", "200", "--n-init", "20", "--q", "5",
          "--eval-every", "2", "--fit-max-iter", "10", "--out", str(out), "--threads", "1"], capsys)
     assert code == 0, err
-    assert "prequential accuracy" in stdout and "last test accuracy" in stdout
+    assert "prequential accuracy" in stdout and "test accuracy (step " in stdout
     assert (out / "plots" / "accuracy.png").is_file()
     records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == list(range(20, 61, 5))
