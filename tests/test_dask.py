@@ -277,3 +277,22 @@ def test_sweep_spec_errors(tmp_path):
     names = [c.name for c in campaigns(load_spec(yml))]
     assert names == ["branin-exact-qucb-s0", "branin-exact-qucb-s1",
                      "hartmann3d-exact-qucb-s0", "hartmann3d-exact-qucb-s1"]
+
+
+def _square_or_raise(x: int) -> int:
+    if x == 3:
+        raise RuntimeError("job 3 failed")
+    time.sleep(0.05 * (5 - x))  # later jobs finish first: results must still come in job order
+    return x * x
+
+
+def test_map_on_cluster_keeps_job_order_and_stops_on_the_first_error(client):
+    from bo_online.sweep import map_on_cluster
+
+    seen = []
+    results = map_on_cluster(client, _square_or_raise, [(0,), (1,), (2,), (4,)],
+                             on_result=lambda job, r: seen.append((job[0], r)))
+    assert results == [0, 1, 4, 16]
+    assert sorted(seen) == [(0, 0), (1, 1), (2, 4), (4, 16)]
+    with pytest.raises(RuntimeError, match="job 3 failed"):
+        map_on_cluster(client, _square_or_raise, [(1,), (3,), (2,)])
