@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,13 +245,38 @@ def test_damaged_checkpoint_is_one_line(tmp_path, capsys, damage):
     elif damage == "truncated":
         path.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
-        path.write_bytes(os.urandom(len(data)))
+        path.write_bytes(np.random.default_rng(0).bytes(len(data)))
     else:
         torch.save([torch.zeros(2)], path)
     code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
     assert "checkpoint.pt" in err and "--overwrite" in err
     assert not (out / history.LOCK_FILE).exists()
+
+
+def test_any_damaged_checkpoint_bytes_give_run_file_error(tmp_path):
+    """Damaged bytes can fail anywhere inside the unpickler (an IndexError from its stack was
+    once seen on CI); each of these seeded payloads must become the one RunFileError."""
+    path = tmp_path / history.CHECKPOINT_FILE
+    torch.save({"config": {"a": 1}, "model_state": {"x": torch.zeros(3)}}, path)
+    data = path.read_bytes()
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        if seed % 3 == 0:
+            payload = rng.bytes(len(data))
+        elif seed % 3 == 1:  # a valid file with 20 bytes overwritten
+            payload = bytearray(data)
+            for i in rng.integers(0, len(payload), 20):
+                payload[i] = int(rng.integers(0, 256))
+            payload = bytes(payload)
+        else:  # a pickle header followed by noise
+            payload = b"\x80\x02" + rng.bytes(200)
+        path.write_bytes(payload)
+        try:
+            history.load_checkpoint(path)
+        except history.RunFileError:
+            pass
+        # a payload that happens to load as a valid checkpoint is fine too
 
 
 # ------------------------------------------------------------------------------ lock

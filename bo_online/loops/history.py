@@ -33,7 +33,6 @@ import math
 import os
 import pickle
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -263,7 +262,10 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
             f"plain data ({first[:200]}), so loading it could run code. If you wrote it yourself "
             f"with an older bo-online, {what_to_do}."
         ) from e
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001
+        # Random bytes can fail anywhere inside the unpickler (IndexError from its stack,
+        # TypeError, OverflowError, ...); every failure other than the refusal above means
+        # the file is damaged, and the user gets the same one-line message.
         raise RunFileError(
             f"The checkpoint {str(path)!r} is damaged or truncated ({type(e).__name__}); "
             f"{what_to_do}."
