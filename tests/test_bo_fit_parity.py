@@ -99,6 +99,26 @@ def test_tsvgp_fit_at_small_n_is_the_exact_gp_fit():
     assert torch.allclose(p.variance, r.variance, rtol=1e-4, atol=1e-8)
 
 
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_tsvgp_exact_objective_equals_its_bound_and_a_dense_gaussian(fixed_noise):
+    """While n <= m the fit maximises ``exact_log_marginal`` (O(n^3)) instead of the collapsed
+    bound over all m inducing inputs: the two agree there, and both equal log N(y | c, K + S)
+    written out by hand."""
+    X, Y = _data(20)
+    noise = torch.full_like(Y, 0.02) + 0.01 * torch.rand_like(Y) if fixed_noise else None
+    ts = TSVGP(X, Y, train_Yvar=noise).fit(max_iter=5)
+    exact = float(ts.exact_log_marginal())
+    assert float(ts.elbo()) == pytest.approx(exact, abs=1e-6)
+    with torch.no_grad():
+        y = ts.train_y
+        s2 = (noise.squeeze(-1) / ts.outcome_std**2 if fixed_noise
+              else ts.likelihood.noise.expand(y.shape))
+        K = ts.covar_module(ts.train_X).to_dense() + torch.diag(s2)
+        mean = ts.mean_module.constant.expand(y.shape)
+        dense = torch.distributions.MultivariateNormal(mean, K).log_prob(y)
+    assert exact == pytest.approx(float(dense), abs=1e-8)
+
+
 def test_tsvgp_beyond_m_still_learns_inducing_points():
     X, Y = _data(40)
     ts = TSVGP(X, Y, inducing_points=8)
