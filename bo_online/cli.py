@@ -818,7 +818,7 @@ def stream(
     _positive("--q", q)
     _check_seed(seed)
     from bo_online.loops import StreamingLoop
-    from bo_online.loops.classifiers import classifier_class
+    from bo_online.models.classifiers import classifier_class
     from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem
 
     _setup(threads)

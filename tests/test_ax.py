@@ -20,6 +20,7 @@ from botorch.test_functions import Branin, Hartmann
 from botorch.utils.datasets import SupervisedDataset
 
 import bo_online.ax as boax
+import bo_online.ax.surrogate as ax_surrogate
 from bo_online.models import OnlineExactGP
 
 logging.getLogger("ax").setLevel(logging.ERROR)
@@ -456,7 +457,7 @@ def test_failed_update_falls_back_to_rebuild(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("factor lost definiteness")
 
-    monkeypatch.setattr(boax, "_extended_model", broken)
+    monkeypatch.setattr(ax_surrogate, "_extended_model", broken)  # where the subclass looks it up
     model = _build(ax_cls, X, Y, **opts)
     stats = boax.session_stats()
     assert stats.rebuilds == 2 and "incremental update failed" in stats.reasons[-1]

@@ -10,7 +10,7 @@ plotted. The problem's ``task`` selects the surrogate's prediction and the metri
 * ``"regression"``: squared error and Gaussian negative log predictive density with observation
   noise (test RMSE / NLL);
 * ``"classification"`` (labels {0, 1}): the surrogate is the registry name's classifier
-  (:mod:`bo_online.loops.classifiers`); it predicts ``p(y = 1 | x)``, scored by accuracy (threshold
+  (:mod:`bo_online.models.classifiers`); it predicts ``p(y = 1 | x)``, scored by accuracy (threshold
   1/2) and log loss ``-log p(y | x)`` (test accuracy / NLL).
 """
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
-from bo_online.loops.classifiers import classifier_class
+from bo_online.models.classifiers import classifier_class
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import StreamProblem, make_problem, to_unit
 

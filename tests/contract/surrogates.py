@@ -402,7 +402,7 @@ SURROGATES: list[Surrogate] = [
         },
     ),
     Surrogate(
-        "tsvgp-bernoulli",  # the streaming loop's classifier (loops.classifiers.TSVGPClassifier)
+        "tsvgp-bernoulli",  # the streaming loop's classifier (models.classifiers.TSVGPClassifier)
         _make_tsvgp_bernoulli,
         _bernoulli_dense,
         fixed_noise=False,

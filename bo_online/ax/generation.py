@@ -1,0 +1,205 @@
+r"""A ready Sobol -> bo_online ``GenerationStrategy``, and the outcome transform that keeps
+generation going when an outcome is not finite."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from ax.adapter.transforms.base import Transform
+
+from bo_online.ax.registration import register_model_class
+from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY
+from bo_online.models.base import OnlineModel
+
+
+class DropNonFiniteY(Transform):
+    r"""Ax outcome transform: ``inf`` / ``-inf`` outcome means become NaN, which Ax treats as
+    missing (the observation is left out of the model), with a warning. NaN outcomes are
+    already missing to Ax.
+
+    Why not Winsorize (Ax's default, which clips them): it also moves earlier outcomes as data
+    grow, which makes every bo_online model rebuild (see :func:`make_generation_strategy`). Ax has
+    no transform that only drops non-finite values, so this one does.
+    """
+
+    requires_data_for_initialization: bool = False
+
+    @staticmethod
+    def _warn(count: int) -> None:
+        if count:
+            warnings.warn(
+                f"bo_online.ax: {count} non-finite outcome value(s) (inf) are left out of the "
+                "model; check the evaluation that produced them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _transform_observation_data(self, observation_data: list[Any]) -> list[Any]:
+        count = 0
+        for obsd in observation_data:
+            bad = np.isinf(obsd.means)
+            if bad.any():
+                count += int(bad.sum())
+                obsd.means = np.where(bad, np.nan, obsd.means)
+        self._warn(count)
+        return observation_data
+
+    def transform_experiment_data(self, experiment_data: Any) -> Any:
+        from ax.adapter.data_utils import ExperimentData
+
+        obs = experiment_data.observation_data
+        if "mean" not in obs.columns.get_level_values(0):
+            return experiment_data
+        means = obs["mean"]
+        bad = np.isinf(means.to_numpy(dtype=float))
+        if not bad.any():
+            return experiment_data
+        obs = obs.copy()
+        for j, metric in enumerate(means.columns):
+            if bad[:, j].any():
+                col = obs["mean", metric].to_numpy(dtype=float)
+                obs["mean", metric] = np.where(bad[:, j], np.nan, col)
+        self._warn(int(bad.sum()))
+        return ExperimentData(arm_data=experiment_data.arm_data, observation_data=obs)
+
+
+def _register_transform() -> None:
+    from ax.storage.transform_registry import (
+        REVERSE_TRANSFORM_REGISTRY,
+        TRANSFORM_REGISTRY,
+    )
+
+    TRANSFORM_REGISTRY.add(DropNonFiniteY)
+    REVERSE_TRANSFORM_REGISTRY[DropNonFiniteY.__name__] = DropNonFiniteY
+
+
+def make_generation_strategy(
+    model: type[OnlineModel] | str = "OnlineExactGP",
+    botorch_acqf_class: type | None = None,
+    num_initial_trials: int = 5,
+    model_options: dict[str, Any] | None = None,
+    acquisition_options: dict[str, Any] | None = None,
+    optimizer_options: dict[str, Any] | None = None,
+    refit_every: int | None = DEFAULT_REFIT_EVERY,
+    fit_options: dict[str, Any] | None = None,
+    winsorize: bool = False,
+    seed: int | None = None,
+    torch_device: str | None = None,
+) -> Any:
+    r"""A Sobol -> bo_online ``GenerationStrategy`` for ``Client.set_generation_strategy``.
+
+    Args:
+        model: a bo_online model class or its name (``"OnlineExactGP"``, ``"WISKI"``, ...).
+        botorch_acqf_class: BoTorch acquisition function class; default
+            ``qLogNoisyExpectedImprovement`` (Ax's choice for single objectives).
+        num_initial_trials: Sobol trials before the model takes over (at least 2).
+        model_options: constructor options of the model (``ModelConfig.model_options``).
+        acquisition_options: keyword arguments for the acquisition function (Ax's
+            ``acquisition_options``), e.g. ``{"beta": 2.0}`` for UCB.
+        optimizer_options: keyword arguments for ``optimize_acqf`` (e.g. ``num_restarts``,
+            ``raw_samples``).
+        refit_every: new observations between hyperparameter refits (see :class:`AxOnlineMixin`).
+        fit_options: keyword arguments for the model's ``fit``.
+        winsorize: keep Ax's ``Winsorize`` outcome transform. It is off by default: it moves
+            earlier outcomes nonlinearly as data grow, which forces a rebuild every trial.
+        seed: Sobol seed.
+        torch_device: device for the model (default: Ax's).
+
+    Returns:
+        A ``GenerationStrategy`` with a Sobol node and a ``BOTORCH_MODULAR`` node whose surrogate
+        is the Ax subclass of ``model``.
+    """
+    from ax.adapter.registry import Generators, MBM_X_trans
+    from ax.adapter.transforms.derelativize import Derelativize
+    from ax.adapter.transforms.standardize_y import StandardizeY
+    from ax.adapter.transforms.winsorize import Winsorize
+    from ax.core.trial_status import TrialStatus
+    from ax.generation_strategy.generation_strategy import (
+        GenerationNode,
+        GenerationStrategy,
+    )
+    from ax.generation_strategy.generator_spec import GeneratorSpec
+    from ax.generation_strategy.transition_criterion import MinTrials
+    from ax.generators.torch.botorch_modular.surrogate import ModelConfig, SurrogateSpec
+    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+
+    if num_initial_trials < 2:
+        raise ValueError("num_initial_trials must be >= 2 (the model needs data to start from).")
+    import uuid
+
+    ax_cls = register_model_class(model)
+    options = dict(model_options or {})
+    options["refit_every"] = refit_every
+    # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
+    # with the strategy, so a client reloaded from JSON goes on with its own models.
+    options.setdefault("experiment_key", uuid.uuid4().hex)
+    if fit_options:
+        options["fit_options"] = dict(fit_options)
+    acqf = botorch_acqf_class or qLogNoisyExpectedImprovement
+    y_transforms = [DropNonFiniteY, Derelativize, Winsorize, StandardizeY] if winsorize else [
+        DropNonFiniteY,
+        Derelativize,
+        StandardizeY,
+    ]
+    generator_kwargs: dict[str, Any] = {
+        "surrogate_spec": SurrogateSpec(
+            model_configs=[
+                ModelConfig(
+                    botorch_model_class=ax_cls,
+                    model_options=options,
+                    name=ax_cls._bo_online_base.__name__,
+                )
+            ]
+        ),
+        "botorch_acqf_class": acqf,
+        "transforms": [*MBM_X_trans, *y_transforms],
+    }
+    if acquisition_options:
+        generator_kwargs["acquisition_options"] = dict(acquisition_options)
+    if optimizer_options:
+        generator_kwargs["default_model_gen_options"] = {
+            "optimizer_kwargs": dict(optimizer_options)
+        }
+    if torch_device is not None:
+        generator_kwargs["torch_device"] = torch.device(torch_device)
+    name = ax_cls._bo_online_base.__name__
+    return GenerationStrategy(
+        name=f"Sobol+{name}+{acqf.__name__}",
+        nodes=[
+            GenerationNode(
+                name="Sobol",
+                generator_specs=[
+                    GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": seed})
+                ],
+                transition_criteria=[
+                    # Trials attached by hand count towards the start as well ...
+                    MinTrials(
+                        threshold=num_initial_trials,
+                        transition_to=name,
+                        use_all_trials_in_exp=True,
+                    ),
+                    MinTrials(  # ... and their data are in before the model is asked
+                        threshold=num_initial_trials,
+                        transition_to=name,
+                        only_in_statuses=[TrialStatus.COMPLETED],
+                        count_only_trials_with_data=True,
+                        use_all_trials_in_exp=True,
+                    ),
+                ],
+                should_deduplicate=True,
+            ),
+            GenerationNode(
+                name=name,
+                generator_specs=[
+                    GeneratorSpec(
+                        generator_enum=Generators.BOTORCH_MODULAR,
+                        generator_kwargs=generator_kwargs,
+                    )
+                ],
+                should_deduplicate=True,
+            ),
+        ],
+    )

@@ -1,0 +1,322 @@
+r"""The Ax-facing subclass of each bo_online model class (``AxOnlineExactGP``, ``AxWISKI``,
+...): Ax constructs it every trial; it reuses the stored model incrementally where the data
+allow, maps outcomes between Ax's moving standardisation and the model's anchor units, and
+refits on a schedule."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from bo_online.ax.store import (
+    _LOCK,
+    _SESSIONS,
+    _extended_model,
+    _fingerprint,
+    _plan_reuse,
+    _Session,
+)
+from bo_online.models.base import OnlineModel
+
+#: Default number of new observations between hyperparameter refits on the incremental path.
+DEFAULT_REFIT_EVERY = 10
+
+#: the package the Ax subclasses live in (importable and picklable under their names there)
+_PACKAGE = __name__.rpartition(".")[0]
+
+_AX_CLASSES: dict[type[OnlineModel], type] = {}
+
+
+class AxOnlineMixin:
+    r"""Mixed in before a bo_online model class to make the class Ax builds every trial.
+
+    ``construct_inputs`` accepts the model's own constructor options plus:
+
+    * ``refit_every`` (int or None, default 10): refit hyperparameters once this many new
+      observations have been folded in incrementally since the last fit; ``None`` never refits
+      after a rebuild; 1 refits whenever data arrive.
+    * ``fit_options`` (dict): keyword arguments for the model's ``fit`` (e.g. ``max_iter``).
+    * ``incremental`` (bool, default True): False rebuilds and refits every trial, as Ax does for
+      its own models.
+    * ``experiment_key`` (str): which experiment the model belongs to (set per generation
+      strategy by :func:`make_generation_strategy`), so experiments do not share stored models.
+    """
+
+    _bo_online_base: type[OnlineModel]
+
+    @classmethod
+    def construct_inputs(
+        cls,
+        training_data: Any,
+        refit_every: int | None = DEFAULT_REFIT_EVERY,
+        fit_options: dict[str, Any] | None = None,
+        incremental: bool = True,
+        experiment_key: str | None = None,
+        **model_options: Any,
+    ) -> dict[str, Any]:
+        r"""Constructor arguments from an Ax ``SupervisedDataset`` (``X``: ``n x d``,
+        ``Y``: ``n x 1``, ``Yvar``: ``n x 1`` or None) and ``ModelConfig.model_options``."""
+        unsupported = [
+            k
+            for k in ("categorical_features", "fidelity_features", "task_feature")
+            if k in model_options
+        ]
+        if unsupported:
+            raise ValueError(
+                f"{cls.__name__} models continuous parameters only; the search space has "
+                f"{unsupported}. Use Ax's default surrogate for mixed or multi-fidelity problems."
+            )
+        if refit_every is not None and int(refit_every) < 1:
+            raise ValueError(f"refit_every must be a positive integer or None, got {refit_every}.")
+        Y = training_data.Y
+        if Y.dim() != 2 or Y.shape[-1] != 1:
+            raise ValueError(
+                f"{cls.__name__} is single-output; got outcomes of shape {tuple(Y.shape)}."
+            )
+        Yvar = training_data.Yvar
+        if Yvar is not None and bool(torch.isnan(Yvar).all()):
+            Yvar = None  # Ax marks unknown noise with NaN: infer it
+        # The defaults the loops and the CLI give the model for this many inputs (e.g. WISKI's
+        # structure above 3 inputs); the user's model_options win.
+        defaults = getattr(cls._bo_online_base, "loop_default_options", None)
+        if callable(defaults):
+            model_options = {**defaults(training_data.X.shape[-1]), **model_options}
+        return {
+            "train_X": training_data.X,
+            "train_Y": Y,
+            "train_Yvar": Yvar,
+            # The experiment's own key first: two experiments with the same parameter and
+            # metric names in one process each keep their own model.
+            "ax_key": (
+                experiment_key,
+                tuple(training_data.outcome_names),
+                tuple(training_data.feature_names),
+            ),
+            "ax_refit_every": None if refit_every is None else int(refit_every),
+            "ax_fit_options": dict(fit_options or {}),
+            "ax_incremental": bool(incremental),
+            **model_options,
+        }
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        input_transform: Any | None = None,
+        covar_module: Any | None = None,
+        likelihood: Any | None = None,
+        ax_key: Any = None,
+        ax_refit_every: int | None = DEFAULT_REFIT_EVERY,
+        ax_fit_options: dict[str, Any] | None = None,
+        ax_incremental: bool = True,
+        **options: Any,
+    ) -> None:
+        t0 = time.perf_counter()
+        if covar_module is not None:
+            options["covar_module"] = covar_module
+        if likelihood is not None:
+            options["likelihood"] = likelihood
+        fingerprint = _fingerprint({"options": options, "input_transform": input_transform})
+        key = None if ax_key is None else (type(self).__qualname__, ax_key)
+        session = _SESSIONS.get(key) if (key is not None and ax_incremental) else None
+        plan: tuple[float, float] | str = "no previous model"
+        if session is not None:
+            plan = _plan_reuse(session, train_X, train_Y, train_Yvar, fingerprint)
+        extended = None
+        if isinstance(plan, tuple):
+            n_old = session.X.shape[0]
+            new_yvar = None if train_Yvar is None else train_Yvar[n_old:]
+            try:
+                extended = _extended_model(
+                    session.model, *plan, train_X[n_old:], train_Y[n_old:], new_yvar
+                )
+            except Exception as err:  # e.g. a factor update that lost definiteness
+                # A rebuild is always correct; input that is truly bad fails there as well.
+                plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
+        if extended is not None:
+            # Become that model: the same thing ``copy.copy`` does to a fresh instance.
+            self.__dict__.update(extended.__dict__)
+            since = session.model._ax_obs_since_fit  # None: never fitted, so still due
+            self._ax_obs_since_fit = None if since is None else since + train_X.shape[0] - n_old
+            _SESSIONS.stats.incremental += 1
+        else:
+            super().__init__(  # type: ignore[call-arg]
+                train_X, train_Y, train_Yvar, input_transform=input_transform, **options
+            )
+            self._ax_obs_since_fit = None  # never fitted
+            _SESSIONS.stats.rebuilds += 1
+            _SESSIONS.stats.reasons.append(plan)
+        self._ax_refit_every = ax_refit_every
+        self._ax_fit_options = dict(ax_fit_options or {})
+        # Remembered once Ax's fitting step has run (``ax_fit``), and only for the models Ax
+        # builds to generate trials: a model that Ax loads a ``state_dict`` into is a
+        # cross-validation fold or a warm start on other data, and is never remembered.
+        self._ax_pending = None
+        if key is not None:
+            self._ax_pending = (
+                key,
+                _Session(
+                    model=self,  # type: ignore[arg-type]
+                    X=train_X.detach().clone(),
+                    Y=train_Y.detach().clone(),
+                    Yvar=None if train_Yvar is None else train_Yvar.detach().clone(),
+                    fingerprint=fingerprint,
+                ),
+            )
+        _SESSIONS.stats.construct_seconds += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ Ax units <-> anchor units
+
+    _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
+    _ax_shift: float = 0.0
+
+    def _ax_identity(self) -> bool:
+        return self._ax_scale == 1.0 and self._ax_shift == 0.0
+
+    def posterior(
+        self,
+        X: Tensor,
+        output_indices: list[int] | None = None,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""The model's posterior mapped from its anchor units to Ax's current units
+        (``observation_noise`` tensors are in the model's standardised units, as BoTorch's)."""
+        post = super().posterior(  # type: ignore[misc]
+            X, output_indices=output_indices, observation_noise=observation_noise, **kwargs
+        )
+        if not self._ax_identity():
+            from botorch.posteriors.gpytorch import GPyTorchPosterior
+            from gpytorch.distributions import MultivariateNormal
+
+            mvn = post.distribution
+            post = GPyTorchPosterior(
+                MultivariateNormal(
+                    mvn.mean * self._ax_scale + self._ax_shift,
+                    mvn.lazy_covariance_matrix * (self._ax_scale**2),
+                )
+            )
+        if posterior_transform is not None:
+            return posterior_transform(post)
+        return post
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        r"""``Y`` in Ax's current units (as ``posterior`` speaks them, so ``fantasize`` works);
+        ``noise`` in the model's standardised units."""
+        if not self._ax_identity():
+            Y = (Y - self._ax_shift) / self._ax_scale
+        return super().condition_on_observations(X, Y, noise=noise, **kwargs)  # type: ignore[misc]
+
+    def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Any:
+        r"""``Y`` and ``noise`` (variances) in Ax's current units."""
+        if not self._ax_identity():
+            Y = (Y - self._ax_shift) / self._ax_scale
+            noise = None if noise is None else noise / self._ax_scale**2
+        return super().update(X, Y, noise)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ fitting
+
+    @property
+    def refit_due(self) -> bool:
+        """Whether Ax's fitting step should refit the hyperparameters now."""
+        since = self._ax_obs_since_fit
+        if since is None:
+            return True
+        every = self._ax_refit_every
+        return every is not None and since >= every
+
+    def ax_fit(self) -> None:
+        """Refit if due (Ax's ``fit_botorch_model`` lands here), else keep the hyperparameters;
+        then remember this model for the next trial's construction."""
+        if self.refit_due:
+            t0 = time.perf_counter()
+            self.fit(**self._ax_fit_options)  # type: ignore[attr-defined]
+            self._ax_obs_since_fit = 0
+            _SESSIONS.stats.refits += 1
+            _SESSIONS.stats.fit_seconds += time.perf_counter() - t0
+        if self._ax_pending is not None:
+            _SESSIONS.put(*self._ax_pending)
+            self._ax_pending = None
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        r"""Ax hands a fitted model's ``state_dict`` to warm-start or to skip refitting (e.g. in
+        cross-validation folds, which hold other data). Only hyperparameters carry over; this
+        model's data, statistics and caches stay its own."""
+        names = {n for n, _ in self.named_parameters()}  # type: ignore[attr-defined]
+        hyper = {k: v for k, v in state_dict.items() if k in names}
+        if strict and set(hyper) != names:
+            missing = sorted(names - set(hyper))
+            raise KeyError(f"state_dict lacks hyperparameters {missing}.")
+        with torch.no_grad():
+            for name, param in self.named_parameters():  # type: ignore[attr-defined]
+                if name in hyper:
+                    param.copy_(hyper[name])
+        self._ax_obs_since_fit = 0  # loaded hyperparameters count as fitted
+        self._ax_pending = None  # a fold or a warm start: not the experiment's model
+        return None
+
+
+def ax_model_class(model_class: type[OnlineModel] | str) -> type:
+    r"""The Ax-facing subclass ``Ax<Name>`` of a bo_online model class (made once, cached).
+
+    The subclass lives in :mod:`bo_online.ax` under its name, so it is importable and picklable, and is
+    what ``ModelConfig(botorch_model_class=...)`` should name.
+    """
+    cls = _resolve(model_class)
+    with _LOCK:
+        if cls in _AX_CLASSES:
+            return _AX_CLASSES[cls]
+        if isinstance(cls, type) and issubclass(cls, AxOnlineMixin):
+            return cls
+        name = f"Ax{cls.__name__}"
+        ax_cls = type(
+            name,
+            (AxOnlineMixin, cls),
+            {
+                "__module__": _PACKAGE,
+                "__qualname__": name,
+                "_bo_online_base": cls,
+                "__doc__": (
+                    f"Ax-facing :class:`{cls.__module__}.{cls.__name__}`: incremental "
+                    "construction between trials and scheduled refits "
+                    "(see :class:`bo_online.ax.AxOnlineMixin`)."
+                ),
+            },
+        )
+        _AX_CLASSES[cls] = ax_cls
+        setattr(sys.modules[_PACKAGE], name, ax_cls)
+        return ax_cls
+
+
+def _resolve(model_class: type[OnlineModel] | str) -> type[OnlineModel]:
+    if isinstance(model_class, str):
+        if "." not in model_class:
+            model_class = f"bo_online.models.{model_class}"
+        module_name, _, attr = model_class.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(
+                f"No bo_online model {model_class!r} (available: {sorted(available_models())})."
+            ) from err
+    else:
+        cls = model_class
+    if not (isinstance(cls, type) and issubclass(cls, OnlineModel)):
+        raise ValueError(f"{cls!r} is not a subclass of bo_online.models.base.OnlineModel.")
+    return cls
+
+
+def available_models() -> dict[str, type]:
+    """``{name: Ax subclass}`` of the bo_online models registered so far."""
+    return {base.__name__: ax for base, ax in _AX_CLASSES.items()}

@@ -1,0 +1,112 @@
+r"""Binary classifiers for the streaming loop, under the loop's model interface.
+
+The streaming loop builds a surrogate as ``Cls(train_X, train_Y, **options)`` (``train_Y``:
+``n x 1`` labels in {0, 1}), updates it with ``update(X, Y)``, refits it with
+``fit(max_iter=...)`` and checkpoints it with ``state_dict`` / ``load_state_dict``. For a
+classification stream it also asks ``predict_proba(X) -> p(y = 1 | x)`` (``n``). Two surrogates
+classify:
+
+* ``tsvgp`` -- :class:`TSVGPClassifier`, a :class:`~bo_online.models.TSVGP` with a
+  :class:`~bo_online.likelihoods.Bernoulli` likelihood (probit by default). Its predictive
+  probability is ``E_{q(f)}[Phi(f)] = Phi(mu / sqrt(1 + s^2))`` for the probit link (closed form);
+  for the logit link the likelihood's Gauss-Hermite quadrature.
+* ``wiski`` -- :class:`WISKIBinaryClassifier`, the two-class
+  :class:`~bo_online.models.wiski_classification.WISKIDirichletClassifier` (Milios et al.
+  Dirichlet regression); its probability is the (seeded) Monte-Carlo average of the softmax.
+
+:func:`classifier_class` maps a registry name to one of them, with a one-line error for a
+surrogate that cannot classify.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from bo_online.likelihoods import Bernoulli
+from bo_online.models.tsvgp import TSVGP
+from bo_online.models.wiski_classification import WISKIDirichletClassifier
+
+__all__ = ["TSVGPClassifier", "WISKIBinaryClassifier", "CLASSIFIERS", "classifier_class"]
+
+
+class TSVGPClassifier(TSVGP):
+    r"""t-SVGP with a Bernoulli likelihood on labels {0, 1}.
+
+    Args:
+        train_X: ``n x d`` inputs (unit cube); train_Y: ``n x 1`` labels in {0, 1}.
+        link: ``"probit"`` (default) or ``"logit"``.
+        **options: the other :class:`~bo_online.models.TSVGP` options (``inducing_points``, ...).
+    """
+
+    def __init__(self, train_X: Tensor, train_Y: Tensor, link: str = "probit", **options: Any) -> None:
+        if "likelihood" in options:
+            raise ValueError("TSVGPClassifier sets its own Bernoulli likelihood; pass link= instead.")
+        super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
+
+    def predict_proba(self, X: Tensor) -> Tensor:
+        r"""``p(y = 1 | x)`` for each row of ``X`` (``n x d``) -> ``n``: the latent marginal
+        ``N(mu, s^2)`` pushed through the link."""
+        with torch.no_grad():
+            post = self.posterior(X.unsqueeze(-2))  # n x 1 x d: marginals only
+            mean, var = post.mean.reshape(-1), post.variance.reshape(-1).clamp_min(0.0)
+            if self.likelihood.link == "probit":
+                return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
+            return self.likelihood._expect(self.likelihood.prob, mean, var)
+
+
+class WISKIBinaryClassifier(WISKIDirichletClassifier):
+    r"""The WISKI Dirichlet classifier with two classes, labels {0, 1} as ``n x 1``.
+
+    Args:
+        train_X: ``n x d`` inputs (unit cube); train_Y: ``n x 1`` labels in {0, 1}.
+        num_samples: Monte-Carlo samples of :meth:`predict_proba` (seeded, so deterministic).
+        **options: :class:`WISKIDirichletClassifier` options (``alpha_eps``, ``grid_size``, ...).
+    """
+
+    def __init__(self, train_X: Tensor, train_Y: Tensor, num_samples: int = 256, **options: Any) -> None:
+        super().__init__(train_X, _labels(train_Y), num_classes=2, **options)
+        self.num_samples = int(num_samples)
+
+    def update(self, X: Tensor, Y: Tensor) -> "WISKIBinaryClassifier":
+        return super().update(X, _labels(Y))
+
+    def predict_proba(self, X: Tensor) -> Tensor:
+        r"""``p(y = 1 | x)`` for each row of ``X`` (``n x d``) -> ``n``."""
+        return super().predict_proba(X.unsqueeze(-2), num_samples=self.num_samples, seed=0).reshape(-1, 2)[:, 1]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        # nn.Module.load_state_dict would bypass each WISKI's own load_state_dict (which resizes
+        # the grown statistics buffers), so hand every class model its part of the state.
+        parts: list[dict[str, Any]] = [{} for _ in self.models]
+        for key, value in state_dict.items():
+            head, c, rest = key.split(".", 2)
+            if head != "models":
+                raise KeyError(f"Unexpected key {key!r} in a WISKIBinaryClassifier state.")
+            parts[int(c)][rest] = value
+        for model, part in zip(self.models, parts):
+            model.load_state_dict(part, strict=strict, assign=assign)
+
+
+def _labels(Y: Tensor) -> Tensor:
+    y = Y.reshape(-1)
+    if not bool(((y == 0) | (y == 1)).all()):
+        raise ValueError("Binary classification needs labels in {0, 1}.")
+    return y.long()
+
+
+#: registry name -> classifier class.
+CLASSIFIERS: dict[str, type] = {"tsvgp": TSVGPClassifier, "wiski": WISKIBinaryClassifier}
+
+
+def classifier_class(name: str) -> type:
+    """The classifier for registry name ``name``; a one-line ValueError if it cannot classify."""
+    key = name.lower()
+    if key not in CLASSIFIERS:
+        raise ValueError(
+            f"Model {name!r} cannot classify (regression only); for a classification stream "
+            f"choose one of {', '.join(CLASSIFIERS)}."
+        )
+    return CLASSIFIERS[key]
