@@ -1,5 +1,5 @@
 r"""Update time of DecoupledSVGP over a long stream (capped bases): mean time of updates 1-100 vs
-the last 100, at the model's defaults (256 mean / 64 covariance bases, fit on the first points).
+the last 100, at the model's defaults (256 mean / 128 covariance bases, fit on the first points).
 
     python benchmarks/bench_decoupled_updates.py [--n 5000] [--dim 4] [--grow]
 

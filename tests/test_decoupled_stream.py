@@ -60,7 +60,7 @@ def test_default_fit_reaches_the_exact_gp_hyperparameters():
 
 def test_default_fit_with_bases_equal_to_data_is_the_exact_gp():
     X, Y = _function_data(Branin(), 30, seed=3)
-    m = DecoupledSVGP(X, Y)  # 30 <= 64 covariance bases: the bases are the data
+    m = DecoupledSVGP(X, Y)  # 30 <= 128 covariance bases: the bases are the data
     m.fit(max_iter=200)
     e = OnlineExactGP(X, Y)
     e.fit()
