@@ -10,7 +10,8 @@ This module owns the grid and the weights; the models own the kernel.
   ``4^d`` non-zeros per row; returned as ``(indices, values)`` and never as a dense ``n x m``
   matrix. Inputs whose stencil would leave the grid raise ``ValueError`` (never a silent clamp).
 * :func:`interp_matmul`, :func:`interp_gram` -- products with the implicit sparse ``W`` by
-  gathering and scattering.
+  gathering and scattering; :func:`interp_quad` -- ``W M W^T`` for a few points, differentiable
+  in the weights at the cost of the ``(N K)^2`` entries of ``M`` it reads.
 
 GPyTorch's ``Interpolation`` class computes the same weights but clamps out-of-grid inputs and
 returns dense index tensors sized for its own operators; we need a strict domain check, a
@@ -25,8 +26,11 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-__all__ = ["RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector"]
+__all__ = [
+    "RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector", "interp_quad"
+]
 
 # Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
 _KEYS_A = -0.5
@@ -208,14 +212,7 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     needs_grad = torch.is_grad_enabled() and (val.requires_grad or M.requires_grad)
     if not needs_grad and fi.shape[0] * K * c > 2**16:
         # Sparse product (CSR rows of K non-zeros): fast and light for many rows without grad.
-        rows = fi.shape[0]
-        crow = torch.arange(0, rows * K + 1, K, device=idx.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-            W = torch.sparse_csr_tensor(
-                crow, fi.reshape(-1), fv.reshape(-1), (rows, M.shape[0]), check_invariants=False
-            )
-            return (W @ M).reshape(*batch, n, c)
+        return _csr_matmul(fi, fv, M).reshape(*batch, n, c)
     rows_per = max(1, chunk // max(1, K * c))
     out = []
     for start in range(0, fi.shape[0], rows_per):
@@ -276,3 +273,74 @@ def interp_gram(
         pair_val = (ww.unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
         G.index_add_(0, pair_idx, pair_val)
     return out
+
+
+class _InterpQuad(torch.autograd.Function):
+    r"""``W M W^T`` per batch element for a constant symmetric ``M``, differentiable in the weights.
+
+    With ``Y = W M`` (``N x m``, one sparse product) and ``Z[j, (i, k)] = Y[j, idx_ik] =
+    sum_l val_jl M[idx_jl, idx_ik]`` (``N x N K`` entries gathered from ``Y``), the output is
+    ``out[i, j] = sum_k val_ik Z[j, (i, k)]`` and, since ``M`` is symmetric, the gradient for an
+    output gradient ``G`` is ``dval_ik = sum_j (G + G^T)[i, j] Z[j, (i, k)]``: O(N^2 K) from the
+    saved ``Z``, where autograd would keep and differentiate the gathered ``N K x m`` rows of
+    ``M``. A hand-written backward because neither torch nor linear_operator has this
+    sparse-dense-sparse product.
+    """
+
+    @staticmethod
+    def forward(ctx, idx: Tensor, val: Tensor, M: Tensor) -> Tensor:  # type: ignore[override]
+        B, N, K = idx.shape
+        Y = _csr_matmul(idx.reshape(B * N, K), val.reshape(B * N, K), M).view(B, N, -1)
+        Z = torch.gather(Y, -1, idx.reshape(B, 1, N * K).expand(B, N, N * K))  # B x N x NK
+        out = (Z.view(B, N, N, K) * val.unsqueeze(-3)).sum(-1)  # [b, j, i] = out[b, i, j]
+        ctx.save_for_backward(Z)
+        return 0.5 * (out + out.mT)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (Z,) = ctx.saved_tensors
+        B, N, NK = Z.shape
+        sym = grad + grad.mT  # the output is symmetrised: 0.5 (G + G^T) twice
+        dval = (Z.view(B, N, N, NK // N) * sym.mT.unsqueeze(-1)).sum(-3)  # sum over j
+        return None, dval, None
+
+
+def _csr_matmul(idx: Tensor, val: Tensor, M: Tensor) -> Tensor:
+    r"""``W M`` for ``rows x K`` weights as a sparse CSR product (no autograd), ``rows x c``."""
+    rows, K = idx.shape
+    crow = torch.arange(0, rows * K + 1, K, device=idx.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        W = torch.sparse_csr_tensor(
+            crow, idx.reshape(-1), val.reshape(-1), (rows, M.shape[0]), check_invariants=False
+        )
+        return W @ M
+
+
+def interp_quad(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tensor:
+    r"""``W M W^T`` (``... x N x N``, symmetric) for a symmetric ``m x m`` matrix ``M``.
+
+    One sparse product ``W M`` and a gather of ``N^2 K`` of its entries, so for a few points per
+    batch (a candidate batch in an acquisition optimisation) it needs no second product with
+    ``m`` columns. Differentiable in ``val`` (hence in the inputs) by a hand-written backward
+    (:class:`_InterpQuad`) that costs O(N^2 K) per batch element; ``M`` must not require a
+    gradient.
+
+    Args:
+        idx: ``... x N x K`` interpolation indices.
+        val: ``... x N x K`` interpolation weights (same batch shape as ``idx``).
+        M: ``m x m`` symmetric matrix (no batch).
+        chunk: bound on the elements of the ``rows x m`` temporary ``W M``.
+
+    Returns:
+        ``... x N x N``.
+    """
+    if M.requires_grad and torch.is_grad_enabled():
+        raise ValueError("interp_quad differentiates in the weights only; M must be a constant.")
+    batch, (N, K) = idx.shape[:-2], idx.shape[-2:]
+    fi = idx.reshape(-1, N, K)
+    fv = val.expand(idx.shape).reshape(-1, N, K)
+    per = max(1, chunk // max(1, N * M.shape[-1]))
+    out = [_InterpQuad.apply(fi[s:s + per], fv[s:s + per], M) for s in range(0, fi.shape[0], per)]
+    return (out[0] if len(out) == 1 else torch.cat(out, 0)).reshape(*batch, N, N)

@@ -68,7 +68,7 @@ from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vector
+from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_quad, interp_vector
 from bo_online.linalg import cholesky_update, psd_cholesky, solve_lower, solve_lower_transpose
 from bo_online.models.additive_grid import (
     BlockGridKernel,
@@ -665,11 +665,30 @@ class WISKI(OnlineModel):
             return (self.sum_D / self.n.clamp_min(1) / self.outcome_std.pow(2)).reshape(1, 1)
         return None
 
+    def _use_gram_block(self, idx: Tensor, val: Tensor) -> bool:
+        r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
+        (:func:`bo_online.grid.interp_quad`): a plain (not conditioned) model, a small dense
+        covariance whose stencils touch fewer than ``m`` grid points, and either ``M`` already
+        cached or a gradient asked for (an acquisition optimiser calls hundreds of times per base
+        state, so the O(m^3) of ``M`` is paid once; a single no-grad call keeps the O(m^2 N)
+        triangular solve)."""
+        N, K = idx.shape[-2:]
+        if self.d_idx is not None or N > _DENSE_COVAR_MAX or N * K >= self.grid.num_points:
+            return False
+        needs_grad = torch.is_grad_enabled() and val.requires_grad
+        return needs_grad or self._shared.get("M") is not None
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         idx, val = self._interp(X)
         # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
         coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
         mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
+        if self._use_gram_block(idx, val):
+            # sigma^2 W M W^T from the (N K)^2 entries of the cached M = R A^-1 R^T: an
+            # acquisition optimiser's few points per batch, with their gradient, cost O((N K)^2)
+            # instead of the N x m rows sigma W R L_A^-T (and their backward).
+            covar = self._sigma2().detach() * interp_quad(idx, val, self._factor_gram())
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
         P, p_diag = self._grid_root(idx, val)  # sigma E^T: xb x N x m, its row norms
         if self.d_idx is None:
             Q = P.new_zeros(*P.shape[:-1], 0)
