@@ -110,3 +110,59 @@ def test_acquisition_path_after_updates_uses_the_carried_gram_and_matches_dense(
     (grad,) = torch.autograd.grad(post.mvn.covariance_matrix.diagonal(dim1=-2, dim2=-1).sum() / sd2, Xs)
     (grad_ref,) = torch.autograd.grad(cov.diagonal(dim1=-2, dim2=-1).sum(), Xs)
     torch.testing.assert_close(grad, grad_ref, rtol=1e-7, atol=1e-7)
+
+
+def _dense_posterior_extra(model, X, Y, Xs, X2, Y2, noise2):
+    """As :func:`_dense_posterior_diff` with observations ``(X2, Y2)`` (standardised ``noise2``)
+    appended, differentiable in ``Xs`` (``N x d``)."""
+    with torch.no_grad():
+        W = torch.cat([model.grid.dense_weights(X), model.grid.dense_weights(X2)])
+        K = grid_kernel(model)
+        y = (torch.cat([Y, Y2]).reshape(-1) - model.outcome_mean) / model.outcome_std
+        noise = torch.cat([noise_std(model, X.shape[0], None), noise2])
+        L = torch.linalg.cholesky(W @ K @ W.T + torch.diag(noise))
+        c = model.mean_module.constant.reshape(())
+        alpha = torch.cholesky_solve((y - c).unsqueeze(-1), L).squeeze(-1)
+    Ws = model.grid.dense_weights(Xs)
+    Kxs = Ws @ K @ W.T
+    V = torch.linalg.solve_triangular(L, Kxs.mT, upper=False)
+    return (c + Kxs @ alpha) * model.outcome_std + model.outcome_mean, Ws @ K @ Ws.mT - V.mT @ V
+
+
+def test_conditioned_posterior_at_few_points_with_gradient_matches_dense():
+    from botorch.sampling import SobolQMCNormalSampler
+
+    g = torch.Generator().manual_seed(8)
+    X = torch.rand(25, 2, generator=g, dtype=DT)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    model = WISKI(X, Y, grid_size=12)
+    model.likelihood.noise = 0.03
+    model.eval()
+    Xf = torch.rand(5, 3, 2, generator=g, dtype=DT)
+    fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([4]), seed=0))  # batch 4 x 5
+    Xm = torch.rand(5, 1, 2, generator=g, dtype=DT)
+    Ym = torch.randn(4, 5, 1, 1, generator=g, dtype=DT)
+    cm = fm.condition_on_observations(Xm, Ym)  # chained: 4 pending points per batch
+    Xt = torch.rand(5, 4, 2, generator=g, dtype=DT).requires_grad_(True)  # one batch per fantasy
+    wt = torch.randn(5, 4, 4, generator=g, dtype=DT)
+    sd2 = model.outcome_std.reshape(()) ** 2
+    noise = model.likelihood.noise.reshape(()).expand(4)
+    for m in (fm, cm):
+        post = m.posterior(Xt)
+        assert post.mean.shape == (4, 5, 4, 1)
+        cov = post.mvn.covariance_matrix / sd2
+        total = post.mean.sum() + (cov * wt).sum()
+        (grad,) = torch.autograd.grad(total, Xt)
+        total_ref = 0.0
+        for s in range(4):
+            for b in range(5):
+                X2 = Xf[b] if m is fm else torch.cat([Xf[b], Xm[b]])
+                Y2 = m.d_y[s, b, -X2.shape[0]:].reshape(-1, 1)
+                mean_ref, cov_ref = _dense_posterior_extra(
+                    model, X, Y, Xt[b], X2, Y2, noise[: X2.shape[0]]
+                )
+                torch.testing.assert_close(post.mean[s, b].squeeze(-1), mean_ref, rtol=1e-8, atol=1e-8)
+                torch.testing.assert_close(cov[s, b], cov_ref, rtol=1e-8, atol=1e-8)
+                total_ref = total_ref + mean_ref.sum() + (cov_ref * wt[b]).sum()
+        (grad_ref,) = torch.autograd.grad(total_ref, Xt)
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-7, atol=1e-7)

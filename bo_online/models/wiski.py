@@ -85,7 +85,7 @@ from bo_online.models.wiski_covariance import RootDifferenceLinearOperator
 __all__ = ["WISKI", "default_grid_size"]
 
 _STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D")
-_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef")
+_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef", "d_SF")
 # Below this many test points per batch the posterior covariance is returned dense.
 _DENSE_COVAR_MAX = 64
 
@@ -521,7 +521,7 @@ class WISKI(OnlineModel):
         self.mean_coef = self._mean_coef(R, L_A, v)
         self._shared = {}
         if self.d_idx is not None:
-            self.d_F, self.d_C, self.d_mean_coef = self._delta_caches(
+            self.d_F, self.d_C, self.d_mean_coef, self.d_SF = self._delta_caches(
                 self.d_idx, self.d_val, self.d_D, self.d_y
             )
 
@@ -534,9 +534,10 @@ class WISKI(OnlineModel):
 
     def _delta_caches(
         self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         r"""Rank-q correction for pending points: ``F = L_A^-1 U`` (``batch x m x q``),
-        ``C C^T = I + F^T F`` and the mean coefficients ``R A'^-1 R^T z'`` (``sample x batch x m``).
+        ``C C^T = I + F^T F``, the mean coefficients ``R A'^-1 R^T z'`` (``sample x batch x m``)
+        and ``S F = M W*^T D*^-1/2`` (``batch x m x q``).
         ``U = R^T W*^T D*^-1/2``; nothing of size m x m per batch is formed."""
         q = idx.shape[-2]
         # Everything per candidate batch reads 4^d rows of two m x m matrices cached once per
@@ -559,7 +560,7 @@ class WISKI(OnlineModel):
         Ftu = interp_vector(idx, wv, self.mean_coef) + (FtF @ a.unsqueeze(-1)).squeeze(-1)
         corr = torch.cholesky_solve(Ftu.unsqueeze(-1), C).squeeze(-1)
         mean_coef = self.mean_coef + (SF @ (a - corr).unsqueeze(-1)).squeeze(-1)
-        return F, C, mean_coef
+        return F, C, mean_coef, SF
 
     def _factor_root(self) -> Tensor:
         r"""``S = R L_A^-T`` (``m x m``, ``S S^T = R A^-1 R^T``), O(m^3) once per factor state,
@@ -667,14 +668,14 @@ class WISKI(OnlineModel):
 
     def _use_gram_block(self, idx: Tensor, val: Tensor) -> bool:
         r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
-        (:func:`bo_online.grid.interp_quad`): a plain (not conditioned) model, a small dense
-        covariance whose stencils touch fewer than ``m`` grid points, and either ``M`` already
-        cached or a gradient asked for (an acquisition optimiser calls hundreds of times per base
-        state, so the O(m^3) of ``M`` is paid once; a single no-grad call keeps the O(m^2 N)
-        triangular solve)."""
-        N, K = idx.shape[-2:]
-        if self.d_idx is not None or N > _DENSE_COVAR_MAX or N * K >= self.grid.num_points:
+        (:func:`bo_online.grid.interp_quad`): a small dense covariance, and a conditioned model
+        (whose corrections are built from ``M``), ``M`` already cached, or a gradient asked for
+        (an acquisition optimiser calls hundreds of times per base state, so the O(m^3) of ``M``
+        is paid once; a single no-grad call keeps the O(m^2 N) triangular solve)."""
+        if idx.shape[-2] > _DENSE_COVAR_MAX:
             return False
+        if self.d_idx is not None:  # a conditioned model: M is built with its corrections
+            return self.d_SF is not None
         needs_grad = torch.is_grad_enabled() and val.requires_grad
         return needs_grad or self._shared.get("M") is not None
 
@@ -684,10 +685,18 @@ class WISKI(OnlineModel):
         coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
         mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
         if self._use_gram_block(idx, val):
-            # sigma^2 W M W^T from the (N K)^2 entries of the cached M = R A^-1 R^T: an
-            # acquisition optimiser's few points per batch, with their gradient, cost O((N K)^2)
-            # instead of the N x m rows sigma W R L_A^-T (and their backward).
-            covar = self._sigma2().detach() * interp_quad(idx, val, self._factor_gram())
+            # sigma^2 (W M W^T - H^T H) from the cached M = R A^-1 R^T (grid.interp_quad): one
+            # sparse product W M and a gather, with an O(N^2 K) backward, instead of the N x m
+            # rows sigma W R L_A^-T, their Gram matrix and their autograd. For a conditioned
+            # model H^T = W (S F) C^-T reads 4^d rows of the m x q matrix S F per point.
+            sigma2 = self._sigma2().detach()
+            covar = sigma2 * interp_quad(idx, val, self._factor_gram())
+            if self.d_idx is not None:
+                Q = _right_solve(self.d_C, _interp_rows(idx, val, self.d_SF))  # H^T: bb x N x q
+                covar = covar - sigma2 * (Q @ Q.mT)
+            batch = torch.broadcast_shapes(mean.shape[:-1], covar.shape[:-2])
+            N = covar.shape[-1]
+            mean, covar = mean.expand(*batch, N), covar.expand(*batch, N, N)
             return MultivariateNormal(mean, DenseLinearOperator(covar))
         P, p_diag = self._grid_root(idx, val)  # sigma E^T: xb x N x m, its row norms
         if self.d_idx is None:
@@ -723,7 +732,7 @@ class WISKI(OnlineModel):
         new._stats_shared = True
         self._stats_shared = True
         new.d_idx, new.d_val, new.d_D, new.d_y = idx, val, D, y
-        new.d_F, new.d_C, new.d_mean_coef = self._delta_caches(idx, val, D, y)
+        new.d_F, new.d_C, new.d_mean_coef, new.d_SF = self._delta_caches(idx, val, D, y)
         new._batch_shape = torch.broadcast_shapes(y.shape[:-1], idx.shape[:-2])
         return new
 
@@ -1196,6 +1205,20 @@ def _updated_roots(shared: dict[str, Any], idx: Tensor, wv: Tensor) -> dict[str,
         H = torch.linalg.solve_triangular(C, SF.mT, upper=False)  # C^-1 SF^T: q x m
         out["M"] = torch.addmm(M, H.mT, H, alpha=-1.0)
     return out
+
+
+def _interp_rows(idx: Tensor, val: Tensor, A: Tensor) -> Tensor:
+    r"""``W A`` for batched grid matrices: ``idx``/``val``: ``xb x N x K``, ``A``: ``ab x m x c``
+    (``c`` small); returns ``broadcast(xb, ab) x N x c``, differentiable in ``val``."""
+    N, K = idx.shape[-2:]
+    m, c = A.shape[-2:]
+    if A.shape[:-2].numel() == 1:
+        out = interp_matmul(idx, val, A.reshape(m, c))
+        return out.reshape(*([1] * max(0, A.dim() - 2 - (idx.dim() - 2))), *out.shape)
+    bb = torch.broadcast_shapes(idx.shape[:-2], A.shape[:-2])
+    rows = idx.expand(*bb, N, K).reshape(*bb, N * K, 1).expand(*bb, N * K, c)
+    gathered = torch.gather(A.expand(*bb, m, c), -2, rows).view(*bb, N, K, c)
+    return (gathered * val.expand(*bb, N, K).unsqueeze(-1)).sum(-2)
 
 
 def _right_solve(C: Tensor, B: Tensor) -> Tensor:
