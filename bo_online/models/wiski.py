@@ -88,6 +88,9 @@ _STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2",
 _DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef", "d_SF")
 # Below this many test points per batch the posterior covariance is returned dense.
 _DENSE_COVAR_MAX = 64
+# After this many posterior requests on one state, build M = R A^-1 R^T (O(m^3)) and read
+# covariances from it (see WISKI._use_gram_block).
+_GRAM_AFTER_CALLS = 8
 
 
 #: BoTorch's lower lengthscale bound in its default kernel.
@@ -670,14 +673,16 @@ class WISKI(OnlineModel):
         r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
         (:func:`bo_online.grid.interp_quad`): a small dense covariance, and a conditioned model
         (whose corrections are built from ``M``), ``M`` already cached, or a gradient asked for
-        (an acquisition optimiser calls hundreds of times per base state, so the O(m^3) of ``M``
-        is paid once; a single no-grad call keeps the O(m^2 N) triangular solve)."""
+        or more than ``_GRAM_AFTER_CALLS`` requests on this state (an acquisition optimiser calls
+        hundreds of times per base state, its raw samples first and without a gradient, so the
+        O(m^3) of ``M`` is paid once; a few no-grad calls keep the O(m^2 N) triangular solve)."""
         if idx.shape[-2] > _DENSE_COVAR_MAX:
             return False
         if self.d_idx is not None:  # a conditioned model: M is built with its corrections
             return self.d_SF is not None
         needs_grad = torch.is_grad_enabled() and val.requires_grad
-        return needs_grad or self._shared.get("M") is not None
+        calls = self._shared["calls"] = self._shared.get("calls", 0) + 1
+        return needs_grad or calls > _GRAM_AFTER_CALLS or self._shared.get("M") is not None
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         idx, val = self._interp(X)
