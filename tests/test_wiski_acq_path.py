@@ -15,7 +15,9 @@ from wiski_reference import grid_kernel, noise_std
 DT = torch.float64
 
 
-@pytest.mark.parametrize("sizes, shape", [([12], (4, 3)), ([9, 8], (2, 3, 5)), ([8, 7, 9], (5, 3))])
+@pytest.mark.parametrize(
+    "sizes, shape", [([12], (4, 3)), ([9, 8], (2, 3, 5)), ([8, 7, 9], (5, 3)), ([8, 7, 9], (2, 50))]
+)
 def test_interp_quad_and_its_gradient_match_dense_products(sizes, shape):
     g = torch.Generator().manual_seed(3)
     grid = RegularGrid(sizes, dtype=DT)

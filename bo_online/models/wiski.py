@@ -671,16 +671,20 @@ class WISKI(OnlineModel):
 
     def _use_gram_block(self, idx: Tensor, val: Tensor) -> bool:
         r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
-        (:func:`bo_online.grid.interp_quad`): a small dense covariance, and a conditioned model
+        (:func:`bo_online.grid.interp_quad`): a small dense covariance, with a gradient or with
+        stencils that touch fewer than ``m`` grid points in all, and a conditioned model
         (whose corrections are built from ``M``), ``M`` already cached, or a gradient asked for
         or more than ``_GRAM_AFTER_CALLS`` requests on this state (an acquisition optimiser calls
         hundreds of times per base state, its raw samples first and without a gradient, so the
         O(m^3) of ``M`` is paid once; a few no-grad calls keep the O(m^2 N) triangular solve)."""
-        if idx.shape[-2] > _DENSE_COVAR_MAX:
+        N, K = idx.shape[-2:]
+        if N > _DENSE_COVAR_MAX:
             return False
+        needs_grad = torch.is_grad_enabled() and val.requires_grad
+        if not needs_grad and N * K > self.grid.num_points:
+            return False  # many points, no gradient: rows W S and their Gram are as cheap
         if self.d_idx is not None:  # a conditioned model: M is built with its corrections
             return self.d_SF is not None
-        needs_grad = torch.is_grad_enabled() and val.requires_grad
         calls = self._shared["calls"] = self._shared.get("calls", 0) + 1
         return needs_grad or calls > _GRAM_AFTER_CALLS or self._shared.get("M") is not None
 
