@@ -12,7 +12,9 @@ ratios. Quantities (``--task``):
   ``benchmarks/bench_bo_step.py``), each from a new state (caches dropped first, as after the
   loop's refit, so their rebuild counts); the ratio WISKI / exact within each version.
 * ``update``: ``update`` of q = 3 points plus the next posterior at 3 points, WISKI and
-  OnlineExactGP at ``--n`` (as ``bench_bo_step.py``'s update part), each on a fresh copy.
+  OnlineExactGP at ``--n`` (as ``bench_bo_step.py``'s update part), each on a fresh copy, after
+  a posterior with a gradient on the same state (as the acquisition leaves it); WISKI at the
+  loop's default grid or ``--grid-size`` points per dimension (12: m = 1,000).
 * ``cond``: WISKI at ``--m`` = 1,000 grid points (3-D, 12^3 grid incl. padding) on ``--n``
   points, caches built by a first fantasy; per repetition ``update`` of q = 3 points, then the
   first conditioning on 3 points plus the posterior at 50 points on the new state
@@ -98,7 +100,8 @@ def _task_update(args):
     Xp = torch.rand(3, 3, generator=g, dtype=torch.float64)
     models = {}
     for name in ("wiski", "exact"):
-        model = get_model_class(name)(X, Y)
+        kw = {"grid_size": args.grid_size} if (name == "wiski" and args.grid_size) else {}
+        model = get_model_class(name)(X, Y, **kw)
         model.fit(max_iter=200)
         model.eval()
         # as in the loop: the acquisition ran on this state (posterior with a gradient)
@@ -230,6 +233,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--m", type=int, default=1000)
     ap.add_argument("--acq", choices=["qucb", "logei"], default="qucb")
+    ap.add_argument("--grid-size", type=int, default=0, help="update: WISKI grid (0: default)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--inner", type=int, default=3, help="chol: calls per sample (best of)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -242,7 +246,7 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), OMP_NUM_THREADS="1")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--task", args.task,
                "--n", str(args.n), "--m", str(args.m), "--acq", args.acq,
-               "--inner", str(args.inner)]
+               "--inner", str(args.inner), "--grid-size", str(args.grid_size)]
         procs[label] = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True)
     for label, p in procs.items():

@@ -316,8 +316,14 @@ def _contract(Z: Tensor, w: Tensor, spec: str, new_dim: int, dim: int) -> Tensor
 
 
 def _csr_matmul(idx: Tensor, val: Tensor, M: Tensor) -> Tensor:
-    r"""``W M`` for ``rows x K`` weights as a sparse CSR product (no autograd), ``rows x c``."""
+    r"""``W M`` for ``rows x K`` weights as a sparse CSR product (no autograd), ``rows x c``.
+
+    The CSR product needs a row-major ``M`` and copies any other; for a few rows of a
+    non-row-major ``M`` (a LAPACK-layout factor) they are gathered instead."""
     rows, K = idx.shape
+    if not M.is_contiguous() and rows * K < M.shape[0]:
+        picked = M.index_select(0, idx.reshape(-1)).view(rows, K, -1)
+        return (picked * val.unsqueeze(-1)).sum(-2)
     crow = torch.arange(0, rows * K + 1, K, device=idx.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
