@@ -35,6 +35,13 @@ __all__ = [
 # Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
 _KEYS_A = -0.5
 
+#: Keys' weights (a = -1/2) at stencil offsets -1, 0, 1, 2 as cubics in the fraction f in
+#: [0, 1]: row p holds the coefficients of f^p (from u(1 + f), u(f), u(1 - f), u(2 - f)).
+_KEYS_POLY = torch.tensor(
+    [[0.0, 1.0, 0.0, 0.0], [-0.5, 0.0, 0.5, 0.0], [1.0, -2.5, 2.0, -0.5], [-0.5, 1.5, -1.5, 0.5]],
+    dtype=torch.float64,
+)
+
 #: The grid extends this many cells beyond the data box on every side (docs/math.md §1).
 PADDING_CELLS = 2
 
@@ -123,6 +130,23 @@ class RegularGrid:
         mesh = torch.meshgrid(*axes, indexing="ij")
         return torch.stack([a.reshape(-1) for a in mesh], dim=-1)
 
+    def _constants(self, X: Tensor) -> tuple[Tensor, ...]:
+        r"""Per-(dtype, device) constants of :meth:`interpolate`, built once: lower corner,
+        spacing, the largest stencil base, the box in grid coordinates, the stencil's index
+        shifts and the cubics' coefficients."""
+        key = (X.dtype, X.device)
+        cache = self.__dict__.setdefault("_const_cache", {})
+        if key not in cache:
+            sizes = torch.tensor(self.sizes, device=X.device)
+            tol = 1e-9 * (sizes - 5).to(X.dtype)
+            cache[key] = (
+                self.lower.to(X), self.spacing.to(X), sizes - 4,
+                2 - tol, (sizes - 3).to(X.dtype) + tol,
+                torch.arange(-2, 2, device=X.device),  # stencil offsets -1..2, interior index
+                _KEYS_POLY.to(X),
+            )
+        return cache[key]
+
     def interpolate(self, X: Tensor) -> tuple[Tensor, Tensor]:
         r"""Sparse cubic interpolation weights of ``X`` on the (interior) grid.
 
@@ -140,13 +164,12 @@ class RegularGrid:
         """
         if X.shape[-1] != self.dim:
             raise ValueError(f"X must have {self.dim} columns, got shape {tuple(X.shape)}.")
-        lower, spacing = self.lower.to(X), self.spacing.to(X)
+        lower, spacing, top_base, lo, hi, shifts, poly = self._constants(X)
         t = (X - lower) / spacing  # grid coordinates (full grid)
-        sizes = torch.tensor(self.sizes, device=X.device)
         td = t.detach()
-        # The box is [2, g - 3] in grid coordinates; allow a few ulps for points on its faces.
-        tol = 1e-9 * (sizes - 5).to(td)
-        bad = ~torch.isfinite(td) | (td < 2 - tol) | (td > (sizes - 3).to(td) + tol)
+        # The box is [2, g - 3] in grid coordinates (a few ulps allowed for points on its faces);
+        # NaN fails both comparisons.
+        bad = ~((td >= lo) & (td <= hi))
         if bool(bad.any()):
             where = bad.nonzero()[0].tolist()
             raise ValueError(
@@ -157,11 +180,13 @@ class RegularGrid:
             )
         # base in [2, g - 4]: at the upper face (t = g - 3) use base g - 4 with frac = 1, which
         # gives the same weights (0, 0, 1, 0) and keeps the stencil off the outer ring.
-        base_l = torch.minimum(torch.floor(td).long().clamp_min(2), sizes - 4)
+        base_l = torch.minimum(torch.floor(td).long().clamp_min(2), top_base)
         frac = t - base_l.to(t)  # ... x n x d, in [0, 1]
-        offsets = torch.arange(-1, 3, device=X.device)  # stencil -1, 0, 1, 2
-        w_dim = keys_cubic(frac.unsqueeze(-1) - offsets.to(X))  # ... x n x d x 4
-        i_dim = base_l.unsqueeze(-1) + offsets - 1  # interior indices, in [0, g - 3]
+        # Keys' weights at offsets -1, 0, 1, 2 are cubics in frac: [1, f, f^2, f^3] @ poly
+        # (the same values as keys_cubic(frac - offset), in one product instead of ~15 ops).
+        f2 = frac * frac
+        w_dim = torch.stack([torch.ones_like(frac), frac, f2, f2 * frac], -1) @ poly
+        i_dim = base_l.unsqueeze(-1) + shifts  # interior indices, in [0, g - 3]
         idx = i_dim[..., 0, :] * self.strides[0]
         val = w_dim[..., 0, :]
         for k in range(1, self.dim):
