@@ -53,7 +53,8 @@ def _levy(n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     U = torch.rand(n, 3, generator=g, dtype=torch.float64)
     X = problem.bounds[0] + U * (problem.bounds[1] - problem.bounds[0])
-    y = problem.evaluate_true(X).reshape(-1) + 10.0 * torch.randn(n, generator=g, dtype=torch.float64)
+    noise = 10.0 * torch.randn(n, generator=g, dtype=torch.float64)
+    y = problem.evaluate_true(X).reshape(-1) + noise
     return to_unit(X, problem.bounds), (-y).reshape(-1, 1)
 
 
@@ -96,7 +97,8 @@ def _task_update(args):
 
     X, Y = _levy(args.n, 0)
     g = torch.Generator().manual_seed(1)
-    Xq, Yq = torch.rand(3, 3, generator=g, dtype=torch.float64), torch.randn(3, 1, generator=g, dtype=torch.float64)
+    Xq = torch.rand(3, 3, generator=g, dtype=torch.float64)
+    Yq = torch.randn(3, 1, generator=g, dtype=torch.float64)
     Xp = torch.rand(3, 3, generator=g, dtype=torch.float64)
     models = {}
     for name in ("wiski", "exact"):
@@ -130,14 +132,16 @@ def _task_cond(args):
     g = torch.Generator().manual_seed(0)
     d = 3
     X = torch.rand(args.n, d, generator=g, dtype=torch.float64)
-    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(args.n, 1, generator=g, dtype=torch.float64)
+    noise = 0.1 * torch.randn(args.n, 1, generator=g, dtype=torch.float64)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + noise
     side = round(args.m ** (1 / 3)) + 2
     model = WISKI(X, Y, grid_size=side)
     assert model.num_grid_points == args.m, model.num_grid_points
     model.covar_module.lengthscale = torch.full((1, d), 0.2, dtype=torch.float64)
     model.likelihood.noise = 0.01
     model.eval()
-    Xn, Yn = torch.rand(1, 3, d, generator=g, dtype=torch.float64), torch.randn(1, 3, 1, generator=g, dtype=torch.float64)
+    Xn = torch.rand(1, 3, d, generator=g, dtype=torch.float64)
+    Yn = torch.randn(1, 3, 1, generator=g, dtype=torch.float64)
     Xs = torch.rand(50, d, generator=g, dtype=torch.float64)
 
     def cond():
@@ -262,8 +266,9 @@ def main() -> None:
     for p in procs.values():
         p.stdin.close()
         p.wait()
-    print(f"task {args.task}  n={args.n} m={args.m} acq={args.acq}  reps={args.reps} (after a warm-up), "
-          f"{DT_NAME}, 1 thread; trees: " + ", ".join(f"{k}={v}" for k, v in trees.items()))
+    print(f"task {args.task}  n={args.n} m={args.m} acq={args.acq}  reps={args.reps} "
+          f"(after a warm-up), {DT_NAME}, 1 thread; trees: "
+          + ", ".join(f"{k}={v}" for k, v in trees.items()))
     med = {}
     for label in procs:
         for k, v in samples[label].items():

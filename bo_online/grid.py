@@ -317,7 +317,8 @@ class _InterpQuad(torch.autograd.Function):
         B, N, K = idx.shape
         Y = _csr_matmul(idx.reshape(B * N, K), val.reshape(B * N, K), M).view(B, N, -1)
         Z = torch.gather(Y, -1, idx.reshape(B, 1, N * K).expand(B, N, N * K))  # B x N x NK
-        out = _contract(Z.view(B, N, N, K), val, "bjik,bik->bji", -3, -1)  # [b, j, i] = out[b, i, j]
+        # [b, j, i] = out[b, i, j]
+        out = _contract(Z.view(B, N, N, K), val, "bjik,bik->bji", -3, -1)
         ctx.save_for_backward(Z)
         return 0.5 * (out + out.mT)
 

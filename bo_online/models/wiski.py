@@ -1229,7 +1229,10 @@ def _updated_roots(shared: dict[str, Any], idx: Tensor, wv: Tensor) -> dict[str,
     if M is not None:
         C = torch.linalg.cholesky(torch.eye(F.shape[-1], dtype=F.dtype, device=F.device) + FtF)
         H = torch.linalg.solve_triangular(C, SF.mT, upper=False)  # C^-1 SF^T: q x m
-        out["M"] = M.addmm_(H.mT, H, alpha=-1.0) if in_place else torch.addmm(M, H.mT, H, alpha=-1.0)
+        if in_place:
+            out["M"] = M.addmm_(H.mT, H, alpha=-1.0)
+        else:
+            out["M"] = torch.addmm(M, H.mT, H, alpha=-1.0)
     return out
 
 
