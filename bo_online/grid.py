@@ -10,7 +10,8 @@ This module owns the grid and the weights; the models own the kernel.
   ``4^d`` non-zeros per row; returned as ``(indices, values)`` and never as a dense ``n x m``
   matrix. Inputs whose stencil would leave the grid raise ``ValueError`` (never a silent clamp).
 * :func:`interp_matmul`, :func:`interp_gram` -- products with the implicit sparse ``W`` by
-  gathering and scattering.
+  gathering and scattering; :func:`interp_quad` -- ``W M W^T`` for a few points, differentiable
+  in the weights at the cost of the ``(N K)^2`` entries of ``M`` it reads.
 
 GPyTorch's ``Interpolation`` class computes the same weights but clamps out-of-grid inputs and
 returns dense index tensors sized for its own operators; we need a strict domain check, a
@@ -25,11 +26,21 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-__all__ = ["RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector"]
+__all__ = [
+    "RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector", "interp_quad"
+]
 
 # Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
 _KEYS_A = -0.5
+
+#: Keys' weights (a = -1/2) at stencil offsets -1, 0, 1, 2 as cubics in the fraction f in
+#: [0, 1]: row p holds the coefficients of f^p (from u(1 + f), u(f), u(1 - f), u(2 - f)).
+_KEYS_POLY = torch.tensor(
+    [[0.0, 1.0, 0.0, 0.0], [-0.5, 0.0, 0.5, 0.0], [1.0, -2.5, 2.0, -0.5], [-0.5, 1.5, -1.5, 0.5]],
+    dtype=torch.float64,
+)
 
 #: The grid extends this many cells beyond the data box on every side (docs/math.md §1).
 PADDING_CELLS = 2
@@ -119,6 +130,23 @@ class RegularGrid:
         mesh = torch.meshgrid(*axes, indexing="ij")
         return torch.stack([a.reshape(-1) for a in mesh], dim=-1)
 
+    def _constants(self, X: Tensor) -> tuple[Tensor, ...]:
+        r"""Per-(dtype, device) constants of :meth:`interpolate`, built once: lower corner,
+        spacing, the largest stencil base, the box in grid coordinates, the stencil's index
+        shifts and the cubics' coefficients."""
+        key = (X.dtype, X.device)
+        cache = self.__dict__.setdefault("_const_cache", {})
+        if key not in cache:
+            sizes = torch.tensor(self.sizes, device=X.device)
+            tol = 1e-9 * (sizes - 5).to(X.dtype)
+            cache[key] = (
+                self.lower.to(X), self.spacing.to(X), sizes - 4,
+                2 - tol, (sizes - 3).to(X.dtype) + tol,
+                torch.arange(-2, 2, device=X.device),  # stencil offsets -1..2, interior index
+                _KEYS_POLY.to(X),
+            )
+        return cache[key]
+
     def interpolate(self, X: Tensor) -> tuple[Tensor, Tensor]:
         r"""Sparse cubic interpolation weights of ``X`` on the (interior) grid.
 
@@ -136,13 +164,12 @@ class RegularGrid:
         """
         if X.shape[-1] != self.dim:
             raise ValueError(f"X must have {self.dim} columns, got shape {tuple(X.shape)}.")
-        lower, spacing = self.lower.to(X), self.spacing.to(X)
+        lower, spacing, top_base, lo, hi, shifts, poly = self._constants(X)
         t = (X - lower) / spacing  # grid coordinates (full grid)
-        sizes = torch.tensor(self.sizes, device=X.device)
         td = t.detach()
-        # The box is [2, g - 3] in grid coordinates; allow a few ulps for points on its faces.
-        tol = 1e-9 * (sizes - 5).to(td)
-        bad = ~torch.isfinite(td) | (td < 2 - tol) | (td > (sizes - 3).to(td) + tol)
+        # The box is [2, g - 3] in grid coordinates (a few ulps allowed for points on its faces);
+        # NaN fails both comparisons.
+        bad = ~((td >= lo) & (td <= hi))
         if bool(bad.any()):
             where = bad.nonzero()[0].tolist()
             raise ValueError(
@@ -153,11 +180,13 @@ class RegularGrid:
             )
         # base in [2, g - 4]: at the upper face (t = g - 3) use base g - 4 with frac = 1, which
         # gives the same weights (0, 0, 1, 0) and keeps the stencil off the outer ring.
-        base_l = torch.minimum(torch.floor(td).long().clamp_min(2), sizes - 4)
+        base_l = torch.minimum(torch.floor(td).long().clamp_min(2), top_base)
         frac = t - base_l.to(t)  # ... x n x d, in [0, 1]
-        offsets = torch.arange(-1, 3, device=X.device)  # stencil -1, 0, 1, 2
-        w_dim = keys_cubic(frac.unsqueeze(-1) - offsets.to(X))  # ... x n x d x 4
-        i_dim = base_l.unsqueeze(-1) + offsets - 1  # interior indices, in [0, g - 3]
+        # Keys' weights at offsets -1, 0, 1, 2 are cubics in frac: [1, f, f^2, f^3] @ poly
+        # (the same values as keys_cubic(frac - offset), in one product instead of ~15 ops).
+        f2 = frac * frac
+        w_dim = torch.stack([torch.ones_like(frac), frac, f2, f2 * frac], -1) @ poly
+        i_dim = base_l.unsqueeze(-1) + shifts  # interior indices, in [0, g - 3]
         idx = i_dim[..., 0, :] * self.strides[0]
         val = w_dim[..., 0, :]
         for k in range(1, self.dim):
@@ -208,14 +237,7 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     needs_grad = torch.is_grad_enabled() and (val.requires_grad or M.requires_grad)
     if not needs_grad and fi.shape[0] * K * c > 2**16:
         # Sparse product (CSR rows of K non-zeros): fast and light for many rows without grad.
-        rows = fi.shape[0]
-        crow = torch.arange(0, rows * K + 1, K, device=idx.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-            W = torch.sparse_csr_tensor(
-                crow, fi.reshape(-1), fv.reshape(-1), (rows, M.shape[0]), check_invariants=False
-            )
-            return (W @ M).reshape(*batch, n, c)
+        return _csr_matmul(fi, fv, M).reshape(*batch, n, c)
     rows_per = max(1, chunk // max(1, K * c))
     out = []
     for start in range(0, fi.shape[0], rows_per):
@@ -276,3 +298,90 @@ def interp_gram(
         pair_val = (ww.unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
         G.index_add_(0, pair_idx, pair_val)
     return out
+
+
+class _InterpQuad(torch.autograd.Function):
+    r"""``W M W^T`` per batch element for a constant symmetric ``M``, differentiable in the weights.
+
+    With ``Y = W M`` (``N x m``, one sparse product) and ``Z[j, (i, k)] = Y[j, idx_ik] =
+    sum_l val_jl M[idx_jl, idx_ik]`` (``N x N K`` entries gathered from ``Y``), the output is
+    ``out[i, j] = sum_k val_ik Z[j, (i, k)]`` and, since ``M`` is symmetric, the gradient for an
+    output gradient ``G`` is ``dval_ik = sum_j (G + G^T)[i, j] Z[j, (i, k)]``: O(N^2 K) from the
+    saved ``Z``, where autograd would keep and differentiate the gathered ``N K x m`` rows of
+    ``M``. A hand-written backward because neither torch nor linear_operator has this
+    sparse-dense-sparse product.
+    """
+
+    @staticmethod
+    def forward(ctx, idx: Tensor, val: Tensor, M: Tensor) -> Tensor:  # type: ignore[override]
+        B, N, K = idx.shape
+        Y = _csr_matmul(idx.reshape(B * N, K), val.reshape(B * N, K), M).view(B, N, -1)
+        Z = torch.gather(Y, -1, idx.reshape(B, 1, N * K).expand(B, N, N * K))  # B x N x NK
+        # [b, j, i] = out[b, i, j]
+        out = _contract(Z.view(B, N, N, K), val, "bjik,bik->bji", -3, -1)
+        ctx.save_for_backward(Z)
+        return 0.5 * (out + out.mT)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (Z,) = ctx.saved_tensors
+        B, N, NK = Z.shape
+        sym = grad + grad.mT  # the output is symmetrised: 0.5 (G + G^T) twice
+        dval = _contract(Z.view(B, N, N, NK // N), sym.mT, "bjik,bji->bik", -1, -3)  # sum over j
+        return None, dval, None
+
+
+def _contract(Z: Tensor, w: Tensor, spec: str, new_dim: int, dim: int) -> Tensor:
+    r"""``einsum(spec, Z, w)`` = ``(Z * w.unsqueeze(new_dim)).sum(dim)``: by ``einsum`` (a batched
+    GEMV) when ``Z`` is large (measured: 3.5x faster at 50 points with 64 weights each), else
+    elementwise (less overhead below a few thousand elements)."""
+    if Z.numel() > 2**14:
+        return torch.einsum(spec, Z, w)
+    return (Z * w.unsqueeze(new_dim)).sum(dim)
+
+
+def _csr_matmul(idx: Tensor, val: Tensor, M: Tensor) -> Tensor:
+    r"""``W M`` for ``rows x K`` weights as a sparse CSR product (no autograd), ``rows x c``.
+
+    The CSR product needs a row-major ``M`` and copies any other; for a few rows of a
+    non-row-major ``M`` (a LAPACK-layout factor) they are gathered instead."""
+    rows, K = idx.shape
+    if not M.is_contiguous() and rows * K < M.shape[0]:
+        picked = M.index_select(0, idx.reshape(-1)).view(rows, K, -1)
+        return (picked * val.unsqueeze(-1)).sum(-2)
+    crow = torch.arange(0, rows * K + 1, K, device=idx.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        W = torch.sparse_csr_tensor(
+            crow, idx.reshape(-1), val.reshape(-1), (rows, M.shape[0]), check_invariants=False
+        )
+        return W @ M
+
+
+def interp_quad(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tensor:
+    r"""``W M W^T`` (``... x N x N``, symmetric) for a symmetric ``m x m`` matrix ``M``.
+
+    One sparse product ``W M`` and a gather of ``N^2 K`` of its entries, so for a few points per
+    batch (a candidate batch in an acquisition optimisation) it needs no second product with
+    ``m`` columns. Differentiable in ``val`` (hence in the inputs) by a hand-written backward
+    (:class:`_InterpQuad`) that costs O(N^2 K) per batch element; ``M`` must not require a
+    gradient.
+
+    Args:
+        idx: ``... x N x K`` interpolation indices.
+        val: ``... x N x K`` interpolation weights (same batch shape as ``idx``).
+        M: ``m x m`` symmetric matrix (no batch).
+        chunk: bound on the elements of the ``rows x m`` temporary ``W M``.
+
+    Returns:
+        ``... x N x N``.
+    """
+    if M.requires_grad and torch.is_grad_enabled():
+        raise ValueError("interp_quad differentiates in the weights only; M must be a constant.")
+    batch, (N, K) = idx.shape[:-2], idx.shape[-2:]
+    fi = idx.reshape(-1, N, K)
+    fv = val.expand(idx.shape).reshape(-1, N, K)
+    per = max(1, chunk // max(1, N * M.shape[-1]))
+    out = [_InterpQuad.apply(fi[s:s + per], fv[s:s + per], M) for s in range(0, fi.shape[0], per)]
+    return (out[0] if len(out) == 1 else torch.cat(out, 0)).reshape(*batch, N, N)

@@ -79,3 +79,33 @@ def test_update_without_cached_roots_leaves_them_to_be_built_lazily():
     Xq = torch.rand(3, 2, generator=g, dtype=DT)
     model.update(Xq, _f(Xq, g))
     assert model._shared == {}
+
+
+def test_in_place_root_updates_leave_conditioned_models_and_shallow_copies_unchanged():
+    g = torch.Generator().manual_seed(23)
+    X = torch.rand(25, 2, generator=g, dtype=DT)
+    model = WISKI(X, _f(X, g), grid_size=14)
+    model.eval()
+    Xn = torch.rand(2, 3, 2, generator=g, dtype=DT)
+    Yn = torch.randn(2, 3, 1, generator=g, dtype=DT)
+    Xs = torch.rand(20, 2, generator=g, dtype=DT)
+    model.condition_on_observations(Xn, Yn).posterior(Xs)  # builds S and M
+    Xq = torch.rand(3, 2, generator=g, dtype=DT)
+    model.update(Xq, _f(Xq, g))  # no other model reads the caches: updated in place
+    cm = model.condition_on_observations(Xn, Yn)
+    before = cm.posterior(Xs)
+    mean0, cov0 = before.mean.clone(), before.mvn.covariance_matrix.clone()
+    S_before = model._shared["S"]
+    Xq = torch.rand(3, 2, generator=g, dtype=DT)
+    model.update(Xq, _f(Xq, g))  # cm shares the old caches: they are replaced, not overwritten
+    assert model._shared["S"] is not S_before
+    after = cm.posterior(Xs)  # (a second request: the cached-rows path, same values to rounding)
+    assert _rel(after.mean, mean0) < 1e-12
+    assert _rel(after.mvn.covariance_matrix, cov0) < 1e-12
+    # and the updated model's caches still equal a rebuild
+    rebuilt = copy.deepcopy(model)
+    rebuilt.invalidate_caches()
+    rebuilt.ensure_caches()
+    assert _rel(model._shared["M"], rebuilt._factor_gram()) < 1e-9
+    S = model._shared["S"]
+    assert _rel(S @ S.mT, rebuilt._factor_gram()) < 1e-9
