@@ -101,6 +101,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             basis, where ``Phi = K``; it is only defined there).
         seed: seed of the RFF dictionary and of the SGD samplers.
         input_transform: optional BoTorch input transform.
+        constant_mean: the closed-form fit also chooses a constant prior mean (its evidence
+            maximised over the constant, as ``SingleTaskGP``'s ``ConstantMean``) and folds it
+            into ``outcome_mean``; False keeps the data's mean (zero in standardised units).
+            The SGD fit always keeps the data's mean.
         **fit_options: defaults for :meth:`fit` (e.g. ``num_rows``, ``num_cols``, ``cv_rank``).
     """
 
@@ -124,6 +128,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         augment_variance: bool | None = None,
         seed: int = 0,
         input_transform: Any | None = None,
+        constant_mean: bool = True,
         **fit_options: Any,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -178,6 +183,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             )
         self.fit_options = dict(fit_options)
         self.seed = int(seed)
+        self.constant_mean = bool(constant_mean)
 
         # ---- basis dictionary
         if isinstance(basis, QSGPBasis):
@@ -601,55 +607,82 @@ class QSGP(HeldDataMixin, OnlineModel):
         w = 1.0 / self._row_noise()
         return exact_terms(Phi, self.train_y, w, self.var_mean, self.dense_C(), S)["elbo"]
 
-    def exact_log_marginal(self, rows: Tensor | None = None) -> Tensor:
+    def exact_log_marginal(self, rows: Tensor | None = None, constant_mean: bool = False
+                           ) -> Tensor:
         r"""``log N(y; 0, Phi S^-1 Phi^T + N)`` of the finite-basis model (Woodbury, weight space),
         differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family.
-        ``rows``: only these training rows (indices), default all."""
+        ``rows``: only these training rows (indices), default all. ``constant_mean``: the
+        evidence of ``y - c`` at the best constant ``c`` (:meth:`_best_constant`)."""
         X = self.train_X if rows is None else self.train_X[rows]
         y = self.train_y if rows is None else self.train_y[rows]
         Phi = self.basis.features(X)
         idx = self.basis.all_indices()
         noise = self._row_noise(rows)
         n = X.shape[-2]
+        R = torch.stack([y, torch.ones_like(y)], dim=-1)  # n x 2: the targets and the constant
         if self.basis.diagonal_prior and n < self.num_features:
             # n-space form, O(n^2 m): y ~ N(0, Phi S^-1 Phi^T + N)
             s_inv = 1.0 / self.basis.prior_precision_diag(idx)
             K = (Phi * s_inv) @ Phi.transpose(-1, -2) + torch.diag_embed(noise)
             L = psd_cholesky(K)
-            u = solve_lower(L, y.unsqueeze(-1)).squeeze(-1)
-            return -0.5 * (u.pow(2).sum() + 2 * torch.diagonal(L).log().sum()
-                           + n * math.log(2 * math.pi))
-        S = self.basis.prior_precision_block(idx, idx)
-        w = 1.0 / noise
-        A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
-        L_A, L_S = psd_cholesky(A), psd_cholesky(S)
-        b = Phi.transpose(-1, -2) @ (w * y)
-        u = solve_lower(L_A, b.unsqueeze(-1)).squeeze(-1)
-        quad = (w * y.pow(2)).sum() - u.pow(2).sum()
-        logdet = (2 * torch.diagonal(L_A).log().sum() - 2 * torch.diagonal(L_S).log().sum()
-                  + noise.log().sum())
+            U = solve_lower(L, R)
+            G = U.transpose(-1, -2) @ U  # R^T K^-1 R
+            logdet = 2 * torch.diagonal(L).log().sum()
+        else:
+            S = self.basis.prior_precision_block(idx, idx)
+            w = 1.0 / noise
+            A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
+            L_A, L_S = psd_cholesky(A), psd_cholesky(S)
+            B = solve_lower(L_A, Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
+            G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
+            logdet = (2 * torch.diagonal(L_A).log().sum() - 2 * torch.diagonal(L_S).log().sum()
+                      + noise.log().sum())
+        quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
         return -0.5 * (quad + logdet + n * math.log(2 * math.pi))
+
+    @staticmethod
+    def _best_constant(G: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The constant prior mean ``c`` that maximises ``log N(y; c 1, K)`` and the quadratic
+        form ``(y - c 1)^T K^-1 (y - c 1)`` there, from ``G = [y, 1]^T K^-1 [y, 1]`` (2 x 2):
+        ``c = 1^T K^-1 y / 1^T K^-1 1`` (generalised least squares), so the evidence maximised over
+        ``c`` costs one extra right-hand side. ``c`` depends on the hyperparameters; its gradient
+        does not enter the evidence's (the quadratic form is stationary in ``c``)."""
+        c = G[0, 1] / G[1, 1]
+        return c, G[0, 0] - c * G[0, 1]
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""The closed-form fit's objective per point (``exact_log_marginal()``, or the kernel's
-        exact evidence where ``hyper_evidence`` resolves to ``"kernel"``, plus log priors, / n)
-        on the data
-        absorbed by the last fit (standardised units). The loops use it to choose
-        between a warm-started refit and a fit from the defaults (same basis, same data)."""
+        exact evidence where ``hyper_evidence`` resolves to ``"kernel"``, at the best constant
+        mean when ``constant_mean``, plus log priors, / n) on the data absorbed by the last fit
+        (standardised units). The loops use it to choose between a warm-started refit and a fit
+        from the defaults (same basis, same data)."""
         evidence = self._resolve_evidence(self.fit_options.get("hyper_evidence", "auto"))
-        obj = self._kernel_log_marginal() if evidence == "kernel" else self.exact_log_marginal()
+        cm = self._fits_constant_mean()
+        obj = (self._kernel_log_marginal(constant_mean=cm) if evidence == "kernel"
+               else self.exact_log_marginal(constant_mean=cm))
         if include_priors:
             obj = obj + self._log_prior()
         return obj / self.num_data
 
-    def _kernel_log_marginal(self) -> Tensor:
-        r"""``log N(y; 0, K + N)`` with the exact kernel the RFF basis approximates (standardised
-        targets, zero mean as the weight-space model), differentiable in the hyperparameters."""
+    def _fits_constant_mean(self) -> bool:
+        return self.constant_mean and self.likelihood_name == "gaussian" and self.standardize
+
+    def _kernel_gram(self) -> tuple[Tensor, Tensor]:
+        r"""``G = [y, 1]^T (K + N)^-1 [y, 1]`` (2 x 2) and ``log|K + N|`` with the exact kernel the
+        RFF basis approximates (standardised targets)."""
         K = self.basis.kernel(self.train_X).to_dense() + torch.diag_embed(self._row_noise())
         L = psd_cholesky(K)
-        u = solve_lower(L, self.train_y.unsqueeze(-1)).squeeze(-1)
-        n = self.num_data
-        return -0.5 * (u.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi))
+        R = torch.stack([self.train_y, torch.ones_like(self.train_y)], dim=-1)
+        U = solve_lower(L, R)
+        return U.transpose(-1, -2) @ U, 2 * torch.diagonal(L).log().sum()
+
+    def _kernel_log_marginal(self, constant_mean: bool = False) -> Tensor:
+        r"""``log N(y; 0, K + N)`` with the exact kernel the RFF basis approximates (standardised
+        targets, zero mean as the weight-space model; ``constant_mean``: at the best constant
+        mean instead), differentiable in the hyperparameters."""
+        G, logdet = self._kernel_gram()
+        quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
+        return -0.5 * (quad + logdet + self.num_data * math.log(2 * math.pi))
 
     def _log_prior(self) -> Tensor:
         out = torch.zeros((), **self._dtype_device)
@@ -775,10 +808,11 @@ class QSGP(HeldDataMixin, OnlineModel):
                 gen = torch.Generator().manual_seed(self.seed + 7919 * self.num_data)
                 rows = torch.randperm(self.num_data, generator=gen)[:hyper_rows]
             size = self.num_data if rows is None else rows.numel()
+            cm = self._fits_constant_mean()
             if evidence == "kernel":
-                objective = self._kernel_log_marginal
+                objective = lambda: self._kernel_log_marginal(constant_mean=cm)  # noqa: E731
             else:
-                objective = lambda: self.exact_log_marginal(rows)  # noqa: E731
+                objective = lambda: self.exact_log_marginal(rows, constant_mean=cm)  # noqa: E731
             loss = lambda: -(objective() + self._log_prior()) / size  # noqa
             self.train()
             try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
@@ -790,8 +824,36 @@ class QSGP(HeldDataMixin, OnlineModel):
             finally:
                 self.eval()
         with torch.no_grad():
+            if self._fits_constant_mean():
+                self._fold_constant_mean(evidence)
             self.set_optimal_variational()
         return self
+
+    def _fold_constant_mean(self, evidence: str) -> None:
+        r"""Move the best constant prior mean ``c`` (standardised units; on all rows) into
+        ``outcome_mean``, so the weight-space model keeps a zero prior mean on ``y - c``.
+
+        With a zero mean on standardised outcomes the posterior far from the data reverts to the
+        data's mean. Where a few observations are extreme (noisy Levy 3-D: the best constant was
+        1-1.5 standard deviations below the mean) that level is far too optimistic, so an
+        acquisition sends the loop to unexplored corners, and the evidence compensates with
+        other lengthscales than an exact GP with a constant mean (``SingleTaskGP``) fits."""
+        if evidence == "kernel":
+            G = self._kernel_gram()[0]
+        else:
+            Phi = self.basis.features(self.train_X)
+            idx = self.basis.all_indices()
+            S = self.basis.prior_precision_block(idx, idx)
+            w = 1.0 / self._row_noise()
+            A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
+            R = torch.stack([self.train_y, torch.ones_like(self.train_y)], dim=-1)
+            B = solve_lower(psd_cholesky(A), Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
+            G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
+        c = self._best_constant(G)[0]
+        if not bool(torch.isfinite(c)):
+            return
+        self.train_y = self.train_y - c
+        self.outcome_mean = self.outcome_mean + c * self.outcome_std
 
     @torch.no_grad()
     def set_optimal_variational(self) -> None:
