@@ -334,13 +334,36 @@ class QSGP(HeldDataMixin, OnlineModel):
         r"""Mask ``vals`` (``|rows| x |cols|``) to the strictly-lower part of ``C``."""
         return vals * (rows.unsqueeze(-1) > cols.unsqueeze(-2)).to(vals)
 
+    def _masked_cols(self) -> Tensor:
+        r"""The dense columns of ``C`` below the diagonal, ``m x k``: ``var_cols`` through
+        :meth:`_lower_cols` over all rows.
+
+        Kept until ``var_cols`` is replaced or edited in place (its identity and version counter
+        are the key), so a posterior, which needs it on every call, does not rebuild an ``m x k``
+        mask each time (``k = m`` for the full family: an ``m x m`` mask and product per
+        acquisition evaluation). Not kept under inference mode (such a tensor could not enter a
+        later autograd graph) or while ``var_cols`` requires a gradient."""
+        src = self.var_cols
+        cached = getattr(self, "_masked_cols_cache", None)
+        if torch.is_inference_mode_enabled() or src.is_inference() or src.requires_grad:
+            cached = None
+            version = None
+        else:
+            version = src._version
+            if cached is not None and cached[0] is src and cached[1] == version:
+                return cached[2]
+        idx = torch.arange(self.num_features, device=src.device)
+        out = self._lower_cols(idx, idx[: self.num_dense], src)
+        if version is not None:
+            self._masked_cols_cache = (src, version, out.detach())
+        return out
+
     def dense_C(self) -> Tensor:
         r"""``C`` as a dense ``m x m`` matrix (small ``m`` only: tests and closed-form fits)."""
-        m, k = self.num_features, self.num_dense
+        k = self.num_dense
         C = torch.diag(self.var_log_diag.exp())
         if k:
-            idx = torch.arange(m, device=C.device)
-            C[:, :k] = C[:, :k] + self._lower_cols(idx, idx[:k], self.var_cols)
+            C[:, :k] = C[:, :k] + self._masked_cols()
         return C
 
     def _C_times(self, M: Tensor) -> Tensor:
@@ -348,8 +371,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         out = self.var_log_diag.exp().unsqueeze(-1) * M
         k = self.num_dense
         if k:
-            idx = torch.arange(self.num_features, device=M.device)
-            out = out + self._lower_cols(idx, idx[:k], self.var_cols) @ M[:k]
+            out = out + self._masked_cols() @ M[:k]
         return out
 
     def _moments(self, X: Tensor, cov: bool = True) -> tuple[Tensor, Tensor]:
@@ -361,13 +383,13 @@ class QSGP(HeldDataMixin, OnlineModel):
         out = torch.zeros(X.shape[:-1] + (X.shape[-2:-1] if cov else ()), dtype=X.dtype,
                           device=X.device)
         dense = None  # ... x q x k: Phi_X C[:, :k]
+        masked = self._masked_cols() if k else None
         for idx in self._chunks():
             F = self.basis.features(X, idx)
             mean = mean + F @ self.var_mean[idx]
             V = F * self.var_log_diag[idx].exp()
             if k:
-                low = self._lower_cols(idx, idx.new_tensor(range(k)), self.var_cols[idx])
-                d = F @ low
+                d = F @ masked[int(idx[0]):int(idx[-1]) + 1]  # chunks are contiguous ranges
                 dense = d if dense is None else dense + d
                 keep = idx >= k  # diagonal columns of this block
                 V = V[..., keep]
@@ -410,13 +432,14 @@ class QSGP(HeldDataMixin, OnlineModel):
         k = self.num_dense
         mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
         A = torch.zeros(*X.shape[:-1], self.num_features, dtype=X.dtype, device=X.device)
+        masked = self._masked_cols() if k else None
         for idx in self._chunks():
             F = self.basis.features(X, idx)
             mean = mean + F @ self.var_mean[idx]
             start, stop = int(idx[0]), int(idx[-1]) + 1  # chunks are contiguous ranges
             A[..., start:stop] += F * self.var_log_diag[idx].exp()
             if k:
-                A[..., :k] += F @ self._lower_cols(idx, idx.new_tensor(range(k)), self.var_cols[idx])
+                A[..., :k] += F @ masked[start:stop]
         return mean, A
 
     def _cond_point_variance(self, X: Tensor, noise: Tensor) -> Tensor:

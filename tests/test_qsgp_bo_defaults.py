@@ -1,0 +1,121 @@
+"""QSGP at the defaults a BO loop uses, against dense references: the constant prior mean its
+closed-form fit chooses (against BoTorch's ``SingleTaskGP`` and the generalised-least-squares
+constant computed by hand) and the cached dense columns of its variational factor (against the
+factor rebuilt by hand after every kind of change)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from bo_online.models import QSGP
+
+DT = torch.float64
+
+
+def _skewed_data() -> tuple[torch.Tensor, torch.Tensor]:
+    r"""15 points in the lower-left quarter of the unit square, skewed values with a long lower
+    tail (as a Levy function after negation): the best constant prior mean lies 0.45 standard
+    deviations below the data's mean, so a zero mean on standardised outcomes is far from it."""
+    g = torch.Generator().manual_seed(11)
+    X = 0.5 * torch.rand(15, 2, generator=g, dtype=DT)
+    f = -torch.exp(2.0 * torch.cos(9.0 * X[:, 0]) * torch.sin(7.0 * X[:, 1]))
+    Y = (f + 0.05 * torch.randn(15, generator=g, dtype=DT)).unsqueeze(-1)
+    return X, Y
+
+
+def _singletaskgp(X: torch.Tensor, Y: torch.Tensor):
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    ref = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(ref.likelihood, ref))
+    return ref.eval()
+
+
+def test_fit_chooses_the_exact_gps_constant_mean_and_hyperparameters():
+    r"""QSGP's default fit (RFF basis, n <= m: the kernel's evidence) maximises the same objective
+    as ``SingleTaskGP`` (constant mean, the same priors): the same lengthscales, noise and constant
+    (``outcome_mean`` in user units), and far from the data a posterior mean that reverts to that
+    constant, as the exact GP's does. With a zero mean (``constant_mean=False``) the fitted
+    lengthscales and the far-field mean both differ (what sent the BO loop to empty corners)."""
+    X, Y = _skewed_data()
+    ref = _singletaskgp(X, Y)
+    model = QSGP(X, Y, num_features=1024).fit()
+    std = Y.std()
+    ref_const = ref.outcome_transform.means.reshape(()) + ref.mean_module.constant.detach() * std
+    ls = model.basis.kernel.base_kernel.lengthscale.detach()
+    torch.testing.assert_close(ls, ref.covar_module.lengthscale.detach(), rtol=0.02, atol=0)
+    torch.testing.assert_close(model.likelihood.noise.detach(), ref.likelihood.noise.detach(),
+                               rtol=0.05, atol=0)
+    assert abs(float(model.outcome_mean) - float(ref_const)) < 0.02 * float(std)
+    assert float(Y.mean() - ref_const) > 0.4 * float(std)  # the data do need a non-zero constant
+
+    # The constant is the GLS one at the fitted hyperparameters, by hand on the dense kernel.
+    with torch.no_grad():
+        K = model.basis.kernel(X).to_dense() + model.likelihood.noise * torch.eye(15, dtype=DT)
+        ones = torch.ones(15, 1, dtype=DT)
+        Ky, K1 = torch.linalg.solve(K, Y), torch.linalg.solve(K, ones)
+        gls = float((ones.T @ Ky) / (ones.T @ K1))
+    assert abs(float(model.outcome_mean) - gls) < 1e-6 * float(std)
+
+    far = 0.85 + 0.15 * torch.rand(20, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    with torch.no_grad():
+        p, r = model.posterior(far), ref.posterior(far)
+    # 3+ lengthscales from the data: the features' own error there is about 0.1 sd (m = 1024)
+    torch.testing.assert_close(p.mean, r.mean, rtol=0, atol=0.15 * float(std))
+    torch.testing.assert_close(p.variance.sqrt(), r.variance.sqrt(), rtol=0.03, atol=0)
+
+    zero = QSGP(X, Y, num_features=1024, constant_mean=False).fit()
+    with torch.no_grad():
+        pz = zero.posterior(far)
+    assert float((pz.mean - r.mean).abs().max()) > 0.35 * float(std)
+    assert float(zero.outcome_mean) == pytest.approx(float(Y.mean()), abs=1e-12)
+
+
+@pytest.mark.parametrize("family", ["full", "chevron"])
+def test_cached_factor_columns_follow_every_change_of_the_factor(family):
+    r"""The posterior uses the masked dense columns of ``C`` cached between calls; after a fit, an
+    in-place edit of ``var_cols`` (as the SGD fit makes), a replacement, and ``load_state_dict``
+    it must equal the moments computed by hand from ``Phi``, ``mu`` and a freshly built ``C``."""
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(12, 3, generator=g, dtype=DT)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    model = QSGP(X, Y, num_features=48, family=family, num_dense_columns=5).fit(max_iter=20)
+    Xs = torch.rand(4, 3, generator=g, dtype=DT)
+
+    def check():
+        C = torch.diag(model.var_log_diag.exp())
+        for r in range(model.num_dense):  # strictly below the diagonal, column by column
+            C[r + 1:, r] += model.var_cols[r + 1:, r]
+        with torch.no_grad():
+            F = model.basis.features(Xs)
+            post = model.posterior(Xs)
+        A = F @ C
+        sd = model.outcome_std
+        torch.testing.assert_close(post.mean.squeeze(-1), (F @ model.var_mean) * sd
+                                   + model.outcome_mean, atol=1e-10, rtol=0)
+        torch.testing.assert_close(post.covariance_matrix, A @ A.T * sd**2, atol=1e-10, rtol=0)
+
+    check()
+    check()  # second call: served from the cache
+    with torch.no_grad():
+        model.var_cols.mul_(0.5)  # in place, as the SGD fit edits it
+        model.var_cols[7, 2] = 0.3  # below the diagonal: must show
+        model.var_cols[1, 3] = 5.0  # above the diagonal: must stay masked out
+    check()
+    model.var_cols = model.var_cols * 1.5  # replaced
+    check()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["var_cols"] = state["var_cols"] * 0.25
+    model.load_state_dict(state)
+    check()
+    model.update(torch.rand(2, 3, generator=g, dtype=DT), torch.zeros(2, 1, dtype=DT))
+    model.fit(max_iter=5)
+    check()
