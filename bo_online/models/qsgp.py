@@ -101,10 +101,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             basis, where ``Phi = K``; it is only defined there).
         seed: seed of the RFF dictionary and of the SGD samplers.
         input_transform: optional BoTorch input transform.
-        constant_mean: the closed-form fit also chooses a constant prior mean (its evidence
-            maximised over the constant, as ``SingleTaskGP``'s ``ConstantMean``) and folds it
-            into ``outcome_mean``; False keeps the data's mean (zero in standardised units).
-            The SGD fit always keeps the data's mean.
+        constant_mean: the closed-form fit also chooses a constant prior mean
+            ``f(x) = c + phi(x)^T w`` (its evidence maximised over ``c``, as ``SingleTaskGP``'s
+            ``ConstantMean``), kept in the buffer ``mean_constant`` (standardised units); False
+            keeps ``c = 0``, the data's mean. The SGD fit keeps ``c`` as it is.
         **fit_options: defaults for :meth:`fit` (e.g. ``num_rows``, ``num_cols``, ``cv_rank``).
     """
 
@@ -225,6 +225,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         # ---- data and variational state (buffers; state_dict carries them)
         self.register_buffer("train_X", X)
         self.register_buffer("train_y", self._standardise(Y).squeeze(-1))
+        # the constant prior mean c (standardised units): f(x) = c + phi(x)^T w
+        self.register_buffer("mean_constant", torch.zeros((), dtype=dtype, device=device))
         self.register_buffer(
             "train_noise",
             None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
@@ -263,6 +265,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         yield self.var_mean
         yield self.var_log_diag
         yield self.var_cols
+        yield self.mean_constant
 
     def _trainable_hypers(self) -> dict[str, Tensor]:
         out = {}
@@ -375,11 +378,11 @@ class QSGP(HeldDataMixin, OnlineModel):
         return out
 
     def _moments(self, X: Tensor, cov: bool = True) -> tuple[Tensor, Tensor]:
-        r"""Mean ``Phi_X mu`` (``... x q``) and covariance ``(Phi_X C)(Phi_X C)^T``
+        r"""Mean ``c + Phi_X mu`` (``... x q``) and covariance ``(Phi_X C)(Phi_X C)^T``
         (``... x q x q``, or its diagonal ``... x q`` if ``cov=False``), one pass over ``m`` in
         column blocks (never an ``n x m`` matrix)."""
         k = self.num_dense
-        mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
+        mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
         out = torch.zeros(X.shape[:-1] + (X.shape[-2:-1] if cov else ()), dtype=X.dtype,
                           device=X.device)
         dense = None  # ... x q x k: Phi_X C[:, :k]
@@ -427,10 +430,10 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.cond_u = cholesky_solve(self.cond_L, self.cond_r.unsqueeze(-1)).squeeze(-1)
 
     def _features_times_C(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Mean ``Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
+        r"""Mean ``c + Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
         (so ``A A^T`` is the covariance :meth:`_moments` returns)."""
         k = self.num_dense
-        mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
+        mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
         A = torch.zeros(*X.shape[:-1], self.num_features, dtype=X.dtype, device=X.device)
         masked = self._masked_cols() if k else None
         for idx in self._chunks():
@@ -598,7 +601,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             p = Xc.shape[-2]
             e = torch.randn(p, num_samples, generator=generator, **dd)
             e = e * self.cond_noise.sqrt().unsqueeze(-1)  # observation-noise draws
-            Fc_W = torch.zeros(p, num_samples, **dd)
+            Fc_W = self.mean_constant.expand(p, num_samples)  # draws at X_c, with c
             CtPhiT = torch.zeros(m, p, **dd)  # C^T Phi_c^T, by blocks
             k = self.num_dense
             for idx in self._chunks():
@@ -628,16 +631,19 @@ class QSGP(HeldDataMixin, OnlineModel):
         Phi = self.basis.features(self.train_X)
         S = self.basis.prior_precision_block(self.basis.all_indices(), self.basis.all_indices())
         w = 1.0 / self._row_noise()
-        return exact_terms(Phi, self.train_y, w, self.var_mean, self.dense_C(), S)["elbo"]
+        y = self.train_y - self.mean_constant
+        return exact_terms(Phi, y, w, self.var_mean, self.dense_C(), S)["elbo"]
 
     def exact_log_marginal(self, rows: Tensor | None = None, constant_mean: bool = False
                            ) -> Tensor:
         r"""``log N(y; 0, Phi S^-1 Phi^T + N)`` of the finite-basis model (Woodbury, weight space),
-        differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family.
-        ``rows``: only these training rows (indices), default all. ``constant_mean``: the
-        evidence of ``y - c`` at the best constant ``c`` (:meth:`_best_constant`)."""
+        differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family; ``y``
+        less the model's constant mean ``c``. ``rows``: only these training rows (indices),
+        default all. ``constant_mean``: at the best constant ``c`` instead
+        (:meth:`_best_constant`)."""
         X = self.train_X if rows is None else self.train_X[rows]
         y = self.train_y if rows is None else self.train_y[rows]
+        y = y - self.mean_constant  # (constant_mean: c is re-chosen, so this shift cancels)
         Phi = self.basis.features(X)
         idx = self.basis.all_indices()
         noise = self._row_noise(rows)
@@ -692,17 +698,18 @@ class QSGP(HeldDataMixin, OnlineModel):
 
     def _kernel_gram(self) -> tuple[Tensor, Tensor]:
         r"""``G = [y, 1]^T (K + N)^-1 [y, 1]`` (2 x 2) and ``log|K + N|`` with the exact kernel the
-        RFF basis approximates (standardised targets)."""
+        RFF basis approximates (standardised targets less the constant mean ``c``)."""
         K = self.basis.kernel(self.train_X).to_dense() + torch.diag_embed(self._row_noise())
         L = psd_cholesky(K)
-        R = torch.stack([self.train_y, torch.ones_like(self.train_y)], dim=-1)
+        y = self.train_y - self.mean_constant
+        R = torch.stack([y, torch.ones_like(y)], dim=-1)
         U = solve_lower(L, R)
         return U.transpose(-1, -2) @ U, 2 * torch.diagonal(L).log().sum()
 
     def _kernel_log_marginal(self, constant_mean: bool = False) -> Tensor:
-        r"""``log N(y; 0, K + N)`` with the exact kernel the RFF basis approximates (standardised
-        targets, zero mean as the weight-space model; ``constant_mean``: at the best constant
-        mean instead), differentiable in the hyperparameters."""
+        r"""``log N(y; c, K + N)`` with the exact kernel the RFF basis approximates (standardised
+        targets, the model's constant mean ``c``; ``constant_mean``: at the best constant
+        instead), differentiable in the hyperparameters."""
         G, logdet = self._kernel_gram()
         quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
         return -0.5 * (quad + logdet + self.num_data * math.log(2 * math.pi))
@@ -782,6 +789,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             if self.fixed_noise:
                 self.train_noise = self.train_noise * ratio**2
             self.train_y = (y - mean) / std
+            if self.constant_mean:  # the constant mean c keeps its level in user units
+                self.mean_constant = (
+                    (self.mean_constant * self.outcome_std + self.outcome_mean - mean) / std
+                ).reshape(())
             # Warm start: rescale q(w) to the new units (the shift is left to the refit).
             self.var_mean = self.var_mean * ratio
             self.var_log_diag = self.var_log_diag + ratio.log()
@@ -848,19 +859,20 @@ class QSGP(HeldDataMixin, OnlineModel):
                 self.eval()
         with torch.no_grad():
             if self._fits_constant_mean():
-                self._fold_constant_mean(evidence)
+                self._fit_constant_mean(evidence)
             self.set_optimal_variational()
         return self
 
-    def _fold_constant_mean(self, evidence: str) -> None:
-        r"""Move the best constant prior mean ``c`` (standardised units; on all rows) into
-        ``outcome_mean``, so the weight-space model keeps a zero prior mean on ``y - c``.
+    def _fit_constant_mean(self, evidence: str) -> None:
+        r"""Set ``mean_constant`` to the best constant prior mean at the fitted hyperparameters
+        (all rows; the maximiser of the evidence the fit used).
 
         With a zero mean on standardised outcomes the posterior far from the data reverts to the
         data's mean. Where a few observations are extreme (noisy Levy 3-D: the best constant was
         1-1.5 standard deviations below the mean) that level is far too optimistic, so an
         acquisition sends the loop to unexplored corners, and the evidence compensates with
         other lengthscales than an exact GP with a constant mean (``SingleTaskGP``) fits."""
+        y = self.train_y - self.mean_constant
         if evidence == "kernel":
             G = self._kernel_gram()[0]
         else:
@@ -869,14 +881,12 @@ class QSGP(HeldDataMixin, OnlineModel):
             S = self.basis.prior_precision_block(idx, idx)
             w = 1.0 / self._row_noise()
             A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
-            R = torch.stack([self.train_y, torch.ones_like(self.train_y)], dim=-1)
+            R = torch.stack([y, torch.ones_like(y)], dim=-1)
             B = solve_lower(psd_cholesky(A), Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
             G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
         c = self._best_constant(G)[0]
-        if not bool(torch.isfinite(c)):
-            return
-        self.train_y = self.train_y - c
-        self.outcome_mean = self.outcome_mean + c * self.outcome_std
+        if bool(torch.isfinite(c)):
+            self.mean_constant = (self.mean_constant + c).detach().reshape(())
 
     @torch.no_grad()
     def set_optimal_variational(self) -> None:
@@ -889,7 +899,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         w = 1.0 / self._row_noise()
         A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
         L_A = psd_cholesky(A)
-        b = Phi.transpose(-1, -2) @ (w * self.train_y)
+        b = Phi.transpose(-1, -2) @ (w * (self.train_y - self.mean_constant))
         self.var_mean = cholesky_solve(L_A, b.unsqueeze(-1)).squeeze(-1)
         m, k = self.num_features, self.num_dense
         log_diag = -0.5 * torch.diagonal(A).log()
@@ -1087,7 +1097,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         ctx = torch.enable_grad() if hyper_on else torch.no_grad()
         with ctx:
             F_U = basis.features(self.train_X[rows], U)
-            y = self.train_y[rows]
+            y = self.train_y[rows] - self.mean_constant
             if self.likelihood_name == "gaussian":
                 w = 1.0 / self._row_noise(rows)
             diagS = basis.diagonal_prior
@@ -1183,7 +1193,7 @@ class QSGPSamplePaths(nn.Module):
         for idx in model._chunks():
             F = model.basis.features(Xt, idx)  # batch x q x b
             out = out + torch.einsum("...qb,sb->s...q", F, self.weights[:, idx])
-        return out * model.outcome_std + model.outcome_mean
+        return (out + model.mean_constant) * model.outcome_std + model.outcome_mean
 
 
 def _default_rff_kernel(dim: int) -> ScaleKernel:
