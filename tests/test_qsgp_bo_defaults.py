@@ -120,3 +120,37 @@ def test_cached_factor_columns_follow_every_change_of_the_factor(family):
     model.update(torch.rand(2, 3, generator=g, dtype=DT), torch.zeros(2, 1, dtype=DT))
     model.fit(max_iter=5)
     check()
+
+
+def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtype():
+    r"""The posterior reuses the basis's frequencies between calls (the same block indices every
+    time). A call under ``torch.inference_mode`` must not leave tensors that break a later call
+    with gradients (as ``optimize_acqf`` makes), and a change of dtype must regenerate them:
+    features equal those of a fresh basis with the same seed, computed without any reuse."""
+    from bo_online.models.qsgp_bases import RFFBasis
+
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(10, 3, generator=g, dtype=DT)
+    model = QSGP(X, torch.sin(5 * X).sum(-1, keepdim=True), num_features=64).fit(max_iter=10)
+    Xs = torch.rand(5, 1, 3, generator=g, dtype=DT)
+    with torch.inference_mode():
+        inf_mean = model.posterior(Xs).mean.clone()
+    Xg = Xs.clone().requires_grad_(True)
+    post = model.posterior(Xg)
+    (post.mean.sum() + post.variance.sum()).backward()
+    assert Xg.grad is not None and bool(torch.isfinite(Xg.grad).all())
+    torch.testing.assert_close(post.mean.detach(), inf_mean, atol=1e-12, rtol=0)
+
+    fresh = RFFBasis(3, 64, kernel=model.basis.kernel, seed=model.seed)
+    with torch.no_grad():
+        torch.testing.assert_close(model.basis.features(Xs.squeeze(1), model._chunks()[0]),
+                                   fresh.features(Xs.squeeze(1)), atol=1e-12, rtol=0)
+    # frequencies first generated in float32, then the model in float64: regenerated
+    m32 = QSGP(X.float(), torch.sin(5 * X).sum(-1, keepdim=True).float(), num_features=64)
+    with torch.no_grad():
+        m32.posterior(Xs.float())
+        m32.double()
+        torch.testing.assert_close(
+            m32.basis.features(Xs.squeeze(1), m32._chunks()[0]),
+            RFFBasis(3, 64, kernel=m32.basis.kernel, seed=m32.seed).features(Xs.squeeze(1)),
+            atol=1e-12, rtol=0)

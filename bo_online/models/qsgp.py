@@ -300,10 +300,20 @@ class QSGP(HeldDataMixin, OnlineModel):
     def _prior_diag_all(self) -> Tensor:
         return torch.cat([self.basis.prior_precision_diag(idx) for idx in self._chunks()]).detach()
 
-    def _chunks(self, size: int = _CHUNK):
+    def _chunks(self, size: int = _CHUNK) -> list[Tensor]:
+        r"""Column blocks ``[0, size), [size, 2 size), ...`` of the basis. The index tensors are
+        kept (never edited in place), so the RFF basis, which remembers the frequencies of the
+        last block it generated, does not regenerate them on every posterior call."""
         dev = self.basis._dtype_ref.device
-        for s in range(0, self.num_features, size):
-            yield torch.arange(s, min(s + size, self.num_features), device=dev)
+        key = (self.num_features, size, dev)
+        cached = getattr(self, "_chunks_cache", None)
+        if cached is None or cached[0] != key:
+            blocks = [torch.arange(s, min(s + size, self.num_features), device=dev)
+                      for s in range(0, self.num_features, size)]
+            if torch.is_inference_mode_enabled():  # (inference tensors are not kept)
+                return blocks
+            cached = self._chunks_cache = (key, blocks)
+        return cached[1]
 
     # ------------------------------------------------------------------ noise
 
