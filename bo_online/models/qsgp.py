@@ -249,6 +249,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.register_buffer("cond_u", None)  # sample x batch x m, P^-1 r
         #: a conditioned (fantasy) model's P as its parent's factor plus a low-rank term
         self._cond_factor: LowRankUpdatedCholesky | None = None
+        #: the trainable hyperparameters at construction (see ``reset_hyperparameters``)
+        self._initial_hypers = {k: v.detach().clone() for k, v in self._trainable_hypers().items()}
 
     # ------------------------------------------------------------------ basic properties
 
@@ -741,7 +743,7 @@ class QSGP(HeldDataMixin, OnlineModel):
     def _fit_option_names(cls) -> set[str]:
         """Names :meth:`fit` accepts as options (and the constructor as their defaults)."""
         sgd = set(inspect.signature(cls.fit_sgd).parameters) - {"self", "max_iter"}
-        return sgd | {"restandardize", "hyper_evidence", "hyper_rows"}
+        return sgd | {"restandardize", "hyper_evidence", "hyper_rows", "fit_from_defaults_n"}
 
     def fit(
         self,
@@ -758,7 +760,10 @@ class QSGP(HeldDataMixin, OnlineModel):
                 ``m <= 4096`` and ``n m <= 4e7``).
             **options: SGD settings, see :meth:`fit_sgd`; ``restandardize`` (default True);
                 ``hyper_evidence`` (closed form: ``"auto"``, ``"basis"`` or ``"kernel"``, see
-                :meth:`fit_closed_form`); ``hyper_rows`` (closed form, default 2048).
+                :meth:`fit_closed_form`); ``hyper_rows`` (closed form, default 2048);
+                ``fit_from_defaults_n`` (closed form, default 0): while the model holds at most
+                this many points, the hyperparameters start from their values at construction
+                (:meth:`reset_hyperparameters`) instead of the last fit's.
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
@@ -769,7 +774,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             small = self.num_features <= 4096 and self.num_data * self.num_features <= 4e7
             method = "closed_form" if small and self.likelihood_name == "gaussian" else "sgd"
         hyper_rows = opts.pop("hyper_rows", 2048)
+        from_defaults_n = int(opts.pop("fit_from_defaults_n", 0))
         if method == "closed_form":
+            if self.num_data <= from_defaults_n:
+                self.reset_hyperparameters()
             self.fit_closed_form(max_iter=200 if max_iter is None else max_iter,
                                  evidence=evidence, hyper_rows=hyper_rows)
         elif method == "sgd":
@@ -779,6 +787,16 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.invalidate_caches()
         self.ensure_caches()
         return self
+
+    @torch.no_grad()
+    def reset_hyperparameters(self) -> None:
+        r"""Set the trainable hyperparameters back to their values at construction (the starting
+        point a model rebuilt from its defaults would fit from)."""
+        params = dict(self.named_parameters())
+        for name, value in self._initial_hypers.items():
+            if name in params:
+                params[name].copy_(value)
+        self.invalidate_caches()
 
     def _absorb(self, restandardize: bool) -> None:
         r"""Move the conditioning data into the training set (the refit will absorb them)."""
