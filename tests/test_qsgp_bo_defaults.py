@@ -154,3 +154,33 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
             m32.basis.features(Xs.squeeze(1), m32._chunks()[0]),
             RFFBasis(3, 64, kernel=m32.basis.kernel, seed=m32.seed).features(Xs.squeeze(1)),
             atol=1e-12, rtol=0)
+
+
+def test_update_after_unchecked_posterior_calls_uses_current_hyperparameters():
+    r"""With no conditioning data held, the posterior skips the cache check (nothing is cached).
+    A lengthscale set by hand after such calls, then an update, must give Gaussian conditioning,
+    by hand, of the fitted posterior at the new lengthscale on the new points."""
+    g = torch.Generator().manual_seed(6)
+    X = torch.rand(15, 2, generator=g, dtype=DT)
+    model = QSGP(X, torch.sin(4 * X).sum(-1, keepdim=True), num_features=40).fit(max_iter=10)
+    Xs, Xn = torch.rand(3, 2, generator=g, dtype=DT), torch.rand(2, 2, generator=g, dtype=DT)
+    Yn = torch.randn(2, 1, generator=g, dtype=DT)
+    with torch.no_grad():
+        model.posterior(Xs)
+        model.posterior(Xs)
+        model.basis.kernel.base_kernel.lengthscale = torch.tensor([[0.2, 0.9]], dtype=DT)
+    model.update(Xn, Yn)
+    with torch.no_grad():
+        F = model.basis.features(torch.cat([Xs, Xn]))
+        C = model.dense_C()
+        mu = model.mean_constant + F @ model.var_mean
+        S = (F @ C) @ (F @ C).T
+        G = S[3:, 3:] + model.likelihood.noise * torch.eye(2, dtype=DT)
+        ys = ((Yn - model.outcome_mean) / model.outcome_std).squeeze(-1)
+        mean = mu[:3] + S[:3, 3:] @ torch.linalg.solve(G, ys - mu[3:])
+        cov = S[:3, :3] - S[:3, 3:] @ torch.linalg.solve(G, S[3:, :3])
+        post = model.posterior(Xs)
+    sd = model.outcome_std
+    torch.testing.assert_close(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9,
+                               rtol=0)
+    torch.testing.assert_close(post.covariance_matrix, cov * sd**2, atol=1e-9, rtol=0)

@@ -428,6 +428,20 @@ class QSGP(HeldDataMixin, OnlineModel):
 
     # ------------------------------------------------------------------ caches and prediction
 
+    def ensure_caches(self) -> None:
+        r"""As :meth:`OnlineModel.ensure_caches`, except while nothing is cached: with no
+        conditioning data held (after every fit) the caches are empty whatever the hyperparameters
+        and variational parameters are, so the check, which compares every cached-on tensor
+        (``var_cols`` is ``m x m`` for the full family) with its snapshot and cost about as much as
+        the posterior itself in a BO loop's acquisition, is skipped. The snapshot is taken once, so
+        the first update after a fit does not rebuild what it has just built."""
+        if (self.cond_X is None and self.cond_L is None and self.cond_r is None
+                and self.cond_u is None and self._cond_factor is None):
+            if self._cache_key is None:
+                self._cache_key = self._current_key()
+            return
+        super().ensure_caches()
+
     def _rebuild_caches(self) -> None:
         self._cond_factor = None
         if self.cond_X is None:
