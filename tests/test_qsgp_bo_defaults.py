@@ -184,3 +184,38 @@ def test_update_after_unchecked_posterior_calls_uses_current_hyperparameters():
     torch.testing.assert_close(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9,
                                rtol=0)
     torch.testing.assert_close(post.covariance_matrix, cov * sd**2, atol=1e-9, rtol=0)
+
+
+def test_small_n_refit_starts_from_the_defaults_like_a_rebuilt_singletaskgp():
+    r"""At n <= ``FIT_FROM_DEFAULTS_N`` a refit starts from the hyperparameters at construction,
+    whatever the previous fit reached, so it lands where ``SingleTaskGP`` rebuilt on the same
+    points does (a BoTorch loop refits from its defaults every step); ``fit_from_defaults_n=0``
+    warm-starts from the current values instead."""
+    from bo_online.models.qsgp import FIT_FROM_DEFAULTS_N
+
+    X, Y = _skewed_data()
+    g = torch.Generator().manual_seed(8)
+    Xn = 0.5 * torch.rand(5, 2, generator=g, dtype=DT)
+    Yn = -torch.exp(2.0 * torch.cos(9.0 * Xn[:, :1]) * torch.sin(7.0 * Xn[:, 1:]))
+    model = QSGP(X, Y, num_features=512).fit()
+    defaults = {k: v.clone() for k, v in model._initial_hypers.items()}
+    with torch.no_grad():  # a different basin, as an earlier warm-started fit may leave
+        model.basis.kernel.base_kernel.lengthscale = torch.tensor([[0.03, 2.0]], dtype=DT)
+        model.likelihood.noise = torch.tensor([2e-4], dtype=DT)
+    model.update(Xn, Yn)
+    assert model.num_data + 5 <= FIT_FROM_DEFAULTS_N
+
+    warm = QSGP(X, Y, num_features=512)
+    warm.load_state_dict(model.state_dict())
+    warm.fit(max_iter=0, fit_from_defaults_n=0)  # starts (and, with 0 iterations, stays) warm
+    torch.testing.assert_close(warm.basis.kernel.base_kernel.lengthscale.detach(),
+                               torch.tensor([[0.03, 2.0]], dtype=DT), atol=1e-12, rtol=0)
+    model.fit()
+    params = dict(model.named_parameters())
+    assert all(not torch.equal(params[k].detach(), v) for k, v in defaults.items())  # it moved
+
+    ref = _singletaskgp(torch.cat([X, Xn]), torch.cat([Y, Yn]))
+    torch.testing.assert_close(model.basis.kernel.base_kernel.lengthscale.detach(),
+                               ref.covar_module.lengthscale.detach(), rtol=0.02, atol=0)
+    torch.testing.assert_close(model.likelihood.noise.detach(), ref.likelihood.noise.detach(),
+                               rtol=0.05, atol=0)
