@@ -110,10 +110,11 @@ class QSGP(HeldDataMixin, OnlineModel):
             basis, where ``Phi = K``; it is only defined there).
         seed: seed of the RFF dictionary and of the SGD samplers.
         input_transform: optional BoTorch input transform.
-        constant_mean: the closed-form fit also chooses a constant prior mean
-            ``f(x) = c + phi(x)^T w`` (its evidence maximised over ``c``, as ``SingleTaskGP``'s
-            ``ConstantMean``), kept in the buffer ``mean_constant`` (standardised units); False
-            keeps ``c = 0``, the data's mean. The SGD fit keeps ``c`` as it is.
+        constant_mean: the closed-form fit (Gaussian likelihood, standardised targets) also
+            chooses a constant prior mean ``f(x) = c + phi(x)^T w`` (its evidence maximised over
+            ``c``, as ``SingleTaskGP``'s ``ConstantMean``), kept in the buffer ``mean_constant``
+            (standardised units); False keeps ``c = 0``, the data's mean. The SGD fit keeps
+            ``c`` as it is.
         **fit_options: defaults for :meth:`fit` (e.g. ``num_rows``, ``num_cols``, ``cv_rank``).
     """
 
@@ -1219,6 +1220,8 @@ class QSGP(HeldDataMixin, OnlineModel):
 
     def _after_load(self) -> None:
         self.num_dense = int(self.var_cols.shape[-1])
+        if self.mean_constant is None:  # a state saved before the constant mean existed
+            self.mean_constant = torch.zeros((), **self._dtype_device)
 
 
 class QSGPSamplePaths(nn.Module):
