@@ -1,7 +1,8 @@
 """QSGP at the defaults a BO loop uses, against dense references: the constant prior mean its
-closed-form fit chooses (against BoTorch's ``SingleTaskGP`` and the generalised-least-squares
-constant computed by hand) and the cached dense columns of its variational factor (against the
-factor rebuilt by hand after every kind of change)."""
+closed-form fit chooses and its small-n fits from the defaults (against BoTorch's ``SingleTaskGP``
+and the generalised-least-squares constant computed by hand), and what its posterior keeps between
+calls (the masked columns of the variational factor, the feature frequencies, the skipped cache
+check) against the factor, the features and Gaussian conditioning computed afresh by hand."""
 
 from __future__ import annotations
 
