@@ -47,12 +47,13 @@ def test_fit_on_row_subset_sets_q_on_all_rows():
     X, Y = _data(120)
     model = QSGP(X, Y, num_features=40, family="full", kernel=_kernel(2))
     model.fit(max_iter=20, hyper_rows=50)
-    # q(w) is the exact posterior of the weights on ALL 120 rows at the fitted hyperparameters.
+    # q(w) is the exact posterior of the weights on ALL 120 rows at the fitted hyperparameters
+    # (and the fitted constant prior mean c: f = c + phi^T w).
     with torch.no_grad():
         Phi = model.basis.features(model.train_X)
         noise = float(model.likelihood.noise)
         A = torch.eye(40, dtype=DT) + Phi.T @ Phi / noise
-        mu = torch.linalg.solve(A, Phi.T @ model.train_y / noise)
+        mu = torch.linalg.solve(A, Phi.T @ (model.train_y - model.mean_constant) / noise)
         cov = torch.linalg.inv(A)
     assert torch.allclose(model.var_mean, mu, atol=1e-8)
     C = model.dense_C()

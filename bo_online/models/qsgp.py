@@ -77,6 +77,15 @@ __all__ = ["QSGP", "QSGPSamplePaths"]
 
 _CHUNK = 4096  # basis columns per block when a full pass over m is needed
 
+#: Closed-form fits of a model holding at most this many points start the hyperparameters from
+#: their values at construction, as a BoTorch loop that rebuilds ``SingleTaskGP`` every step (the
+#: fit's objective there is the same exact-kernel evidence, so QSGP then gets the same
+#: hyperparameters). Warm starts kept the basin of an earlier fit: in the BO suite (Ackley 5-D,
+#: 4 seeds) a warm fit often reached a higher evidence than the fit from the defaults with an
+#: interpolating, near-noiseless model (noise 0.007 against 0.09-0.12 on standardised outcomes)
+#: that the acquisition then trusted. Such fits cost O(n^3) on at most 100 points.
+FIT_FROM_DEFAULTS_N = 100
+
 
 class QSGP(HeldDataMixin, OnlineModel):
     r"""Weight-space GP with QSGP stochastic variational inference.
@@ -101,6 +110,11 @@ class QSGP(HeldDataMixin, OnlineModel):
             basis, where ``Phi = K``; it is only defined there).
         seed: seed of the RFF dictionary and of the SGD samplers.
         input_transform: optional BoTorch input transform.
+        constant_mean: the closed-form fit (Gaussian likelihood, standardised targets) also
+            chooses a constant prior mean ``f(x) = c + phi(x)^T w`` (its evidence maximised over
+            ``c``, as ``SingleTaskGP``'s ``ConstantMean``), kept in the buffer ``mean_constant``
+            (standardised units); False keeps ``c = 0``, the data's mean. The SGD fit keeps
+            ``c`` as it is.
         **fit_options: defaults for :meth:`fit` (e.g. ``num_rows``, ``num_cols``, ``cv_rank``).
     """
 
@@ -124,6 +138,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         augment_variance: bool | None = None,
         seed: int = 0,
         input_transform: Any | None = None,
+        constant_mean: bool = True,
         **fit_options: Any,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -178,6 +193,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             )
         self.fit_options = dict(fit_options)
         self.seed = int(seed)
+        self.constant_mean = bool(constant_mean)
 
         # ---- basis dictionary
         if isinstance(basis, QSGPBasis):
@@ -219,6 +235,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         # ---- data and variational state (buffers; state_dict carries them)
         self.register_buffer("train_X", X)
         self.register_buffer("train_y", self._standardise(Y).squeeze(-1))
+        # the constant prior mean c (standardised units): f(x) = c + phi(x)^T w
+        self.register_buffer("mean_constant", torch.zeros((), dtype=dtype, device=device))
         self.register_buffer(
             "train_noise",
             None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
@@ -241,6 +259,8 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.register_buffer("cond_u", None)  # sample x batch x m, P^-1 r
         #: a conditioned (fantasy) model's P as its parent's factor plus a low-rank term
         self._cond_factor: LowRankUpdatedCholesky | None = None
+        #: the trainable hyperparameters at construction (see ``reset_hyperparameters``)
+        self._initial_hypers = {k: v.detach().clone() for k, v in self._trainable_hypers().items()}
 
     # ------------------------------------------------------------------ basic properties
 
@@ -257,6 +277,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         yield self.var_mean
         yield self.var_log_diag
         yield self.var_cols
+        yield self.mean_constant
 
     def _trainable_hypers(self) -> dict[str, Tensor]:
         out = {}
@@ -291,10 +312,20 @@ class QSGP(HeldDataMixin, OnlineModel):
     def _prior_diag_all(self) -> Tensor:
         return torch.cat([self.basis.prior_precision_diag(idx) for idx in self._chunks()]).detach()
 
-    def _chunks(self, size: int = _CHUNK):
+    def _chunks(self, size: int = _CHUNK) -> list[Tensor]:
+        r"""Column blocks ``[0, size), [size, 2 size), ...`` of the basis. The index tensors are
+        kept (never edited in place), so the RFF basis, which remembers the frequencies of the
+        last block it generated, does not regenerate them on every posterior call."""
         dev = self.basis._dtype_ref.device
-        for s in range(0, self.num_features, size):
-            yield torch.arange(s, min(s + size, self.num_features), device=dev)
+        key = (self.num_features, size, dev)
+        cached = getattr(self, "_chunks_cache", None)
+        if cached is None or cached[0] != key:
+            blocks = [torch.arange(s, min(s + size, self.num_features), device=dev)
+                      for s in range(0, self.num_features, size)]
+            if torch.is_inference_mode_enabled():  # (inference tensors are not kept)
+                return blocks
+            cached = self._chunks_cache = (key, blocks)
+        return cached[1]
 
     # ------------------------------------------------------------------ noise
 
@@ -328,13 +359,36 @@ class QSGP(HeldDataMixin, OnlineModel):
         r"""Mask ``vals`` (``|rows| x |cols|``) to the strictly-lower part of ``C``."""
         return vals * (rows.unsqueeze(-1) > cols.unsqueeze(-2)).to(vals)
 
+    def _masked_cols(self) -> Tensor:
+        r"""The dense columns of ``C`` below the diagonal, ``m x k``: ``var_cols`` through
+        :meth:`_lower_cols` over all rows.
+
+        Kept until ``var_cols`` is replaced or edited in place (its identity and version counter
+        are the key), so a posterior, which needs it on every call, does not rebuild an ``m x k``
+        mask each time (``k = m`` for the full family: an ``m x m`` mask and product per
+        acquisition evaluation). Not kept under inference mode (such a tensor could not enter a
+        later autograd graph) or while ``var_cols`` requires a gradient."""
+        src = self.var_cols
+        cached = getattr(self, "_masked_cols_cache", None)
+        if torch.is_inference_mode_enabled() or src.is_inference() or src.requires_grad:
+            cached = None
+            version = None
+        else:
+            version = src._version
+            if cached is not None and cached[0] is src and cached[1] == version:
+                return cached[2]
+        idx = torch.arange(self.num_features, device=src.device)
+        out = self._lower_cols(idx, idx[: self.num_dense], src)
+        if version is not None:
+            self._masked_cols_cache = (src, version, out.detach())
+        return out
+
     def dense_C(self) -> Tensor:
         r"""``C`` as a dense ``m x m`` matrix (small ``m`` only: tests and closed-form fits)."""
-        m, k = self.num_features, self.num_dense
+        k = self.num_dense
         C = torch.diag(self.var_log_diag.exp())
         if k:
-            idx = torch.arange(m, device=C.device)
-            C[:, :k] = C[:, :k] + self._lower_cols(idx, idx[:k], self.var_cols)
+            C[:, :k] = C[:, :k] + self._masked_cols()
         return C
 
     def _C_times(self, M: Tensor) -> Tensor:
@@ -342,26 +396,25 @@ class QSGP(HeldDataMixin, OnlineModel):
         out = self.var_log_diag.exp().unsqueeze(-1) * M
         k = self.num_dense
         if k:
-            idx = torch.arange(self.num_features, device=M.device)
-            out = out + self._lower_cols(idx, idx[:k], self.var_cols) @ M[:k]
+            out = out + self._masked_cols() @ M[:k]
         return out
 
     def _moments(self, X: Tensor, cov: bool = True) -> tuple[Tensor, Tensor]:
-        r"""Mean ``Phi_X mu`` (``... x q``) and covariance ``(Phi_X C)(Phi_X C)^T``
+        r"""Mean ``c + Phi_X mu`` (``... x q``) and covariance ``(Phi_X C)(Phi_X C)^T``
         (``... x q x q``, or its diagonal ``... x q`` if ``cov=False``), one pass over ``m`` in
         column blocks (never an ``n x m`` matrix)."""
         k = self.num_dense
-        mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
+        mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
         out = torch.zeros(X.shape[:-1] + (X.shape[-2:-1] if cov else ()), dtype=X.dtype,
                           device=X.device)
         dense = None  # ... x q x k: Phi_X C[:, :k]
+        masked = self._masked_cols() if k else None
         for idx in self._chunks():
             F = self.basis.features(X, idx)
             mean = mean + F @ self.var_mean[idx]
             V = F * self.var_log_diag[idx].exp()
             if k:
-                low = self._lower_cols(idx, idx.new_tensor(range(k)), self.var_cols[idx])
-                d = F @ low
+                d = F @ masked[int(idx[0]):int(idx[-1]) + 1]  # chunks are contiguous ranges
                 dense = d if dense is None else dense + d
                 keep = idx >= k  # diagonal columns of this block
                 V = V[..., keep]
@@ -385,6 +438,20 @@ class QSGP(HeldDataMixin, OnlineModel):
 
     # ------------------------------------------------------------------ caches and prediction
 
+    def ensure_caches(self) -> None:
+        r"""As :meth:`OnlineModel.ensure_caches`, except while nothing is cached: with no
+        conditioning data held (after every fit) the caches are empty whatever the hyperparameters
+        and variational parameters are, so the check, which compares every cached-on tensor
+        (``var_cols`` is ``m x m`` for the full family) with its snapshot and cost about as much as
+        the posterior itself in a BO loop's acquisition, is skipped. The snapshot is taken once, so
+        the first update after a fit does not rebuild what it has just built."""
+        if (self.cond_X is None and self.cond_L is None and self.cond_r is None
+                and self.cond_u is None and self._cond_factor is None):
+            if self._cache_key is None:
+                self._cache_key = self._current_key()
+            return
+        super().ensure_caches()
+
     def _rebuild_caches(self) -> None:
         self._cond_factor = None
         if self.cond_X is None:
@@ -399,18 +466,19 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.cond_u = cholesky_solve(self.cond_L, self.cond_r.unsqueeze(-1)).squeeze(-1)
 
     def _features_times_C(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Mean ``Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
+        r"""Mean ``c + Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
         (so ``A A^T`` is the covariance :meth:`_moments` returns)."""
         k = self.num_dense
-        mean = torch.zeros(X.shape[:-1], dtype=X.dtype, device=X.device)
+        mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
         A = torch.zeros(*X.shape[:-1], self.num_features, dtype=X.dtype, device=X.device)
+        masked = self._masked_cols() if k else None
         for idx in self._chunks():
             F = self.basis.features(X, idx)
             mean = mean + F @ self.var_mean[idx]
             start, stop = int(idx[0]), int(idx[-1]) + 1  # chunks are contiguous ranges
             A[..., start:stop] += F * self.var_log_diag[idx].exp()
             if k:
-                A[..., :k] += F @ self._lower_cols(idx, idx.new_tensor(range(k)), self.var_cols[idx])
+                A[..., :k] += F @ masked[start:stop]
         return mean, A
 
     def _cond_point_variance(self, X: Tensor, noise: Tensor) -> Tensor:
@@ -569,7 +637,7 @@ class QSGP(HeldDataMixin, OnlineModel):
             p = Xc.shape[-2]
             e = torch.randn(p, num_samples, generator=generator, **dd)
             e = e * self.cond_noise.sqrt().unsqueeze(-1)  # observation-noise draws
-            Fc_W = torch.zeros(p, num_samples, **dd)
+            Fc_W = self.mean_constant.expand(p, num_samples)  # draws at X_c, with c
             CtPhiT = torch.zeros(m, p, **dd)  # C^T Phi_c^T, by blocks
             k = self.num_dense
             for idx in self._chunks():
@@ -599,57 +667,88 @@ class QSGP(HeldDataMixin, OnlineModel):
         Phi = self.basis.features(self.train_X)
         S = self.basis.prior_precision_block(self.basis.all_indices(), self.basis.all_indices())
         w = 1.0 / self._row_noise()
-        return exact_terms(Phi, self.train_y, w, self.var_mean, self.dense_C(), S)["elbo"]
+        y = self.train_y - self.mean_constant
+        return exact_terms(Phi, y, w, self.var_mean, self.dense_C(), S)["elbo"]
 
-    def exact_log_marginal(self, rows: Tensor | None = None) -> Tensor:
+    def exact_log_marginal(self, rows: Tensor | None = None, constant_mean: bool = False
+                           ) -> Tensor:
         r"""``log N(y; 0, Phi S^-1 Phi^T + N)`` of the finite-basis model (Woodbury, weight space),
-        differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family.
-        ``rows``: only these training rows (indices), default all."""
+        differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family; ``y``
+        less the model's constant mean ``c``. ``rows``: only these training rows (indices),
+        default all. ``constant_mean``: at the best constant ``c`` instead
+        (:meth:`_best_constant`)."""
         X = self.train_X if rows is None else self.train_X[rows]
         y = self.train_y if rows is None else self.train_y[rows]
+        y = y - self.mean_constant  # (constant_mean: c is re-chosen, so this shift cancels)
         Phi = self.basis.features(X)
         idx = self.basis.all_indices()
         noise = self._row_noise(rows)
         n = X.shape[-2]
+        R = torch.stack([y, torch.ones_like(y)], dim=-1)  # n x 2: the targets and the constant
         if self.basis.diagonal_prior and n < self.num_features:
             # n-space form, O(n^2 m): y ~ N(0, Phi S^-1 Phi^T + N)
             s_inv = 1.0 / self.basis.prior_precision_diag(idx)
             K = (Phi * s_inv) @ Phi.transpose(-1, -2) + torch.diag_embed(noise)
             L = psd_cholesky(K)
-            u = solve_lower(L, y.unsqueeze(-1)).squeeze(-1)
-            return -0.5 * (u.pow(2).sum() + 2 * torch.diagonal(L).log().sum()
-                           + n * math.log(2 * math.pi))
-        S = self.basis.prior_precision_block(idx, idx)
-        w = 1.0 / noise
-        A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
-        L_A, L_S = psd_cholesky(A), psd_cholesky(S)
-        b = Phi.transpose(-1, -2) @ (w * y)
-        u = solve_lower(L_A, b.unsqueeze(-1)).squeeze(-1)
-        quad = (w * y.pow(2)).sum() - u.pow(2).sum()
-        logdet = (2 * torch.diagonal(L_A).log().sum() - 2 * torch.diagonal(L_S).log().sum()
-                  + noise.log().sum())
+            U = solve_lower(L, R)
+            G = U.transpose(-1, -2) @ U  # R^T K^-1 R
+            logdet = 2 * torch.diagonal(L).log().sum()
+        else:
+            S = self.basis.prior_precision_block(idx, idx)
+            w = 1.0 / noise
+            A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
+            L_A, L_S = psd_cholesky(A), psd_cholesky(S)
+            B = solve_lower(L_A, Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
+            G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
+            logdet = (2 * torch.diagonal(L_A).log().sum() - 2 * torch.diagonal(L_S).log().sum()
+                      + noise.log().sum())
+        quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
         return -0.5 * (quad + logdet + n * math.log(2 * math.pi))
+
+    @staticmethod
+    def _best_constant(G: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The constant prior mean ``c`` that maximises ``log N(y; c 1, K)`` and the quadratic
+        form ``(y - c 1)^T K^-1 (y - c 1)`` there, from ``G = [y, 1]^T K^-1 [y, 1]`` (2 x 2):
+        ``c = 1^T K^-1 y / 1^T K^-1 1`` (generalised least squares), so the evidence maximised over
+        ``c`` costs one extra right-hand side. ``c`` depends on the hyperparameters; its gradient
+        does not enter the evidence's (the quadratic form is stationary in ``c``)."""
+        c = G[0, 1] / G[1, 1]
+        return c, G[0, 0] - c * G[0, 1]
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""The closed-form fit's objective per point (``exact_log_marginal()``, or the kernel's
-        exact evidence where ``hyper_evidence`` resolves to ``"kernel"``, plus log priors, / n)
-        on the data
-        absorbed by the last fit (standardised units). The loops use it to choose
-        between a warm-started refit and a fit from the defaults (same basis, same data)."""
+        exact evidence where ``hyper_evidence`` resolves to ``"kernel"``, at the best constant
+        mean when ``constant_mean``, plus log priors, / n) on the data absorbed by the last fit
+        (standardised units). The loops use it to choose between a warm-started refit and a fit
+        from the defaults (same basis, same data)."""
         evidence = self._resolve_evidence(self.fit_options.get("hyper_evidence", "auto"))
-        obj = self._kernel_log_marginal() if evidence == "kernel" else self.exact_log_marginal()
+        cm = self._fits_constant_mean()
+        obj = (self._kernel_log_marginal(constant_mean=cm) if evidence == "kernel"
+               else self.exact_log_marginal(constant_mean=cm))
         if include_priors:
             obj = obj + self._log_prior()
         return obj / self.num_data
 
-    def _kernel_log_marginal(self) -> Tensor:
-        r"""``log N(y; 0, K + N)`` with the exact kernel the RFF basis approximates (standardised
-        targets, zero mean as the weight-space model), differentiable in the hyperparameters."""
+    def _fits_constant_mean(self) -> bool:
+        return self.constant_mean and self.likelihood_name == "gaussian" and self.standardize
+
+    def _kernel_gram(self) -> tuple[Tensor, Tensor]:
+        r"""``G = [y, 1]^T (K + N)^-1 [y, 1]`` (2 x 2) and ``log|K + N|`` with the exact kernel the
+        RFF basis approximates (standardised targets less the constant mean ``c``)."""
         K = self.basis.kernel(self.train_X).to_dense() + torch.diag_embed(self._row_noise())
         L = psd_cholesky(K)
-        u = solve_lower(L, self.train_y.unsqueeze(-1)).squeeze(-1)
-        n = self.num_data
-        return -0.5 * (u.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi))
+        y = self.train_y - self.mean_constant
+        R = torch.stack([y, torch.ones_like(y)], dim=-1)
+        U = solve_lower(L, R)
+        return U.transpose(-1, -2) @ U, 2 * torch.diagonal(L).log().sum()
+
+    def _kernel_log_marginal(self, constant_mean: bool = False) -> Tensor:
+        r"""``log N(y; c, K + N)`` with the exact kernel the RFF basis approximates (standardised
+        targets, the model's constant mean ``c``; ``constant_mean``: at the best constant
+        instead), differentiable in the hyperparameters."""
+        G, logdet = self._kernel_gram()
+        quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
+        return -0.5 * (quad + logdet + self.num_data * math.log(2 * math.pi))
 
     def _log_prior(self) -> Tensor:
         out = torch.zeros((), **self._dtype_device)
@@ -668,7 +767,7 @@ class QSGP(HeldDataMixin, OnlineModel):
     def _fit_option_names(cls) -> set[str]:
         """Names :meth:`fit` accepts as options (and the constructor as their defaults)."""
         sgd = set(inspect.signature(cls.fit_sgd).parameters) - {"self", "max_iter"}
-        return sgd | {"restandardize", "hyper_evidence", "hyper_rows"}
+        return sgd | {"restandardize", "hyper_evidence", "hyper_rows", "fit_from_defaults_n"}
 
     def fit(
         self,
@@ -685,7 +784,11 @@ class QSGP(HeldDataMixin, OnlineModel):
                 ``m <= 4096`` and ``n m <= 4e7``).
             **options: SGD settings, see :meth:`fit_sgd`; ``restandardize`` (default True);
                 ``hyper_evidence`` (closed form: ``"auto"``, ``"basis"`` or ``"kernel"``, see
-                :meth:`fit_closed_form`); ``hyper_rows`` (closed form, default 2048).
+                :meth:`fit_closed_form`); ``hyper_rows`` (closed form, default 2048);
+                ``fit_from_defaults_n`` (closed form, default :data:`FIT_FROM_DEFAULTS_N`):
+                while the model holds at most this many points, the hyperparameters start from
+                their values at construction (:meth:`reset_hyperparameters`) instead of the last
+                fit's; 0 always warm-starts.
         """
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
@@ -696,7 +799,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             small = self.num_features <= 4096 and self.num_data * self.num_features <= 4e7
             method = "closed_form" if small and self.likelihood_name == "gaussian" else "sgd"
         hyper_rows = opts.pop("hyper_rows", 2048)
+        from_defaults_n = int(opts.pop("fit_from_defaults_n", FIT_FROM_DEFAULTS_N))
         if method == "closed_form":
+            if self.num_data <= from_defaults_n:
+                self.reset_hyperparameters()
             self.fit_closed_form(max_iter=200 if max_iter is None else max_iter,
                                  evidence=evidence, hyper_rows=hyper_rows)
         elif method == "sgd":
@@ -706,6 +812,16 @@ class QSGP(HeldDataMixin, OnlineModel):
         self.invalidate_caches()
         self.ensure_caches()
         return self
+
+    @torch.no_grad()
+    def reset_hyperparameters(self) -> None:
+        r"""Set the trainable hyperparameters back to their values at construction (the starting
+        point a model rebuilt from its defaults would fit from)."""
+        params = dict(self.named_parameters())
+        for name, value in self._initial_hypers.items():
+            if name in params:
+                params[name].copy_(value)
+        self.invalidate_caches()
 
     def _absorb(self, restandardize: bool) -> None:
         r"""Move the conditioning data into the training set (the refit will absorb them)."""
@@ -726,6 +842,10 @@ class QSGP(HeldDataMixin, OnlineModel):
             if self.fixed_noise:
                 self.train_noise = self.train_noise * ratio**2
             self.train_y = (y - mean) / std
+            if self.constant_mean:  # the constant mean c keeps its level in user units
+                self.mean_constant = (
+                    (self.mean_constant * self.outcome_std + self.outcome_mean - mean) / std
+                ).reshape(())
             # Warm start: rescale q(w) to the new units (the shift is left to the refit).
             self.var_mean = self.var_mean * ratio
             self.var_log_diag = self.var_log_diag + ratio.log()
@@ -775,10 +895,11 @@ class QSGP(HeldDataMixin, OnlineModel):
                 gen = torch.Generator().manual_seed(self.seed + 7919 * self.num_data)
                 rows = torch.randperm(self.num_data, generator=gen)[:hyper_rows]
             size = self.num_data if rows is None else rows.numel()
+            cm = self._fits_constant_mean()
             if evidence == "kernel":
-                objective = self._kernel_log_marginal
+                objective = lambda: self._kernel_log_marginal(constant_mean=cm)  # noqa: E731
             else:
-                objective = lambda: self.exact_log_marginal(rows)  # noqa: E731
+                objective = lambda: self.exact_log_marginal(rows, constant_mean=cm)  # noqa: E731
             loss = lambda: -(objective() + self._log_prior()) / size  # noqa
             self.train()
             try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
@@ -790,8 +911,35 @@ class QSGP(HeldDataMixin, OnlineModel):
             finally:
                 self.eval()
         with torch.no_grad():
+            if self._fits_constant_mean():
+                self._fit_constant_mean(evidence)
             self.set_optimal_variational()
         return self
+
+    def _fit_constant_mean(self, evidence: str) -> None:
+        r"""Set ``mean_constant`` to the best constant prior mean at the fitted hyperparameters
+        (all rows; the maximiser of the evidence the fit used).
+
+        With a zero mean on standardised outcomes the posterior far from the data reverts to the
+        data's mean. Where a few observations are extreme (noisy Levy 3-D: the best constant was
+        1-1.5 standard deviations below the mean) that level is far too optimistic, so an
+        acquisition sends the loop to unexplored corners, and the evidence compensates with
+        other lengthscales than an exact GP with a constant mean (``SingleTaskGP``) fits."""
+        y = self.train_y - self.mean_constant
+        if evidence == "kernel":
+            G = self._kernel_gram()[0]
+        else:
+            Phi = self.basis.features(self.train_X)
+            idx = self.basis.all_indices()
+            S = self.basis.prior_precision_block(idx, idx)
+            w = 1.0 / self._row_noise()
+            A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
+            R = torch.stack([y, torch.ones_like(y)], dim=-1)
+            B = solve_lower(psd_cholesky(A), Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
+            G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
+        c = self._best_constant(G)[0]
+        if bool(torch.isfinite(c)):
+            self.mean_constant = (self.mean_constant + c).detach().reshape(())
 
     @torch.no_grad()
     def set_optimal_variational(self) -> None:
@@ -804,7 +952,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         w = 1.0 / self._row_noise()
         A = S + Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * Phi)
         L_A = psd_cholesky(A)
-        b = Phi.transpose(-1, -2) @ (w * self.train_y)
+        b = Phi.transpose(-1, -2) @ (w * (self.train_y - self.mean_constant))
         self.var_mean = cholesky_solve(L_A, b.unsqueeze(-1)).squeeze(-1)
         m, k = self.num_features, self.num_dense
         log_diag = -0.5 * torch.diagonal(A).log()
@@ -1002,7 +1150,7 @@ class QSGP(HeldDataMixin, OnlineModel):
         ctx = torch.enable_grad() if hyper_on else torch.no_grad()
         with ctx:
             F_U = basis.features(self.train_X[rows], U)
-            y = self.train_y[rows]
+            y = self.train_y[rows] - self.mean_constant
             if self.likelihood_name == "gaussian":
                 w = 1.0 / self._row_noise(rows)
             diagS = basis.diagonal_prior
@@ -1072,6 +1220,8 @@ class QSGP(HeldDataMixin, OnlineModel):
 
     def _after_load(self) -> None:
         self.num_dense = int(self.var_cols.shape[-1])
+        if self.mean_constant is None:  # a state saved before the constant mean existed
+            self.mean_constant = torch.zeros((), **self._dtype_device)
 
 
 class QSGPSamplePaths(nn.Module):
@@ -1098,7 +1248,7 @@ class QSGPSamplePaths(nn.Module):
         for idx in model._chunks():
             F = model.basis.features(Xt, idx)  # batch x q x b
             out = out + torch.einsum("...qb,sb->s...q", F, self.weights[:, idx])
-        return out * model.outcome_std + model.outcome_mean
+        return (out + model.mean_constant) * model.outcome_std + model.outcome_mean
 
 
 def _default_rff_kernel(dim: int) -> ScaleKernel:

@@ -182,9 +182,11 @@ class RFFBasis(QSGPBasis):
 
         One hashed draw of ``2d + 1`` uniforms per column (Box-Muller for the frequencies). The
         last result is kept, so the data rows and the control-variate rows of one SGD step share
-        a single generation."""
+        a single generation, and a model's posterior calls (the same block index tensors every
+        time) share one (not one generated under inference mode outside it)."""
         cached = self._freq_cache
-        if cached is not None and cached[0] is idx:
+        if (cached is not None and cached[0] is idx and cached[1].dtype == self.dtype
+                and (torch.is_inference_mode_enabled() or not cached[1].is_inference())):
             return cached[1], cached[2]
         d, dt = self.dim, self.dtype
         if self.sampling == "qmc":  # columns 2p, 2p + 1: cos and sin of frequency p
