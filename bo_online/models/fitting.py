@@ -8,7 +8,9 @@ from ``fit_gpytorch_mll`` apply unchanged.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Literal, TypeVar
 
 import torch
 from botorch.optim.closures import ForwardBackwardClosure
@@ -18,6 +20,97 @@ from torch import Tensor
 from torch.nn import Module
 
 Bounds = dict[str, tuple[float | None, float | None]]
+SettingsT = TypeVar("SettingsT")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    r"""How a hyperparameter fit runs its optimiser (the fields every surrogate's fit shares).
+
+    Each surrogate's fit settings subclass this with their own extra fields and defaults, and
+    ``fit(settings=None, **overrides)`` accepts either a settings object or its field names as
+    keywords (so ``fit_options={"method": "adam"}`` in the loops keeps working).
+
+    Attributes:
+        method: ``"lbfgs"`` (SciPy L-BFGS-B through BoTorch) or ``"adam"``.
+        max_iter: iteration cap (L-BFGS ``maxiter`` or the number of Adam steps).
+        lr: Adam learning rate (unused by L-BFGS).
+        timeout_sec: optional wall-clock limit on the optimiser.
+    """
+
+    method: str = "lbfgs"
+    max_iter: int = 200
+    lr: float = 0.05
+    timeout_sec: float | None = None
+
+
+def resolve_settings(
+    settings_class: type[SettingsT],
+    settings: SettingsT | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SettingsT:
+    r"""``settings`` (or ``settings_class()``) with the keyword ``overrides`` applied.
+
+    Unknown names are refused with the accepted ones listed, so a misspelt fit option fails
+    before any hyperparameter moves.
+
+    Args:
+        settings_class: a dataclass type (for example a subclass of :class:`OptimizerSettings`).
+        settings: a ready instance, or ``None`` for the class defaults.
+        overrides: field name -> value; ``None`` values keep the setting's own value.
+    """
+    base = settings_class() if settings is None else settings
+    if not isinstance(base, settings_class):
+        raise ValueError(
+            f"settings must be a {settings_class.__name__}, got {type(base).__name__}."
+        )
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    names = {f.name for f in dataclasses.fields(settings_class)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(
+            f"Unknown fit option(s) {', '.join(map(repr, unknown))} for "
+            f"{settings_class.__name__}; accepted: {', '.join(sorted(names))}."
+        )
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def sum_log_priors(
+    modules: Iterable[Module | None], reference: Tensor, skip: Callable[[str], bool] | None = None
+) -> Tensor:
+    r"""Sum of the log densities of every GPyTorch prior registered on ``modules``.
+
+    This is the prior term GPyTorch's marginal likelihoods add to the evidence; every surrogate's
+    fit objective adds it the same way.
+
+    Args:
+        modules: GPyTorch modules (kernel, mean, likelihood, ...); ``None`` or modules without
+            priors are skipped.
+        reference: a tensor whose dtype and device the (scalar) result takes.
+        skip: optional predicate on the prior's name within its module (for example a fixed-noise
+            model leaves out the likelihood's noise prior).
+
+    Returns:
+        A scalar tensor.
+    """
+    total = torch.zeros((), dtype=reference.dtype, device=reference.device)
+    for module in modules:
+        if module is None or not hasattr(module, "named_priors"):
+            continue
+        for name, prior_module, prior, closure, _ in module.named_priors():
+            if skip is not None and skip(name):
+                continue
+            total = total + prior.log_prob(closure(prior_module)).sum()
+    return total
+
+
+def standardization(y: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Mean and standard deviation of ``y`` (``(m x) n``) over its last dimension, as BoTorch's
+    ``Standardize`` computes them (unbiased; a zero deviation, from constant or single outcomes,
+    becomes 1). Returns two tensors of shape ``(m,)`` (``(1,)`` for a 1-D ``y``)."""
+    mean, std = y.mean(-1).reshape(-1), y.std(-1).reshape(-1)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return mean, std
 
 
 def trainable_parameters_and_bounds(

@@ -1,0 +1,85 @@
+r"""Shared fit helpers: log priors, fit settings, outcome standardisation, against direct
+computations with GPyTorch's priors and BoTorch's ``Standardize``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from botorch.models.transforms.outcome import Standardize
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.priors import GammaPrior, LogNormalPrior
+
+from bo_online.models.fitting import (
+    OptimizerSettings,
+    resolve_settings,
+    standardization,
+    sum_log_priors,
+)
+
+
+def _kernel_and_likelihood() -> tuple[ScaleKernel, GaussianLikelihood]:
+    kernel = ScaleKernel(
+        RBFKernel(ard_num_dims=3, lengthscale_prior=LogNormalPrior(0.5, 1.0)),
+        outputscale_prior=GammaPrior(2.0, 0.15),
+    ).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[0.3, 0.7, 1.9]], dtype=torch.float64)
+    kernel.outputscale = torch.tensor(1.7, dtype=torch.float64)
+    likelihood = GaussianLikelihood(noise_prior=GammaPrior(1.1, 0.05)).double()
+    likelihood.noise = torch.tensor([0.02], dtype=torch.float64)
+    return kernel, likelihood
+
+
+def test_sum_log_priors_equals_the_prior_densities_written_out() -> None:
+    kernel, likelihood = _kernel_and_likelihood()
+    ls = kernel.base_kernel.lengthscale.detach()
+    expected = (
+        LogNormalPrior(0.5, 1.0).log_prob(ls).sum()
+        + GammaPrior(2.0, 0.15).log_prob(kernel.outputscale.detach())
+        + GammaPrior(1.1, 0.05).log_prob(likelihood.noise.detach()).sum()
+    )
+    ref = torch.zeros((), dtype=torch.float64)
+    got = sum_log_priors([kernel, None, likelihood], ref)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, expected.double(), atol=1e-12)
+    no_noise = sum_log_priors([kernel, likelihood], ref, skip=lambda name: "noise" in name)
+    assert torch.allclose(no_noise, expected - GammaPrior(1.1, 0.05).log_prob(
+        likelihood.noise.detach()).sum(), atol=1e-12)
+
+
+def test_sum_log_priors_is_differentiable_in_the_hyperparameters() -> None:
+    kernel, likelihood = _kernel_and_likelihood()
+    sum_log_priors([kernel, likelihood], torch.zeros((), dtype=torch.float64)).backward()
+    assert kernel.base_kernel.raw_lengthscale.grad is not None
+    assert float(kernel.base_kernel.raw_lengthscale.grad.abs().sum()) > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings(OptimizerSettings):
+    max_iter: int = 100
+    rho: float = 1.0
+
+
+def test_resolve_settings_applies_overrides_and_refuses_unknown_names() -> None:
+    s = resolve_settings(_Settings, None, {"method": "adam", "rho": 0.5, "lr": None})
+    assert (s.method, s.max_iter, s.rho, s.lr) == ("adam", 100, 0.5, 0.05)
+    base = _Settings(max_iter=7)
+    assert resolve_settings(_Settings, base, {}) is base
+    assert resolve_settings(_Settings, base, {"rho": 2.0}).max_iter == 7
+    with pytest.raises(ValueError, match="'num_iters'.*accepted: .*max_iter"):
+        resolve_settings(_Settings, None, {"num_iters": 5})
+    with pytest.raises(ValueError, match="must be a _Settings"):
+        resolve_settings(_Settings, OptimizerSettings(), {})
+
+
+def test_standardization_equals_botorch_standardize() -> None:
+    y = torch.randn(2, 17, dtype=torch.float64) * 3 + 1
+    mean, std = standardization(y)
+    tf = Standardize(m=2)
+    tf(y.T)
+    assert torch.allclose(mean, tf.means.squeeze(0), atol=1e-12)
+    assert torch.allclose(std, tf.stdvs.squeeze(0), atol=1e-12)
+    mean1, std1 = standardization(torch.full((5,), 2.5, dtype=torch.float64))
+    assert mean1.tolist() == [2.5] and std1.tolist() == [1.0]
