@@ -26,6 +26,8 @@ passes.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 from abc import ABC, abstractmethod
 from typing import Any, Iterator, Mapping
 
@@ -156,6 +158,21 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     @abstractmethod
     def fit(self, **kwargs: Any) -> Self:
         """Refit hyperparameters from the model's sufficient statistics (warm-started)."""
+
+    def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
+        r"""Per-point noise variances (standardised, ``batch x q``) of new points ``X``
+        (``batch x q x d``): ``noise`` if given, else the likelihood's homoscedastic noise.
+
+        A model built with known per-point noise (``fixed_noise``) has no noise of its own to
+        fall back on, so new points must bring theirs."""
+        if noise is not None:
+            return noise
+        if getattr(self, "fixed_noise", False):
+            raise ValueError(
+                f"This {type(self).__name__} has fixed per-point noise: pass `noise` (variances) "
+                "with every new observation."
+            )
+        return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:
         r"""Noise for ``fantasize`` when none is given (standardised, ``1 x 1``); None means the
@@ -422,9 +439,15 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             mll.eval()
         return mll
 
-    def _fit_kwarg_names(self) -> set[str]:
-        import inspect
+    #: The dataclass of this model's fit settings (a subclass of
+    #: :class:`bo_online.models.fitting.OptimizerSettings`); ``fit(settings=None, **overrides)``
+    #: takes an instance or its field names as keywords. ``None``: ``fit``'s own keywords.
+    fit_settings_class: type | None = None
 
+    def _fit_kwarg_names(self) -> set[str]:
+        if self.fit_settings_class is not None:
+            names = {f.name for f in dataclasses.fields(self.fit_settings_class)}
+            return names | {"settings"}
         return set(inspect.signature(self.fit).parameters)
 
     # ------------------------------------------------------------------ copying and state

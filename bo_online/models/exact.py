@@ -14,8 +14,9 @@ is tested against it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from botorch.models.utils.gpytorch_modules import (
@@ -39,10 +40,29 @@ from bo_online.linalg import (
     solve_lower_transpose,
 )
 from bo_online.models.base import HeldDataMixin, OnlineModel
-from bo_online.models.fitting import minimize_loss, trainable_parameters_and_bounds
+from bo_online.models.fitting import (
+    OptimizerSettings,
+    minimize_loss,
+    resolve_settings,
+    standardization,
+    sum_log_priors,
+    trainable_parameters_and_bounds,
+)
 
 __all__ = ["OnlineExactGP"]
 
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactFitSettings(OptimizerSettings):
+    r"""Settings of :meth:`OnlineExactGP.fit` (L-BFGS-B by default, as ``fit_gpytorch_mll``).
+
+    Attributes:
+        restandardize: first recompute the outcome scaling from all data held (exact: the
+            targets are stored).
+    """
+
+    restandardize: bool = True
 
 class OnlineExactGP(HeldDataMixin, OnlineModel):
     r"""Exact GP with O(n^2 q) online conditioning.
@@ -123,23 +143,10 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
     def log_prior(self) -> Tensor:
         """Log priors of the hyperparameters in use (with fixed noise the likelihood is unused and
         its noise prior is left out, as GPyTorch does for a fixed-noise ``SingleTaskGP``)."""
-        total = torch.zeros((), **self._dtype_device)
-        for name, module, prior, closure, _ in self.named_priors():
-            if self.fixed_noise and name.startswith("likelihood."):
-                continue
-            total = total + prior.log_prob(closure(module)).sum()
-        return total
-
-    def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
-        r"""Per-point noise (``batch x q``) for new points: given, or the likelihood's."""
-        if noise is not None:
-            return noise
-        if self.fixed_noise:
-            raise ValueError(
-                "This OnlineExactGP has fixed per-point noise: pass `noise` (variances) with "
-                "every new observation."
-            )
-        return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])
+        modules = [self.covar_module, self.mean_module]
+        if not self.fixed_noise:
+            modules.append(self.likelihood)
+        return sum_log_priors(modules, self.outcome_mean)
 
     def _train_noise_diag(self) -> Tensor:
         if self.fixed_noise:
@@ -292,19 +299,21 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
             mll = mll + self.log_prior()
         return mll / n
 
-    def fit(
-        self,
-        method: Literal["lbfgs", "adam"] = "lbfgs",
-        max_iter: int = 200,
-        lr: float = 0.05,
-        restandardize: bool = True,
-    ) -> Self:
+    fit_settings_class = ExactFitSettings
+
+    def fit(self, settings: ExactFitSettings | None = None, **overrides: Any) -> Self:
         r"""Maximise the exact marginal likelihood, warm-started from the current values, then
-        refactor once. With ``restandardize`` the outcome scaling is first recomputed from all
-        data held (exact: the targets are stored)."""
+        refactor once.
+
+        Args:
+            settings: an :class:`ExactFitSettings` (defaults if omitted).
+            **overrides: its fields by name (``method``, ``max_iter``, ``lr``, ``timeout_sec``,
+                ``restandardize``), replacing those of ``settings``.
+        """
+        settings = resolve_settings(ExactFitSettings, settings, overrides)
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
-        if restandardize and self.num_data > 1:
+        if settings.restandardize and self.num_data > 1:
             self._restandardize()
         params, bounds = trainable_parameters_and_bounds(
             self, name_filter=lambda n: not (self.fixed_noise and n.startswith("likelihood."))
@@ -315,9 +324,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
                 lambda: -self.marginal_log_likelihood(),
                 params,
                 bounds=bounds,
-                method=method,
-                max_iter=max_iter,
-                lr=lr,
+                settings=settings,
             )
         finally:
             self.eval()
@@ -327,8 +334,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
 
     def _restandardize(self) -> None:
         y = self.train_targets
-        mean, std = y.mean(-1, keepdim=True).reshape(1), y.std(-1).reshape(1)
-        std = torch.where(std > 0, std, torch.ones_like(std))
+        mean, std = standardization(y)
         if self.train_noise is not None:
             self.train_noise = self.train_noise * (self.outcome_std / std) ** 2
         self.train_y = ((y - mean) / std)

@@ -132,6 +132,7 @@ def minimize_loss(
     lr: float = 0.05,
     timeout_sec: float | None = None,
     bounds: Bounds | None = None,
+    settings: OptimizerSettings | None = None,
 ) -> OptimizationResult:
     r"""Minimise ``loss()`` over ``parameters`` in place.
 
@@ -144,10 +145,15 @@ def minimize_loss(
         timeout_sec: optional wall-clock limit.
         bounds: name -> (lower, upper) box for the raw values (see
             :func:`trainable_parameters_and_bounds`).
+        settings: if given, its ``method``, ``max_iter``, ``lr`` and ``timeout_sec`` replace the
+            keyword arguments of the same names.
 
     Returns:
         BoTorch's ``OptimizationResult`` (final loss, step count, status).
     """
+    if settings is not None:
+        method, max_iter, lr = settings.method, settings.max_iter, settings.lr
+        timeout_sec = settings.timeout_sec
     if not parameters:
         raise ValueError("No hyperparameters to optimise (all frozen?).")
     closure = ForwardBackwardClosure(forward=loss, parameters=parameters)
