@@ -168,11 +168,19 @@ def _task_cond(args):
         t3 = time.perf_counter()
         mean_r, var_r, _, _ = cond()  # rebuilds every cache from the statistics
         t4 = time.perf_counter()
-        err = max(float((mean - mean_r).abs().max() / mean_r.abs().max()),
-                  float((var - var_r).abs().max() / var_r.abs().max()))
-        return {"update": t1 - t0, "first_cond": t2 - t1, "first_condition_only": t_cond,
-                "first_posterior50": t_post, "second_cond": t_cond2 + t_post2,
-                "rebuild_cond": t4 - t3, "rel_err": err}
+        err = max(
+            float((mean - mean_r).abs().max() / mean_r.abs().max()),
+            float((var - var_r).abs().max() / var_r.abs().max()),
+        )
+        return {
+            "update": t1 - t0,
+            "first_cond": t2 - t1,
+            "first_condition_only": t_cond,
+            "first_posterior50": t_post,
+            "second_cond": t_cond2 + t_post2,
+            "rebuild_cond": t4 - t3,
+            "rel_err": err,
+        }
 
     return run
 
@@ -196,9 +204,11 @@ def _task_chol(args):
         return best
 
     def run():
-        out = {"blocked": timed(lambda: cholesky_update(L, U)),
-               "sweeps": timed(lambda: _sweeps(L, U, 1.0)),
-               "copy": timed(lambda: L.clone())}
+        out = {
+            "blocked": timed(lambda: cholesky_update(L, U)),
+            "sweeps": timed(lambda: _sweeps(L, U, 1.0)),
+            "copy": timed(lambda: L.clone()),
+        }
         out["blocked/copy"] = out["blocked"] / out["copy"]
         out["sweeps/blocked"] = out["sweeps"] / out["blocked"]
         return out
@@ -229,8 +239,9 @@ def worker(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--a", default=None, help="source tree A (the version before)")
     ap.add_argument("--b", default=".", help="source tree B (the version after)")
     ap.add_argument("--task", choices=list(TASKS), required=True)
@@ -248,11 +259,26 @@ def main() -> None:
     procs = {}
     for label, tree in trees.items():
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--task", args.task,
-               "--n", str(args.n), "--m", str(args.m), "--acq", args.acq,
-               "--inner", str(args.inner), "--grid-size", str(args.grid_size)]
-        procs[label] = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--task",
+            args.task,
+            "--n",
+            str(args.n),
+            "--m",
+            str(args.m),
+            "--acq",
+            args.acq,
+            "--inner",
+            str(args.inner),
+            "--grid-size",
+            str(args.grid_size),
+        ]
+        procs[label] = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
     for label, p in procs.items():
         if p.stdout.readline().strip() != "ready":
             raise SystemExit(f"worker {label} failed to start")
@@ -266,17 +292,21 @@ def main() -> None:
     for p in procs.values():
         p.stdin.close()
         p.wait()
-    print(f"task {args.task}  n={args.n} m={args.m} acq={args.acq}  reps={args.reps} "
-          f"(after a warm-up), {DT_NAME}, 1 thread; trees: "
-          + ", ".join(f"{k}={v}" for k, v in trees.items()))
+    print(
+        f"task {args.task}  n={args.n} m={args.m} acq={args.acq}  reps={args.reps} "
+        f"(after a warm-up), {DT_NAME}, 1 thread; trees: "
+        + ", ".join(f"{k}={v}" for k, v in trees.items())
+    )
     med = {}
     for label in procs:
         for k, v in samples[label].items():
             s = sorted(v)
             med[(label, k)] = s[len(s) // 2]
             scale, unit = (1.0, "") if ("/" in k or k == "rel_err") else (1e3, " ms")
-            print(f"  {label} {k:>14}: median {s[len(s) // 2] * scale:10.4g}{unit}  "
-                  f"[{s[0] * scale:.4g}, {s[-1] * scale:.4g}]")
+            print(
+                f"  {label} {k:>14}: median {s[len(s) // 2] * scale:10.4g}{unit}  "
+                f"[{s[0] * scale:.4g}, {s[-1] * scale:.4g}]"
+            )
     if len(procs) == 2:
         for k in samples["A"]:
             if "/" not in k and k != "rel_err" and ("B", k) in med:

@@ -50,13 +50,19 @@ def main() -> None:
     parser.add_argument("--model", default="exact")
     parser.add_argument("--acq", default="qucb")
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--budget", type=int, default=100, help="evaluations after the initial design")
+    parser.add_argument(
+        "--budget", type=int, default=100, help="evaluations after the initial design"
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--mean-duration", type=float, default=1.0)
     parser.add_argument("--sigma", type=float, default=1.0, help="log-normal log-scale std")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every duration")
-    parser.add_argument("--num-restarts", type=int, default=4, help="optimize_acqf restarts (both loops)")
-    parser.add_argument("--raw-samples", type=int, default=128, help="optimize_acqf raw samples (both loops)")
+    parser.add_argument(
+        "--num-restarts", type=int, default=4, help="optimize_acqf restarts (both loops)"
+    )
+    parser.add_argument(
+        "--raw-samples", type=int, default=128, help="optimize_acqf raw samples (both loops)"
+    )
     args = parser.parse_args()
     if args.budget % args.workers:
         parser.error("--budget must be a multiple of --workers (the sync loop's q).")
@@ -93,7 +99,9 @@ def main() -> None:
         for name in ("async", "sync"):
             if name == "async":
                 # Both refit hyperparameters once per `workers` evaluations.
-                loop = AsyncBayesOptLoop(problem, client, seed=seed, refit_every=args.workers, **common)
+                loop = AsyncBayesOptLoop(
+                    problem, client, seed=seed, refit_every=args.workers, **common
+                )
                 steps = args.budget
             else:
                 loop = BayesOptLoop(
@@ -123,20 +131,28 @@ def main() -> None:
     mean = statistics.fmean
     se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
     print()
-    print(f"problem {args.problem}, model {args.model}, acq {args.acq}, {args.workers} workers, "
-          f"budget {args.budget}, durations log-normal mean {args.mean_duration * args.time_scale:g} s "
-          f"sigma {args.sigma}, {args.seeds} seeds")
-    print(f"evals/min  async median {statistics.median(r['async_epm'] for r in rows):.1f}  "
-          f"sync median {statistics.median(r['sync_epm'] for r in rows):.1f}")
+    print(
+        f"problem {args.problem}, model {args.model}, acq {args.acq}, {args.workers} workers, "
+        f"budget {args.budget}, durations log-normal mean {args.mean_duration * args.time_scale:g} s "
+        f"sigma {args.sigma}, {args.seeds} seeds"
+    )
+    print(
+        f"evals/min  async median {statistics.median(r['async_epm'] for r in rows):.1f}  "
+        f"sync median {statistics.median(r['sync_epm'] for r in rows):.1f}"
+    )
     # Pooled: all evaluations over all BO-phase time (the per-seed ratio is noisy: each seed sees
     # only `budget` heavy-tailed durations, and the last straggler weighs on a short run).
     pooled = sum(r["sync_seconds"] for r in rows) / sum(r["async_seconds"] for r in rows)
-    print(f"throughput ratio async/sync: pooled {pooled:.2f}; per seed median "
-          f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})  "
-          f"target pooled >= 1.5: {'PASS' if pooled >= 1.5 else 'FAIL'}")
-    print(f"final regret  async {mean(r['async_regret'] for r in rows):.4g}  "
-          f"sync {mean(r['sync_regret'] for r in rows):.4g}  paired diff {mean(diffs):.4g} "
-          f"+- {se:.3g} (SE)  within 2 SE: {'PASS' if abs(mean(diffs)) <= 2 * se else 'FAIL'}")
+    print(
+        f"throughput ratio async/sync: pooled {pooled:.2f}; per seed median "
+        f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})  "
+        f"target pooled >= 1.5: {'PASS' if pooled >= 1.5 else 'FAIL'}"
+    )
+    print(
+        f"final regret  async {mean(r['async_regret'] for r in rows):.4g}  "
+        f"sync {mean(r['sync_regret'] for r in rows):.4g}  paired diff {mean(diffs):.4g} "
+        f"+- {se:.3g} (SE)  within 2 SE: {'PASS' if abs(mean(diffs)) <= 2 * se else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="OnlineExactGP", help="bo_online model name")
     parser.add_argument(
-        "--model-options", default="{}", help='JSON constructor options, e.g. \'{"grid_size": 64}\''
+        "--model-options", default="{}", help="JSON constructor options, e.g. '{\"grid_size\": 64}'"
     )
     parser.add_argument("--at", type=int, nargs="+", default=[50, 400], help="history lengths N")
     parser.add_argument("--reps", type=int, default=5)

@@ -62,8 +62,12 @@ def _parts(method: str, model, n: int, args) -> dict:
     g = torch.Generator().manual_seed(n)
     Xq, Yq = torch.rand(3, 3, generator=g, dtype=DT), torch.randn(3, 1, generator=g, dtype=DT)
     Xp = torch.rand(3, 3, generator=g, dtype=DT)
-    opts = {"num_restarts": args.restarts, "raw_samples": args.raw_samples,
-            "batch_limit": 5, "maxiter": args.maxiter}
+    opts = {
+        "num_restarts": args.restarts,
+        "raw_samples": args.raw_samples,
+        "batch_limit": 5,
+        "maxiter": args.maxiter,
+    }
 
     def fit() -> None:
         model.fit(max_iter=args.fit_max_iter)
@@ -117,8 +121,9 @@ def run(args) -> dict:
             results["rows"].append(row)
             if any((m, p) in over for p in PARTS) and m in active:
                 active.remove(m)
-                results["skipped"][m] = (f"n > {n}: one call took more than {args.budget_s} s "
-                                         "(timed once, not repeated)")
+                results["skipped"][m] = (
+                    f"n > {n}: one call took more than {args.budget_s} s (timed once, not repeated)"
+                )
         _print(results, n)
     return results
 
@@ -127,28 +132,42 @@ def _print(results: dict, n: int) -> None:
     rows = [r for r in results["rows"] if r["n"] == n]
     w = next((r for r in rows if r["method"] == "wiski"), None)
     print(f"\nn = {n}")
-    print(f"{'method':>14} " + " ".join(f"{p + ' (ms)':>32}" for p in PARTS) + f" {'step / WISKI':>13}")
+    print(
+        f"{'method':>14} "
+        + " ".join(f"{p + ' (ms)':>32}" for p in PARTS)
+        + f" {'step / WISKI':>13}"
+    )
     for r in rows:
         cells = []
         for p in PARTS:
             t = r[p]
-            cells.append(f"{t.median * 1e3:10.1f} [{t.min * 1e3:.1f}, {t.max * 1e3:.1f}] x{t.reps}"
-                         if t else "-")
+            cells.append(
+                f"{t.median * 1e3:10.1f} [{t.min * 1e3:.1f}, {t.max * 1e3:.1f}] x{t.reps}"
+                if t
+                else "-"
+            )
         step = sum(r[p].median for p in PARTS if r[p])
         ratio = "" if w is None else f"{step / sum(w[p].median for p in PARTS if w[p]):13.2f}"
         print(f"{METHODS[r['method']]:>14} " + " ".join(f"{c:>32}" for c in cells) + f" {ratio}")
     if w is not None:
         for r in rows:
             if r["method"] != "wiski":
-                print("   " + METHODS[r["method"]] + " / WISKI: " + ", ".join(
-                    f"{p} {r[p].median / w[p].median:.2f}x" for p in PARTS if r[p] and w[p]))
+                print(
+                    "   "
+                    + METHODS[r["method"]]
+                    + " / WISKI: "
+                    + ", ".join(
+                        f"{p} {r[p].median / w[p].median:.2f}x" for p in PARTS if r[p] and w[p]
+                    )
+                )
     for m, why in results["skipped"].items():
         print(f"   {METHODS[m]} skipped at larger n ({why})")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ns", type=int, nargs="+", default=[100, 1000, 3000, 10000])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--reps", type=int, default=5)
@@ -156,8 +175,12 @@ def main() -> None:
     ap.add_argument("--raw-samples", type=int, default=512)
     ap.add_argument("--maxiter", type=int, default=200)
     ap.add_argument("--fit-max-iter", type=int, default=50)
-    ap.add_argument("--budget-s", type=float, default=30.0,
-                    help="a method whose single call of a part exceeds this is not run at larger n")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=30.0,
+        help="a method whose single call of a part exceeds this is not run at larger n",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/bench_bo_step.json")
     args = ap.parse_args()
@@ -165,8 +188,13 @@ def main() -> None:
         ap.error("--reps must be >= 1")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    results = {"benchmark": "bo_step", "dtype": "float64", "device": "cpu", "args": vars(args),
-               **run(args)}
+    results = {
+        "benchmark": "bo_step",
+        "dtype": "float64",
+        "device": "cpu",
+        "args": vars(args),
+        **run(args),
+    }
     print(f"\nresults: {write_results(args.out, results)}")
 
 

@@ -122,7 +122,13 @@ def run_botorch(problem: Problem, seed: int, steps: int, q: int) -> tuple[list[f
         fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
         torch.manual_seed(seed * 100_003 + step)
         acq = build_acquisition(
-            acq_name, model, q=q, step=step, dim=d, X_observed=U, Y_observed=Y,
+            acq_name,
+            model,
+            q=q,
+            step=step,
+            dim=d,
+            X_observed=U,
+            Y_observed=Y,
             noisy=problem.noise_std > 0,
         )
         U_new, _ = optimize_acqf(acq, bounds=unit_bounds, q=q, **optimizer_kwargs(None))
@@ -154,14 +160,14 @@ def run_loop(
     from bo_online.loops import BayesOptLoop
 
     model, options = parse_method(method)
-    loop = BayesOptLoop(problem, model=model, acq=acquisition_name(problem, q), q=q, seed=seed,
-                        **options)
+    loop = BayesOptLoop(
+        problem, model=model, acq=acquisition_name(problem, q), q=q, seed=seed, **options
+    )
     records = loop.run(steps)
     y_true = [v for r in records for v in r["y_true"]]
     times = [r["time_step"] for r in records[1:]]
     fits = [
-        {k: r.get(k) for k in ("step", "n", "refit", "time_fit", "fit_iterations")}
-        for r in records
+        {k: r.get(k) for k in ("step", "n", "refit", "time_fit", "fit_iterations")} for r in records
     ]
     return y_true, times, fits
 
@@ -192,25 +198,47 @@ def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int
     except Exception as e:  # a method that fails at its defaults is a result: record it
         line = " ".join(f"{type(e).__name__}: {e}".split())
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"function": function, "method": method, "seed": seed,
-                                    "steps": steps, "q": q, "error": line}))
+        path.write_text(
+            json.dumps(
+                {
+                    "function": function,
+                    "method": method,
+                    "seed": seed,
+                    "steps": steps,
+                    "q": q,
+                    "error": line,
+                }
+            )
+        )
         print(f"{function:16s} {method:9s} seed {seed:2d}: FAILED {line[:200]}", flush=True)
         return
     best = torch.tensor(y_true, dtype=torch.float64).cummin(0).values
     regret = [problem.regret(float(b)) for b in best]
     payload = {
-        "function": function, "method": method, "seed": seed, "steps": steps, "q": q,
-        "n_init": n_init_of(problem), "acq": acquisition_name(problem, q),
-        "regret": regret, "final_regret": regret[-1], "time_per_step": times,
+        "function": function,
+        "method": method,
+        "seed": seed,
+        "steps": steps,
+        "q": q,
+        "n_init": n_init_of(problem),
+        "acq": acquisition_name(problem, q),
+        "regret": regret,
+        "final_regret": regret[-1],
+        "time_per_step": times,
         "mean_time_per_step": statistics.fmean(times) if times else 0.0,
-        "process": tag, "wall": time.perf_counter() - t0, "fits": fits,
+        "process": tag,
+        "wall": time.perf_counter() - t0,
+        "fits": fits,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload))
     tmp.replace(path)  # atomic: an interrupted job leaves no half file
-    print(f"{function:16s} {method:9s} seed {seed:2d}: regret {regret[-1]:.4g}  "
-          f"{payload['mean_time_per_step']:.3f} s/step", flush=True)
+    print(
+        f"{function:16s} {method:9s} seed {seed:2d}: regret {regret[-1]:.4g}  "
+        f"{payload['mean_time_per_step']:.3f} s/step",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------------- merge / report
@@ -231,8 +259,9 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
     return m, se, len(seeds)
 
 
-def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int], q: int,
-          plot: bool = True) -> dict[str, Any]:
+def merge(
+    out: Path, functions: list[str], methods: list[str], seeds: list[int], q: int, plot: bool = True
+) -> dict[str, Any]:
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     errors: dict[str, dict[str, list[str]]] = {}
     for f in functions:
@@ -255,17 +284,23 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
             ratios = [
                 r["mean_time_per_step"] / ref[s]["mean_time_per_step"]
                 for s, r in runs.items()
-                if s in ref and ref[s]["process"] == r["process"] and ref[s]["mean_time_per_step"] > 0
+                if s in ref
+                and ref[s]["process"] == r["process"]
+                and ref[s]["mean_time_per_step"] > 0
             ]
             table.setdefault(f, {})[m] = {
-                "seeds": len(finals), "mean": mean, "se": se,
+                "seeds": len(finals),
+                "mean": mean,
+                "se": se,
                 "time_ratio_median": statistics.median(ratios) if ratios else None,
                 "time_ratio_min": min(ratios) if ratios else None,
                 "time_ratio_max": max(ratios) if ratios else None,
                 "finals": {s: r["final_regret"] for s, r in runs.items()},
             }
-    print(f"\nq = {q}: mean final regret +- SE over seeds; time/step as ratio to BoTorch "
-          "(median over seeds, min-max)")
+    print(
+        f"\nq = {q}: mean final regret +- SE over seeds; time/step as ratio to BoTorch "
+        "(median over seeds, min-max)"
+    )
     head = f"{'function':16s} " + " ".join(f"{m:>22s}" for m in methods)
     print(head)
     for f in functions:
@@ -283,9 +318,10 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
             if c is None or c["time_ratio_median"] is None or m == "sobol":
                 cells.append(f"{'':>22s}")
             else:
-                cells.append(f"{'x' + format(c['time_ratio_median'], '.2f'):>10s} "
-                             f"({c['time_ratio_min']:.2f}-{c['time_ratio_max']:.2f})".ljust(11)
-                             .rjust(22))
+                cells.append(
+                    f"{'x' + format(c['time_ratio_median'], '.2f'):>10s} "
+                    f"({c['time_ratio_min']:.2f}-{c['time_ratio_max']:.2f})".ljust(11).rjust(22)
+                )
         print(f"{'  time ratio':16s} " + " ".join(cells))
     for f, per_method in errors.items():
         for m, lines in per_method.items():
@@ -298,9 +334,12 @@ def merge(out: Path, functions: list[str], methods: list[str], seeds: list[int],
     return summary
 
 
-def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
-                  methods: list[str], errors: dict[str, dict[str, list[str]]] | None = None,
-                  ) -> list[dict[str, Any]]:
+def check_targets(
+    table: dict[str, dict[str, Any]],
+    functions: list[str],
+    methods: list[str],
+    errors: dict[str, dict[str, list[str]]] | None = None,
+) -> list[dict[str, Any]]:
     """The issue's targets; one PASS/FAIL line each (a method that failed fails its targets;
     skipped where a method or function was not run)."""
     errors = errors or {}
@@ -323,8 +362,11 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
             if m not in table[f]:
                 continue
             d, se, n = _paired(table[f][m]["finals"], table[f]["botorch"]["finals"])
-            add(f"{m} not worse than botorch by > 2 SE on {f}", judged(not d > 2 * se, n),
-                f"mean diff {d:.4g}, SE {se:.3g}, {n} paired seeds")
+            add(
+                f"{m} not worse than botorch by > 2 SE on {f}",
+                judged(not d > 2 * se, n),
+                f"mean diff {d:.4g}, SE {se:.3g}, {n} paired seeds",
+            )
     for f in present:
         if "sobol" not in table[f]:
             continue
@@ -338,17 +380,26 @@ def check_targets(table: dict[str, dict[str, Any]], functions: list[str],
                 add(f"{m} beats sobol by > 2 SE on {f}", False, "failed at its defaults")
             if m in methods and m in table[f]:
                 dm, sem, n = _paired(sob, table[f][m]["finals"])
-                add(f"{m} beats sobol by > 2 SE on {f}", judged(dm > 2 * sem, n),
-                    f"sobol - {m} = {dm:.4g}, SE {sem:.3g}, {n} seeds")
+                add(
+                    f"{m} beats sobol by > 2 SE on {f}",
+                    judged(dm > 2 * sem, n),
+                    f"sobol - {m} = {dm:.4g}, SE {sem:.3g}, {n} seeds",
+                )
     for m in ("wiski", "tsvgp", "decoupled", "qsgp"):
         if m not in methods:
             continue
-        within = [f for f in present if m in table[f]
-                  and table[f][m]["mean"] <= 1.5 * table[f]["botorch"]["mean"]]
+        within = [
+            f
+            for f in present
+            if m in table[f] and table[f][m]["mean"] <= 1.5 * table[f]["botorch"]["mean"]
+        ]
         total = [f for f in present if m in table[f] or errors.get(f, {}).get(m)]
         need = len(total) - 1 if len(total) >= 7 else len(total)
-        add(f"{m} within 1.5x of botorch's mean on >= {need} of {len(total)} functions",
-            len(within) >= need, f"within on {len(within)}: {', '.join(within) or '-'}")
+        add(
+            f"{m} within 1.5x of botorch's mean on >= {need} of {len(total)} functions",
+            len(within) >= need,
+            f"within on {len(within)}: {', '.join(within) or '-'}",
+        )
     return checks
 
 
@@ -388,8 +439,9 @@ def _list(raw: str, known: tuple[str, ...] | list[str], what: str) -> list[str]:
     return items
 
 
-def run_group(out: Path, function: str, seed: int, methods: list[str], steps: int, q: int,
-              threads: int = 1) -> None:
+def run_group(
+    out: Path, function: str, seed: int, methods: list[str], steps: int, q: int, threads: int = 1
+) -> None:
     """Every method on one (function, seed), back to back in this process, so that the time
     ratios to the BoTorch reference are measured in one process (a Dask task with ``--dask``)."""
     torch.set_num_threads(threads)
@@ -399,11 +451,18 @@ def run_group(out: Path, function: str, seed: int, methods: list[str], steps: in
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--functions", default=",".join(FUNCTIONS))
-    p.add_argument("--methods", "--models", dest="methods", default=",".join(METHODS),
-                   help="comma-separated; for ablations a method may be model:key=value,... "
-                   "(loop options; then separate methods with ';')")
+    p.add_argument(
+        "--methods",
+        "--models",
+        dest="methods",
+        default=",".join(METHODS),
+        help="comma-separated; for ablations a method may be model:key=value,... "
+        "(loop options; then separate methods with ';')",
+    )
     p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
@@ -413,9 +472,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--merge", action="store_true", help="only merge existing results")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dask", default=None, metavar="ADDRESS",
-                   help="run the (function, seed) jobs as tasks on a Dask cluster: local:N (a "
-                   "LocalCluster of N single-threaded workers) or tcp://host:port")
+    p.add_argument(
+        "--dask",
+        default=None,
+        metavar="ADDRESS",
+        help="run the (function, seed) jobs as tasks on a Dask cluster: local:N (a "
+        "LocalCluster of N single-threaded workers) or tcp://host:port",
+    )
     args = p.parse_args(argv)
     functions = _list(args.functions, list(FUNCTIONS), "function")
     methods = _list(args.methods, METHODS, "method")
@@ -424,16 +487,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if not args.merge:
         i, k = (int(v) for v in args.shard.split("/"))
         jobs = [(f, s) for s in seeds for f in functions]
-        jobs = [(args.out, f, s, methods, args.steps, args.q, args.threads)
-                for j, (f, s) in enumerate(jobs) if j % k == i]
+        jobs = [
+            (args.out, f, s, methods, args.steps, args.q, args.threads)
+            for j, (f, s) in enumerate(jobs)
+            if j % k == i
+        ]
         if args.dask:
             from bo_online.sweep import dask_client, map_on_cluster
 
             with dask_client(args.dask) as client:
                 if __name__ != "__main__":  # imported (tests): make this module importable there
                     client.upload_file(__file__)
-                map_on_cluster(client, run_group, jobs,
-                               on_result=lambda job, _: print(f"done {job[1]} seed {job[2]}", flush=True))
+                map_on_cluster(
+                    client,
+                    run_group,
+                    jobs,
+                    on_result=lambda job, _: print(f"done {job[1]} seed {job[2]}", flush=True),
+                )
         else:
             for job in jobs:
                 run_group(*job)

@@ -21,8 +21,9 @@ from bo_online.problems import uci_problem
 
 
 def one_run(problem, out_dir, checkpoint_every, steps: int) -> tuple[float, float]:
-    loop = StreamingLoop(problem, model="tsvgp", n_init=100, out_dir=out_dir,
-                         checkpoint_every=checkpoint_every)
+    loop = StreamingLoop(
+        problem, model="tsvgp", n_init=100, out_dir=out_dir, checkpoint_every=checkpoint_every
+    )
     t0 = time.perf_counter()
     loop.run(steps)
     outside = time.perf_counter() - t0
@@ -44,16 +45,22 @@ def main() -> None:
         for r in range(args.repeats):  # interleaved
             for name, every in (("every step", 1), ("default (30 s)", None)):
                 results[name].append(one_run(problem, f"{tmp}/{r}-{every}", every, args.steps))
-                print(f"  run {r} {name}: elapsed {results[name][-1][0]:.2f} s, "
-                      f"sum of step times {results[name][-1][1]:.2f} s", flush=True)
+                print(
+                    f"  run {r} {name}: elapsed {results[name][-1][0]:.2f} s, "
+                    f"sum of step times {results[name][-1][1]:.2f} s",
+                    flush=True,
+                )
     print(f"TSVGP stream on {args.dataset}, {args.steps} steps, q = 1, {args.repeats} runs each")
     print(f"{'cadence':<16} {'elapsed median (min-max) s':>30} {'sum of step times s':>22}")
     for name, rows in results.items():
         el = [e for e, _ in rows]
         st = statistics.median(s for _, s in rows)
-        print(f"{name:<16} {statistics.median(el):>10.2f} ({min(el):.2f}-{max(el):.2f}) {st:>22.2f}")
+        print(
+            f"{name:<16} {statistics.median(el):>10.2f} ({min(el):.2f}-{max(el):.2f}) {st:>22.2f}"
+        )
     ratio = statistics.median(e for e, _ in results["every step"]) / statistics.median(
-        e for e, _ in results["default (30 s)"])
+        e for e, _ in results["default (30 s)"]
+    )
     print(f"ratio every-step / default: {ratio:.2f}x")
 
 

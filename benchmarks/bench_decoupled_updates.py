@@ -23,8 +23,9 @@ from bo_online.models import DecoupledSVGP
 def _stream(n: int, d: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=torch.float64)
-    Y = torch.sin(3 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g,
-                                                                   dtype=torch.float64)
+    Y = torch.sin(3 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
+        n, 1, generator=g, dtype=torch.float64
+    )
     return X, Y
 
 
@@ -38,8 +39,10 @@ def _times(model: DecoupledSVGP, X: torch.Tensor, Y: torch.Tensor) -> list[float
 
 
 def _block(ts: list[float]) -> str:
-    return (f"mean {1e3 * statistics.mean(ts):.3f} ms, median {1e3 * statistics.median(ts):.3f}"
-            f" ms (min {1e3 * min(ts):.3f}, max {1e3 * max(ts):.3f})")
+    return (
+        f"mean {1e3 * statistics.mean(ts):.3f} ms, median {1e3 * statistics.median(ts):.3f}"
+        f" ms (min {1e3 * min(ts):.3f}, max {1e3 * max(ts):.3f})"
+    )
 
 
 def main() -> None:
@@ -56,8 +59,10 @@ def main() -> None:
     m.fit(max_iter=50)
     ts = _times(m, Xs, Ys)
     first, last = ts[:100], ts[-100:]
-    print(f"capped (default): {m.num_beta} covariance / {m.num_alpha} mean bases after "
-          f"{args.n} updates")
+    print(
+        f"capped (default): {m.num_beta} covariance / {m.num_alpha} mean bases after "
+        f"{args.n} updates"
+    )
     print(f"  updates 1-100:            {_block(first)}")
     print(f"  updates {args.n - 99}-{args.n}:      {_block(last)}")
     ratio = statistics.mean(last) / statistics.mean(first)

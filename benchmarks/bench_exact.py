@@ -30,7 +30,9 @@ from bo_online.models import OnlineExactGP
 def build_pair(n: int, d: int, seed: int) -> tuple[SingleTaskGP, OnlineExactGP]:
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=torch.float64)
-    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
+        n, 1, generator=g, dtype=torch.float64
+    )
     ref, ours = SingleTaskGP(X, Y), OnlineExactGP(X, Y)
     for model in (ref, ours):
         model.covar_module.lengthscale = torch.full((1, d), 0.4, dtype=torch.float64)
@@ -39,11 +41,15 @@ def build_pair(n: int, d: int, seed: int) -> tuple[SingleTaskGP, OnlineExactGP]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000, 4000])
     parser.add_argument("--dim", type=int, default=3)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
     parser.add_argument("--batched-sizes", type=int, nargs="+", default=[1000, 2000])
     parser.add_argument("--out", default="benchmarks/results/exact_conditioning.json")
     args = parser.parse_args()
@@ -74,7 +80,14 @@ def main() -> None:
 
         t = time_interleaved({"SingleTaskGP": anchor, "OnlineExactGP": candidate}, reps=args.reps)
         ratio = t["SingleTaskGP"].median / t["OnlineExactGP"].median
-        rows.append({"n": n, "SingleTaskGP": t["SingleTaskGP"], "OnlineExactGP": t["OnlineExactGP"], "ratio": ratio})
+        rows.append(
+            {
+                "n": n,
+                "SingleTaskGP": t["SingleTaskGP"],
+                "OnlineExactGP": t["OnlineExactGP"],
+                "ratio": ratio,
+            }
+        )
         a, c = t["SingleTaskGP"], t["OnlineExactGP"]
         print(
             f"{n:>6} {a.median:9.4f} [{a.min:.4f},{a.max:.4f}] "
@@ -83,8 +96,13 @@ def main() -> None:
     batched_rows = batched_posterior_table(args.batched_sizes, args.dim, args.reps)
     path = write_results(
         args.out,
-        {"benchmark": "exact_conditioning", "dtype": "float64", "device": "cpu", "rows": rows,
-         "batched_posterior_rows": batched_rows},
+        {
+            "benchmark": "exact_conditioning",
+            "dtype": "float64",
+            "device": "cpu",
+            "rows": rows,
+            "batched_posterior_rows": batched_rows,
+        },
     )
     print(f"results: {path}")
     by_n = {r["n"]: r["ratio"] for r in rows}
@@ -93,8 +111,9 @@ def main() -> None:
         verdict = "PASS" if by_n[2000] >= 20 else "FAIL"
         print(f"check ratio >= 20x at n = 2000: {by_n[2000]:.1f}x {verdict}")
     growing = all(b >= a for a, b in zip(ratios, ratios[1:]))
-    print(f"check ratio grows with n: {'PASS' if growing else 'FAIL'} ({', '.join(f'{r:.1f}' for r in ratios)})")
-
+    print(
+        f"check ratio grows with n: {'PASS' if growing else 'FAIL'} ({', '.join(f'{r:.1f}' for r in ratios)})"
+    )
 
 
 #: Ax's optimize_acqf defaults (ax.generators.torch.botorch_modular.optimizer_defaults).
@@ -139,8 +158,10 @@ def batched_posterior_table(sizes: list[int], d: int, reps: int) -> list[dict]:
     at_2000 = [r["ratio"] for r in rows if r["n"] == 2000]
     if at_2000:
         verdict = "PASS" if at_2000[0] >= 1.0 else "FAIL"
-        print(f"check batched posterior at least as fast as SingleTaskGP at n = 2000: "
-              f"{at_2000[0]:.2f}x {verdict}")
+        print(
+            f"check batched posterior at least as fast as SingleTaskGP at n = 2000: "
+            f"{at_2000[0]:.2f}x {verdict}"
+        )
     return rows
 
 

@@ -40,9 +40,13 @@ def _env() -> dict:
     import gpytorch
 
     return {
-        "torch": torch.__version__, "botorch": botorch.__version__,
-        "gpytorch": gpytorch.__version__, "dtype": str(DT), "device": "cpu",
-        "threads": torch.get_num_threads(), "python": platform.python_version(),
+        "torch": torch.__version__,
+        "botorch": botorch.__version__,
+        "gpytorch": gpytorch.__version__,
+        "dtype": str(DT),
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
         "machine": platform.machine(),
     }
 
@@ -56,9 +60,15 @@ def step_times(ms, n, d, n_tilde, m_tilde, n_bar, steps, reps, warmup):
 
     def run(m):
         stamps = []
-        models[m].fit_sgd(max_iter=steps, num_rows=n_tilde, num_cols=m_tilde, cv_rank=n_bar,
-                          freeze_iters=0, seed=len(per[m]),
-                          callback=lambda t, loss: stamps.append(time.perf_counter()))
+        models[m].fit_sgd(
+            max_iter=steps,
+            num_rows=n_tilde,
+            num_cols=m_tilde,
+            cv_rank=n_bar,
+            freeze_iters=0,
+            seed=len(per[m]),
+            callback=lambda t, loss: stamps.append(time.perf_counter()),
+        )
         diffs = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
         return statistics.median(diffs)
 
@@ -101,11 +111,18 @@ def exact_gp_hypers(X, Y, num_points=1000, seed=0):
 
     g = torch.Generator().manual_seed(seed)
     sub = torch.randperm(X.shape[0], generator=g)[:num_points]
-    gp = SingleTaskGP(X[sub], Y[sub], covar_module=ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])),
-                      outcome_transform=None)
+    gp = SingleTaskGP(
+        X[sub],
+        Y[sub],
+        covar_module=ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])),
+        outcome_transform=None,
+    )
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
-    return (gp.covar_module.base_kernel.lengthscale.detach(), gp.covar_module.outputscale.detach(),
-            gp.likelihood.noise.detach())
+    return (
+        gp.covar_module.base_kernel.lengthscale.detach(),
+        gp.covar_module.outputscale.detach(),
+        gp.likelihood.noise.detach(),
+    )
 
 
 def cv_variance(data_dir, m, m_tilde, n_tilde, ranks, reps):
@@ -125,8 +142,11 @@ def cv_variance(data_dir, m, m_tilde, n_tilde, ranks, reps):
     for r in ranks:
         v0, v1 = control_variate_gradient_variance(model, n_tilde, m_tilde, r, reps=reps, seed=2)
         rows.append({"n_bar": r, "var_without": v0, "var_with": v1, "reduction": v0 / v1})
-    return rows, {"lengthscale": ls.squeeze().tolist(), "outputscale": float(os_),
-                  "noise": float(noise)}
+    return rows, {
+        "lengthscale": ls.squeeze().tolist(),
+        "outputscale": float(os_),
+        "noise": float(noise),
+    }
 
 
 def conditioning_times(ks: list[int], reps: int) -> list[dict]:
@@ -148,7 +168,9 @@ def conditioning_times(ks: list[int], reps: int) -> list[dict]:
             model.update(Xk[i : i + 50], f(Xk[i : i + 50]))
         x_new = torch.rand(1, d, generator=g, dtype=torch.float64)
         Xt = torch.rand(64, d, generator=g, dtype=torch.float64)
-        state = {key: v.clone() if torch.is_tensor(v) else v for key, v in model.state_dict().items()}
+        state = {
+            key: v.clone() if torch.is_tensor(v) else v for key, v in model.state_dict().items()
+        }
 
         def update() -> None:
             model.load_state_dict(state)  # same k every repetition
@@ -165,7 +187,9 @@ def conditioning_times(ks: list[int], reps: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ms", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--d", type=int, default=8)
@@ -181,81 +205,119 @@ def main() -> None:
     ap.add_argument("--cv-m", type=int, default=10_000)
     ap.add_argument("--cv-m-tilde", type=int, default=500)
     ap.add_argument("--cv-n-tilde", type=int, default=500)
-    ap.add_argument("--cond-ks", type=int, nargs="+", default=[100, 2000],
-                    help="points conditioned on since the last fit, for the conditioning table")
+    ap.add_argument(
+        "--cond-ks",
+        type=int,
+        nargs="+",
+        default=[100, 2000],
+        help="points conditioned on since the last fit, for the conditioning table",
+    )
     ap.add_argument("--skip-cv", action="store_true")
     ap.add_argument("--skip-cond", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = {"env": _env(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    out = {
+        "env": _env(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     ok = True
 
     if not args.skip_steps:
         t0 = time.time()
-        rows = step_times(args.ms, args.n, args.d, args.n_tilde, args.m_tilde, args.n_bar, args.steps,
-                          args.reps, args.warmup)
+        rows = step_times(
+            args.ms,
+            args.n,
+            args.d,
+            args.n_tilde,
+            args.m_tilde,
+            args.n_bar,
+            args.steps,
+            args.reps,
+            args.warmup,
+        )
         base = rows[0]["median_s"]
-        print(f"\nPer-step SGD time, QSGP-0, n={args.n}, d={args.d}, n~={args.n_tilde}, "
-              f"m~={args.m_tilde}, n_bar={args.n_bar}; median of {args.reps} interleaved runs of "
-              f"{args.steps} steps (min-max)")
+        print(
+            f"\nPer-step SGD time, QSGP-0, n={args.n}, d={args.d}, n~={args.n_tilde}, "
+            f"m~={args.m_tilde}, n_bar={args.n_bar}; median of {args.reps} interleaved runs of "
+            f"{args.steps} steps (min-max)"
+        )
         print(f"{'m':>10} {'ms/step':>9} {'min':>7} {'max':>7} {'ratio':>6}")
         for r in rows:
             r["ratio_to_smallest_m"] = r["median_s"] / base
-            print(f"{r['m']:>10} {1e3 * r['median_s']:>9.2f} {1e3 * r['min_s']:>7.2f} "
-                  f"{1e3 * r['max_s']:>7.2f} {r['ratio_to_smallest_m']:>6.2f}")
+            print(
+                f"{r['m']:>10} {1e3 * r['median_s']:>9.2f} {1e3 * r['min_s']:>7.2f} "
+                f"{1e3 * r['max_s']:>7.2f} {r['ratio_to_smallest_m']:>6.2f}"
+            )
         worst = max(r["ratio_to_smallest_m"] for r in rows)
         flat = worst <= 1.3
         ok &= flat
-        print(f"CHECK per-step time flat within 1.3x over m: {'PASS' if flat else 'FAIL'} "
-              f"(largest ratio {worst:.2f}); {time.time() - t0:.0f} s")
+        print(
+            f"CHECK per-step time flat within 1.3x over m: {'PASS' if flat else 'FAIL'} "
+            f"(largest ratio {worst:.2f}); {time.time() - t0:.0f} s"
+        )
         out["step_time"] = rows
 
     if not args.skip_cond:
         rows = conditioning_times(args.cond_ks, args.reps)
         k0 = rows[0]
-        print(f"\nConditioning since the last fit (default QSGP, m = 512 RFF, d = 4): one update of "
-              f"q = 1 and a 64-point posterior, median of {args.reps} (min-max)")
+        print(
+            f"\nConditioning since the last fit (default QSGP, m = 512 RFF, d = 4): one update of "
+            f"q = 1 and a 64-point posterior, median of {args.reps} (min-max)"
+        )
         print(f"{'k':>6} {'update ms':>22} {'posterior ms':>24}")
         for r in rows:
             u, p = r["update"], r["posterior"]
-            print(f"{r['k']:>6} {1e3 * u.median:8.2f} [{1e3 * u.min:.2f},{1e3 * u.max:.2f}] "
-                  f"{1e3 * p.median:10.2f} [{1e3 * p.min:.2f},{1e3 * p.max:.2f}]")
+            print(
+                f"{r['k']:>6} {1e3 * u.median:8.2f} [{1e3 * u.min:.2f},{1e3 * u.max:.2f}] "
+                f"{1e3 * p.median:10.2f} [{1e3 * p.min:.2f},{1e3 * p.max:.2f}]"
+            )
         last = rows[-1]
         ratio_u = last["update"].median / k0["update"].median
         ratio_p = last["posterior"].median / k0["posterior"].median
         flat = ratio_u <= 1.5 and ratio_p <= 1.5
         ok &= flat
-        print(f"CHECK update and posterior independent of k (k = {last['k']} vs {k0['k']} within "
-              f"1.5x): {'PASS' if flat else 'FAIL'} (update {ratio_u:.2f}x, posterior {ratio_p:.2f}x)")
+        print(
+            f"CHECK update and posterior independent of k (k = {last['k']} vs {k0['k']} within "
+            f"1.5x): {'PASS' if flat else 'FAIL'} (update {ratio_u:.2f}x, posterior {ratio_p:.2f}x)"
+        )
         out["conditioning"] = [
             {"k": r["k"], "update": r["update"].__dict__, "posterior": r["posterior"].__dict__}
             for r in rows
         ]
 
     if not args.skip_cv:
-        data_dir = args.data_dir or Path(os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data"))
+        data_dir = args.data_dir or Path(
+            os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data")
+        )
         try:
             t0 = time.time()
-            cv_rows, hyp = cv_variance(data_dir, args.cv_m, args.cv_m_tilde, args.cv_n_tilde,
-                                       args.cv_ranks, args.cv_reps)
+            cv_rows, hyp = cv_variance(
+                data_dir, args.cv_m, args.cv_m_tilde, args.cv_n_tilde, args.cv_ranks, args.cv_reps
+            )
         except FileNotFoundError as e:
             print(f"\nControl-variate check skipped: {e}")
         else:
-            print(f"\nControl variates on kin40k (split 0 train), m={args.cv_m} RFF, "
-                  f"m~={args.cv_m_tilde}, n~={args.cv_n_tilde}, {args.cv_reps} draws; "
-                  f"gradient variance of the Thm 1 Phi-quadratic term (element average)")
+            print(
+                f"\nControl variates on kin40k (split 0 train), m={args.cv_m} RFF, "
+                f"m~={args.cv_m_tilde}, n~={args.cv_n_tilde}, {args.cv_reps} draws; "
+                f"gradient variance of the Thm 1 Phi-quadratic term (element average)"
+            )
             print(f"{'n_bar':>6} {'without':>12} {'with':>12} {'reduction':>10}")
             for r in cv_rows:
-                print(f"{r['n_bar']:>6} {r['var_without']:>12.4g} {r['var_with']:>12.4g} "
-                      f"{r['reduction']:>10.2f}")
+                print(
+                    f"{r['n_bar']:>6} {r['var_without']:>12.4g} {r['var_with']:>12.4g} "
+                    f"{r['reduction']:>10.2f}"
+                )
             at300 = [r for r in cv_rows if r["n_bar"] == 300]
             if at300:
                 good = at300[0]["reduction"] >= 5.0
                 ok &= good
-                print(f"CHECK >= 5x at n_bar = 300: {'PASS' if good else 'FAIL'} "
-                      f"({at300[0]['reduction']:.2f}x); {time.time() - t0:.0f} s")
+                print(
+                    f"CHECK >= 5x at n_bar = 300: {'PASS' if good else 'FAIL'} "
+                    f"({at300[0]['reduction']:.2f}x); {time.time() - t0:.0f} s"
+                )
             out["control_variates"] = {"rows": cv_rows, "hypers": hyp}
 
     res = ROOT / "benchmarks" / "results"

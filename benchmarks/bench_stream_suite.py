@@ -101,8 +101,14 @@ def hindsight(name: str, args: argparse.Namespace) -> dict[str, Any]:
         fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
         gp.eval()
         m = predictive_metrics(gp, to_unit(prob.X_test, prob.bounds), prob.y_test)
-    return {"set": name, "n": n, "test_rmse": m["rmse"], "test_nll": m["nll"],
-            "fit_time": time.perf_counter() - t0, "peak_rss_mb": _peak_rss_mb()}
+    return {
+        "set": name,
+        "n": n,
+        "test_rmse": m["rmse"],
+        "test_nll": m["nll"],
+        "fit_time": time.perf_counter() - t0,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -110,8 +116,15 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
     from bo_online.loops import StreamingLoop
 
     prob = _problem(name, args.stream, args.max_test, args.seed)
-    loop = StreamingLoop(prob, model=model, n_init=100, eval_every=50,
-                         refit_every=args.refit_every, fit_max_iter=50, seed=args.seed)
+    loop = StreamingLoop(
+        prob,
+        model=model,
+        n_init=100,
+        eval_every=50,
+        refit_every=args.refit_every,
+        fit_max_iter=50,
+        seed=args.seed,
+    )
     rss_at: dict[int, float] = {}
     marks = set(args.rss_marks)
 
@@ -138,16 +151,23 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
     above = np.flatnonzero(run_model > run_const)
     upd = [r["time_update"] for r in steps]
     return {
-        "model": model, "set": name, "d": prob.dim, "n": loop.position,
-        "test_rmse": final["test_rmse"], "test_nll": final["test_nll"],
+        "model": model,
+        "set": name,
+        "d": prob.dim,
+        "n": loop.position,
+        "test_rmse": final["test_rmse"],
+        "test_nll": final["test_nll"],
         "test_at_n": final["n"],
-        "prequential_nll": float(run_model[-1]), "constant_prequential_nll": float(run_const[-1]),
+        "prequential_nll": float(run_model[-1]),
+        "constant_prequential_nll": float(run_const[-1]),
         "last_point_above_constant": int(above[-1] + 1) if above.size else 0,
         "update_median_s": statistics.median(upd),
         "update_first100_s": statistics.median(upd[:100]),
         "update_last100_s": statistics.median(upd[-100:]),
-        "elapsed_s": elapsed, "sum_step_s": loop.wall_time,
-        "peak_rss_mb": _peak_rss_mb(), "rss_at_mb": {str(k): v for k, v in rss_at.items()},
+        "elapsed_s": elapsed,
+        "sum_step_s": loop.wall_time,
+        "peak_rss_mb": _peak_rss_mb(),
+        "rss_at_mb": {str(k): v for k, v in rss_at.items()},
     }
 
 
@@ -155,10 +175,27 @@ def _child(kind: str, model: str, name: str, path: Path, args: argparse.Namespac
     """Run one pair in a fresh process (own peak RSS); result cached at ``path``."""
     if path.is_file() and not args.redo:
         return json.loads(path.read_text())
-    cmd = [sys.executable, __file__, "--child", kind, model, name, str(path),
-           "--stream", str(args.stream), "--hindsight", str(args.hindsight), "--seed", str(args.seed),
-           "--threads", str(args.threads), "--refit-every", str(args.refit_every),
-           "--rss-marks", *map(str, args.rss_marks)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        model,
+        name,
+        str(path),
+        "--stream",
+        str(args.stream),
+        "--hindsight",
+        str(args.hindsight),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--refit-every",
+        str(args.refit_every),
+        "--rss-marks",
+        *map(str, args.rss_marks),
+    ]
     if args.max_test is not None:
         cmd += ["--max-test", str(args.max_test)]
     print(f"... {kind} {model} {name}", file=sys.stderr, flush=True)
@@ -174,8 +211,13 @@ def _verdict(r: dict[str, Any], h: dict[str, Any]) -> dict[str, Any]:
     ratio = r["test_rmse"] / h["test_rmse"]
     diff = r["test_nll"] - h["test_nll"]
     preq_ok = r["last_point_above_constant"] <= PREQ_GRACE
-    return {"rmse_ratio": ratio, "nll_diff": diff, "rmse_pass": ratio <= RMSE_RATIO,
-            "nll_pass": diff <= NLL_DIFF, "prequential_pass": preq_ok}
+    return {
+        "rmse_ratio": ratio,
+        "nll_diff": diff,
+        "rmse_pass": ratio <= RMSE_RATIO,
+        "nll_pass": diff <= NLL_DIFF,
+        "prequential_pass": preq_ok,
+    }
 
 
 def main() -> None:
@@ -190,16 +232,26 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/stream_suite"))
     p.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
     p.add_argument("--redo", action="store_true", help="recompute cached results")
-    p.add_argument("--memory-check", action="store_true",
-                   help="20,000-point streams for wiski and tsvgp: peak RSS at 20,000 vs 2,000")
+    p.add_argument(
+        "--memory-check",
+        action="store_true",
+        help="20,000-point streams for wiski and tsvgp: peak RSS at 20,000 vs 2,000",
+    )
     p.add_argument("--memory-stream", type=int, default=20000)
     p.add_argument("--memory-set", default="protein")
-    p.add_argument("--memory-models", default="wiski,tsvgp",
-                   help="models of the memory check (comma separated)")
+    p.add_argument(
+        "--memory-models",
+        default="wiski,tsvgp",
+        help="models of the memory check (comma separated)",
+    )
     p.add_argument("--rss-marks", type=int, nargs="*", default=[2000])
-    p.add_argument("--refit-every", type=int, default=50,
-                   help="refit cadence in steps (the CLI default 50); a sparser one makes the "
-                        "20,000-point memory check affordable on a small machine")
+    p.add_argument(
+        "--refit-every",
+        type=int,
+        default=50,
+        help="refit cadence in steps (the CLI default 50); a sparser one makes the "
+        "20,000-point memory check affordable on a small machine",
+    )
     p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -213,16 +265,22 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     models = [m for m in args.models.split(",") if m]
     sets = [s for s in args.datasets.split(",") if s]
-    table: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v)
-                                          for k, v in vars(args).items() if k != "child"},
-                             "torch": torch.__version__, "hindsight": {}, "runs": []}
+    table: dict[str, Any] = {
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "child"
+        },
+        "torch": torch.__version__,
+        "hindsight": {},
+        "runs": [],
+    }
     tag = f"s{args.stream}-h{args.hindsight}-t{args.max_test}-seed{args.seed}"
     if args.refit_every != 50:
         tag += f"-r{args.refit_every}"
     if not args.memory_check:
         for name in sets:
-            table["hindsight"][name] = _child("hindsight", "exact", name,
-                                              args.out / f"hindsight-{name}-{tag}.json", args)
+            table["hindsight"][name] = _child(
+                "hindsight", "exact", name, args.out / f"hindsight-{name}-{tag}.json", args
+            )
         for name in sets:
             for model in models:
                 r = _child("stream", model, name, args.out / f"{model}-{name}-{tag}.json", args)
@@ -235,15 +293,22 @@ def main() -> None:
         args.stream, args.rss_marks = args.memory_stream, [2000, args.memory_stream]
         tag = f"mem{args.memory_stream}-seed{args.seed}-r{args.refit_every}"
         for model in [m for m in args.memory_models.split(",") if m]:
-            r = _child("stream", model, args.memory_set,
-                       args.out / f"{model}-{args.memory_set}-{tag}.json", args)
+            r = _child(
+                "stream",
+                model,
+                args.memory_set,
+                args.out / f"{model}-{args.memory_set}-{tag}.json",
+                args,
+            )
             if "error" not in r:
                 at = r["rss_at_mb"]
                 r["rss_ratio"] = at[str(args.memory_stream)] / at["2000"]
                 r["memory_pass"] = r["rss_ratio"] <= 1.2
-                print(f"{model:<10} peak RSS at 2,000: {at['2000']:.0f} MB, at "
-                      f"{args.memory_stream:,}: {at[str(args.memory_stream)]:.0f} MB, ratio "
-                      f"{r['rss_ratio']:.2f} -> {'PASS' if r['memory_pass'] else 'FAIL'} (<= 1.2)")
+                print(
+                    f"{model:<10} peak RSS at 2,000: {at['2000']:.0f} MB, at "
+                    f"{args.memory_stream:,}: {at[str(args.memory_stream)]:.0f} MB, ratio "
+                    f"{r['rss_ratio']:.2f} -> {'PASS' if r['memory_pass'] else 'FAIL'} (<= 1.2)"
+                )
             else:
                 print(f"{model:<10} error: {r['error']}")
             table["runs"].append(r)
@@ -254,12 +319,16 @@ def main() -> None:
 
 
 def _print_table(table: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\nStreams of {args.stream:,} rows (q = 1, CLI defaults), hindsight exact GP on "
-          f"{args.hindsight:,} rows; targets RMSE <= {RMSE_RATIO}x, NLL <= +{NLL_DIFF} nats, "
-          f"prequential NLL <= constant after {PREQ_GRACE} points.")
-    head = (f"{'set':<10}{'d':>3} {'model':<10}{'RMSE':>7}{'(hs)':>7}{'ratio':>7}{'NLL':>8}"
-            f"{'(hs)':>7}{'diff':>7}{'preqNLL':>8}{'const':>7}{'>c@':>6}{'upd ms':>8}"
-            f"{'1st100':>8}{'last100':>8}{'RSS MB':>8}  verdict")
+    print(
+        f"\nStreams of {args.stream:,} rows (q = 1, CLI defaults), hindsight exact GP on "
+        f"{args.hindsight:,} rows; targets RMSE <= {RMSE_RATIO}x, NLL <= +{NLL_DIFF} nats, "
+        f"prequential NLL <= constant after {PREQ_GRACE} points."
+    )
+    head = (
+        f"{'set':<10}{'d':>3} {'model':<10}{'RMSE':>7}{'(hs)':>7}{'ratio':>7}{'NLL':>8}"
+        f"{'(hs)':>7}{'diff':>7}{'preqNLL':>8}{'const':>7}{'>c@':>6}{'upd ms':>8}"
+        f"{'1st100':>8}{'last100':>8}{'RSS MB':>8}  verdict"
+    )
     print(head)
     pf = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     for r in table["runs"]:
@@ -267,15 +336,23 @@ def _print_table(table: dict[str, Any], args: argparse.Namespace) -> None:
         if "error" in r:
             print(f"{r['set']:<10}{'':>3} {r['model']:<10} error: {r['error']}")
             continue
-        verdict = (f"RMSE {pf(r.get('rmse_pass'))}, NLL {pf(r.get('nll_pass'))}, "
-                   f"preq {pf(r.get('prequential_pass'))}") if "rmse_ratio" in r else "no hindsight"
-        print(f"{r['set']:<10}{r['d']:>3} {r['model']:<10}{r['test_rmse']:>7.3f}"
-              f"{h.get('test_rmse', float('nan')):>7.3f}{r.get('rmse_ratio', float('nan')):>7.2f}"
-              f"{r['test_nll']:>8.3f}{h.get('test_nll', float('nan')):>7.3f}"
-              f"{r.get('nll_diff', float('nan')):>7.2f}{r['prequential_nll']:>8.3f}"
-              f"{r['constant_prequential_nll']:>7.3f}{r['last_point_above_constant']:>6d}"
-              f"{1e3 * r['update_median_s']:>8.2f}{1e3 * r['update_first100_s']:>8.2f}"
-              f"{1e3 * r['update_last100_s']:>8.2f}{r['peak_rss_mb']:>8.0f}  {verdict}")
+        verdict = (
+            (
+                f"RMSE {pf(r.get('rmse_pass'))}, NLL {pf(r.get('nll_pass'))}, "
+                f"preq {pf(r.get('prequential_pass'))}"
+            )
+            if "rmse_ratio" in r
+            else "no hindsight"
+        )
+        print(
+            f"{r['set']:<10}{r['d']:>3} {r['model']:<10}{r['test_rmse']:>7.3f}"
+            f"{h.get('test_rmse', float('nan')):>7.3f}{r.get('rmse_ratio', float('nan')):>7.2f}"
+            f"{r['test_nll']:>8.3f}{h.get('test_nll', float('nan')):>7.3f}"
+            f"{r.get('nll_diff', float('nan')):>7.2f}{r['prequential_nll']:>8.3f}"
+            f"{r['constant_prequential_nll']:>7.3f}{r['last_point_above_constant']:>6d}"
+            f"{1e3 * r['update_median_s']:>8.2f}{1e3 * r['update_first100_s']:>8.2f}"
+            f"{1e3 * r['update_last100_s']:>8.2f}{r['peak_rss_mb']:>8.0f}  {verdict}"
+        )
 
 
 if __name__ == "__main__":

@@ -133,8 +133,11 @@ def build_pair(n: int, m: int, d: int, seed: int, lengthscale: float, noise: flo
 def ovc_fantasy(anchor, X: torch.Tensor, Y: torch.Tensor, Xt: torch.Tensor):
     r"""GPyTorch's OVC fantasy model at ``(X, Y)`` and its posterior mean/variance at ``Xt``, with
     the two GPyTorch 1.15.2 defects worked around (module docstring). ``Y``: ``samples x q``."""
-    with gpytorch.settings.fast_pred_var(True), linear_operator.settings.fast_computations(
-        covar_root_decomposition=False  # exact (Cholesky) root, not Lanczos
+    with (
+        gpytorch.settings.fast_pred_var(True),
+        linear_operator.settings.fast_computations(
+            covar_root_decomposition=False  # exact (Cholesky) root, not Lanczos
+        ),
     ):
         fm = anchor.model.get_fantasy_model(X, Y)
         ps = fm.prediction_strategy
@@ -172,16 +175,22 @@ def dense_condition(model: TSVGP, Xt, Xq, Y, noise: float):
 def fantasy_table(args) -> list[dict]:
     rows = []
     Xt = torch.rand(50, args.dim, dtype=DT, generator=torch.Generator().manual_seed(123))
-    print(f"\nfantasize + posterior (Gaussian, n={args.n}, d={args.dim}, {args.samples} samples, "
-          f"50 test points)")
-    print("accuracy: max |d mean| / max |d var| at 50 test points given the SAME fantasy "
-          "observations, fantasy points X_q on inducing inputs (k** = Q**: every method is exact "
-          "conditioning of the same q(u)); 'dense' = posterior-as-prior conditioning (docs/math.md §5); "
-          "'OVC fixed' = GPyTorch OVC with the cache/variance workaround, 'stock' = as shipped; "
-          "ratio = OVC fixed / ours, r.stock = stock OVC (wrong, see docstring) / ours")
-    head = (f"{'m':>4} {'q':>3} | {'TSVGP s (min-max)':>26} | {'OVC fixed s (min-max)':>28} | "
-            f"{'ratio':>6} {'r.stock':>7} | {'ours-dense':>17} | {'OVC fixed-dense':>17} | {'ours-OVC fixed':>17} "
-            f"| {'stock OVC-dense':>17}")
+    print(
+        f"\nfantasize + posterior (Gaussian, n={args.n}, d={args.dim}, {args.samples} samples, "
+        f"50 test points)"
+    )
+    print(
+        "accuracy: max |d mean| / max |d var| at 50 test points given the SAME fantasy "
+        "observations, fantasy points X_q on inducing inputs (k** = Q**: every method is exact "
+        "conditioning of the same q(u)); 'dense' = posterior-as-prior conditioning (docs/math.md §5); "
+        "'OVC fixed' = GPyTorch OVC with the cache/variance workaround, 'stock' = as shipped; "
+        "ratio = OVC fixed / ours, r.stock = stock OVC (wrong, see docstring) / ours"
+    )
+    head = (
+        f"{'m':>4} {'q':>3} | {'TSVGP s (min-max)':>26} | {'OVC fixed s (min-max)':>28} | "
+        f"{'ratio':>6} {'r.stock':>7} | {'ours-dense':>17} | {'OVC fixed-dense':>17} | {'ours-OVC fixed':>17} "
+        f"| {'stock OVC-dense':>17}"
+    )
     print(head)
     for m in args.ms:
         ours, anchor = build_pair(args.n, m, args.dim, seed=m, lengthscale=0.3, noise=0.01)
@@ -234,12 +243,23 @@ def fantasy_table(args) -> list[dict]:
             fmt = lambda x: f"{x[0]:.2e} ({x[1]:.1e}-{x[2]:.1e})"
             pair = lambda x: f"{x[0]:>8.1e} {x[1]:>8.1e}"
             z = acc["at_Z"]
-            print(f"{m:>4} {q:>3} | {fmt(t['ours']):>26} | {fmt(t['anchor']):>28} | "
-                  f"{ratio:>6.1f} {t['stock'][0] / t['ours'][0]:>7.1f} | {pair(z['ours_vs_dense'])} | {pair(z['ovc_fixed_vs_dense'])} | "
-                  f"{pair(z['ours_vs_ovc_fixed'])} | {pair(z['ovc_stock_vs_dense'])}")
-            rows.append({"m": m, "q": q, "ours_s": t["ours"], "anchor_s": t["anchor"],
-                         "stock_s": t["stock"], "ratio": ratio,
-                         "ratio_stock": t["stock"][0] / t["ours"][0], "accuracy": acc})
+            print(
+                f"{m:>4} {q:>3} | {fmt(t['ours']):>26} | {fmt(t['anchor']):>28} | "
+                f"{ratio:>6.1f} {t['stock'][0] / t['ours'][0]:>7.1f} | {pair(z['ours_vs_dense'])} | {pair(z['ovc_fixed_vs_dense'])} | "
+                f"{pair(z['ours_vs_ovc_fixed'])} | {pair(z['ovc_stock_vs_dense'])}"
+            )
+            rows.append(
+                {
+                    "m": m,
+                    "q": q,
+                    "ours_s": t["ours"],
+                    "anchor_s": t["anchor"],
+                    "stock_s": t["stock"],
+                    "ratio": ratio,
+                    "ratio_stock": t["stock"][0] / t["ours"][0],
+                    "accuracy": acc,
+                }
+            )
     return rows
 
 
@@ -257,8 +277,10 @@ def update_table(args) -> list[dict]:
         model.ensure_caches()
         models[n] = model
     g = torch.Generator().manual_seed(0)
-    new = [(torch.rand(1, args.dim, dtype=DT, generator=g), torch.randn(1, 1, dtype=DT, generator=g))
-           for _ in range(4)]
+    new = [
+        (torch.rand(1, args.dim, dtype=DT, generator=g), torch.randn(1, 1, dtype=DT, generator=g))
+        for _ in range(4)
+    ]
     fns = {n: (lambda mdl=mdl: [mdl.update(x, y) for x, y in new]) for n, mdl in models.items()}
     t = time_interleaved(fns, reps=args.reps)
     for n in args.ns:
@@ -269,7 +291,9 @@ def update_table(args) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ms", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--qs", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--samples", type=int, default=16)
@@ -278,16 +302,26 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ns", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--update-m", type=int, default=256)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1 avoids oversubscription on a shared 2-core machine)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 avoids oversubscription on a shared 2-core machine)",
+    )
     p.add_argument("--out", default=str(PROJECT_ROOT / "benchmarks" / "results" / "tsvgp.json"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
-    env = {"torch": torch.__version__, "gpytorch": gpytorch.__version__,
-           "botorch": botorch.__version__, "python": platform.python_version(),
-           "dtype": "float64", "device": "cpu", "threads": torch.get_num_threads()}
+    env = {
+        "torch": torch.__version__,
+        "gpytorch": gpytorch.__version__,
+        "botorch": botorch.__version__,
+        "python": platform.python_version(),
+        "dtype": "float64",
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+    }
     print("environment:", env)
     fant = fantasy_table(args)
     upd = update_table(args)
@@ -309,8 +343,18 @@ def main() -> None:
     print("\nchecks:", ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in checks.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"settings": vars(args), "environment": env, "fantasize": fant,
-                               "update": upd, "checks": checks}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "settings": vars(args),
+                "environment": env,
+                "fantasize": fant,
+                "update": upd,
+                "checks": checks,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -93,12 +93,15 @@ def bench_update(ns: list[int], reps: int, per_rep: int) -> dict:
                 for _ in range(per_rep):
                     i = counter["i"] % pts.shape[0]
                     counter["i"] += 1
-                    model.update(pts[i:i + 1], ys[i:i + 1])
+                    model.update(pts[i : i + 1], ys[i : i + 1])
+
             return run
 
         t = time_interleaved({f"n={n}": make(models[n]) for n in ns}, reps=reps)
         rows = []
-        print(f"\n[update] d = {d}, grid {grid}^{d} (factor m = {m}), statistics built in {build:.1f} s")
+        print(
+            f"\n[update] d = {d}, grid {grid}^{d} (factor m = {m}), statistics built in {build:.1f} s"
+        )
         print(f"{'n':>9} {'time per single-point update':>36}")
         for n in ns:
             tt = t[f"n={n}"]
@@ -130,8 +133,9 @@ def bench_conditioning(n: int, reps: int) -> dict:
     for model in (wiski, exact, stgp, wiski_u, exact_u):
         _set_hypers(model, d)
     ski_kernel = ScaleKernel(
-        GridInterpolationKernel(RBFKernel(ard_num_dims=d), grid_size=30, num_dims=d,
-                                grid_bounds=((0.0, 1.0),) * d)
+        GridInterpolationKernel(
+            RBFKernel(ard_num_dims=d), grid_size=30, num_dims=d, grid_bounds=((0.0, 1.0),) * d
+        )
     )
     ski = SingleTaskGP(X, Y, covar_module=ski_kernel).to(DT)
     ski_kernel.base_kernel.base_kernel.lengthscale = torch.full((1, d), 0.2, dtype=DT)
@@ -148,6 +152,7 @@ def bench_conditioning(n: int, reps: int) -> dict:
             with torch.no_grad():
                 post = model.condition_on_observations(x_new, y_new).posterior(Xt)
                 post.mean, post.variance
+
         return run
 
     def ski_cond() -> None:
@@ -158,6 +163,7 @@ def bench_conditioning(n: int, reps: int) -> dict:
     def upd(model):
         def run() -> None:
             model.update(torch.rand(1, d, dtype=DT), torch.zeros(1, 1, dtype=DT))
+
         return run
 
     t0 = time.perf_counter()
@@ -173,8 +179,10 @@ def bench_conditioning(n: int, reps: int) -> dict:
     }
     t = time_interleaved(cands, reps=reps)
     base = t["WISKI condition+posterior"].median
-    print(f"\n[conditioning] n = {n}, d = {d}, WISKI grid 32^2 (m = {wiski.num_grid_points}), "
-          "GPyTorch SKI grid 30^2; one single-point conditioning + posterior at 50 points")
+    print(
+        f"\n[conditioning] n = {n}, d = {d}, WISKI grid 32^2 (m = {wiski.num_grid_points}), "
+        "GPyTorch SKI grid 30^2; one single-point conditioning + posterior at 50 points"
+    )
     print(f"{'candidate':<42} {'time':>34} {'/ WISKI':>9}")
     rows = []
     for name, tt in t.items():
@@ -184,8 +192,13 @@ def bench_conditioning(n: int, reps: int) -> dict:
     speedup = t["SingleTaskGP condition+posterior"].median / base
     verdict = "PASS" if speedup >= 1000 else "FAIL"
     print(f"check WISKI >= 1000x faster than SingleTaskGP conditioning: {speedup:.0f}x {verdict}")
-    return {"n": n, "rows": rows, "speedup_vs_singletaskgp": speedup, "check": verdict,
-            "wiski_first_call_s": first}
+    return {
+        "n": n,
+        "rows": rows,
+        "speedup_vs_singletaskgp": speedup,
+        "check": verdict,
+        "wiski_first_call_s": first,
+    }
 
 
 def bench_qnipv(n: int, num_mc: int, q: int, reps: int) -> dict:
@@ -207,6 +220,7 @@ def bench_qnipv(n: int, num_mc: int, q: int, reps: int) -> dict:
         def f() -> None:
             x = Xc.clone().requires_grad_(True)
             acq(x).sum().backward()
+
         return f
 
     t_cold0 = time.perf_counter()
@@ -216,31 +230,57 @@ def bench_qnipv(n: int, num_mc: int, q: int, reps: int) -> dict:
     with torch.no_grad():
         vw, vs = float(acq_w(Xc)), float(acq_s(Xc))
     ratio = t["SingleTaskGP"].median / t["WISKI"].median
-    print(f"\n[qnipv] forward+backward, n = {n}, {num_mc} mc_points, q = {q} (WISKI m = "
-          f"{wiski.num_grid_points}); first WISKI call incl. mc-point rows {cold * 1e3:.1f} ms")
+    print(
+        f"\n[qnipv] forward+backward, n = {n}, {num_mc} mc_points, q = {q} (WISKI m = "
+        f"{wiski.num_grid_points}); first WISKI call incl. mc-point rows {cold * 1e3:.1f} ms"
+    )
     print(f"{'WISKI':<14} {_fmt(t['WISKI'])}")
     print(f"{'SingleTaskGP':<14} {_fmt(t['SingleTaskGP'])}   ratio {ratio:.1f}x")
-    print(f"acquisition values: WISKI {vw:.5f}, SingleTaskGP {vs:.5f} (different kernels: SKI vs exact)")
-    return {"n": n, "mc_points": num_mc, "q": q, "WISKI": t["WISKI"], "SingleTaskGP": t["SingleTaskGP"],
-            "wiski_first_call_s": cold, "ratio": ratio, "values": {"WISKI": vw, "SingleTaskGP": vs}}
+    print(
+        f"acquisition values: WISKI {vw:.5f}, SingleTaskGP {vs:.5f} (different kernels: SKI vs exact)"
+    )
+    return {
+        "n": n,
+        "mc_points": num_mc,
+        "q": q,
+        "WISKI": t["WISKI"],
+        "SingleTaskGP": t["SingleTaskGP"],
+        "wiski_first_call_s": cold,
+        "ratio": ratio,
+        "values": {"WISKI": vw, "SingleTaskGP": vs},
+    }
 
 
 def bench_flops(reps: int) -> dict:
     rows = []
     print("\n[flops] rank-q Cholesky update vs dense matmul")
-    print(f"{'m':>6} {'q':>3} {'update time':>34} {'GFLOP/s':>9} {'matmul GFLOP/s':>15} {'fraction':>9}")
+    print(
+        f"{'m':>6} {'q':>3} {'update time':>34} {'GFLOP/s':>9} {'matmul GFLOP/s':>15} {'fraction':>9}"
+    )
     for m in (900, 1000):
         A = torch.randn(m, m, dtype=DT)
         L = torch.linalg.cholesky(A @ A.T + m * torch.eye(m, dtype=DT))
         B = torch.randn(m, m, dtype=DT)
         for q in (1, 6):
             U = torch.randn(m, q, dtype=DT)
-            t = time_interleaved({"update": lambda: cholesky_update(L, U), "matmul": lambda: A @ B}, reps=reps)
+            t = time_interleaved(
+                {"update": lambda: cholesky_update(L, U), "matmul": lambda: A @ B}, reps=reps
+            )
             upd_rate = 2 * m * m * q / t["update"].median / 1e9
             mm_rate = 2 * m**3 / t["matmul"].median / 1e9
-            rows.append({"m": m, "q": q, "update": t["update"], "matmul": t["matmul"],
-                         "update_gflops": upd_rate, "matmul_gflops": mm_rate})
-            print(f"{m:>6} {q:>3} {_fmt(t['update']):>34} {upd_rate:9.2f} {mm_rate:15.2f} {upd_rate / mm_rate:9.3f}")
+            rows.append(
+                {
+                    "m": m,
+                    "q": q,
+                    "update": t["update"],
+                    "matmul": t["matmul"],
+                    "update_gflops": upd_rate,
+                    "matmul_gflops": mm_rate,
+                }
+            )
+            print(
+                f"{m:>6} {q:>3} {_fmt(t['update']):>34} {upd_rate:9.2f} {mm_rate:15.2f} {upd_rate / mm_rate:9.3f}"
+            )
     return {"rows": rows}
 
 
@@ -250,13 +290,16 @@ def bench_blocked(reps: int, m: int = 1000, q: int = 3) -> dict:
     L = torch.linalg.cholesky(A @ A.T + m * torch.eye(m, dtype=DT))
     U = torch.randn(m, q, generator=g, dtype=DT)
     L_up = cholesky_update(L, U)
-    t = time_interleaved({
-        "blocked update": lambda: cholesky_update(L, U),
-        "sweeps update": lambda: _sweeps(L, U, 1.0),
-        "blocked downdate": lambda: cholesky_downdate(L_up, U),
-        "sweeps downdate": lambda: _sweeps(L_up, U, -1.0),
-        "floor (copy)": lambda: L.clone(),
-    }, reps=reps)
+    t = time_interleaved(
+        {
+            "blocked update": lambda: cholesky_update(L, U),
+            "sweeps update": lambda: _sweeps(L, U, 1.0),
+            "blocked downdate": lambda: cholesky_downdate(L_up, U),
+            "sweeps downdate": lambda: _sweeps(L_up, U, -1.0),
+            "floor (copy)": lambda: L.clone(),
+        },
+        reps=reps,
+    )
     print(f"\n[blocked] rank-{q} Cholesky update/downdate, m = {m}")
     for name, tt in t.items():
         print(f"  {name:18s} {_fmt(tt)}")
@@ -265,8 +308,10 @@ def bench_blocked(reps: int, m: int = 1000, q: int = 3) -> dict:
         speedup = t[f"sweeps {kind}"].median / t[f"blocked {kind}"].median
         floor = t[f"blocked {kind}"].median / t["floor (copy)"].median
         out[f"{kind}_speedup"], out[f"{kind}_over_floor"] = speedup, floor
-        print(f"  {kind}: {speedup:.2f}x faster than sweeps ({'PASS' if speedup >= 4 else 'FAIL'} >= 4x), "
-              f"{floor:.2f}x the floor ({'PASS' if floor <= 3 else 'FAIL'} <= 3x)")
+        print(
+            f"  {kind}: {speedup:.2f}x faster than sweeps ({'PASS' if speedup >= 4 else 'FAIL'} >= 4x), "
+            f"{floor:.2f}x the floor ({'PASS' if floor <= 3 else 'FAIL'} <= 3x)"
+        )
     return out
 
 
@@ -314,19 +359,31 @@ def check_chain(num_updates: int, seed: int = 7) -> dict:
         V = torch.linalg.solve_triangular(L, Kxs.T, upper=False)
         cov = Ws @ K @ Ws.T - V.T @ V
         sd = model.outcome_std.reshape(())
-        mean_err = float((post.mean.squeeze(-1) - (mean * sd + model.outcome_mean)).abs().max()
-                         / (mean * sd + model.outcome_mean).abs().max())
+        mean_err = float(
+            (post.mean.squeeze(-1) - (mean * sd + model.outcome_mean)).abs().max()
+            / (mean * sd + model.outcome_mean).abs().max()
+        )
         cov_err = float((post.mvn.covariance_matrix / sd**2 - cov).abs().max() / cov.abs().max())
     ok = stat_err < 1e-9 and mean_err < 1e-7 and cov_err < 1e-7
-    print(f"\n[chain] {num_updates} chained updates (batch 1-6), n = {X.shape[0]}, {chain_s:.1f} s: "
-          f"statistics vs scratch {stat_err:.1e}, posterior mean vs dense SKI {mean_err:.1e}, "
-          f"covariance {cov_err:.1e} -> {'PASS' if ok else 'FAIL'} (1e-9 / 1e-7)")
-    return {"updates": num_updates, "n": X.shape[0], "stat_rel_err": stat_err,
-            "mean_rel_err": mean_err, "cov_rel_err": cov_err, "check": "PASS" if ok else "FAIL"}
+    print(
+        f"\n[chain] {num_updates} chained updates (batch 1-6), n = {X.shape[0]}, {chain_s:.1f} s: "
+        f"statistics vs scratch {stat_err:.1e}, posterior mean vs dense SKI {mean_err:.1e}, "
+        f"covariance {cov_err:.1e} -> {'PASS' if ok else 'FAIL'} (1e-9 / 1e-7)"
+    )
+    return {
+        "updates": num_updates,
+        "n": X.shape[0],
+        "stat_rel_err": stat_err,
+        "mean_rel_err": mean_err,
+        "cov_rel_err": cov_err,
+        "check": "PASS" if ok else "FAIL",
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ns", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--updates-per-rep", type=int, default=10)
@@ -340,8 +397,12 @@ def main() -> None:
     parser.add_argument("--skip-qnipv", action="store_true")
     parser.add_argument("--skip-flops", action="store_true")
     parser.add_argument("--skip-blocked", action="store_true")
-    parser.add_argument("--check-chain", type=int, default=2000,
-                        help="chained updates checked against dense SKI (0 to skip)")
+    parser.add_argument(
+        "--check-chain",
+        type=int,
+        default=2000,
+        help="chained updates checked against dense SKI (0 to skip)",
+    )
     parser.add_argument("--out", default="benchmarks/results/bench_wiski.json")
     args = parser.parse_args()
 

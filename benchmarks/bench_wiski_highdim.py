@@ -22,8 +22,13 @@ from torch.quasirandom import SobolEngine
 from bo_online.loops import BayesOptLoop
 from bo_online.problems import from_unit, synthetic_problem
 
-FUNCTIONS = [("hartmann6", None), ("ackley", 5), ("rosenbrock", 4), ("styblinskitang", 4),
-             ("michalewicz", 5)]
+FUNCTIONS = [
+    ("hartmann6", None),
+    ("ackley", 5),
+    ("rosenbrock", 4),
+    ("styblinskitang", 4),
+    ("michalewicz", 5),
+]
 
 
 def run(name: str, dim: int | None, model: str, seed: int, steps: int) -> tuple[float, float]:
@@ -60,17 +65,24 @@ def main() -> None:
             res["singletaskgp"].append(rs)
             res["sobol"].append(best - problem.optimal_value)
             ratios.append(tw / ts)
-            print(f"  {name} seed {seed}: wiski {rw:.4g}  stgp {rs:.4g}  sobol {res['sobol'][-1]:.4g}"
-                  f"  step-time ratio {tw / ts:.2f}", flush=True)
+            print(
+                f"  {name} seed {seed}: wiski {rw:.4g}  stgp {rs:.4g}  sobol {res['sobol'][-1]:.4g}"
+                f"  step-time ratio {tw / ts:.2f}",
+                flush=True,
+            )
         row = {}
         for k, v in res.items():
             se = statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan")
             row[k] = (statistics.mean(v), se)
         out[name] = {"regret": row, "time_ratio": ratios}
-        print(f"{name:16s} " + "  ".join(f"{k} {m:.4g}+-{s:.2g}" for k, (m, s) in row.items())
-              + f"  wiski/stgp {row['wiski'][0] / row['singletaskgp'][0]:.2f}x"
-              + f"  time ratio median {statistics.median(ratios):.2f} "
-              f"[{min(ratios):.2f}, {max(ratios):.2f}]", flush=True)
+        print(
+            f"{name:16s} "
+            + "  ".join(f"{k} {m:.4g}+-{s:.2g}" for k, (m, s) in row.items())
+            + f"  wiski/stgp {row['wiski'][0] / row['singletaskgp'][0]:.2f}x"
+            + f"  time ratio median {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}]",
+            flush=True,
+        )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -24,7 +24,7 @@ def rmse_curve(make, X, y, Xt, yt) -> list[float]:
     out = []
     for i in range(100, 600, 100):
         if i > 100:
-            model.update(X[i - 100:i], y[i - 100:i])
+            model.update(X[i - 100 : i], y[i - 100 : i])
         with torch.no_grad():
             mu = model.posterior(Xt).mean.squeeze(-1)
         out.append(float((mu - yt).pow(2).mean().sqrt() / y.std()))
@@ -44,7 +44,9 @@ def main() -> None:
             print(f"{name:>10} {label:>6}  " + " ".join(f"{v:.3f}" for v in r), flush=True)
             if label == "qsgp":
                 ok &= r[-1] < r[0]
-    print(f"CHECK QSGP RMSE after conditioning below RMSE after the fit: {'PASS' if ok else 'FAIL'}")
+    print(
+        f"CHECK QSGP RMSE after conditioning below RMSE after the fit: {'PASS' if ok else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ from bo_online.problems import magnetometer_problem
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-dir", default=None)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--q", type=int, default=6)
@@ -48,32 +50,52 @@ def main() -> int:
     p.add_argument("--fit-max-iter", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "active_magnetometer.json"))
+    p.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "active_magnetometer.json")
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
 
-    problem = magnetometer_problem(test_size=args.test_size, pool_size=args.pool_size,
-                                   seed=args.seed, data_dir=args.data_dir)
-    matern12 = {"__class__": "gpytorch.kernels.ScaleKernel",
-                "args": [{"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 0.5}}]}
-    loop = ActiveLearningLoop(
-        problem, model="wiski", model_options={"grid_size": args.grid_size, "covar_module": matern12},
-        acq="qnipv", selection=args.selection, q=args.q, n_init=args.n_init, seed=args.seed,
-        num_mc_points=args.num_mc_points, num_pool_candidates=args.num_pool_candidates,
-        refit_every=args.refit_every, fit_max_iter=args.fit_max_iter,
+    problem = magnetometer_problem(
+        test_size=args.test_size, pool_size=args.pool_size, seed=args.seed, data_dir=args.data_dir
     )
-    print(f"magnetometer: pool {problem.X_pool.shape[0]}, test {problem.X_test.shape[0]}; WISKI "
-          f"{args.grid_size}x{args.grid_size} Matern-1/2; qNIPV ({args.selection}), q={args.q}, "
-          f"{args.num_mc_points} mc_points; torch {torch.__version__}, botorch {botorch.__version__}, "
-          f"gpytorch {gpytorch.__version__}, float64, cpu, {torch.get_num_threads()} thread(s)")
-    print(f"{'step':>4} {'n':>5} {'rmse':>9} {'mean_var':>9} {'t_acq':>7} {'t_fit':>7} {'t_upd':>7} {'t_step':>7}")
+    matern12 = {
+        "__class__": "gpytorch.kernels.ScaleKernel",
+        "args": [{"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 0.5}}],
+    }
+    loop = ActiveLearningLoop(
+        problem,
+        model="wiski",
+        model_options={"grid_size": args.grid_size, "covar_module": matern12},
+        acq="qnipv",
+        selection=args.selection,
+        q=args.q,
+        n_init=args.n_init,
+        seed=args.seed,
+        num_mc_points=args.num_mc_points,
+        num_pool_candidates=args.num_pool_candidates,
+        refit_every=args.refit_every,
+        fit_max_iter=args.fit_max_iter,
+    )
+    print(
+        f"magnetometer: pool {problem.X_pool.shape[0]}, test {problem.X_test.shape[0]}; WISKI "
+        f"{args.grid_size}x{args.grid_size} Matern-1/2; qNIPV ({args.selection}), q={args.q}, "
+        f"{args.num_mc_points} mc_points; torch {torch.__version__}, botorch {botorch.__version__}, "
+        f"gpytorch {gpytorch.__version__}, float64, cpu, {torch.get_num_threads()} thread(s)"
+    )
+    print(
+        f"{'step':>4} {'n':>5} {'rmse':>9} {'mean_var':>9} {'t_acq':>7} {'t_fit':>7} {'t_upd':>7} {'t_step':>7}"
+    )
     t_start = time.perf_counter()
 
     def show(r: dict) -> None:
-        print(f"{r['step']:>4} {r['n']:>5} {r['rmse']:>9.4f} {r['mean_var']:>9.4f} "
-              f"{r['time_acquisition']:>7.3f} {r['time_fit']:>7.3f} {r['time_update']:>7.4f} "
-              f"{r['time_step']:>7.3f}", flush=True)
+        print(
+            f"{r['step']:>4} {r['n']:>5} {r['rmse']:>9.4f} {r['mean_var']:>9.4f} "
+            f"{r['time_acquisition']:>7.3f} {r['time_fit']:>7.3f} {r['time_update']:>7.4f} "
+            f"{r['time_step']:>7.3f}",
+            flush=True,
+        )
 
     records = loop.run(args.steps, callback=show)
     total = time.perf_counter() - t_start
@@ -86,8 +108,12 @@ def main() -> int:
     }
     summary = {
         "args": vars(args),
-        "versions": {"torch": torch.__version__, "botorch": botorch.__version__,
-                     "gpytorch": gpytorch.__version__, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "botorch": botorch.__version__,
+            "gpytorch": gpytorch.__version__,
+            "python": platform.python_version(),
+        },
         "rmse": rmse,
         "time_step": steps,
         "median_time_acquisition": acq[len(acq) // 2] if acq else None,
@@ -96,8 +122,10 @@ def main() -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=1))
-    print(f"RMSE {rmse[0]:.4f} -> {rmse[-1]:.4f}; median acquisition {summary['median_time_acquisition']:.3f} s/step; "
-          f"total {total:.1f} s; checks {checks}; wrote {args.out}")
+    print(
+        f"RMSE {rmse[0]:.4f} -> {rmse[-1]:.4f}; median acquisition {summary['median_time_acquisition']:.3f} s/step; "
+        f"total {total:.1f} s; checks {checks}; wrote {args.out}"
+    )
     return 0 if all(checks.values()) else 1
 
 

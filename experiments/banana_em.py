@@ -48,7 +48,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 def load_banana(data_dir: str | None) -> tuple[torch.Tensor, ...]:
     """Train/test inputs and {0, 1} labels from ``<data_dir>/banana``."""
-    root = Path(data_dir or os.environ.get("BO_ONLINE_DATA_DIR") or PROJECT_ROOT / ".." / "shared" / "data")
+    root = Path(
+        data_dir or os.environ.get("BO_ONLINE_DATA_DIR") or PROJECT_ROOT / ".." / "shared" / "data"
+    )
     folder = root / "banana"
     names = ["banana_train_x.txt", "banana_train_y.txt", "banana_test_x.txt", "banana_test_y.txt"]
     missing = [n for n in names if not (folder / n).is_file()]
@@ -91,8 +93,12 @@ def freeze(kernel: ScaleKernel, mean: gpytorch.means.ConstantMean, args) -> None
 
 def run_tsvgp(X, y, Z, args) -> tuple[TSVGP, list[list[float]], list[float]]:
     model = TSVGP(
-        X, y.unsqueeze(-1), inducing_points=Z, likelihood=Bernoulli("probit"),
-        covar_module=make_kernel(args.init_lengthscale), num_init_e_steps=0,
+        X,
+        y.unsqueeze(-1),
+        inducing_points=Z,
+        likelihood=Bernoulli("probit"),
+        covar_module=make_kernel(args.init_lengthscale),
+        num_init_e_steps=0,
     )
     model.inducing_points.requires_grad_(False)
     freeze(model.covar_module, model.mean_module, args)
@@ -140,8 +146,11 @@ def run_qsvgp(X, y, Z, args):
     n = X.shape[0]
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
     freeze(model.covar_module, model.mean_module, args)
-    hyper = [p for p in list(model.mean_module.parameters()) + list(model.covar_module.parameters())
-             if p.requires_grad]
+    hyper = [
+        p
+        for p in list(model.mean_module.parameters()) + list(model.covar_module.parameters())
+        if p.requires_grad
+    ]
     traj, times = [hypers(model.covar_module, model.mean_module)], []
 
     def e_step():
@@ -151,7 +160,10 @@ def run_qsvgp(X, y, Z, args):
             ngd.zero_grad()
             (-mll(model(X), y)).backward()
             ngd.step()
-            if max(float((p - o).abs().max()) for p, o in zip(model.variational_parameters(), old)) < 1e-7:
+            if (
+                max(float((p - o).abs().max()) for p, o in zip(model.variational_parameters(), old))
+                < 1e-7
+            ):
                 break
 
     model.train()
@@ -178,9 +190,10 @@ def iterations_to_converge(traj: list[list[float]], tol: float, final: list[floa
     (None: not within the iterations run)."""
 
     def close(h):
-        return all(
-            abs(math.log(a) - math.log(b)) < tol for a, b in zip(h[:2], final[:2])
-        ) and abs(h[2] - final[2]) < tol
+        return (
+            all(abs(math.log(a) - math.log(b)) < tol for a, b in zip(h[:2], final[:2]))
+            and abs(h[2] - final[2]) < tol
+        )
 
     for t, h in enumerate(traj):
         if all(close(g) for g in traj[t:]):
@@ -189,27 +202,37 @@ def iterations_to_converge(traj: list[list[float]], tol: float, final: list[floa
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-dir", default=None)
     p.add_argument("--m", type=int, default=25, help="inducing points (fixed, shared)")
     p.add_argument("--init-lengthscale", type=float, default=3.0)
-    p.add_argument("--learn", nargs="+", default=["lengthscale"],
-                   choices=["lengthscale", "outputscale", "mean"],
-                   help="hyperparameters the M-steps move (the others stay at their start)")
+    p.add_argument(
+        "--learn",
+        nargs="+",
+        default=["lengthscale"],
+        choices=["lengthscale", "outputscale", "mean"],
+        help="hyperparameters the M-steps move (the others stay at their start)",
+    )
     p.add_argument("--outputscale", type=float, default=1.0, help="(initial) kernel outputscale")
     p.add_argument("--outer", type=int, default=10, help="EM outer iterations")
     p.add_argument("--e-steps", type=int, default=30, help="max natural-gradient steps per E-step")
     p.add_argument("--m-steps", type=int, default=150, help="Adam steps per M-step")
     p.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (M-step)")
     p.add_argument("--tol", type=float, default=0.05, help="convergence tolerance (log scale)")
-    p.add_argument("--out", default=str(PROJECT_ROOT / "experiments" / "results" / "banana_em.json"))
+    p.add_argument(
+        "--out", default=str(PROJECT_ROOT / "experiments" / "results" / "banana_em.json")
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     Xtr, ytr, Xte, yte = load_banana(args.data_dir)
-    Z = select_inducing_points(Xtr, make_kernel(0.5), args.m, bounds=torch.stack([Xtr.min(0).values, Xtr.max(0).values]))
+    Z = select_inducing_points(
+        Xtr, make_kernel(0.5), args.m, bounds=torch.stack([Xtr.min(0).values, Xtr.max(0).values])
+    )
 
     t_model, t_traj, t_times = run_tsvgp(Xtr, ytr, Z, args)
     q_model, q_traj, q_times = run_qsvgp(Xtr, ytr, Z, args)
@@ -225,19 +248,31 @@ def main() -> None:
     q_conv = iterations_to_converge(q_traj, args.tol, t_traj[-1])
     t_elbo = float(t_model.elbo())
 
-    print(f"banana: n_train={Xtr.shape[0]} n_test={Xte.shape[0]} m={args.m} "
-          f"init lengthscale={args.init_lengthscale}; E-steps to convergence (NGD, rho=1), "
-          f"M-step = {args.m_steps} Adam steps at lr={args.lr}")
-    print(f"{'iter':>4} | {'t-SVGP lengthscale':>18} {'outputscale':>11} {'mean':>7} | "
-          f"{'q-SVGP lengthscale':>18} {'outputscale':>11} {'mean':>7}")
+    print(
+        f"banana: n_train={Xtr.shape[0]} n_test={Xte.shape[0]} m={args.m} "
+        f"init lengthscale={args.init_lengthscale}; E-steps to convergence (NGD, rho=1), "
+        f"M-step = {args.m_steps} Adam steps at lr={args.lr}"
+    )
+    print(
+        f"{'iter':>4} | {'t-SVGP lengthscale':>18} {'outputscale':>11} {'mean':>7} | "
+        f"{'q-SVGP lengthscale':>18} {'outputscale':>11} {'mean':>7}"
+    )
     for t, (a, b) in enumerate(zip(t_traj, q_traj)):
-        print(f"{t:>4} | {a[0]:>18.4f} {a[1]:>11.4f} {a[2]:>7.3f} | {b[0]:>18.4f} {b[1]:>11.4f} {b[2]:>7.3f}")
-    print(f"outer iterations to converge (tol {args.tol} in log hyperparameters): "
-          f"t-SVGP {t_conv}, q-SVGP {q_conv}")
-    print(f"test accuracy: t-SVGP {t_acc:.4f}, q-SVGP (GPyTorch SVGP) {q_acc:.4f}; "
-          f"t-SVGP final ELBO {t_elbo:.3f}")
-    print(f"time per outer iteration (median s): t-SVGP {np.median(t_times):.3f}, "
-          f"q-SVGP {np.median(q_times):.3f}")
+        print(
+            f"{t:>4} | {a[0]:>18.4f} {a[1]:>11.4f} {a[2]:>7.3f} | {b[0]:>18.4f} {b[1]:>11.4f} {b[2]:>7.3f}"
+        )
+    print(
+        f"outer iterations to converge (tol {args.tol} in log hyperparameters): "
+        f"t-SVGP {t_conv}, q-SVGP {q_conv}"
+    )
+    print(
+        f"test accuracy: t-SVGP {t_acc:.4f}, q-SVGP (GPyTorch SVGP) {q_acc:.4f}; "
+        f"t-SVGP final ELBO {t_elbo:.3f}"
+    )
+    print(
+        f"time per outer iteration (median s): t-SVGP {np.median(t_times):.3f}, "
+        f"q-SVGP {np.median(q_times):.3f}"
+    )
     checks = {
         "tsvgp_converges_within_3": t_conv is not None and t_conv <= 3,
         "qsvgp_needs_more_than_5": q_conv is None or q_conv > 5,
@@ -246,15 +281,31 @@ def main() -> None:
     print("checks:", ", ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in checks.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "settings": vars(args), "tsvgp_trajectory": t_traj, "qsvgp_trajectory": q_traj,
-        "tsvgp_iters_to_converge": t_conv, "qsvgp_iters_to_converge": q_conv,
-        "tsvgp_test_accuracy": t_acc, "qsvgp_test_accuracy": q_acc, "checks": checks,
-        "tsvgp_seconds_per_outer": t_times, "qsvgp_seconds_per_outer": q_times,
-        "versions": {"torch": torch.__version__, "gpytorch": gpytorch.__version__,
-                     "python": platform.python_version()},
-        "dtype": "float64", "device": "cpu", "threads": torch.get_num_threads(),
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "settings": vars(args),
+                "tsvgp_trajectory": t_traj,
+                "qsvgp_trajectory": q_traj,
+                "tsvgp_iters_to_converge": t_conv,
+                "qsvgp_iters_to_converge": q_conv,
+                "tsvgp_test_accuracy": t_acc,
+                "qsvgp_test_accuracy": q_acc,
+                "checks": checks,
+                "tsvgp_seconds_per_outer": t_times,
+                "qsvgp_seconds_per_outer": q_times,
+                "versions": {
+                    "torch": torch.__version__,
+                    "gpytorch": gpytorch.__version__,
+                    "python": platform.python_version(),
+                },
+                "dtype": "float64",
+                "device": "cpu",
+                "threads": torch.get_num_threads(),
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -52,12 +52,22 @@ from bo_online.problems import from_unit, synthetic_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Observation-noise standard deviations of the paper's Table 2 (App. C.2).
-NOISE = {"levy": 10.0, "ackley": 4.0, "styblinskitang": 20.0, "rastrigin": 10.0,
-         "griewank": 4.0, "michalewicz": 5.0}
+NOISE = {
+    "levy": 10.0,
+    "ackley": 4.0,
+    "styblinskitang": 20.0,
+    "rastrigin": 10.0,
+    "griewank": 4.0,
+    "michalewicz": 5.0,
+}
 METHODS = ("wiski", "exact", "singletaskgp", "tsvgp")
-LABELS = {"wiski": "WISKI", "exact": "OnlineExactGP", "singletaskgp": "SingleTaskGP (scratch)",
-          "tsvgp": "t-SVGP", "sobol": "Sobol"}
-
+LABELS = {
+    "wiski": "WISKI",
+    "exact": "OnlineExactGP",
+    "singletaskgp": "SingleTaskGP (scratch)",
+    "tsvgp": "t-SVGP",
+    "sobol": "Sobol",
+}
 
 
 class _Budget(Exception):
@@ -68,15 +78,30 @@ def run_dir(out: Path, fn: str, method: str, seed: int) -> Path:
     return out / fn / method / f"seed{seed}"
 
 
-def make_loop(args: argparse.Namespace, fn: str, method: str, seed: int, path: Path) -> BayesOptLoop:
+def make_loop(
+    args: argparse.Namespace, fn: str, method: str, seed: int, path: Path
+) -> BayesOptLoop:
     problem = synthetic_problem(fn, dim=3, noise_std=NOISE[fn])
     model_options = {"grid_size": args.wiski_grid} if method == "wiski" and args.wiski_grid else {}
     return BayesOptLoop(
-        problem, acq="qucb",
-        optimizer_options={"num_restarts": args.num_restarts, "raw_samples": args.raw_samples,
-                           "batch_limit": 5, "maxiter": args.maxiter},
-        n_init=5, model=method, model_options=model_options, q=3, seed=seed, refit_every=1,
-        fit_max_iter=args.fit_max_iter, out_dir=path, quiet=True, device=args.device,
+        problem,
+        acq="qucb",
+        optimizer_options={
+            "num_restarts": args.num_restarts,
+            "raw_samples": args.raw_samples,
+            "batch_limit": 5,
+            "maxiter": args.maxiter,
+        },
+        n_init=5,
+        model=method,
+        model_options=model_options,
+        q=3,
+        seed=seed,
+        refit_every=1,
+        fit_max_iter=args.fit_max_iter,
+        out_dir=path,
+        quiet=True,
+        device=args.device,
     )
 
 
@@ -100,11 +125,19 @@ def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[s
             loop.run(args.steps, callback=stop_on_budget)
         except _Budget:
             stopped = True
-    status = {"function": fn, "method": method, "seed": seed, "steps": loop.step_count,
-              "wall_time": loop.wall_time, "stopped_by_budget": stopped}
-    print(f"{fn:>15} {LABELS[method]:>24} seed {seed}: {loop.step_count} steps, "
-          f"{loop.wall_time:8.1f} s" + ("  (stopped by the time budget)" if stopped else ""),
-          flush=True)
+    status = {
+        "function": fn,
+        "method": method,
+        "seed": seed,
+        "steps": loop.step_count,
+        "wall_time": loop.wall_time,
+        "stopped_by_budget": stopped,
+    }
+    print(
+        f"{fn:>15} {LABELS[method]:>24} seed {seed}: {loop.step_count} steps, "
+        f"{loop.wall_time:8.1f} s" + ("  (stopped by the time budget)" if stopped else ""),
+        flush=True,
+    )
     return status
 
 
@@ -140,7 +173,9 @@ def load_runs(out: Path) -> dict[str, dict[str, dict[int, list[dict[str, Any]]]]
 
 
 def _step_time(r: dict[str, Any]) -> float:
-    return float(r.get("time_fit", 0.0) + r.get("time_acquisition", 0.0) + r.get("time_update", 0.0))
+    return float(
+        r.get("time_fit", 0.0) + r.get("time_acquisition", 0.0) + r.get("time_update", 0.0)
+    )
 
 
 def summarise(runs, target_steps: int) -> dict[str, Any]:
@@ -152,8 +187,10 @@ def summarise(runs, target_steps: int) -> dict[str, Any]:
             for seed, recs in seeds.items():
                 steps = [r for r in recs if r["step"] > 0]
                 per_seed[seed] = {
-                    "steps": len(steps), "finished": len(steps) >= target_steps,
-                    "n": [r["n"] for r in recs], "best": [r["best_true_value"] for r in recs],
+                    "steps": len(steps),
+                    "finished": len(steps) >= target_steps,
+                    "n": [r["n"] for r in recs],
+                    "best": [r["best_true_value"] for r in recs],
                     "wall_time": [r["wall_time"] for r in recs],
                     "time_fit": [r.get("time_fit", 0.0) for r in recs],
                     "time_acquisition": [r.get("time_acquisition", 0.0) for r in recs],
@@ -185,8 +222,11 @@ def targets(functions: dict[str, Any], target_steps: int) -> dict[str, Any]:
         t: dict[str, Any] = {}
         wiski, exact, stgp = f.get("wiski", {}), f.get("exact", {}), f.get("singletaskgp", {})
         # 1. flat: mean step time over the last 50 steps vs over steps 20-70, mean over seeds.
-        flat = [(_window_mean(s["step_time"], -50, None), _window_mean(s["step_time"], 20, 71))
-                for s in wiski.values() if s["steps"] >= 120]
+        flat = [
+            (_window_mean(s["step_time"], -50, None), _window_mean(s["step_time"], 20, 71))
+            for s in wiski.values()
+            if s["steps"] >= 120
+        ]
         if flat:
             ratio = sum(a for a, _ in flat) / sum(b for _, b in flat)
             t["wiski_flat_ratio"] = {"value": ratio, "pass": ratio <= 1.5}
@@ -194,17 +234,26 @@ def targets(functions: dict[str, Any], target_steps: int) -> dict[str, Any]:
         if wiski:
             w_mean, w_se = _mean_se([s["best"][-1] for s in wiski.values()])
             # Sobol at the same number of evaluations as each WISKI run.
-            sob_mean, _ = _mean_se([f["sobol"][k]["best"][s["n"][-1] - 1] for k, s in wiski.items()])
-            t["wiski_better_than_sobol"] = {"wiski": w_mean, "sobol": sob_mean,
-                                            "pass": w_mean < sob_mean}
+            sob_mean, _ = _mean_se(
+                [f["sobol"][k]["best"][s["n"][-1] - 1] for k, s in wiski.items()]
+            )
+            t["wiski_better_than_sobol"] = {
+                "wiski": w_mean,
+                "sobol": sob_mean,
+                "pass": w_mean < sob_mean,
+            }
             if exact and all(s["finished"] for s in exact.values()):
                 e_mean, e_se = _mean_se([s["best"][-1] for s in exact.values()])
                 se = math.sqrt(w_se**2 + e_se**2) if not math.isnan(w_se + e_se) else float("nan")
-                t["wiski_vs_exact_final"] = {"wiski": w_mean, "exact": e_mean, "se": se,
-                                             "pass": None if math.isnan(se) else
-                                             abs(w_mean - e_mean) <= 2 * se}
+                t["wiski_vs_exact_final"] = {
+                    "wiski": w_mean,
+                    "exact": e_mean,
+                    "se": se,
+                    "pass": None if math.isnan(se) else abs(w_mean - e_mean) <= 2 * se,
+                }
             else:
                 t["wiski_vs_exact_final"] = {"pass": None, "note": "the exact GP did not finish"}
+
         # 3. step time at n = 3000 (the step whose model holds about 3000 points).
         def at_n(seeds: dict[str, Any], n: int = 3000) -> float | None:
             vals = []
@@ -213,12 +262,16 @@ def targets(functions: dict[str, Any], target_steps: int) -> dict[str, Any]:
                 if idx:
                     vals.append(sum(s["step_time"][i] for i in idx) / len(idx))
             return sum(vals) / len(vals) if vals else None
+
         tw, te, ts = at_n(wiski), at_n(exact), at_n(stgp)
-        t["n3000"] = {"wiski": tw, "exact": te, "singletaskgp": ts,
-                      "exact_over_wiski": None if not (tw and te) else te / tw,
-                      "singletaskgp_over_wiski": None if not (tw and ts) else ts / tw}
-        t["n3000"]["pass"] = (None if not (tw and te and ts) else
-                              te / tw >= 20 and ts / tw >= 100)
+        t["n3000"] = {
+            "wiski": tw,
+            "exact": te,
+            "singletaskgp": ts,
+            "exact_over_wiski": None if not (tw and te) else te / tw,
+            "singletaskgp_over_wiski": None if not (tw and ts) else ts / tw,
+        }
+        t["n3000"]["pass"] = None if not (tw and te and ts) else te / tw >= 20 and ts / tw >= 100
         # 4. cumulative wall time to reach the exact GP's final best value (mean over seeds).
         common = sorted(set(wiski) & set(exact))
         if common:
@@ -270,8 +323,9 @@ def plot(functions: dict[str, Any], out: Path) -> list[Path]:
             L = min(len(s["n"]) for s in seeds)
             n = seeds[0]["n"][1:L]
             parts = [torch.tensor([s[k][1:L] for s in seeds]).mean(0) for k in styles]
-            axes[2].stackplot(n, *parts, alpha=alpha,
-                              labels=[f"{LABELS[m]} {v}" for v in styles.values()])
+            axes[2].stackplot(
+                n, *parts, alpha=alpha, labels=[f"{LABELS[m]} {v}" for v in styles.values()]
+            )
         axes[2].set(xlabel="n", ylabel="time per step (s)", yscale="linear")
         axes[2].legend(fontsize=7)
         fig.tight_layout()
@@ -294,8 +348,10 @@ def merge(args: argparse.Namespace) -> dict[str, Any]:
     path.write_text(json.dumps(summary, indent=1, default=float))
     if not args.no_plots:
         plot(summary["functions"], out)
-    print(f"\n{'function':>15} {'method':>24} {'seeds':>5} {'steps (min-max)':>15} "
-          f"{'final best mean +- se':>24} {'wall s':>8}")
+    print(
+        f"\n{'function':>15} {'method':>24} {'seeds':>5} {'steps (min-max)':>15} "
+        f"{'final best mean +- se':>24} {'wall s':>8}"
+    )
     for fn, f in summary["functions"].items():
         for m in METHODS:
             if m not in f:
@@ -304,44 +360,66 @@ def merge(args: argparse.Namespace) -> dict[str, Any]:
             mean, se = _mean_se([s["best"][-1] for s in seeds])
             st = [s["steps"] for s in seeds]
             wall = sum(s["wall_time"][-1] for s in seeds) / len(seeds)
-            print(f"{fn:>15} {LABELS[m]:>24} {len(seeds):>5} {min(st):>7}-{max(st):<7} "
-                  f"{mean:>14.4g} +- {se:<7.3g} {wall:8.1f}")
+            print(
+                f"{fn:>15} {LABELS[m]:>24} {len(seeds):>5} {min(st):>7}-{max(st):<7} "
+                f"{mean:>14.4g} +- {se:<7.3g} {wall:8.1f}"
+            )
         sob = [s["best_final"] for s in f["sobol"].values()]
         print(f"{fn:>15} {'Sobol':>24} {len(sob):>5} {'':>15} {sum(sob) / len(sob):>14.4g}")
     print("\nTargets (requirement 2):")
     for fn, t in summary["targets"].items():
         for name, v in t.items():
             verdict = {True: "PASS", False: "FAIL", None: "n/a"}[v.get("pass")]
-            detail = ", ".join(f"{k} {x:.4g}" if isinstance(x, float) else f"{k} {x}"
-                               for k, x in v.items() if k != "pass")
+            detail = ", ".join(
+                f"{k} {x:.4g}" if isinstance(x, float) else f"{k} {x}"
+                for k, x in v.items()
+                if k != "pass"
+            )
             print(f"  {fn:>15} {name:>24}: {verdict}  ({detail})")
     print(f"\nresults: {path}")
     return summary
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--functions", nargs="+", default=list(NOISE), choices=list(NOISE))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--seeds", type=int, default=4, help="seeds 0 .. N-1")
     ap.add_argument("--steps", type=int, default=300, help="BO steps after the 5 initial points")
-    ap.add_argument("--budget-s", type=float, default=120.0,
-                    help="per-run cap on cumulative step time in seconds (0: none)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=120.0,
+        help="per-run cap on cumulative step time in seconds (0: none)",
+    )
     ap.add_argument("--num-restarts", type=int, default=10)
     ap.add_argument("--raw-samples", type=int, default=512)
     ap.add_argument("--maxiter", type=int, default=200)
-    ap.add_argument("--fit-max-iter", type=int, default=50,
-                    help="iterations of each warm-started refit (every step)")
-    ap.add_argument("--wiski-grid", type=int, default=0,
-                    help="WISKI grid size per dimension (0: the default, m = 1000 in 3-D)")
+    ap.add_argument(
+        "--fit-max-iter",
+        type=int,
+        default=50,
+        help="iterations of each warm-started refit (every step)",
+    )
+    ap.add_argument(
+        "--wiski-grid",
+        type=int,
+        default=0,
+        help="WISKI grid size per dimension (0: the default, m = 1000 in 3-D)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--shard", default="0/1", help="i/k: run every k-th run starting at i")
     ap.add_argument("--merge", action="store_true", help="only merge existing runs")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--dask", default=None, metavar="ADDRESS",
-                    help="run each (function, method, seed) as a task on a Dask cluster: local:N "
-                    "(a LocalCluster of N single-threaded workers) or tcp://host:port")
+    ap.add_argument(
+        "--dask",
+        default=None,
+        metavar="ADDRESS",
+        help="run each (function, method, seed) as a task on a Dask cluster: local:N "
+        "(a LocalCluster of N single-threaded workers) or tcp://host:port",
+    )
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bo_long_campaign"))
     args = ap.parse_args(argv)
     for name in ("seeds", "steps", "num_restarts", "raw_samples", "maxiter"):
@@ -353,16 +431,24 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, AssertionError):
         ap.error(f"--shard must be i/k with 0 <= i < k, got {args.shard!r}")
     if not args.merge:
-        jobs = [(fn, m, s) for fn in args.functions for s in range(args.seeds) for m in args.methods]
+        jobs = [
+            (fn, m, s) for fn in args.functions for s in range(args.seeds) for m in args.methods
+        ]
         try:
             if args.dask:
                 from bo_online.sweep import dask_client, map_on_cluster
 
                 with dask_client(args.dask) as client:
-                    if __name__ != "__main__":  # imported (tests): make this module importable there
+                    if (
+                        __name__ != "__main__"
+                    ):  # imported (tests): make this module importable there
                         client.upload_file(__file__)
-                    map_on_cluster(client, run_one, [(args, *job) for job in jobs[i::k]],
-                                   on_result=lambda job, _: print(f"done {job[1:]}", flush=True))
+                    map_on_cluster(
+                        client,
+                        run_one,
+                        [(args, *job) for job in jobs[i::k]],
+                        on_result=lambda job, _: print(f"done {job[1:]}", flush=True),
+                    )
             else:
                 for fn, m, s in jobs[i::k]:
                     run_one(args, fn, m, s)

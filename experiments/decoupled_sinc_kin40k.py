@@ -89,13 +89,37 @@ ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
 
 # ---------------------------------------------------------------------- settings (defaults)
-SINC = dict(n=500, noise_std=0.1, x_range=20.0, n_test=1000, seeds=(0, 1, 2, 3, 4), iters=2000,
-            lr_grid=(0.1, 0.01, 0.001), select_iters=100, batch=1024, lbfgs_iters=2000,
-            lbfgs_rounds=3)
-SINC_MODELS = {"coupled M=10": (10, 10), "decoupled Ma=100,Mb=10": (100, 10),
-               "coupled M=100": (100, 100)}
-KIN = dict(m_alpha=1000, m_beta=100, iters=300, batch=512, lr=0.003, lr_variational=0.0003,
-           init_subset=500, seed=0, warm=4096, kl_columns=256, budget_factors=(0.5, 2.0))
+SINC = dict(
+    n=500,
+    noise_std=0.1,
+    x_range=20.0,
+    n_test=1000,
+    seeds=(0, 1, 2, 3, 4),
+    iters=2000,
+    lr_grid=(0.1, 0.01, 0.001),
+    select_iters=100,
+    batch=1024,
+    lbfgs_iters=2000,
+    lbfgs_rounds=3,
+)
+SINC_MODELS = {
+    "coupled M=10": (10, 10),
+    "decoupled Ma=100,Mb=10": (100, 10),
+    "coupled M=100": (100, 100),
+}
+KIN = dict(
+    m_alpha=1000,
+    m_beta=100,
+    iters=300,
+    batch=512,
+    lr=0.003,
+    lr_variational=0.0003,
+    init_subset=500,
+    seed=0,
+    warm=4096,
+    kl_columns=256,
+    budget_factors=(0.5, 2.0),
+)
 
 
 def data_dir(arg: str | None) -> Path:
@@ -145,12 +169,15 @@ def elbo_per_point(model, max_points: int | None = None) -> float:
 def hypers(model) -> dict:
     ck = model.covar_module
     base = ck.base_kernel if isinstance(ck, ScaleKernel) else ck
-    return {"noise": float(model.likelihood.noise.detach()),
-            "lengthscale": base.lengthscale.detach().flatten().tolist(),
-            "outputscale": float(ck.outputscale.detach()) if isinstance(ck, ScaleKernel) else 1.0}
+    return {
+        "noise": float(model.likelihood.noise.detach()),
+        "lengthscale": base.lengthscale.detach().flatten().tolist(),
+        "outputscale": float(ck.outputscale.detach()) if isinstance(ck, ScaleKernel) else 1.0,
+    }
 
 
 # ---------------------------------------------------------------------- sinc
+
 
 def sinc_data(cfg: dict, seed: int):
     r"""Training inputs/targets and test grid/true values, inputs mapped to the unit interval."""
@@ -179,13 +206,28 @@ def paper_modules(x: torch.Tensor) -> tuple[ScaleKernel, GaussianLikelihood]:
 
 def sinc_model(x, y, ma: int, mb: int, seed: int) -> DecoupledSVGP:
     kernel, likelihood = paper_modules(x)
-    return DecoupledSVGP(x, y, num_mean_bases=ma, num_cov_bases=mb, covar_module=kernel,
-                         likelihood=likelihood, seed=seed)
+    return DecoupledSVGP(
+        x,
+        y,
+        num_mean_bases=ma,
+        num_cov_bases=mb,
+        covar_module=kernel,
+        likelihood=likelihood,
+        seed=seed,
+    )
 
 
 def adam(model, iters: int, lr: float, batch: int, **kw) -> None:
-    model.fit(method="adam", max_iter=iters, lr=lr, lr_variational=lr, batch_size=batch,
-              restandardize=False, compress=False, **kw)
+    model.fit(
+        method="adam",
+        max_iter=iters,
+        lr=lr,
+        lr_variational=lr,
+        batch_size=batch,
+        restandardize=False,
+        compress=False,
+        **kw,
+    )
 
 
 def lbfgs_to_convergence(model, cfg: dict, **kw) -> int:
@@ -193,8 +235,9 @@ def lbfgs_to_convergence(model, cfg: dict, **kw) -> int:
     than 1e-6 per point; returns the number of rounds run."""
     before = elbo_per_point(model)
     for rnd in range(1, cfg["lbfgs_rounds"] + 1):
-        model.fit(method="lbfgs", max_iter=cfg["lbfgs_iters"], restandardize=False,
-                  compress=False, **kw)
+        model.fit(
+            method="lbfgs", max_iter=cfg["lbfgs_iters"], restandardize=False, compress=False, **kw
+        )
         after = elbo_per_point(model)
         if after - before < 1e-6:
             return rnd
@@ -230,8 +273,13 @@ def run_sinc(cfg: dict) -> dict:
             lr = max((v, k) for k, v in scores.items() if math.isfinite(v))[1]
             model = copy.deepcopy(base)
             adam(model, cfg["iters"], lr, cfg["batch"])
-            row["paper"] = {"rmse": rmse(model), "elbo_per_point": elbo_per_point(model),
-                            "gamma_0": lr, "seconds": time.perf_counter() - t0, **hypers(model)}
+            row["paper"] = {
+                "rmse": rmse(model),
+                "elbo_per_point": elbo_per_point(model),
+                "gamma_0": lr,
+                "seconds": time.perf_counter() - t0,
+                **hypers(model),
+            }
             # Stage 3: hyperparameters frozen at the exact GP's; variational part to convergence.
             fixed = sinc_model(x, y, ma, mb, seed)
             with torch.no_grad():
@@ -241,29 +289,46 @@ def run_sinc(cfg: dict) -> dict:
                 fixed._warm_start(fixed.beta_points, fixed.alpha_points)
             fixed.invalidate_caches()
             lbfgs_to_convergence(fixed, cfg, train_hyperparameters=False)
-            row["fixed_hyper"] = {"rmse": rmse(fixed), "elbo_per_point": elbo_per_point(fixed),
-                                  **hypers(fixed)}
+            row["fixed_hyper"] = {
+                "rmse": rmse(fixed),
+                "elbo_per_point": elbo_per_point(fixed),
+                **hypers(fixed),
+            }
             # Stage 2: the same objective (hyperparameters learned) optimised to convergence from
             # two starts, the stage-1 end point and the stage-3 one; the higher ELBO is reported.
             t0 = time.perf_counter()
             starts = {}
             for start, mdl in (("from_paper", model), ("from_fixed_hyper", copy.deepcopy(fixed))):
                 rounds = lbfgs_to_convergence(mdl, cfg)
-                starts[start] = {"rmse": rmse(mdl), "elbo_per_point": elbo_per_point(mdl),
-                                 "lbfgs_rounds": rounds, **hypers(mdl)}
+                starts[start] = {
+                    "rmse": rmse(mdl),
+                    "elbo_per_point": elbo_per_point(mdl),
+                    "lbfgs_rounds": rounds,
+                    **hypers(mdl),
+                }
             best = max(starts, key=lambda k: starts[k]["elbo_per_point"])
-            row["converged"] = {**starts[best], "start": best, "starts": starts,
-                                "seconds": time.perf_counter() - t0}
+            row["converged"] = {
+                **starts[best],
+                "start": best,
+                "starts": starts,
+                "seconds": time.perf_counter() - t0,
+            }
             rows[name] = row
             p, c, fx = row["paper"], row["converged"], row["fixed_hyper"]
-            print(f"  {name:24s} paper {p['rmse']:.4f} (gamma_0 {p['gamma_0']:g}, ELBO/n "
-                  f"{p['elbo_per_point']:.4f}) | converged {c['rmse']:.4f} (ELBO/n "
-                  f"{c['elbo_per_point']:.4f}; noise {c['noise']:.3f}, ls "
-                  f"{c['lengthscale'][0]:.4f}, rho^2 {c['outputscale']:.3f}) | exact-GP hypers "
-                  f"{fx['rmse']:.4f} (ELBO/n {fx['elbo_per_point']:.4f})", flush=True)
+            print(
+                f"  {name:24s} paper {p['rmse']:.4f} (gamma_0 {p['gamma_0']:g}, ELBO/n "
+                f"{p['elbo_per_point']:.4f}) | converged {c['rmse']:.4f} (ELBO/n "
+                f"{c['elbo_per_point']:.4f}; noise {c['noise']:.3f}, ls "
+                f"{c['lengthscale'][0]:.4f}, rho^2 {c['outputscale']:.3f}) | exact-GP hypers "
+                f"{fx['rmse']:.4f} (ELBO/n {fx['elbo_per_point']:.4f})",
+                flush=True,
+            )
         e = rows["exact GP"]
-        print(f"  {'exact GP':24s} {e['rmse']:.4f} (noise {e['noise']:.3f}, ls "
-              f"{e['lengthscale'][0]:.4f}, rho^2 {e['outputscale']:.3f})", flush=True)
+        print(
+            f"  {'exact GP':24s} {e['rmse']:.4f} (noise {e['noise']:.3f}, ls "
+            f"{e['lengthscale'][0]:.4f}, rho^2 {e['outputscale']:.3f})",
+            flush=True,
+        )
         out["per_seed"][str(seed)] = rows
     out["summary"] = summarize_sinc(out["per_seed"])
     return out
@@ -276,22 +341,36 @@ def summarize_sinc(per_seed: dict) -> dict:
         for stage in ("paper", "converged", "fixed_hyper", None):
             if (name == "exact GP") != (stage is None):
                 continue
-            vals = [r[name]["rmse"] if stage is None else r[name][stage]["rmse"]
-                    for r in per_seed.values()]
+            vals = [
+                r[name]["rmse"] if stage is None else r[name][stage]["rmse"]
+                for r in per_seed.values()
+            ]
             summary[name if stage is None else f"{name} / {stage}"] = {
-                "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
-                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": vals}
+                "mean": statistics.fmean(vals),
+                "min": min(vals),
+                "max": max(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "per_seed": vals,
+            }
     for stage in ("paper", "converged", "fixed_hyper"):  # per-seed RMSE ratios
         for other in ("coupled M=100", "coupled M=10"):
-            vals = [r["decoupled Ma=100,Mb=10"][stage]["rmse"] / r[other][stage]["rmse"]
-                    for r in per_seed.values()]
+            vals = [
+                r["decoupled Ma=100,Mb=10"][stage]["rmse"] / r[other][stage]["rmse"]
+                for r in per_seed.values()
+            ]
             summary[f"ratio decoupled / {other} / {stage}"] = {
-                "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
-                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": vals}
+                "mean": statistics.fmean(vals),
+                "min": min(vals),
+                "max": max(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "per_seed": vals,
+            }
     print(f"\nsinc test RMSE over seeds {list(per_seed)} (mean [min, max], then per seed):")
     for key, v in summary.items():
-        print(f"  {key:48s} {v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]  "
-              + " ".join(f"{z:.4f}" for z in v["per_seed"]))
+        print(
+            f"  {key:48s} {v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]  "
+            + " ".join(f"{z:.4f}" for z in v["per_seed"])
+        )
     return summary
 
 
@@ -301,40 +380,63 @@ def sinc_checks(sinc: dict) -> dict:
     # The ``paper`` stage (the literal schedule) is a diagnostic: it does not reach the optimum on
     # this toy (module docstring), so its RMSEs are reported in the tables but not checked.
     for stage in ("converged", "fixed_hyper"):
-        d, c100, c10 = (sm[f"{k} / {stage}"]["mean"] for k in (dec, "coupled M=100",
-                                                               "coupled M=10"))
+        d, c100, c10 = (
+            sm[f"{k} / {stage}"]["mean"] for k in (dec, "coupled M=100", "coupled M=10")
+        )
         checks[f"sinc ({stage}): mean decoupled RMSE < 0.7x coupled M=10"] = d < 0.7 * c10
         checks[f"sinc ({stage}): mean decoupled RMSE within 1.2x of coupled M=100"] = (
-            d <= 1.2 * c100)
+            d <= 1.2 * c100
+        )
     checks["sinc: converged ELBO >= paper-schedule ELBO (every model and seed)"] = all(
         r[k]["converged"]["elbo_per_point"] >= r[k]["paper"]["elbo_per_point"] - 1e-9
-        for r in seeds for k in SINC_MODELS)
-    checks["sinc: decoupled ELBO at learned hypers > at exact-GP hypers (every seed), i.e. "
-           "the learned hyperparameters are the objective's optimum"] = all(
+        for r in seeds
+        for k in SINC_MODELS
+    )
+    checks[
+        "sinc: decoupled ELBO at learned hypers > at exact-GP hypers (every seed), i.e. "
+        "the learned hyperparameters are the objective's optimum"
+    ] = all(
         r[dec]["converged"]["elbo_per_point"] > r[dec]["fixed_hyper"]["elbo_per_point"]
-        for r in seeds)
+        for r in seeds
+    )
     return checks
 
 
 # ---------------------------------------------------------------------- kin40k
+
 
 def train_kin(X, Y, m_alpha, m_beta, cfg, evaluate, budget: float | None = None) -> dict:
     r"""Exact-subset hyperparameters + closed-form warm start, then Adam for ``cfg["iters"]``
     steps or, with ``budget``, until init + Adam have used ``budget`` seconds."""
     torch.manual_seed(cfg["seed"])
     t0 = time.perf_counter()
-    model = DecoupledSVGP(X, Y, num_mean_bases=m_alpha, num_cov_bases=m_beta, seed=cfg["seed"],
-                          warm_start_points=cfg["warm"])
-    model.fit(max_iter=0, init_hyperparameters=cfg["init_subset"], restandardize=False,
-              compress=False)
+    model = DecoupledSVGP(
+        X,
+        Y,
+        num_mean_bases=m_alpha,
+        num_cov_bases=m_beta,
+        seed=cfg["seed"],
+        warm_start_points=cfg["warm"],
+    )
+    model.fit(
+        max_iter=0, init_hyperparameters=cfg["init_subset"], restandardize=False, compress=False
+    )
     init_s = time.perf_counter() - t0
     iters, timeout = cfg["iters"], None
     if budget is not None:
         iters, timeout = 10**9, max(budget - init_s, 0.0)
     t1 = time.perf_counter()
-    model.fit(method="adam", max_iter=iters, lr=cfg["lr"], lr_variational=cfg["lr_variational"],
-              batch_size=cfg["batch"], restandardize=False, compress=False,
-              num_kl_columns=cfg["kl_columns"], timeout_sec=timeout)
+    model.fit(
+        method="adam",
+        max_iter=iters,
+        lr=cfg["lr"],
+        lr_variational=cfg["lr_variational"],
+        batch_size=cfg["batch"],
+        restandardize=False,
+        compress=False,
+        num_kl_columns=cfg["kl_columns"],
+        timeout_sec=timeout,
+    )
     adam_s = time.perf_counter() - t1
     nmse = evaluate(model)
     t2 = time.perf_counter()
@@ -342,9 +444,17 @@ def train_kin(X, Y, m_alpha, m_beta, cfg, evaluate, budget: float | None = None)
         model._warm_start(model.beta_points, model.alpha_points)
     model.invalidate_caches()
     refresh_s = time.perf_counter() - t2
-    return {"nmse": nmse, "nmse_after_refresh": evaluate(model), "train_seconds": init_s + adam_s,
-            "init_seconds": init_s, "adam_seconds": adam_s, "adam_steps": model.last_fit_steps,
-            "refresh_seconds": refresh_s, "budget": budget, **hypers(model)}
+    return {
+        "nmse": nmse,
+        "nmse_after_refresh": evaluate(model),
+        "train_seconds": init_s + adam_s,
+        "init_seconds": init_s,
+        "adam_seconds": adam_s,
+        "adam_steps": model.last_fit_steps,
+        "refresh_seconds": refresh_s,
+        "budget": budget,
+        **hypers(model),
+    }
 
 
 def run_kin40k(cfg: dict, root: Path) -> dict:
@@ -367,16 +477,27 @@ def run_kin40k(cfg: dict, root: Path) -> dict:
     runs.append({"model": cou, "factor": 1.0, **train_kin(Xtr_t, Ytr, mb, mb, cfg, nmse, budget)})
     for factor in cfg["budget_factors"]:
         for name, (a, b) in ((dec, (ma, mb)), (cou, (mb, mb))):
-            runs.append({"model": name, "factor": factor,
-                         **train_kin(Xtr_t, Ytr, a, b, cfg, nmse, factor * budget)})
+            runs.append(
+                {
+                    "model": name,
+                    "factor": factor,
+                    **train_kin(Xtr_t, Ytr, a, b, cfg, nmse, factor * budget),
+                }
+            )
     runs.sort(key=lambda r: (r["factor"], r["model"]))
-    print(f"\nkin40k split 0 (n_train {len(ytr)}, n_test {len(yte)}), budget = decoupled's "
-          f"{cfg['iters']}-step training time {budget:.1f} s:")
-    print(f"  {'model':28s} {'budget':>7s} {'train s':>8s} {'steps':>6s} {'nMSE':>7s} "
-          f"{'nMSE+refresh':>12s}")
+    print(
+        f"\nkin40k split 0 (n_train {len(ytr)}, n_test {len(yte)}), budget = decoupled's "
+        f"{cfg['iters']}-step training time {budget:.1f} s:"
+    )
+    print(
+        f"  {'model':28s} {'budget':>7s} {'train s':>8s} {'steps':>6s} {'nMSE':>7s} "
+        f"{'nMSE+refresh':>12s}"
+    )
     for r in runs:
-        print(f"  {r['model']:28s} {r['factor']:6.1f}x {r['train_seconds']:8.1f} "
-              f"{r['adam_steps']:6d} {r['nmse']:7.4f} {r['nmse_after_refresh']:12.4f}")
+        print(
+            f"  {r['model']:28s} {r['factor']:6.1f}x {r['train_seconds']:8.1f} "
+            f"{r['adam_steps']:6d} {r['nmse']:7.4f} {r['nmse_after_refresh']:12.4f}"
+        )
     return {"runs": runs, "budget_seconds": budget, "n_train": len(ytr), "n_test": len(yte)}
 
 
@@ -392,19 +513,32 @@ def main() -> None:
     p.add_argument("--m-alpha", type=int, default=KIN["m_alpha"])
     p.add_argument("--m-beta", type=int, default=KIN["m_beta"])
     p.add_argument("--batch", type=int, default=KIN["batch"])
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1 avoids thread contention on a loaded machine)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 avoids thread contention on a loaded machine)",
+    )
     p.add_argument(
         "--out", default=str(ROOT / "experiments" / "results" / "decoupled_sinc_kin40k.json")
     )
-    p.add_argument("--merge-sinc", nargs="+", default=None, metavar="JSON",
-                   help="combine the sinc seeds of earlier result files (e.g. runs split over "
-                        "processes) into one summary and checks in --out; runs nothing")
+    p.add_argument(
+        "--merge-sinc",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="combine the sinc seeds of earlier result files (e.g. runs split over "
+        "processes) into one summary and checks in --out; runs nothing",
+    )
     args = p.parse_args()
     if args.merge_sinc:
         parts = [json.loads(Path(f).read_text()) for f in args.merge_sinc]
-        merged = {"settings": parts[0]["settings"], "env": parts[0]["env"],
-                  "merged_from": args.merge_sinc, "sinc": {"per_seed": {}}}
+        merged = {
+            "settings": parts[0]["settings"],
+            "env": parts[0]["env"],
+            "merged_from": args.merge_sinc,
+            "sinc": {"per_seed": {}},
+        }
         for part in parts:
             merged["sinc"]["per_seed"].update(part["sinc"]["per_seed"])
         merged["sinc"]["summary"] = summarize_sinc(merged["sinc"]["per_seed"])
@@ -420,8 +554,13 @@ def main() -> None:
     KIN["m_alpha"], KIN["m_beta"], KIN["batch"] = args.m_alpha, args.m_beta, args.batch
     results = {
         "settings": {"sinc": SINC, "sinc_models": SINC_MODELS, "kin40k": KIN},
-        "env": {"torch": torch.__version__, "python": platform.python_version(), "dtype": "float64",
-                "device": "cpu", "threads": torch.get_num_threads()},
+        "env": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "dtype": "float64",
+            "device": "cpu",
+            "threads": torch.get_num_threads(),
+        },
     }
     checks = {}
     if args.only in (None, "sinc"):
@@ -434,9 +573,11 @@ def main() -> None:
             at = {r["model"]: r for r in k["runs"] if r["factor"] == factor}
             d, c = at[f"decoupled Ma={ma},Mb={mb}"], at[f"coupled M={mb}"]
             checks[f"kin40k ({factor:g}x budget): decoupled nMSE < coupled nMSE"] = (
-                d["nmse"] < c["nmse"])
+                d["nmse"] < c["nmse"]
+            )
             checks[f"kin40k ({factor:g}x budget): coupled train time within 10% of budget"] = (
-                c["train_seconds"] <= 1.1 * c["budget"] if c["budget"] else False)
+                c["train_seconds"] <= 1.1 * c["budget"] if c["budget"] else False
+            )
     results["checks"] = checks
     print("\nchecks:")
     for name, ok in checks.items():

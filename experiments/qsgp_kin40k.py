@@ -84,12 +84,21 @@ def exact_gp_init(X, Y, num_points: int, seed: int, maxiter: int = 100):
 
     g = torch.Generator().manual_seed(seed)
     sub = torch.randperm(X.shape[0], generator=g)[:num_points]
-    gp = SingleTaskGP(X[sub], Y[sub], outcome_transform=None,
-                      covar_module=ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])))
-    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp),
-                     optimizer_kwargs={"options": {"maxiter": maxiter}})
-    return (gp.covar_module.base_kernel.lengthscale.detach(),
-            gp.covar_module.outputscale.detach(), gp.likelihood.noise.detach())
+    gp = SingleTaskGP(
+        X[sub],
+        Y[sub],
+        outcome_transform=None,
+        covar_module=ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])),
+    )
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(gp.likelihood, gp),
+        optimizer_kwargs={"options": {"maxiter": maxiter}},
+    )
+    return (
+        gp.covar_module.base_kernel.lengthscale.detach(),
+        gp.covar_module.outputscale.detach(),
+        gp.likelihood.noise.detach(),
+    )
 
 
 def metrics(mean: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> dict:
@@ -105,8 +114,15 @@ def run_qsgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
     ls, os_, noise = init
     kernel = ScaleKernel(RBFKernel(ard_num_dims=Xtr.shape[-1])).to(DT)
     kernel.base_kernel.lengthscale, kernel.outputscale = ls, os_
-    model = QSGP(Xtr, Ytr, num_features=args.m, family="mean_field", kernel=kernel,
-                 standardize=False, seed=args.seed)
+    model = QSGP(
+        Xtr,
+        Ytr,
+        num_features=args.m,
+        family="mean_field",
+        kernel=kernel,
+        standardize=False,
+        seed=args.seed,
+    )
     model.likelihood.noise = noise.reshape(1)
     t0 = time.time()
     stop = {"iters": 0}
@@ -122,11 +138,21 @@ def run_qsgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
             raise _Budget
 
     try:
-        model.fit_sgd(max_iter=args.iters, num_rows=args.n_tilde, num_cols=args.m_tilde,
-                      num_diag_cols=args.m_r, cv_rank=args.cv_rank, lr=args.lr,
-                      lr_hyper=args.lr_hyper, train_hypers=args.lr_hyper > 0,
-                      lr_decay_final=args.lr_decay_final, seed=args.seed, use_priors=False,
-                      callback=cb, replace_cols=args.replace_cols)
+        model.fit_sgd(
+            max_iter=args.iters,
+            num_rows=args.n_tilde,
+            num_cols=args.m_tilde,
+            num_diag_cols=args.m_r,
+            cv_rank=args.cv_rank,
+            lr=args.lr,
+            lr_hyper=args.lr_hyper,
+            train_hypers=args.lr_hyper > 0,
+            lr_decay_final=args.lr_decay_final,
+            seed=args.seed,
+            use_priors=False,
+            callback=cb,
+            replace_cols=args.replace_cols,
+        )
     except _Budget:
         model.eval()
     train_s = time.time() - t0
@@ -134,13 +160,24 @@ def run_qsgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
     t1 = time.time()
     mean, var = model.predict(Xte, observation_noise=True)
     out = metrics(mean, var, Yte)
-    out.update(model="QSGP-0", m=args.m, m_tilde=args.m_tilde, n_tilde=args.n_tilde,
-               m_r=args.m_r, replace_cols=args.replace_cols, lr=args.lr,
-               lr_decay_final=args.lr_decay_final, hypers_learned=args.lr_hyper > 0,
-               n_bar=args.cv_rank, iterations=stop["iters"], planned_iterations=args.iters,
-               train_seconds=train_s, predict_seconds=time.time() - t1,
-               noise=float(model.likelihood.noise.detach()),
-               lengthscale=model.basis.kernel.base_kernel.lengthscale.detach().squeeze().tolist())
+    out.update(
+        model="QSGP-0",
+        m=args.m,
+        m_tilde=args.m_tilde,
+        n_tilde=args.n_tilde,
+        m_r=args.m_r,
+        replace_cols=args.replace_cols,
+        lr=args.lr,
+        lr_decay_final=args.lr_decay_final,
+        hypers_learned=args.lr_hyper > 0,
+        n_bar=args.cv_rank,
+        iterations=stop["iters"],
+        planned_iterations=args.iters,
+        train_seconds=train_s,
+        predict_seconds=time.time() - t1,
+        noise=float(model.likelihood.noise.detach()),
+        lengthscale=model.basis.kernel.base_kernel.lengthscale.detach().squeeze().tolist(),
+    )
     return out
 
 
@@ -154,8 +191,9 @@ def run_svgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
     Z = Xtr[torch.randperm(Xtr.shape[0], generator=g)[: args.svgp_inducing]].clone()
     kernel = ScaleKernel(RBFKernel(ard_num_dims=Xtr.shape[-1])).to(DT)
     kernel.base_kernel.lengthscale, kernel.outputscale = ls, os_
-    model = SingleTaskVariationalGP(Xtr, Ytr, inducing_points=Z, covar_module=kernel,
-                                    learn_inducing_points=True).to(DT)
+    model = SingleTaskVariationalGP(
+        Xtr, Ytr, inducing_points=Z, covar_module=kernel, learn_inducing_points=True
+    ).to(DT)
     model.likelihood.noise = noise.reshape(1)
     mll = VariationalELBO(model.likelihood, model.model, num_data=Xtr.shape[0])
     opt = torch.optim.Adam(list(model.parameters()), lr=args.svgp_lr)
@@ -165,7 +203,7 @@ def run_svgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
     for epoch in range(args.svgp_epochs):
         perm = torch.randperm(Xtr.shape[0], generator=g)
         for s in range(0, Xtr.shape[0], args.svgp_batch):
-            idx = perm[s:s + args.svgp_batch]
+            idx = perm[s : s + args.svgp_batch]
             opt.zero_grad()
             loss = -mll(model.model(Xtr[idx]), Ytr[idx].squeeze(-1))
             loss.backward()
@@ -178,36 +216,55 @@ def run_svgp(args, Xtr, Ytr, Xte, Yte, init) -> dict:
     with torch.no_grad():
         means, vars_ = [], []
         for s in range(0, Xte.shape[0], 1000):
-            post = model.posterior(Xte[s:s + 1000], observation_noise=True)
+            post = model.posterior(Xte[s : s + 1000], observation_noise=True)
             means.append(post.mean.squeeze(-1))
             vars_.append(post.variance.squeeze(-1))
     out = metrics(torch.cat(means), torch.cat(vars_), Yte)
-    out.update(model="SVGP-512 (BoTorch SingleTaskVariationalGP)", inducing=args.svgp_inducing,
-               epochs=epoch + 1, iterations=steps, batch=args.svgp_batch, train_seconds=train_s)
+    out.update(
+        model="SVGP-512 (BoTorch SingleTaskVariationalGP)",
+        inducing=args.svgp_inducing,
+        epochs=epoch + 1,
+        iterations=steps,
+        batch=args.svgp_batch,
+        train_seconds=train_s,
+    )
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--m", type=int, default=10_000)
     ap.add_argument("--m-tilde", type=int, default=10_000)
-    ap.add_argument("--replace-cols", action=argparse.BooleanOptionalAction, default=False,
-                    help="draw the basis samples i, j with replacement (the paper's sampler); "
-                         "default without, which at m~ = m removes the column noise")
+    ap.add_argument(
+        "--replace-cols",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="draw the basis samples i, j with replacement (the paper's sampler); "
+        "default without, which at m~ = m removes the column noise",
+    )
     ap.add_argument("--n-tilde", type=int, default=256)
     ap.add_argument("--m-r", type=int, default=1000, help="diagonal columns of C per step")
-    ap.add_argument("--cv-rank", type=int, default=0,
-                    help="n_bar (at m~ = m without replacement the control variate is exactly "
-                         "zero in value and gradient, so it is off by default)")
+    ap.add_argument(
+        "--cv-rank",
+        type=int,
+        default=0,
+        help="n_bar (at m~ = m without replacement the control variate is exactly "
+        "zero in value and gradient, so it is off by default)",
+    )
     ap.add_argument("--iters", type=int, default=15_000)
     ap.add_argument("--time-budget", type=float, default=1500.0, help="SGD seconds (0: none)")
     ap.add_argument("--lr", type=float, default=0.3)
-    ap.add_argument("--lr-hyper", type=float, default=0.0,
-                    help="Adam rate of the hyperparameters after the warm-up freeze; 0 keeps the "
-                         "exact-GP initialisation (the paper uses 1e-5, i.e. nearly frozen)")
+    ap.add_argument(
+        "--lr-hyper",
+        type=float,
+        default=0.0,
+        help="Adam rate of the hyperparameters after the warm-up freeze; 0 keeps the "
+        "exact-GP initialisation (the paper uses 1e-5, i.e. nearly frozen)",
+    )
     ap.add_argument("--lr-decay-final", type=float, default=0.5)
     ap.add_argument("--init-points", type=int, default=1000)
     ap.add_argument("--init-maxiter", type=int, default=100)
@@ -222,21 +279,26 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=1000)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = args.data_dir or Path(os.environ.get("BO_ONLINE_DATA_DIR",
-                                                    ROOT.parent / "shared" / "data"))
+    data_dir = args.data_dir or Path(
+        os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data")
+    )
     t_all = time.time()
     Xtr, Ytr, Xte, Yte = load_split(data_dir, split=args.split)
     print(f"kin40k split {args.split}: {Xtr.shape[0]} train, {Xte.shape[0]} test, d={Xtr.shape[1]}")
     t0 = time.time()
     init = exact_gp_init(Xtr, Ytr, args.init_points, args.seed, args.init_maxiter)
     init_s = time.time() - t0
-    print(f"exact-GP initialisation on {args.init_points} points: {init_s:.0f} s; noise "
-          f"{float(init[2]):.4g}, outputscale {float(init[1]):.3g}")
+    print(
+        f"exact-GP initialisation on {args.init_points} points: {init_s:.0f} s; noise "
+        f"{float(init[2]):.4g}, outputscale {float(init[1]):.3g}"
+    )
     results = []
-    print(f"QSGP-0: m={args.m}, m~={args.m_tilde}, n~={args.n_tilde}, m_r={args.m_r}, "
-          f"n_bar={args.cv_rank}, i/j {'with' if args.replace_cols else 'without'} replacement, "
-          f"lr {args.lr} -> {args.lr * args.lr_decay_final:g}, "
-          f"up to {args.iters} steps / {args.time_budget:.0f} s")
+    print(
+        f"QSGP-0: m={args.m}, m~={args.m_tilde}, n~={args.n_tilde}, m_r={args.m_r}, "
+        f"n_bar={args.cv_rank}, i/j {'with' if args.replace_cols else 'without'} replacement, "
+        f"lr {args.lr} -> {args.lr * args.lr_decay_final:g}, "
+        f"up to {args.iters} steps / {args.time_budget:.0f} s"
+    )
     results.append(run_qsgp(args, Xtr, Ytr, Xte, Yte, init))
     if not args.skip_svgp:
         print(f"SVGP: {args.svgp_inducing} learned inducing points, Adam, batch {args.svgp_batch}")
@@ -244,21 +306,36 @@ def main() -> None:
     print(f"\n{'model':<44} {'RMSE':>7} {'paper':>7} {'MNLP':>7} {'iters':>7} {'train s':>8}")
     for r in results:
         key = "QSGP-0" if r["model"].startswith("QSGP") else "SVGP-512"
-        print(f"{r['model']:<44} {r['rmse']:>7.4f} {PAPER[key]:>7.3f} {r['mnlp']:>7.3f} "
-              f"{r['iterations']:>7} {r['train_seconds']:>8.0f}")
+        print(
+            f"{r['model']:<44} {r['rmse']:>7.4f} {PAPER[key]:>7.3f} {r['mnlp']:>7.3f} "
+            f"{r['iterations']:>7} {r['train_seconds']:>8.0f}"
+        )
     q = results[0]
     within = abs(q["rmse"] - PAPER["QSGP-0"]) <= 0.1 * PAPER["QSGP-0"]
-    print(f"QSGP-0 RMSE within 10% of the paper's 0.174: {'yes' if within else 'no'} "
-          f"({q['rmse']:.4f}; m={q['m']}, {q['iterations']} iterations, {q['train_seconds']:.0f} s)")
+    print(
+        f"QSGP-0 RMSE within 10% of the paper's 0.174: {'yes' if within else 'no'} "
+        f"({q['rmse']:.4f}; m={q['m']}, {q['iterations']} iterations, {q['train_seconds']:.0f} s)"
+    )
     total = time.time() - t_all
     print(f"total wall time {total:.0f} s")
     res = ROOT / "experiments" / "results"
     res.mkdir(parents=True, exist_ok=True)
-    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "init": {"lengthscale": init[0].squeeze().tolist(), "outputscale": float(init[1]),
-                    "noise": float(init[2]), "seconds": init_s},
-           "results": results, "paper": PAPER, "within_10pct": within, "total_seconds": total,
-           "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": str(DT)}
+    out = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "init": {
+            "lengthscale": init[0].squeeze().tolist(),
+            "outputscale": float(init[1]),
+            "noise": float(init[2]),
+            "seconds": init_s,
+        },
+        "results": results,
+        "paper": PAPER,
+        "within_10pct": within,
+        "total_seconds": total,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": str(DT),
+    }
     (res / "qsgp_kin40k.json").write_text(json.dumps(out, indent=2))
     print(f"wrote {res / 'qsgp_kin40k.json'}")
 

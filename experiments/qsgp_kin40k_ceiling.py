@@ -41,8 +41,9 @@ from bo_online.models.qsgp_bases import RFFBasis  # noqa: E402
 
 
 @torch.no_grad()
-def closed_form(Xtr, Ytr, Xte, Yte, hypers, m: int, seed: int, chunk: int = 2000,
-                dtype: torch.dtype = DT) -> dict:
+def closed_form(
+    Xtr, Ytr, Xte, Yte, hypers, m: int, seed: int, chunk: int = 2000, dtype: torch.dtype = DT
+) -> dict:
     r"""Test metrics of ``mu*`` (and the exact full-covariance posterior) for ``m`` RFF."""
     from gpytorch.kernels import RBFKernel, ScaleKernel
 
@@ -56,9 +57,9 @@ def closed_form(Xtr, Ytr, Xte, Yte, hypers, m: int, seed: int, chunk: int = 2000
     b = torch.zeros(m, dtype=dtype)
     y = Ytr.squeeze(-1)
     for s in range(0, Xtr.shape[0], chunk):
-        F = basis.features(Xtr[s:s + chunk], idx).to(dtype)
+        F = basis.features(Xtr[s : s + chunk], idx).to(dtype)
         A.addmm_(F.T, F)
-        b += F.T @ y[s:s + chunk].to(dtype)
+        b += F.T @ y[s : s + chunk].to(dtype)
     sig2 = float(noise)
     A.diagonal().add_(sig2)  # Phi^T Phi + sigma^2 S, S = I
     L = torch.linalg.cholesky(A.double() if dtype != torch.float64 else A)
@@ -67,15 +68,21 @@ def closed_form(Xtr, Ytr, Xte, Yte, hypers, m: int, seed: int, chunk: int = 2000
     build_s = time.time() - t0
     means, vars_ = [], []
     for s in range(0, Xte.shape[0], chunk):
-        F = basis.features(Xte[s:s + chunk], idx)
+        F = basis.features(Xte[s : s + chunk], idx)
         means.append(F @ mu)
         V = torch.linalg.solve_triangular(L, F.T, upper=False)
         vars_.append(sig2 * V.pow(2).sum(0) + sig2)
     out = metrics(torch.cat(means), torch.cat(vars_), Yte)
     Ftr = basis.features(Xtr[:4000], idx)
     out["train_rmse_first4000"] = float((Ftr @ mu - y[:4000]).pow(2).mean().sqrt())
-    out.update(m=m, seconds=build_s, noise=sig2, outputscale=float(os_),
-               lengthscale=ls.squeeze().tolist(), mu_norm=float(mu.norm()))
+    out.update(
+        m=m,
+        seconds=build_s,
+        noise=sig2,
+        outputscale=float(os_),
+        lengthscale=ls.squeeze().tolist(),
+        mu_norm=float(mu.norm()),
+    )
     return out
 
 
@@ -103,25 +110,39 @@ def exact_gp_test(Xtr, Ytr, Xte, Yte, hypers, num_points: int, seed: int) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--m", type=int, nargs="+", default=[10_000])
     ap.add_argument("--init-points", type=int, default=1000)
     ap.add_argument("--init-maxiter", type=int, default=100)
-    ap.add_argument("--more-points", type=int, nargs="*", default=[],
-                    help="also fit the hyperparameters on this many points")
-    ap.add_argument("--exact-points", type=int, default=8000,
-                    help="exact-GP reference on this many training points (0: skip)")
-    ap.add_argument("--float32-gram", action="store_true",
-                    help="accumulate Phi^T Phi in float32 (2x faster; Cholesky in float64)")
+    ap.add_argument(
+        "--more-points",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also fit the hyperparameters on this many points",
+    )
+    ap.add_argument(
+        "--exact-points",
+        type=int,
+        default=8000,
+        help="exact-GP reference on this many training points (0: skip)",
+    )
+    ap.add_argument(
+        "--float32-gram",
+        action="store_true",
+        help="accumulate Phi^T Phi in float32 (2x faster; Cholesky in float64)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = args.data_dir or Path(os.environ.get("BO_ONLINE_DATA_DIR",
-                                                    ROOT.parent / "shared" / "data"))
+    data_dir = args.data_dir or Path(
+        os.environ.get("BO_ONLINE_DATA_DIR", ROOT.parent / "shared" / "data")
+    )
     Xtr, Ytr, Xte, Yte = load_split(data_dir, split=args.split)
     gram_dt = torch.float32 if args.float32_gram else DT
     rows = []
@@ -130,8 +151,11 @@ def main() -> None:
         hyp = exact_gp_init(Xtr, Ytr, pts, args.seed, args.init_maxiter)
         fit_s = time.time() - t0
         ls = [round(v, 2) for v in hyp[0].squeeze().tolist()]
-        print(f"hypers from exact GP on {pts} points ({fit_s:.0f} s): noise {float(hyp[2]):.4g}, "
-              f"outputscale {float(hyp[1]):.3g}, ls {ls}", flush=True)
+        print(
+            f"hypers from exact GP on {pts} points ({fit_s:.0f} s): noise {float(hyp[2]):.4g}, "
+            f"outputscale {float(hyp[1]):.3g}, ls {ls}",
+            flush=True,
+        )
         if args.exact_points:
             r = exact_gp_test(Xtr, Ytr, Xte, Yte, hyp, args.exact_points, args.seed)
             r.update(kind=f"exact GP on {args.exact_points} pts", hyper_points=pts)
@@ -140,13 +164,20 @@ def main() -> None:
         for m in args.m:
             r = closed_form(Xtr, Ytr, Xte, Yte, hyp, m, args.seed, dtype=gram_dt)
             r.update(kind=f"closed-form mu*, m={m} RFF", hyper_points=pts)
-            print(f"  {r['kind']:<32} RMSE {r['rmse']:.4f} MNLP {r['mnlp']:.3f} "
-                  f"(train RMSE {r['train_rmse_first4000']:.4f}, {r['seconds']:.0f} s)", flush=True)
+            print(
+                f"  {r['kind']:<32} RMSE {r['rmse']:.4f} MNLP {r['mnlp']:.3f} "
+                f"(train RMSE {r['train_rmse_first4000']:.4f}, {r['seconds']:.0f} s)",
+                flush=True,
+            )
             rows.append(r)
     res = ROOT / "experiments" / "results"
     res.mkdir(parents=True, exist_ok=True)
-    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "rows": rows, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    out = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "rows": rows,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     (res / "qsgp_kin40k_ceiling.json").write_text(json.dumps(out, indent=2))
     print(f"wrote {res / 'qsgp_kin40k_ceiling.json'}")
 

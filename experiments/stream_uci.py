@@ -100,16 +100,29 @@ def model_options(model: str, dim: int, m: int = M) -> dict[str, Any]:
 def standardised(prob: StreamProblem) -> StreamProblem:
     """Targets standardised with the training rows' mean and standard deviation."""
     mu, sd = prob.y_stream.mean(), prob.y_stream.std().clamp_min(1e-12)
-    return StreamProblem(name=prob.name, X_stream=prob.X_stream, y_stream=(prob.y_stream - mu) / sd,
-                         X_test=prob.X_test, y_test=(prob.y_test - mu) / sd, bounds=prob.bounds)
+    return StreamProblem(
+        name=prob.name,
+        X_stream=prob.X_stream,
+        y_stream=(prob.y_stream - mu) / sd,
+        X_test=prob.X_test,
+        y_test=(prob.y_test - mu) / sd,
+        bounds=prob.bounds,
+    )
 
 
 def problem(name: str, trial: int, args: argparse.Namespace) -> StreamProblem:
     if name == "banana":
-        return banana_problem(seed=trial, max_stream=args.max_stream, max_test=args.max_test,
-                              data_dir=args.data_dir)
-    prob = uci_problem(name, split=trial % 10, seed=trial, max_stream=args.max_stream,
-                       max_test=args.max_test, data_dir=args.data_dir)
+        return banana_problem(
+            seed=trial, max_stream=args.max_stream, max_test=args.max_test, data_dir=args.data_dir
+        )
+    prob = uci_problem(
+        name,
+        split=trial % 10,
+        seed=trial,
+        max_stream=args.max_stream,
+        max_test=args.max_test,
+        data_dir=args.data_dir,
+    )
     return standardised(prob)
 
 
@@ -136,19 +149,36 @@ def run_job(name: str, model: str, trial: int, kind: str, args: argparse.Namespa
     common = dict(model=model, model_options=model_options(model, prob.dim, args.m), seed=trial)
     t0 = time.perf_counter()
     if kind == "hindsight":
-        loop = StreamingLoop(prob, n_init=n - 1, eval_every=1, init_fit_max_iter=args.hindsight_iters,
-                             **common)
+        loop = StreamingLoop(
+            prob, n_init=n - 1, eval_every=1, init_fit_max_iter=args.hindsight_iters, **common
+        )
         loop.run(0)
     else:
         n0 = max(2, math.ceil(0.05 * n))
-        loop = StreamingLoop(prob, n_init=n0, eval_every=args.eval_every, refit_every=1,
-                             fit_max_iter=1, init_fit_max_iter=args.pretrain_iters, **common)
+        loop = StreamingLoop(
+            prob,
+            n_init=n0,
+            eval_every=args.eval_every,
+            refit_every=1,
+            fit_max_iter=1,
+            init_fit_max_iter=args.pretrain_iters,
+            **common,
+        )
         loop.run()
     keys = ("test_accuracy", "test_nll") if classify else ("test_rmse", "test_nll")
     curve = [(r["n"], r[keys[0]], r[keys[1]]) for r in loop.records if r.get(keys[1]) is not None]
-    return {"set": name, "model": model, "trial": trial, "kind": kind, "task": prob.task,
-            "n_train": n, "n_test": int(prob.X_test.shape[0]), "seconds": time.perf_counter() - t0,
-            "metric": keys[0], "curve": curve}
+    return {
+        "set": name,
+        "model": model,
+        "trial": trial,
+        "kind": kind,
+        "task": prob.task,
+        "n_train": n,
+        "n_test": int(prob.X_test.shape[0]),
+        "seconds": time.perf_counter() - t0,
+        "metric": keys[0],
+        "curve": curve,
+    }
 
 
 def _path(out: Path, job: tuple[str, str, int, str], args: argparse.Namespace) -> Path:
@@ -160,7 +190,11 @@ def _path(out: Path, job: tuple[str, str, int, str], args: argparse.Namespace) -
 def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = np.nanmean(values, axis=0)
     k = np.sum(~np.isnan(values), axis=0)
-    se = np.nanstd(values, axis=0, ddof=1) / np.sqrt(k) if values.shape[0] > 1 else np.zeros_like(mean)
+    se = (
+        np.nanstd(values, axis=0, ddof=1) / np.sqrt(k)
+        if values.shape[0] > 1
+        else np.zeros_like(mean)
+    )
     return mean, np.nan_to_num(se)
 
 
@@ -170,8 +204,11 @@ def merge(args: argparse.Namespace) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))
-               if p.name != "summary.json"]
+    results = [
+        json.loads(p.read_text())
+        for p in sorted(args.out.glob("*.json"))
+        if p.name != "summary.json"
+    ]
     results = [r for r in results if "curve" in r]
     summary: dict[str, Any] = {"sets": {}, "claim": {}}
     for name in sorted({r["set"] for r in results}):
@@ -206,7 +243,8 @@ def merge(args: argparse.Namespace) -> dict:
                         excess = early - entry["hindsight_nll"]
                         entry["early_excess_nll"] = float(excess.mean())
                         entry["early_excess_nll_se"] = float(
-                            excess.std(ddof=1) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0)
+                            excess.std(ddof=1) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0
+                        )
             per_model[model] = entry
         axes[0].legend(fontsize=7)
         title = "Fig. 4" if rows[0]["task"] == "classification" else "Fig. 3"
@@ -221,8 +259,12 @@ def merge(args: argparse.Namespace) -> dict:
     for name, lines in summary["claim"].items():
         print(f"\n{name}:")
         for model, entry in summary["sets"][name]["models"].items():
-            print(f"  {model:<10} " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in entry.items()))
+            print(
+                f"  {model:<10} "
+                + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()
+                )
+            )
         for line in lines:
             print(f"  - {line}")
     print("\nSVM Guide 1 (the paper's second Fig. 4 set) is not available offline and was not run.")
@@ -239,8 +281,10 @@ def claim_statements(name: str, models: dict[str, Any]) -> list[str]:
         for b in sparse:
             ea, eb = models[a]["early_excess_nll"], models[b]["early_excess_nll"]
             verdict = "agrees with" if ea < eb else "does not agree with"
-            lines.append(f"{a} early excess NLL {ea:.3f} vs {b} {eb:.3f}: {verdict} the claim that "
-                         f"{a} overfits less to the initial examples")
+            lines.append(
+                f"{a} early excess NLL {ea:.3f} vs {b} {eb:.3f}: {verdict} the claim that "
+                f"{a} overfits less to the initial examples"
+            )
     if not lines:
         lines.append("not enough models to compare with the claim")
     return lines
@@ -252,7 +296,9 @@ def main() -> None:
     p.add_argument("--models", default=",".join(REGRESSION_MODELS))
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--full", action="store_true", help="10 trials")
-    p.add_argument("--max-stream", type=int, default=None, help="use the first this many training rows")
+    p.add_argument(
+        "--max-stream", type=int, default=None, help="use the first this many training rows"
+    )
     p.add_argument("--max-test", type=int, default=None, help="use the first this many test rows")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--m", type=int, default=M, help="inducing points for every method (small runs)")
@@ -285,8 +331,13 @@ def main() -> None:
             try:
                 result = run_job(*job, args)
             except Exception as e:  # one failing model must not stop the others; recorded
-                result = {"set": job[0], "model": job[1], "trial": job[2], "kind": job[3],
-                          "error": f"{type(e).__name__}: {e}"}
+                result = {
+                    "set": job[0],
+                    "model": job[1],
+                    "trial": job[2],
+                    "kind": job[3],
+                    "error": f"{type(e).__name__}: {e}",
+                }
                 print(f"    failed: {result['error']}", flush=True)
             path.write_text(json.dumps(result))
         if args.parts > 1:

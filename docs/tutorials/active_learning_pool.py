@@ -72,12 +72,15 @@ problem = PoolProblem(
 # %%
 runs = {}
 for acq in ("qnipv", "random"):
-    loop = ActiveLearningLoop(problem, acq=acq, selection="pool", num_mc_points=128,
-                              model="exact", n_init=8, q=2, seed=0)
+    loop = ActiveLearningLoop(
+        problem, acq=acq, selection="pool", num_mc_points=128, model="exact", n_init=8, q=2, seed=0
+    )
     runs[acq] = loop.run(steps=STEPS)
     last = runs[acq][-1]
-    print(f"{acq:>6}: {last['n']} labels, test RMSE {last['rmse']:.3f}, "
-          f"mean variance {last['mean_var']:.4f}")
+    print(
+        f"{acq:>6}: {last['n']} labels, test RMSE {last['rmse']:.3f}, "
+        f"mean variance {last['mean_var']:.4f}"
+    )
 
 # %% [markdown]
 # ## Driving it yourself: ask and tell

@@ -40,6 +40,7 @@ for name in [n for n in logging.root.manager.loggerDict if n.startswith("ax")]:
 # Two continuous parameters and one metric `loss` to minimise. The function stands in for an
 # expensive measurement.
 
+
 # %%
 def measure(x0: float, x1: float) -> float:
     return (x0 - 0.3) ** 2 + 2 * (x1 + 0.4) ** 2 + 0.5 * np.sin(5 * x0) * np.cos(3 * x1)

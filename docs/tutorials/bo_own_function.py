@@ -72,8 +72,10 @@ loop = BayesOptLoop(
 )
 records = loop.run(steps=STEPS)
 last = records[-1]
-print(f"step {last['step']}: n = {last['n']}, best observed {last['best_value']:.4f}, "
-      f"regret of the best true value {last['regret']:.4f}")
+print(
+    f"step {last['step']}: n = {last['n']}, best observed {last['best_value']:.4f}, "
+    f"regret of the best true value {last['regret']:.4f}"
+)
 
 # %% [markdown]
 # Each record is a plain dictionary. Among its keys: `step`, `n` (evaluations so far),

@@ -83,8 +83,10 @@ for name, model in models.items():
         times[name]["n"].append(n)
         times[name]["update"].append(np.median(t_up))
         times[name]["predict"].append(np.median(t_pred))
-    print(f"{name}: n = {n}, update {1e3 * times[name]['update'][-1]:.2f} ms, "
-          f"predict {1e3 * times[name]['predict'][-1]:.2f} ms")
+    print(
+        f"{name}: n = {n}, update {1e3 * times[name]['update'][-1]:.2f} ms, "
+        f"predict {1e3 * times[name]['predict'][-1]:.2f} ms"
+    )
 
 # %% [markdown]
 # Both models now hold the same data. Their predictions agree closely (WISKI's kernel is the
@@ -95,13 +97,17 @@ X_check = torch.rand(200, 2, generator=gen, dtype=torch.float64)
 with torch.no_grad():
     mean_exact = models["exact"].posterior(X_check).mean
     mean_wiski = models["wiski"].posterior(X_check).mean
-print(f"max |mean difference| on 200 test points: {float((mean_exact - mean_wiski).abs().max()):.3g}")
+print(
+    f"max |mean difference| on 200 test points: {float((mean_exact - mean_wiski).abs().max()):.3g}"
+)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
 for name, style in (("exact", "o-"), ("wiski", "s-")):
     axes[0].loglog(times[name]["n"], 1e3 * np.array(times[name]["update"]), style, ms=3, label=name)
-    axes[1].loglog(times[name]["n"], 1e3 * np.array(times[name]["predict"]), style, ms=3, label=name)
+    axes[1].loglog(
+        times[name]["n"], 1e3 * np.array(times[name]["predict"]), style, ms=3, label=name
+    )
 axes[0].set_title("one update (model.update, q = 1)")
 axes[1].set_title("one prediction (posterior mean, 1 point)")
 for ax in axes:
@@ -130,8 +136,14 @@ fig.savefig(FIGURES / "long_campaign_update.png", dpi=110)
 # %%
 problem = synthetic_problem("branin", noise_std=0.1)
 loops = {
-    name: BayesOptLoop(problem, model=name, acq="logei", seed=0, refit_every=25,
-                       optimizer_options={"num_restarts": 4, "raw_samples": 64})
+    name: BayesOptLoop(
+        problem,
+        model=name,
+        acq="logei",
+        seed=0,
+        refit_every=25,
+        optimizer_options={"num_restarts": 4, "raw_samples": 64},
+    )
     for name in ("exact", "wiski")
 }
 records = {name: [loop.initialize()] for name, loop in loops.items()}
@@ -140,8 +152,10 @@ for _ in range(BO_STEPS):
         records[name].append(loop.step())
 for name in loops:
     r = records[name][-1]
-    print(f"{name}: n = {r['n']}, regret {r['regret']:.3g}, "
-          f"median step {1e3 * np.median([x['time_step'] for x in records[name][1:]]):.0f} ms")
+    print(
+        f"{name}: n = {r['n']}, regret {r['regret']:.3g}, "
+        f"median step {1e3 * np.median([x['time_step'] for x in records[name][1:]]):.0f} ms"
+    )
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))

@@ -63,12 +63,19 @@ torch.set_num_threads(1)
 # The hyperparameters `log(s2 - 1e-4)` and `log v` are `torch.nn.Parameter`s, so the cache mechanism sees
 # them, and `fit` maximises the log evidence, which is computable from the statistics alone.
 
+
 # %%
 class RFFBayesLinear(OnlineModel):
     """Bayesian linear regression on ``num_features`` fixed random Fourier features."""
 
-    def __init__(self, train_X: Tensor, train_Y: Tensor, num_features: int = 100,
-                 lengthscale: float = 0.2, seed: int = 0) -> None:
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        num_features: int = 100,
+        lengthscale: float = 0.2,
+        seed: int = 0,
+    ) -> None:
         d = train_X.shape[-1]
         super().__init__(dim=d, bounds=None, dtype=train_X.dtype, device=train_X.device)
         X = self._checked_training_data(train_X, train_Y, None)  # validates; n x d
@@ -76,7 +83,9 @@ class RFFBayesLinear(OnlineModel):
         self.outcome_mean = train_Y.mean(0).to(X)
         self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1).to(X)
         gen = torch.Generator().manual_seed(seed)
-        self.register_buffer("omega", torch.randn(d, num_features, generator=gen).to(X) / lengthscale)
+        self.register_buffer(
+            "omega", torch.randn(d, num_features, generator=gen).to(X) / lengthscale
+        )
         self.register_buffer("phase", (2 * math.pi * torch.rand(num_features, generator=gen)).to(X))
         self.log_noise = torch.nn.Parameter(torch.tensor(math.log(0.1)).to(X))
         self.log_prior_var = torch.nn.Parameter(torch.zeros((), dtype=X.dtype, device=X.device))
@@ -118,8 +127,12 @@ class RFFBayesLinear(OnlineModel):
         if noise is not None:
             raise ValueError("RFFBayesLinear learns one noise level; do not pass noise.")
         Phi = self.features(X)  # batch x q x D;  Y: (sample x) batch x q
-        return (self.A + Phi.mT @ Phi, self.c + (Phi.mT @ Y.unsqueeze(-1)).squeeze(-1),
-                self.yy + (Y * Y).sum(-1), self.n + X.shape[-2])
+        return (
+            self.A + Phi.mT @ Phi,
+            self.c + (Phi.mT @ Y.unsqueeze(-1)).squeeze(-1),
+            self.yy + (Y * Y).sum(-1),
+            self.n + X.shape[-2],
+        )
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> "RFFBayesLinear":
         new = self._shallow_copy()  # shares hyperparameter tensors; statistics replaced below
@@ -145,8 +158,9 @@ class RFFBayesLinear(OnlineModel):
         return -0.5 * (quad + logdet + self.n * math.log(2 * math.pi))
 
     def fit(self, max_iter: int = 100) -> "RFFBayesLinear":
-        opt = torch.optim.LBFGS([self.log_noise, self.log_prior_var], max_iter=max_iter,
-                                line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            [self.log_noise, self.log_prior_var], max_iter=max_iter, line_search_fn="strong_wolfe"
+        )
 
         def closure() -> Tensor:
             opt.zero_grad()
@@ -177,17 +191,23 @@ def objective(X: Tensor) -> Tensor:
 
 n0, n1 = 10, 30 if SMALL else 80
 X_all = torch.rand(n0 + n1, 2, generator=gen, dtype=torch.float64)
-Y_all = objective(X_all).unsqueeze(-1) + 0.05 * torch.randn(n0 + n1, 1, generator=gen, dtype=torch.float64)
+Y_all = objective(X_all).unsqueeze(-1) + 0.05 * torch.randn(
+    n0 + n1, 1, generator=gen, dtype=torch.float64
+)
 
 model = RFFBayesLinear(X_all[:n0], Y_all[:n0], num_features=100 if SMALL else 300)
 model.fit()
 for i in range(n0, n0 + n1, 5):
     model.update(X_all[i : i + 5], Y_all[i : i + 5])
 model.fit()  # refit from the statistics of all the data (no X or y is kept)
-print(f"noise variance {model.noise_var().item():.4f}, prior variance {model.log_prior_var.exp().item():.3f}")
+print(
+    f"noise variance {model.noise_var().item():.4f}, prior variance {model.log_prior_var.exp().item():.3f}"
+)
 
 
-def dense_posterior(model: RFFBayesLinear, X: Tensor, Y: Tensor, Xs: Tensor) -> tuple[Tensor, Tensor]:
+def dense_posterior(
+    model: RFFBayesLinear, X: Tensor, Y: Tensor, Xs: Tensor
+) -> tuple[Tensor, Tensor]:
     with torch.no_grad():
         s2, v = model.noise_var(), model.log_prior_var.exp()
         y = (Y.squeeze(-1) - model.outcome_mean) / model.outcome_std
@@ -255,15 +275,21 @@ for step in range(3 if SMALL else 25):
     if (step + 1) % 10 == 0:
         bo.fit()
 fantasy = bo.fantasize(X_test[:2], SobolQMCNormalSampler(torch.Size([4])))
-print(f"best value found {float(Y_seen.max()):.3f}; fantasy model batch shape {tuple(fantasy.batch_shape)}")
+print(
+    f"best value found {float(Y_seen.max()):.3f}; fantasy model batch shape {tuple(fantasy.batch_shape)}"
+)
 
 # %%
-grid = torch.stack(torch.meshgrid(torch.linspace(0, 1, 60), torch.linspace(0, 1, 60), indexing="ij"), -1)
+grid = torch.stack(
+    torch.meshgrid(torch.linspace(0, 1, 60), torch.linspace(0, 1, 60), indexing="ij"), -1
+)
 grid = grid.reshape(-1, 2).double()
 with torch.no_grad():
     mean = bo.posterior(grid).mean.reshape(60, 60)
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-axes[0].contourf(grid[:, 0].reshape(60, 60), grid[:, 1].reshape(60, 60), objective(grid).reshape(60, 60), 20)
+axes[0].contourf(
+    grid[:, 0].reshape(60, 60), grid[:, 1].reshape(60, 60), objective(grid).reshape(60, 60), 20
+)
 axes[0].set_title("objective")
 cs = axes[1].contourf(grid[:, 0].reshape(60, 60), grid[:, 1].reshape(60, 60), mean, 20)
 axes[1].plot(X_seen[:n0, 0], X_seen[:n0, 1], "w.", label="initial")

@@ -38,6 +38,7 @@ gen = torch.Generator().manual_seed(0)
 # input. Here a 2-d signal is observed along a drifting path: early points cover one region, later
 # ones another, so the model must keep learning.
 
+
 # %%
 def signal(X: torch.Tensor) -> torch.Tensor:
     return torch.sin(3 * X[:, 0]) * torch.exp(-X[:, 1]) + 0.3 * X[:, 1]
@@ -68,8 +69,10 @@ for model in ("wiski", "tsvgp"):
     loop = StreamingLoop(regression, model=model, n_init=50, q=10, eval_every=5, seed=0)
     reg_records[model] = loop.run()  # default: until the stream is exhausted
     last = [r for r in reg_records[model] if r.get("test_rmse") is not None][-1]
-    print(f"{model}: {last['n']} points seen, test RMSE {last['test_rmse']:.3f}, "
-          f"test NLL {last['test_nll']:.3f}")
+    print(
+        f"{model}: {last['n']} points seen, test RMSE {last['test_rmse']:.3f}, "
+        f"test NLL {last['test_nll']:.3f}"
+    )
 
 # %% [markdown]
 # ## Classification: the banana stream
@@ -79,6 +82,7 @@ for model in ("wiski", "tsvgp"):
 # the files are not there, this tutorial says so and uses a synthetic two-class set of the same
 # shape instead (in small mode it always does).
 
+
 # %%
 def synthetic_banana(n_stream: int, n_test: int) -> StreamProblem:
     def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,9 +91,15 @@ def synthetic_banana(n_stream: int, n_test: int) -> StreamProblem:
         return X, (torch.rand(n, generator=gen, dtype=torch.float64) < p).double()
 
     (Xs, ys), (Xt, yt) = draw(n_stream), draw(n_test)
-    return StreamProblem(name="synthetic_banana", X_stream=Xs, y_stream=ys, X_test=Xt, y_test=yt,
-                         bounds=torch.tensor([[-2.0, -2.0], [2.0, 2.0]], dtype=torch.float64),
-                         task="classification")
+    return StreamProblem(
+        name="synthetic_banana",
+        X_stream=Xs,
+        y_stream=ys,
+        X_test=Xt,
+        y_test=yt,
+        bounds=torch.tensor([[-2.0, -2.0], [2.0, 2.0]], dtype=torch.float64),
+        task="classification",
+    )
 
 
 if SMALL:
@@ -100,8 +110,10 @@ else:
     except DataNotFoundError as err:
         print(f"The banana data are missing ({err}); using a synthetic two-class set instead.")
         classification = synthetic_banana(400, 2000)
-print(f"{classification.name}: {classification.X_stream.shape[0]} stream points, "
-      f"{classification.X_test.shape[0]} test points")
+print(
+    f"{classification.name}: {classification.X_stream.shape[0]} stream points, "
+    f"{classification.X_test.shape[0]} test points"
+)
 
 # %% [markdown]
 # A classification stream needs a surrogate that can classify: `tsvgp` (t-SVGP with a Bernoulli
