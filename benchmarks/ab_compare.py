@@ -47,6 +47,7 @@ DT_NAME = "float64"
 
 def _levy(n: int, seed: int):
     import torch
+
     from bo_online.problems import synthetic_problem, to_unit
 
     problem = synthetic_problem("levy", dim=3, noise_std=10.0)
@@ -60,6 +61,7 @@ def _levy(n: int, seed: int):
 
 def _task_acq(args):
     import torch
+
     from bo_online.acquisition import build_acquisition, propose
     from bo_online.models.registry import get_model_class
 
@@ -93,6 +95,7 @@ def _task_update(args):
     import copy
 
     import torch
+
     from bo_online.models.registry import get_model_class
 
     X, Y = _levy(args.n, 0)
@@ -127,6 +130,7 @@ def _task_update(args):
 
 def _task_cond(args):
     import torch
+
     from bo_online.models import WISKI
 
     g = torch.Generator().manual_seed(0)
@@ -187,6 +191,7 @@ def _task_cond(args):
 
 def _task_chol(args):
     import torch
+
     from bo_online.linalg import _sweeps, cholesky_update
 
     g = torch.Generator().manual_seed(3)

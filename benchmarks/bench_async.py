@@ -133,7 +133,8 @@ def main() -> None:
     print()
     print(
         f"problem {args.problem}, model {args.model}, acq {args.acq}, {args.workers} workers, "
-        f"budget {args.budget}, durations log-normal mean {args.mean_duration * args.time_scale:g} s "
+        f"budget {args.budget}, "
+        f"durations log-normal mean {args.mean_duration * args.time_scale:g} s "
         f"sigma {args.sigma}, {args.seeds} seeds"
     )
     print(

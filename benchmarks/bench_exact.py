@@ -112,7 +112,8 @@ def main() -> None:
         print(f"check ratio >= 20x at n = 2000: {by_n[2000]:.1f}x {verdict}")
     growing = all(b >= a for a, b in zip(ratios, ratios[1:]))
     print(
-        f"check ratio grows with n: {'PASS' if growing else 'FAIL'} ({', '.join(f'{r:.1f}' for r in ratios)})"
+        f"check ratio grows with n: {'PASS' if growing else 'FAIL'} "
+        f"({', '.join(f'{r:.1f}' for r in ratios)})"
     )
 
 
@@ -127,7 +128,7 @@ def batched_posterior_table(sizes: list[int], d: int, reps: int) -> list[dict]:
     X_raw = torch.rand(AX_RAW_SAMPLES, 1, d, generator=g, dtype=torch.float64)
     X_opt = torch.rand(AX_BATCH_LIMIT, 1, d, generator=g, dtype=torch.float64)
     rows = []
-    print(f"\nposterior at Ax's batch shapes (32 x 1 x d raw-sample chunks + 20 x 1 x d with grad)")
+    print("\nposterior at Ax's batch shapes (32 x 1 x d raw-sample chunks + 20 x 1 x d with grad)")
     print(f"{'n':>6} {'SingleTaskGP s':>22} {'OnlineExactGP s':>24} {'ratio':>8}")
     for n in sizes:
         ref, ours = build_pair(n, d, seed=n)

@@ -158,7 +158,10 @@ def conditioning_times(ks: list[int], reps: int) -> list[dict]:
 
     g = torch.Generator().manual_seed(0)
     d = 4
-    f = lambda X: torch.sin(5 * X).sum(-1, keepdim=True)
+
+    def f(X):
+        return torch.sin(5 * X).sum(-1, keepdim=True)
+
     X0 = torch.rand(100, d, generator=g, dtype=torch.float64)
     rows = []
     for k in ks:

@@ -8,28 +8,29 @@ hyperparameters and q(u) (the SGPR optimum on n training points):
   form, shared by the samples) then the posterior mean and variance at 50 test points;
 * anchor: BoTorch ``SingleTaskVariationalGP`` (whitened ``VariationalStrategy``, q(u) copied in),
   ``sampler(model.posterior(X_q, observation_noise=True))``, then GPyTorch's online variational
-  conditioning ``model.model.get_fantasy_model(X_q, Y)`` (an exact GP on the m pseudo-points plus the
-  q new ones) and its posterior at the test points.
+  conditioning ``model.model.get_fantasy_model(X_q, Y)`` (an exact GP on the m pseudo-points plus
+  the q new ones) and its posterior at the test points.
 
 Two defects of GPyTorch 1.15.2's OVC make its stock output wrong (max |d mean| ~ 6e-2 here, not a
 set-up mistake; shown by the 'stock OVC' column against a dense reference):
 
 1. ``DefaultPredictionStrategy.mean_cache`` is now a property reading the memo key
    ``("mean_cache", (nan_policy,))``, but OVC (``amortized_exact_gp`` / ``_VariationalStrategy.
-   get_fantasy_model``) writes its pseudo-point mean cache with ``add_to_cache(ps, "mean_cache", v)``,
-   key ``("mean_cache", ())``. The cache is ignored and the mean is recomputed with the likelihood
-   noise ``sigma^2 I`` on the pseudo-points instead of their pseudo-noise ``D``. (The key mismatch is
-   cornellius-gp/gpytorch issue #2669, reported there as a performance bug of exact-GP fantasies,
-   where recomputing gives the same values; for OVC the recomputation is wrong.)
+   get_fantasy_model``) writes its pseudo-point mean cache with
+   ``add_to_cache(ps, "mean_cache", v)``, key ``("mean_cache", ())``: in GPyTorch 1.x the cached
+   pseudo-point mean is stored under a key the property does not read. The cache is ignored and the
+   mean is recomputed with the likelihood noise ``sigma^2 I`` on the pseudo-points instead of their
+   pseudo-noise ``D``. (For exact-GP fantasies the recomputation gives the same values and only
+   costs time; for OVC it is wrong.)
 2. With ``fast_pred_var(False)`` the exact predictive covariance is recomputed from
    ``likelihood(train_prior_dist)``, again ``sigma^2 I`` on the pseudo-points instead of ``D``.
 
-``ovc_fantasy`` works around both (moves the cache entry to the key the property reads; predicts with
-``fast_pred_var(True)`` and an exact Cholesky root), and the anchor uses ``jitter_val = 1e-10`` (float64):
-GPyTorch's pseudo-point conversion regularises ``(I - S)(I - S)^T`` with ``jitter_val``, an error
-linear in it (measured: 1e-6 -> 4e-5 in the mean, 1e-8 -> 2e-6, 1e-10 -> 2e-8). The corrected OVC then
-equals the dense reference and ours to ~1e-8 (the 'OVC fixed' and 'ours-OVC' columns); the timed
-anchor is the corrected OVC (same arithmetic as stock plus one dictionary move).
+``ovc_fantasy`` works around both (moves the cache entry to the key the property reads; predicts
+with ``fast_pred_var(True)`` and an exact Cholesky root), and the anchor uses ``jitter_val = 1e-10``
+(float64): GPyTorch's pseudo-point conversion regularises ``(I - S)(I - S)^T`` with ``jitter_val``,
+an error linear in it (measured: 1e-6 -> 4e-5 in the mean, 1e-8 -> 2e-6, 1e-10 -> 2e-8). The
+corrected OVC then equals the dense reference and ours to ~1e-8 (the 'OVC fixed' and 'ours-OVC'
+columns); the timed anchor is the corrected OVC (same arithmetic as stock plus one dictionary move).
 
 Interleaved, warm-up, median of ``--reps`` with the min-max spread; the ratio anchor/ours, and the
 maximum absolute difference of the fantasy models' predictive means and variances given the SAME
@@ -182,14 +183,15 @@ def fantasy_table(args) -> list[dict]:
     print(
         "accuracy: max |d mean| / max |d var| at 50 test points given the SAME fantasy "
         "observations, fantasy points X_q on inducing inputs (k** = Q**: every method is exact "
-        "conditioning of the same q(u)); 'dense' = posterior-as-prior conditioning (docs/math.md §5); "
+        "conditioning of the same q(u)); "
+        "'dense' = posterior-as-prior conditioning (docs/math.md §5); "
         "'OVC fixed' = GPyTorch OVC with the cache/variance workaround, 'stock' = as shipped; "
         "ratio = OVC fixed / ours, r.stock = stock OVC (wrong, see docstring) / ours"
     )
     head = (
         f"{'m':>4} {'q':>3} | {'TSVGP s (min-max)':>26} | {'OVC fixed s (min-max)':>28} | "
-        f"{'ratio':>6} {'r.stock':>7} | {'ours-dense':>17} | {'OVC fixed-dense':>17} | {'ours-OVC fixed':>17} "
-        f"| {'stock OVC-dense':>17}"
+        f"{'ratio':>6} {'r.stock':>7} | {'ours-dense':>17} | {'OVC fixed-dense':>17} | "
+        f"{'ours-OVC fixed':>17} | {'stock OVC-dense':>17}"
     )
     print(head)
     for m in args.ms:
@@ -232,7 +234,10 @@ def fantasy_table(args) -> list[dict]:
                     a_mean, a_var = ovc_fantasy(anchor, Xa, Yf, Xt)
                     s_mean, s_var = ovc_fantasy_stock(anchor, Xa, Yf, Xt)
                     d_mean, d_var = dense_condition(ours, Xt, Xa, Yf, noise=0.01)
-                diff = lambda a, b, c, d: [float((a - b).abs().max()), float((c - d).abs().max())]
+
+                def diff(a, b, c, d):
+                    return [float((a - b).abs().max()), float((c - d).abs().max())]
+
                 acc[label] = {
                     "ours_vs_dense": diff(o_mean, d_mean, o_var, d_var),
                     "ovc_fixed_vs_dense": diff(a_mean, d_mean, a_var, d_var),
@@ -240,12 +245,18 @@ def fantasy_table(args) -> list[dict]:
                     "ovc_stock_vs_dense": diff(s_mean, d_mean, s_var, d_var),
                 }
             ratio = t["anchor"][0] / t["ours"][0]
-            fmt = lambda x: f"{x[0]:.2e} ({x[1]:.1e}-{x[2]:.1e})"
-            pair = lambda x: f"{x[0]:>8.1e} {x[1]:>8.1e}"
+
+            def fmt(x):
+                return f"{x[0]:.2e} ({x[1]:.1e}-{x[2]:.1e})"
+
+            def pair(x):
+                return f"{x[0]:>8.1e} {x[1]:>8.1e}"
+
             z = acc["at_Z"]
             print(
                 f"{m:>4} {q:>3} | {fmt(t['ours']):>26} | {fmt(t['anchor']):>28} | "
-                f"{ratio:>6.1f} {t['stock'][0] / t['ours'][0]:>7.1f} | {pair(z['ours_vs_dense'])} | {pair(z['ovc_fixed_vs_dense'])} | "
+                f"{ratio:>6.1f} {t['stock'][0] / t['ours'][0]:>7.1f} | "
+                f"{pair(z['ours_vs_dense'])} | {pair(z['ovc_fixed_vs_dense'])} | "
                 f"{pair(z['ours_vs_ovc_fixed'])} | {pair(z['ovc_stock_vs_dense'])}"
             )
             rows.append(

@@ -30,7 +30,6 @@ min-max spread printed beside it):
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import warnings
 
@@ -100,7 +99,8 @@ def bench_update(ns: list[int], reps: int, per_rep: int) -> dict:
         t = time_interleaved({f"n={n}": make(models[n]) for n in ns}, reps=reps)
         rows = []
         print(
-            f"\n[update] d = {d}, grid {grid}^{d} (factor m = {m}), statistics built in {build:.1f} s"
+            f"\n[update] d = {d}, grid {grid}^{d} (factor m = {m}), "
+            f"statistics built in {build:.1f} s"
         )
         print(f"{'n':>9} {'time per single-point update':>36}")
         for n in ns:
@@ -237,7 +237,8 @@ def bench_qnipv(n: int, num_mc: int, q: int, reps: int) -> dict:
     print(f"{'WISKI':<14} {_fmt(t['WISKI'])}")
     print(f"{'SingleTaskGP':<14} {_fmt(t['SingleTaskGP'])}   ratio {ratio:.1f}x")
     print(
-        f"acquisition values: WISKI {vw:.5f}, SingleTaskGP {vs:.5f} (different kernels: SKI vs exact)"
+        f"acquisition values: WISKI {vw:.5f}, SingleTaskGP {vs:.5f} "
+        "(different kernels: SKI vs exact)"
     )
     return {
         "n": n,
@@ -255,7 +256,8 @@ def bench_flops(reps: int) -> dict:
     rows = []
     print("\n[flops] rank-q Cholesky update vs dense matmul")
     print(
-        f"{'m':>6} {'q':>3} {'update time':>34} {'GFLOP/s':>9} {'matmul GFLOP/s':>15} {'fraction':>9}"
+        f"{'m':>6} {'q':>3} {'update time':>34} {'GFLOP/s':>9} "
+        f"{'matmul GFLOP/s':>15} {'fraction':>9}"
     )
     for m in (900, 1000):
         A = torch.randn(m, m, dtype=DT)
@@ -279,7 +281,8 @@ def bench_flops(reps: int) -> dict:
                 }
             )
             print(
-                f"{m:>6} {q:>3} {_fmt(t['update']):>34} {upd_rate:9.2f} {mm_rate:15.2f} {upd_rate / mm_rate:9.3f}"
+                f"{m:>6} {q:>3} {_fmt(t['update']):>34} {upd_rate:9.2f} {mm_rate:15.2f} "
+                f"{upd_rate / mm_rate:9.3f}"
             )
     return {"rows": rows}
 
@@ -309,7 +312,8 @@ def bench_blocked(reps: int, m: int = 1000, q: int = 3) -> dict:
         floor = t[f"blocked {kind}"].median / t["floor (copy)"].median
         out[f"{kind}_speedup"], out[f"{kind}_over_floor"] = speedup, floor
         print(
-            f"  {kind}: {speedup:.2f}x faster than sweeps ({'PASS' if speedup >= 4 else 'FAIL'} >= 4x), "
+            f"  {kind}: {speedup:.2f}x faster than sweeps "
+            f"({'PASS' if speedup >= 4 else 'FAIL'} >= 4x), "
             f"{floor:.2f}x the floor ({'PASS' if floor <= 3 else 'FAIL'} <= 3x)"
         )
     return out

@@ -81,11 +81,13 @@ def main() -> int:
     print(
         f"magnetometer: pool {problem.X_pool.shape[0]}, test {problem.X_test.shape[0]}; WISKI "
         f"{args.grid_size}x{args.grid_size} Matern-1/2; qNIPV ({args.selection}), q={args.q}, "
-        f"{args.num_mc_points} mc_points; torch {torch.__version__}, botorch {botorch.__version__}, "
-        f"gpytorch {gpytorch.__version__}, float64, cpu, {torch.get_num_threads()} thread(s)"
+        f"{args.num_mc_points} mc_points; torch {torch.__version__}, "
+        f"botorch {botorch.__version__}, gpytorch {gpytorch.__version__}, float64, cpu, "
+        f"{torch.get_num_threads()} thread(s)"
     )
     print(
-        f"{'step':>4} {'n':>5} {'rmse':>9} {'mean_var':>9} {'t_acq':>7} {'t_fit':>7} {'t_upd':>7} {'t_step':>7}"
+        f"{'step':>4} {'n':>5} {'rmse':>9} {'mean_var':>9} "
+        f"{'t_acq':>7} {'t_fit':>7} {'t_upd':>7} {'t_step':>7}"
     )
     t_start = time.perf_counter()
 
@@ -123,7 +125,8 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=1))
     print(
-        f"RMSE {rmse[0]:.4f} -> {rmse[-1]:.4f}; median acquisition {summary['median_time_acquisition']:.3f} s/step; "
+        f"RMSE {rmse[0]:.4f} -> {rmse[-1]:.4f}; "
+        f"median acquisition {summary['median_time_acquisition']:.3f} s/step; "
         f"total {total:.1f} s; checks {checks}; wrote {args.out}"
     )
     return 0 if all(checks.values()) else 1

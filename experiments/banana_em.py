@@ -1,6 +1,7 @@
 """Variational EM on the banana classification data: t-SVGP's tighter M-step vs q-SVGP.
 
-The paper's Fig. 1-2 claim (Adam, Chang, Khan & Solin, "Dual Parameterization of Sparse Variational Gaussian Processes", NeurIPS 2021, arXiv:2111.03412, Sec. 3.1 and 5): with
+The paper's Fig. 1-2 claim (Adam, Chang, Khan & Solin, "Dual Parameterization of Sparse
+Variational Gaussian Processes", NeurIPS 2021, arXiv:2111.03412, Sec. 3.1 and 5): with
 E- and M-steps each run to convergence, EM on the t-SVGP bound (sites frozen, q rebuilt with the new
 hyperparameters, Eq. 15) reaches the hyperparameter fixed point in about 2 outer iterations from a
 poor start, while q-SVGP (q(u) frozen in its own -- whitened -- parameterisation during the M-step)
@@ -259,7 +260,8 @@ def main() -> None:
     )
     for t, (a, b) in enumerate(zip(t_traj, q_traj)):
         print(
-            f"{t:>4} | {a[0]:>18.4f} {a[1]:>11.4f} {a[2]:>7.3f} | {b[0]:>18.4f} {b[1]:>11.4f} {b[2]:>7.3f}"
+            f"{t:>4} | {a[0]:>18.4f} {a[1]:>11.4f} {a[2]:>7.3f} | "
+            f"{b[0]:>18.4f} {b[1]:>11.4f} {b[2]:>7.3f}"
         )
     print(
         f"outer iterations to converge (tol {args.tol} in log hyperparameters): "

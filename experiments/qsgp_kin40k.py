@@ -1,7 +1,8 @@
 r"""QSGP-0 on kin40k (split 0) with random Fourier features for SE-ARD, beside BoTorch's SVGP.
 
 Reproduces (at a size that fits a shared 2-core CPU) the kin40k row of Table 2 of
-Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010: QSGP-0 test RMSE 0.174 +- 0.004 on standardised targets with
+Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010: QSGP-0 test
+RMSE 0.174 +- 0.004 on standardised targets with
 m = 1e5 RFF, m~ = 1e4, n~ = 500, n_bar = 500, 1e5 AdaGrad/Adam iterations on a GPU; SVGP with 512
 learned inducing points 0.247 +- 0.004. As in the paper (App. I.1), the SE-ARD hyperparameters
 and the noise start from an exact GP fitted to 1000 random training points, the variational

@@ -1,6 +1,7 @@
 r"""Ceiling of QSGP on kin40k: the closed-form ELBO-optimal variational mean for the same RFF basis.
 
-For a Gaussian likelihood the ELBO of Eq. 2 (Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010; docs/math.md §4) is, in
+For a Gaussian likelihood the ELBO of Eq. 2 (Evans & Nair, "Quadruply Stochastic Gaussian
+Processes", 2018, arXiv:1812.03010; docs/math.md §4) is, in
 ``mu``, the Bayesian-linear-regression log posterior whatever the covariance family (mean-field
 included), so its optimum is ``mu* = (Phi^T Phi + sigma^2 S)^-1 Phi^T y`` (``S = I`` for random
 Fourier features). The test RMSE of ``Phi_test mu*`` is therefore the best any SGD run of QSGP can

@@ -44,7 +44,7 @@ trials, hindsight dotted) and prints the comparison with the paper's claim.
     PYTHONPATH=. python experiments/stream_uci.py --part 1 --parts 2
     PYTHONPATH=. python experiments/stream_uci.py --merge
     PYTHONPATH=. python experiments/stream_uci.py --full                 # 10 trials
-    PYTHONPATH=. python experiments/stream_uci.py --max-stream 600 --max-test 500 --trials 1  # small
+    PYTHONPATH=. python experiments/stream_uci.py --max-stream 600 --max-test 500 --trials 1 # small
 
 Data: ``$BO_ONLINE_DATA_DIR`` or ``--data-dir`` (``uci/<set>/`` and ``banana/``).
 

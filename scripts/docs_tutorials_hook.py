@@ -26,8 +26,8 @@ def tutorial_markdown(script: Path) -> str:
         else:
             parts.append(f"```python\n{source}\n```")
     parts.append(
-        f"*This page is generated from [`docs/tutorials/{script.name}`]({script.name}); run it with "
-        f"`python {script.name}` (set `BO_ONLINE_TUTORIAL_SMALL=1` for a quick run).*"
+        f"*This page is generated from [`docs/tutorials/{script.name}`]({script.name}); "
+        f"run it with `python {script.name}` (set `BO_ONLINE_TUTORIAL_SMALL=1` for a quick run).*"
     )
     return "\n\n".join(parts) + "\n"
 

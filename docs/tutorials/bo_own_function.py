@@ -145,6 +145,7 @@ print([p.name for p in written])
 # ![Regret against step](figures/bo_own_function_regret.png)
 #
 # The command line runs the same loop on a function in your own file:
-# `bo-online bo --objective my_objective.py:my_objective --bounds '[[-2, 2], [-2, 2], [-2, 2], [-2, 2]]'
-# --out runs/bowl` writes the same kind of run directory, and `bo-online plot runs/bowl_exact`
-# draws these plots for any run directory (see [the bo-online command](../usage.md)).
+# `bo-online bo --objective my_objective.py:my_objective
+# --bounds '[[-2, 2], [-2, 2], [-2, 2], [-2, 2]]' --out runs/bowl` writes the same kind of run
+# directory, and `bo-online plot runs/bowl_exact` draws these plots for any run directory (see
+# [the bo-online command](../usage.md)).

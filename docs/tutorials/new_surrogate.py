@@ -8,7 +8,7 @@
 #
 # | hook | what it must do |
 # |---|---|
-# | `_latent_posterior(X)` | the latent `MultivariateNormal` at `batch x q x d` inputs (standardised units) |
+# | `_latent_posterior(X)` | latent `MultivariateNormal` at `batch x q x d` inputs (standardised) |
 # | `_noise_variance(X)` | the observation-noise variance at `X` (standardised units) |
 # | `_condition(X, Y, noise)` | a new model that also holds `(X, Y)` (`Y` may carry fantasy dims) |
 # | `_update(X, Y, noise)` | the same, in place, for a single model |
@@ -60,8 +60,9 @@ torch.set_num_threads(1)
 # * **caches**, which depend on `(s2, v)`: the Cholesky factor of `P` and the weight mean. The
 #   base class calls `_rebuild_caches` whenever a hyperparameter value changed.
 #
-# The hyperparameters `log(s2 - 1e-4)` and `log v` are `torch.nn.Parameter`s, so the cache mechanism sees
-# them, and `fit` maximises the log evidence, which is computable from the statistics alone.
+# The hyperparameters `log(s2 - 1e-4)` and `log v` are `torch.nn.Parameter`s, so the cache
+# mechanism sees them, and `fit` maximises the log evidence, which is computable from the
+# statistics alone.
 
 
 # %%
@@ -201,7 +202,8 @@ for i in range(n0, n0 + n1, 5):
     model.update(X_all[i : i + 5], Y_all[i : i + 5])
 model.fit()  # refit from the statistics of all the data (no X or y is kept)
 print(
-    f"noise variance {model.noise_var().item():.4f}, prior variance {model.log_prior_var.exp().item():.3f}"
+    f"noise variance {model.noise_var().item():.4f}, "
+    f"prior variance {model.log_prior_var.exp().item():.3f}"
 )
 
 
@@ -276,7 +278,8 @@ for step in range(3 if SMALL else 25):
         bo.fit()
 fantasy = bo.fantasize(X_test[:2], SobolQMCNormalSampler(torch.Size([4])))
 print(
-    f"best value found {float(Y_seen.max()):.3f}; fantasy model batch shape {tuple(fantasy.batch_shape)}"
+    f"best value found {float(Y_seen.max()):.3f}; "
+    f"fantasy model batch shape {tuple(fantasy.batch_shape)}"
 )
 
 # %%
@@ -300,7 +303,8 @@ fig.tight_layout()
 fig.savefig(FIGURES / "new_surrogate.png", dpi=110)
 
 # %% [markdown]
-# ![The objective and the new surrogate's posterior mean with the points BO chose](figures/new_surrogate.png)
+# ![The objective and the new surrogate's posterior mean with the points
+# BO chose](figures/new_surrogate.png)
 #
 # To use the model from the loops and the `bo-online` command, add it to
 # `bo_online.models.registry.MODEL_PATHS` (`"name": "package.module:Class"`); the loops construct
