@@ -1,6 +1,7 @@
 r"""Decoupled vs coupled SVGP: the sinc toy of Cheng & Boots (2017, Fig. 1) and kin40k split 0.
 
-Claims checked (issue 5):
+Claims checked (Cheng & Boots, "Variational Inference for Gaussian Process Models with Linear
+Complexity", NeurIPS 2017, arXiv:1711.10127):
 
 * sinc (500 noisy points): decoupled (M_alpha=100, M_beta=10) has a test RMSE close to a coupled
   SVGP with M=100 and clearly better than a coupled SVGP with M=10.
