@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from bo_online.acquisition import optimizer_kwargs, build_acquisition, propose, propose_from_pool
-from bo_online.loops.core import OnlineLoop, _shared_kwargs
-from bo_online.problems import PoolProblem, make_problem, to_unit
+from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
+from bo_online.problems import PoolProblem, to_unit
 
 __all__ = ["ActiveLearningLoop", "predictive_metrics"]
 
@@ -169,11 +169,7 @@ class ActiveLearningLoop(OnlineLoop):
             "X": X0,
             "y": y0,
             **self._metrics(),
-            "refit": self.config["init_fit_max_iter"] > 0,
-            "time_fit": t_fit,
-            "time_acquisition": 0.0,
-            "time_evaluation": t_eval,
-            "time_update": t_update,
+            **self._initial_costs(t_fit, t_eval, t_update),
         }
 
     def ask(self) -> Tensor:
@@ -276,10 +272,7 @@ class ActiveLearningLoop(OnlineLoop):
         **overrides: Any,
     ) -> "ActiveLearningLoop":
         cfg = ckpt["config"]
-        if problem is None:
-            if ckpt["problem"] is None:
-                raise ValueError("This run's pool was built by hand: pass problem= to resume it.")
-            problem = make_problem(ckpt["problem"], data_dir=data_dir)
+        problem = problem_from_checkpoint(ckpt, problem, "pool", data_dir)
         loop = cls(
             problem,
             acq=cfg["acq"],

@@ -194,11 +194,7 @@ class BayesOptLoop(OnlineLoop):
             "y": y0,
             "y_true": y0_true,
             **self._summary_fields(),
-            "refit": self.config["init_fit_max_iter"] > 0,
-            "time_fit": t_fit,
-            "time_acquisition": 0.0,
-            "time_evaluation": t_eval,
-            "time_update": t_update,
+            **self._initial_costs(t_fit, t_eval, t_update),
         }
 
     # ------------------------------------------------------------------ ask / tell

@@ -31,6 +31,7 @@ from torch import Tensor
 from bo_online.loops import history
 from bo_online.loops.options import check_options, instantiate
 from bo_online.models.registry import get_model_class
+from bo_online.problems import make_problem
 
 __all__ = ["OnlineLoop", "RunDirectoryError", "instantiate"]
 
@@ -269,6 +270,16 @@ class OnlineLoop:
         r"""Every observation the surrogate holds: ``n x d`` inputs in its space (the unit cube)
         and ``n x 1`` outcomes as it sees them; None where the loop keeps no raw data."""
         return None
+
+    def _initial_costs(self, t_fit: float, t_eval: float, t_update: float) -> dict[str, Any]:
+        r"""The cost fields of the initial design's record (step 0: no acquisition)."""
+        return {
+            "refit": self.config["init_fit_max_iter"] > 0,
+            "time_fit": t_fit,
+            "time_acquisition": 0.0,
+            "time_evaluation": t_eval,
+            "time_update": t_update,
+        }
 
     def _fit(self, max_iter: int) -> float:
         r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations).
@@ -650,6 +661,19 @@ class OnlineLoop:
                 )
 
             yield advance
+
+
+def problem_from_checkpoint(
+    ckpt: dict[str, Any], problem: Any, kind: str, data_dir: str | None = None
+) -> Any:
+    r"""The problem a checkpointed run resumes on: ``problem`` if given, else rebuilt from the
+    spec the checkpoint holds; a ``kind`` (pool, stream) built by hand has none, so it must be
+    passed again."""
+    if problem is not None:
+        return problem
+    if ckpt["problem"] is None:
+        raise ValueError(f"This run's {kind} was built by hand: pass problem= to resume it.")
+    return make_problem(ckpt["problem"], data_dir=data_dir)
 
 
 def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
 from bo_online.models.classifiers import classifier_class
-from bo_online.loops.core import OnlineLoop, _shared_kwargs
-from bo_online.problems import StreamProblem, make_problem, to_unit
+from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
+from bo_online.problems import StreamProblem, to_unit
 
 __all__ = ["StreamingLoop", "classification_metrics"]
 
@@ -135,11 +135,7 @@ class StreamingLoop(OnlineLoop):
             "step": 0,
             "n": n0,
             **self._test_metrics(),
-            "refit": self.config["init_fit_max_iter"] > 0,
-            "time_fit": t_fit,
-            "time_acquisition": 0.0,
-            "time_evaluation": 0.0,
-            "time_update": t_update,
+            **self._initial_costs(t_fit, 0.0, t_update),
         }
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
@@ -242,10 +238,7 @@ class StreamingLoop(OnlineLoop):
         **overrides: Any,
     ) -> "StreamingLoop":
         cfg = ckpt["config"]
-        if problem is None:
-            if ckpt["problem"] is None:
-                raise ValueError("This run's stream was built by hand: pass problem= to resume it.")
-            problem = make_problem(ckpt["problem"], data_dir=data_dir)
+        problem = problem_from_checkpoint(ckpt, problem, "stream", data_dir)
         loop = cls(
             problem,
             eval_every=cfg["eval_every"],
