@@ -51,13 +51,14 @@ Design choices (documented because the paper leaves them open):
   Cholesky of the fitted kernel on the held data, then the closed-form ``a, B`` (fold mode).
   Plain Adam from the median heuristic, the previous default, barely moved the hyperparameters
   in a BO loop's budget. ``method="adam"`` (or passing ``lr``): Adam on ``a, L, beta, alpha``
-  and the hyperparameters with the paper's step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``, unbiased minibatch ELBO (Eq. 10 scaled by
-  ``n / |batch|``, optional column subsampling of ``a^T K_alpha a``), online basis growth
-  (``N_delta`` new bases per step from the minibatch, up to the caps), median-heuristic
-  lengthscales. The covariance block is trained in whitened coordinates ``L = R^{-T} L0``,
-  ``a_beta = R^{-T} a0`` (``R R^T = K_beta``; the paper's Appendix A.1 preconditioner). Options:
-  hyperparameters from an exact GP on a data subset, and a closed-form (Gaussian) refresh of
-  ``a, B`` after Adam; see :meth:`fit` and ``experiments/decoupled_sinc_kin40k.py`` for why.
+  and the hyperparameters with the paper's step size ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))``,
+  unbiased minibatch ELBO (Eq. 10 scaled by ``n / |batch|``, optional column subsampling of
+  ``a^T K_alpha a``), online basis growth (``N_delta`` new bases per step from the minibatch, up
+  to the caps), median-heuristic lengthscales. The covariance block is trained in whitened
+  coordinates ``L = R^{-T} L0``, ``a_beta = R^{-T} a0`` (``R R^T = K_beta``; the paper's
+  Appendix A.1 preconditioner). Options: hyperparameters from an exact GP on a data subset, and a
+  closed-form (Gaussian) refresh of ``a, B`` after Adam; see :meth:`fit` (its options are the
+  fields of ``DecoupledFitSettings``) and ``experiments/decoupled_sinc_kin40k.py`` for why.
 
 Use it when the data outgrow an exact GP (thousands of points and more) and the mean needs more
 resolution than the covariance; for small n it starts as the exact GP (bases = data).

@@ -97,10 +97,10 @@ class DecoupledFitMixin:
         exact_fit_points`` (default 512), else of a random subset of that size, then refined on
         the collapsed bound of the selected bases (:meth:`collapsed_bound`, at most 2,048 held
         points); then bases by pivoted Cholesky of the kernel on the held data and ``a, B`` at
-        their closed-form optimum on all held data (fold mode). Plain Adam from the median heuristic barely moves the
-        hyperparameters in a BO loop's few steps. ``"auto"`` uses ``max_iter`` (L-BFGS
-        iterations), ``train_hyperparameters``, ``restandardize`` and ``timeout_sec``; the other
-        options belong to ``"adam"``/``"lbfgs"``.
+        their closed-form optimum on all held data (fold mode). Plain Adam from the median
+        heuristic barely moves the hyperparameters in a BO loop's few steps. ``"auto"`` uses
+        ``max_iter`` (L-BFGS iterations), ``train_hyperparameters``, ``restandardize`` and
+        ``timeout_sec``; the other options belong to ``"adam"``/``"lbfgs"``.
 
         Args:
             settings: a :class:`DecoupledFitSettings` (defaults if omitted).
@@ -308,7 +308,6 @@ class DecoupledFitMixin:
             else:
                 self._warm_start(self.beta_points, self.alpha_points)
 
-
     def _log_prior(self) -> Tensor:
         """Sum of the hyperparameter log priors (kernel, likelihood, mean)."""
         return sum_log_priors(
@@ -316,8 +315,9 @@ class DecoupledFitMixin:
         )
 
     def _hyperparameters_and_bounds(self) -> tuple[dict[str, Tensor], Bounds]:
-        r"""The trainable tensors of :meth:`hyperparameters` by name, and the optimiser bounds of
-        those whose GPyTorch constraint is not enforced by a transform."""
+        r"""The trainable tensors of :meth:`hyperparameters` by name, and the optimiser bounds their
+        GPyTorch constraints imply (finite only where a constraint is not enforced by a
+        transform, as BoTorch's default lengthscale and noise constraints)."""
         keep = {id(p) for p in self.hyperparameters()}
         params, bounds = trainable_parameters_and_bounds(self)
         params = {k: p for k, p in params.items() if id(p) in keep}

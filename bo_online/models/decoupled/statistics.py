@@ -78,7 +78,8 @@ class DecoupledStatisticsMixin:
 
         ``B* = K_b^{-1} P K_b^{-1}``, ``P = K_bX N^{-1} K_Xb``, so ``L = K_b^{-1} chol(P)``; and
         ``a* = (K_Z + K_ZX N^{-1} K_XZ)^{-1} K_ZX N^{-1} (y - c)`` for the mean basis ``Z = [beta;
-        alpha]`` (maximisers of the ELBO in ``a`` and ``B``, docs/math.md §3 / the paper's Eq. 9-10)."""
+        alpha]`` (maximisers of the ELBO in ``a`` and ``B``, docs/math.md §3 / the paper's
+        Eq. 9-10)."""
         n = self.num_data
         if n > self.warm_start_points:
             idx = torch.randperm(n, generator=self._generator)[: self.warm_start_points]
