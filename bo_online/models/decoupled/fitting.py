@@ -102,30 +102,34 @@ class DecoupledFitMixin:
         ``max_iter`` (L-BFGS iterations), ``train_hyperparameters``, ``restandardize`` and
         ``timeout_sec``; the other options belong to ``"adam"``/``"lbfgs"``.
 
+        Options (the fields of :class:`DecoupledFitSettings`, given as ``settings`` or as
+        keywords):
+
+        - ``method``: ``None`` (see above), ``"auto"``, ``"adam"`` or ``"lbfgs"`` (ELBO, full
+          batch).
+        - ``lr``: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
+        - ``lr_variational``: initial step for ``a`` and ``L`` (default ``lr / 10``): a smaller
+          one keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
+        - ``batch_size``: minibatch size (full batch when n is smaller).
+        - ``num_kl_columns``: columns sampled for ``a^T K_alpha a`` (None: exact).
+        - ``grow``: bases added per step (N_delta) until the caps are reached.
+        - ``learn_inducing``: move the basis locations (default: yes unless bases = data).
+        - ``init_hyperparameters``: if > 0, first fit the hyperparameters by the exact marginal
+          likelihood (L-BFGS) of a random data subset of this size, O(size^3), and re-solve
+          the closed-form warm start of ``a, L``; a common SVGP initialisation that spares
+          Adam the slow joint drift of hyperparameters and coefficients.
+        - ``refresh``: finish by re-solving ``a`` and ``B`` at their closed-form Gaussian optimum
+          for the trained hyperparameters and bases (on ``warm_start_points`` data points,
+          O(points * M_alpha^2 + M_alpha^3)); Adam converges slowly in the raw mean-only
+          coefficients when ``K_alpha`` is ill-conditioned (the paper's Appendix A.1).
+        - ``timeout_sec``: wall-clock budget for the optimiser (Adam stops after the step that
+          exceeds it; ``self.last_fit_steps`` records the Adam steps taken), e.g. to
+          compare models at equal training time.
+
         Args:
             settings: a :class:`DecoupledFitSettings` (defaults if omitted).
             **overrides: its fields by name, replacing those of ``settings`` (``None`` keeps the
                 setting's value); an unknown name raises ``ValueError`` before anything changes.
-                The main ones:
-            method: ``None`` (see above), ``"auto"``, ``"adam"`` or ``"lbfgs"`` (ELBO, full batch).
-            lr: Adam's initial step ``gamma_0`` for hyperparameters and basis locations.
-            lr_variational: initial step for ``a`` and ``L`` (default ``lr / 10``): a smaller
-                one keeps Adam's sign-like first steps from undoing a good warm start of ``a``.
-            batch_size: minibatch size (full batch when n is smaller).
-            num_kl_columns: columns sampled for ``a^T K_alpha a`` (None: exact).
-            grow: bases added per step (N_delta) until the caps are reached.
-            learn_inducing: move the basis locations (default: yes unless bases = data).
-            init_hyperparameters: if > 0, first fit the hyperparameters by the exact marginal
-                likelihood (L-BFGS) of a random data subset of this size, O(size^3), and re-solve
-                the closed-form warm start of ``a, L``; a common SVGP initialisation that spares
-                Adam the slow joint drift of hyperparameters and coefficients.
-            refresh: finish by re-solving ``a`` and ``B`` at their closed-form Gaussian optimum
-                for the trained hyperparameters and bases (on ``warm_start_points`` data points,
-                O(points * M_alpha^2 + M_alpha^3)); Adam converges slowly in the raw mean-only
-                coefficients when ``K_alpha`` is ill-conditioned (the paper's Appendix A.1).
-            timeout_sec: wall-clock budget for the optimiser (Adam stops after the step that
-                exceeds it; ``self.last_fit_steps`` records the Adam steps taken), e.g. to
-                compare models at equal training time.
         """
         settings = resolve_settings(DecoupledFitSettings, settings, overrides)
         method, max_iter, lr = settings.method, settings.max_iter, settings.lr
