@@ -73,7 +73,6 @@ class DecoupledBasesMixin:
         """Total number of mean bases, ``M_beta + #mean-only bases``."""
         return self.num_beta + int(self.alpha_points.shape[-2])
 
-
     def _seed_bases(self) -> None:
         r"""Seed the bases from the data (capped) and initialise ``a`` and ``L`` (see class doc)."""
         X, n = self.train_X, self.num_data
@@ -87,7 +86,6 @@ class DecoupledBasesMixin:
         alpha = X[perm[self.num_cov_bases : self.num_cov_bases + n_alpha]]
         with torch.no_grad():
             self._set_sites(beta, alpha)
-
 
     def _select_bases(self, pool_size: int = 4096) -> tuple[Tensor, Tensor]:
         r"""``num_mean_bases`` held points (from a random pool of at most ``pool_size``) chosen by
@@ -105,7 +103,6 @@ class DecoupledBasesMixin:
             )
         Z = Xp[chosen]
         return Z[: self.num_cov_bases], Z[self.num_cov_bases :]
-
 
     def _bases_are_data(self) -> bool:
         return (
@@ -132,7 +129,6 @@ class DecoupledBasesMixin:
         if rest.shape[-2] > room:
             rest = rest[pivoted_cholesky_select(self.covar_module(rest).to_dense(), room)]
         self._warm_start(beta, rest)
-
 
     def _grow(self, var, opt, idx, grow, gen) -> None:
         r"""Add up to ``grow`` bases of each kind from the minibatch while below the caps; new

@@ -220,7 +220,6 @@ class DecoupledFitMixin:
         self.ensure_caches()
         return self
 
-
     def _fit_auto(self, max_iter: int, train_hyperparameters: bool, timeout_sec) -> Self:
         r"""The default fit (see :meth:`fit`): exact-marginal-likelihood hyperparameters on (a
         subset of) the held data, bases re-selected by pivoted Cholesky, closed-form ``a, B``."""
@@ -251,7 +250,6 @@ class DecoupledFitMixin:
                 self._set_sites(beta, alpha)
         self.last_fit_steps = 0
         return self
-
 
     def _exact_hyperparameters(self, size: int, max_iter: int, timeout_sec) -> None:
         r"""L-BFGS-B on the exact GP marginal likelihood (plus hyperpriors) of a random subset of
@@ -284,7 +282,6 @@ class DecoupledFitMixin:
         finally:
             self.eval()
 
-
     def _collapsed_hyperparameters(self, Z: Tensor, max_iter: int, timeout_sec,
                                    size: int = 2048) -> None:
         r"""L-BFGS-B on :meth:`collapsed_bound` for the bases ``Z`` (fixed) over a random subset
@@ -300,7 +297,6 @@ class DecoupledFitMixin:
                            options={"maxiter": max_iter}, timeout_sec=timeout_sec)
         finally:
             self.eval()
-
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,
@@ -380,7 +376,6 @@ class DecoupledFitMixin:
             self.last_fit_steps = t + 1
             if timeout_sec is not None and time.monotonic() - start > timeout_sec:
                 break
-
 
     def _restandardize(self) -> None:
         y = self.train_targets

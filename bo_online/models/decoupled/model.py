@@ -177,7 +177,6 @@ class DecoupledSVGP(
         self.register_buffer("site_s", None)
         self._seed_bases()
 
-
     def hyperparameters(self):
         if self.fixed_noise or not isinstance(self.likelihood, GaussianLikelihood):
             return (p for n, p in self.named_parameters() if not n.startswith("likelihood."))
@@ -223,7 +222,6 @@ class DecoupledSVGP(
         if not self._gaussian():
             return torch.ones(n, **self._dtype_device)
         return self.likelihood.noise.squeeze(-1).expand(n)
-
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in

@@ -113,7 +113,6 @@ class DecoupledObjectivesMixin:
         kl = self.kl_divergence(num_columns=num_kl_columns, generator=generator, **state)
         return ell * (self.num_data / idx.shape[0]) - kl
 
-
     def collapsed_bound(self, Z: Tensor, idx: Tensor | None = None) -> Tensor:
         r"""The collapsed bound of Titsias ("Variational learning of inducing variables in sparse
         Gaussian processes", AISTATS 2009) of the held data (rows ``idx``, default all) for
@@ -139,7 +138,6 @@ class DecoupledObjectivesMixin:
             - 0.5 * noise.log().sum() - 0.5 * (r @ r) + 0.5 * (c @ c)
             - 0.5 * (self.covar_module(X, diag=True) / noise).sum() + 0.5 * (A * A).sum()
         )
-
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""Per point: the exact GP log marginal likelihood of all held data under this model's

@@ -63,7 +63,6 @@ class DecoupledStatisticsMixin:
         self.invalidate_caches()
         return self
 
-
     def _set_exact_state(self, beta: Tensor) -> None:
         r"""Bases = all data: ``a = (K + N)^{-1} (y - c)``, ``L = N^{-1/2}``, the exact GP."""
         noise = self._train_noise_diag()
