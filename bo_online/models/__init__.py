@@ -2,7 +2,7 @@
 
 from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import OptimizerSettings
-from bo_online.models.decoupled import DecoupledSVGP
+from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
 from bo_online.models.qsgp import QSGP
 from bo_online.models.tsvgp import TSVGP
@@ -14,6 +14,7 @@ __all__ = [
     "WISKI",
     "TSVGP",
     "DecoupledSVGP",
+    "DecoupledFitSettings",
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",

@@ -1,0 +1,147 @@
+r"""Closed-form folding of new points into the decoupled SVGP (docs/math.md §3).
+
+Exact conditioning grows the covariance basis by the new points (``L' = blockdiag(L, N*^{-1/2})``,
+bordered Cholesky of ``H``, a rank-q correction of ``a_beta``); in fold mode the new points are
+added to the site statistics of fixed bases and ``a, B`` re-solved (rank-q Cholesky updates)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from typing_extensions import Self
+
+from bo_online.linalg import (
+    cholesky_append,
+    cholesky_solve,
+    cholesky_update,
+    psd_cholesky,
+    solve_lower,
+    solve_lower_transpose,
+)
+
+__all__ = ["DecoupledConditioningMixin"]
+
+
+class DecoupledConditioningMixin:
+    r"""``condition_on_observations`` / ``update`` of
+    :class:`~bo_online.models.decoupled.DecoupledSVGP`, O(M_beta^2 q + M_alpha q) (exact growth)
+    or O(M_alpha^2 q + M_beta^3) (fold mode), independent of n."""
+
+    def _conditioned_state(self, X: Tensor, noise: Tensor | None):
+        r"""The Y-independent part of conditioning on ``X`` (``batch x q x d``), shared by
+        fantasies: the grown ``beta``, ``L``, ``chol_H``, and what ``a`` needs. Raises before
+        anything changes."""
+        N = self._noise_of_points(X, noise)  # batch x q, > 0
+        batch = torch.broadcast_shapes(self.beta_points.shape[:-2], X.shape[:-2], N.shape[:-1])
+        beta = self.beta_points.expand(*batch, *self.beta_points.shape[-2:])
+        Xb = X.expand(*batch, *X.shape[-2:])
+        Nb = N.expand(*batch, N.shape[-1])
+        L = self.L.expand(*batch, *self.L.shape[-2:])
+        K_bX = self.covar_module(beta, Xb).to_dense()  # batch x M_b x q
+        K_XX = self.covar_module(Xb).to_dense()  # batch x q x q
+        LtK = L.transpose(-1, -2) @ K_bX  # batch x M_b x q, O(M_b^2 q)
+        V = solve_lower(self.chol_H, LtK)  # batch x M_b x q
+        # Posterior covariance at the new points plus their noise, factorised (q x q).
+        S = K_XX - V.transpose(-1, -2) @ V + torch.diag_embed(Nb)
+        R_S = psd_cholesky(S)
+        # Bordered Cholesky of H' = I + L'^T K_beta' L' with L' = blockdiag(L, N^{-1/2}).
+        r = Nb.rsqrt()
+        border = LtK * r.unsqueeze(-2)  # L^T K_{beta,X*} N^{-1/2}
+        corner = r.unsqueeze(-1) * K_XX * r.unsqueeze(-2)
+        corner = corner + torch.eye(corner.shape[-1], dtype=corner.dtype, device=corner.device)
+        chol_H = cholesky_append(self.chol_H, border, corner)
+        m, q = L.shape[-1], Xb.shape[-2]
+        L_new = torch.cat(
+            [
+                torch.cat([L, L.new_zeros(*batch, m, q)], dim=-1),
+                torch.cat([L.new_zeros(*batch, q, m), torch.diag_embed(r)], dim=-1),
+            ],
+            dim=-2,
+        )
+        # The a-correction map: L H^{-1} L^T K_{beta,X*} = L chol_H^{-T} V (batch x M_b x q).
+        corr = L @ solve_lower_transpose(self.chol_H, V)
+        beta_new = torch.cat([beta, Xb], dim=-2)
+        return beta_new, L_new, chol_H, R_S, corr
+
+    def _conditioned_a(self, X: Tensor, Y: Tensor, R_S: Tensor, corr: Tensor) -> Tensor:
+        r"""New ``a_beta`` (``sample x batch x (M_beta + q)``) for observations ``Y``."""
+        resid = Y - self._mean_at(X)  # sample x batch x q
+        c = cholesky_solve(R_S, resid.unsqueeze(-1))  # sample x batch x q x 1
+        a_old = self.a_beta.unsqueeze(-1) - corr @ c  # sample x batch x M_b x 1
+        return torch.cat([a_old, c], dim=-2).squeeze(-1)
+
+    def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
+        if noise is not None and noise.dim() > X.dim() - 1:
+            # Noise carries fantasy sample dims; it is the same for every sample.
+            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
+        beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)
+        a_beta = self._conditioned_a(X, Y, R_S, corr)
+        new = self._shallow_copy()
+        new.beta_points, new.L, new.chol_H, new.a_beta = beta, L, chol_H, a_beta
+        new.site_Q, new.site_s = None, None  # grown bases: exact conditioning, no sites
+        new._batch_shape = torch.broadcast_shapes(a_beta.shape[:-1], beta.shape[:-2])
+        if new._batch_shape == torch.Size():  # a plain (non-fantasy) model keeps the data
+            new.train_X = torch.cat([self.train_X, X], dim=-2)
+            new.train_y = torch.cat([self.train_y, Y], dim=-1)
+            if self.fixed_noise:
+                new.train_noise = torch.cat([self.train_noise, noise.expand(Y.shape)], dim=-1)
+        new._cache_key = self._cache_key
+        return new
+
+    def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""In place. In fold mode (the state is the site optimum for fixed bases, as after
+        :meth:`fit` or construction on more points than ``num_cov_bases``) the new points are
+        folded into the site statistics and the bases stay capped (:meth:`_fold`). Otherwise the
+        exact conditioning grows the covariance basis by ``q``; once it would exceed
+        ``num_cov_bases + max_basis_growth`` the bases are compressed back to the caps and the
+        model switches to fold mode on all held data (a one-off O(n M_alpha^2))."""
+        if self._in_fold_mode():
+            self._fold(X, Y, noise)
+            return
+        beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)  # raises before changes
+        a_beta = self._conditioned_a(X, Y, R_S, corr)
+        train_noise = self.train_noise
+        if self.fixed_noise:
+            train_noise = torch.cat([self.train_noise, noise], dim=-1)
+        self.beta_points, self.L, self.chol_H, self.a_beta = beta, L, chol_H, a_beta
+        self.train_X = torch.cat([self.train_X, X], dim=-2)
+        self.train_y = torch.cat([self.train_y, Y], dim=-1)
+        self.train_noise = train_noise
+        if self._gaussian() and self.num_beta > self.num_cov_bases + self.max_basis_growth:
+            self._compress()
+            self._set_sites(self.beta_points, self.alpha_points)
+
+    def _fold(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        r"""Fold ``q`` points into fixed bases: ``Q += K_{Z,X*} N*^{-1} K_{X*,Z}``, ``s +=
+        K_{Z,X*} N*^{-1} (y* - c)``, then the closed-form ``a, B`` (:meth:`_closed_form`).
+
+        After any chain of folds the state equals :meth:`_set_sites` on all held data with the
+        same bases and hyperparameters, i.e. the optimum of the ELBO over ``(a, B)`` for those
+        fixed bases (Titsias-style collapsed optimum; the paper's Eqs. 9-10 maximised in closed
+        form). Cost O(M_alpha^2 q + M_beta^3) per update (rank-q Cholesky updates of the kept
+        factors), independent of n and of the number of updates."""
+        N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
+        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
+        K = self.covar_module(Z, X).to_dense()  # M x q
+        w = N.reciprocal()
+        Q = self.site_Q + (K * w) @ K.transpose(-1, -2)
+        s = self.site_s + K @ (w * (Y - self.mean_module.constant.detach()))
+        train_noise = self.train_noise
+        if self.fixed_noise:
+            train_noise = torch.cat([self.train_noise, noise], dim=-1)
+        beta, alpha = self.beta_points, self.alpha_points
+        kept = getattr(self, "_site_factors", None)
+        factors = None
+        if kept is not None and kept[0] is self.site_Q:
+            Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
+            Rb, RP, RA = kept[1:]
+            factors = (Rb, cholesky_update(RP, Kw[: beta.shape[-2]]), cholesky_update(RA, Kw))
+        factors = self._closed_form(beta, alpha, Q, s, factors)  # clears the sites and caches
+        self.site_Q, self.site_s = Q, s
+        self._site_factors = (Q, *factors)
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
+        self.train_X = torch.cat([self.train_X, X], dim=-2)
+        self.train_y = torch.cat([self.train_y, Y], dim=-1)
+        self.train_noise = train_noise
+

@@ -1,0 +1,172 @@
+r"""What the decoupled SVGP stores: the variational state ``(beta, L, a_beta, alpha, a_alpha)``,
+the site statistics ``Q = K_ZX N^{-1} K_XZ`` and ``s = K_ZX N^{-1} (y - c)`` of the held data on
+the mean basis ``Z = [beta; alpha]`` with the closed-form optimum of ``a, B`` they give, and the
+cached factor ``chol_H`` (``H = I + L^T K_beta L``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from typing_extensions import Self
+
+from bo_online.linalg import cholesky_solve, psd_cholesky
+from bo_online.models.validation import check_finite
+
+__all__ = ["DecoupledStatisticsMixin"]
+
+
+class DecoupledStatisticsMixin:
+    r"""Variational state, site statistics and caches of
+    :class:`~bo_online.models.decoupled.DecoupledSVGP` (docs/math.md §3)."""
+
+    def set_variational_parameters(
+        self,
+        beta_points: Tensor,
+        L: Tensor,
+        a_beta: Tensor,
+        alpha_points: Tensor | None = None,
+        a_alpha: Tensor | None = None,
+    ) -> Self:
+        r"""Set the variational state directly (non-batched model).
+
+        Args:
+            beta_points: ``M_beta x d`` covariance (and shared mean) bases.
+            L: ``M_beta x M_beta`` square factor, ``B = L L^T``.
+            a_beta: ``M_beta`` mean coefficients on ``beta``.
+            alpha_points: optional ``M x d`` mean-only bases.
+            a_alpha: ``M`` mean coefficients on ``alpha_points``.
+        """
+        d = self.dim
+        if alpha_points is None:
+            alpha_points = beta_points.new_zeros(0, d)
+            a_alpha = beta_points.new_zeros(0)
+        mb = beta_points.shape[0] if beta_points.dim() == 2 else -1
+        ok = (
+            beta_points.dim() == 2 and beta_points.shape[1] == d and L.shape == (mb, mb)
+            and a_beta.shape == (mb,) and alpha_points.dim() == 2 and alpha_points.shape[1] == d
+            and a_alpha is not None and a_alpha.shape == (alpha_points.shape[0],)
+        )
+        if not ok:
+            raise ValueError(
+                "Variational parameters must be beta_points M_b x d, L M_b x M_b, a_beta M_b, "
+                "alpha_points M x d, a_alpha M."
+            )
+        for name, t in [("beta_points", beta_points), ("L", L), ("a_beta", a_beta),
+                        ("alpha_points", alpha_points), ("a_alpha", a_alpha)]:
+            check_finite(name, t)
+        kw = self._dtype_device
+        self.beta_points, self.L, self.a_beta = (
+            t.detach().to(**kw) for t in (beta_points, L, a_beta)
+        )
+        self.alpha_points, self.a_alpha = alpha_points.detach().to(**kw), a_alpha.detach().to(**kw)
+        self.site_Q, self.site_s = None, None  # a state set by hand is not a site optimum
+        self.invalidate_caches()
+        return self
+
+    def _set_exact_state(self, beta: Tensor) -> None:
+        r"""Bases = all data: ``a = (K + N)^{-1} (y - c)``, ``L = N^{-1/2}``, the exact GP."""
+        noise = self._train_noise_diag()
+        K = self.covar_module(beta).to_dense() + torch.diag_embed(noise)
+        resid = (self.train_y - self.mean_module.constant).unsqueeze(-1)
+        a = cholesky_solve(psd_cholesky(K), resid)
+        self.set_variational_parameters(beta, torch.diag_embed(noise.rsqrt()), a.squeeze(-1))
+
+    def _warm_start(self, beta: Tensor, alpha: Tensor) -> None:
+        r"""Closed-form Gaussian-likelihood optimum of ``a`` and ``B`` for given bases, on a random
+        data subsample of at most ``warm_start_points`` (rescaled to the full n).
+
+        ``B* = K_b^{-1} P K_b^{-1}``, ``P = K_bX N^{-1} K_Xb``, so ``L = K_b^{-1} chol(P)``; and
+        ``a* = (K_Z + K_ZX N^{-1} K_XZ)^{-1} K_ZX N^{-1} (y - c)`` for the mean basis ``Z = [beta;
+        alpha]`` (maximisers of the ELBO in ``a`` and ``B``, docs/math.md §3 / the paper's
+        Eq. 9-10)."""
+        n = self.num_data
+        if n > self.warm_start_points:
+            idx = torch.randperm(n, generator=self._generator)[: self.warm_start_points]
+        else:
+            idx = torch.arange(n)
+        Z = torch.cat([beta, alpha], dim=-2)
+        Q, s = self._site_statistics(Z, idx)
+        scale = n / idx.shape[0]
+        self._closed_form(beta, alpha, scale * Q, scale * s)
+
+    def _site_statistics(self, Z: Tensor, idx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""``Q = K_ZX N^{-1} K_XZ`` (``M x M``) and ``s = K_ZX N^{-1} (y - c)`` (``M``) over the
+        held data (rows ``idx``, default all), accumulated in chunks of 4,096 rows."""
+        idx = torch.arange(self.num_data) if idx is None else idx
+        M = Z.shape[-2]
+        Q = torch.zeros(M, M, **self._dtype_device)
+        s = torch.zeros(M, **self._dtype_device)
+        c = self.mean_module.constant.detach()
+        for chunk in idx.split(4096):
+            K = self.covar_module(Z, self.train_X[chunk]).to_dense()  # M x chunk
+            w = self._train_noise_diag(chunk).reciprocal()
+            Q = Q + (K * w) @ K.transpose(-1, -2)
+            s = s + K @ (w * (self.train_y[chunk] - c))
+        return Q, s
+
+    def _closed_form(
+        self,
+        beta: Tensor,
+        alpha: Tensor,
+        Q: Tensor,
+        s: Tensor,
+        factors: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
+        statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
+        ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_b^{-1} P K_b^{-1}`` with ``P = Q_{beta,beta}``,
+        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined).
+
+        ``factors``: the Cholesky factors ``(chol(K_b + 1e-8 I), chol(P + 1e-6 I), chol(K_Z +
+        Q))`` when already known (kept up to date by rank-q updates in :meth:`_fold`); returns
+        them."""
+        mb = beta.shape[-2]
+        if factors is None:
+            Kb = self.covar_module(beta).to_dense()
+            eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+            KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+            factors = (
+                psd_cholesky(Kb + 1e-8 * eye),
+                psd_cholesky(Q[:mb, :mb] + 1e-6 * eye),
+                psd_cholesky(KZ + Q, jitter=1e-8),
+            )
+        Rb, RP, RA = factors
+        L = cholesky_solve(Rb, RP)
+        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
+        self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
+        return factors
+
+    def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
+        r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
+        statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
+        Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
+        factors = self._closed_form(beta, alpha, Q, s)
+        self.site_Q, self.site_s = Q, s
+        # Not a buffer: valid only while ``site_Q`` is this very tensor (any change of the sites
+        # replaces it), so stale factors are never used.
+        self._site_factors = (Q, *factors)
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._cache_key = self._current_key()
+
+    def _in_fold_mode(self) -> bool:
+        return self.site_Q is not None and self._gaussian()
+
+    # ------------------------------------------------------------------ caches
+
+    def _chol_H(self, beta: Tensor, L: Tensor) -> Tensor:
+        K = self.covar_module(beta).to_dense()
+        H = L.transpose(-1, -2) @ K @ L
+        H = H + torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+        return psd_cholesky(H)
+
+    def _chol_K(self, beta: Tensor) -> Tensor:
+        r"""Lower factor of ``K_beta + 1e-8 I`` (the whitening map used in training)."""
+        K = self.covar_module(beta).to_dense()
+        return psd_cholesky(K + 1e-8 * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device))
+
+    def _rebuild_caches(self) -> None:
+        # Hyperparameters changed since the sites were summed: they no longer describe the data
+        # under the current kernel, so updates go back to exact growth until the next fit.
+        self.site_Q, self.site_s = None, None
+        self.chol_H = self._chol_H(self.beta_points, self.L)
+
