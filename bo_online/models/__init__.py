@@ -5,7 +5,7 @@ from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
 from bo_online.models.qsgp import QSGP
-from bo_online.models.tsvgp import TSVGP
+from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings
 from bo_online.models.wiski import WISKI
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",
+    "TSVGPFitSettings",
 ]

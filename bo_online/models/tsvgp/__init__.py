@@ -1,8 +1,8 @@
 r"""t-SVGP: a sparse variational GP in dual (site) parameters, with additive online conditioning.
 
-``TSVGP`` is the sparse variational GP of Adam, Chang, Khan & Solin (NeurIPS 2021,
-arXiv:2111.03412) written in the notation and sign convention of
-docs/math.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
+``TSVGP`` is the sparse variational GP of Adam, Chang, Khan & Solin, "Dual Parameterization of
+Sparse Variational Gaussian Processes" (NeurIPS 2021, arXiv:2111.03412), written in the notation
+and sign convention of docs/math.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
 latent ``h = f - c`` (``c`` the constant prior mean), with a POSITIVE site precision ``beta_i``.
 The sites enter the posterior only through two m-dimensional summaries::
 
@@ -46,6 +46,16 @@ others the returned distribution is still Gaussian: the latent posterior plus ``
 evaluated at the posterior mean of f (Bernoulli ``p (1 - p)``, Poisson ``exp(m)``, Student-t
 ``scale^2 nu / (nu - 2)``), i.e. a moment-style approximation of the predictive spread of y, never
 the exact (non-Gaussian) predictive distribution.
+
+Modules (one job each; :class:`TSVGP` composes the mixins):
+
+* ``model`` -- :class:`TSVGP`: constructor, data layout (one or several outputs), posterior, state.
+* ``sites`` -- per-point data and sites, exact Gaussian sites, the natural-gradient E-step.
+* ``caches`` -- the whitened summaries ``lam_w``, ``B = L_B L_B^T`` and ``v``, rebuilt from sites.
+* ``bound`` -- the ELBO (M-step objective), log prior, KL and q(u).
+* ``conditioning`` -- ``condition_on_observations`` / ``update`` / ``fantasize`` by adding sites.
+* ``fitting`` -- :class:`TSVGPFitSettings` and variational EM (``fit``).
+* ``inducing`` -- :func:`select_inducing_points` (greedy variance reduction, Sobol fill).
 """
 
 from bo_online.models.tsvgp.fitting import TSVGPFitSettings
