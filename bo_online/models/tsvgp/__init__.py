@@ -2,8 +2,9 @@ r"""t-SVGP: a sparse variational GP in dual (site) parameters, with additive onl
 
 ``TSVGP`` is the sparse variational GP of Adam, Chang, Khan & Solin, "Dual Parameterization of
 Sparse Variational Gaussian Processes" (NeurIPS 2021, arXiv:2111.03412), written in the notation
-and sign convention of docs/math.md §2. Every observation ``i`` owns a Gaussian site ``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the
-latent ``h = f - c`` (``c`` the constant prior mean), with a POSITIVE site precision ``beta_i``.
+and sign convention of docs/math.md §2. Every observation ``i`` owns a Gaussian site
+``exp(g1_i f_i - beta_i f_i^2 / 2)`` on the latent ``h = f - c`` (``c`` the constant prior mean),
+with a POSITIVE site precision ``beta_i``.
 The sites enter the posterior only through two m-dimensional summaries::
 
     lam = sum_i k_u(x_i) g1_i          Lam = sum_i k_u(x_i) beta_i k_u(x_i)^T

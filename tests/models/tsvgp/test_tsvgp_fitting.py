@@ -32,14 +32,14 @@ def _models():
     X, Y = _data()
     labels = (Y > Y.median()).to(DT)
     return {
-        "exact regime": (lambda: TSVGP(X, Y), dict(max_iter=15)),
+        "exact regime": (lambda: TSVGP(X, Y), {"max_iter": 15}),
         "inducing learned": (
             lambda: TSVGP(X, Y, inducing_points=8),
-            dict(method="adam", max_iter=10, lr=0.02, include_priors=False),
+            {"method": "adam", "max_iter": 10, "lr": 0.02, "include_priors": False},
         ),
         "bernoulli EM": (
             lambda: TSVGP(X, labels, likelihood=Bernoulli(), inducing_points=8),
-            dict(max_iter=5, num_em_iters=2, num_e_steps=2, rho=0.7, batch_size=10),
+            {"max_iter": 5, "num_em_iters": 2, "num_e_steps": 2, "rho": 0.7, "batch_size": 10},
         ),
     }
 
@@ -92,7 +92,7 @@ def test_settings_have_the_fit_keywords_and_their_defaults():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(max_iters=5), dict(num_em_iter=2, lr=0.1), dict(method="bfgs")]
+    "bad", [{"max_iters": 5}, {"num_em_iter": 2, "lr": 0.1}, {"method": "bfgs"}]
 )
 def test_a_bad_fit_option_raises_before_anything_moves(bad):
     X, Y = _data(n=30)
