@@ -40,8 +40,7 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from bo_online.likelihoods import Bernoulli
-from bo_online.models.inducing import select_inducing_points
-from bo_online.models.tsvgp import TSVGP
+from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings, select_inducing_points
 
 DT = torch.float64
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +106,9 @@ def run_tsvgp(X, y, Z, args) -> tuple[TSVGP, list[list[float]], list[float]]:
     for _ in range(args.outer):
         t0 = time.perf_counter()
         e_step_to_convergence(model, args.e_steps)
-        model._m_step("adam", args.m_steps, args.lr, learn_z=False, include_priors=False)
+        m_step = TSVGPFitSettings(method="adam", max_iter=args.m_steps, lr=args.lr,
+                                  include_priors=False)
+        model._m_step(m_step, learn_z=False)
         times.append(time.perf_counter() - t0)
         traj.append(hypers(model.covar_module, model.mean_module))
     e_step_to_convergence(model, args.e_steps)

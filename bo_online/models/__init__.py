@@ -5,7 +5,7 @@ from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
 from bo_online.models.qsgp import QSGP
-from bo_online.models.tsvgp import TSVGP
+from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings
 from bo_online.models.wiski import WISKI
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",
+    "TSVGPFitSettings",
 ]

@@ -1,0 +1,115 @@
+r"""The variational bound of t-SVGP (the M-step's objective) and what q(u) is.
+
+:meth:`~TSVGPBoundMixin.elbo` rebuilds q(u) from the frozen per-point sites with the current
+hyperparameters and inducing inputs -- the tighter bound of Adam, Chang, Khan & Solin, "Dual
+Parameterization of Sparse Variational Gaussian Processes", NeurIPS 2021, arXiv:2111.03412,
+Eq. 15 -- which for a Gaussian likelihood is the collapsed SGPR bound (Titsias 2009).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from bo_online.linalg import cholesky_logdet, psd_cholesky, solve_lower
+from bo_online.models.fitting import sum_log_priors
+
+__all__ = ["TSVGPBoundMixin", "whitened_kl"]
+
+
+def whitened_kl(L_B: Tensor, v: Tensor) -> Tensor:
+    r"""KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2) (docs/math.md §2, whitened).
+
+    Args:
+        L_B: ``batch x m x m`` lower Cholesky factor of ``B = I + L_K^-1 Lam L_K^-T``.
+        v: ``batch x m``, ``B^-1 lam_w``.
+
+    Returns:
+        ``batch`` KL divergences.
+    """
+    m = L_B.shape[-1]
+    eye = torch.eye(m, dtype=L_B.dtype, device=L_B.device)
+    tr_inv = solve_lower(L_B, eye).pow(2).sum((-1, -2))
+    return 0.5 * (cholesky_logdet(L_B) + tr_inv - m + v.pow(2).sum(-1))
+
+
+class TSVGPBoundMixin:
+    r"""ELBO, marginal-likelihood objective, log prior, KL and q(u) of
+    :class:`~bo_online.models.tsvgp.TSVGP`."""
+
+    def elbo(self, frozen_sites: bool = True) -> Tensor:
+        r"""The ELBO (sum over points) of q rebuilt from the per-point sites with the CURRENT
+        hyperparameters and inducing points -- the tighter bound of the paper's Eq. 15 --,
+        differentiable in them, O(n m^2 + m^3). For a Gaussian likelihood the sites are re-derived
+        in closed form (exact E-step), so this is the collapsed SGPR bound.
+
+        Returns:
+            scalar ``sum_i E_q[log p(y_i | f_i)] - KL[q(u) || p(u)]`` (standardised units).
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("elbo() is for a single model, not a fantasy/batched one.")
+        X, y, noise = self.train_X, self.train_y, self.train_noise
+        L_K = self._kuu_chol()
+        A = self._whiten(L_K, X)
+        if self.likelihood.conjugate:
+            g1, beta = self._exact_sites(y, noise)
+        else:
+            g1, beta = self.sites
+        lam_w, P = self._summaries(A, g1, beta)
+        L_B, v = self._factor(P, lam_w)
+        mean_h, var = self._marginals(A, L_B, v, X)
+        c = self._const()
+        ell = self.likelihood.expected_log_prob(y, c + mean_h, var, noise).sum()
+        return ell - self._kl(L_B, v).sum()  # summed over independent outputs
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""The fit's objective per point: ``(elbo() + log priors) / n`` (standardised units).
+
+        For a Gaussian likelihood with every data point among the inducing inputs (the default
+        fit while ``n <= m``) this is the exact GP's log marginal likelihood, so it is comparable
+        with :meth:`bo_online.models.exact.OnlineExactGP.marginal_log_likelihood`; the loops use
+        it to choose between a warm-started refit and a fit from the defaults."""
+        obj = self.elbo()
+        if include_priors:
+            obj = obj + self.log_prior()
+        return obj / self._n
+
+    def log_prior(self) -> Tensor:
+        r"""Sum of the log densities of the priors on the kernel, mean and likelihood (every
+        child module: ``OnlineModel`` is not itself a prior-carrying GPyTorch module)."""
+        return sum_log_priors(self.children(), self.inducing_points)
+
+    #: KL[q(u) || p(u)] from ``L_B`` and ``v`` (see :func:`whitened_kl`)
+    _kl = staticmethod(whitened_kl)
+
+    def kl_divergence(self) -> Tensor:
+        """KL[q(u) || p(u)] of the current q (from the caches)."""
+        self.ensure_caches()
+        return self._kl(self._B_factor().cholesky(), self.v)
+
+    def q_u(self) -> tuple[Tensor, Tensor]:
+        r"""``(m_u, S_u)`` of q(u) (standardised units; ``u`` is h = f - c at Z), docs/math.md §2:
+        ``m_u = K (K + Lam)^-1 lam = L_K v``, ``S_u = K (K + Lam)^-1 K = L_K B^-1 L_K^T``."""
+        self.ensure_caches()
+        L_K = self.chol_K
+        m_u = (L_K @ self.v.unsqueeze(-1)).squeeze(-1)
+        R = solve_lower(self._B_factor().cholesky(), L_K.transpose(-1, -2))
+        return m_u, R.transpose(-1, -2) @ R
+
+
+    def exact_log_marginal(self) -> Tensor:
+        r"""``log N(y | c, K_XX + Sigma)`` of the data held (standardised units, one output, a
+        Gaussian likelihood), differentiable in the hyperparameters, O(n^3). It is what
+        :meth:`elbo` equals when every data point is among the inducing inputs (Titsias, 2009:
+        ``Q_XX = K_XX``, the trace term vanishes)."""
+        if self._out or not self.likelihood.conjugate:
+            raise ValueError("exact_log_marginal() needs one output and a Gaussian likelihood.")
+        X, y = self.train_X, self.train_y
+        s2 = self.likelihood._var(self._point_noise(y.shape, self.train_noise))
+        L = psd_cholesky(self.covar_module(X).to_dense() + torch.diag_embed(s2))
+        w = solve_lower(L, (y - self._const()).unsqueeze(-1))
+        n = y.shape[-1]
+        return -0.5 * (w.pow(2).sum() + cholesky_logdet(L) + n * math.log(2 * math.pi))
+

@@ -1,0 +1,125 @@
+r"""What q(u) is built from: the whitened site summaries and the factor of ``B``.
+
+With ``L_K L_K^T = K_uu`` and ``a_X = L_K^-1 K_uX``, the sites enter q(u) only through
+``lam_w = L_K^-1 lam = sum_i a_i g1_i`` and ``B = I + sum_i a_i beta_i a_i^T = L_B L_B^T``
+(eigenvalues >= 1, so the factorisation is stable); ``v = B^-1 lam_w``. A conditioned model keeps
+its parent's ``L_B`` and its new whitened site columns pending in Woodbury form
+(:class:`~bo_online.linalg.LowRankUpdatedCholesky`).
+"""
+
+from __future__ import annotations
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from bo_online.linalg import (
+    LowRankUpdatedCholesky,
+    cholesky_solve,
+    psd_cholesky,
+    solve_lower,
+)
+
+__all__ = ["TSVGPCachesMixin", "whitened_factor", "whitened_summaries"]
+
+
+def whitened_summaries(A: Tensor, g1: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Whitened contributions ``(A g1, A diag(beta) A^T)`` of sites at points with ``A``.
+
+    Args:
+        A: ``batch x m x q`` whitened cross-covariances ``L_K^-1 K_uX``.
+        g1: ``batch x q`` first site parameters.
+        beta: ``batch x q`` site precisions.
+
+    Returns:
+        ``lam_w`` (``batch x m``) and ``P`` (``batch x m x m``).
+    """
+    lam_w = (A @ g1.unsqueeze(-1)).squeeze(-1)
+    P = (A * beta.unsqueeze(-2)) @ A.transpose(-1, -2)
+    return lam_w, P
+
+
+def whitened_factor(P: Tensor, lam_w: Tensor) -> tuple[Tensor, Tensor]:
+    r"""``L_B = chol(I + P)`` and ``v = (I + P)^-1 lam_w``.
+
+    Args:
+        P: ``batch x m x m`` summed site contributions ``A diag(beta) A^T``.
+        lam_w: ``batch x m`` summed ``A g1``.
+
+    Returns:
+        ``L_B`` (``batch x m x m``, lower) and ``v`` (``batch x m``).
+    """
+    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+    L_B = psd_cholesky(eye + P)
+    v = cholesky_solve(L_B, lam_w.unsqueeze(-1)).squeeze(-1)
+    return L_B, v
+
+
+class TSVGPCachesMixin:
+    r"""The caches of :class:`~bo_online.models.tsvgp.TSVGP` (``chol_K``, ``chol_B`` with any
+    pending low-rank sites, ``lam_w``, ``v``) and how they are rebuilt from the sites."""
+
+    def _kuu_chol(self) -> Tensor:
+        Z = self.inducing_points
+        return psd_cholesky(self.covar_module(Z).to_dense())
+
+    def _whiten(self, L_K: Tensor, X: Tensor) -> Tensor:
+        r"""``a_X = L_K^-1 K_uX`` (``batch x m x q`` for ``X``: ``batch x q x d``).
+
+        Without autograd the last result is memoised on ``(L_K, X)`` by identity and X's version
+        counter: ``fantasize`` whitens the same X for the posterior it samples from and for the
+        conditioning. (``L_K`` is a new tensor whenever the hyperparameters change.)
+        """
+        memo = self.__dict__.get("_whiten_memo")
+        if memo is not None and memo[0] is L_K and memo[1] is X and memo[2] == X._version:
+            return memo[3]
+        Z = self.inducing_points
+        Xk = self._kx(X)
+        if Xk.dim() > 2:
+            Z = Z.expand(*Xk.shape[:-2], *Z.shape)
+        with gpytorch.settings.lazily_evaluate_kernels(False):  # dense at once: no lazy wrapper
+            K_uX = self.covar_module(Z, Xk).to_dense()
+        A = solve_lower(L_K, K_uX)
+        if not torch.is_grad_enabled():  # never reuse a graph: a second backward would fail
+            self.__dict__["_whiten_memo"] = (L_K, X, X._version, A)
+        return A
+
+    #: whitened contributions of sites (see :func:`whitened_summaries`)
+    _summaries = staticmethod(whitened_summaries)
+    #: ``chol(I + P)`` and ``(I + P)^-1 lam_w`` (see :func:`whitened_factor`)
+    _factor = staticmethod(whitened_factor)
+
+    def _rebuild_caches(self) -> None:
+        r"""Re-project the per-point sites onto the current hyperparameters, O(n m^2 + m^3)."""
+        L_K = self._kuu_chol()
+        lam_w, P = 0.0, 0.0
+        for j, (X, y, noise, g1, beta) in enumerate(self._chunks()):
+            if self.likelihood.conjugate:  # the exact E-step: sites follow sigma^2 and c
+                g1, beta = self._exact_sites(y, noise)
+                if j == 0:
+                    self._g1[..., : self._n], self._beta[..., : self._n] = g1, beta
+            A = self._whiten(L_K, X)
+            lw, Pc = self._summaries(A, g1, beta)
+            lam_w, P = lam_w + lw, P + Pc
+        self.chol_K = L_K
+        L_B, self.v = self._factor(P, lam_w)
+        self._set_B_factor(LowRankUpdatedCholesky(L_B))
+        self.lam_w = lam_w
+
+    def _B_factor(self) -> LowRankUpdatedCholesky:
+        r"""The whitened ``B = I + L_K^-1 Lam L_K^-T``: ``L_B`` plus any pending low-rank sites."""
+        return LowRankUpdatedCholesky(self.chol_B, self._lr_U, self._lr_W, self._lr_C)
+
+    def _set_B_factor(self, F: LowRankUpdatedCholesky) -> None:
+        # straight into the registered buffers (Module.__setattr__ costs more than the maths
+        # of a small fantasy)
+        buffers = self._buffers
+        buffers["chol_B"], buffers["_lr_U"], buffers["_lr_W"], buffers["_lr_C"] = F.L, F.U, F.W, F.C
+
+    def _materialize_B(self) -> Tensor:
+        r"""Fold pending low-rank sites into ``chol_B`` (O(m^2 r) or O(m^3)) and return it."""
+        F = self._B_factor()
+        if F.has_low_rank:
+            self._set_B_factor(LowRankUpdatedCholesky(F.cholesky()))
+        return self.chol_B
+

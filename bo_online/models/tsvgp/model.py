@@ -1,0 +1,346 @@
+r"""The t-SVGP model class: constructor, data layout, posterior and state.
+
+:class:`TSVGP` composes the family's mixins (sites, caches, bound, conditioning, fitting) with
+:class:`~bo_online.models.base.OnlineModel`; the package docstring
+(:mod:`bo_online.models.tsvgp`) describes the model and its factorisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpytorch
+import torch
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel
+from gpytorch.means import ConstantMean
+from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
+from torch import Tensor
+
+from bo_online.likelihoods import FixedNoiseGaussian, Gaussian, SiteLikelihood
+from bo_online.linalg import LowRankUpdatedCholesky, broadcast_shapes
+from bo_online.models.base import OnlineModel
+from bo_online.models.tsvgp.bound import TSVGPBoundMixin
+from bo_online.models.tsvgp.caches import TSVGPCachesMixin
+from bo_online.models.tsvgp.conditioning import TSVGPConditioningMixin
+from bo_online.models.tsvgp.fitting import TSVGPFitMixin
+from bo_online.models.tsvgp.inducing import select_inducing_points
+from bo_online.models.tsvgp.sites import TSVGPSitesMixin
+from bo_online.models.validation import check_finite, check_observations
+
+__all__ = ["DEFAULT_NUM_INDUCING", "TSVGP"]
+
+DEFAULT_NUM_INDUCING = 128
+
+
+class TSVGP(
+    TSVGPSitesMixin,
+    TSVGPCachesMixin,
+    TSVGPBoundMixin,
+    TSVGPConditioningMixin,
+    TSVGPFitMixin,
+    OnlineModel,
+):
+    r"""Sparse variational GP in dual (site) parameters with O(m^2 q) online conditioning.
+
+    Args:
+        train_X: ``n x d`` initial inputs (n >= 1).
+        train_Y: ``n x m`` initial observations (labels in {0, 1} for Bernoulli, counts for
+            Poisson). ``m > 1`` (Gaussian likelihoods only): ``m`` independent outputs sharing the
+            inputs and the inducing inputs, each with its own sites, kernel, constant mean, noise
+            and outcome scaling (batch shape ``[m]``, as BoTorch's batched multi-output models);
+            ``posterior`` then returns a ``MultitaskMultivariateNormal`` (``batch x q x m``) and
+            ``update`` / ``condition_on_observations`` take ``Y`` of shape ``... x q x m``.
+        train_Yvar: optional ``n x m`` known noise variances (user units): a fixed-noise Gaussian
+            model; every later ``update`` must then pass ``noise``.
+        inducing_points: ``m x d`` tensor, or an int m, or None for
+            ``DEFAULT_NUM_INDUCING`` (128). An int/None selects them by greedy variance reduction
+            (pivoted Cholesky) on ``train_X`` and fills the remaining slots with Sobol points over
+            ``bounds`` (default the unit cube), so m may exceed n.
+        likelihood: a :class:`~bo_online.likelihoods.SiteLikelihood`; default :class:`Gaussian`
+            (or :class:`FixedNoiseGaussian` when ``train_Yvar`` is given).
+        covar_module: GPyTorch kernel; default BoTorch's RBF with dimension-scaled priors (batch
+            shape ``[m]`` for ``m > 1`` outputs; a user kernel must then have that batch shape).
+        bounds: optional ``2 x d`` input box; inputs outside it are rejected.
+        standardize: standardise outcomes (only for likelihoods on real-valued targets).
+        input_transform: optional BoTorch input transform.
+        num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods
+            (the first from the prior marginals).
+        condition_steps: further fixed-point steps on the new sites when conditioning with a
+            non-Gaussian likelihood (0 = one step at the current marginal, docs/math.md §2).
+
+    Example:
+        >>> model = TSVGP(train_X, train_Y)               # Gaussian, 128 inducing points
+        >>> model.fit()                                    # M-step on the collapsed bound
+        >>> model.update(new_X, new_Y)                     # O(m^2 q), in place
+        >>> clf = TSVGP(X, labels, likelihood=Bernoulli())
+        >>> clf.fit(num_em_iters=3)                        # variational EM
+    """
+
+    #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
+    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
+    restart_fit_from_defaults = True
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        inducing_points: Tensor | int | None = None,
+        likelihood: SiteLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        bounds: Tensor | None = None,
+        standardize: bool = True,
+        input_transform: Any | None = None,
+        num_init_e_steps: int = 5,
+        condition_steps: int = 0,
+    ) -> None:
+        dtype, device = train_X.dtype, train_X.device
+        if not isinstance(train_X, Tensor) or train_X.dim() != 2:
+            raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}.")
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
+        X = self._transform_and_check(train_X)
+        if isinstance(train_Y, Tensor) and train_Y.dim() < 2:
+            raise ValueError(
+                f"train_Y must be n x m (one column per output; n x 1 for one output), got shape "
+                f"{tuple(train_Y.shape)}; use train_Y.unsqueeze(-1)."
+            )
+        check_observations(
+            X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds,
+            num_outputs=train_Y.shape[-1] if isinstance(train_Y, Tensor) and train_Y.dim() else 1,
+        )
+        if train_Y.dim() != 2 or train_X.shape[0] < 1:
+            raise ValueError("train_Y must be n x m with n >= 1.")
+        num_out = train_Y.shape[-1]
+        self._num_outputs = num_out
+        #: the output batch dims of every per-output tensor: [] for one output, [m] for m > 1
+        self._out = torch.Size([num_out]) if num_out > 1 else torch.Size()
+        if num_out > 1 and likelihood is not None and not likelihood.conjugate:
+            raise ValueError(
+                "Several outputs are supported for Gaussian likelihoods only; use one TSVGP per "
+                "output for other likelihoods."
+            )
+        if train_Yvar is not None:
+            if likelihood is not None and not isinstance(likelihood, FixedNoiseGaussian):
+                raise ValueError("train_Yvar (fixed noise) only goes with a FixedNoiseGaussian likelihood.")
+            likelihood = likelihood or FixedNoiseGaussian()
+        elif likelihood is None and num_out > 1:  # one learnable noise per output
+            likelihood = Gaussian(get_gaussian_likelihood_with_lognormal_prior(batch_shape=self._out))
+        elif isinstance(likelihood, FixedNoiseGaussian):
+            raise ValueError("A FixedNoiseGaussian likelihood needs train_Yvar.")
+        self.likelihood = likelihood if likelihood is not None else Gaussian()
+        self.likelihood.check_targets(train_Y)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        self.fixed_noise = train_Yvar is not None
+        if self._out:  # outcome scaling per output
+            self.outcome_mean = torch.zeros(num_out).to(X)
+            self.outcome_std = torch.ones(num_out).to(X)
+        if standardize and self.likelihood.standardizable and train_Y.shape[0] > 1:
+            std = train_Y.std(dim=0)
+            self.outcome_mean = train_Y.mean(dim=0).to(X)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
+            ard_num_dims=dim, batch_shape=self._out
+        )
+        self.mean_module = ConstantMean(batch_shape=self._out)
+        self.condition_steps = int(condition_steps)
+        self.to(dtype=dtype, device=device)
+        if inducing_points is None or isinstance(inducing_points, int):
+            m = DEFAULT_NUM_INDUCING if inducing_points is None else int(inducing_points)
+            Z = select_inducing_points(X, self._selection_kernel(), m, bounds=self.input_bounds)
+        else:
+            Z = torch.as_tensor(inducing_points).to(X)
+            if Z.dim() != 2 or Z.shape[-1] != dim or Z.shape[0] < 1:
+                raise ValueError(f"inducing_points must be m x {dim}, got {tuple(Z.shape)}.")
+            check_finite("inducing_points", Z)
+        self.inducing_points = torch.nn.Parameter(Z.clone())
+
+        # Per-point state, stored with spare capacity so an update appends in O(q) amortised.
+        n = X.shape[0]
+        y = self._to_internal(self._standardise(train_Y.to(X)))  # (m x) n
+        noise = None if train_Yvar is None else self._to_internal(train_Yvar.to(X) / self.outcome_std**2)
+        self.register_buffer("num_data_", torch.tensor(n, device=device))
+        self.register_buffer("_X", X.clone())
+        self.register_buffer("_y", y.clone())
+        self.register_buffer("_noise", None if noise is None else noise.clone())
+        self.register_buffer("_g1", torch.zeros_like(y))  # sites, standardised units
+        self.register_buffer("_beta", torch.zeros_like(y))
+        # Sites added by conditioning a (fantasy) model: batched, kept apart from the shared base.
+        for name in ("_cX", "_cy", "_cnoise", "_cg1", "_cbeta"):
+            self.register_buffer(name, None)
+        # Caches (functions of the sites and the hyperparameters).
+        for name in ("chol_K", "chol_B", "lam_w", "v"):
+            self.register_buffer(name, None)
+        # A conditioned model's pending Gaussian sites: B = L_B L_B^T + U U^T kept in Woodbury form
+        # (U, W = L_B^-1 U, C = chol(I + W^T W)) on the parent's shared L_B (see _B_factor).
+        for name in ("_lr_U", "_lr_W", "_lr_C"):
+            self.register_buffer(name, None)
+        self._n = n
+        self.ensure_caches()  # conjugate: exact sites; otherwise the prior (sites = 0)
+        if not self.likelihood.conjugate:
+            for _ in range(num_init_e_steps):
+                self.e_step(rho=1.0)
+
+    # ------------------------------------------------------------------ what the model is
+
+    @property
+    def num_data(self) -> int:
+        return self._n
+
+    @property
+    def num_inducing(self) -> int:
+        return int(self.inducing_points.shape[-2])
+
+    @property
+    def train_X(self) -> Tensor:
+        return self._X[: self._n]
+
+    @property
+    def train_y(self) -> Tensor:
+        """Standardised targets of the base data (``n``)."""
+        return self._y[..., : self._n]
+
+    @property
+    def train_noise(self) -> Tensor | None:
+        return None if self._noise is None else self._noise[..., : self._n]
+
+    @property
+    def sites(self) -> tuple[Tensor, Tensor]:
+        r"""Per-point sites ``(g1, beta)`` of the base data (``n`` each, standardised units)."""
+        return self._g1[..., : self._n], self._beta[..., : self._n]
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        return (self.train_X,)
+
+    @property
+    def train_targets(self) -> Tensor:
+        """Training targets in the user's units (``n``)."""
+        return self._user_units(self.train_y)
+
+    def hyperparameters(self):
+        r"""Kernel, mean and inducing points; the likelihood's parameters only for a Gaussian
+        likelihood (its sites are exact functions of the noise). Non-Gaussian sites are frozen
+        across hyperparameter changes (the M-step's tighter bound), so they do not key the caches."""
+        for name, p in self.named_parameters():
+            if name.startswith("likelihood.") and not self.likelihood.conjugate:
+                continue
+            yield p
+
+    def _after_load(self) -> None:
+        self._n = int(self.num_data_)
+
+    # ------------------------------------------------------------------ several outputs
+    # m > 1 independent outputs are an internal batch dimension (as BoTorch's batched
+    # multi-output models): kernel, mean and noise have batch shape [m], per-point tensors
+    # (y, sites, noise) are ``m x n``, caches ``batch x m x ...``; inducing inputs are shared.
+
+    def _const(self) -> Tensor:
+        r"""The constant prior mean, broadcastable against ``... x (m x) q``."""
+        c = self.mean_module.constant
+        return c.unsqueeze(-1) if self._out else c
+
+    def _kx(self, X: Tensor) -> Tensor:
+        r"""Inputs ``batch x q x d`` as the (output-batched) kernel wants them."""
+        return X.unsqueeze(-3) if self._out else X
+
+    def _user_units(self, Y: Tensor) -> Tensor:
+        r"""Standardised ``... x (m x) q`` (internal layout) -> the user's units."""
+        if self._out:
+            return Y * self.outcome_std.unsqueeze(-1) + self.outcome_mean.unsqueeze(-1)
+        return Y * self.outcome_std + self.outcome_mean
+
+    def _selection_kernel(self) -> Kernel:
+        r"""Kernel for choosing the shared inducing inputs: the model's own for one output; for
+        several, an unbatched default kernel (the outputs share Z)."""
+        if not self._out:
+            return self.covar_module
+        return get_covar_module_with_dim_scaled_prior(ard_num_dims=self.dim).to(
+            self.outcome_mean
+        )
+
+    # ------------------------------------------------------------------ prediction
+
+    def _marginals(
+        self, A: Tensor, B: Tensor | LowRankUpdatedCholesky, v: Tensor, X: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        r"""Marginal mean of h = f - c and variance of f at points with whitened ``A``, given the
+        factor of ``B`` (a Cholesky factor or a :class:`LowRankUpdatedCholesky`)."""
+        if isinstance(B, Tensor):
+            B = LowRankUpdatedCholesky(B)
+        mean = (A.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
+        kdiag = self.covar_module(self._kx(X), diag=True)
+        var = kdiag - A.pow(2).sum(-2) + B.inv_quad_diag(A)
+        return mean, var.clamp_min(1e-12)
+
+    #: Up to this many points the posterior covariance is returned as a dense ``q x q`` tensor
+    #: (computed once and shared, as a view, by every fantasy sample); beyond it as a lazy sum of
+    #: low-rank products, so e.g. qNIPV's thousands of integration points never form ``q x q``.
+    dense_posterior_max_q: int = 512
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        # cov = k(X, X) - A^T A + A^T B^-1 A, with A^T B^-1 A = P^T P - H^T H (Woodbury form when
+        # the model carries pending conditioned sites, H = None otherwise).
+        A = self._whiten(self.chol_K, X)  # X batch x m x q
+        P, H = self._B_factor().whiten(A)  # broadcast(X batch, model batch) x m x q, ... x r x q
+        mean = self._const() + (self.v.unsqueeze(-2) @ A).squeeze(-2)  # one GEMM over samples
+        cov_batch = P.shape[:-2] if H is None else broadcast_shapes(P.shape[:-2], H.shape[:-2])
+        batch = broadcast_shapes(mean.shape[:-1], cov_batch)
+        q, m = X.shape[-2], A.shape[-2]
+        if q <= self.dense_posterior_max_q:
+            gram = lambda T: T.transpose(-1, -2) @ T
+            with gpytorch.settings.lazily_evaluate_kernels(False):
+                prior = self.covar_module(self._kx(X)).to_dense()
+            covar = prior - gram(A) + gram(P)
+            if H is not None:
+                covar = covar - gram(H)
+            # wrapped: a tensor covariance would be Cholesky-factorised eagerly by torch's MVN
+            covar = DenseLinearOperator(covar.expand(*batch, q, q))
+            return MultivariateNormal(mean.expand(*batch, q), covar)
+        prior = self.covar_module(self._kx(X))
+        lazy = lambda T, k: MatmulLinearOperator(
+            T.expand(*batch, k, q).transpose(-1, -2), T.expand(*batch, k, q)
+        )
+        covar = prior.expand(*batch, q, q) + lazy(P, m) + lazy(A, m) * -1.0
+        if H is not None:
+            covar = covar + lazy(H, H.shape[-2]) * -1.0
+        return MultivariateNormal(mean.expand(*batch, q), covar)
+
+    def _latent_mean(self, X: Tensor) -> Tensor:
+        A = self._whiten(self.chol_K, X)
+        return self._const() + (A.transpose(-1, -2) @ self.v.unsqueeze(-1)).squeeze(-1)
+
+    def _noise_variance(self, X: Tensor) -> Tensor:
+        lik = self.likelihood
+        if self.fixed_noise:  # as BoTorch: the mean training noise at new points
+            return self.train_noise.mean(-1, keepdim=True).expand(*X.shape[:-2], *self._out, X.shape[-2])
+        if lik.conjugate:
+            return lik.noise.expand(*X.shape[:-2], *self._out, X.shape[-2])
+        # Non-Gaussian: Var[y | f] at the posterior mean of f (see the module docstring).
+        return lik.noise_variance(self._latent_mean(X))
+
+    def _default_fantasy_noise(self) -> Tensor | None:
+        if self.fixed_noise:
+            return self.train_noise.mean(-1).reshape(1, -1)
+        return None
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """State with the per-point storage trimmed to the data held (no spare capacity)."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for name in ("_X", "_y", "_g1", "_beta", "_noise"):
+            key = prefix + name
+            if key in state and state[key] is not None:
+                t = state[key]
+                state[key] = (t[: self._n] if name == "_X" else t[..., : self._n]).clone()
+        return state
+
