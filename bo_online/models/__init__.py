@@ -4,7 +4,7 @@ from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
-from bo_online.models.qsgp import QSGP
+from bo_online.models.qsgp import QSGP, QSGPFitSettings, QSGPSGDSettings
 from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski import WISKI
 
@@ -17,4 +17,6 @@ __all__ = [
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",
+    "QSGPFitSettings",
+    "QSGPSGDSettings",
 ]
