@@ -25,6 +25,7 @@ Three dictionaries, as in the paper:
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
@@ -225,17 +226,39 @@ class RFFBasis(QSGPBasis):
         return self.kernel.outputscale.expand(X.shape[:-1]).to(X)
 
 
+def _renamed_centers(centers: Tensor | None, centres: Tensor | None) -> Tensor:
+    r"""``centers``, or the deprecated keyword ``centres`` (with a ``DeprecationWarning``)."""
+    if centres is not None:
+        warnings.warn(
+            "The argument `centres` is deprecated; use `centers`.", DeprecationWarning, stacklevel=3
+        )
+        if centers is not None:
+            raise ValueError("Pass the centres once, as `centers`.")
+        return centres
+    if centers is None:
+        raise TypeError("Missing the argument `centers` (an m x d tensor).")
+    return centers
+
+
 class _KernelColumnsBasis(QSGPBasis):
     r"""``Phi = K(X, Z)`` with centres ``Z`` (``m x d``), shared by the inducing and RVM bases."""
 
-    def __init__(self, centres: Tensor, kernel: Kernel) -> None:
+    def __init__(self, centers: Tensor, kernel: Kernel) -> None:
         super().__init__()
-        if centres.dim() != 2:
-            raise ValueError(f"centres must be m x d, got {tuple(centres.shape)}.")
-        self.num_features = int(centres.shape[0])
+        if centers.dim() != 2:
+            raise ValueError(f"centers must be m x d, got {tuple(centers.shape)}.")
+        if kernel is None:
+            raise TypeError("Missing the argument `kernel` (a GPyTorch kernel).")
+        self.num_features = int(centers.shape[0])
         self.kernel = kernel
-        self.register_buffer("centres", centres)
-        self.register_buffer("_dtype_ref", torch.zeros((), dtype=centres.dtype))
+        # (the buffer keeps its name "centres": saved state_dicts hold it under that key)
+        self.register_buffer("centres", centers)
+        self.register_buffer("_dtype_ref", torch.zeros((), dtype=centers.dtype))
+
+    @property
+    def centers(self) -> Tensor:
+        r"""The centres ``Z`` (``m x d``)."""
+        return self.centres
 
     def features(self, X: Tensor, idx: Tensor | None = None, frozen: dict | None = None) -> Tensor:
         Z = self.centres if idx is None else self.centres[idx]
@@ -255,8 +278,15 @@ class InducingBasis(_KernelColumnsBasis):
     diagonal_prior = False
     trainable = False
 
-    def __init__(self, centres: Tensor, kernel: Kernel, jitter: float = 1e-8) -> None:
-        super().__init__(centres, kernel)
+    def __init__(
+        self,
+        centers: Tensor | None = None,
+        kernel: Kernel | None = None,
+        jitter: float = 1e-8,
+        *,
+        centres: Tensor | None = None,
+    ) -> None:
+        super().__init__(_renamed_centers(centers, centres), kernel)
         self.jitter = float(jitter)
         for p in self.kernel.parameters():
             p.requires_grad_(False)
@@ -278,12 +308,20 @@ class RVMBasis(_KernelColumnsBasis):
 
     diagonal_prior = True
 
-    def __init__(self, centres: Tensor, kernel: Kernel, init_precision: float = 1.0) -> None:
-        super().__init__(centres, kernel)
+    def __init__(
+        self,
+        centers: Tensor | None = None,
+        kernel: Kernel | None = None,
+        init_precision: float = 1.0,
+        *,
+        centres: Tensor | None = None,
+    ) -> None:
+        centers = _renamed_centers(centers, centres)
+        super().__init__(centers, kernel)
         for p in self.kernel.parameters():
             p.requires_grad_(False)
         self.log_precision = nn.Parameter(
-            torch.full((self.num_features,), math.log(init_precision), dtype=centres.dtype)
+            torch.full((self.num_features,), math.log(init_precision), dtype=centers.dtype)
         )
 
     def prior_precision_diag(self, idx: Tensor) -> Tensor:
