@@ -9,7 +9,8 @@ training inputs, or a relevance-vector machine), and a Gaussian variational post
 ``q(w) = N(mu, C C^T)`` whose Cholesky factor ``C`` is
 
 * ``family="mean_field"``: diagonal (QSGP-0);
-* ``family="chevron"``: the first ``k`` columns dense below the diagonal, the rest diagonal (QSGP-k);
+* ``family="chevron"``: the first ``k`` columns dense below the diagonal, the rest diagonal
+  (QSGP-k);
 * ``family="full"``: dense lower triangular (small ``m`` only; exact inference for a Gaussian
   likelihood, Eq. 2 at its optimum is the exact log marginal likelihood).
 
@@ -27,9 +28,10 @@ Fitting (``fit``, settings :class:`QSGPFitSettings`):
   freeze of the hyperparameters.
 
 Online use: ``condition_on_observations`` / ``update`` / ``fantasize`` condition the current
-Gaussian posterior exactly on new Gaussian observations ("posterior as prior", docs/math.md §5); the
-data are kept and absorbed into the variational fit by the next ``fit``. ``sample_paths`` returns
-explicit, deterministic posterior function draws (pathwise-conditioned) for Thompson sampling.
+Gaussian posterior exactly on new Gaussian observations ("posterior as prior", docs/math.md §5);
+the data are kept and absorbed into the variational fit by the next ``fit``. ``sample_paths``
+returns explicit, deterministic posterior function draws (pathwise-conditioned) for Thompson
+sampling.
 
 Use it for very large data sets or very many basis functions (warm-starting BO from historical
 data), for explicit sample paths, or for robust (Laplace) / classification (logistic) likelihoods.
@@ -54,8 +56,8 @@ from bo_online.models.qsgp.sample_paths import QSGPSamplePaths
 
 __all__ = [
     "FIT_FROM_DEFAULTS_N",
-    "InducingBasis",
     "QSGP",
+    "InducingBasis",
     "QSGPBasis",
     "QSGPFitSettings",
     "QSGPSGDSettings",

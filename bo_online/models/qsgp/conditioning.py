@@ -15,7 +15,12 @@ import torch
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.linalg import LowRankUpdatedCholesky, cholesky_solve, cholesky_update, psd_cholesky
+from bo_online.linalg import (
+    LowRankUpdatedCholesky,
+    cholesky_solve,
+    cholesky_update,
+    psd_cholesky,
+)
 
 __all__ = ["QSGPConditioningMixin"]
 

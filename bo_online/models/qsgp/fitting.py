@@ -15,8 +15,8 @@ takes a :class:`QSGPSGDSettings`. Both accept their field names as keywords inst
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -303,10 +303,10 @@ class QSGPFitMixin:
             size = self.num_data if rows is None else rows.numel()
             cm = self._fits_constant_mean()
             if evidence == "kernel":
-                objective = lambda: self._kernel_log_marginal(constant_mean=cm)  # noqa: E731
+                objective = lambda: self._kernel_log_marginal(constant_mean=cm)
             else:
-                objective = lambda: self.exact_log_marginal(rows, constant_mean=cm)  # noqa: E731
-            loss = lambda: -(objective() + self.log_prior()) / size  # noqa
+                objective = lambda: self.exact_log_marginal(rows, constant_mean=cm)
+            loss = lambda: -(objective() + self.log_prior()) / size
             self.train()
             try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
                 minimize_loss(loss, params, method="lbfgs", max_iter=max_iter,

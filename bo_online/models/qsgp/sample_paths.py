@@ -25,7 +25,7 @@ class QSGPSamplePathsMixin:
     r"""``sample_paths`` (a mixin of :class:`QSGP`)."""
 
     def sample_paths(self, num_samples: int, generator: torch.Generator | None = None
-                     ) -> "QSGPSamplePaths":
+                     ) -> QSGPSamplePaths:
         r"""Explicit posterior draws ``f_s(x) = phi(x)^T w_s`` (deterministic callables).
 
         ``w_s = mu + C eps_s``; with conditioning data held, each draw is updated pathwise

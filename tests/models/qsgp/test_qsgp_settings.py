@@ -49,7 +49,7 @@ def _differs(a: QSGP, b: QSGP) -> bool:
 
 def test_closed_form_fit_with_settings_equals_fit_with_keywords():
     X, Y = _data()
-    kw = dict(max_iter=15, hyper_evidence="basis", hyper_rows=12, fit_from_defaults_n=0)
+    kw = {"max_iter": 15, "hyper_evidence": "basis", "hyper_rows": 12, "fit_from_defaults_n": 0}
     a = QSGP(X, Y, num_features=64).fit(QSGPFitSettings(**kw))
     b = QSGP(X, Y, num_features=64).fit(**kw)
     _assert_same_fit(a, b)
@@ -59,7 +59,7 @@ def test_closed_form_fit_with_settings_equals_fit_with_keywords():
 
 def test_sgd_fit_with_settings_equals_fit_with_keywords():
     X, Y = _data()
-    kw = dict(max_iter=25, num_rows=8, num_cols=16, cv_rank=5, lr=0.2, freeze_iters=3)
+    kw = {"max_iter": 25, "num_rows": 8, "num_cols": 16, "cv_rank": 5, "lr": 0.2, "freeze_iters": 3}
 
     def model():
         return QSGP(X, Y, num_features=32, family="chevron", num_dense_columns=3)
@@ -84,7 +84,7 @@ def test_settings_object_overridden_by_keywords():
 
 def test_constructor_options_are_the_fit_defaults_and_none_keeps_its_meaning():
     X, Y = _data(n=24)
-    opts = dict(hyper_evidence="basis", fit_from_defaults_n=0)
+    opts = {"hyper_evidence": "basis", "fit_from_defaults_n": 0}
     a = QSGP(X, Y, num_features=64, hyper_rows=6, **opts).fit(max_iter=12)
     b = QSGP(X, Y, num_features=64).fit(max_iter=12, hyper_rows=6, **opts)
     _assert_same_fit(a, b)
