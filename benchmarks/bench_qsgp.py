@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bo_online.models import QSGP
-from bo_online.models.qsgp_estimators import control_variate_gradient_variance
+from bo_online.models.qsgp.estimators import control_variate_gradient_variance
 
 ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64

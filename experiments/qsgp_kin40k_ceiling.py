@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qsgp_kin40k import DT, ROOT, exact_gp_init, load_split, metrics  # noqa: E402
 
-from bo_online.models.qsgp_bases import RFFBasis  # noqa: E402
+from bo_online.models.qsgp.bases import RFFBasis  # noqa: E402
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ from bo_online.models.base import OnlineModel
 from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
-from bo_online.models.qsgp import QSGP
+from bo_online.models.qsgp import QSGP, QSGPFitSettings, QSGPSGDSettings
 from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings
 from bo_online.models.wiski import WISKI
 
@@ -19,4 +19,6 @@ __all__ = [
     "OptimizerSettings",
     "ExactFitSettings",
     "TSVGPFitSettings",
+    "QSGPFitSettings",
+    "QSGPSGDSettings",
 ]

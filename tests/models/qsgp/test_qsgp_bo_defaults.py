@@ -128,7 +128,7 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
     time). A call under ``torch.inference_mode`` must not leave tensors that break a later call
     with gradients (as ``optimize_acqf`` makes), and a change of dtype must regenerate them:
     features equal those of a fresh basis with the same seed, computed without any reuse."""
-    from bo_online.models.qsgp_bases import RFFBasis
+    from bo_online.models.qsgp.bases import RFFBasis
 
     g = torch.Generator().manual_seed(4)
     X = torch.rand(10, 3, generator=g, dtype=DT)

@@ -9,7 +9,7 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from bo_online.models import QSGP
-from bo_online.models.qsgp_bases import InducingBasis, RFFBasis, RVMBasis, hashed_uniform
+from bo_online.models.qsgp.bases import InducingBasis, RFFBasis, RVMBasis, hashed_uniform
 
 DT = torch.float64
 
@@ -136,7 +136,7 @@ def test_full_family_posterior_equals_dense_gp_on_features():
 
 @pytest.mark.parametrize("family", ["mean_field", "chevron"])
 def test_family_optimum_is_stationary(family):
-    from bo_online.models.qsgp_estimators import exact_terms
+    from bo_online.models.qsgp.estimators import exact_terms
 
     X, Y = _data(25, 2)
     model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=4, kernel=_kernel(2))
@@ -401,7 +401,7 @@ def _random_problem(n=30, m=20, k=3, dense_S=False, seed=0):
 
 
 def _gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S):
-    from bo_online.models.qsgp_estimators import (
+    from bo_online.models.qsgp.estimators import (
         prop2_estimate, theorem1_estimate, theorem2_estimate)
 
     Fl = Phi[s.rows]
@@ -421,7 +421,7 @@ def _gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S):
 
 @pytest.mark.parametrize("dense_S", [False, True])
 def test_theorem1_theorem2_prop2_unbiased(dense_S):
-    from bo_online.models.qsgp_estimators import exact_terms, sample_indices
+    from bo_online.models.qsgp.estimators import exact_terms, sample_indices
 
     Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=dense_S)
     ex = exact_terms(Phi, y, w, mu, C, S)
@@ -443,7 +443,7 @@ def test_theorem1_theorem2_prop2_unbiased(dense_S):
 @pytest.mark.parametrize("dense_S", [False, True])
 def test_estimators_unbiased_without_replacement(dense_S):
     """Basis samples i, j drawn without replacement keep the Thm 1-2 / Prop. 2 scale factors."""
-    from bo_online.models.qsgp_estimators import exact_terms, sample_indices
+    from bo_online.models.qsgp.estimators import exact_terms, sample_indices
 
     Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=dense_S)
     ex = exact_terms(Phi, y, w, mu, C, S)
@@ -464,7 +464,7 @@ def test_estimators_unbiased_without_replacement(dense_S):
 
 def test_all_columns_without_replacement_has_no_column_noise():
     """At m~ = m without replacement the Thm 1 estimate is the dense L_mu of the sampled rows."""
-    from bo_online.models.qsgp_estimators import sample_indices, theorem1_estimate
+    from bo_online.models.qsgp.estimators import sample_indices, theorem1_estimate
 
     Phi, y, w, mu, ld, low, S, C = _random_problem(dense_S=False)
     g = torch.Generator().manual_seed(3)
@@ -486,7 +486,7 @@ def test_all_columns_fast_path_matches_general_path(family):
     index bookkeeping on the same sample."""
     import dataclasses
 
-    from bo_online.models.qsgp_estimators import sample_indices
+    from bo_online.models.qsgp.estimators import sample_indices
 
     X, Y = _data(40, 2)
     kw = {"num_dense_columns": 2} if family == "chevron" else {}
@@ -538,7 +538,7 @@ def test_model_stochastic_loss_unbiased_with_control_variates():
     model.var_mean = torch.randn(24, generator=g, dtype=DT)
     model.var_log_diag = -1 + 0.2 * torch.randn(24, generator=g, dtype=DT)
     model.var_cols = 0.2 * torch.randn(24, 3, generator=g, dtype=DT)
-    from bo_online.models.qsgp_estimators import sample_indices
+    from bo_online.models.qsgp.estimators import sample_indices
 
     with torch.no_grad():
         exact = -float(model.exact_elbo())
@@ -557,7 +557,7 @@ def test_control_variate_reduces_gradient_variance():
     mu a prior draw, the Thm 1 Phi-quadratic term, n_bar = 300, m / m~ = 20 as in the paper.
     The >= 5x requirement on the real kin40k set (m = 1e4, m~ = n~ = 500) is checked by
     ``benchmarks/bench_qsgp.py``; this modest size gives 3.6-4.6x over seeds, asserted >= 2.5x."""
-    from bo_online.models.qsgp_estimators import control_variate_gradient_variance
+    from bo_online.models.qsgp.estimators import control_variate_gradient_variance
 
     g = torch.Generator().manual_seed(0)
     n, d, m = 4000, 8, 2000
@@ -576,7 +576,7 @@ def test_control_variate_reduces_gradient_variance():
 
 @pytest.mark.parametrize("lik", ["gaussian", "laplace", "logistic"])
 def test_expected_log_lik_against_brute_force_integration(lik):
-    from bo_online.models.qsgp_estimators import expected_log_lik
+    from bo_online.models.qsgp.estimators import expected_log_lik
 
     y = torch.tensor([0.3, -1.0, 1.0, 2.0], dtype=DT)
     if lik == "logistic":
@@ -601,7 +601,7 @@ def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
     """For the Gaussian likelihood Thm 3 with the standard deviation in place of the variance
     (docs/math.md §4) is a lower bound in expectation; with the paper's variance it is not even the
     right scale, so the fix is what makes it match the exact term as m~ -> m."""
-    from bo_online.models.qsgp_estimators import expected_log_lik, sample_indices, theorem3_estimate
+    from bo_online.models.qsgp.estimators import expected_log_lik, sample_indices, theorem3_estimate
 
     Phi, y, w, mu, ld, low, S, C = _random_problem(k=0)
     m = Phi.shape[1]
@@ -619,7 +619,7 @@ def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
     vals = torch.tensor(vals)
     assert float(vals.mean()) <= exact + 3 * float(vals.std()) / math.sqrt(len(vals))
     # and it is exact without column subsampling noise (all columns once, no replacement)
-    from bo_online.models.qsgp_estimators import IndexSample
+    from bo_online.models.qsgp.estimators import IndexSample
 
     full = IndexSample(torch.arange(30), torch.arange(m), torch.arange(m), torch.arange(m),
                        torch.zeros(0, dtype=torch.long), 30, m, 0, True)

@@ -1,0 +1,92 @@
+r"""Explicit, deterministic posterior function draws of QSGP for Thompson sampling.
+
+A draw is ``f_s(x) = c + phi(x)^T w_s`` with ``w_s ~ q(w)``, updated pathwise (Matheron's rule)
+by the conditioning data held since the last fit, so it is a draw of the exact conditional of
+the weight posterior; the same ``x`` always gives the same value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from bo_online.linalg import cholesky_solve
+from bo_online.models.validation import check_inputs
+
+if TYPE_CHECKING:
+    from bo_online.models.qsgp.model import QSGP
+
+__all__ = ["QSGPSamplePaths", "QSGPSamplePathsMixin"]
+
+
+class QSGPSamplePathsMixin:
+    r"""``sample_paths`` (a mixin of :class:`QSGP`)."""
+
+    def sample_paths(self, num_samples: int, generator: torch.Generator | None = None
+                     ) -> QSGPSamplePaths:
+        r"""Explicit posterior draws ``f_s(x) = phi(x)^T w_s`` (deterministic callables).
+
+        ``w_s = mu + C eps_s``; with conditioning data held, each draw is updated pathwise
+        (Matheron's rule): ``w_s <- w_s + Sigma Phi_c^T (K^_cc + N)^-1 (y_c - Phi_c w_s - e_s)``,
+        ``e_s ~ N(0, N)``, which is the exact conditional of the weight posterior. The Prop. 4
+        augmentation (a per-point variance, not a function) is not part of the paths.
+        """
+        if self.batch_shape != torch.Size():
+            raise ValueError("sample_paths() is for a single (non-fantasy) model.")
+        self.ensure_caches()
+        m = self.num_features
+        dd = self._dtype_device
+        eps = torch.randn(m, num_samples, generator=generator, **dd)
+        W = self.var_mean.unsqueeze(-1) + self._C_times(eps)  # m x s
+        if self.cond_X is not None:
+            Xc = self.cond_X
+            p = Xc.shape[-2]
+            e = torch.randn(p, num_samples, generator=generator, **dd)
+            e = e * self.cond_noise.sqrt().unsqueeze(-1)  # observation-noise draws
+            Fc_W = self.mean_constant.expand(p, num_samples)  # draws at X_c, with c
+            CtPhiT = torch.zeros(m, p, **dd)  # C^T Phi_c^T, by blocks
+            k = self.num_dense
+            for idx in self._chunks():
+                F = self.basis.features(Xc, idx)  # p x b
+                Fc_W = Fc_W + F @ W[idx]
+                CtPhiT[idx] = (F * self.var_log_diag[idx].exp()).transpose(-1, -2)
+            if k:
+                low = torch.zeros(p, k, **dd)
+                for idx in self._chunks():
+                    low = low + self.basis.features(Xc, idx) @ self._lower_cols(
+                        idx, idx.new_tensor(range(k)), self.var_cols[idx])
+                CtPhiT[:k] = CtPhiT[:k] + low.transpose(-1, -2)
+            # Sigma Phi_c^T (K^_cc + E)^-1 t = C P^-1 A_c^T E^-1 t (push-through identity)
+            E = self._cond_point_variance(Xc, self.cond_noise)
+            t = (self.cond_y.unsqueeze(-1) - Fc_W - e) / E.unsqueeze(-1)
+            W = W + self._C_times(cholesky_solve(self.cond_L, CtPhiT @ t))
+        return QSGPSamplePaths(self, W.transpose(-1, -2).contiguous())
+
+
+class QSGPSamplePaths(nn.Module):
+    r"""``s`` explicit posterior function draws of a :class:`QSGP`, ``f_s(x) = phi(x)^T w_s``.
+
+    Calling it on ``X`` (``batch x q x d``, the model's input space) returns ``s x batch x q`` in
+    the user's outcome units. Deterministic: the same ``X`` always gives the same values.
+    """
+
+    def __init__(self, model: QSGP, weights: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("weights", weights)  # s x m
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.weights.shape[0])
+
+    def forward(self, X: Tensor) -> Tensor:
+        model = self.model
+        check_inputs(X, dim=X.shape[-1])
+        Xt = model._transform_and_check(X)
+        out = torch.zeros(self.num_samples, *Xt.shape[:-1], dtype=Xt.dtype, device=Xt.device)
+        for idx in model._chunks():
+            F = model.basis.features(Xt, idx)  # batch x q x b
+            out = out + torch.einsum("...qb,sb->s...q", F, self.weights[:, idx])
+        return (out + model.mean_constant) * model.outcome_std + model.outcome_mean
