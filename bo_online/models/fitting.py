@@ -64,7 +64,7 @@ def resolve_settings(
         raise ValueError(
             f"settings must be a {settings_class.__name__}, got {type(base).__name__}."
         )
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    overrides = dict(overrides or {})
     names = {f.name for f in dataclasses.fields(settings_class)}
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -72,6 +72,7 @@ def resolve_settings(
             f"Unknown fit option(s) {', '.join(map(repr, unknown))} for "
             f"{settings_class.__name__}; accepted: {', '.join(sorted(names))}."
         )
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(base, **overrides) if overrides else base
 
 

@@ -70,6 +70,8 @@ def test_resolve_settings_applies_overrides_and_refuses_unknown_names() -> None:
     assert resolve_settings(_Settings, base, {"rho": 2.0}).max_iter == 7
     with pytest.raises(ValueError, match="'num_iters'.*accepted: .*max_iter"):
         resolve_settings(_Settings, None, {"num_iters": 5})
+    with pytest.raises(ValueError, match="'bogus'"):
+        resolve_settings(_Settings, None, {"bogus": None})
     with pytest.raises(ValueError, match="must be a _Settings"):
         resolve_settings(_Settings, OptimizerSettings(), {})
 
