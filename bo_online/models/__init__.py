@@ -6,7 +6,7 @@ from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
 from bo_online.models.qsgp import QSGP
 from bo_online.models.tsvgp import TSVGP
-from bo_online.models.wiski import WISKI
+from bo_online.models.wiski import WISKI, WISKIFitSettings, WISKIProjectionFitSettings
 
 __all__ = [
     "OnlineModel",
@@ -17,4 +17,6 @@ __all__ = [
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",
+    "WISKIFitSettings",
+    "WISKIProjectionFitSettings",
 ]
