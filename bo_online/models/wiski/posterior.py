@@ -116,8 +116,8 @@ class WISKIPosteriorMixin:
         r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
         (:func:`bo_online.models.wiski.grid.interp_quad`): a small dense covariance, with a
         gradient or with stencils that touch fewer than ``m`` grid points in all, and a
-        conditioned model
-        (whose corrections are built from ``M``), ``M`` already cached, or a gradient asked for
+        conditioned model (whose corrections are built from ``M``), ``M`` already cached, or a
+        gradient asked for
         or more than ``_GRAM_AFTER_CALLS`` requests on this state (an acquisition optimiser calls
         hundreds of times per base state, its raw samples first and without a gradient, so the
         O(m^3) of ``M`` is paid once; a few no-grad calls keep the O(m^2 N) triangular solve)."""
