@@ -63,7 +63,7 @@ ModelOptionOpt = Annotated[
         "--model-option",
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
         "when possible (numbers, true/false, lists), else kept as strings; a value "
-        "module.Class(literal args) builds that object (only classes of bo_online.models.projection "
+        "module.Class(literal args) builds that object (only classes of bo_online.models.wiski.projection "
         "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
         "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default pairs+tanh) "
         "--model-option projection=pairs.",

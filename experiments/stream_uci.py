@@ -9,7 +9,7 @@ it), targets standardised with the training rows' mean and standard deviation (s
 standardised units as in the paper). Models, each with m = 256 inducing points:
 
 * ``wiski`` -- a learned linear projection to 2-D, batch-norm and tanh
-  (:class:`bo_online.models.projection.TanhProjection`) feeding the RBF-ARD kernel on a 16 x 16
+  (:class:`bo_online.models.wiski.projection.TanhProjection`) feeding the RBF-ARD kernel on a 16 x 16
   grid (256 points);
 * ``exact`` -- the exact online GP (same kernel on the raw inputs), only where the training split
   has at most ``--exact-max`` rows (the paper also drops it on the large sets);
@@ -85,7 +85,7 @@ def model_options(model: str, dim: int, m: int = M) -> dict[str, Any]:
         options: dict[str, Any] = {"grid_size": max(6, round(math.sqrt(m)))}
         if dim > 2:  # the paper's learned projection to 2-D with batch-norm and tanh
             options["projection"] = {
-                "__class__": "bo_online.models.projection.TanhProjection",
+                "__class__": "bo_online.models.wiski.projection.TanhProjection",
                 "args": [dim],
                 "kwargs": {"out_dim": 2, "seed": 0},
             }

@@ -118,7 +118,7 @@ def test_initial_data_and_ask_tell_without_objective(tmp_path):
 
 
 def test_object_options_with_out_dir_fail_before_any_evaluation(tmp_path):
-    from bo_online.models.projection import TanhProjection
+    from bo_online.models.wiski.projection import TanhProjection
 
     calls = []
     problem = CallableProblem(lambda X: calls.append(1) or X.sum(-1), [[0] * 4, [1] * 4])

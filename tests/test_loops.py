@@ -82,7 +82,7 @@ def model_options(model: str, dim: int, seed: int = 0) -> dict:
         return {}
     options = {"grid_size": 20}
     if dim > 3:
-        options["projection"] = {"__class__": "bo_online.models.projection.TanhProjection",
+        options["projection"] = {"__class__": "bo_online.models.wiski.projection.TanhProjection",
                                  "args": [dim], "kwargs": {"out_dim": 2, "seed": seed}}
     return options
 
@@ -137,7 +137,7 @@ def test_refits_learn_a_wiski_projection_from_the_loops_data():
                "acq_options": {"num_candidates": 64}}
     loop = BayesOptLoop(problem, model="wiski", model_options=model_options("wiski", 6), seed=0,
                         n_init=12, **options)
-    from bo_online.models.projection import TanhProjection
+    from bo_online.models.wiski.projection import TanhProjection
 
     loop.initialize()  # the initial fit learns the map from its seeded start
     W0 = loop.model.projection.linear.weight.detach().clone()

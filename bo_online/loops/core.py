@@ -18,6 +18,7 @@ removed again if the run fails before its first record).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import signal
 import time
@@ -305,6 +306,9 @@ class OnlineLoop:
             import inspect
 
             accepted = set(inspect.signature(fit_projection).parameters)
+            settings_class = getattr(self.model, "fit_projection_settings_class", None)
+            if settings_class is not None:  # fit_projection(X, Y, Yvar, settings, **overrides)
+                accepted |= {f.name for f in dataclasses.fields(settings_class)}
             options = {"method": "lbfgs", **self.config["fit_options"]}
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)

@@ -27,6 +27,8 @@ __all__ = ["ALLOWED_MODULES", "UnsafeOptionError", "check_options", "instantiate
 
 #: module -> (module of the base class, base class name): the only places classes come from.
 ALLOWED_MODULES: dict[str, tuple[str, str]] = {
+    "bo_online.models.wiski.projection": ("torch.nn", "Module"),
+    # the module's old path, which saved run configurations name
     "bo_online.models.projection": ("torch.nn", "Module"),
     "gpytorch.kernels": ("gpytorch.kernels", "Kernel"),
     "gpytorch.means": ("gpytorch.means", "Mean"),

@@ -1,12 +1,16 @@
-"""Online GP surrogates; each subclasses :class:`bo_online.models.base.OnlineModel`."""
+"""Online GP surrogates; each subclasses :class:`bo_online.models.base.OnlineModel`.
+
+One subpackage per family (``wiski``, ``tsvgp``, ``decoupled``, ``qsgp``), the exact GP
+(``exact``) as the reference, the shared contract (``base``) and fit helpers (``fitting``).
+"""
 
 from bo_online.models.base import OnlineModel
-from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
+from bo_online.models.fitting import OptimizerSettings
 from bo_online.models.qsgp import QSGP, QSGPFitSettings, QSGPSGDSettings
 from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings
-from bo_online.models.wiski import WISKI
+from bo_online.models.wiski import WISKI, WISKIFitSettings, WISKIProjectionFitSettings
 
 __all__ = [
     "OnlineModel",
@@ -14,11 +18,13 @@ __all__ = [
     "WISKI",
     "TSVGP",
     "DecoupledSVGP",
-    "DecoupledFitSettings",
     "QSGP",
     "OptimizerSettings",
     "ExactFitSettings",
+    "WISKIFitSettings",
+    "WISKIProjectionFitSettings",
     "TSVGPFitSettings",
+    "DecoupledFitSettings",
     "QSGPFitSettings",
     "QSGPSGDSettings",
 ]

@@ -11,7 +11,7 @@ classify:
   probability is ``E_{q(f)}[Phi(f)] = Phi(mu / sqrt(1 + s^2))`` for the probit link (closed form);
   for the logit link the likelihood's Gauss-Hermite quadrature.
 * ``wiski`` -- :class:`WISKIBinaryClassifier`, the two-class
-  :class:`~bo_online.models.wiski_classification.WISKIDirichletClassifier` (Milios et al.
+  :class:`~bo_online.models.wiski.classification.WISKIDirichletClassifier` (Milios et al.
   Dirichlet regression); its probability is the (seeded) Monte-Carlo average of the softmax.
 
 :func:`classifier_class` maps a registry name to one of them, with a one-line error for a
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models.tsvgp import TSVGP
-from bo_online.models.wiski_classification import WISKIDirichletClassifier
+from bo_online.models.wiski.classification import WISKIDirichletClassifier
 
 __all__ = ["TSVGPClassifier", "WISKIBinaryClassifier", "CLASSIFIERS", "classifier_class"]
 

@@ -59,8 +59,8 @@ def _kernel_dense(model: OnlineModel, X: Tensor, y: Tensor, noise: Tensor, Xt: T
 
 def _ski_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
     r"""SKI GP: kernel ``W K_UU W^T`` with the dense interpolation weights ``W`` of the grid and
-    the model's jittered grid kernel (as ``tests/wiski_reference.py``)."""
-    from wiski_reference import grid_kernel
+    the model's jittered grid kernel (as ``tests/models/wiski/wiski_reference.py``)."""
+    from models.wiski.wiski_reference import grid_kernel
 
     with torch.no_grad():
         W = model.grid.dense_weights(model._features(X))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bo_online.models import WISKI
-from bo_online.models.projection import TanhProjection
+from bo_online.models.wiski.projection import TanhProjection
 from wiski_reference import dense_mll, dense_posterior
 
 DT = torch.float64
@@ -63,7 +63,7 @@ def test_dirichlet_targets_and_classifier():
 
     import pytest
 
-    from bo_online.models.wiski_classification import WISKIDirichletClassifier, dirichlet_targets
+    from bo_online.models.wiski.classification import WISKIDirichletClassifier, dirichlet_targets
 
     t, v = dirichlet_targets(torch.tensor([1, 0]), 3)
     a_hit, a_miss = 1.01, 0.01
@@ -103,7 +103,7 @@ def test_online_projection_step_matches_full_mll_gradient():
     Xn, Yn = X[50:53], Y[50:53]
     params = list(proj.parameters())
     # brute force: MLL of the old statistics plus the new points' weights under phi (O(m^3))
-    from bo_online.models.wiski import _STAT_NAMES, _stats_with
+    from bo_online.models.wiski.statistics import _STAT_NAMES, _stats_with
 
     base = {k: getattr(model, k) for k in _STAT_NAMES}
     idx, val = model._interp(Xn)

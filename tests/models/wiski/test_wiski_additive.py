@@ -12,9 +12,9 @@ import torch
 from botorch.test_functions import Hartmann
 from gpytorch.distributions import MultivariateNormal
 
-from bo_online.grid import RegularGrid
+from bo_online.models.wiski.grid import RegularGrid
 from bo_online.models import WISKI
-from bo_online.models.additive_grid import BlockGridKernel, StackedGrid, input_groups
+from bo_online.models.wiski.additive import BlockGridKernel, StackedGrid, input_groups
 
 DT = torch.float64
 

@@ -1,5 +1,5 @@
 """WISKI's cached root ``S`` and Gram ``M = R A^-1 R^T`` carried through in-place updates by
-rank-q algebra (``bo_online.models.wiski._updated_roots``), against caches rebuilt from scratch
+rank-q algebra (``bo_online.models.wiski.caches._updated_roots``), against caches rebuilt from scratch
 and the dense SKI posterior."""
 
 from __future__ import annotations

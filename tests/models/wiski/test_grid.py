@@ -1,4 +1,4 @@
-"""Tests for bo_online.grid: interpolation weights against GPyTorch's and against polynomials."""
+"""Tests for bo_online.models.wiski.grid: interpolation weights against GPyTorch's and against polynomials."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpytorch.utils.interpolation import Interpolation
 
-from bo_online.grid import RegularGrid, interp_gram, interp_matmul, interp_vector, keys_cubic
+from bo_online.models.wiski.grid import RegularGrid, interp_gram, interp_matmul, interp_vector, keys_cubic
 
 DT = torch.float64
 

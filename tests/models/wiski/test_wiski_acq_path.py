@@ -1,5 +1,5 @@
 """WISKI's acquisition path: the posterior at a few points per batch with its gradient, read from
-the cached ``M = R A^-1 R^T`` by ``bo_online.grid.interp_quad`` (hand-written backward), against
+the cached ``M = R A^-1 R^T`` by ``bo_online.models.wiski.grid.interp_quad`` (hand-written backward), against
 dense computations: ``W M W^T`` formed densely, and the literal dense SKI posterior (n x n) built
 differentiably in the test points."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bo_online.grid import RegularGrid, interp_quad
+from bo_online.models.wiski.grid import RegularGrid, interp_quad
 from bo_online.models import WISKI
 from wiski_reference import grid_kernel, noise_std
 

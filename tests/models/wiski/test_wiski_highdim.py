@@ -9,7 +9,7 @@ import torch
 from botorch.test_functions import Hartmann, StyblinskiTang
 
 from bo_online.models import WISKI
-from bo_online.models.projection import TanhProjection, make_projection
+from bo_online.models.wiski.projection import TanhProjection, make_projection
 from wiski_reference import dense_posterior
 
 DT = torch.float64

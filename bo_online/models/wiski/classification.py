@@ -1,0 +1,138 @@
+r"""Dirichlet-based GP classification (Milios et al., 2018) on WISKI.
+
+Classification becomes C independent fixed-noise regressions (docs/math.md §1, Stanton et al.,
+"Kernel Interpolation for Scalable Online Gaussian Processes", 2021, arXiv:2103.01454, App. A.5): for a label y_i and class c, ``alpha_ic = 1[y_i = c] + alpha_eps``; the regression
+target is ``log alpha_ic - sigma_ic^2 / 2`` with fixed noise ``sigma_ic^2 = log(1 + 1/alpha_ic)``.
+Each class is a :class:`bo_online.models.WISKI` with fixed heteroscedastic noise, so updates stay
+O(m^2 q) per class whatever n is. Class probabilities are the Monte-Carlo average of
+``softmax(f)`` over the latent posteriors (Milios et al., Eq. 8); predictions are the argmax of the
+posterior means.
+
+Use it for streaming classification of low-dimensional inputs (or more through a projection,
+shared by none of the classes here: give each class model its own via ``projection_factory``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from botorch.models.model import ModelList
+from torch import Tensor, nn
+
+from bo_online.models.wiski.model import WISKI
+
+__all__ = ["dirichlet_targets", "WISKIDirichletClassifier"]
+
+
+def dirichlet_targets(
+    labels: Tensor, num_classes: int, alpha_eps: float = 0.01, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor]:
+    r"""Milios et al.'s regression targets and noise variances.
+
+    Args:
+        labels: ``n`` integer class labels in ``[0, num_classes)``.
+        num_classes: C.
+        alpha_eps: the Dirichlet concentration of the wrong classes.
+
+    Returns:
+        ``(targets, noise)``, both ``n x C``.
+    """
+    if not isinstance(labels, Tensor) or labels.dim() != 1:
+        raise ValueError(f"labels must be a 1-D tensor of class indices, got {getattr(labels, 'shape', labels)}.")
+    if labels.dtype.is_floating_point:
+        if not bool((labels == labels.round()).all()):
+            raise ValueError("labels must be integers (class indices).")
+        labels = labels.long()
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"labels must lie in [0, {num_classes}); got values in [{int(labels.min())}, "
+            f"{int(labels.max())}]."
+        )
+    alpha = torch.nn.functional.one_hot(labels, num_classes).to(dtype) + alpha_eps
+    noise = torch.log1p(1.0 / alpha)
+    return alpha.log() - noise / 2, noise
+
+
+class WISKIDirichletClassifier(nn.Module):
+    r"""C WISKI fixed-noise regressions on Dirichlet-transformed labels.
+
+    Args:
+        train_X: ``n x d`` inputs; labels: ``n`` class indices; num_classes: C.
+        alpha_eps: Dirichlet concentration of the wrong classes (0.01 as in the paper).
+        projection_factory: optional zero-argument callable giving each class model its own
+            projection (d > 3).
+        **wiski_options: passed to every :class:`WISKI` (``grid_size``, ``covar_module`` is not
+            shared: pass ``covar_factory`` for per-class kernels).
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        labels: Tensor,
+        num_classes: int,
+        alpha_eps: float = 0.01,
+        projection_factory: Callable[[], nn.Module] | None = None,
+        covar_factory: Callable[[], Any] | None = None,
+        **wiski_options: Any,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+        self.num_classes, self.alpha_eps = int(num_classes), float(alpha_eps)
+        targets, noise = dirichlet_targets(labels, num_classes, alpha_eps, dtype=train_X.dtype)
+        models = []
+        for c in range(num_classes):
+            opts = dict(wiski_options)
+            if projection_factory is not None:
+                opts["projection"] = projection_factory()
+            if covar_factory is not None:
+                opts["covar_module"] = covar_factory()
+            models.append(WISKI(train_X, targets[:, c:c + 1], noise[:, c:c + 1], **opts))
+        self.models = nn.ModuleList(models)
+
+    def as_model_list(self) -> ModelList:
+        """The class models as a BoTorch ``ModelList`` (for acquisition functions)."""
+        return ModelList(*self.models)
+
+    def update(self, X: Tensor, labels: Tensor) -> "WISKIDirichletClassifier":
+        r"""Fold ``q`` labelled points into every class model, O(C m^2 q). Validates first."""
+        targets, noise = dirichlet_targets(labels, self.num_classes, self.alpha_eps, dtype=X.dtype)
+        first = self.models[0]
+        checked = first._transform_and_check(X) if isinstance(X, Tensor) else X
+        if checked.dim() != 2 or checked.shape[0] != targets.shape[0]:
+            raise ValueError(
+                f"X must be q x {first.dim} with one row per label, got {tuple(X.shape)} and "
+                f"{targets.shape[0]} labels."
+            )
+        for c, model in enumerate(self.models):
+            model.update(X, targets[:, c:c + 1], noise=noise[:, c:c + 1])
+        return self
+
+    def fit(self, **kwargs: Any) -> "WISKIDirichletClassifier":
+        """Refit every class model's hyperparameters (see :meth:`WISKI.fit`)."""
+        for model in self.models:
+            model.fit(**kwargs)
+        return self
+
+    def latent(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Latent means and variances, ``... x n x C`` each, in the target units."""
+        means, variances = [], []
+        with torch.no_grad():
+            for model in self.models:
+                post = model.posterior(X)
+                means.append(post.mean.squeeze(-1))
+                variances.append(post.variance.squeeze(-1))
+        return torch.stack(means, -1), torch.stack(variances, -1)
+
+    def predict_proba(self, X: Tensor, num_samples: int = 256, seed: int | None = 0) -> Tensor:
+        r"""Class probabilities ``... x n x C``: MC average of softmax over latent samples."""
+        mean, var = self.latent(X)
+        g = None if seed is None else torch.Generator(device=mean.device).manual_seed(seed)
+        eps = torch.randn(num_samples, *mean.shape, generator=g, dtype=mean.dtype, device=mean.device)
+        f = mean + var.clamp_min(0).sqrt() * eps
+        return torch.softmax(f, dim=-1).mean(0)
+
+    def predict(self, X: Tensor) -> Tensor:
+        r"""Most probable class (argmax of the latent means), ``... x n``."""
+        return self.latent(X)[0].argmax(-1)

@@ -1,0 +1,64 @@
+r"""WISKI's default kernels and grid sizes.
+
+The default kernel is BoTorch's RBF-ARD with its dimension-scaled lengthscale prior, with the
+lengthscale bounded below by one grid spacing (the SKI kernel cannot follow shorter ones); the
+additive model uses one such kernel, scaled, per component grid.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+from gpytorch.constraints import GreaterThan
+from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.priors import GammaPrior
+
+from bo_online.models.wiski.additive import BlockGridKernel
+
+__all__ = ["default_grid_size"]
+
+#: BoTorch's lower lengthscale bound in its default kernel.
+_BOTORCH_MIN_LENGTHSCALE = 2.5e-2
+
+
+def _default_kernel(k: int, floor: float) -> Kernel:
+    r"""BoTorch's RBF-ARD kernel with its dimension-scaled lengthscale prior on ``k`` features,
+    with the lengthscale's lower bound raised to ``floor`` (grid coordinates).
+
+    Why a floor: the SKI kernel ``w_x^T K_UU w_x'`` cannot follow a lengthscale shorter than the
+    grid spacing ``h``. Below it the interpolated prior variance ``w_x^T K_UU w_x`` peaks at the
+    grid nodes and dips between them, so an acquisition function proposes grid nodes and little
+    else (measured: WISKI on 3-D Levy with noise, h = 0.2, fitted lengthscales ~0.08, 20 of 20
+    BO proposals on grid nodes and a regret worse than Sobol's)."""
+    kernel = get_covar_module_with_dim_scaled_prior(ard_num_dims=k)
+    if floor > _BOTORCH_MIN_LENGTHSCALE:
+        init = max(float(kernel.lengthscale_prior.mode), floor)
+        kernel.register_constraint(
+            "raw_lengthscale", GreaterThan(floor, transform=None, initial_value=init)
+        )
+        kernel.lengthscale = init
+    return kernel
+
+
+def _default_additive_kernel(k: int, floors: Sequence[float], sizes: Sequence[int]) -> Kernel:
+    r"""One ``ScaleKernel(_default_kernel(k, floor))`` per component grid, block-diagonal. Each
+    component's outputscale starts at ``1 / J`` (the standardised outcomes' variance shared out)
+    with a ``Gamma(2, J)`` prior (mode ``1 / J``), so that the fit can switch off components the
+    data do not support."""
+    J = len(sizes)
+    parts = []
+    for floor in floors:
+        part = ScaleKernel(_default_kernel(k, floor), outputscale_prior=GammaPrior(2.0, float(J)))
+        part.outputscale = 1.0 / J
+        parts.append(part)
+    return BlockGridKernel(parts, sizes)
+
+
+def default_grid_size(k: int) -> int:
+    """Default points per dimension: 30 for k <= 2 (m = 900), 10 for k = 3 (m = 1000)."""
+    if k <= 2:
+        return 30
+    if k == 3:
+        return 10
+    raise ValueError(f"WISKI grids are for k <= 3 dimensions, got {k}.")

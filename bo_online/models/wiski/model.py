@@ -1,0 +1,387 @@
+r"""WISKI: structured kernel interpolation with O(1)-in-n online updates.
+
+``WISKI`` (Stanton, Maddox, Delbridge and Wilson, "Kernel Interpolation for
+Scalable Online Gaussian Processes", AISTATS 2021, arXiv:2103.01454) is a GP
+whose kernel is the SKI approximation ``k(x, x') ~ w_x^T K_UU w_x'`` on a fixed regular grid
+``U`` of ``m`` points with sparse cubic interpolation weights ``w_x`` (``4^d`` non-zeros). All
+data enter only through hyperparameter-free sufficient statistics (docs/math.md §1)::
+
+    G = W^T D^-1 W (m x m),  z = W^T D^-1 y,  s = y^T D^-1 y,  n,  logdet D,
+    h = W^T D^-1 1,  t = 1^T D^-1 y,  c = 1^T D^-1 1,
+
+so the model stores no inputs, outputs or weights per observation. With ``R R^T = K_UU + jitter``
+and ``A = sigma^2 I + R^T G R = L_A L_A^T`` it gives the exact SKI marginal likelihood (and its
+gradient, by autograd through an O(m^3) computation independent of n), the posterior mean
+``w_x^T R A^-1 R^T z`` and covariance ``sigma^2 w_x^T R A^-1 R^T w_x'``. New observations update
+the statistics and ``L_A`` by a rank-q Cholesky update, O(m^2 q) whatever n is.
+
+Conditioning (``condition_on_observations``/``fantasize``) is lazy: the new model keeps the base
+model's factors and a rank-q correction ``F = L_A^-1 U``, ``C C^T = I + F^T F``; the covariance is
+shared by all fantasy samples (only the mean coefficients differ), and the variance at ``N`` fixed
+points costs O(m^2 q + m q N) per candidate batch (docs/math.md §1) -- here O(4^d (m + N) q):
+the correction reads rows of ``R L_A^-T`` and ``R A^-1 R^T``, cached once per base state (O(m^3)),
+and, for points asked for repeatedly (qNIPV's ``mc_points``), their rows times those matrices --
+which is what makes ``qNegIntegratedPosteriorVariance`` with thousands of ``mc_points`` fast.
+
+Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed heteroscedastic
+(``train_Yvar`` given: ``D`` the variances in the user's units, ``sigma^2 = 1 / outcome_std^2``
+so that the standardised noise is exactly ``train_Yvar / outcome_std^2``).
+
+Use it for long BO / active-learning runs on d <= 3 inputs, where an exact GP becomes too slow.
+Above 3 inputs the loops' default (``projection="pairs+tanh"``) is an additive model: a sum of
+SKI components on 2-D grids, one per pair of inputs and one on a learned 2-D projection of all
+inputs (:mod:`bo_online.models.wiski.additive`). It is still one SKI kernel ``W K W^T`` with a
+block-diagonal ``K``, so everything above holds unchanged. Trade-off: interactions between inputs
+of different pairs are modelled only along the projection's two directions; the projection is
+re-derived from the raw data at each refit (an exact GP on at most 400 points, and a rebuild of
+the statistics), which the loops keep. ``projection="pairs"`` drops the projection component
+(cheaper refits, exact for additive functions, but no better than a constant on a strongly
+coupled stream such as kin40k); ``projection="tanh:K"``
+(:class:`bo_online.models.wiski.projection.TanhProjection`) is the projection alone (in BO no better
+than Sobol on several 4-6-D test functions).
+
+The default kernel's lengthscales are bounded below by one grid spacing (``lengthscale_floor``):
+the SKI kernel cannot follow shorter ones, and below it its prior variance oscillates between grid
+nodes, so the acquisition function proposes grid nodes. Inputs live in a box (default the unit
+cube); the grid covers it plus two cells of padding on every side, and inputs outside the box are
+an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from botorch.models.utils.gpytorch_modules import get_gaussian_likelihood_with_lognormal_prior
+from gpytorch.kernels import Kernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+from torch import Tensor
+
+from bo_online.models.base import OnlineModel
+from bo_online.models.wiski.additive import StackedGrid, additive_grid_size, input_groups
+from bo_online.models.wiski.caches import WISKICacheMixin
+from bo_online.models.wiski.conditioning import WISKIConditioningMixin
+from bo_online.models.wiski.fitting import WISKIFitMixin
+from bo_online.models.wiski.grid import RegularGrid
+from bo_online.models.wiski.kernels import (
+    _BOTORCH_MIN_LENGTHSCALE,
+    _default_additive_kernel,
+    _default_kernel,
+    default_grid_size,
+)
+from bo_online.models.wiski.posterior import WISKIPosteriorMixin
+from bo_online.models.wiski.projection import make_projection, set_projection_normalization
+from bo_online.models.wiski.statistics import _DELTA_NAMES, WISKIStatisticsMixin
+
+__all__ = ["WISKI", "default_grid_size"]
+
+
+class WISKI(
+    WISKIFitMixin,
+    WISKIConditioningMixin,
+    WISKIPosteriorMixin,
+    WISKICacheMixin,
+    WISKIStatisticsMixin,
+    OnlineModel,
+):
+    r"""Woodbury-inversion SKI GP with constant-time online updates.
+
+    Args:
+        train_X: ``n x d`` initial inputs (n >= 1) inside ``bounds``.
+        train_Y: ``n x 1`` initial observations.
+        train_Yvar: optional ``n x 1`` fixed noise variances (user units); then every later
+            ``update`` must pass ``noise``.
+        grid_size: points per grid dimension (int or one per dimension); default 30 (k <= 2) or
+            10 (k = 3), see :func:`default_grid_size`; for the additive model, per dimension of
+            each component grid, default ~400 grid points in total
+            (:func:`bo_online.models.wiski.additive.additive_grid_size`).
+        bounds: ``2 x d`` input box (default the unit cube); inputs outside it are an error.
+        covar_module: any stationary GPyTorch kernel on the (projected) k-dim inputs; default
+            BoTorch's RBF with dimension-scaled lengthscale prior.
+        likelihood: ``GaussianLikelihood`` for the homoscedastic case; default BoTorch's.
+        standardize: standardise outcomes with the initial data's mean and std.
+        grid_jitter: relative jitter added to the grid kernel (``K + jitter * mean(diag K) I``);
+            part of the model (the dense SKI reference uses the same matrix).
+        projection: a module mapping ``... x d`` inputs to ``... x k`` features in
+            ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
+            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"pairs"`` (the additive model
+            over consecutive pairs of inputs, as ``additive="pairs"``), or ``"none"``/``None``;
+            one of them is needed when d > 3 (the loops default to ``"pairs"`` there, see
+            :meth:`loop_default_options`).
+        input_transform: optional BoTorch input transform.
+        lengthscale_floor: lower bound on the default kernel's lengthscales (grid coordinates):
+            ``"grid"`` (default) one grid spacing (at least BoTorch's 0.025), ``None`` BoTorch's
+            0.025, or a number. Not used with a user's ``covar_module``.
+        additive: groups of input indices (``G x k``, k <= 3, e.g. ``[[0, 1], [2, 3]]``) or
+            ``"pairs"``: model ``f(x) = sum_j f_j(x[g_j])``, one SKI component per group, each
+            on its own k-D grid with its own ``ScaleKernel`` (default kernel: see
+            :func:`_default_additive_kernel`); a user's ``covar_module`` must then be a
+            :class:`bo_online.models.wiski.additive.BlockGridKernel`.
+
+    Example:
+        >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
+        >>> model.fit()                                   # L-BFGS on the exact SKI MLL
+        >>> model.update(new_X, new_Y)                    # O(m^2 q), independent of n
+        >>> model.fit(method="adam", max_iter=3, lr=0.01, restandardize=False)  # streaming refit
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        grid_size: int | Sequence[int] | None = None,
+        bounds: Tensor | None = None,
+        covar_module: Kernel | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        standardize: bool = True,
+        grid_jitter: float = 1e-6,
+        projection: torch.nn.Module | str | None = None,
+        input_transform: Any | None = None,
+        lengthscale_floor: float | str | None = "grid",
+        additive: str | Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        if not isinstance(train_X, Tensor) or train_X.dim() != 2:
+            raise ValueError(
+                f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', type(train_X))}."
+            )
+        dtype, device = train_X.dtype, train_X.device
+        dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
+        if bounds is None:
+            bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(dtype=dtype, device=device)
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
+        X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        spec = projection.strip().lower() if isinstance(projection, str) else None
+        if spec in ("pairs", "pairs+tanh"):
+            if additive is not None:
+                raise ValueError(f"Pass either `additive` or projection={spec!r}, not both.")
+            # the additive model over pairs of inputs (plus a learned 2-D projection component)
+            additive, projection = "pairs", ("tanh:2" if spec == "pairs+tanh" else None)
+        projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
+        self.input_groups: list[list[int]] | None = None
+        if additive is not None:
+            self.input_groups = input_groups(additive, dim)
+            k, grid_bounds = len(self.input_groups[0]), None
+            if projection is not None:  # one more component: the projection's k features
+                if int(getattr(projection, "out_dim", -1)) != k:
+                    raise ValueError(
+                        f"With `additive` groups of {k} inputs the projection must give {k} "
+                        f"features, got out_dim={getattr(projection, 'out_dim', None)}."
+                    )
+                self._attach_projection(projection, X, train_Y)
+        elif projection is None:
+            if dim > 3:
+                raise ValueError(
+                    "WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs+tanh' (a "
+                    "sum of 2-D grids over pairs of inputs and one on a learned projection; the "
+                    "loops and the CLI do this by default), 'pairs' (without the projection) or "
+                    "projection='tanh' (or 'tanh:3', or "
+                    "bo_online.models.wiski.projection.TanhProjection(d, out_dim=2)) to learn "
+                    "k <= 3 features."
+                )
+            k, grid_bounds = dim, self.input_bounds
+        else:
+            k = int(getattr(projection, "out_dim"))
+            if not 1 <= k <= 3:
+                raise ValueError(f"projection.out_dim must be 1, 2 or 3, got {k}.")
+            grid_bounds = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
+            self._attach_projection(projection, X, train_Y)
+        self.num_features = k
+        if grid_size is None:
+            groups = self.input_groups
+            J = 0 if groups is None else len(groups) + int(hasattr(self, "projection"))
+            grid_size = default_grid_size(k) if groups is None else additive_grid_size(J, k)
+        sizes = [int(grid_size)] * k if isinstance(grid_size, int) else [int(g) for g in grid_size]
+        if len(sizes) != k:
+            raise ValueError(f"grid_size must give {k} sizes (one per feature), got {sizes}.")
+        if self.input_groups is None:
+            self.grid = RegularGrid(sizes, grid_bounds, dtype=dtype, device=device)
+        else:  # one k-D grid per group of inputs, over the input box's faces
+            grids = [
+                RegularGrid(sizes, self.input_bounds[:, g], dtype=dtype, device=device)
+                for g in self.input_groups
+            ]
+            if hasattr(self, "projection"):  # and one over the projection's (-1, 1)^k
+                box = torch.tensor([[-1.0] * k, [1.0] * k], dtype=dtype, device=device)
+                grids.append(RegularGrid(sizes, box, dtype=dtype, device=device))
+            self.grid = StackedGrid(grids)
+            self.num_features = self.grid.dim
+        self.grid_jitter = float(grid_jitter)
+        if standardize and train_Y.shape[0] > 1:
+            std = train_Y.std(dim=0)
+            self.outcome_mean = train_Y.mean(dim=0).to(X)
+            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+        self.fixed_noise = train_Yvar is not None
+        if self.fixed_noise and likelihood is not None:
+            raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
+        self.lengthscale_floor = self._lengthscale_floor(lengthscale_floor, covar_module)
+        if covar_module is None and self.input_groups is not None:
+            floors = [
+                max(self.lengthscale_floor, float(g.spacing.min()))
+                if lengthscale_floor == "grid" else self.lengthscale_floor
+                for g in self.grid.grids
+            ]  # each component's own grid spacing
+            covar_module = _default_additive_kernel(k, floors, self.grid.sizes_per_grid)
+        self.covar_module = covar_module or _default_kernel(k, self.lengthscale_floor)
+        self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
+        self.mean_module = ConstantMean()
+        self.to(dtype=dtype, device=device)
+        m = self.grid.num_points
+        self.register_buffer("grid_points", self.grid.points())
+        # Sufficient statistics (hyperparameter-free; raw user-unit outcomes, D in "D units").
+        zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
+        for name, shape in (("G", (m, m)), ("z", (m,)), ("h", (m,))):
+            self.register_buffer(name, zeros(*shape))
+        for name in ("s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D"):
+            self.register_buffer(name, zeros(()))
+        # Caches tied to the hyperparameters (rebuilt by ensure_caches).
+        for name in ("chol_K", "chol_A", "v", "mean_coef"):
+            self.register_buffer(name, None)
+        # Pending conditioning (set only on models made by condition_on_observations/fantasize).
+        for name in _DELTA_NAMES:
+            self.register_buffer(name, None)
+        self._shared: dict[str, Any] = {}  # lazy caches shared with conditioned models
+        self._stats_shared = False
+        D = None if train_Yvar is None else train_Yvar.to(X).squeeze(-1)
+        idx, val = self.grid.interpolate(self._features(X))
+        D = self._check_D(torch.ones_like(val[..., 0]) if D is None else D)
+        with torch.no_grad():
+            self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
+
+    def _lengthscale_floor(self, spec: float | str | None, covar_module: Kernel | None) -> float:
+        r"""The default kernel's lower lengthscale bound (in grid coordinates): ``"grid"`` -- one
+        grid spacing (the smallest over dimensions) or BoTorch's 0.025, whichever is larger;
+        ``None`` -- BoTorch's 0.025; a positive number -- that bound."""
+        if isinstance(spec, str) and spec == "grid":
+            return max(_BOTORCH_MIN_LENGTHSCALE, float(self.grid.spacing.min()))
+        if spec is None:
+            return _BOTORCH_MIN_LENGTHSCALE
+        if isinstance(spec, str) or not float(spec) > 0:
+            raise ValueError(
+                f"lengthscale_floor must be 'grid', None or a positive number, got {spec!r}."
+            )
+        if covar_module is not None:
+            raise ValueError(
+                "lengthscale_floor applies to the default kernel only; set the lengthscale "
+                "constraint of your own covar_module instead."
+            )
+        return float(spec)
+
+    def _attach_projection(self, projection: torch.nn.Module, X: Tensor, Y: Tensor) -> None:
+        r"""Keep ``projection`` (moved to the model's dtype/device) and initialise it on the
+        initial data: from data where it asks for it (``d + 2`` points at least), else its batch
+        norm statistics, unless it is already normalised (a fitted map is kept as it is)."""
+        self.projection = projection.to(dtype=X.dtype, device=X.device)
+        if getattr(projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+            projection.init_from_data(X, Y)  # see projection.py: random maps fail
+        elif X.shape[0] > 1:
+            # batch norm statistics of the initial data (if it has any and they are not set)
+            set_projection_normalization(projection, X, only_if_unset=True)
+
+    @classmethod
+    def loop_default_options(cls, dim: int) -> dict[str, Any]:
+        r"""Constructor options the loops (and so the CLI) use unless the user gives them: above
+        3 inputs an additive model over pairs of inputs plus one component on a learned 2-D
+        projection (``projection="pairs+tanh"``, see :mod:`bo_online.models.wiski.additive`)."""
+        return {"projection": "pairs+tanh"} if dim > 3 else {}
+
+    # ------------------------------------------------------------------ small helpers
+
+    @property
+    def num_data(self) -> int:
+        return int(self.n.item())
+
+    @property
+    def num_grid_points(self) -> int:
+        return self.grid.num_points
+
+    @property
+    def grid_jitter(self) -> float:
+        """Relative jitter of the grid kernel; part of the model, so setting it rebuilds caches."""
+        return self._grid_jitter
+
+    @grid_jitter.setter
+    def grid_jitter(self, value: float) -> None:
+        # A plain float, not a tensor in hyperparameters(): invalidate explicitly.
+        self._grid_jitter = float(value)
+        self.invalidate_caches()
+
+    def hyperparameters(self):
+        """Kernel, mean and (homoscedastic) noise parameters, plus the outcome scaling."""
+        for name, p in self.named_parameters():
+            if name.startswith("projection."):
+                continue  # the statistics themselves depend on it: see fit_projection
+            if self.fixed_noise and name.startswith("likelihood."):
+                continue
+            yield p
+        yield self.outcome_mean
+        yield self.outcome_std
+
+    def _features(self, X: Tensor) -> Tensor:
+        """Grid coordinates of (transformed, validated) inputs: identity or the projection."""
+        features = []
+        if self.input_groups is not None:  # additive: the groups' inputs side by side
+            features.append(X[..., [i for g in self.input_groups for i in g]])
+        if hasattr(self, "projection"):
+            if self.projection.training and not getattr(self, "_fitting_projection", False):
+                self.projection.eval()  # a fixed map except while it is being learned
+            features.append(self.projection(X))
+        if not features:
+            return X
+        return features[0] if len(features) == 1 else torch.cat(features, -1)
+
+    def _interp(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        return self.grid.interpolate(self._features(X))
+
+    def _sigma2(self) -> Tensor:
+        r"""``sigma^2`` in standardised units (scalar tensor): noise of point i is sigma^2 D_i."""
+        if self.fixed_noise:
+            return self.outcome_std.pow(-2).reshape(())
+        return self.likelihood.noise.reshape(())
+
+    def _check_D(self, D: Tensor) -> Tensor:
+        if bool((D <= 0).any()):
+            raise ValueError(
+                "WISKI needs strictly positive observation-noise variances (the Woodbury form "
+                f"divides by them); got {int((D <= 0).sum())} value(s) <= 0."
+            )
+        return D
+
+    def _to_D(self, X: Tensor, noise: Tensor | None) -> Tensor:
+        r"""Noise of new points in D units (``batch x q``) from standardised variances or None:
+        the per-point noise of :meth:`OnlineModel._noise_of_points` (which refuses None on a
+        fixed-noise model) divided by ``sigma^2``, so the likelihood's own noise gives D = 1."""
+        noise = self._noise_of_points(X, noise)
+        if self.fixed_noise:
+            D = noise * self.outcome_std.pow(2)
+        else:  # relative to the current noise level (no gradient: D is data, not a parameter)
+            D = noise.detach() / self._sigma2().detach()
+        return self._check_D(D)
+
+    def _grid_kernel(self, points: Tensor | None = None) -> Tensor:
+        r"""``K_UU + jitter I`` (``m x m``, or on a subset of grid ``points``), differentiable in
+        the kernel hyperparameters. ``jitter = grid_jitter * mean(diag K)`` (the same on any
+        subset for a stationary kernel)."""
+        K = self.covar_module(self.grid_points if points is None else points).to_dense()
+        jitter = self.grid_jitter * torch.diagonal(K).mean()
+        return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+
+    def _offset(self) -> Tensor:
+        r"""``beta = outcome_mean + outcome_std * constant``: residual r = (y - beta) / sd."""
+        return (self.outcome_mean + self.outcome_std * self.mean_module.constant).reshape(())
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.batch_shape == torch.Size():
+            self._materialize()
+        return super().state_dict(*args, **kwargs)
+
+    def _after_load(self) -> None:
+        self._shared = {}
+        self._stats_shared = False

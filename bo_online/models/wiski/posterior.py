@@ -1,0 +1,201 @@
+r"""WISKI's posterior: the latent mean and covariance read from the cached factors.
+
+The mean is ``w_x^T R A^-1 R^T z_r`` (4^d reads of the cached coefficients per point); the
+covariance ``sigma^2 w_x^T R A^-1 R^T w_x'`` comes either from rows of ``S = R L_A^-T`` (a lazy
+``P P^T - Q Q^T`` for many points, :mod:`bo_online.models.wiski.covariance`) or, for a few points
+requested often (an acquisition optimiser), from the cached ``M = R A^-1 R^T``. A conditioned
+(fantasy) model subtracts its rank-q correction ``Q = sigma W S F C^-T`` from both.
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
+from torch import Tensor
+
+from bo_online.linalg import solve_lower
+from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
+from bo_online.models.wiski.grid import interp_matmul, interp_quad, interp_vector
+
+__all__ = ["WISKIPosteriorMixin"]
+
+# Below this many test points per batch the posterior covariance is returned dense.
+_DENSE_COVAR_MAX = 64
+# After this many posterior requests on one state, build M = R A^-1 R^T (O(m^3)) and read
+# covariances from it (see WISKI._use_gram_block).
+_GRAM_AFTER_CALLS = 8
+
+
+class WISKIPosteriorMixin:
+    r"""Methods of :class:`~bo_online.models.wiski.WISKI` that compute its posterior."""
+
+    def _grid_root(self, idx: Tensor, val: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Rows ``sigma E_x^T = sigma w_x^T R L_A^-T`` (``xb x N x m``) of the base model's
+        factor and their squared norms (``xb x N``: the base model's latent variances).
+
+        Uses the cached ``S = R L_A^-T`` (O(4^d m) per point) when it exists, when the request
+        is large (``N >= m / 4``) or when a conditioned model asks (fantasies come in bulk: one
+        base model is conditioned on many candidate batches, so the O(m^3) of ``S`` is paid once
+        per base state and amortised); otherwise a triangular solve (O(m^2) per point). ``S``
+        and the rows for a no-grad ``X`` requested again (qNIPV's mc_points, from their second
+        request on) are cached in ``_shared``, a dict shared with conditioned models and
+        replaced whenever the factors change.
+        """
+        R, L_A = self.chol_K, self.chol_A
+        m = R.shape[-1]
+        shared = self._shared
+        needs_grad = torch.is_grad_enabled() and val.requires_grad
+        K = idx.shape[-1]
+        same = lambda key: (  # noqa: E731  (the same points, whatever their batch dims of size 1)
+            key[0].numel() == idx.numel()
+            and torch.equal(key[0], idx.reshape(-1, K))
+            and torch.equal(key[1], val.reshape(-1, K))
+        )
+        if not needs_grad:  # the same points again (qNIPV's mc_points): reuse their rows
+            hit = shared.get("rows")
+            if hit is not None and same(hit) and hit[2].shape[:-1] == idx.shape[:-1]:
+                return hit[2], hit[3]
+            if hit is not None and same(hit) and idx.shape[:-2].numel() == 1:
+                return hit[2].reshape(*idx.shape[:-1], -1), hit[3].reshape(idx.shape[:-1])
+        total = idx.shape[:-1].numel()
+        S = shared.get("S")
+        if S is None and (total * 4 >= m or self.d_idx is not None):
+            S = self._factor_root()
+        if S is not None:
+            rows = interp_matmul(idx, val, S)
+        else:
+            rows = solve_lower(L_A, interp_matmul(idx, val, R).mT).mT
+        rows = self._sigma2().detach().sqrt() * rows
+        sqnorm = rows.pow(2).sum(-1)
+        if not needs_grad:
+            # Rows are cached for points requested a second time (the mc_points, asked for by
+            # every fantasy model): pool scoring interleaves them with fresh candidate batches,
+            # which must neither evict them nor be stored (their keys, 4^d per point, are).
+            seen = shared.setdefault("seen", [])
+            key = (idx.reshape(-1, K), val.detach().reshape(-1, K))
+            if any(same(k) for k in seen):
+                shared["rows"] = (*key, rows, sqnorm)
+            else:
+                seen.insert(0, key)
+                del seen[4:]
+        return rows, sqnorm
+
+    def _rows_times_F(self, idx: Tensor, val: Tensor, P: Tensor) -> Tensor:
+        r"""``P F`` (``batch x N x q``) for the rows ``P = sigma W_x S`` of :meth:`_grid_root`.
+
+        For cached rows (qNIPV's mc_points) ``T = P S^T = sigma W_x M`` (``N x m``) is cached
+        too, and ``P F = T W*^T D*^-1/2`` reads 4^d columns of ``T`` per pending point:
+        O(4^d N q) per candidate batch instead of the O(m N q) product.
+        """
+        hit = self._shared.get("rows")
+        grad = torch.is_grad_enabled() and (P.requires_grad or self.d_val.requires_grad)
+        if grad or hit is None or P.shape[:-2].numel() != 1 or hit[2].data_ptr() != P.data_ptr():
+            return _shared_matmul(P, self.d_F)
+        if len(hit) == 4:
+            T = self._sigma2().detach().sqrt() * interp_matmul(hit[0], hit[1], self._factor_gram())
+            hit = self._shared["rows"] = (*hit, T)
+        T = hit[4]  # N x m
+        wv = self.d_val * self.d_D.rsqrt().unsqueeze(-1)
+        out = interp_matmul(self.d_idx, wv, T.mT).mT  # batch x N x q
+        lead = torch.Size([1] * max(0, P.dim() - out.dim()))
+        return out.reshape(*lead, *out.shape)
+
+    def _noise_variance(self, X: Tensor) -> Tensor:
+        if self.fixed_noise:  # as BoTorch: the mean training noise at new points
+            mean_D = self.sum_D / self.n.clamp_min(1)
+            return (mean_D / self.outcome_std.pow(2)).reshape(1).expand(X.shape[:-1])
+        return self.likelihood.noise.reshape(1).expand(X.shape[:-1])
+
+    def _default_fantasy_noise(self) -> Tensor | None:
+        if self.fixed_noise:
+            return (self.sum_D / self.n.clamp_min(1) / self.outcome_std.pow(2)).reshape(1, 1)
+        return None
+
+    def _use_gram_block(self, idx: Tensor, val: Tensor) -> bool:
+        r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
+        (:func:`bo_online.models.wiski.grid.interp_quad`): a small dense covariance, with a
+        gradient or with stencils that touch fewer than ``m`` grid points in all, and a
+        conditioned model (whose corrections are built from ``M``), ``M`` already cached, or a
+        gradient asked for
+        or more than ``_GRAM_AFTER_CALLS`` requests on this state (an acquisition optimiser calls
+        hundreds of times per base state, its raw samples first and without a gradient, so the
+        O(m^3) of ``M`` is paid once; a few no-grad calls keep the O(m^2 N) triangular solve)."""
+        N, K = idx.shape[-2:]
+        if N > _DENSE_COVAR_MAX:
+            return False
+        needs_grad = torch.is_grad_enabled() and val.requires_grad
+        if not needs_grad and N * K > self.grid.num_points:
+            return False  # many points, no gradient: rows W S and their Gram are as cheap
+        if self.d_idx is not None:  # a conditioned model: M is built with its corrections
+            return self.d_SF is not None
+        calls = self._shared["calls"] = self._shared.get("calls", 0) + 1
+        return needs_grad or calls > _GRAM_AFTER_CALLS or self._shared.get("M") is not None
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        idx, val = self._interp(X)
+        # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
+        coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
+        mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
+        if self._use_gram_block(idx, val):
+            # sigma^2 (W M W^T - H^T H) from the cached M = R A^-1 R^T (grid.interp_quad): one
+            # sparse product W M and a gather, with an O(N^2 K) backward, instead of the N x m
+            # rows sigma W R L_A^-T, their Gram matrix and their autograd. For a conditioned
+            # model H^T = W (S F) C^-T reads 4^d rows of the m x q matrix S F per point.
+            sigma2 = self._sigma2().detach()
+            covar = sigma2 * interp_quad(idx, val, self._factor_gram())
+            if self.d_idx is not None:
+                Q = _right_solve(self.d_C, _interp_rows(idx, val, self.d_SF))  # H^T: bb x N x q
+                covar = covar - sigma2 * (Q @ Q.mT)
+            batch = torch.broadcast_shapes(mean.shape[:-1], covar.shape[:-2])
+            N = covar.shape[-1]
+            mean, covar = mean.expand(*batch, N), covar.expand(*batch, N, N)
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
+        P, p_diag = self._grid_root(idx, val)  # sigma E^T: xb x N x m, its row norms
+        if self.d_idx is None:
+            Q = P.new_zeros(*P.shape[:-1], 0)
+        else:
+            C = self.d_C  # batch x q x q
+            Q = _right_solve(C, self._rows_times_F(idx, val, P))  # sigma H^T = P F C^-T
+        batch = torch.broadcast_shapes(mean.shape[:-1], P.shape[:-2], Q.shape[:-2])
+        mean = mean.expand(*batch, mean.shape[-1])
+        N = P.shape[-2]
+        if N <= _DENSE_COVAR_MAX:
+            covar = (P @ P.mT - Q @ Q.mT).expand(*batch, N, N)
+            # As an operator: a plain tensor makes torch factorise it eagerly, which fails for
+            # nearly coincident points; BoTorch's samplers add jitter when they need a root.
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
+        covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch), P_diag=p_diag)
+        return MultivariateNormal(mean, covar)
+
+
+def _interp_rows(idx: Tensor, val: Tensor, A: Tensor) -> Tensor:
+    r"""``W A`` for batched grid matrices: ``idx``/``val``: ``xb x N x K``, ``A``: ``ab x m x c``
+    (``c`` small); returns ``broadcast(xb, ab) x N x c``, differentiable in ``val``."""
+    N, K = idx.shape[-2:]
+    m, c = A.shape[-2:]
+    if A.shape[:-2].numel() == 1:
+        out = interp_matmul(idx, val, A.reshape(m, c))
+        return out.reshape(*([1] * max(0, A.dim() - 2 - (idx.dim() - 2))), *out.shape)
+    bb = torch.broadcast_shapes(idx.shape[:-2], A.shape[:-2])
+    rows = idx.expand(*bb, N, K).reshape(*bb, N * K, 1).expand(*bb, N * K, c)
+    gathered = torch.gather(A.expand(*bb, m, c), -2, rows).view(*bb, N, K, c)
+    return (gathered * val.expand(*bb, N, K).unsqueeze(-1)).sum(-2)
+
+
+def _right_solve(C: Tensor, B: Tensor) -> Tensor:
+    r"""``B C^-T`` for lower ``C`` (``batch x q x q``), ``B``: ``batch x N x q``."""
+    return torch.linalg.solve_triangular(C, B.mT, upper=False).mT
+
+def _shared_matmul(P: Tensor, F: Tensor) -> Tensor:
+    r"""``P F`` with ``P``: ``pb x N x m`` and ``F``: ``fb x m x q``, without copying ``P`` to
+    ``F``'s batch when ``P`` has a single batch element (one GEMM instead)."""
+    if P.shape[:-2].numel() == 1:
+        N, m = P.shape[-2:]
+        q = F.shape[-1]
+        P2 = P.reshape(N, m)
+        out = (P2 @ F.mT.reshape(-1, m).mT).reshape(N, *F.shape[:-2], q)
+        out = out.movedim(0, -2)  # fb x N x q
+        lead = torch.Size([1] * max(0, P.dim() - F.dim()))
+        return out.reshape(*lead, *out.shape)
+    return P @ F

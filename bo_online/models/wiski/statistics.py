@@ -1,0 +1,102 @@
+r"""WISKI's sufficient statistics: what the model stores instead of its data.
+
+All data enter only through hyperparameter-free statistics (docs/math.md §1)::
+
+    G = W^T D^-1 W (m x m),  z = W^T D^-1 y,  s = y^T D^-1 y,  n,  logdet D,
+    h = W^T D^-1 1,  t = 1^T D^-1 y,  c = 1^T D^-1 1,
+
+plus ``sum y``, ``sum y^2`` and ``sum D`` for the outcome scaling and the fixed-noise default.
+Adding q points costs O(q 16^d) (scatter-adds of their sparse interpolation weights).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from bo_online.models.wiski.grid import interp_gram
+
+__all__ = ["WISKIStatisticsMixin"]
+
+#: Names of the sufficient-statistics buffers.
+_STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D")
+#: Names of the buffers of pending conditioning (models made by ``condition_on_observations``).
+_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef", "d_SF")
+
+
+def _stats_with(
+    base: dict[str, Tensor], idx: Tensor, val: Tensor, D: Tensor, y: Tensor, m: int
+) -> dict[str, Tensor]:
+    r"""``base`` statistics plus points (``n x K`` weights, ``n`` noise, ``n`` outcomes),
+    out of place and differentiable in ``val`` (used to learn a projection)."""
+    Dinv = 1.0 / D
+    G = interp_gram(idx, val, Dinv, m, out=base["G"].clone())
+    flat = idx.reshape(-1)
+    return {
+        "G": G,
+        "z": base["z"].index_add(0, flat, (val * (Dinv * y).unsqueeze(-1)).reshape(-1)),
+        "h": base["h"].index_add(0, flat, (val * Dinv.unsqueeze(-1)).reshape(-1)),
+        "s": base["s"] + (y * y * Dinv).sum(), "t": base["t"] + (y * Dinv).sum(),
+        "c": base["c"] + Dinv.sum(), "n": base["n"] + y.numel(),
+        "logdet_D": base["logdet_D"] + D.log().sum(), "sum_y": base["sum_y"] + y.sum(),
+        "sum_y2": base["sum_y2"] + (y * y).sum(), "sum_D": base["sum_D"] + D.sum(),
+    }
+
+
+class WISKIStatisticsMixin:
+    r"""Methods of :class:`~bo_online.models.wiski.WISKI` that read and write the statistics."""
+
+    def _residual_stats(self) -> tuple[Tensor, Tensor]:
+        r"""Standardised residual statistics ``z_r = W^T D^-1 r`` and ``s_r = r^T D^-1 r``, O(m)."""
+        beta, sd = self._offset(), self.outcome_std.reshape(())
+        z_r = (self.z - beta * self.h) / sd
+        s_r = (self.s - 2 * beta * self.t + beta**2 * self.c) / sd**2
+        return z_r, s_r
+
+    def _accumulate(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
+        r"""Add points (``q x K`` weights, ``q`` noise in D units, ``q`` user-unit y) to the
+        statistics and store them; returns the new statistics."""
+        stats = self._stats_added(idx, val, D, y)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        self._stats_shared = False
+        return stats
+
+    def _stats_added(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
+        r"""The statistics with points added. All are new tensors except ``G``, which is updated
+        in place when this model owns it exclusively (copy-on-write when a conditioned model
+        shares it); callers validate every input before calling, so nothing can fail after."""
+        m = self.grid.num_points
+        Dinv = 1.0 / D
+        G = self.G.clone() if (self._stats_shared or self.d_idx is not None) else self.G
+        interp_gram(idx, val, Dinv, m, out=G)
+        flat_idx, wv = idx.reshape(-1), (val * Dinv.unsqueeze(-1)).reshape(-1)
+        z = self.z.index_add(0, flat_idx, (val * (Dinv * y).unsqueeze(-1)).reshape(-1))
+        h = self.h.index_add(0, flat_idx, wv)
+        return {
+            "G": G, "z": z, "h": h,
+            "s": self.s + (y * y * Dinv).sum(), "t": self.t + (y * Dinv).sum(),
+            "c": self.c + Dinv.sum(), "n": self.n + y.numel(),
+            "logdet_D": self.logdet_D + D.log().sum(), "sum_y": self.sum_y + y.sum(),
+            "sum_y2": self.sum_y2 + (y * y).sum(), "sum_D": self.sum_D + D.sum(),
+        }
+
+    def statistics(self) -> dict[str, Tensor]:
+        """The sufficient statistics (a dict of the model's tensors, not copies)."""
+        self._materialize()
+        return {name: getattr(self, name) for name in _STAT_NAMES}
+
+    def _zero_statistics(self) -> dict[str, Tensor]:
+        return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
+    def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
+        r"""Replace the statistics by those of ``(X, D, y)`` (``n x d``, ``n``, ``n``) under the
+        current (fixed) projection; pending conditioning and caches are dropped."""
+        with torch.no_grad():
+            idx, val = self._interp(X)
+            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+        for name in _DELTA_NAMES:
+            setattr(self, name, None)
+        for name, value in stats.items():
+            setattr(self, name, value)
+        self._stats_shared = False
+        self.invalidate_caches()
