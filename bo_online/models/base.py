@@ -42,6 +42,7 @@ from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, L
 from torch import Tensor
 from typing_extensions import Self
 
+from bo_online.models.fitting import standardization, sum_log_priors
 from bo_online.models.validation import (
     check_inputs,
     check_noise,
@@ -186,10 +187,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     def log_prior(self) -> Tensor:
         """Sum of the log densities of every GPyTorch prior on the hyperparameter modules (as
         GPyTorch's marginal likelihoods add them)."""
-        total = torch.zeros((), **self._dtype_device)
-        for _, module, prior, closure, _ in self.named_priors():
-            total = total + prior.log_prob(closure(module)).sum()
-        return total
+        return sum_log_priors([self], self.outcome_mean)
 
     # ------------------------------------------------------------------ the cache mechanism
 
@@ -229,10 +227,17 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     # ------------------------------------------------------------------ outcome scaling
 
-    def _standardise(self, Y: Tensor) -> Tensor:
+    def _set_outcome_scaling(self, train_Y: Tensor, like: Tensor) -> None:
+        r"""Outcome scaling from the initial targets ``train_Y`` (``n x m``), as BoTorch's
+        ``Standardize``: ``outcome_mean`` and ``outcome_std`` of shape ``(m,)``, on ``like``'s
+        dtype and device."""
+        mean, std = standardization(train_Y.transpose(-1, -2))
+        self.outcome_mean, self.outcome_std = mean.to(like), std.to(like)
+
+    def _standardize(self, Y: Tensor) -> Tensor:
         return (Y - self.outcome_mean) / self.outcome_std
 
-    def _unstandardise_mvn(
+    def _unstandardize_mvn(
         self, mvn: MultivariateNormal, output_indices: list[int] | None = None
     ) -> MultivariateNormal:
         r"""Back to the user's units. For ``m > 1`` outputs the internal ``batch x m x q`` MVN
@@ -329,7 +334,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             else:
                 covar = _as_operator(covar) + DiagLinearOperator(noise)
             mvn = MultivariateNormal(mvn.mean, _as_operator(covar))
-        mvn = self._unstandardise_mvn(mvn, output_indices)
+        mvn = self._unstandardize_mvn(mvn, output_indices)
         posterior = GPyTorchPosterior(mvn)
         if posterior_transform is not None:
             return posterior_transform(posterior)
@@ -379,7 +384,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
         self.ensure_caches()
-        Ys = self._to_internal(self._standardise(Y.to(X)))
+        Ys = self._to_internal(self._standardize(Y.to(X)))
         if noise is not None:
             noise = self._to_internal(floor_noise(noise.to(X)).expand(Y.shape))
         return self._condition(X, Ys, noise)
@@ -407,7 +412,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
             raise ValueError("update() takes Y and noise of shape q x m (no batch dimensions).")
         self.ensure_caches()
-        Ys = self._to_internal(self._standardise(Y.to(X)))
+        Ys = self._to_internal(self._standardize(Y.to(X)))
         noise_s = None if noise is None else self._to_internal(
             floor_noise(noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
         )
@@ -545,6 +550,18 @@ class HeldDataMixin:
     def train_targets(self) -> Tensor:
         """Training targets in the user's units (``sample x batch x n``)."""
         return self.train_y * self.outcome_std + self.outcome_mean
+
+    def _register_held_data(self, X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None) -> None:
+        r"""Hold the (transformed) inputs ``X`` (``n x d``), the standardised targets
+        (``train_Y``: ``n x 1``, user units) and the per-point noise in standardised units
+        (``train_Yvar``: ``n x 1`` or None) as the buffers ``train_X``, ``train_y``,
+        ``train_noise``."""
+        self.register_buffer("train_X", X)
+        self.register_buffer("train_y", self._standardize(train_Y.to(X)).squeeze(-1))
+        self.register_buffer(
+            "train_noise",
+            None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
+        )
 
 
 def _dense_or_lazy(mvn: MultivariateNormal) -> Tensor | LinearOperator:

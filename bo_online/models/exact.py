@@ -106,9 +106,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if standardize and train_Y.shape[0] > 1:
-            std = train_Y.std(dim=0)
-            self.outcome_mean = train_Y.mean(dim=0).to(X)
-            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+            self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
             ard_num_dims=dim
@@ -118,12 +116,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
         self.to(dtype=dtype, device=device)
-        self.register_buffer("train_X", X)
-        self.register_buffer("train_y", self._standardise(train_Y.to(X)).squeeze(-1))
-        self.register_buffer(
-            "train_noise",
-            None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
-        )
+        self._register_held_data(X, train_Y, train_Yvar)
         # Caches (rebuilt from the data whenever a hyperparameter changes).
         # The factor of K + N is [[chol, 0], [tail_S, tail_L]]: a conditioned (fantasy) model
         # shares its parent's ``chol`` and only holds the q new rows, so conditioning never

@@ -91,7 +91,7 @@ class RFFBayesLinear(OnlineModel):
         self.log_noise = torch.nn.Parameter(torch.tensor(math.log(0.1)).to(X))
         self.log_prior_var = torch.nn.Parameter(torch.zeros((), dtype=X.dtype, device=X.device))
         self.likelihood = None  # BoTorch's fantasize reads it; no GPyTorch likelihood here
-        Phi, y = self.features(X), self._standardise(train_Y.to(X)).squeeze(-1)
+        Phi, y = self.features(X), self._standardize(train_Y.to(X)).squeeze(-1)
         self.register_buffer("A", Phi.mT @ Phi)  # D x D (batch x D x D once conditioned)
         self.register_buffer("c", Phi.mT @ y)  # D (sample x batch x D)
         self.register_buffer("yy", y @ y)

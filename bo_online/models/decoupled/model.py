@@ -126,9 +126,7 @@ class DecoupledSVGP(
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
         if standardize and gaussian and train_Y.shape[0] > 1:  # labels/counts stay as given
-            std = train_Y.std(dim=0)
-            self.outcome_mean = train_Y.mean(dim=0).to(X)
-            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+            self._set_outcome_scaling(train_Y, X)
         self.num_mean_bases = int(num_mean_bases)
         self.num_cov_bases = int(num_cov_bases)
         self.warm_start_points = int(warm_start_points)
@@ -155,12 +153,7 @@ class DecoupledSVGP(
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
         self.to(dtype=dtype, device=device)
-        self.register_buffer("train_X", X)
-        self.register_buffer("train_y", self._standardise(train_Y.to(X)).squeeze(-1))
-        self.register_buffer(
-            "train_noise",
-            None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
-        )
+        self._register_held_data(X, train_Y, train_Yvar)
         # Variational state (buffers; fit() turns copies into leaves and writes them back).
         self.register_buffer("beta_points", None)  # batch x M_beta x d
         self.register_buffer("L", None)  # batch x M_beta x M_beta, B = L L^T

@@ -192,7 +192,7 @@ class QSGP(
 
         # ---- data and variational state (buffers; state_dict carries them)
         self.register_buffer("train_X", X)
-        self.register_buffer("train_y", self._standardise(Y).squeeze(-1))
+        self.register_buffer("train_y", self._standardize(Y).squeeze(-1))
         # the constant prior mean c (standardised units): f(x) = c + phi(x)^T w
         self.register_buffer("mean_constant", torch.zeros((), dtype=dtype, device=device))
         self.register_buffer(

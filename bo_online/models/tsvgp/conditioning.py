@@ -154,7 +154,7 @@ class TSVGPConditioningMixin:
             raise ValueError("observation_noise only applies to Gaussian likelihoods.")
         post = self.posterior(X)
         F = sampler(post)  # sample x batch x q x 1, user units
-        Fs = self._standardise(F)
+        Fs = self._standardize(F)
         gen = torch.Generator(device="cpu").manual_seed(int(getattr(sampler, "seed", 0) or 0))
         U = torch.rand(Fs.shape, generator=gen, dtype=Fs.dtype).to(Fs.device)
         Ys = self.likelihood.sample_from_uniform(Fs, U)

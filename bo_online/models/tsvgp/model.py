@@ -143,9 +143,7 @@ class TSVGP(
             self.outcome_mean = torch.zeros(num_out).to(X)
             self.outcome_std = torch.ones(num_out).to(X)
         if standardize and self.likelihood.standardizable and train_Y.shape[0] > 1:
-            std = train_Y.std(dim=0)
-            self.outcome_mean = train_Y.mean(dim=0).to(X)
-            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+            self._set_outcome_scaling(train_Y, X)
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
             ard_num_dims=dim, batch_shape=self._out
         )
@@ -164,7 +162,7 @@ class TSVGP(
 
         # Per-point state, stored with spare capacity so an update appends in O(q) amortised.
         n = X.shape[0]
-        y = self._to_internal(self._standardise(train_Y.to(X)))  # (m x) n
+        y = self._to_internal(self._standardize(train_Y.to(X)))  # (m x) n
         noise = None if train_Yvar is None else self._to_internal(train_Yvar.to(X) / self.outcome_std**2)
         self.register_buffer("num_data_", torch.tensor(n, device=device))
         self.register_buffer("_X", X.clone())

@@ -213,9 +213,7 @@ class WISKI(
             self.num_features = self.grid.dim
         self.grid_jitter = float(grid_jitter)
         if standardize and train_Y.shape[0] > 1:
-            std = train_Y.std(dim=0)
-            self.outcome_mean = train_Y.mean(dim=0).to(X)
-            self.outcome_std = torch.where(std > 0, std, torch.ones_like(std)).to(X)
+            self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")

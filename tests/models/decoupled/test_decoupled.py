@@ -315,7 +315,7 @@ def test_fit_adam_improves_elbo_grows_bases_and_keeps_L_nonzero():
     X, Y = _data(120, seed=5)
     m = DecoupledSVGP(X[:3], Y[:3], num_mean_bases=40, num_cov_bases=10)
     # Hand the model the full data, as a refit after many updates would see it.
-    m.train_X, m.train_y = X, m._standardise(Y).squeeze(-1)
+    m.train_X, m.train_y = X, m._standardize(Y).squeeze(-1)
     m.invalidate_caches()
     before = float(m.elbo())
     m.fit(max_iter=25, lr=0.05, batch_size=48, grow=4, num_kl_columns=10, compress=False,

@@ -130,7 +130,7 @@ def test_condition_equals_sgpr_on_union_any_order(fixed):
     std = model.outcome_std
     # dense SGPR on D u D* (standardised targets with the model's scaling)
     Xall = torch.cat([X, Xs])
-    yall = model._standardise(torch.cat([Y, Ys])).squeeze(-1)
+    yall = model._standardize(torch.cat([Y, Ys])).squeeze(-1)
     noise = torch.cat([torch.full((25,), 0.03), torch.full((6,), 0.02)]).to(DT) / std**2 if fixed else 0.05
     mean, cov, _ = _dense_sgpr(model, Xall, yall, Z, Xt, noise)
     cond_noise = None if noise_s is None else noise_s / std**2
@@ -164,7 +164,7 @@ def test_chained_conditioning_equals_sgpr_on_union(dense_max_q):
         cond = cond.condition_on_observations(Xs, Ys)
     assert cond.chol_B is model.chol_B and cond._lr_W.shape == torch.Size([12, 6])
     Xall = torch.cat([X] + [p[0] for p in parts])
-    yall = model._standardise(torch.cat([Y] + [p[1] for p in parts])).squeeze(-1)
+    yall = model._standardize(torch.cat([Y] + [p[1] for p in parts])).squeeze(-1)
     Xt = torch.rand(7, 2, dtype=DT, generator=torch.Generator().manual_seed(6))
     mean, cov, _ = _dense_sgpr(model, Xall, yall, Z, Xt, 0.05)
     m, C = _latent(cond, Xt)
