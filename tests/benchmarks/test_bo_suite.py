@@ -15,7 +15,7 @@ from torch.quasirandom import SobolEngine
 from bo_online.loops import BayesOptLoop, load_loop
 from bo_online.problems import CallableProblem, from_unit, synthetic_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():

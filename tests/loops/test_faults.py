@@ -33,7 +33,7 @@ FAST = dict(
     acq="ts",
     acq_options={"num_candidates": 64},
 )
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI_FAST = ["--n-init", "4", "--fit-max-iter", "2", "--num-restarts", "2", "--raw-samples", "16",
             "--acqf-maxiter", "5", "-Q", "--no-plots"]
 

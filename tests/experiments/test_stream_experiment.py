@@ -14,7 +14,7 @@ import pytest
 
 from bo_online import datasets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_experiment():

@@ -40,7 +40,7 @@ from bo_online.problems import (
     uci_problem,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Cheap settings: q = 1, a few optimiser restarts/iterations, bounded refits.
 FAST = dict(

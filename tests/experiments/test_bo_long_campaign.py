@@ -12,7 +12,7 @@ import torch
 
 from bo_online.loops.history import read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
