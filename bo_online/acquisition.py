@@ -164,7 +164,9 @@ def build_acquisition(
             like = X_observed if X_observed is not None else torch.empty(0, dtype=torch.float64)
             n_mc = int(opts.get("num_mc_points", 256))
             seed = int(torch.randint(0, 2**31 - 1, (1,)))  # from the (per-step seeded) global RNG
-            mc_points = SobolEngine(dim, scramble=True, seed=seed).draw(n_mc, dtype=torch.float64).to(like)
+            mc_points = (
+                SobolEngine(dim, scramble=True, seed=seed).draw(n_mc, dtype=torch.float64).to(like)
+            )
         return qNegIntegratedPosteriorVariance(
             model, mc_points=mc_points, sampler=_sampler(int(opts.get("num_fantasies", 1)))
         )
@@ -216,7 +218,10 @@ def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]
 
 
 def propose(
-    acq: AcquisitionFunction, q: int, dim: int, optimizer_options: dict[str, Any] | None = None,
+    acq: AcquisitionFunction,
+    q: int,
+    dim: int,
+    optimizer_options: dict[str, Any] | None = None,
     **tensor_kwargs: Any,
 ) -> Tensor:
     r"""Maximise ``acq`` over the unit cube with BoTorch's ``optimize_acqf``; returns ``q x d``.

@@ -80,8 +80,10 @@ FitIterOpt = Annotated[
 ]
 OutOpt = Annotated[
     Optional[Path],
-    typer.Option(help="Run directory for records, checkpoint, config and plots "
-                 "(default runs/<problem>-<model>)."),
+    typer.Option(
+        help="Run directory for records, checkpoint, config and plots "
+        "(default runs/<problem>-<model>)."
+    ),
 ]
 OverwriteOpt = Annotated[
     bool, typer.Option(help="Replace a run already in --out instead of refusing.")
@@ -89,7 +91,9 @@ OverwriteOpt = Annotated[
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-Q", help="No progress bar or summary table (for scripts).")
 ]
-DeviceOpt = Annotated[str, typer.Option(help="Torch device of surrogate and acquisition (cpu, cuda, cuda:1).")]
+DeviceOpt = Annotated[
+    str, typer.Option(help="Torch device of surrogate and acquisition (cpu, cuda, cuda:1).")
+]
 DtypeOpt = Annotated[str, typer.Option(help="float64 (default) or float32.")]
 ThreadsOpt = Annotated[
     Optional[int],
@@ -97,45 +101,61 @@ ThreadsOpt = Annotated[
 ]
 CkptOpt = Annotated[
     Optional[int],
-    typer.Option(help="Write the checkpoint every this many steps (overrides --checkpoint-seconds)."),
+    typer.Option(
+        help="Write the checkpoint every this many steps (overrides --checkpoint-seconds)."
+    ),
 ]
 CkptSecondsOpt = Annotated[
     float,
-    typer.Option(help="Write the checkpoint when this many seconds have passed since the last one "
-                 "(and always at the end and on Ctrl-C / SIGTERM); 0 = every step."),
+    typer.Option(
+        help="Write the checkpoint when this many seconds have passed since the last one "
+        "(and always at the end and on Ctrl-C / SIGTERM); 0 = every step."
+    ),
 ]
 TargetOpt = Annotated[
     Optional[str],
-    typer.Option(help="With a data file: the target column, by header name or index (default: the last)."),
+    typer.Option(
+        help="With a data file: the target column, by header name or index (default: the last)."
+    ),
 ]
 TestFractionOpt = Annotated[
     Optional[float],
-    typer.Option(help="With a data file: fraction of rows held out at random as the test set "
-                 "(seeded; default 0.1)."),
+    typer.Option(
+        help="With a data file: fraction of rows held out at random as the test set "
+        "(seeded; default 0.1)."
+    ),
 ]
 TestMaskOpt = Annotated[
     Optional[str],
-    typer.Option(help="With a data file: a column (name or index) or a file with one 0/1 column "
-                 "marking the test rows (instead of --test-fraction)."),
+    typer.Option(
+        help="With a data file: a column (name or index) or a file with one 0/1 column "
+        "marking the test rows (instead of --test-fraction)."
+    ),
 ]
 InputsOpt = Annotated[
     Optional[str],
-    typer.Option(help="With a data file: comma-separated input columns (names or indices; default: "
-                 "all but the target and mask)."),
+    typer.Option(
+        help="With a data file: comma-separated input columns (names or indices; default: "
+        "all but the target and mask)."
+    ),
 ]
 PlotsOpt = Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots at the end.")]
 RestartsOpt = Annotated[int, typer.Option(help="optimize_acqf num_restarts.")]
 RawOpt = Annotated[int, typer.Option(help="optimize_acqf raw_samples.")]
 AcqIterOpt = Annotated[int, typer.Option(help="optimize_acqf L-BFGS maxiter per restart.")]
-BatchLimitOpt = Annotated[int, typer.Option(help="optimize_acqf batch_limit (restarts optimised jointly).")]
+BatchLimitOpt = Annotated[
+    int, typer.Option(help="optimize_acqf batch_limit (restarts optimised jointly).")
+]
 SequentialOpt = Annotated[
     bool, typer.Option(help="Optimise a q-batch one point at a time (optimize_acqf sequential).")
 ]
 McOpt = Annotated[int, typer.Option(help="QMC samples of MC acquisitions (qUCB, qLogNEI, ...).")]
 DataDirOpt = Annotated[
     Optional[Path],
-    typer.Option(help="Data directory (default: $BO_ONLINE_DATA_DIR, else ../shared/data "
-                 "next to the project root)."),
+    typer.Option(
+        help="Data directory (default: $BO_ONLINE_DATA_DIR, else ../shared/data "
+        "next to the project root)."
+    ),
 ]
 
 
@@ -205,8 +225,14 @@ MAX_Q = 100
 MAX_NOISE = 1e100
 MAX_SEED = 2**63 - 1
 #: model options that are sizes: integers >= 1; each m gives m x m matrices in the model.
-_SIZE_OPTIONS = ("grid_size", "inducing_points", "num_inducing", "num_mean_bases",
-                 "num_features", "num_dense_columns")
+_SIZE_OPTIONS = (
+    "grid_size",
+    "inducing_points",
+    "num_inducing",
+    "num_mean_bases",
+    "num_features",
+    "num_dense_columns",
+)
 
 
 def _check_beta(beta: float) -> None:
@@ -214,8 +240,10 @@ def _check_beta(beta: float) -> None:
 
 
 def _check_noise(noise: float) -> None:
-    _check(math.isfinite(noise) and 0 <= noise <= MAX_NOISE,
-           f"--noise must be a finite std between 0 and {MAX_NOISE:g}, got {noise}.")
+    _check(
+        math.isfinite(noise) and 0 <= noise <= MAX_NOISE,
+        f"--noise must be a finite std between 0 and {MAX_NOISE:g}, got {noise}.",
+    )
 
 
 def _check_seed(seed: int) -> None:
@@ -224,8 +252,10 @@ def _check_seed(seed: int) -> None:
 
 def _check_out(out: Path | None) -> None:
     if out is not None:
-        _check(not out.exists() or out.is_dir(),
-               f"--out {str(out)!r} is an existing file; give a directory.")
+        _check(
+            not out.exists() or out.is_dir(),
+            f"--out {str(out)!r} is an existing file; give a directory.",
+        )
 
 
 def _memory_bytes() -> int:
@@ -248,8 +278,10 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
         if key != "grid_size" and isinstance(value, list):
             continue  # explicit points (e.g. inducing point coordinates), not a size
         values = value if isinstance(value, list) else [value]
-        _check(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values),
-               f"--model-option {key} must be an integer >= 1 (or a list of them), got {value!r}.")
+        _check(
+            all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values),
+            f"--model-option {key} must be an integer >= 1 (or a list of them), got {value!r}.",
+        )
         m = math.prod(values)
         if key == "grid_size" and not isinstance(value, list):
             proj = options.get("projection")
@@ -259,10 +291,12 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
                 k = kw.get("out_dim", args[1] if len(args) > 1 else 2)
             m = value ** max(int(k) if isinstance(k, int) else 1, 1)
         need = 4 * m * m * itemsize
-        _check(need <= _memory_bytes(),
-               f"--model-option {key}={value!r} gives m = {m} and needs about {need / 1e9:.3g} GB "
-               f"of memory (4 m x m matrices), more than this machine's "
-               f"{_memory_bytes() / 1e9:.3g} GB; choose a smaller {key}.")
+        _check(
+            need <= _memory_bytes(),
+            f"--model-option {key}={value!r} gives m = {m} and needs about {need / 1e9:.3g} GB "
+            f"of memory (4 m x m matrices), more than this machine's "
+            f"{_memory_bytes() / 1e9:.3g} GB; choose a smaller {key}.",
+        )
 
 
 def _check_model(name: str) -> None:
@@ -296,9 +330,20 @@ def _optimizer_options(
 
 
 def _shared(
-    model: str, model_option: list[str] | None, q: int, seed: int, refit_every: int,
-    fit_max_iter: int, checkpoint_every: int | None, out: Path, overwrite: bool, quiet: bool,
-    device: str, dtype: str, dim: int | None = None, checkpoint_seconds: float = 30.0,
+    model: str,
+    model_option: list[str] | None,
+    q: int,
+    seed: int,
+    refit_every: int,
+    fit_max_iter: int,
+    checkpoint_every: int | None,
+    out: Path,
+    overwrite: bool,
+    quiet: bool,
+    device: str,
+    dtype: str,
+    dim: int | None = None,
+    checkpoint_seconds: float = 30.0,
 ) -> dict[str, Any]:
     _positive("--q", q)
     if refit_every != "auto":
@@ -306,8 +351,10 @@ def _shared(
     _nonneg("--fit-max-iter", fit_max_iter)
     if checkpoint_every is not None:
         _positive("--checkpoint-every", checkpoint_every)
-    _check(math.isfinite(checkpoint_seconds) and checkpoint_seconds >= 0,
-           f"--checkpoint-seconds must be >= 0, got {checkpoint_seconds}.")
+    _check(
+        math.isfinite(checkpoint_seconds) and checkpoint_seconds >= 0,
+        f"--checkpoint-seconds must be >= 0, got {checkpoint_seconds}.",
+    )
     _check_seed(seed)
     _check_out(out)
     _check_model(model)
@@ -347,9 +394,13 @@ def _tracks(raw: str | None) -> tuple[int, ...]:
     try:
         tracks = tuple(int(t) for t in raw.split(",") if t.strip())
     except ValueError:
-        raise CLIError(f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.") from None
-    _check(bool(tracks) and all(t in MAGNETOMETER_TRACKS for t in tracks),
-           f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.")
+        raise CLIError(
+            f"--tracks expects comma-separated track numbers 1..9, got {raw!r}."
+        ) from None
+    _check(
+        bool(tracks) and all(t in MAGNETOMETER_TRACKS for t in tracks),
+        f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.",
+    )
     return tracks
 
 
@@ -357,13 +408,20 @@ def _file_options(file: Path | None, flag: str, **options: Any) -> None:
     """Options that only make sense with a data file; the fraction's range."""
     if file is None:
         given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
-        _check(not given, f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to "
-               f"your own data file ({flag} FILE).")
+        _check(
+            not given,
+            f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to "
+            f"your own data file ({flag} FILE).",
+        )
         return
-    _check(options.get("test_fraction") is None or options.get("test_mask") is None,
-           "Give --test-fraction or --test-mask, not both.")
+    _check(
+        options.get("test_fraction") is None or options.get("test_mask") is None,
+        "Give --test-fraction or --test-mask, not both.",
+    )
     fraction = options.get("test_fraction")
-    _check(fraction is None or 0 < fraction < 1, f"--test-fraction must be in (0, 1), got {fraction}.")
+    _check(
+        fraction is None or 0 < fraction < 1, f"--test-fraction must be in (0, 1), got {fraction}."
+    )
 
 
 def _fmt(value: Any, digits: int = 5) -> str:
@@ -374,7 +432,6 @@ def _fmt(value: Any, digits: int = 5) -> str:
     return str(value)
 
 
-
 def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
     """A summary row for the last recorded value of a metric, labelled with its step (test
     metrics are recorded every ``--eval-every`` steps, so the last may predate the last step)."""
@@ -382,6 +439,7 @@ def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[s
     if last is None:
         return (f"last {label}", _fmt(None))
     return (f"{label} (step {last['step']})", _fmt(last[key], 4))
+
 
 def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     r"""Write plots, then print the summary table and where everything went."""
@@ -423,7 +481,10 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         first = records[0]
         last_rmse = next((r["rmse"] for r in reversed(records) if r.get("rmse") is not None), None)
         rows += [
-            ("test RMSE: initial -> final", f"{_fmt(first.get('rmse'), 4)} -> {_fmt(last_rmse, 4)}"),
+            (
+                "test RMSE: initial -> final",
+                f"{_fmt(first.get('rmse'), 4)} -> {_fmt(last_rmse, 4)}",
+            ),
             ("mean predictive variance", _fmt(last.get("mean_var"), 4)),
             ("test NLL", _fmt(last.get("nll"), 4)),
         ]
@@ -455,7 +516,9 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     if out is not None:  # plain print: paths must never be wrapped
         print(f"records:    {out / history.RECORDS_FILE}")
         cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
-        print(f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})")
+        print(
+            f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})"
+        )
         for path in written:
             print(f"plot:       {path}")
 
@@ -483,8 +546,10 @@ def _watch_parent(parent: int) -> None:
 
 DaskOpt = Annotated[
     Optional[str],
-    typer.Option(help="Run on a Dask cluster: local:N (a LocalCluster of N single-threaded worker "
-                 "processes) or a scheduler address tcp://host:port."),
+    typer.Option(
+        help="Run on a Dask cluster: local:N (a LocalCluster of N single-threaded worker "
+        "processes) or a scheduler address tcp://host:port."
+    ),
 ]
 
 
@@ -525,12 +590,16 @@ def _executor(workers: int) -> Executor | None:
     import os
 
     _nonneg("--workers", workers)
-    _check(workers <= 4 * (os.cpu_count() or 1), f"--workers must be at most 4 x the CPU count "
-           f"({4 * (os.cpu_count() or 1)}), got {workers}.")
+    _check(
+        workers <= 4 * (os.cpu_count() or 1),
+        f"--workers must be at most 4 x the CPU count "
+        f"({4 * (os.cpu_count() or 1)}), got {workers}.",
+    )
     if workers == 0:
         return None
-    return ProcessPoolExecutor(max_workers=workers, initializer=_watch_parent,
-                               initargs=(os.getpid(),))
+    return ProcessPoolExecutor(
+        max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
+    )
 
 
 def _shutdown(executor: Executor | None) -> None:
@@ -565,39 +634,54 @@ def bo(
     problem: Annotated[Optional[str], typer.Option(help=_PROBLEM_HELP)] = None,
     objective: Annotated[
         Optional[str],
-        typer.Option(help="Your own objective instead of --problem: package.module:function or "
-                     "path/to/file.py:function, called with an n x d float64 tensor (problem "
-                     "units) and returning n values (minimised unless --maximize). Needs --bounds."),
+        typer.Option(
+            help="Your own objective instead of --problem: package.module:function or "
+            "path/to/file.py:function, called with an n x d float64 tensor (problem "
+            "units) and returning n values (minimised unless --maximize). Needs --bounds."
+        ),
     ] = None,
     bounds: Annotated[
         Optional[str],
-        typer.Option(help="Box of --objective: JSON '\\[\\[lo, hi], ...]' or 'lo,hi lo,hi ...' "
-                     "(one pair per input dimension)."),
+        typer.Option(
+            help="Box of --objective: JSON '\\[\\[lo, hi], ...]' or 'lo,hi lo,hi ...' "
+            "(one pair per input dimension)."
+        ),
     ] = None,
     maximize: Annotated[bool, typer.Option("--maximize", help="Maximise --objective.")] = False,
-    dim: Annotated[Optional[int], typer.Option(help="Input dimension (default: the function's).")] = None,
-    noise: Annotated[float, typer.Option(help="Std of Gaussian observation noise added to each evaluation.")] = 0.0,
+    dim: Annotated[
+        Optional[int], typer.Option(help="Input dimension (default: the function's).")
+    ] = None,
+    noise: Annotated[
+        float, typer.Option(help="Std of Gaussian observation noise added to each evaluation.")
+    ] = 0.0,
     model: ModelOpt = "exact",
     model_option: ModelOptionOpt = None,
     acq: Annotated[
         str,
-        typer.Option(help="Acquisition: qucb, ucb, logei, ei, qlognei, ts (Thompson sampling "
-                     "over Sobol candidates)."),
+        typer.Option(
+            help="Acquisition: qucb, ucb, logei, ei, qlognei, ts (Thompson sampling "
+            "over Sobol candidates)."
+        ),
     ] = "qucb",
     beta: Annotated[float, typer.Option(help="UCB beta (scale of the schedule).")] = 2.0,
     beta_schedule: Annotated[
-        str, typer.Option(help="UCB beta schedule: constant, kandasamy (0.1 beta d log 2t), srinivas.")
+        str,
+        typer.Option(help="UCB beta schedule: constant, kandasamy (0.1 beta d log 2t), srinivas."),
     ] = "constant",
     q: QOpt = 1,
     steps: Annotated[int, typer.Option(help="BO steps after the initial design.")] = 30,
-    n_init: Annotated[Optional[int], typer.Option(help="Initial Sobol points (default max(5, 2d)).")] = None,
+    n_init: Annotated[
+        Optional[int], typer.Option(help="Initial Sobol points (default max(5, 2d)).")
+    ] = None,
     seed: SeedOpt = 0,
     refit_every: Annotated[
         Optional[int],
-        typer.Option(help="Refit hyperparameters every this many steps (warm-started, at most "
-                     "--fit-max-iter iterations); 0 = never. Default (auto): every step, except "
-                     "that the exact GP, whose fit costs O(n^3), refits every step only up to "
-                     "n = 100 and then whenever n has grown by 10% since its last fit."),
+        typer.Option(
+            help="Refit hyperparameters every this many steps (warm-started, at most "
+            "--fit-max-iter iterations); 0 = never. Default (auto): every step, except "
+            "that the exact GP, whose fit costs O(n^3), refits every step only up to "
+            "n = 100 and then whenever n has grown by 10% since its last fit."
+        ),
     ] = None,
     fit_max_iter: FitIterOpt = 50,
     num_restarts: RestartsOpt = 10,
@@ -608,7 +692,10 @@ def bo(
     num_mc_samples: McOpt = 128,
     num_candidates: Annotated[int, typer.Option(help="Sobol candidates for --acq ts.")] = 1000,
     workers: Annotated[
-        int, typer.Option(help="Evaluate each batch in a process pool of this many workers (0: in-process).")
+        int,
+        typer.Option(
+            help="Evaluate each batch in a process pool of this many workers (0: in-process)."
+        ),
     ] = 0,
     dask: DaskOpt = None,
     max_failures: Annotated[
@@ -630,7 +717,9 @@ def bo(
     _check_noise(noise)
     _check_beta(beta)
     _positive("--q", q)
-    _check(q <= MAX_Q, f"--q must be at most {MAX_Q} for bo (a q-batch is optimised jointly), got {q}.")
+    _check(
+        q <= MAX_Q, f"--q must be at most {MAX_Q} for bo (a q-batch is optimised jointly), got {q}."
+    )
     if dim is not None:
         _check(1 <= dim <= MAX_DIM, f"--dim must be between 1 and {MAX_DIM}, got {dim}.")
     _check_seed(seed)
@@ -639,17 +728,33 @@ def bo(
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
-    _check((problem is None) != (objective is None), "Give exactly one of --problem NAME and "
-           "--objective package.module:function (or path/to/file.py:function).")
-    _check(objective is None or bounds is not None, "--objective needs --bounds "
-           "(e.g. --bounds '[[0, 1], [-5, 5]]' or --bounds '0,1 -5,5').")
-    _check(objective is not None or (bounds is None and not maximize),
-           "--bounds and --maximize go with --objective (test functions have their own).")
-    _check(objective is None or dim is None, "--dim is for --problem; --bounds sets the dimension of --objective.")
+    _check(
+        (problem is None) != (objective is None),
+        "Give exactly one of --problem NAME and "
+        "--objective package.module:function (or path/to/file.py:function).",
+    )
+    _check(
+        objective is None or bounds is not None,
+        "--objective needs --bounds (e.g. --bounds '[[0, 1], [-5, 5]]' or --bounds '0,1 -5,5').",
+    )
+    _check(
+        objective is not None or (bounds is None and not maximize),
+        "--bounds and --maximize go with --objective (test functions have their own).",
+    )
+    _check(
+        objective is None or dim is None,
+        "--dim is for --problem; --bounds sets the dimension of --objective.",
+    )
     _setup(threads)
-    _check(acq in ACQUISITIONS and acq != "qnipv", f"Unknown --acq {acq!r}; choose one of "
-           f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}.")
-    _check(beta_schedule in BETA_SCHEDULES, f"Unknown --beta-schedule {beta_schedule!r}; choose one of {', '.join(BETA_SCHEDULES)}.")
+    _check(
+        acq in ACQUISITIONS and acq != "qnipv",
+        f"Unknown --acq {acq!r}; choose one of "
+        f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}.",
+    )
+    _check(
+        beta_schedule in BETA_SCHEDULES,
+        f"Unknown --beta-schedule {beta_schedule!r}; choose one of {', '.join(BETA_SCHEDULES)}.",
+    )
     _positive("--num-candidates", num_candidates)
     _positive("--num-mc-samples", num_mc_samples)
     if n_init is not None:
@@ -662,15 +767,33 @@ def bo(
         prob = synthetic_problem(problem, dim=dim, noise_std=noise)
     out = out or Path("runs") / f"{prob.name}-{model}"
     refit = "auto" if refit_every is None else refit_every
-    shared = _shared(model, model_option, q, seed, refit, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype, dim=prob.dim,
-                     checkpoint_seconds=checkpoint_seconds)
+    shared = _shared(
+        model,
+        model_option,
+        q,
+        seed,
+        refit,
+        fit_max_iter,
+        checkpoint_every,
+        out,
+        overwrite,
+        quiet,
+        device,
+        dtype,
+        dim=prob.dim,
+        checkpoint_seconds=checkpoint_seconds,
+    )
     bo_options = dict(
         acq=acq,
-        acq_options={"beta": beta, "beta_schedule": beta_schedule,
-                     "num_mc_samples": num_mc_samples, "num_candidates": num_candidates},
-        optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter,
-                                             batch_limit, sequential),
+        acq_options={
+            "beta": beta,
+            "beta_schedule": beta_schedule,
+            "num_mc_samples": num_mc_samples,
+            "num_candidates": num_candidates,
+        },
+        optimizer_options=_optimizer_options(
+            num_restarts, raw_samples, acqf_maxiter, batch_limit, sequential
+        ),
         n_init=n_init,
         **shared,
     )
@@ -680,7 +803,10 @@ def bo(
         _nonneg("--max-failures", max_failures)
         from bo_online.loops.async_bo import AsyncBayesOptLoop
 
-        _check(acq in ("qucb", "qlognei", "ts"), f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.")
+        _check(
+            acq in ("qucb", "qlognei", "ts"),
+            f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.",
+        )
         with _dask_client(dask) as client:
             loop = AsyncBayesOptLoop(prob, client, max_failures=max_failures, **bo_options)
             _run_async(loop, steps)
@@ -697,27 +823,60 @@ def bo(
 
 @app.command()
 def active(
-    problem: Annotated[str, typer.Option(help="Pool problem: magnetometer (field magnitude over x, y).")] = "magnetometer",
-    pool: Annotated[Optional[Path], typer.Option(help="Your own pool instead: a .csv, .csv.gz or .npz file (inputs and a target column; see --inputs, --target).")] = None,
+    problem: Annotated[
+        str, typer.Option(help="Pool problem: magnetometer (field magnitude over x, y).")
+    ] = "magnetometer",
+    pool: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Your own pool instead: a .csv, .csv.gz or .npz file (inputs and a target column; see --inputs, --target)."
+        ),
+    ] = None,
     inputs: InputsOpt = None,
     target: TargetOpt = None,
     test_fraction: TestFractionOpt = None,
     test_mask: TestMaskOpt = None,
-    tracks: Annotated[Optional[str], typer.Option(help="Magnetometer tracks to use, comma separated (default: 1..9).")] = None,
+    tracks: Annotated[
+        Optional[str],
+        typer.Option(help="Magnetometer tracks to use, comma separated (default: 1..9)."),
+    ] = None,
     data_dir: DataDirOpt = None,
     test_size: Annotated[int, typer.Option(help="Held-out test points (random, seeded).")] = 10_000,
-    pool_size: Annotated[Optional[int], typer.Option(help="Keep a random subset of this many pool points (default: all).")] = None,
+    pool_size: Annotated[
+        Optional[int],
+        typer.Option(help="Keep a random subset of this many pool points (default: all)."),
+    ] = None,
     model: ModelOpt = "exact",
     model_option: ModelOptionOpt = None,
-    acq: Annotated[str, typer.Option(help="qnipv (integrated variance over test points) or random.")] = "qnipv",
-    selection: Annotated[str, typer.Option(help="snap (optimise over the box, snap to the nearest unused pool point) or pool (score pool points directly).")] = "snap",
+    acq: Annotated[
+        str, typer.Option(help="qnipv (integrated variance over test points) or random.")
+    ] = "qnipv",
+    selection: Annotated[
+        str,
+        typer.Option(
+            help="snap (optimise over the box, snap to the nearest unused pool point) or pool (score pool points directly)."
+        ),
+    ] = "snap",
     q: QOpt = 6,
-    steps: Annotated[int, typer.Option(help="Active-learning steps after the initial design.")] = 50,
+    steps: Annotated[
+        int, typer.Option(help="Active-learning steps after the initial design.")
+    ] = 50,
     n_init: Annotated[int, typer.Option(help="Random pool points of the initial design.")] = 10,
-    num_mc_points: Annotated[int, typer.Option(help="Points qNIPV integrates the posterior variance over.")] = 256,
-    integrate_over: Annotated[str, typer.Option(help="test (random held-out test inputs, fixed for the run) or sobol (Sobol points of the box, redrawn each step).")] = "test",
-    num_pool_candidates: Annotated[int, typer.Option(help="Pool points scored per step with --selection pool.")] = 2048,
-    eval_every: Annotated[int, typer.Option(help="Compute test RMSE/variance/NLL every this many steps.")] = 1,
+    num_mc_points: Annotated[
+        int, typer.Option(help="Points qNIPV integrates the posterior variance over.")
+    ] = 256,
+    integrate_over: Annotated[
+        str,
+        typer.Option(
+            help="test (random held-out test inputs, fixed for the run) or sobol (Sobol points of the box, redrawn each step)."
+        ),
+    ] = "test",
+    num_pool_candidates: Annotated[
+        int, typer.Option(help="Pool points scored per step with --selection pool.")
+    ] = 2048,
+    eval_every: Annotated[
+        int, typer.Option(help="Compute test RMSE/variance/NLL every this many steps.")
+    ] = 1,
     seed: SeedOpt = 0,
     refit_every: RefitOpt = 10,
     fit_max_iter: FitIterOpt = 50,
@@ -743,35 +902,81 @@ def active(
     from bo_online.problems import POOL_PROBLEMS, magnetometer_problem
 
     _setup(threads)
-    _check(pool is not None or problem in POOL_PROBLEMS,
-           f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}, or give "
-           f"your own data with --pool FILE.csv.")
-    _file_options(pool, "--pool", target=target, test_fraction=test_fraction, test_mask=test_mask,
-                  inputs=inputs)
+    _check(
+        pool is not None or problem in POOL_PROBLEMS,
+        f"Unknown pool problem {problem!r}; choose one of {', '.join(POOL_PROBLEMS)}, or give "
+        f"your own data with --pool FILE.csv.",
+    )
+    _file_options(
+        pool,
+        "--pool",
+        target=target,
+        test_fraction=test_fraction,
+        test_mask=test_mask,
+        inputs=inputs,
+    )
     _check(acq in ("qnipv", "random"), f"Unknown --acq {acq!r}; choose qnipv or random.")
     _check(selection in ("snap", "pool"), f"--selection must be snap or pool, got {selection!r}.")
-    _check(integrate_over in ("test", "sobol"), f"--integrate-over must be test or sobol, got {integrate_over!r}.")
-    for name, value in (("--n-init", n_init), ("--num-mc-points", num_mc_points),
-                        ("--num-pool-candidates", num_pool_candidates), ("--eval-every", eval_every)):
+    _check(
+        integrate_over in ("test", "sobol"),
+        f"--integrate-over must be test or sobol, got {integrate_over!r}.",
+    )
+    for name, value in (
+        ("--n-init", n_init),
+        ("--num-mc-points", num_mc_points),
+        ("--num-pool-candidates", num_pool_candidates),
+        ("--eval-every", eval_every),
+    ):
         _positive(name, value)
     _check_model(model)
     if pool is not None:
         from bo_online.userdata import pool_from_file
 
-        prob = pool_from_file(pool, target=target, inputs=_columns(inputs),
-                              test_fraction=test_fraction, test_mask=test_mask, seed=seed,
-                              pool_size=pool_size)
+        prob = pool_from_file(
+            pool,
+            target=target,
+            inputs=_columns(inputs),
+            test_fraction=test_fraction,
+            test_mask=test_mask,
+            seed=seed,
+            pool_size=pool_size,
+        )
     else:
-        prob = magnetometer_problem(test_size=test_size, pool_size=pool_size, seed=seed,
-                                    data_dir=data_dir, tracks=_tracks(tracks))
+        prob = magnetometer_problem(
+            test_size=test_size,
+            pool_size=pool_size,
+            seed=seed,
+            data_dir=data_dir,
+            tracks=_tracks(tracks),
+        )
     out = out or Path("runs") / f"{prob.name}-{model}"
-    shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype,
-                     checkpoint_seconds)
+    shared = _shared(
+        model,
+        model_option,
+        q,
+        seed,
+        refit_every,
+        fit_max_iter,
+        checkpoint_every,
+        out,
+        overwrite,
+        quiet,
+        device,
+        dtype,
+        checkpoint_seconds,
+    )
     loop = ActiveLearningLoop(
-        prob, acq=acq, selection=selection, num_mc_points=num_mc_points, integrate_over=integrate_over,
-        num_pool_candidates=num_pool_candidates, eval_every=eval_every, n_init=n_init,
-        optimizer_options=_optimizer_options(num_restarts, raw_samples, acqf_maxiter, batch_limit, False),
+        prob,
+        acq=acq,
+        selection=selection,
+        num_mc_points=num_mc_points,
+        integrate_over=integrate_over,
+        num_pool_candidates=num_pool_candidates,
+        eval_every=eval_every,
+        n_init=n_init,
+        optimizer_options=_optimizer_options(
+            num_restarts, raw_samples, acqf_maxiter, batch_limit, False
+        ),
         **shared,
     )
     _run(loop, steps)
@@ -780,24 +985,56 @@ def active(
 
 @app.command()
 def stream(
-    problem: Annotated[Optional[str], typer.Option(help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski).")] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Your own data instead: a .csv, .csv.gz or .npz file (inputs then a target column; see --target, --test-fraction, --test-mask, --task).")] = None,
+    problem: Annotated[
+        Optional[str],
+        typer.Option(
+            help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski)."
+        ),
+    ] = None,
+    data: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Your own data instead: a .csv, .csv.gz or .npz file (inputs then a target column; see --target, --test-fraction, --test-mask, --task)."
+        ),
+    ] = None,
     target: TargetOpt = None,
     inputs: InputsOpt = None,
     test_fraction: TestFractionOpt = None,
     test_mask: TestMaskOpt = None,
-    task: Annotated[str, typer.Option(help="With --data: regression, or classification (two target values; models tsvgp, wiski).")] = "regression",
+    task: Annotated[
+        str,
+        typer.Option(
+            help="With --data: regression, or classification (two target values; models tsvgp, wiski)."
+        ),
+    ] = "regression",
     data_dir: DataDirOpt = None,
-    split: Annotated[int, typer.Option(help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana has one fixed split).")] = 0,
-    shuffle: Annotated[bool, typer.Option(help="Stream the training rows in a seeded random order.")] = True,
-    max_stream: Annotated[Optional[int], typer.Option(help="Use only the first this many stream rows.")] = None,
-    max_test: Annotated[Optional[int], typer.Option(help="Use only the first this many test rows.")] = None,
+    split: Annotated[
+        int,
+        typer.Option(
+            help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana has one fixed split)."
+        ),
+    ] = 0,
+    shuffle: Annotated[
+        bool, typer.Option(help="Stream the training rows in a seeded random order.")
+    ] = True,
+    max_stream: Annotated[
+        Optional[int], typer.Option(help="Use only the first this many stream rows.")
+    ] = None,
+    max_test: Annotated[
+        Optional[int], typer.Option(help="Use only the first this many test rows.")
+    ] = None,
     model: ModelOpt = "exact",
     model_option: ModelOptionOpt = None,
     q: Annotated[int, typer.Option("--q", help="Points arriving per step.")] = 1,
-    steps: Annotated[Optional[int], typer.Option(help="Steps after the initial points (default: until the stream ends).")] = None,
+    steps: Annotated[
+        Optional[int],
+        typer.Option(help="Steps after the initial points (default: until the stream ends)."),
+    ] = None,
     n_init: Annotated[int, typer.Option(help="Stream points the surrogate starts from.")] = 100,
-    eval_every: Annotated[int, typer.Option(help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps.")] = 50,
+    eval_every: Annotated[
+        int,
+        typer.Option(help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps."),
+    ] = 50,
     seed: SeedOpt = 0,
     refit_every: RefitOpt = 50,
     fit_max_iter: FitIterOpt = 50,
@@ -819,21 +1056,40 @@ def stream(
     _check_seed(seed)
     from bo_online.loops import StreamingLoop
     from bo_online.models.classifiers import classifier_class
-    from bo_online.problems import CLASSIFICATION_PROBLEMS, STREAM_PROBLEMS, banana_problem, uci_problem
+    from bo_online.problems import (
+        CLASSIFICATION_PROBLEMS,
+        STREAM_PROBLEMS,
+        banana_problem,
+        uci_problem,
+    )
 
     _setup(threads)
-    _check((problem is None) != (data is None),
-           "Give a shipped set with --problem NAME or your own data with --data FILE (one of them).")
-    _file_options(data, "--data", target=target, test_fraction=test_fraction, test_mask=test_mask,
-                  inputs=inputs)
-    _check(task in ("regression", "classification"),
-           f"--task must be regression or classification, got {task!r}.")
-    _check(data is not None or task == "regression",
-           "--task applies to --data files; the shipped sets have a fixed task.")
+    _check(
+        (problem is None) != (data is None),
+        "Give a shipped set with --problem NAME or your own data with --data FILE (one of them).",
+    )
+    _file_options(
+        data,
+        "--data",
+        target=target,
+        test_fraction=test_fraction,
+        test_mask=test_mask,
+        inputs=inputs,
+    )
+    _check(
+        task in ("regression", "classification"),
+        f"--task must be regression or classification, got {task!r}.",
+    )
+    _check(
+        data is not None or task == "regression",
+        "--task applies to --data files; the shipped sets have a fixed task.",
+    )
     key = (problem or "").lower()
-    _check(data is not None or key in STREAM_PROBLEMS,
-           f"Unknown UCI set {problem!r}; choose one of {', '.join(STREAM_PROBLEMS)}, or give your "
-           f"own data with --data FILE.csv.")
+    _check(
+        data is not None or key in STREAM_PROBLEMS,
+        f"Unknown UCI set {problem!r}; choose one of {', '.join(STREAM_PROBLEMS)}, or give your "
+        f"own data with --data FILE.csv.",
+    )
     _positive("--n-init", n_init)
     _positive("--eval-every", eval_every)
     _check_model(model)
@@ -842,39 +1098,77 @@ def stream(
 
         if task == "classification":
             classifier_class(model)
-        prob = stream_from_file(data, target=target, inputs=_columns(inputs),
-                                test_fraction=test_fraction, test_mask=test_mask, task=task,
-                                shuffle=shuffle, seed=seed, max_stream=max_stream,
-                                max_test=max_test)
-        _check(n_init < prob.X_stream.shape[0],
-               f"--n-init {n_init} leaves nothing to stream: {data} has "
-               f"{prob.X_stream.shape[0]} training rows.")
+        prob = stream_from_file(
+            data,
+            target=target,
+            inputs=_columns(inputs),
+            test_fraction=test_fraction,
+            test_mask=test_mask,
+            task=task,
+            shuffle=shuffle,
+            seed=seed,
+            max_stream=max_stream,
+            max_test=max_test,
+        )
+        _check(
+            n_init < prob.X_stream.shape[0],
+            f"--n-init {n_init} leaves nothing to stream: {data} has "
+            f"{prob.X_stream.shape[0]} training rows.",
+        )
     elif key in CLASSIFICATION_PROBLEMS:
         classifier_class(model)  # one-line error for a regression-only model, before any data
-        prob = banana_problem(shuffle=shuffle, seed=seed, max_stream=max_stream, max_test=max_test,
-                              data_dir=data_dir)
+        prob = banana_problem(
+            shuffle=shuffle, seed=seed, max_stream=max_stream, max_test=max_test, data_dir=data_dir
+        )
     else:
-        prob = uci_problem(problem, split=split, shuffle=shuffle, seed=seed, max_stream=max_stream,
-                           max_test=max_test, data_dir=data_dir)
+        prob = uci_problem(
+            problem,
+            split=split,
+            shuffle=shuffle,
+            seed=seed,
+            max_stream=max_stream,
+            max_test=max_test,
+            data_dir=data_dir,
+        )
     out = out or Path("runs") / f"{prob.name}-{model}"
-    shared = _shared(model, model_option, q, seed, refit_every, fit_max_iter, checkpoint_every,
-                     out, overwrite, quiet, device, dtype,
-                     checkpoint_seconds)
+    shared = _shared(
+        model,
+        model_option,
+        q,
+        seed,
+        refit_every,
+        fit_max_iter,
+        checkpoint_every,
+        out,
+        overwrite,
+        quiet,
+        device,
+        dtype,
+        checkpoint_seconds,
+    )
     loop = StreamingLoop(prob, eval_every=eval_every, n_init=n_init, **shared)
-    _check(loop.default_steps() >= (steps or 0),
-           f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds.")
+    _check(
+        loop.default_steps() >= (steps or 0),
+        f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds.",
+    )
     _run(loop, steps)
     _finish(loop, plots, quiet)
 
 
 @app.command()
 def resume(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory (the --out of the interrupted run).")],
-    steps: Annotated[Optional[int], typer.Option(help="New target number of steps (default: the original).")] = None,
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory (the --out of the interrupted run).")
+    ],
+    steps: Annotated[
+        Optional[int], typer.Option(help="New target number of steps (default: the original).")
+    ] = None,
     objective: Annotated[
         Optional[str],
-        typer.Option(help="A run of your own --objective resumes only with the same spec given "
-                     "again (importing it runs its code; it is never imported from the run's files alone)."),
+        typer.Option(
+            help="A run of your own --objective resumes only with the same spec given "
+            "again (importing it runs its code; it is never imported from the run's files alone)."
+        ),
     ] = None,
     data_dir: DataDirOpt = None,
     quiet: QuietOpt = False,
@@ -898,8 +1192,9 @@ def resume(
     user_problem = check_resume(stored, objective)
     if dask is not None:  # an asynchronous run: continue on this cluster
         with _dask_client(dask) as client:
-            loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir,
-                             client=client)
+            loop = load_loop(
+                run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, client=client
+            )
             _check_resume_steps(loop, steps)
             _run_async(loop, steps)
         _finish(loop, plots, quiet)
@@ -920,8 +1215,15 @@ def _check_resume_steps(loop: Any, steps: int | None) -> None:
 
 @app.command()
 def sweep(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, [options].")],
-    out: Annotated[Path, typer.Option(help="Directory holding one run directory per campaign.")] = Path("runs/sweep"),
+    spec: Annotated[
+        Path,
+        typer.Argument(
+            help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, [options]."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Directory holding one run directory per campaign.")
+    ] = Path("runs/sweep"),
     dask: DaskOpt = None,
     plots: PlotsOpt = True,
     quiet: QuietOpt = False,
@@ -945,14 +1247,25 @@ def sweep(
     for col in ("campaign", "evaluations", "final regret", "wall time (s)", "status"):
         table.add_column(col, justify="left" if col == "campaign" else "right")
     for s in summaries:
-        table.add_row(s["campaign"], str(s["evaluations"]), _fmt(s["regret"], 4),
-                      _fmt(s["wall_time"], 3), s["status"])
+        table.add_row(
+            s["campaign"],
+            str(s["evaluations"]),
+            _fmt(s["regret"], 4),
+            _fmt(s["wall_time"], 3),
+            s["status"],
+        )
     means = Table(title="final regret over seeds")
     for col in ("problem", "model", "acq", "seeds", "mean regret", "SE"):
         means.add_column(col)
     for r in summarize(summaries):
-        means.add_row(r["problem"], r["model"], r["acq"], str(r["seeds"]),
-                      _fmt(r["mean_regret"], 4), _fmt(r["se_regret"], 2))
+        means.add_row(
+            r["problem"],
+            r["model"],
+            r["acq"],
+            str(r["seeds"]),
+            _fmt(r["mean_regret"], 4),
+            _fmt(r["se_regret"], 2),
+        )
     console = Console()
     console.print(table)
     console.print(means)
@@ -963,7 +1276,9 @@ def sweep(
 @app.command()
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories to compare.")],
-    out: Annotated[Optional[Path], typer.Option(help="Directory for the PNGs (default: <first run>/plots).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Directory for the PNGs (default: <first run>/plots).")
+    ] = None,
 ) -> None:
     """Plot best value/regret vs step and wall time, time per step vs n, and test RMSE vs step."""
     from bo_online.plotting import plot_runs
@@ -1029,8 +1344,10 @@ def _main(argv: list[str] | None) -> None:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again "
-              "(an interrupted run continues with `bo-online resume <out dir>`).")
+        _fail(
+            f"{e.strerror or e}{where}; free space or fix permissions, then try again "
+            "(an interrupted run continues with `bo-online resume <out dir>`)."
+        )
     except SystemExit as e:
         if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
             _fail(f"terminated; {_resume_hint()}", 143)

@@ -172,9 +172,7 @@ def load_uci(name: str, split: int = 0, data_dir: str | os.PathLike | None = Non
             f"{rows} rows x {inputs} inputs (10 splits): this is not the {key} set; run your own "
             f"data with bo-online stream --data FILE."
         )
-    return Dataset(
-        X=data[:, :-1], y=data[:, -1], name=key, test_mask=mask[:, split].astype(bool)
-    )
+    return Dataset(X=data[:, :-1], y=data[:, -1], name=key, test_mask=mask[:, split].astype(bool))
 
 
 def load_magnetometer(
@@ -192,12 +190,17 @@ def load_magnetometer(
         if k not in MAGNETOMETER_TRACKS:
             raise ValueError(f"Magnetometer tracks are numbered 1..9, got {k}.")
         missing = [
-            name for name in (f"magnetometer/{k}-loc.csv", f"magnetometer/{k}-mag.csv")
+            name
+            for name in (f"magnetometer/{k}-loc.csv", f"magnetometer/{k}-mag.csv")
             if not (root / name).is_file()
         ]
         if missing and (root / "magnetometer").is_dir():
-            present = [j for j in MAGNETOMETER_TRACKS if (root / f"magnetometer/{j}-loc.csv").is_file()
-                       and (root / f"magnetometer/{j}-mag.csv").is_file()]
+            present = [
+                j
+                for j in MAGNETOMETER_TRACKS
+                if (root / f"magnetometer/{j}-loc.csv").is_file()
+                and (root / f"magnetometer/{j}-mag.csv").is_file()
+            ]
             raise DataNotFoundError(
                 f"Magnetometer track {k} is not in {str(root / 'magnetometer')!r} (missing "
                 f"{', '.join(missing)}); tracks present: {present or 'none'}. Use only those "

@@ -397,7 +397,11 @@ def cholesky_append_rows(L: Tensor, B: Tensor, C: Tensor) -> tuple[Tensor, Tenso
             f"Shapes do not border: L {tuple(L.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)}."
         )
     batch = broadcast_shapes(L.shape[:-2], B.shape[:-2], C.shape[:-2])
-    S = solve_lower(L.expand(*batch, n, n), B.expand(*batch, n, q)) if n > 0 else B.expand(*batch, n, q)
+    S = (
+        solve_lower(L.expand(*batch, n, n), B.expand(*batch, n, q))
+        if n > 0
+        else B.expand(*batch, n, q)
+    )
     return S.transpose(-1, -2), schur_cholesky(C.expand(*batch, q, q), S)
 
 
@@ -452,8 +456,9 @@ class LowRankUpdatedCholesky:
         U: optional ``batch_U x m x r`` low-rank columns (batch dims broadcast with ``L``'s).
     """
 
-    def __init__(self, L: Tensor, U: Tensor | None = None, W: Tensor | None = None,
-                 C: Tensor | None = None) -> None:
+    def __init__(
+        self, L: Tensor, U: Tensor | None = None, W: Tensor | None = None, C: Tensor | None = None
+    ) -> None:
         self.L = L
         self.U = U
         if U is not None and (W is None or C is None):

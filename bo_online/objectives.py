@@ -68,8 +68,7 @@ def parse_bounds(raw: str | list) -> Tensor:
     except json.JSONDecodeError:
         try:
             pairs = [
-                [float(v) for v in item.split(",")]
-                for item in str(raw).replace(";", " ").split()
+                [float(v) for v in item.split(",")] for item in str(raw).replace(";", " ").split()
             ]
         except ValueError:
             pairs = None
@@ -115,7 +114,9 @@ def objective_problem(
     box = parse_bounds(bounds)
     fn = load_objective(spec)
     name = spec.rpartition(":")[2]
-    problem = CallableProblem(_Vectorised(fn), box, maximize=maximize, noise_std=noise_std, name=name)
+    problem = CallableProblem(
+        _Vectorised(fn), box, maximize=maximize, noise_std=noise_std, name=name
+    )
     problem.objective_spec = {
         "objective": spec,
         "bounds": box.T.tolist(),

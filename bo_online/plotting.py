@@ -25,7 +25,14 @@ import numpy as np  # noqa: E402
 
 from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
 
-__all__ = ["load_runs", "plot_progress", "plot_time_per_step", "plot_rmse", "plot_accuracy", "plot_runs"]
+__all__ = [
+    "load_runs",
+    "plot_progress",
+    "plot_time_per_step",
+    "plot_rmse",
+    "plot_accuracy",
+    "plot_runs",
+]
 
 Run = tuple[str, list[dict[str, Any]]]
 

@@ -160,8 +160,9 @@ def _separable_optimum(fn: Any, dim: int) -> float | None:
         values = term(grid, i)
         j = int(np.argmin(values))
         a, b = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
-        res = minimize_scalar(lambda x: term(x, i), bounds=(a, b), method="bounded",
-                              options={"xatol": 1e-14})
+        res = minimize_scalar(
+            lambda x: term(x, i), bounds=(a, b), method="bounded", options={"xatol": 1e-14}
+        )
         x_star.append(res.x if res.fun < values[j] else grid[j])
         total += float(min(res.fun, values[j]))
     # the same point through the function itself (summation order can differ by an ulp)
@@ -196,8 +197,14 @@ def _refined_optimum(fn: Any, stated: float | None, maximize: bool = False) -> f
         x0 = np.clip(np.asarray(x0, dtype=np.float64), lo, hi)
         value0 = f_and_grad(x0)[0]
         with np.errstate(all="ignore"):
-            res = minimize(f_and_grad, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                           options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 500})
+            res = minimize(
+                f_and_grad,
+                x0,
+                jac=True,
+                method="L-BFGS-B",
+                bounds=bounds,
+                options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 500},
+            )
         value = min(value0, float(res.fun)) if np.isfinite(res.fun) else value0
         best = value if best is None else min(best, value)
     if best is None:
@@ -232,9 +239,7 @@ class SyntheticProblem(Problem):
         cls, dims, min_dim, default = SYNTHETIC_PROBLEMS[key]
         dim = default if dim is None else int(dim)
         if dims is not None and dim not in dims:
-            raise ValueError(
-                f"Problem {key!r} is defined for dim in {list(dims)}, not dim={dim}."
-            )
+            raise ValueError(f"Problem {key!r} is defined for dim in {list(dims)}, not dim={dim}.")
         if dims is None and dim < min_dim:
             raise ValueError(f"Problem {key!r} needs dim >= {min_dim}, got dim={dim}.")
         if key == "powell" and dim % 4:
@@ -266,8 +271,9 @@ def _exact_optimum(key: str, dim: int, fn: Any) -> float | None:
         except NotImplementedError:
             stated = None
         separable = _separable_optimum(fn, dim)
-        value = _refined_optimum(fn, separable if separable is not None else stated,
-                                 maximize=key in _MAXIMIZED)
+        value = _refined_optimum(
+            fn, separable if separable is not None else stated, maximize=key in _MAXIMIZED
+        )
         if separable is not None and value is not None:  # both are attained values
             value = min(separable, value)
         _OPTIMA[cache_key] = value
@@ -543,7 +549,9 @@ def problem_names() -> list[str]:
     return sorted(SYNTHETIC_PROBLEMS)
 
 
-def synthetic_problem(name: str, dim: int | None = None, noise_std: float = 0.0) -> SyntheticProblem:
+def synthetic_problem(
+    name: str, dim: int | None = None, noise_std: float = 0.0
+) -> SyntheticProblem:
     """A BoTorch test function by name (see :class:`SyntheticProblem`)."""
     return SyntheticProblem(name, dim=dim, noise_std=noise_std)
 

@@ -26,11 +26,12 @@ import contextlib
 import itertools
 import math
 import os
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 __all__ = [
     "Campaign",
@@ -89,7 +90,9 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{path}: invalid TOML: {e}") from e
     if not isinstance(spec, dict):
-        raise ValueError(f"{path}: the spec must be a table of steps, problems, models, acqs, seeds.")
+        raise ValueError(
+            f"{path}: the spec must be a table of steps, problems, models, acqs, seeds."
+        )
     unknown = set(spec) - _SPEC_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}.")
@@ -110,7 +113,11 @@ def _problem(entry: Any) -> dict[str, Any]:
     if isinstance(entry, str):
         return {"name": entry, "dim": None, "noise": 0.0}
     if isinstance(entry, dict) and "name" in entry and set(entry) <= {"name", "dim", "noise"}:
-        return {"name": entry["name"], "dim": entry.get("dim"), "noise": float(entry.get("noise", 0.0))}
+        return {
+            "name": entry["name"],
+            "dim": entry.get("dim"),
+            "noise": float(entry.get("noise", 0.0)),
+        }
     raise ValueError(f"A problem is a name or a table {{name, dim, noise}}, got {entry!r}.")
 
 
@@ -190,7 +197,9 @@ def _summary(campaign: Campaign, records: list[dict[str, Any]], status: str) -> 
     }
 
 
-def run_sweep(spec_path: str | os.PathLike, out: str | os.PathLike, client: Any) -> list[dict[str, Any]]:
+def run_sweep(
+    spec_path: str | os.PathLike, out: str | os.PathLike, client: Any
+) -> list[dict[str, Any]]:
     r"""Run every unfinished campaign of the spec as a task on ``client``'s cluster; finished
     ones are skipped. Returns one summary per campaign (``status``: ran, resumed, skipped)."""
     from distributed import as_completed
@@ -268,11 +277,17 @@ def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (problem, model, acq), values in groups.items():
         n = len(values)
         mean = sum(values) / n if n else math.nan
-        se = (
-            math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else math.nan
+        se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else math.nan
+        rows.append(
+            {
+                "problem": problem,
+                "model": model,
+                "acq": acq,
+                "seeds": n,
+                "mean_regret": mean,
+                "se_regret": se,
+            }
         )
-        rows.append({"problem": problem, "model": model, "acq": acq, "seeds": n,
-                     "mean_regret": mean, "se_regret": se})
     return rows
 
 
@@ -323,11 +338,18 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
             with warnings.catch_warnings():  # all-NaN columns before the first record
                 warnings.simplefilter("ignore", RuntimeWarning)
                 for ax, curves in zip(axes, (by_n, by_t)):
-                    grid = np.linspace(min(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200)
+                    grid = np.linspace(
+                        min(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200
+                    )
                     mean, band = _band(curves, grid)
-                    line, = ax.plot(grid, mean, label=label)
-                    ax.fill_between(grid, np.maximum(mean - band, 1e-12), mean + band,
-                                    color=line.get_color(), alpha=0.2)
+                    (line,) = ax.plot(grid, mean, label=label)
+                    ax.fill_between(
+                        grid,
+                        np.maximum(mean - band, 1e-12),
+                        mean + band,
+                        color=line.get_color(),
+                        alpha=0.2,
+                    )
         for ax, xlabel in zip(axes, ("evaluations", "wall time (s)")):
             ax.set_yscale("log")
             ax.set_xlabel(xlabel)

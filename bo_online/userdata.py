@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,9 +115,7 @@ def _suffix(path: Path) -> str:
     for suffix in SUFFIXES:
         if name.endswith(suffix):
             return suffix
-    raise DataFileError(
-        f"{path}: unsupported file type; give a .csv, .csv.gz or .npz file."
-    )
+    raise DataFileError(f"{path}: unsupported file type; give a .csv, .csv.gz or .npz file.")
 
 
 def _is_number(cell: str) -> bool:
@@ -134,7 +131,9 @@ def _read_csv(path: Path, gz: bool) -> Table:
     opener = gzip.open if gz else open
     try:
         with opener(path, "rt", encoding="utf-8", newline="") as f:
-            rows = [(i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)]
+            rows = [
+                (i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)
+            ]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataFileError(f"{path}: cannot be read as CSV ({e}).") from e
     if not rows:
@@ -160,16 +159,25 @@ def _read_csv(path: Path, gz: bool) -> Table:
                 value = float(text) if text else float("nan")
             except ValueError:
                 value = float("nan")
-                problems.setdefault(j, (line, (
-                    f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
-                    f"number; only numeric columns can be used (encode this column, or leave it "
-                    f"out with --inputs)."
-                )))
+                problems.setdefault(
+                    j,
+                    (
+                        line,
+                        (
+                            f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
+                            f"number; only numeric columns can be used (encode this column, or leave it "
+                            f"out with --inputs)."
+                        ),
+                    ),
+                )
             if not np.isfinite(value) and j not in problems:
-                problems[j] = (line, (
-                    f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is {text or 'empty'}; "
-                    f"drop or fill the rows with missing values."
-                ))
+                problems[j] = (
+                    line,
+                    (
+                        f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is {text or 'empty'}; "
+                        f"drop or fill the rows with missing values."
+                    ),
+                )
             data[r, j] = value
     return Table(data, columns, path, body[0][0], problems=problems)
 
@@ -233,7 +241,10 @@ def read_table(path: str | os.PathLike) -> Table:
 
 
 def _test_mask(
-    table: Table, test_mask: str | int | None, test_fraction: float | None, seed: int,
+    table: Table,
+    test_mask: str | int | None,
+    test_fraction: float | None,
+    seed: int,
 ) -> tuple[np.ndarray, int | None]:
     """The test rows (boolean ``n``) and the mask column used (excluded from the inputs)."""
     n = table.data.shape[0]
@@ -241,7 +252,9 @@ def _test_mask(
         if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
             mask_table = read_table_any(Path(test_mask).expanduser())
             mask_table.require([mask_table.data.shape[1] - 1])
-            values = mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
+            values = (
+                mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
+            )
             if values.shape[0] != n:
                 raise DataFileError(
                     f"{mask_table.path}: the test mask holds {values.shape[0]} rows, but "
@@ -376,9 +389,17 @@ def stream_from_file(
         y_test=t(y_te[test_rows]),
         bounds=_data_bounds(X),
         spec=_spec(
-            "stream", table, target=target, inputs=None if inputs is None else list(inputs),
-            test_fraction=test_fraction, test_mask=test_mask, task=task, shuffle=shuffle,
-            seed=seed, max_stream=max_stream, max_test=max_test,
+            "stream",
+            table,
+            target=target,
+            inputs=None if inputs is None else list(inputs),
+            test_fraction=test_fraction,
+            test_mask=test_mask,
+            task=task,
+            shuffle=shuffle,
+            seed=seed,
+            max_stream=max_stream,
+            max_test=max_test,
         ),
         task=task,
     )
@@ -418,8 +439,14 @@ def pool_from_file(
         y_test=t(y[mask]),
         bounds=_data_bounds(X),
         spec=_spec(
-            "pool", table, target=target, inputs=None if inputs is None else list(inputs),
-            test_fraction=test_fraction, test_mask=test_mask, seed=seed, pool_size=pool_size,
+            "pool",
+            table,
+            target=target,
+            inputs=None if inputs is None else list(inputs),
+            test_fraction=test_fraction,
+            test_mask=test_mask,
+            seed=seed,
+            pool_size=pool_size,
         ),
     )
 

@@ -106,8 +106,9 @@ def run_tsvgp(X, y, Z, args) -> tuple[TSVGP, list[list[float]], list[float]]:
     for _ in range(args.outer):
         t0 = time.perf_counter()
         e_step_to_convergence(model, args.e_steps)
-        m_step = TSVGPFitSettings(method="adam", max_iter=args.m_steps, lr=args.lr,
-                                  include_priors=False)
+        m_step = TSVGPFitSettings(
+            method="adam", max_iter=args.m_steps, lr=args.lr, include_priors=False
+        )
         model._m_step(m_step, learn_z=False)
         times.append(time.perf_counter() - t0)
         traj.append(hypers(model.covar_module, model.mean_module))

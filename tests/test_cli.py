@@ -16,8 +16,18 @@ from bo_online import datasets
 from bo_online.cli import app, main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--num-restarts", "2", "--raw-samples", "32", "--acqf-maxiter", "20",
-         "--fit-max-iter", "10", "--threads", "1"]
+SMALL = [
+    "--num-restarts",
+    "2",
+    "--raw-samples",
+    "32",
+    "--acqf-maxiter",
+    "20",
+    "--fit-max-iter",
+    "10",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,13 +68,19 @@ BAD = {
     ),
     "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
     "missing data dir (active)": (["active", "--data-dir", "{missing}"], "magnetometer/1-loc.csv"),
-    "missing data dir (stream)": (["stream", "--problem", "yacht", "--data-dir", "{missing}"],
-                                  "uci/yacht/data.csv.gz"),
+    "missing data dir (stream)": (
+        ["stream", "--problem", "yacht", "--data-dir", "{missing}"],
+        "uci/yacht/data.csv.gz",
+    ),
     "unknown UCI set": (["stream", "--problem", "iris"], "Unknown UCI set"),
-    "regression-only model on banana": (["stream", "--problem", "banana", "--model", "exact"],
-                                        "Model 'exact' cannot classify"),
-    "missing data dir (banana)": (["stream", "--problem", "banana", "--model", "tsvgp",
-                                   "--data-dir", "{missing}"], "banana/banana_train_x.txt"),
+    "regression-only model on banana": (
+        ["stream", "--problem", "banana", "--model", "exact"],
+        "Model 'exact' cannot classify",
+    ),
+    "missing data dir (banana)": (
+        ["stream", "--problem", "banana", "--model", "tsvgp", "--data-dir", "{missing}"],
+        "banana/banana_train_x.txt",
+    ),
     "resume nothing": (["resume", "{missing}"], "No run directory"),
 }
 
@@ -91,7 +107,10 @@ def test_bad_option_in_a_real_process_is_one_line():
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
         [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "levy", "--steps", "-5"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "bo-online: error: --steps must be >= 0, got -5."
@@ -101,14 +120,25 @@ def test_bad_option_in_a_real_process_is_one_line():
 def test_model_option_values():
     from bo_online.cli import CLIError, _parse_options
 
-    parsed = _parse_options([
-        "grid_size=64", "sizes=[10, 20]", "learn=true", "name=abc",
-        "projection=bo_online.models.projection.TanhProjection(6, out_dim=2)",
-    ])
+    parsed = _parse_options(
+        [
+            "grid_size=64",
+            "sizes=[10, 20]",
+            "learn=true",
+            "name=abc",
+            "projection=bo_online.models.projection.TanhProjection(6, out_dim=2)",
+        ]
+    )
     assert parsed == {
-        "grid_size": 64, "sizes": [10, 20], "learn": True, "name": "abc",
-        "projection": {"__class__": "bo_online.models.projection.TanhProjection",
-                       "args": [6], "kwargs": {"out_dim": 2}},
+        "grid_size": 64,
+        "sizes": [10, 20],
+        "learn": True,
+        "name": "abc",
+        "projection": {
+            "__class__": "bo_online.models.projection.TanhProjection",
+            "args": [6],
+            "kwargs": {"out_dim": 2},
+        },
     }
     with pytest.raises(CLIError, match="literals"):
         _parse_options(["p=torch.nn.Linear(x, 2)"])
@@ -132,8 +162,26 @@ def test_help_documents_every_option(capsys):
 def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     out = tmp_path / "branin"
     code, stdout, err = _run(
-        ["bo", "--problem", "branin", "--model", "exact", "--acq", "ts", "--num-candidates", "128",
-         "--steps", "3", "--seed", "1", "--out", str(out), *SMALL], capsys)
+        [
+            "bo",
+            "--problem",
+            "branin",
+            "--model",
+            "exact",
+            "--acq",
+            "ts",
+            "--num-candidates",
+            "128",
+            "--steps",
+            "3",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            *SMALL,
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "simple regret" in stdout and f"records:    {out / 'records.jsonl'}" in stdout
     assert "progress.png" in stdout and "time_per_step.png" in stdout
@@ -159,8 +207,23 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     assert len((out / "records.jsonl").read_text().splitlines()) == 6
     # plot two runs together
     other = tmp_path / "branin-ts"
-    code, _, err = _run(["bo", "--problem", "branin", "--acq", "ts", "--steps", "2", "--quiet",
-                         "--no-plots", "--out", str(other), *SMALL], capsys)
+    code, _, err = _run(
+        [
+            "bo",
+            "--problem",
+            "branin",
+            "--acq",
+            "ts",
+            "--steps",
+            "2",
+            "--quiet",
+            "--no-plots",
+            "--out",
+            str(other),
+            *SMALL,
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert not (other / "plots").exists()
     code, stdout, _ = _run(["plot", str(out), str(other), "--out", str(tmp_path / "cmp")], capsys)
@@ -172,8 +235,26 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
 def test_active_and_stream_commands(tmp_path, capsys):
     out = tmp_path / "mag"
     code, stdout, err = _run(
-        ["active", "--test-size", "300", "--pool-size", "2000", "--q", "6", "--steps", "2",
-         "--n-init", "8", "--num-mc-points", "64", "--out", str(out), *SMALL], capsys)
+        [
+            "active",
+            "--test-size",
+            "300",
+            "--pool-size",
+            "2000",
+            "--q",
+            "6",
+            "--steps",
+            "2",
+            "--n-init",
+            "8",
+            "--num-mc-points",
+            "64",
+            "--out",
+            str(out),
+            *SMALL,
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "test RMSE: initial -> final" in stdout
     assert (out / "plots" / "rmse.png").is_file()
@@ -181,14 +262,49 @@ def test_active_and_stream_commands(tmp_path, capsys):
     assert [r["n"] for r in records] == [8, 14, 20]
     out = tmp_path / "yacht"
     code, stdout, err = _run(
-        ["stream", "--problem", "yacht", "--max-stream", "60", "--max-test", "30", "--n-init", "20",
-         "--q", "4", "--eval-every", "5", "--steps", "10", "--out", str(out), "--threads", "1"], capsys)
+        [
+            "stream",
+            "--problem",
+            "yacht",
+            "--max-stream",
+            "60",
+            "--max-test",
+            "30",
+            "--n-init",
+            "20",
+            "--q",
+            "4",
+            "--eval-every",
+            "5",
+            "--steps",
+            "10",
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "prequential RMSE" in stdout
     records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == list(range(20, 61, 4))
-    code, _, err = _run(["stream", "--problem", "yacht", "--max-stream", "60", "--n-init", "20",
-                         "--steps", "100", "--out", str(tmp_path / "y2")], capsys)
+    code, _, err = _run(
+        [
+            "stream",
+            "--problem",
+            "yacht",
+            "--max-stream",
+            "60",
+            "--n-init",
+            "20",
+            "--steps",
+            "100",
+            "--out",
+            str(tmp_path / "y2"),
+        ],
+        capsys,
+    )
     assert code == 2 and "exceeds" in err and not (tmp_path / "y2").exists()
 
 
@@ -200,9 +316,33 @@ def _has_banana() -> bool:
 def test_stream_banana_classification_command(tmp_path, capsys):
     out = tmp_path / "banana"
     code, stdout, err = _run(
-        ["stream", "--problem", "banana", "--model", "wiski", "--model-option", "grid_size=12",
-         "--max-stream", "60", "--max-test", "200", "--n-init", "20", "--q", "5",
-         "--eval-every", "2", "--fit-max-iter", "10", "--out", str(out), "--threads", "1"], capsys)
+        [
+            "stream",
+            "--problem",
+            "banana",
+            "--model",
+            "wiski",
+            "--model-option",
+            "grid_size=12",
+            "--max-stream",
+            "60",
+            "--max-test",
+            "200",
+            "--n-init",
+            "20",
+            "--q",
+            "5",
+            "--eval-every",
+            "2",
+            "--fit-max-iter",
+            "10",
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "prequential accuracy" in stdout and "test accuracy (step " in stdout
     assert (out / "plots" / "accuracy.png").is_file()

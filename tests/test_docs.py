@@ -18,7 +18,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
@@ -27,10 +31,19 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("script", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs_small(script: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "BO_ONLINE_TUTORIAL_SMALL": "1", "PYTHONPATH": str(ROOT),
-           "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "BO_ONLINE_TUTORIAL_SMALL": "1",
+        "PYTHONPATH": str(ROOT),
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1",
+    }
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

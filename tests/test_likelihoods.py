@@ -112,7 +112,11 @@ def test_expected_derivatives_broadcast_sample_dims():
 def test_gaussian_expected_derivatives_exact_and_fixed_noise():
     lik = Gaussian().to(DT)
     lik.gaussian.noise = 0.2
-    y, m, v = torch.tensor([1.0, -2.0], dtype=DT), torch.tensor([0.5, 0.1], dtype=DT), torch.tensor([0.3, 2.0], dtype=DT)
+    y, m, v = (
+        torch.tensor([1.0, -2.0], dtype=DT),
+        torch.tensor([0.5, 0.1], dtype=DT),
+        torch.tensor([0.3, 2.0], dtype=DT),
+    )
     alpha, beta = lik.expected_derivatives(y, m, v)
     assert torch.allclose(alpha, (y - m) / 0.2, atol=1e-12)
     assert torch.allclose(beta, torch.full((2,), 5.0, dtype=DT), atol=1e-12)
@@ -128,7 +132,9 @@ def test_student_t_beta_is_clipped():
     lik = StudentT().to(DT)
     # a far outlier: the expected curvature is negative, so beta is clipped at BETA_MIN
     alpha, beta = lik.expected_derivatives(
-        torch.tensor([30.0], dtype=DT), torch.tensor([0.0], dtype=DT), torch.tensor([0.01], dtype=DT)
+        torch.tensor([30.0], dtype=DT),
+        torch.tensor([0.0], dtype=DT),
+        torch.tensor([0.01], dtype=DT),
     )
     assert float(beta) == BETA_MIN
     raw = -float(lik.d2(torch.tensor([30.0], dtype=DT), torch.tensor([0.0], dtype=DT)))

@@ -13,7 +13,7 @@ import torch
 from bo_online.cli import main
 from bo_online.loops import StreamingLoop, history, load_loop, read_records, without_timing
 from bo_online.problems import make_problem, to_unit
-from bo_online.userdata import DataChangedError, DataFileError, pool_from_file, stream_from_file
+from bo_online.userdata import DataFileError, pool_from_file, stream_from_file
 
 
 def _data(n: int = 160, d: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +28,7 @@ def _write_csv(path, X, y, header=True, extra=None) -> None:
     lines = [",".join(names)] if header else []
     lines += [",".join(f"{v:.17g}" for v in row) for row in np.column_stack([X, y])]
     if extra:
-        lines = lines[:extra[0]] + [extra[1]] + lines[extra[0]:]
+        lines = lines[: extra[0]] + [extra[1]] + lines[extra[0] :]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -126,8 +126,10 @@ def test_unused_text_or_missing_columns_are_ignored(tmp_path):
     X, y = _data(n=30)
     path = tmp_path / "ids.csv"
     lines = ["x0,x1,x2,x3,name,notes,target"]
-    lines += [",".join([*(f"{v:.17g}" for v in X[i]), f"id{i}", "" if i % 3 else "1.5",
-                        f"{y[i]:.17g}"]) for i in range(30)]
+    lines += [
+        ",".join([*(f"{v:.17g}" for v in X[i]), f"id{i}", "" if i % 3 else "1.5", f"{y[i]:.17g}"])
+        for i in range(30)
+    ]
     path.write_text("\n".join(lines) + "\n")
     problem = stream_from_file(path, inputs=["x0", "x1", "x2", "x3"], target="target")
     reference = stream_from_file(_write_plain(tmp_path, X, y))
@@ -135,7 +137,9 @@ def test_unused_text_or_missing_columns_are_ignored(tmp_path):
     torch.testing.assert_close(problem.y_test, reference.y_test)
     pool = pool_from_file(path, inputs=[0, 1, 2, 3], target=-1)
     assert pool.X_pool.shape[-1] == 4
-    with pytest.raises(DataFileError, match=r"line 2, column 'name' \(no. 5\): 'id0' is not a number"):
+    with pytest.raises(
+        DataFileError, match=r"line 2, column 'name' \(no. 5\): 'id0' is not a number"
+    ):
         stream_from_file(path, target="target")  # default inputs include the text column
     with pytest.raises(DataFileError, match=r"line 3, column 'notes' \(no. 6\) is empty"):
         stream_from_file(path, inputs=["x0", "notes"], target="target")
@@ -168,13 +172,30 @@ def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path,
     X, y = _data(n=90, d=4)
     path = tmp_path / "mine.csv"
     _write_csv(path, X, y)
-    base = ["stream", "--data", str(path), "--model", "exact", "--n-init", "20", "--eval-every",
-            "10", "--refit-every", "0", "--fit-max-iter", "5", "-Q", "--no-plots"]
+    base = [
+        "stream",
+        "--data",
+        str(path),
+        "--model",
+        "exact",
+        "--n-init",
+        "20",
+        "--eval-every",
+        "10",
+        "--refit-every",
+        "0",
+        "--fit-max-iter",
+        "5",
+        "-Q",
+        "--no-plots",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     main(base + ["--out", str(full)])
     main(base + ["--out", str(part), "--steps", "30"])
     config = json.loads((part / history.CONFIG_FILE).read_text())
-    assert config["problem"]["path"] == str(path.resolve()) and len(config["problem"]["sha256"]) == 64
+    assert (
+        config["problem"]["path"] == str(path.resolve()) and len(config["problem"]["sha256"]) == 64
+    )
     main(["resume", str(part), "--steps", str(len(read_records(full)) - 1), "-Q", "--no-plots"])
     assert without_timing(read_records(part)) == without_timing(read_records(full))
     # a stream of 90 rows with 10% test: 81 training rows, 20 initial points
@@ -190,10 +211,35 @@ def test_cli_active_pool_file(tmp_path, capsys):
     path = tmp_path / "pool.csv"
     _write_csv(path, X, y)
     out = tmp_path / "run"
-    main(["active", "--pool", str(path), "--inputs", "x0,x1", "--target", "target",
-          "--test-fraction", "0.25", "--model", "exact", "--acq", "random", "--q", "2",
-          "--steps", "3", "--n-init", "5", "--fit-max-iter", "3", "--out", str(out), "-Q",
-          "--no-plots"])
+    main(
+        [
+            "active",
+            "--pool",
+            str(path),
+            "--inputs",
+            "x0,x1",
+            "--target",
+            "target",
+            "--test-fraction",
+            "0.25",
+            "--model",
+            "exact",
+            "--acq",
+            "random",
+            "--q",
+            "2",
+            "--steps",
+            "3",
+            "--n-init",
+            "5",
+            "--fit-max-iter",
+            "3",
+            "--out",
+            str(out),
+            "-Q",
+            "--no-plots",
+        ]
+    )
     records = read_records(out)
     assert records[-1]["n"] == 11 and records[-1]["rmse"] is not None
     loop = load_loop(out)
@@ -222,9 +268,29 @@ def test_fewer_magnetometer_tracks_says_which(tmp_path, capsys):
     code, err = _run(["active", "--data-dir", str(tmp_path), "-Q"], capsys)
     assert code == 2 and "tracks present: [1, 2]" in err and "--tracks 1,2" in err
     out = tmp_path / "run"
-    main(["active", "--data-dir", str(tmp_path), "--tracks", "1,2", "--test-size", "20",
-          "--acq", "random", "--steps", "1", "--n-init", "4", "--fit-max-iter", "2",
-          "--out", str(out), "-Q", "--no-plots"])
+    main(
+        [
+            "active",
+            "--data-dir",
+            str(tmp_path),
+            "--tracks",
+            "1,2",
+            "--test-size",
+            "20",
+            "--acq",
+            "random",
+            "--steps",
+            "1",
+            "--n-init",
+            "4",
+            "--fit-max-iter",
+            "2",
+            "--out",
+            str(out),
+            "-Q",
+            "--no-plots",
+        ]
+    )
     assert read_records(out)[-1]["n"] == 10
 
 
@@ -252,7 +318,9 @@ def test_checkpoint_by_time_resumes_to_identical_records(tmp_path, monkeypatch):
     resumed = load_loop(tmp_path / "cut")
     assert resumed.step_count == 12 and len(read_records(tmp_path / "cut")) == 13
     resumed.run(20)
-    assert without_timing(read_records(tmp_path / "cut")) == without_timing(read_records(tmp_path / "ref"))
+    assert without_timing(read_records(tmp_path / "cut")) == without_timing(
+        read_records(tmp_path / "ref")
+    )
     assert resumed.elapsed >= resumed.wall_time > 0
     every = StreamingLoop(prob, checkpoint_every=5, out_dir=tmp_path / "every", **opts)
     monkeypatch.setattr(every, "save_checkpoint", lambda: saves.append(("every", every.step_count)))
@@ -287,4 +355,6 @@ def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, sig
     resumed = load_loop(tmp_path / "cut")
     assert resumed.step_count == 6  # the checkpoint holds step 6: written on the signal
     resumed.run()
-    assert without_timing(read_records(tmp_path / "cut")) == without_timing(read_records(tmp_path / "ref"))
+    assert without_timing(read_records(tmp_path / "cut")) == without_timing(
+        read_records(tmp_path / "ref")
+    )

@@ -16,9 +16,17 @@ def _bo_records(scale: float, n0: int = 5):
     recs, wall = [], 0.0
     for step in range(6):
         wall += 0.1 * (step + 1)
-        recs.append({"step": step, "n": n0 + step, "best_value": 1.0 + scale / (step + 1),
-                     "regret": scale / (step + 1), "time_step": 0.1 * (step + 1),
-                     "time_update": 0.01 * (step + 1), "wall_time": wall})
+        recs.append(
+            {
+                "step": step,
+                "n": n0 + step,
+                "best_value": 1.0 + scale / (step + 1),
+                "regret": scale / (step + 1),
+                "time_step": 0.1 * (step + 1),
+                "time_update": 0.01 * (step + 1),
+                "wall_time": wall,
+            }
+        )
     return recs
 
 
@@ -52,8 +60,9 @@ def test_progress_plot_data_are_the_records(tmp_path, captured):
     no_regret = [("c", [{**r, "regret": None} for r in _bo_records(1.0)])]
     plotting.plot_progress(no_regret, tmp_path / "q.png")
     assert captured[1].axes[0].get_title() == "Best value vs step"
-    np.testing.assert_allclose(captured[1].axes[0].get_lines()[0].get_ydata(),
-                               [r["best_value"] for r in no_regret[0][1]])
+    np.testing.assert_allclose(
+        captured[1].axes[0].get_lines()[0].get_ydata(), [r["best_value"] for r in no_regret[0][1]]
+    )
 
 
 def test_time_per_step_and_rmse_plots(tmp_path, captured):
@@ -66,8 +75,10 @@ def test_time_per_step_and_rmse_plots(tmp_path, captured):
     np.testing.assert_allclose(lines[2].get_xdata(), [r["n"] for r in runs[1][1][1:]])
     np.testing.assert_allclose(lines[0].get_ydata(), [r["time_step"] for r in runs[0][1][1:]])
     np.testing.assert_allclose(lines[1].get_ydata(), [r["time_update"] for r in runs[0][1][1:]])
-    al = [{"step": s, "n": 10 + 6 * s, "rmse": 10.0 - s, "time_step": 1.0, "time_update": 0.1}
-          for s in range(5)]
+    al = [
+        {"step": s, "n": 10 + 6 * s, "rmse": 10.0 - s, "time_step": 1.0, "time_update": 0.1}
+        for s in range(5)
+    ]
     plotting.plot_rmse([("qnipv", al)], tmp_path / "r.png")
     ax = captured[1].axes[0]
     assert ax.get_title() == "Test RMSE vs step"

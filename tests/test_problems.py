@@ -6,7 +6,6 @@ import csv
 import math
 
 import numpy as np
-
 import pytest
 import torch
 
@@ -24,8 +23,18 @@ from bo_online.problems import (
     uci_problem,
 )
 
-REQUIRED = ["branin", "hartmann3", "hartmann6", "ackley", "levy", "rastrigin", "griewank",
-            "michalewicz", "styblinskitang", "rosenbrock"]
+REQUIRED = [
+    "branin",
+    "hartmann3",
+    "hartmann6",
+    "ackley",
+    "levy",
+    "rastrigin",
+    "griewank",
+    "michalewicz",
+    "styblinskitang",
+    "rosenbrock",
+]
 
 
 def _data_or_skip():
@@ -45,7 +54,10 @@ def test_known_optimum_is_attained_at_the_known_minimiser(name):
     assert float(p.evaluate_true(x_star)) == pytest.approx(p.optimal_value, abs=1e-4)
     assert p.regret(float(p.evaluate_true(x_star))) == pytest.approx(0.0, abs=1e-4)
     # anywhere else the value is no better than the optimum and the regret is >= 0
-    X = from_unit(torch.rand(64, p.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)), p.bounds)
+    X = from_unit(
+        torch.rand(64, p.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)),
+        p.bounds,
+    )
     values = p.evaluate_true(X)
     assert bool((values >= p.optimal_value - 1e-6).all())
     assert p.regret(float(values.min())) >= 0
@@ -57,7 +69,9 @@ def test_formulas_by_hand():
     x1, x2 = math.pi, 2.275
     a, bb, c, r, s, t = 1, 5.1 / (4 * math.pi**2), 5 / math.pi, 6, 10, 1 / (8 * math.pi)
     by_hand = a * (x2 - bb * x1**2 + c * x1 - r) ** 2 + s * (1 - t) * math.cos(x1) + s
-    assert float(b.evaluate_true(torch.tensor([[x1, x2]], dtype=torch.float64))) == pytest.approx(by_hand)
+    assert float(b.evaluate_true(torch.tensor([[x1, x2]], dtype=torch.float64))) == pytest.approx(
+        by_hand
+    )
     ras = synthetic_problem("rastrigin", dim=3)
     x = torch.tensor([[1.0, -0.5, 2.0]], dtype=torch.float64)
     by_hand = 30 + sum(v**2 - 10 * math.cos(2 * math.pi * v) for v in (1.0, -0.5, 2.0))
@@ -109,8 +123,10 @@ def test_regret_is_zero_at_every_known_optimiser_and_never_negative(name):
         regret = p.regret(value)
         # BoTorch's optimisers are rounded to a few digits: the regret there is tiny, never < 0
         assert 0.0 <= regret <= 1e-6 * max(1.0, abs(p.optimal_value)), (x_star, regret)
-    X = from_unit(torch.rand(256, p.dim, dtype=torch.float64,
-                             generator=torch.Generator().manual_seed(1)), p.bounds)
+    X = from_unit(
+        torch.rand(256, p.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1)),
+        p.bounds,
+    )
     assert all(p.regret(float(v)) >= 0 for v in p.evaluate_true(X))
 
 
@@ -118,7 +134,9 @@ def test_six_hump_camel_optimum_is_exact():
     # BoTorch states -1.0316; the optimum is -1.031628453489877... (so -1.0316 gave regret < 0)
     p = synthetic_problem("sixhumpcamel")
     assert p.optimal_value == pytest.approx(-1.0316284534898774, abs=1e-12)
-    assert p.regret(float(p.evaluate_true(torch.tensor([[0.0898, -0.7126]], dtype=torch.float64)))) > 0
+    assert (
+        p.regret(float(p.evaluate_true(torch.tensor([[0.0898, -0.7126]], dtype=torch.float64)))) > 0
+    )
 
 
 def test_evaluate_true_is_noiseless_and_spec_round_trips():
@@ -140,10 +158,13 @@ def test_unit_cube_maps_are_inverse_and_affine():
 
 
 def test_callable_problem():
-    p = CallableProblem(lambda X: X.sum(-1), bounds=[[0, 0], [1, 2]], maximize=True,
-                        optimal_value=3.0, name="sum")
+    p = CallableProblem(
+        lambda X: X.sum(-1), bounds=[[0, 0], [1, 2]], maximize=True, optimal_value=3.0, name="sum"
+    )
     assert p.dim == 2 and p.spec is None
-    assert torch.equal(p.evaluate_true(torch.tensor([[1.0, 2.0]])), torch.tensor([3.0], dtype=torch.float64))
+    assert torch.equal(
+        p.evaluate_true(torch.tensor([[1.0, 2.0]])), torch.tensor([3.0], dtype=torch.float64)
+    )
     assert p.regret(2.5) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="lower < upper"):
         CallableProblem(lambda X: X.sum(-1), bounds=[[0, 1], [1, 1]])
@@ -159,7 +180,9 @@ def test_magnetometer_pool_and_held_out_test_set():
     # no row in both: compare (x, y, value) triples
     pool = {tuple(r) for r in torch.cat([p.X_pool, p.y_pool[:, None]], 1).tolist()}
     test = [tuple(r) for r in torch.cat([p.X_test, p.y_test[:, None]], 1).tolist()]
-    assert sum(t in pool for t in test) <= 5  # only exact duplicate rows of the raw data could repeat
+    assert (
+        sum(t in pool for t in test) <= 5
+    )  # only exact duplicate rows of the raw data could repeat
     assert bool(((p.X_pool >= p.bounds[0]) & (p.X_pool <= p.bounds[1])).all())
     # values are the norm of the three field components, from the raw file read by hand
     with open(root / "magnetometer" / "1-mag.csv") as f:
@@ -172,10 +195,14 @@ def test_magnetometer_pool_and_held_out_test_set():
     assert hit.numel() >= 1
     assert float(values[hit[0, 0]]) == pytest.approx(math.sqrt(sum(v * v for v in first)))
     # seeded: same seed same split, another seed another split
-    assert torch.equal(magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test,
-                       magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test)
-    assert not torch.equal(magnetometer_problem(seed=1, tracks=(1,), test_size=100).X_test,
-                           magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test)
+    assert torch.equal(
+        magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test,
+        magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test,
+    )
+    assert not torch.equal(
+        magnetometer_problem(seed=1, tracks=(1,), test_size=100).X_test,
+        magnetometer_problem(seed=0, tracks=(1,), test_size=100).X_test,
+    )
     with pytest.raises(ValueError, match="test_size"):
         magnetometer_problem(test_size=0)
 
@@ -184,7 +211,9 @@ def test_uci_stream_uses_the_fixed_split():
     _data_or_skip()
     p = uci_problem("yacht", split=2, seed=0)
     d = datasets.load_uci("yacht", split=2)
-    assert p.X_stream.shape[0] == int((~d.test_mask).sum()) and p.X_test.shape[0] == int(d.test_mask.sum())
+    assert p.X_stream.shape[0] == int((~d.test_mask).sum()) and p.X_test.shape[0] == int(
+        d.test_mask.sum()
+    )
     # the stream is a permutation of the training rows
     rows = sorted(map(tuple, torch.tensor(d.train[0]).tolist()))
     assert sorted(map(tuple, p.X_stream.tolist())) == rows

@@ -139,11 +139,15 @@ def make_generation_strategy(
     if fit_options:
         options["fit_options"] = dict(fit_options)
     acqf = botorch_acqf_class or qLogNoisyExpectedImprovement
-    y_transforms = [DropNonFiniteY, Derelativize, Winsorize, StandardizeY] if winsorize else [
-        DropNonFiniteY,
-        Derelativize,
-        StandardizeY,
-    ]
+    y_transforms = (
+        [DropNonFiniteY, Derelativize, Winsorize, StandardizeY]
+        if winsorize
+        else [
+            DropNonFiniteY,
+            Derelativize,
+            StandardizeY,
+        ]
+    )
     generator_kwargs: dict[str, Any] = {
         "surrogate_spec": SurrogateSpec(
             model_configs=[

@@ -65,9 +65,13 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         ckpt = history.load_checkpoint(ckpt_path)
         classes = _loop_classes()
         if ckpt.get("kind") not in classes:
-            raise history.RunFileError(f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}.")
+            raise history.RunFileError(
+                f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}."
+            )
         try:
-            loop = classes[ckpt["kind"]].from_checkpoint(ckpt, out_dir, problem=problem, **overrides)
+            loop = classes[ckpt["kind"]].from_checkpoint(
+                ckpt, out_dir, problem=problem, **overrides
+            )
         except (KeyError, TypeError, IndexError, AttributeError) as e:
             raise history.RunFileError(
                 f"The checkpoint {str(ckpt_path)!r} is incomplete or not of this bo-online version "

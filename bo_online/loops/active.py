@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bo_online.acquisition import optimizer_kwargs, build_acquisition, propose, propose_from_pool
+from bo_online.acquisition import build_acquisition, optimizer_kwargs, propose, propose_from_pool
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
 from bo_online.problems import PoolProblem, to_unit
 
@@ -93,9 +93,13 @@ class ActiveLearningLoop(OnlineLoop):
         **kwargs: Any,
     ) -> None:
         if not isinstance(problem, PoolProblem):
-            raise ValueError(f"ActiveLearningLoop needs a PoolProblem, got {type(problem).__name__}.")
+            raise ValueError(
+                f"ActiveLearningLoop needs a PoolProblem, got {type(problem).__name__}."
+            )
         if acq.lower() not in ("qnipv", "random"):
-            raise ValueError(f"Unknown active-learning acquisition {acq!r}; choose qnipv or random.")
+            raise ValueError(
+                f"Unknown active-learning acquisition {acq!r}; choose qnipv or random."
+            )
         if integrate_over not in ("test", "sobol"):
             raise ValueError(f"integrate_over must be 'test' or 'sobol', got {integrate_over!r}.")
         if selection not in ("snap", "pool"):
@@ -145,7 +149,9 @@ class ActiveLearningLoop(OnlineLoop):
         return predictive_metrics(self.model, self.U_test, self.problem.y_test)
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
-        return self.U_pool[self.chosen], self.problem.y_pool[self.chosen].reshape(-1, 1).to(**self.tkwargs)
+        return self.U_pool[self.chosen], self.problem.y_pool[self.chosen].reshape(-1, 1).to(
+            **self.tkwargs
+        )
 
     def _take(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         self.used[idx] = True
@@ -192,9 +198,14 @@ class ActiveLearningLoop(OnlineLoop):
                     step=self.step_count + 1,
                     dim=d,
                     mc_points=(
-                        self.U_test[self.mc_idx] if self.config["integrate_over"] == "test" else None
+                        self.U_test[self.mc_idx]
+                        if self.config["integrate_over"] == "test"
+                        else None
                     ),
-                    options={"num_mc_points": self.config["num_mc_points"], **self.config["acq_options"]},
+                    options={
+                        "num_mc_points": self.config["num_mc_points"],
+                        **self.config["acq_options"],
+                    },
                 )
                 if self.config["selection"] == "snap":
                     U = propose(acq, q, d, self.config["optimizer_options"], **self.tkwargs)

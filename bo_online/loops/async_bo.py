@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
-
 from bo_online.loops import history
 from bo_online.loops.bayesopt import BayesOptLoop
 from bo_online.problems import Problem, from_unit

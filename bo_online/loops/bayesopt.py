@@ -24,9 +24,9 @@ from torch.quasirandom import SobolEngine
 from bo_online.acquisition import (
     ACQUISITIONS,
     build_acquisition,
+    optimizer_kwargs,
     propose,
     thompson_sample,
-    optimizer_kwargs,
 )
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
@@ -172,7 +172,11 @@ class BayesOptLoop(OnlineLoop):
     def _initial_design(self) -> dict[str, Any]:
         n0, d = self.config["n_init"], self.problem.dim
         sobol = SobolEngine(d, scramble=True, seed=self.config["seed"])
-        U0 = sobol.draw(n0, dtype=torch.float64) if n0 > 0 else torch.empty(0, d, dtype=torch.float64)
+        U0 = (
+            sobol.draw(n0, dtype=torch.float64)
+            if n0 > 0
+            else torch.empty(0, d, dtype=torch.float64)
+        )
         X0 = from_unit(U0, self.problem.bounds)
         t0 = self._now()
         if n0 > 0:
@@ -339,4 +343,3 @@ class BayesOptLoop(OnlineLoop):
         n0 = cfg["n_init"] + cfg.get("n_initial_data", 0)
         loop._restore(ckpt, loop._unit(loop.X[:n0]), loop._model_y(loop.y[:n0]))
         return loop
-

@@ -103,7 +103,9 @@ class OnlineLoop:
     ) -> None:
         if refit_every != "auto":
             if isinstance(refit_every, str) or int(refit_every) != refit_every or refit_every < 0:
-                raise ValueError(f"refit_every must be 'auto' or an integer >= 0, got {refit_every!r}.")
+                raise ValueError(
+                    f"refit_every must be 'auto' or an integer >= 0, got {refit_every!r}."
+                )
         for name, value, low in (
             ("q", q, 1),
             ("n_init", n_init, self.min_n_init),
@@ -418,7 +420,9 @@ class OnlineLoop:
         if self.executor is None:
             return fn(X).reshape(-1)
         futures = [self.executor.submit(fn, X[i : i + 1]) for i in range(X.shape[0])]
-        return torch.cat([torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures])
+        return torch.cat(
+            [torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures]
+        )
 
     def step(self) -> dict[str, Any]:
         """One ask -> evaluate -> tell round; returns its record."""
@@ -469,7 +473,6 @@ class OnlineLoop:
             raise SystemExit(128 + signum)
         return self.records
 
-
     def _claim_directory(self) -> bool:
         r"""Lock ``out_dir`` (refused if another live process holds it), remove temp files of an
         interrupted write, and probe that it is writable; True if the directory was created."""
@@ -519,7 +522,10 @@ class OnlineLoop:
                 signal.signal(s, h)
 
     def _finish_record(self, record: dict[str, Any]) -> dict[str, Any]:
-        times = [record.get(k, 0.0) for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")]
+        times = [
+            record.get(k, 0.0)
+            for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")
+        ]
         record["time_step"] = float(sum(times))
         self.wall_time += record["time_step"]
         record["wall_time"] = self.wall_time
@@ -582,7 +588,10 @@ class OnlineLoop:
             "wall_time": self.wall_time,
             "elapsed": self._elapsed_now(),
             "records": self.records,
-            "model_state": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in self.model.state_dict().items()},
+            "model_state": {
+                k: v.detach().cpu() if torch.is_tensor(v) else v
+                for k, v in self.model.state_dict().items()
+            },
             "state": self._state(),
         }
 
@@ -604,7 +613,10 @@ class OnlineLoop:
         self.model = self._build_model(init_X, init_Y)
         try:
             self.model.load_state_dict(
-                {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in ckpt["model_state"].items()}
+                {
+                    k: v.to(self.device) if torch.is_tensor(v) else v
+                    for k, v in ckpt["model_state"].items()
+                }
             )
         except (RuntimeError, KeyError, TypeError, AttributeError) as e:
             raise history.RunFileError(
@@ -660,9 +672,7 @@ class OnlineLoop:
             def advance() -> None:
                 last = self.records[-1] if self.records else {}
                 per_step = last.get("time_step", float("nan"))
-                progress.update(
-                    task, advance=1, status=f"{self._status()}  {per_step:.3f} s/step"
-                )
+                progress.update(task, advance=1, status=f"{self._status()}  {per_step:.3f} s/step")
 
             yield advance
 

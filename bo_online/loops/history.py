@@ -216,7 +216,11 @@ def _plain(value: Any, where: str = "checkpoint") -> Any:
     r"""``value`` as what ``torch.load(weights_only=True)`` reads back: tensors, numbers, strings,
     None, and dicts / lists / tuples of them (numpy arrays become tensors). Anything else is a
     bug of the caller and raises ``TypeError`` naming where it sits."""
-    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str)):
+    if (
+        isinstance(value, torch.Tensor)
+        or value is None
+        or isinstance(value, (bool, int, float, str))
+    ):
         return value
     if isinstance(value, dict):
         return {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
@@ -248,9 +252,7 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
         raise FileNotFoundError(
             f"No checkpoint at {str(path)!r}: is this a bo-online run directory?"
         )
-    what_to_do = (
-        "start the run again with --overwrite (or restore the file from a copy)"
-    )
+    what_to_do = "start the run again with --overwrite (or restore the file from a copy)"
     if path.stat().st_size == 0:
         raise RunFileError(f"The checkpoint {str(path)!r} is empty; {what_to_do}.")
     try:
@@ -283,7 +285,9 @@ def remove_orphans(out_dir: Path) -> list[Path]:
     ``out_dir``; returns what was removed. Only call while holding the directory's
     :class:`RunLock`."""
     removed = []
-    for pattern in [f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)] + [".probe.*"]:
+    for pattern in [
+        f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)
+    ] + [".probe.*"]:
         for tmp in out_dir.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

@@ -49,7 +49,11 @@ def _allowed_class(path: Any, where: str) -> type:
     if not isinstance(path, str):
         raise UnsafeOptionError(f"{where}: __class__ must be a string, got {type(path).__name__}.")
     module_name, _, attribute = path.rpartition(".")
-    if module_name not in ALLOWED_MODULES or not attribute.isidentifier() or attribute.startswith("_"):
+    if (
+        module_name not in ALLOWED_MODULES
+        or not attribute.isidentifier()
+        or attribute.startswith("_")
+    ):
         raise UnsafeOptionError(
             f"Cannot import {path!r} for a {where}: it is not an allowed class; model options may "
             f"build only classes from {allowed}."

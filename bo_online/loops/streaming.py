@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
-from bo_online.models.classifiers import classifier_class
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
+from bo_online.models.classifiers import classifier_class
 from bo_online.problems import StreamProblem, to_unit
 
 __all__ = ["StreamingLoop", "classification_metrics"]
@@ -39,7 +39,9 @@ def classification_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) 
     ``1[p > 1/2] == y``) and ``nll`` (mean log loss ``-log p(y | x)``, probabilities clamped to
     ``[1e-12, 1 - 1e-12]``).
     """
-    probs = torch.cat([model.predict_proba(X[i : i + chunk]).reshape(-1) for i in range(0, X.shape[0], chunk)])
+    probs = torch.cat(
+        [model.predict_proba(X[i : i + chunk]).reshape(-1) for i in range(0, X.shape[0], chunk)]
+    )
     y = y.to(probs)
     p_y = torch.where(y > 0.5, probs, 1.0 - probs).clamp(1e-12, 1.0 - 1e-12)
     return {
@@ -167,7 +169,9 @@ class StreamingLoop(OnlineLoop):
         rows = pending["rows"]
         q = rows.numel()
         t0 = self._now()
-        self.model.update(self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs))
+        self.model.update(
+            self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs)
+        )
         t_update = self._now() - t0
         self.position += q
         self.step_count += 1

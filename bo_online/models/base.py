@@ -256,7 +256,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         covar = covar * std.pow(2).unsqueeze(-1).unsqueeze(-1)
         if len(idx) == 1:
             return MultivariateNormal(mean.squeeze(-2), covar.squeeze(-3))
-        return MultitaskMultivariateNormal.from_batch_mvn(MultivariateNormal(mean, covar), task_dim=-1)
+        return MultitaskMultivariateNormal.from_batch_mvn(
+            MultivariateNormal(mean, covar), task_dim=-1
+        )
 
     def _to_internal(self, Y: Tensor) -> Tensor:
         r"""``... x q x m`` (BoTorch's layout) -> the subclass's layout: ``... x q`` for one
@@ -360,7 +362,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         :data:`bo_online.models.validation.NOISE_FLOOR`), with a warning if any were below."""
         if train_Yvar is None:
             return None
-        return floor_noise(train_Yvar.to(train_Y), train_noise_floor(train_Y.to(train_Yvar)), "standardised")
+        return floor_noise(
+            train_Yvar.to(train_Y), train_noise_floor(train_Y.to(train_Yvar)), "standardised"
+        )
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
@@ -398,7 +402,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             noise: optional ``q x m`` (or ``q``) observation-noise variances, user's units.
         """
         if self.batch_shape != torch.Size():
-            raise ValueError("update() is for a single model; fantasy/batched models are read-only.")
+            raise ValueError(
+                "update() is for a single model; fantasy/batched models are read-only."
+            )
         if isinstance(Y, Tensor) and Y.dim() == 1:
             Y = Y.unsqueeze(-1)
         if isinstance(noise, Tensor) and noise.dim() == 1:
@@ -413,8 +419,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             raise ValueError("update() takes Y and noise of shape q x m (no batch dimensions).")
         self.ensure_caches()
         Ys = self._to_internal(self._standardize(Y.to(X)))
-        noise_s = None if noise is None else self._to_internal(
-            floor_noise(noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
+        noise_s = (
+            None
+            if noise is None
+            else self._to_internal(
+                floor_noise(noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
+            )
         )
         # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
         # every later update would extend, keeping all previous caches alive.

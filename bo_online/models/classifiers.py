@@ -41,9 +41,13 @@ class TSVGPClassifier(TSVGP):
         **options: the other :class:`~bo_online.models.TSVGP` options (``inducing_points``, ...).
     """
 
-    def __init__(self, train_X: Tensor, train_Y: Tensor, link: str = "probit", **options: Any) -> None:
+    def __init__(
+        self, train_X: Tensor, train_Y: Tensor, link: str = "probit", **options: Any
+    ) -> None:
         if "likelihood" in options:
-            raise ValueError("TSVGPClassifier sets its own Bernoulli likelihood; pass link= instead.")
+            raise ValueError(
+                "TSVGPClassifier sets its own Bernoulli likelihood; pass link= instead."
+            )
         super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
 
     def predict_proba(self, X: Tensor) -> Tensor:
@@ -66,7 +70,9 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
         **options: :class:`WISKIDirichletClassifier` options (``alpha_eps``, ``grid_size``, ...).
     """
 
-    def __init__(self, train_X: Tensor, train_Y: Tensor, num_samples: int = 256, **options: Any) -> None:
+    def __init__(
+        self, train_X: Tensor, train_Y: Tensor, num_samples: int = 256, **options: Any
+    ) -> None:
         super().__init__(train_X, _labels(train_Y), num_classes=2, **options)
         self.num_samples = int(num_samples)
 
@@ -75,9 +81,15 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
 
     def predict_proba(self, X: Tensor) -> Tensor:
         r"""``p(y = 1 | x)`` for each row of ``X`` (``n x d``) -> ``n``."""
-        return super().predict_proba(X.unsqueeze(-2), num_samples=self.num_samples, seed=0).reshape(-1, 2)[:, 1]
+        return (
+            super()
+            .predict_proba(X.unsqueeze(-2), num_samples=self.num_samples, seed=0)
+            .reshape(-1, 2)[:, 1]
+        )
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
         # nn.Module.load_state_dict would bypass each WISKI's own load_state_dict (which resizes
         # the grown statistics buffers), so hand every class model its part of the state.
         parts: list[dict[str, Any]] = [{} for _ in self.models]

@@ -52,7 +52,6 @@ from bo_online.models.fitting import (
 __all__ = ["OnlineExactGP"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ExactFitSettings(OptimizerSettings):
     r"""Settings of :meth:`OnlineExactGP.fit` (L-BFGS-B by default, as ``fit_gpytorch_mll``).
@@ -63,6 +62,7 @@ class ExactFitSettings(OptimizerSettings):
     """
 
     restandardize: bool = True
+
 
 class OnlineExactGP(HeldDataMixin, OnlineModel):
     r"""Exact GP with O(n^2 q) online conditioning.
@@ -108,9 +108,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         if standardize and train_Y.shape[0] > 1:
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
-        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
-            ard_num_dims=dim
-        )
+        self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
@@ -221,7 +219,9 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
 
     # ------------------------------------------------------------------ conditioning
 
-    def _new_rows(self, X: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    def _new_rows(
+        self, X: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         r"""The new factor rows ``(S^T, L22)`` for ``X`` (``batch x q x d``), the inputs and the
         noise with ``X`` appended. O(n^2 q); shared by every fantasy sample."""
         point_noise = self._noise_of_points(X, noise)
@@ -250,11 +250,14 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         # The factor does not depend on Y: with fantasies (Y: sample x batch x q) it is built once.
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
+            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
         S_t, L22, new_X, new_noise = self._new_rows(X, noise)
         batch_y = torch.broadcast_shapes(self.train_y.shape[:-1], Y.shape[:-1])
         y = torch.cat(
-            [self.train_y.expand(*batch_y, self.train_y.shape[-1]), Y.expand(*batch_y, Y.shape[-1])],
+            [
+                self.train_y.expand(*batch_y, self.train_y.shape[-1]),
+                Y.expand(*batch_y, Y.shape[-1]),
+            ],
             dim=-1,
         )
         new = self._shallow_copy()
@@ -287,7 +290,9 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         resid = (self.train_y - self.mean_module.constant).unsqueeze(-1)
         w = solve_lower(L, resid)
         n = self.num_data
-        mll = -0.5 * (w.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi))
+        mll = -0.5 * (
+            w.pow(2).sum() + 2 * torch.diagonal(L).log().sum() + n * math.log(2 * math.pi)
+        )
         if include_priors:
             mll = mll + self.log_prior()
         return mll / n
@@ -330,6 +335,6 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         mean, std = standardization(y)
         if self.train_noise is not None:
             self.train_noise = self.train_noise * (self.outcome_std / std) ** 2
-        self.train_y = ((y - mean) / std)
+        self.train_y = (y - mean) / std
         self.outcome_mean, self.outcome_std = mean, std
         self.invalidate_caches()

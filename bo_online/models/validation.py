@@ -35,7 +35,9 @@ def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:
         )
 
 
-def floor_noise(noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised") -> Tensor:
+def floor_noise(
+    noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised"
+) -> Tensor:
     r"""``noise`` (variances) with every positive value below ``floor`` (broadcastable) raised to
     it, with a ``NumericalWarning``; returned unchanged otherwise. Zeros (noise-free) are kept."""
     floor = torch.as_tensor(floor, dtype=noise.dtype, device=noise.device)

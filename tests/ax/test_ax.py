@@ -124,9 +124,7 @@ def test_registration_and_storage_registry():
 
 @pytest.mark.parametrize("model", [m for m in MODELS if m in ("OnlineExactGP", "WISKI")])
 def test_branin_regret_40_trials(model):
-    client, f = _client(
-        "branin", model, seed=0, num_initial_trials=6, fit_options={"max_iter": 30}
-    )
+    client, f = _client("branin", model, seed=0, num_initial_trials=6, fit_options={"max_iter": 30})
     values = _run(client, f, 40, batch_at=(8, 14, 20))
     regret = min(values) - f.optimal_value
     assert regret < 0.05, f"{model}: regret {regret:.4f} after 40 trials"
@@ -173,7 +171,7 @@ def test_json_round_trip(tmp_path):
     config = spec.generator_kwargs["surrogate_spec"].model_configs[0]
     assert config.botorch_model_class is boax.AxOnlineExactGP
     trials = loaded.get_next_trials(max_trials=1)
-    (index, params), = trials.items()
+    ((index, params),) = trials.items()
     assert loaded._generation_strategy.current_node_name == "OnlineExactGP"
     model = loaded._generation_strategy.adapter.generator.surrogate.model
     assert isinstance(model, boax.AxOnlineExactGP) and model.num_data == 7
@@ -288,7 +286,10 @@ def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatc
 
 def _dataset(X, Y, Yvar=None):
     return SupervisedDataset(
-        X=X, Y=Y, Yvar=Yvar, feature_names=[f"x{i}" for i in range(X.shape[-1])],
+        X=X,
+        Y=Y,
+        Yvar=Yvar,
+        feature_names=[f"x{i}" for i in range(X.shape[-1])],
         outcome_names=["y"],
     )
 
@@ -337,13 +338,15 @@ def test_reuse_decisions_and_exactness(fixed_noise):
     s8, s10 = raw[:8].std(), raw[:10].std()
     a = s8 / s10
     by_hand = m8.condition_on_observations(
-        X[8:10], ((raw[8:10] - raw[:8].mean()) / s8),
+        X[8:10],
+        ((raw[8:10] - raw[:8].mean()) / s8),
         noise=None if Yvar is None else Yvar[8:10] / s8**2 / m8.outcome_std**2,
     )
     torch.testing.assert_close(
         m10.posterior(test_X).mean,
         a * by_hand.posterior(test_X).mean + (raw[:8].mean() - raw[:10].mean()) / s10,
-        atol=1e-8, rtol=0,
+        atol=1e-8,
+        rtol=0,
     )
 
     # Reordered earlier rows -> rebuild.
@@ -422,9 +425,7 @@ def test_load_state_dict_carries_hyperparameters_only():
     small = _build(ax_cls, X[:5], Y[:5], fit=False, incremental=False)
     small.load_state_dict(big.state_dict())
     assert small.num_data == 5 and not small.refit_due
-    torch.testing.assert_close(
-        small.covar_module.raw_lengthscale, big.covar_module.raw_lengthscale
-    )
+    torch.testing.assert_close(small.covar_module.raw_lengthscale, big.covar_module.raw_lengthscale)
 
 
 def test_bad_input():

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_bo_suite", ROOT / "benchmarks" / "bench_bo_suite.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_bo_suite", ROOT / "benchmarks" / "bench_bo_suite.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_bo_suite"] = module
     spec.loader.exec_module(module)
@@ -28,14 +30,28 @@ def _bench():
 
 def test_suite_script_end_to_end_small(tmp_path, capsys):
     bench = _bench()
-    argv = ["--functions", "branin", "--methods", "sobol,botorch,exact", "--seeds", "2",
-            "--steps", "2", "--q", "1", "--out", str(tmp_path)]
+    argv = [
+        "--functions",
+        "branin",
+        "--methods",
+        "sobol,botorch,exact",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--q",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     summary = bench.main(argv)
     out = capsys.readouterr().out
     # the Sobol method's regret, recomputed by hand: the loop's scrambled Sobol sequence
     p = synthetic_problem("branin")
     for seed in (0, 1):
-        X = from_unit(SobolEngine(2, scramble=True, seed=seed).draw(5 + 2, dtype=torch.float64), p.bounds)
+        X = from_unit(
+            SobolEngine(2, scramble=True, seed=seed).draw(5 + 2, dtype=torch.float64), p.bounds
+        )
         best = p.evaluate_true(X).cummin(0).values - 0.39788735772973816
         saved = json.loads((tmp_path / "q1" / "branin" / f"sobol_seed{seed}.json").read_text())
         assert saved["regret"] == pytest.approx(best.tolist(), abs=1e-12)
@@ -46,8 +62,10 @@ def test_suite_script_end_to_end_small(tmp_path, capsys):
             assert len(r["regret"]) == 7 and len(r["time_per_step"]) == 2
             assert all(x >= 0 for x in r["regret"])
     table = summary["table"]["branin"]
-    finals = [json.loads((tmp_path / "q1" / "branin" / f"exact_seed{s}.json").read_text())["final_regret"]
-              for s in (0, 1)]
+    finals = [
+        json.loads((tmp_path / "q1" / "branin" / f"exact_seed{s}.json").read_text())["final_regret"]
+        for s in (0, 1)
+    ]
     assert table["exact"]["mean"] == pytest.approx(sum(finals) / 2)
     assert table["exact"]["time_ratio_median"] > 0
     assert any(c["target"].startswith("exact not worse than botorch") for c in summary["checks"])
@@ -60,9 +78,15 @@ def test_suite_script_end_to_end_small(tmp_path, capsys):
 
 
 def _branin_loop(**kw):
-    return BayesOptLoop(synthetic_problem("branin"), acq="logei", seed=0, fit_max_iter=5,
-                        init_fit_max_iter=10, optimizer_options={"num_restarts": 2, "raw_samples": 32,
-                                                                  "maxiter": 20}, **kw)
+    return BayesOptLoop(
+        synthetic_problem("branin"),
+        acq="logei",
+        seed=0,
+        fit_max_iter=5,
+        init_fit_max_iter=10,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20},
+        **kw,
+    )
 
 
 def test_auto_refit_schedule():
@@ -83,7 +107,12 @@ def test_auto_refit_schedule():
     loop = _branin_loop(model="tsvgp")
     assert all(r["refit"] for r in loop.run(3)[1:])
     # an explicit refit_every still overrides
-    assert [r["refit"] for r in _branin_loop(model="exact", refit_every=2).run(4)[1:]] == [False, True, False, True]
+    assert [r["refit"] for r in _branin_loop(model="exact", refit_every=2).run(4)[1:]] == [
+        False,
+        True,
+        False,
+        True,
+    ]
     with pytest.raises(ValueError, match="refit_every"):
         _branin_loop(model="exact", refit_every="sometimes")
 
@@ -91,9 +120,15 @@ def test_auto_refit_schedule():
 def test_initial_data_and_ask_tell_without_objective(tmp_path):
     f = lambda X: ((X - 0.3) ** 2).sum(-1)  # noqa: E731
     X0 = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    loop = BayesOptLoop(CallableProblem(None, [[0, 0], [1, 1]]), initial_data=(X0, f(X0)), n_init=0,
-                        model="exact", acq="logei", seed=0,
-                        optimizer_options={"num_restarts": 2, "raw_samples": 32})
+    loop = BayesOptLoop(
+        CallableProblem(None, [[0, 0], [1, 1]]),
+        initial_data=(X0, f(X0)),
+        n_init=0,
+        model="exact",
+        acq="logei",
+        seed=0,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+    )
     for _ in range(2):
         X = loop.ask()
         loop.tell(X, f(X))  # the loop never calls an objective itself
@@ -106,8 +141,9 @@ def test_initial_data_and_ask_tell_without_objective(tmp_path):
     # user data + Sobol points, stored and resumed
     p = synthetic_problem("branin")
     Xu = torch.tensor([[0.0, 5.0], [5.0, 5.0]], dtype=torch.float64)
-    loop = _branin_loop(model="exact", initial_data=(Xu, p.evaluate_true(Xu)), n_init=3,
-                        out_dir=tmp_path / "run")
+    loop = _branin_loop(
+        model="exact", initial_data=(Xu, p.evaluate_true(Xu)), n_init=3, out_dir=tmp_path / "run"
+    )
     loop.run(2)
     assert loop.records[0]["n"] == 5 and torch.equal(loop.X[:2], Xu)
     resumed = load_loop(tmp_path / "run")
@@ -125,8 +161,12 @@ def test_object_options_with_out_dir_fail_before_any_evaluation(tmp_path):
     # A live object cannot be stored in the run's config (nor rebuilt from it safely): it is
     # refused when the loop is constructed, before any evaluation or file.
     with pytest.raises(ValueError, match="not allowed"):
-        BayesOptLoop(problem, model="wiski", out_dir=tmp_path / "run",
-                     model_options={"projection": TanhProjection(4, out_dim=2)})
+        BayesOptLoop(
+            problem,
+            model="wiski",
+            out_dir=tmp_path / "run",
+            model_options={"projection": TanhProjection(4, out_dim=2)},
+        )
     assert not calls and not (tmp_path / "run").exists()
 
 
@@ -136,11 +176,33 @@ def test_cli_user_objective_and_resume(tmp_path, capsys):
     (tmp_path / "obj.py").write_text("def f(X):\n    return -((X - 0.25) ** 2).sum(-1)\n")
     spec = f"{tmp_path / 'obj.py'}:f"
     run = tmp_path / "run"
-    main(["bo", "--objective", spec, "--bounds", "0,1 -1,1", "--maximize", "--steps", "2",
-          "--out", str(run), "-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"])
+    main(
+        [
+            "bo",
+            "--objective",
+            spec,
+            "--bounds",
+            "0,1 -1,1",
+            "--maximize",
+            "--steps",
+            "2",
+            "--out",
+            str(run),
+            "-Q",
+            "--no-plots",
+            "--num-restarts",
+            "2",
+            "--raw-samples",
+            "32",
+        ]
+    )
     config = json.loads((run / "config.json").read_text())
-    assert config["objective"] == {"objective": spec, "bounds": [[0.0, 1.0], [-1.0, 1.0]],
-                                   "maximize": True, "noise_std": 0.0}
+    assert config["objective"] == {
+        "objective": spec,
+        "bounds": [[0.0, 1.0], [-1.0, 1.0]],
+        "maximize": True,
+        "noise_std": 0.0,
+    }
     for argv, message in (
         (["resume", str(run), "-Q", "--no-plots"], "pass --objective"),
         (["resume", str(run), "--objective", "os.path:join", "-Q", "--no-plots"], "differs"),
@@ -169,8 +231,16 @@ def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
     p = synthetic_problem("styblinskitang", dim=4)
     # a modest warm-started refit budget (2 iterations) cannot leave a poor basin; the fit from
     # the defaults gets the initial fit's budget
-    loop = BayesOptLoop(p, model="exact", acq="logei", seed=0, n_init=16, fit_max_iter=2,
-                        init_fit_max_iter=200, optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20})
+    loop = BayesOptLoop(
+        p,
+        model="exact",
+        acq="logei",
+        seed=0,
+        n_init=16,
+        fit_max_iter=2,
+        init_fit_max_iter=200,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20},
+    )
     loop.run(1)
     # a poor basin: lengthscales so short that the kernel is flat (no gradient to climb out)
     loop.model.covar_module.initialize(lengthscale=torch.full((1, 4), 0.005, dtype=torch.float64))
@@ -183,7 +253,9 @@ def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
     ref.train()
     with torch.no_grad():
         ref_value = float(mll(ref(*ref.train_inputs), ref.train_targets))
-        ref.covar_module.initialize(lengthscale=loop.model.covar_module.lengthscale.detach().clone())
+        ref.covar_module.initialize(
+            lengthscale=loop.model.covar_module.lengthscale.detach().clone()
+        )
         ref.likelihood.initialize(noise=loop.model.likelihood.noise.detach().clone())
         ours = float(mll(ref(*ref.train_inputs), ref.train_targets))
     assert ours >= ref_value - 1e-3, (ours, ref_value)
@@ -203,12 +275,25 @@ def test_suite_jobs_on_a_dask_cluster_equal_the_in_process_run(tmp_path):
     """``--dask local:2`` runs each (function, seed) as a task on a LocalCluster; the results
     equal those of the in-process run (same seeds, one thread)."""
     bench = _bench()
-    common = ["--functions", "branin", "--methods", "sobol,exact", "--seeds", "2", "--steps", "2",
-              "--no-plot"]
+    common = [
+        "--functions",
+        "branin",
+        "--methods",
+        "sobol,exact",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--no-plot",
+    ]
     bench.main([*common, "--out", str(tmp_path / "local")])
     bench.main([*common, "--out", str(tmp_path / "dask"), "--dask", "local:2"])
     for seed in (0, 1):
         for method in ("sobol", "exact"):
-            a, b = (json.loads((tmp_path / where / "q1" / "branin" / f"{method}_seed{seed}.json").read_text())
-                    for where in ("local", "dask"))
+            a, b = (
+                json.loads(
+                    (tmp_path / where / "q1" / "branin" / f"{method}_seed{seed}.json").read_text()
+                )
+                for where in ("local", "dask")
+            )
             assert a["regret"] == pytest.approx(b["regret"], rel=1e-9, abs=1e-12)

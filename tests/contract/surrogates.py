@@ -499,8 +499,10 @@ def data(n: int, d: int, seed: int, dtype: torch.dtype = torch.float64, fixed: b
     noise variances (user units); seeded."""
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=torch.float64)
-    Y = 2.0 + 1.5 * torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
-        n, 1, generator=g, dtype=torch.float64
+    Y = (
+        2.0
+        + 1.5 * torch.sin(5 * X).sum(-1, keepdim=True)
+        + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
     )
     Yvar = (0.01 + 0.04 * torch.rand(n, 1, generator=g, dtype=torch.float64)) if fixed else None
     cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731

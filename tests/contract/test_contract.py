@@ -16,7 +16,6 @@ from botorch.models.transforms.input import FilterFeatures, InteractionFeatures,
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
 from linear_operator.operators import DenseLinearOperator
-
 from surrogates import (
     SURROGATES,
     assert_close,
@@ -187,7 +186,8 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
     # chained conditioning == once on both batches == dense on everything
     chained = cond.condition_on_observations(Xm, Ym, noise=None if Nm is None else Nm / std2)
     both = parent.condition_on_observations(
-        torch.cat([Xn, Xm]), torch.cat([Yn, Ym]),
+        torch.cat([Xn, Xm]),
+        torch.cat([Yn, Ym]),
         noise=None if Nn is None else torch.cat([Nn, Nm]) / std2,
     )
     mean_ref2, cov_ref2 = reference_conditioned(
@@ -356,9 +356,7 @@ def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
                 assert_close(cov[j, b], cov[0, b], 1e-12, "covariance differs between fantasies")
     if s.fantasy_covariance_independent_of_Y:
         # Conditioning on any other Y (zeros) gives the same covariance.
-        other = model.condition_on_observations(
-            Xf, torch.zeros(B, q, 1, dtype=DT), noise=noise_s
-        )
+        other = model.condition_on_observations(Xf, torch.zeros(B, q, 1, dtype=DT), noise=noise_s)
         _, C0 = latent(other, Xt)
         assert_close(C0, cov[0], 10 * s.tol, "covariance with Y = 0")
 
@@ -382,10 +380,12 @@ def test_fantasy_factorisations_are_shared_by_the_samples(s):
         def wrapped(A, *args, **kwargs):
             shapes.append(A.shape)
             return fn(A, *args, **kwargs)
+
         return wrapped
 
-    with mock.patch("torch.linalg.cholesky", record(chol)), mock.patch(
-        "torch.linalg.cholesky_ex", record(chol_ex)
+    with (
+        mock.patch("torch.linalg.cholesky", record(chol)),
+        mock.patch("torch.linalg.cholesky_ex", record(chol_ex)),
     ):
         fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([S]), seed=0))
         post = fm.posterior(_test_points(4, seed=8, batch=(B,)))
@@ -523,8 +523,12 @@ def test_bad_input_raises_value_error_and_leaves_state_unchanged(s, fixed):
             model.update(torch.full((1, D), 0.5, dtype=DT), torch.ones(1, 1, dtype=DT))
     with pytest.raises(ValueError):  # update is for q x d, not batches
         model.update(torch.full((2, 1, D), 0.5, dtype=DT), torch.ones(2, 1, 1, dtype=DT))
-    for bad_X in (torch.full((3, D), float("nan"), dtype=DT), torch.rand(3, D + 1, dtype=DT),
-                  torch.rand(D, dtype=DT), torch.full((3, D), -0.5, dtype=DT)):
+    for bad_X in (
+        torch.full((3, D), float("nan"), dtype=DT),
+        torch.rand(3, D + 1, dtype=DT),
+        torch.rand(D, dtype=DT),
+        torch.full((3, D), -0.5, dtype=DT),
+    ):
         with pytest.raises(ValueError):
             model.posterior(bad_X)
     with pytest.raises(ValueError):  # a negative observation-noise tensor

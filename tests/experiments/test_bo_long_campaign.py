@@ -17,15 +17,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def campaign():
-    spec = importlib.util.spec_from_file_location("bo_long_campaign", ROOT / "experiments" / "bo_long_campaign.py")
+    spec = importlib.util.spec_from_file_location(
+        "bo_long_campaign", ROOT / "experiments" / "bo_long_campaign.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-TOY = ["--functions", "levy", "--methods", "wiski", "exact", "--seeds", "1", "--num-restarts", "1",
-       "--raw-samples", "8", "--maxiter", "3", "--fit-max-iter", "2", "--wiski-grid", "6",
-       "--no-plots"]
+TOY = [
+    "--functions",
+    "levy",
+    "--methods",
+    "wiski",
+    "exact",
+    "--seeds",
+    "1",
+    "--num-restarts",
+    "1",
+    "--raw-samples",
+    "8",
+    "--maxiter",
+    "3",
+    "--fit-max-iter",
+    "2",
+    "--wiski-grid",
+    "6",
+    "--no-plots",
+]
 
 
 def test_campaign_runs_stops_on_budget_resumes_and_merges(campaign, tmp_path, capsys):
@@ -69,8 +88,12 @@ def test_campaign_runs_as_tasks_on_a_dask_cluster(campaign, tmp_path):
     campaign.main([*args, "--out", str(tmp_path / "local")])
     campaign.main([*args, "--out", str(tmp_path / "dask"), "--dask", "local:2"])
     for method in ("wiski", "exact"):
-        a, b = (read_records(campaign.run_dir(tmp_path / where, "levy", method, 0) / "records.jsonl")
-                for where in ("local", "dask"))
+        a, b = (
+            read_records(campaign.run_dir(tmp_path / where, "levy", method, 0) / "records.jsonl")
+            for where in ("local", "dask")
+        )
         assert [r["step"] for r in b] == [0, 1, 2]
         for ra, rb in zip(a, b):
-            assert torch.allclose(torch.tensor(ra["X"]), torch.tensor(rb["X"]), rtol=1e-9, atol=1e-12)
+            assert torch.allclose(
+                torch.tensor(ra["X"]), torch.tensor(rb["X"]), rtol=1e-9, atol=1e-12
+            )

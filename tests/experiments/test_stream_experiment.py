@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_experiment():
-    spec = importlib.util.spec_from_file_location("stream_uci", ROOT / "experiments" / "stream_uci.py")
+    spec = importlib.util.spec_from_file_location(
+        "stream_uci", ROOT / "experiments" / "stream_uci.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,9 +56,28 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     monkeypatch.setitem(datasets.UCI_DATASETS, "skillcraft", (60, 4))  # the synthetic stand-in
     module = _load_experiment()
     out = tmp_path / "out"
-    common = ["--sets", "skillcraft,banana", "--models", "wiski,exact,tsvgp", "--trials", "1",
-              "--eval-every", "5", "--m", "36", "--max-stream", "25", "--pretrain-iters", "2", "--hindsight-iters", "2",
-              "--data-dir", str(tmp_path / "data"), "--out", str(out)]
+    common = [
+        "--sets",
+        "skillcraft,banana",
+        "--models",
+        "wiski,exact,tsvgp",
+        "--trials",
+        "1",
+        "--eval-every",
+        "5",
+        "--m",
+        "36",
+        "--max-stream",
+        "25",
+        "--pretrain-iters",
+        "2",
+        "--hindsight-iters",
+        "2",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--out",
+        str(out),
+    ]
     _main(module, common + ["--part", "0", "--parts", "2"], monkeypatch)
     first = sorted(p.name for p in out.glob("*.json"))
     _main(module, common + ["--part", "1", "--parts", "2"], monkeypatch)
@@ -65,14 +86,19 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     assert len(files) == 10 and 0 < len(first) < 10
     results = [json.loads(p.read_text()) for p in files]
     assert not [r for r in results if "error" in r], [r["error"] for r in results if "error" in r]
-    online = next(r for r in results if r["set"] == "skillcraft" and r["model"] == "tsvgp"
-                  and r["kind"] == "online")
+    online = next(
+        r
+        for r in results
+        if r["set"] == "skillcraft" and r["model"] == "tsvgp" and r["kind"] == "online"
+    )
     # 25 training rows: pretraining on 5% (2 rows), then one point per step, metrics every 5
     assert online["n_train"] == 25 and online["curve"][0][0] == 2 and online["curve"][-1][0] == 22
     stamps = {p.name: p.stat().st_mtime_ns for p in files}
     capsys.readouterr()
     _main(module, common, monkeypatch)  # everything cached: only the merge runs
-    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "summary.json"} == stamps
+    assert {
+        p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "summary.json"
+    } == stamps
     text = capsys.readouterr().out
     assert "SVM Guide 1" in text and "the claim that exact overfits less" in text
     summary = json.loads((out / "summary.json").read_text())
@@ -82,4 +108,6 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     on = next(r for r in wiski if r["kind"] == "online")["curve"]
     hs = next(r for r in wiski if r["kind"] == "hindsight")["curve"][-1][2]
     early = np.mean([c[2] for c in on[: max(1, len(on) // 4)]])
-    assert summary["sets"]["skillcraft"]["models"]["wiski"]["early_excess_nll"] == pytest.approx(early - hs)
+    assert summary["sets"]["skillcraft"]["models"]["wiski"]["early_excess_nll"] == pytest.approx(
+        early - hs
+    )

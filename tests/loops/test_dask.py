@@ -89,7 +89,9 @@ def test_async_bo_arrival_order_no_duplicates_and_dense_model(client):
     assert sum(len(r["pending"]) == 1 for r in evals) >= 3
     for r in evals:
         if r["pending"]:
-            gap = torch.cdist(torch.tensor(r["X"]).reshape(1, 2), torch.tensor(r["pending"]).reshape(-1, 2)).min()
+            gap = torch.cdist(
+                torch.tensor(r["X"]).reshape(1, 2), torch.tensor(r["pending"]).reshape(-1, 2)
+            ).min()
             assert gap > 1e-6
     assert torch.pdist(loop.X).min() > 1e-9  # no duplicate evaluations
     # The surrogate built by online updates equals a dense exact GP on all results.
@@ -124,11 +126,36 @@ def test_resume_after_driver_killed(client, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--noise", "0.1",
-        "--model", "wiski", "--acq", "qucb", "--steps", "14", "--dask", client.scheduler.address,
-        "--num-restarts", "2", "--raw-samples", "32", "--acqf-maxiter", "20", "--n-init", "5",
-        "--out", str(out), "--quiet", "--no-plots",
-        "--checkpoint-every", "1",  # a checkpoint per result, so the kill leaves points in flight
+        sys.executable,
+        "-m",
+        "bo_online.cli",
+        "bo",
+        "--problem",
+        "branin",
+        "--noise",
+        "0.1",
+        "--model",
+        "wiski",
+        "--acq",
+        "qucb",
+        "--steps",
+        "14",
+        "--dask",
+        client.scheduler.address,
+        "--num-restarts",
+        "2",
+        "--raw-samples",
+        "32",
+        "--acqf-maxiter",
+        "20",
+        "--n-init",
+        "5",
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-plots",
+        "--checkpoint-every",
+        "1",  # a checkpoint per result, so the kill leaves points in flight
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     records_file = out / history.RECORDS_FILE
@@ -228,12 +255,21 @@ def test_sweep_skips_finished_and_extends(client, tmp_path):
     assert [s["regret"] for s in again] == [s["regret"] for s in first]
     more = run_sweep(_spec(spec, [0, 1]), out, client)
     assert [(s["seed"], s["status"]) for s in more] == [
-        (0, "skipped"), (1, "ran"), (0, "skipped"), (1, "ran")
+        (0, "skipped"),
+        (1, "ran"),
+        (0, "skipped"),
+        (1, "ran"),
     ]
     # A campaign run by the sweep equals the same campaign run directly.
     direct = BayesOptLoop(
-        synthetic_problem("branin"), model="exact", acq="qucb", seed=1, n_init=5, refit_every=0,
-        init_fit_max_iter=10, optimizer_options=FAST["optimizer_options"],
+        synthetic_problem("branin"),
+        model="exact",
+        acq="qucb",
+        seed=1,
+        n_init=5,
+        refit_every=0,
+        init_fit_max_iter=10,
+        optimizer_options=FAST["optimizer_options"],
     ).run(steps=3)
     swept = history.read_records(out / "branin-exact-qucb-s1")
     assert history.without_timing(swept) == history.without_timing(direct)
@@ -265,18 +301,28 @@ def test_sweep_spec_errors(tmp_path):
     from bo_online.sweep import campaigns, load_spec
 
     bad = tmp_path / "bad.toml"
-    bad.write_text("steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\nsteps_per = 1\n")
+    bad.write_text(
+        "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\nsteps_per = 1\n"
+    )
     with pytest.raises(ValueError, match="unknown key"):
         load_spec(bad)
-    bad.write_text("steps = 3\nproblems = ['nosuch']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\n")
+    bad.write_text(
+        "steps = 3\nproblems = ['nosuch']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\n"
+    )
     with pytest.raises(ValueError):
         campaigns(load_spec(bad))
     yml = tmp_path / "spec.yaml"
-    yml.write_text("steps: 2\nproblems: [branin, {name: hartmann, dim: 3}]\nmodels: [exact]\n"
-                   "acqs: [qucb]\nseeds: [0, 1]\n")
+    yml.write_text(
+        "steps: 2\nproblems: [branin, {name: hartmann, dim: 3}]\nmodels: [exact]\n"
+        "acqs: [qucb]\nseeds: [0, 1]\n"
+    )
     names = [c.name for c in campaigns(load_spec(yml))]
-    assert names == ["branin-exact-qucb-s0", "branin-exact-qucb-s1",
-                     "hartmann3d-exact-qucb-s0", "hartmann3d-exact-qucb-s1"]
+    assert names == [
+        "branin-exact-qucb-s0",
+        "branin-exact-qucb-s1",
+        "hartmann3d-exact-qucb-s0",
+        "hartmann3d-exact-qucb-s1",
+    ]
 
 
 def _square_or_raise(x: int) -> int:
@@ -290,8 +336,12 @@ def test_map_on_cluster_keeps_job_order_and_stops_on_the_first_error(client):
     from bo_online.sweep import map_on_cluster
 
     seen = []
-    results = map_on_cluster(client, _square_or_raise, [(0,), (1,), (2,), (4,)],
-                             on_result=lambda job, r: seen.append((job[0], r)))
+    results = map_on_cluster(
+        client,
+        _square_or_raise,
+        [(0,), (1,), (2,), (4,)],
+        on_result=lambda job, r: seen.append((job[0], r)),
+    )
     assert results == [0, 1, 4, 16]
     assert sorted(seen) == [(0, 0), (1, 1), (2, 4), (4, 16)]
     with pytest.raises(RuntimeError, match="job 3 failed"):

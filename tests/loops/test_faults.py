@@ -23,8 +23,7 @@ import pytest
 import torch
 
 from bo_online.cli import main
-from bo_online.loops import BayesOptLoop, load_loop, read_records, without_timing
-from bo_online.loops import history
+from bo_online.loops import BayesOptLoop, history, load_loop, read_records, without_timing
 from bo_online.problems import synthetic_problem
 
 FAST = dict(
@@ -34,8 +33,20 @@ FAST = dict(
     acq_options={"num_candidates": 64},
 )
 ROOT = Path(__file__).resolve().parents[2]
-CLI_FAST = ["--n-init", "4", "--fit-max-iter", "2", "--num-restarts", "2", "--raw-samples", "16",
-            "--acqf-maxiter", "5", "-Q", "--no-plots"]
+CLI_FAST = [
+    "--n-init",
+    "4",
+    "--fit-max-iter",
+    "2",
+    "--num-restarts",
+    "2",
+    "--raw-samples",
+    "16",
+    "--acqf-maxiter",
+    "5",
+    "-Q",
+    "--no-plots",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -61,10 +72,14 @@ def _one_line_error(code, err):
 
 
 def _reference(steps: int, **kw) -> list[dict]:
-    return without_timing(BayesOptLoop(synthetic_problem("branin"), seed=3, **FAST, **kw).run(steps))
+    return without_timing(
+        BayesOptLoop(synthetic_problem("branin"), seed=3, **FAST, **kw).run(steps)
+    )
 
 
-def _run_in_child(out: Path, steps: int, fault: str | None = None, kill_after: float | None = None) -> int:
+def _run_in_child(
+    out: Path, steps: int, fault: str | None = None, kill_after: float | None = None
+) -> int:
     r"""Fork a process running a small BO loop into ``out``; it dies by SIGKILL at ``fault`` (a
     named point) or is killed after ``kill_after`` seconds. Returns the child's wait status."""
     pid = os.fork()
@@ -103,10 +118,16 @@ def _assert_clean(out: Path) -> None:
 def test_cli_refuses_callables_outside_the_allow_list(tmp_path, capsys):
     sentinel = tmp_path / "pwned"
     out = tmp_path / "run"
-    for value in (f"os.system('touch {sentinel}')", f"subprocess.call(['touch', '{sentinel}'])",
-                  "torch.nn.Linear(2, 2)", "gpytorch.kernels.kernel.sq_dist(1, 2)"):
-        code, err = _cli(["bo", "--problem", "branin", "--model-option", f"x={value}",
-                          "--out", out, *CLI_FAST], capsys)
+    for value in (
+        f"os.system('touch {sentinel}')",
+        f"subprocess.call(['touch', '{sentinel}'])",
+        "torch.nn.Linear(2, 2)",
+        "gpytorch.kernels.kernel.sq_dist(1, 2)",
+    ):
+        code, err = _cli(
+            ["bo", "--problem", "branin", "--model-option", f"x={value}", "--out", out, *CLI_FAST],
+            capsys,
+        )
         _one_line_error(code, err)
         assert "not an allowed class" in err or "not a" in err
     assert not sentinel.exists() and not out.exists()
@@ -171,8 +192,14 @@ def test_checkpoint_holds_only_plain_data(tmp_path):
 def test_allowed_objects_still_build():
     from bo_online.loops.options import instantiate
 
-    built = instantiate({"k": {"__class__": "gpytorch.kernels.ScaleKernel", "args": [
-        {"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 2.5}}]}})
+    built = instantiate(
+        {
+            "k": {
+                "__class__": "gpytorch.kernels.ScaleKernel",
+                "args": [{"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 2.5}}],
+            }
+        }
+    )
     from gpytorch.kernels import MaternKernel, ScaleKernel
 
     assert isinstance(built["k"], ScaleKernel) and isinstance(built["k"].base_kernel, MaternKernel)
@@ -292,7 +319,9 @@ def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
         code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
         _one_line_error(code, err)
         assert f"in use by process {holder.pid}" in err
-        code, err = _cli(["bo", "--problem", "branin", "--out", out, "--overwrite", *CLI_FAST], capsys)
+        code, err = _cli(
+            ["bo", "--problem", "branin", "--out", out, "--overwrite", *CLI_FAST], capsys
+        )
         _one_line_error(code, err)
         assert "in use" in err
         assert (out / history.RECORDS_FILE).read_bytes() == before
@@ -333,7 +362,9 @@ def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
         real(path, line)
 
     monkeypatch.setattr(history, "_append_line", flaky)
-    with pytest.raises(history.RunFileError, match="records.jsonl.*No space left.*bo-online resume"):
+    with pytest.raises(
+        history.RunFileError, match="records.jsonl.*No space left.*bo-online resume"
+    ):
         loop.run(4)
     monkeypatch.setattr(history, "_append_line", real)
     assert not (out / history.LOCK_FILE).exists()
@@ -377,8 +408,20 @@ def test_cli_values_are_checked_before_anything_is_written(tmp_path, capsys, arg
 @pytest.mark.parametrize("command", [["active"], ["stream", "--problem", "elevators"]])
 def test_cli_seed_out_of_range_is_refused_before_data_are_read(tmp_path, capsys, command):
     out = tmp_path / "run"
-    code, err = _cli([*command, "--seed", str(2**70), "--data-dir", tmp_path / "none",
-                      "--out", out, "-Q", "--no-plots"], capsys)
+    code, err = _cli(
+        [
+            *command,
+            "--seed",
+            str(2**70),
+            "--data-dir",
+            tmp_path / "none",
+            "--out",
+            out,
+            "-Q",
+            "--no-plots",
+        ],
+        capsys,
+    )
     _one_line_error(code, err)
     assert "--seed" in err and not out.exists()
 
@@ -416,9 +459,25 @@ def test_workers_end_with_the_driver(tmp_path, sig):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--workers", "2",
-         "--steps", "10000", "--out", str(out), *CLI_FAST],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bo_online.cli",
+            "bo",
+            "--problem",
+            "branin",
+            "--workers",
+            "2",
+            "--steps",
+            "10000",
+            "--out",
+            str(out),
+            *CLI_FAST,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.time() + 60
@@ -448,9 +507,23 @@ def test_interrupted_run_names_its_directory_for_resume(tmp_path, sig):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "bo_online.cli", "bo", "--problem", "branin", "--steps", "10000",
-         "--out", str(out), *CLI_FAST],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bo_online.cli",
+            "bo",
+            "--problem",
+            "branin",
+            "--steps",
+            "10000",
+            "--out",
+            str(out),
+            *CLI_FAST,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.time() + 60
@@ -461,7 +534,9 @@ def test_interrupted_run_names_its_directory_for_resume(tmp_path, sig):
         assert driver.returncode == (130 if sig == signal.SIGINT else 143)
         lines = err.strip().splitlines()
         word = "interrupted" if sig == signal.SIGINT else "terminated"
-        assert lines[-1] == f"bo-online: error: {word}; continue the run with `bo-online resume {out}`"
+        assert (
+            lines[-1] == f"bo-online: error: {word}; continue the run with `bo-online resume {out}`"
+        )
         assert (out / history.CHECKPOINT_FILE).exists()
     finally:
         if driver.poll() is None:
@@ -537,11 +612,15 @@ def test_inputs_are_cast_to_the_model_dtype(name):
     assert got.mean.dtype == torch.float64
     torch.testing.assert_close(got.mean, ref.mean, rtol=0, atol=0)
     Xi = torch.tensor([[0, 1], [1, 0], [1, 1]])
-    torch.testing.assert_close(model.posterior(Xi).mean, model.posterior(Xi.double()).mean, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.posterior(Xi).mean, model.posterior(Xi.double()).mean, rtol=0, atol=0
+    )
     twin = _model(name, X, Y)
     model.update(X32[:2], Y[:2].float())
     twin.update(X32[:2].double(), Y[:2].float().double())
-    torch.testing.assert_close(model.posterior(X[:4]).mean, twin.posterior(X[:4]).mean, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.posterior(X[:4]).mean, twin.posterior(X[:4]).mean, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -572,21 +651,28 @@ def _ax_client(seed: int, name: str):
     logging.getLogger("ax").setLevel(logging.ERROR)
     client = Client(random_seed=seed)
     client.configure_experiment(
-        parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
-                    for i in range(2)],
+        parameters=[
+            RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
+            for i in range(2)
+        ],
         name=name,
     )
     client.configure_optimization(objective="-y")
-    client.set_generation_strategy(boax.make_generation_strategy(
-        "OnlineExactGP", botorch_acqf_class=qLogExpectedImprovement, seed=seed,
-        num_initial_trials=3,
-        optimizer_options={"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 10}},
-        fit_options={"max_iter": 10}))
+    client.set_generation_strategy(
+        boax.make_generation_strategy(
+            "OnlineExactGP",
+            botorch_acqf_class=qLogExpectedImprovement,
+            seed=seed,
+            num_initial_trials=3,
+            optimizer_options={"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 10}},
+            fit_options={"max_iter": 10},
+        )
+    )
     return client
 
 
 def _ax_step(client, value=None):
-    (index, params), = client.get_next_trials(max_trials=1).items()
+    ((index, params),) = client.get_next_trials(max_trials=1).items()
     y = (params["x0"] - 0.3) ** 2 + (params["x1"] - 0.6) ** 2 if value is None else value
     client.complete_trial(index, raw_data={"y": y})
 
@@ -662,5 +748,7 @@ def test_python_objects_in_model_options_are_refused_before_running(tmp_path):
     r"""From Python, too: an option that is a live object other than data (here a function) is
     refused at construction, before any evaluation or file."""
     with pytest.raises(ValueError, match="not allowed"):
-        BayesOptLoop(synthetic_problem("branin"), model_options={"x": os.system}, out_dir=tmp_path / "r")
+        BayesOptLoop(
+            synthetic_problem("branin"), model_options={"x": os.system}, out_dir=tmp_path / "r"
+        )
     assert not (tmp_path / "r").exists()

@@ -82,8 +82,11 @@ def model_options(model: str, dim: int, seed: int = 0) -> dict:
         return {}
     options = {"grid_size": 20}
     if dim > 3:
-        options["projection"] = {"__class__": "bo_online.models.wiski.projection.TanhProjection",
-                                 "args": [dim], "kwargs": {"out_dim": 2, "seed": seed}}
+        options["projection"] = {
+            "__class__": "bo_online.models.wiski.projection.TanhProjection",
+            "args": [dim],
+            "kwargs": {"out_dim": 2, "seed": seed},
+        }
     return options
 
 
@@ -109,8 +112,11 @@ def test_bo_beats_sobol_over_five_seeds(model, name):
     for seed in range(5):
         problem = synthetic_problem(name)
         loop = BayesOptLoop(
-            problem, model=model, model_options=model_options(model, problem.dim, seed),
-            seed=seed, **loop_options(model, problem.dim),
+            problem,
+            model=model,
+            model_options=model_options(model, problem.dim, seed),
+            seed=seed,
+            **loop_options(model, problem.dim),
         )
         records = loop.run(30)
         last = records[-1]
@@ -133,10 +139,20 @@ def test_refits_learn_a_wiski_projection_from_the_loops_data():
     from bo_online.models import WISKI
 
     problem = synthetic_problem("hartmann6")
-    options = {**loop_options("wiski", 6), "refit_every": 4, "acq": "ts",
-               "acq_options": {"num_candidates": 64}}
-    loop = BayesOptLoop(problem, model="wiski", model_options=model_options("wiski", 6), seed=0,
-                        n_init=12, **options)
+    options = {
+        **loop_options("wiski", 6),
+        "refit_every": 4,
+        "acq": "ts",
+        "acq_options": {"num_candidates": 64},
+    }
+    loop = BayesOptLoop(
+        problem,
+        model="wiski",
+        model_options=model_options("wiski", 6),
+        seed=0,
+        n_init=12,
+        **options,
+    )
     from bo_online.models.wiski.projection import TanhProjection
 
     loop.initialize()  # the initial fit learns the map from its seeded start
@@ -149,7 +165,9 @@ def test_refits_learn_a_wiski_projection_from_the_loops_data():
     assert X.shape == (16, 6) and torch.equal(Y, -loop.y.reshape(-1, 1))
     ref = WISKI(X, Y, grid_size=20, projection=copy.deepcopy(loop.model.projection))
     for name in ("G", "z", "h", "s", "n"):
-        assert torch.allclose(getattr(loop.model, name), getattr(ref, name), rtol=1e-10, atol=1e-12), name
+        assert torch.allclose(
+            getattr(loop.model, name), getattr(ref, name), rtol=1e-10, atol=1e-12
+        ), name
 
 
 def test_singletaskgp_baseline_refits_from_scratch_every_step():
@@ -160,8 +178,14 @@ def test_singletaskgp_baseline_refits_from_scratch_every_step():
     from botorch.models.transforms.outcome import Standardize
     from gpytorch.mlls import ExactMarginalLogLikelihood
 
-    loop = BayesOptLoop(synthetic_problem("branin"), model="singletaskgp", acq="ts", seed=0,
-                        acq_options={"num_candidates": 128}, **{k: v for k, v in FAST.items() if k != "optimizer_options"})
+    loop = BayesOptLoop(
+        synthetic_problem("branin"),
+        model="singletaskgp",
+        acq="ts",
+        seed=0,
+        acq_options={"num_candidates": 128},
+        **{k: v for k, v in FAST.items() if k != "optimizer_options"},
+    )
     records = loop.run(4)
     # no scheduled refits: every update is a rebuild and refit, recorded as such (its cost in
     # time_fit, nothing left in time_update)
@@ -169,8 +193,10 @@ def test_singletaskgp_baseline_refits_from_scratch_every_step():
     assert all(r["time_fit"] > 0 and r["time_update"] == 0.0 for r in records[1:])
     m = loop.model
     ref = SingleTaskGP(m.train_X, m.train_Y, outcome_transform=Standardize(m=1))
-    fit_gpytorch_mll(ExactMarginalLogLikelihood(ref.likelihood, ref),
-                     optimizer_kwargs={"options": {"maxiter": 15}})
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(ref.likelihood, ref),
+        optimizer_kwargs={"options": {"maxiter": 15}},
+    )
     Xt = torch.rand(7, 2, dtype=torch.float64)
     assert torch.allclose(m.posterior(Xt).mean, ref.posterior(Xt).mean, atol=1e-6)
     assert m.train_X.shape[0] == records[-1]["n"]
@@ -188,7 +214,9 @@ def test_every_bo_acquisition_runs_and_records(acq, tmp_path):
         assert X.shape == (2, 2)
         assert bool((X >= problem.bounds[0]).all() and (X <= problem.bounds[1]).all())
         # the recorded true values are the function at the recorded points
-        assert torch.allclose(torch.tensor(r["y_true"], dtype=torch.float64), problem.evaluate_true(X.double()))
+        assert torch.allclose(
+            torch.tensor(r["y_true"], dtype=torch.float64), problem.evaluate_true(X.double())
+        )
         for key in ("time_fit", "time_acquisition", "time_evaluation", "time_update"):
             assert r[key] >= 0
         assert r["time_step"] == pytest.approx(
@@ -215,7 +243,11 @@ def test_model_holds_the_data_on_the_unit_cube():
 
 def test_refit_schedule():
     loop = BayesOptLoop(
-        synthetic_problem("branin"), acq="ts", seed=0, refit_every=3, fit_max_iter=5,
+        synthetic_problem("branin"),
+        acq="ts",
+        seed=0,
+        refit_every=3,
+        fit_max_iter=5,
         acq_options={"num_candidates": 64},
     )
     records = loop.run(7)
@@ -236,7 +268,9 @@ def test_same_seed_same_records_and_executor_does_not_matter():
 
 def test_ask_tell_with_external_evaluation_and_bad_tell_leaves_model_unchanged():
     problem = CallableProblem(
-        lambda X: (X - 0.3).pow(2).sum(-1), bounds=[[0.0, 0.0], [1.0, 2.0]], name="bowl",
+        lambda X: (X - 0.3).pow(2).sum(-1),
+        bounds=[[0.0, 0.0], [1.0, 2.0]],
+        name="bowl",
         optimal_value=0.0,
     )
     loop = BayesOptLoop(problem, acq="logei", seed=0, n_init=5, **FAST)
@@ -257,7 +291,9 @@ def test_out_dir_with_a_run_is_not_overwritten(tmp_path):
     BayesOptLoop(synthetic_problem("branin"), acq="ts", out_dir=tmp_path, **FAST).run(0)
     with pytest.raises(RunDirectoryError, match="resume"):
         BayesOptLoop(synthetic_problem("branin"), out_dir=tmp_path)
-    BayesOptLoop(synthetic_problem("branin"), acq="ts", out_dir=tmp_path, overwrite=True, **FAST).run(1)
+    BayesOptLoop(
+        synthetic_problem("branin"), acq="ts", out_dir=tmp_path, overwrite=True, **FAST
+    ).run(1)
     assert len(read_records(tmp_path)) == 2
 
 
@@ -275,15 +311,21 @@ def test_object_model_options_are_built_and_survive_resume(tmp_path):
     assert isinstance(loop.model.covar_module, MaternKernel) and loop.model.covar_module.nu == 1.5
     resumed = load_loop(tmp_path)
     assert isinstance(resumed.model.covar_module, MaternKernel)
-    assert torch.equal(resumed.model.covar_module.raw_lengthscale, loop.model.covar_module.raw_lengthscale)
+    assert torch.equal(
+        resumed.model.covar_module.raw_lengthscale, loop.model.covar_module.raw_lengthscale
+    )
     assert without_timing(resumed.run(3)) == without_timing(reference)
     with pytest.raises(ValueError, match="Cannot import"):
-        BayesOptLoop(problem, model_options={"covar_module": {"__class__": "no.such.Kernel"}}).run(0)
+        BayesOptLoop(problem, model_options={"covar_module": {"__class__": "no.such.Kernel"}}).run(
+            0
+        )
 
 
 def test_bad_model_options_write_nothing(tmp_path):
     out = tmp_path / "run"
-    loop = BayesOptLoop(synthetic_problem("branin"), model_options={"no_such_option": 1}, out_dir=out)
+    loop = BayesOptLoop(
+        synthetic_problem("branin"), model_options={"no_such_option": 1}, out_dir=out
+    )
     with pytest.raises(ValueError, match="no_such_option"):
         loop.run(2)
     assert not out.exists()
@@ -314,7 +356,10 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(killed), repr(kw)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
     )
     try:
         for line in proc.stdout:
@@ -355,8 +400,9 @@ def test_resume_redoes_a_step_recorded_after_the_last_checkpoint(tmp_path):
 
 def test_resume_active_and_streaming_loops(tmp_path):
     pool = _data_or_skip()
-    kw = dict(q=3, seed=4, n_init=8, num_mc_points=64, num_pool_candidates=128,
-              selection="pool", **FAST)
+    kw = dict(
+        q=3, seed=4, n_init=8, num_mc_points=64, num_pool_candidates=128, selection="pool", **FAST
+    )
     reference = ActiveLearningLoop(pool, **kw).run(4)
     ActiveLearningLoop(pool, out_dir=tmp_path / "a", **kw).run(2)
     resumed = load_loop(tmp_path / "a", problem=pool).run(4)
@@ -381,8 +427,15 @@ def test_qnipv_active_learning_lowers_test_rmse(selection, steps, over):
     and runs 2 steps here; the 50-step run is `bo-online active`.)"""
     pool = _data_or_skip()
     loop = ActiveLearningLoop(
-        pool, q=6, n_init=10, seed=0, selection=selection, num_mc_points=128,
-        integrate_over=over, num_pool_candidates=256, **FAST,
+        pool,
+        q=6,
+        n_init=10,
+        seed=0,
+        selection=selection,
+        num_mc_points=128,
+        integrate_over=over,
+        num_pool_candidates=256,
+        **FAST,
     )
     records = loop.run(steps)
     rmse = [r["rmse"] for r in records]
@@ -393,12 +446,16 @@ def test_qnipv_active_learning_lowers_test_rmse(selection, steps, over):
     assert torch.allclose(loop.model.train_targets, pool.y_pool[idx], rtol=1e-12, atol=1e-10)
     # the recorded RMSE is the model's at the test points (checked by hand)
     with torch.no_grad():
-        mean = loop.model.posterior(to_unit(pool.X_test, pool.bounds).unsqueeze(-2)).mean.reshape(-1)
+        mean = loop.model.posterior(to_unit(pool.X_test, pool.bounds).unsqueeze(-2)).mean.reshape(
+            -1
+        )
     assert rmse[-1] == pytest.approx(float((mean - pool.y_test).pow(2).mean().sqrt()), rel=1e-9)
 
 
-MATERN12 = {"__class__": "gpytorch.kernels.ScaleKernel",
-            "args": [{"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 0.5}}]}
+MATERN12 = {
+    "__class__": "gpytorch.kernels.ScaleKernel",
+    "args": [{"__class__": "gpytorch.kernels.MaternKernel", "kwargs": {"nu": 0.5}}],
+}
 
 
 def test_wiski_qnipv_active_learning_lowers_test_rmse():
@@ -407,8 +464,16 @@ def test_wiski_qnipv_active_learning_lowers_test_rmse():
     initial design's, and continuous (snapped) candidates -- optimize_acqf through WISKI's fantasy
     posterior -- run too. The 50-step run is experiments/active_magnetometer.py."""
     pool = _data_or_skip()
-    kw = dict(model="wiski", model_options={"grid_size": 20, "covar_module": MATERN12}, q=6,
-              n_init=10, seed=0, num_mc_points=128, num_pool_candidates=256, **FAST)
+    kw = dict(
+        model="wiski",
+        model_options={"grid_size": 20, "covar_module": MATERN12},
+        q=6,
+        n_init=10,
+        seed=0,
+        num_mc_points=128,
+        num_pool_candidates=256,
+        **FAST,
+    )
     loop = ActiveLearningLoop(pool, selection="pool", **kw)
     records = loop.run(8)
     rmse = [r["rmse"] for r in records]
@@ -418,7 +483,9 @@ def test_wiski_qnipv_active_learning_lowers_test_rmse():
     assert loop.model.num_data == idx.numel()
     # the recorded RMSE is the model's at the test points (checked by hand)
     with torch.no_grad():
-        mean = loop.model.posterior(to_unit(pool.X_test, pool.bounds).unsqueeze(-2)).mean.reshape(-1)
+        mean = loop.model.posterior(to_unit(pool.X_test, pool.bounds).unsqueeze(-2)).mean.reshape(
+            -1
+        )
     assert rmse[-1] == pytest.approx(float((mean - pool.y_test).pow(2).mean().sqrt()), rel=1e-9)
 
     snap = ActiveLearningLoop(pool, selection="snap", **kw).run(2)
@@ -449,8 +516,9 @@ def test_streaming_predicts_before_updating():
         stream = uci_problem("concrete", max_stream=40, max_test=30)
     except DataNotFoundError as e:
         pytest.skip(f"real data not available: {e}")
-    loop = StreamingLoop(stream, q=2, n_init=20, eval_every=5, refit_every=0, fit_max_iter=10,
-                         seed=0)
+    loop = StreamingLoop(
+        stream, q=2, n_init=20, eval_every=5, refit_every=0, fit_max_iter=10, seed=0
+    )
     records = loop.run()
     assert len(records) == 1 + 10 and records[-1]["n"] == 40
     U = to_unit(stream.X_stream, stream.bounds)
@@ -460,8 +528,11 @@ def test_streaming_predicts_before_updating():
         seen, rows = r["n"] - 2, torch.tensor(r["rows"])
         ref = OnlineExactGP(U[:20], y[:20].reshape(-1, 1))
         ref.load_state_dict(
-            {k: v for k, v in loop.model.state_dict().items()
-             if k.startswith(("covar_module", "likelihood", "mean_module", "outcome"))},
+            {
+                k: v
+                for k, v in loop.model.state_dict().items()
+                if k.startswith(("covar_module", "likelihood", "mean_module", "outcome"))
+            },
             strict=False,
         )
         ref.invalidate_caches()
@@ -472,16 +543,15 @@ def test_streaming_predicts_before_updating():
         assert r["pred_rmse"] == pytest.approx(float(err.mean().sqrt()), rel=1e-6)
         sq += float(err.sum())
         assert r["prequential_rmse"] == pytest.approx(math.sqrt(sq / (r["n"] - 20)), rel=1e-6)
-    assert [r["test_rmse"] is not None for r in records] == [
-        s % 5 == 0 for s in range(11)
-    ]
+    assert [r["test_rmse"] is not None for r in records] == [s % 5 == 0 for s in range(11)]
 
 
 # ------------------------------------------------------------------ streaming classification
 
 # Small banana stream: 20 initial points, then 100 more in steps of 5; one refit half-way.
-CLF = dict(q=5, n_init=20, eval_every=10, refit_every=10, fit_max_iter=10, init_fit_max_iter=30,
-           seed=0)
+CLF = dict(
+    q=5, n_init=20, eval_every=10, refit_every=10, fit_max_iter=10, init_fit_max_iter=30, seed=0
+)
 CLF_MODELS = {"tsvgp": {"inducing_points": 24}, "wiski": {"grid_size": 12}}
 
 
@@ -523,11 +593,15 @@ def _direct_proba(model, X):
     with torch.no_grad():
         if hasattr(model, "likelihood"):
             post = model.posterior(X.unsqueeze(-2))
-            return torch.special.ndtr(post.mean.reshape(-1) / (1 + post.variance.reshape(-1)).sqrt())
+            return torch.special.ndtr(
+                post.mean.reshape(-1) / (1 + post.variance.reshape(-1)).sqrt()
+            )
         posts = [m.posterior(X.unsqueeze(-2)) for m in model.models]
         mean = torch.stack([p.mean.reshape(-1, 1) for p in posts], -1)  # n x 1 x 2
         std = torch.stack([p.variance.reshape(-1, 1) for p in posts], -1).sqrt()
-        eps = torch.randn(256, *mean.shape, generator=torch.Generator().manual_seed(0), dtype=mean.dtype)
+        eps = torch.randn(
+            256, *mean.shape, generator=torch.Generator().manual_seed(0), dtype=mean.dtype
+        )
         return torch.softmax(mean + std * eps, -1).mean(0).reshape(-1, 2)[:, 1]
 
 
@@ -539,8 +613,9 @@ def test_streaming_classification_records_the_models_own_probabilities(model):
     import copy
 
     stream = _banana()
-    loop = StreamingLoop(stream, model=model, model_options=CLF_MODELS[model],
-                         **{**CLF, "refit_every": 0})
+    loop = StreamingLoop(
+        stream, model=model, model_options=CLF_MODELS[model], **{**CLF, "refit_every": 0}
+    )
     loop.initialize()
     U = to_unit(stream.X_stream, stream.bounds)
     y = stream.y_stream
@@ -550,10 +625,14 @@ def test_streaming_classification_records_the_models_own_probabilities(model):
         twin = copy.deepcopy(loop.model)
         twin.update(U[rows], y[rows].reshape(-1, 1))
         r = loop.tell(rows)
-        torch.testing.assert_close(torch.tensor(r["pred_prob"], dtype=torch.float64), p, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            torch.tensor(r["pred_prob"], dtype=torch.float64), p, rtol=1e-10, atol=1e-12
+        )
         p_y = torch.where(y[rows] > 0.5, p, 1 - p)
         assert r["pred_nll"] == pytest.approx(float(-p_y.log().mean()), rel=1e-10)
-        assert r["pred_accuracy"] == pytest.approx(float(((p > 0.5).double() == y[rows]).double().mean()))
+        assert r["pred_accuracy"] == pytest.approx(
+            float(((p > 0.5).double() == y[rows]).double().mean())
+        )
         probe = U[100:110]
         torch.testing.assert_close(_direct_proba(loop.model, probe), _direct_proba(twin, probe))
         assert not torch.allclose(_direct_proba(loop.model, U[rows]), p)  # the labels were used

@@ -30,7 +30,9 @@ FAST_OPT = {"num_restarts": 2, "raw_samples": 32, "maxiter": 20}
 def _data(n: int, d: int = 3, seed: int = 0, noise_std: float = 0.05):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
-    Y = torch.sin(6 * X).sum(-1, keepdim=True) + noise_std * torch.randn(n, 1, generator=g, dtype=DT)
+    Y = torch.sin(6 * X).sum(-1, keepdim=True) + noise_std * torch.randn(
+        n, 1, generator=g, dtype=DT
+    )
     return X, Y
 
 
@@ -65,8 +67,9 @@ def test_exact_fit_from_defaults_equals_singletaskgp_fit_gpytorch_mll():
 def test_loop_fit_is_at_least_as_good_as_botorch_on_the_loop_data(model):
     """After a few BO steps (warm-started refits), the loop's surrogate reaches at least the
     marginal likelihood of SingleTaskGP refit from its defaults on the same data."""
-    loop = BayesOptLoop(synthetic_problem("hartmann6"), model=model, acq="logei", seed=1,
-                        optimizer_options=FAST_OPT)
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann6"), model=model, acq="logei", seed=1, optimizer_options=FAST_OPT
+    )
     records = loop.run(2)
     assert all(r["refit"] for r in records)
     assert all(r["time_fit"] > 0 for r in records)
@@ -89,7 +92,8 @@ def test_tsvgp_fit_at_small_n_is_the_exact_gp_fit():
     assert torch.allclose(ts.covar_module.lengthscale, ex.covar_module.lengthscale, rtol=1e-4)
     assert float(ts.likelihood.noise) == pytest.approx(float(ex.likelihood.noise), rel=1e-4)
     assert float(ts.marginal_log_likelihood()) == pytest.approx(
-        float(ex.marginal_log_likelihood()), abs=1e-6)
+        float(ex.marginal_log_likelihood()), abs=1e-6
+    )
     # every data point is an inducing input
     gap = (ts.train_X.unsqueeze(-2) - ts.inducing_points.unsqueeze(-3)).abs().amax(-1)
     assert float(gap.min(-1).values.max()) == 0.0
@@ -111,8 +115,11 @@ def test_tsvgp_exact_objective_equals_its_bound_and_a_dense_gaussian(fixed_noise
     assert float(ts.elbo()) == pytest.approx(exact, abs=1e-6)
     with torch.no_grad():
         y = ts.train_y
-        s2 = (noise.squeeze(-1) / ts.outcome_std**2 if fixed_noise
-              else ts.likelihood.noise.expand(y.shape))
+        s2 = (
+            noise.squeeze(-1) / ts.outcome_std**2
+            if fixed_noise
+            else ts.likelihood.noise.expand(y.shape)
+        )
         K = ts.covar_module(ts.train_X).to_dense() + torch.diag(s2)
         mean = ts.mean_module.constant.expand(y.shape)
         dense = torch.distributions.MultivariateNormal(mean, K).log_prob(y)
@@ -137,7 +144,8 @@ def test_decoupled_objective_is_the_exact_marginal_likelihood():
     dec.fit()
     assert torch.allclose(dec.covar_module.lengthscale, ex.covar_module.lengthscale, rtol=1e-3)
     assert float(dec.marginal_log_likelihood()) == pytest.approx(
-        float(ex.marginal_log_likelihood()), abs=1e-6)
+        float(ex.marginal_log_likelihood()), abs=1e-6
+    )
 
 
 def test_decoupled_default_fit_starts_where_the_exact_gp_does():
@@ -145,8 +153,8 @@ def test_decoupled_default_fit_starts_where_the_exact_gp_does():
     median heuristic the decoupled fit ended in the lower one (lengthscales 0.74 / 0.10 against
     0.10 / 0.27), and a BO run on these points stalled at regret 1.5 for 16 steps. From BoTorch's
     start (the default) it reaches the exact GP's optimum."""
-    from torch.quasirandom import SobolEngine
     from botorch.test_functions import Branin
+    from torch.quasirandom import SobolEngine
 
     U = SobolEngine(2, scramble=True, seed=3).draw(5, dtype=DT)
     f = Branin()
@@ -166,8 +174,12 @@ def test_decoupled_default_fit_starts_where_the_exact_gp_does():
 def test_restart_from_defaults_schedule():
     """Online surrogates try a fit from the defaults only at small n; the exact GP always."""
     problem = synthetic_problem("branin")
-    for model, small, large in (("exact", True, True), ("tsvgp", True, False),
-                                ("decoupled", True, False), ("qsgp", True, False)):
+    for model, small, large in (
+        ("exact", True, True),
+        ("tsvgp", True, False),
+        ("decoupled", True, False),
+        ("qsgp", True, False),
+    ):
         loop = BayesOptLoop(problem, model=model, acq="logei", seed=0)
         n = loop.AUTO_REFIT_SMALL_N
         assert loop._restart_due(n) is small

@@ -25,7 +25,9 @@ DT = torch.float64
 def _data(n: int = 30, d: int = 3, seed: int = 0, noise_std: float = 0.1):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
-    Y = torch.sin(6 * X).sum(-1, keepdim=True) + noise_std * torch.randn(n, 1, generator=g, dtype=DT)
+    Y = torch.sin(6 * X).sum(-1, keepdim=True) + noise_std * torch.randn(
+        n, 1, generator=g, dtype=DT
+    )
     return X, Y
 
 
@@ -39,7 +41,11 @@ def _set_hypers(model, lengthscale=(0.3, 0.5, 0.4), noise=0.05, constant=0.2):
 
 def _pair(fixed_noise: bool = False, n: int = 30):
     X, Y = _data(n)
-    Yvar = (0.01 + 0.05 * torch.rand(n, 1, generator=torch.Generator().manual_seed(5), dtype=DT)) if fixed_noise else None
+    Yvar = (
+        (0.01 + 0.05 * torch.rand(n, 1, generator=torch.Generator().manual_seed(5), dtype=DT))
+        if fixed_noise
+        else None
+    )
     ref = SingleTaskGP(X, Y, train_Yvar=Yvar)
     ours = OnlineExactGP(X, Y, train_Yvar=Yvar)
     _set_hypers(ref)
@@ -60,7 +66,10 @@ def test_posterior_matches_single_task_gp(fixed_noise, observation_noise):
     if fixed_noise and observation_noise:
         # BoTorch adds a given noise tensor (standardised units) for fixed-noise models.
         noise = torch.full((4, 7, 1), 0.03, dtype=DT)
-        p_ref, p_ours = ref.posterior(Xt, observation_noise=noise), ours.posterior(Xt, observation_noise=noise)
+        p_ref, p_ours = (
+            ref.posterior(Xt, observation_noise=noise),
+            ours.posterior(Xt, observation_noise=noise),
+        )
     else:
         p_ref = ref.posterior(Xt, observation_noise=observation_noise)
         p_ours = ours.posterior(Xt, observation_noise=observation_noise)
@@ -154,7 +163,9 @@ def test_marginal_likelihood_matches_gpytorch_and_fit_improves_it():
     # fit_gpytorch_mll on the same starting point reaches the same optimum (custom_fit hook).
     fit_gpytorch_mll(ExactMarginalLogLikelihood(ref.likelihood, ref))
     ref.train()
-    ref_opt = float(ExactMarginalLogLikelihood(ref.likelihood, ref)(ref(*ref.train_inputs), ref.train_targets))
+    ref_opt = float(
+        ExactMarginalLogLikelihood(ref.likelihood, ref)(ref(*ref.train_inputs), ref.train_targets)
+    )
     ref.eval()
     assert after == pytest.approx(ref_opt, abs=1e-3)
     # After fit the caches are fresh: posterior equals a dense computation with fitted values.
@@ -162,7 +173,9 @@ def test_marginal_likelihood_matches_gpytorch_and_fit_improves_it():
     K = ours.covar_module
     Xtr, y = ours.train_X, ours.train_y
     Kxx = K(Xtr).to_dense() + ours.likelihood.noise * torch.eye(Xtr.shape[0], dtype=DT)
-    mean = ours.mean_module.constant + K(Xt, Xtr).to_dense() @ torch.linalg.solve(Kxx, y - ours.mean_module.constant)
+    mean = ours.mean_module.constant + K(Xt, Xtr).to_dense() @ torch.linalg.solve(
+        Kxx, y - ours.mean_module.constant
+    )
     assert _close(ours.posterior(Xt).mean.squeeze(-1), mean * ours.outcome_std + ours.outcome_mean)
 
 
@@ -251,12 +264,16 @@ def test_acquisition_functions_evaluate_and_optimize():
     }
     for name, acq in acqs.items():
         q = 1 if name == "LogEI" else 2
-        Xq = torch.rand(3, q + (acq.num_fantasies if name == "qKG" else 0), 3, dtype=DT, requires_grad=True)
+        Xq = torch.rand(
+            3, q + (acq.num_fantasies if name == "qKG" else 0), 3, dtype=DT, requires_grad=True
+        )
         val = acq(Xq)
         assert val.shape == (3,) and torch.isfinite(val).all(), name
         val.sum().backward()
         assert torch.isfinite(Xq.grad).all(), name
-        cand, _ = optimize_acqf(acq, bounds=bounds, q=q, num_restarts=2, raw_samples=16, options={"maxiter": 20})
+        cand, _ = optimize_acqf(
+            acq, bounds=bounds, q=q, num_restarts=2, raw_samples=16, options={"maxiter": 20}
+        )
         assert cand.shape == (q, 3) and bool(((cand >= 0) & (cand <= 1)).all()), name
 
 

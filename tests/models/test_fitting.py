@@ -45,8 +45,11 @@ def test_sum_log_priors_equals_the_prior_densities_written_out() -> None:
     assert got.dtype == torch.float64
     assert torch.allclose(got, expected.double(), atol=1e-12)
     no_noise = sum_log_priors([kernel, likelihood], ref, skip=lambda name: "noise" in name)
-    assert torch.allclose(no_noise, expected - GammaPrior(1.1, 0.05).log_prob(
-        likelihood.noise.detach()).sum(), atol=1e-12)
+    assert torch.allclose(
+        no_noise,
+        expected - GammaPrior(1.1, 0.05).log_prob(likelihood.noise.detach()).sum(),
+        atol=1e-12,
+    )
 
 
 def test_sum_log_priors_is_differentiable_in_the_hyperparameters() -> None:

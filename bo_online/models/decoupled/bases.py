@@ -57,8 +57,6 @@ def pivoted_cholesky_select(
     return torch.tensor(chosen, dtype=torch.long, device=diag.device)
 
 
-
-
 class DecoupledBasesMixin:
     r"""Basis bookkeeping of :class:`~bo_online.models.decoupled.DecoupledSVGP`: sizes, seeding
     from the data, selection by pivoted Cholesky, growth during Adam and compression to the caps
@@ -179,4 +177,3 @@ class DecoupledBasesMixin:
                 else:
                     padded[k] = v
             opt.state[new] = padded
-

@@ -73,7 +73,7 @@ class DecoupledConditioningMixin:
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
+            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
         beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         new = self._shallow_copy()
@@ -144,4 +144,3 @@ class DecoupledConditioningMixin:
         self.train_X = torch.cat([self.train_X, X], dim=-2)
         self.train_y = torch.cat([self.train_y, Y], dim=-1)
         self.train_noise = train_noise
-

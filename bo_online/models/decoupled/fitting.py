@@ -200,8 +200,13 @@ class DecoupledFitMixin:
             if method == "lbfgs":
                 params = {**{k: v for k, v in var.items() if v.requires_grad}, **hyper}
                 closure = ForwardBackwardClosure(forward=lambda: loss(None), parameters=params)
-                scipy_minimize(closure=closure, parameters=params, bounds=bounds,
-                               options={"maxiter": max_iter}, timeout_sec=timeout_sec)
+                scipy_minimize(
+                    closure=closure,
+                    parameters=params,
+                    bounds=bounds,
+                    options={"maxiter": max_iter},
+                    timeout_sec=timeout_sec,
+                )
             elif method == "adam":
                 self._adam(var, hyper, loss, settings, gen)
             else:
@@ -238,8 +243,7 @@ class DecoupledFitMixin:
             # :meth:`_collapsed_hyperparameters`), then re-select the bases.
             with torch.no_grad():
                 beta, alpha = self._select_bases()
-            self._collapsed_hyperparameters(torch.cat([beta, alpha], dim=-2), max_iter,
-                                            timeout_sec)
+            self._collapsed_hyperparameters(torch.cat([beta, alpha], dim=-2), max_iter, timeout_sec)
             self.collapsed_fit = torch.ones((), **self._dtype_device)
         with torch.no_grad():
             if n <= self.num_cov_bases:
@@ -260,30 +264,46 @@ class DecoupledFitMixin:
         idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
         X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
         if self.fixed_noise:
-            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise[idx].unsqueeze(-1),
-                                covar_module=self.covar_module, standardize=False)
+            sub = OnlineExactGP(
+                X,
+                Y,
+                train_Yvar=self.train_noise[idx].unsqueeze(-1),
+                covar_module=self.covar_module,
+                standardize=False,
+            )
         else:
-            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
-                                standardize=False)
+            sub = OnlineExactGP(
+                X, Y, covar_module=self.covar_module, likelihood=self.likelihood, standardize=False
+            )
         sub.mean_module = self.mean_module
         params, bounds = self._hyperparameters_and_bounds()
         # OnlineExactGP.marginal_log_likelihood(include_priors=True) needs ``named_priors``, which
         # OnlineModel lacks (torch Module, not a GPyTorch one): add the priors here instead, and
         # pass the constraint bounds (BoTorch's default constraints are untransformed).
         closure = ForwardBackwardClosure(
-            forward=lambda: -(sub.marginal_log_likelihood(include_priors=False)
-                              + self._log_prior() / X.shape[0]),
+            forward=lambda: (
+                -(
+                    sub.marginal_log_likelihood(include_priors=False)
+                    + self._log_prior() / X.shape[0]
+                )
+            ),
             parameters=params,
         )
         self.train()
         try:
-            scipy_minimize(closure=closure, parameters=params, bounds=bounds,
-                           options={"maxiter": max_iter}, timeout_sec=timeout_sec)
+            scipy_minimize(
+                closure=closure,
+                parameters=params,
+                bounds=bounds,
+                options={"maxiter": max_iter},
+                timeout_sec=timeout_sec,
+            )
         finally:
             self.eval()
 
-    def _collapsed_hyperparameters(self, Z: Tensor, max_iter: int, timeout_sec,
-                                   size: int = 2048) -> None:
+    def _collapsed_hyperparameters(
+        self, Z: Tensor, max_iter: int, timeout_sec, size: int = 2048
+    ) -> None:
         r"""L-BFGS-B on :meth:`collapsed_bound` for the bases ``Z`` (fixed) over a random subset
         of at most ``size`` held points (plus the hyperpriors), warm-started."""
         n = self.num_data
@@ -292,9 +312,13 @@ class DecoupledFitMixin:
         loss = lambda: -(self.collapsed_bound(Z, idx) + self._log_prior()) / idx.shape[0]  # noqa
         self.train()
         try:
-            scipy_minimize(closure=ForwardBackwardClosure(forward=loss, parameters=params),
-                           parameters=params, bounds=bounds,
-                           options={"maxiter": max_iter}, timeout_sec=timeout_sec)
+            scipy_minimize(
+                closure=ForwardBackwardClosure(forward=loss, parameters=params),
+                parameters=params,
+                bounds=bounds,
+                options={"maxiter": max_iter},
+                timeout_sec=timeout_sec,
+            )
         finally:
             self.eval()
 
@@ -384,8 +408,9 @@ class DecoupledFitMixin:
         with torch.no_grad():
             # Keep the mean in user units: f_new = (f_old * s_old + m_old - m_new) / s_new.
             self.mean_module.constant.copy_(
-                ((self.mean_module.constant * self.outcome_std + self.outcome_mean - mean) / std)
-                .reshape(self.mean_module.constant.shape)
+                (
+                    (self.mean_module.constant * self.outcome_std + self.outcome_mean - mean) / std
+                ).reshape(self.mean_module.constant.shape)
             )
         self.a_beta, self.a_alpha = self.a_beta * ratio, self.a_alpha * ratio
         if self.train_noise is not None:

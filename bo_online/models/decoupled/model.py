@@ -121,8 +121,10 @@ class DecoupledSVGP(
         )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):
-            raise ValueError("train_Yvar must be > 0: the decoupled model's conditioning adds "
-                             "precisions 1/noise, so zero noise is not representable.")
+            raise ValueError(
+                "train_Yvar must be > 0: the decoupled model's conditioning adds "
+                "precisions 1/noise, so zero noise is not representable."
+            )
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
         if standardize and gaussian and train_Y.shape[0] > 1:  # labels/counts stay as given
@@ -146,9 +148,12 @@ class DecoupledSVGP(
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if covar_module is not None and lengthscale_init == "median":
             with torch.no_grad():  # the paper's median heuristic (Appendix C.2)
-                covar_module.lengthscale = median_lengthscale(X, generator=self._generator).to(
-                    covar_module.lengthscale
-                ).expand_as(covar_module.lengthscale).clamp_min(0.05)
+                covar_module.lengthscale = (
+                    median_lengthscale(X, generator=self._generator)
+                    .to(covar_module.lengthscale)
+                    .expand_as(covar_module.lengthscale)
+                    .clamp_min(0.05)
+                )
         self.covar_module = covar_module
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
@@ -223,4 +228,3 @@ class DecoupledSVGP(
             if name not in state_dict:
                 self._buffers[name] = None
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
-

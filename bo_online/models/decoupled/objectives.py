@@ -90,9 +90,9 @@ class DecoupledObjectivesMixin:
         if self._gaussian():
             if noise is None:
                 noise = self.likelihood.noise.squeeze(-1).expand_as(y)
-            return -0.5 * (
-                torch.log(2 * math.pi * noise) + ((y - mean).pow(2) + var) / noise
-            ).sum(-1)
+            return -0.5 * (torch.log(2 * math.pi * noise) + ((y - mean).pow(2) + var) / noise).sum(
+                -1
+            )
         f = MultivariateNormal(mean, DiagLinearOperator(var))
         return self.likelihood.expected_log_prob(y, f).sum(-1)
 
@@ -134,9 +134,13 @@ class DecoupledObjectivesMixin:
         c = solve_lower(L_B, (A @ r).unsqueeze(-1)).squeeze(-1)
         # Matrix determinant lemma and Woodbury on N^-1/2 (Q + N) N^-1/2 = I + A^T A.
         return (
-            -0.5 * X.shape[0] * math.log(2 * math.pi) - L_B.diagonal().log().sum()
-            - 0.5 * noise.log().sum() - 0.5 * (r @ r) + 0.5 * (c @ c)
-            - 0.5 * (self.covar_module(X, diag=True) / noise).sum() + 0.5 * (A * A).sum()
+            -0.5 * X.shape[0] * math.log(2 * math.pi)
+            - L_B.diagonal().log().sum()
+            - 0.5 * noise.log().sum()
+            - 0.5 * (r @ r)
+            + 0.5 * (c @ c)
+            - 0.5 * (self.covar_module(X, diag=True) / noise).sum()
+            + 0.5 * (A * A).sum()
         )
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
@@ -148,12 +152,17 @@ class DecoupledObjectivesMixin:
 
         X, Y = self.train_X, self.train_y.unsqueeze(-1)
         if self.fixed_noise:
-            sub = OnlineExactGP(X, Y, train_Yvar=self.train_noise.unsqueeze(-1),
-                                covar_module=self.covar_module, standardize=False)
+            sub = OnlineExactGP(
+                X,
+                Y,
+                train_Yvar=self.train_noise.unsqueeze(-1),
+                covar_module=self.covar_module,
+                standardize=False,
+            )
         else:
-            sub = OnlineExactGP(X, Y, covar_module=self.covar_module, likelihood=self.likelihood,
-                                standardize=False)
+            sub = OnlineExactGP(
+                X, Y, covar_module=self.covar_module, likelihood=self.likelihood, standardize=False
+            )
         sub.mean_module = self.mean_module
         mll = sub.marginal_log_likelihood(include_priors=False)
         return mll + self._log_prior() / X.shape[0] if include_priors else mll
-

@@ -65,4 +65,3 @@ class DecoupledPredictionMixin:
         covar = self.covar_module(X).to_dense() - VtV
         # Lazy wrapper: a dense tensor would be Cholesky-factorised at construction.
         return MultivariateNormal(mean, DenseLinearOperator(covar))
-

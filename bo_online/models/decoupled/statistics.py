@@ -42,17 +42,27 @@ class DecoupledStatisticsMixin:
             a_alpha = beta_points.new_zeros(0)
         mb = beta_points.shape[0] if beta_points.dim() == 2 else -1
         ok = (
-            beta_points.dim() == 2 and beta_points.shape[1] == d and L.shape == (mb, mb)
-            and a_beta.shape == (mb,) and alpha_points.dim() == 2 and alpha_points.shape[1] == d
-            and a_alpha is not None and a_alpha.shape == (alpha_points.shape[0],)
+            beta_points.dim() == 2
+            and beta_points.shape[1] == d
+            and L.shape == (mb, mb)
+            and a_beta.shape == (mb,)
+            and alpha_points.dim() == 2
+            and alpha_points.shape[1] == d
+            and a_alpha is not None
+            and a_alpha.shape == (alpha_points.shape[0],)
         )
         if not ok:
             raise ValueError(
                 "Variational parameters must be beta_points M_b x d, L M_b x M_b, a_beta M_b, "
                 "alpha_points M x d, a_alpha M."
             )
-        for name, t in [("beta_points", beta_points), ("L", L), ("a_beta", a_beta),
-                        ("alpha_points", alpha_points), ("a_alpha", a_alpha)]:
+        for name, t in [
+            ("beta_points", beta_points),
+            ("L", L),
+            ("a_beta", a_beta),
+            ("alpha_points", alpha_points),
+            ("a_alpha", a_alpha),
+        ]:
             check_finite(name, t)
         kw = self._dtype_device
         self.beta_points, self.L, self.a_beta = (
@@ -169,4 +179,3 @@ class DecoupledStatisticsMixin:
         # under the current kernel, so updates go back to exact growth until the next fit.
         self.site_Q, self.site_s = None, None
         self.chol_H = self._chol_H(self.beta_points, self.L)
-

@@ -31,7 +31,14 @@ import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from torch import Tensor, nn
 
-__all__ = ["QSGPBasis", "RFFBasis", "InducingBasis", "RVMBasis", "hashed_uniform", "kronecker_uniform"]
+__all__ = [
+    "QSGPBasis",
+    "RFFBasis",
+    "InducingBasis",
+    "RVMBasis",
+    "hashed_uniform",
+    "kronecker_uniform",
+]
 
 _M32 = 0xFFFFFFFF
 
@@ -158,7 +165,11 @@ class RFFBasis(QSGPBasis):
     diagonal_prior = True
 
     def __init__(
-        self, dim: int, num_features: int, kernel: ScaleKernel | None = None, seed: int = 0,
+        self,
+        dim: int,
+        num_features: int,
+        kernel: ScaleKernel | None = None,
+        seed: int = 0,
         sampling: str = "qmc",
     ) -> None:
         super().__init__()
@@ -186,8 +197,12 @@ class RFFBasis(QSGPBasis):
         a single generation, and a model's posterior calls (the same block index tensors every
         time) share one (not one generated under inference mode outside it)."""
         cached = self._freq_cache
-        if (cached is not None and cached[0] is idx and cached[1].dtype == self.dtype
-                and (torch.is_inference_mode_enabled() or not cached[1].is_inference())):
+        if (
+            cached is not None
+            and cached[0] is idx
+            and cached[1].dtype == self.dtype
+            and (torch.is_inference_mode_enabled() or not cached[1].is_inference())
+        ):
             return cached[1], cached[2]
         d, dt = self.dim, self.dtype
         if self.sampling == "qmc":  # columns 2p, 2p + 1: cos and sin of frequency p
@@ -196,7 +211,9 @@ class RFFBasis(QSGPBasis):
             phase = -0.5 * math.pi * torch.remainder(idx, 2).to(dt)
         else:
             u = hashed_uniform(self.seed, idx, 2 * d + 1, dt)
-            omega = torch.sqrt(-2.0 * torch.log(u[:, :d])) * torch.cos(2.0 * math.pi * u[:, d:2 * d])
+            omega = torch.sqrt(-2.0 * torch.log(u[:, :d])) * torch.cos(
+                2.0 * math.pi * u[:, d : 2 * d]
+            )
             phase = 2.0 * math.pi * u[:, 2 * d]
         self._freq_cache = (idx, omega, phase)
         return omega, phase

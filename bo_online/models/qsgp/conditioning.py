@@ -37,8 +37,13 @@ class QSGPConditioningMixin:
         (``var_cols`` is ``m x m`` for the full family) with its snapshot and cost about as much as
         the posterior itself in a BO loop's acquisition, is skipped. The snapshot is taken once, so
         the first update after a fit does not rebuild what it has just built."""
-        if (self.cond_X is None and self.cond_L is None and self.cond_r is None
-                and self.cond_u is None and self._cond_factor is None):
+        if (
+            self.cond_X is None
+            and self.cond_L is None
+            and self.cond_r is None
+            and self.cond_u is None
+            and self._cond_factor is None
+        ):
             if self._cache_key is None:
                 self._cache_key = self._current_key()
             return
@@ -72,7 +77,9 @@ class QSGPConditioningMixin:
             )
         return super()._noise_of_points(X, noise)
 
-    def _new_sites(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _new_sites(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         r"""What ``q`` new points add in weight space: ``U = A^T E^-1/2`` (``batch x m x q``, so
         ``P += U U^T``), ``A^T E^-1 (Y - Phi mu)`` (``sample x batch x m``, added to ``r``), and
         the points' noise (``batch x q``)."""
@@ -91,18 +98,27 @@ class QSGPConditioningMixin:
             batch = torch.broadcast_shapes(X.shape[:-2], noise.shape[:-1])
             return X.expand(*batch, *X.shape[-2:]), Y, noise.expand(*batch, X.shape[-2])
         batch = torch.broadcast_shapes(self.cond_X.shape[:-2], X.shape[:-2])
-        new_X = torch.cat([self.cond_X.expand(*batch, *self.cond_X.shape[-2:]),
-                           X.expand(*batch, *X.shape[-2:])], dim=-2)
-        new_noise = torch.cat([self.cond_noise.expand(*batch, self.cond_noise.shape[-1]),
-                               noise.expand(*batch, X.shape[-2])], dim=-1)
+        new_X = torch.cat(
+            [self.cond_X.expand(*batch, *self.cond_X.shape[-2:]), X.expand(*batch, *X.shape[-2:])],
+            dim=-2,
+        )
+        new_noise = torch.cat(
+            [
+                self.cond_noise.expand(*batch, self.cond_noise.shape[-1]),
+                noise.expand(*batch, X.shape[-2]),
+            ],
+            dim=-1,
+        )
         batch_y = torch.broadcast_shapes(self.cond_y.shape[:-1], Y.shape[:-1])
-        y = torch.cat([self.cond_y.expand(*batch_y, self.cond_y.shape[-1]),
-                       Y.expand(*batch_y, Y.shape[-1])], dim=-1)
+        y = torch.cat(
+            [self.cond_y.expand(*batch_y, self.cond_y.shape[-1]), Y.expand(*batch_y, Y.shape[-1])],
+            dim=-1,
+        )
         return new_X, y, new_noise
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1):])[0]
+            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
         U, dr, point_noise = self._new_sites(X, Y, noise)
         if self._cond_factor is not None:
             parent = self._cond_factor

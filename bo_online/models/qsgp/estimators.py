@@ -298,9 +298,7 @@ def theorem2_estimate(
     return out
 
 
-def prop2_estimate(
-    s: IndexSample, y: Tensor, w: Tensor, log_S_diag_i: Tensor | None
-) -> Tensor:
+def prop2_estimate(s: IndexSample, y: Tensor, w: Tensor, log_S_diag_i: Tensor | None) -> Tensor:
     r"""Unbiased estimate of ``L_const`` (Prop. 2; needs a diagonal S, else the ``log|S|`` term is
     omitted, which is a constant when the hyperparameters are fixed).
 
@@ -352,7 +350,9 @@ def expected_log_lik(
     * ``logistic``: ``y`` in ``{-1, 1}``, ``log sigmoid(y f)`` by Gauss-Hermite quadrature.
     """
     if likelihood == "gaussian":
-        return -0.5 * torch.log(2 * math.pi * scale) - ((y - mean).pow(2) + std.pow(2)) / (2 * scale)
+        return -0.5 * torch.log(2 * math.pi * scale) - ((y - mean).pow(2) + std.pow(2)) / (
+            2 * scale
+        )
     if likelihood == "laplace":
         d = y - mean
         sd = std.clamp_min(1e-12)
@@ -430,7 +430,7 @@ def control_variate_gradient_variance(
     for t in range(reps):
         s = sample_indices(n, m, 0, num_rows, num_cols, 1, generator=gen)
         U, inv = torch.unique(torch.cat([s.i, s.j]), return_inverse=True)
-        inv_i, inv_j = inv[: s.i.numel()], inv[s.i.numel():]
+        inv_i, inv_j = inv[: s.i.numel()], inv[s.i.numel() :]
         mu_U = model.var_mean[U].clone().requires_grad_(True)
         with torch.no_grad():
             F_U = model.basis.features(model.train_X[s.rows], U)
@@ -442,8 +442,9 @@ def control_variate_gradient_variance(
             cv = torch.zeros((), dtype=quad.dtype)
         else:
             a_live = a[:, :1] + Fp_U @ (mu_U - mu_U.detach()).unsqueeze(-1)
-            cv = control_variate(s, n / p.numel(), Fp_U[:, inv_i], Fp_U[:, inv_j], wp, vi, vj,
-                                 a_live, U.numel()).sum()
+            cv = control_variate(
+                s, n / p.numel(), Fp_U[:, inv_i], Fp_U[:, inv_j], wp, vi, vj, a_live, U.numel()
+            ).sum()
         (g0,) = torch.autograd.grad(quad, mu_U, retain_graph=True)
         (g1,) = torch.autograd.grad(quad + cv, mu_U)
         G0[t, U], G1[t, U] = g0, g1

@@ -37,8 +37,7 @@ class QSGPEvidenceMixin:
         y = self.train_y - self.mean_constant
         return exact_terms(Phi, y, w, self.var_mean, self.dense_C(), S)["elbo"]
 
-    def exact_log_marginal(self, rows: Tensor | None = None, constant_mean: bool = False
-                           ) -> Tensor:
+    def exact_log_marginal(self, rows: Tensor | None = None, constant_mean: bool = False) -> Tensor:
         r"""``log N(y; 0, Phi S^-1 Phi^T + N)`` of the finite-basis model (Woodbury, weight space),
         differentiable in the hyperparameters; ``= max_q`` Eq. 2 over the full family; ``y``
         less the model's constant mean ``c``. ``rows``: only these training rows (indices),
@@ -67,8 +66,11 @@ class QSGPEvidenceMixin:
             L_A, L_S = psd_cholesky(A), psd_cholesky(S)
             B = solve_lower(L_A, Phi.transpose(-1, -2) @ (w.unsqueeze(-1) * R))
             G = R.transpose(-1, -2) @ (w.unsqueeze(-1) * R) - B.transpose(-1, -2) @ B
-            logdet = (2 * torch.diagonal(L_A).log().sum() - 2 * torch.diagonal(L_S).log().sum()
-                      + noise.log().sum())
+            logdet = (
+                2 * torch.diagonal(L_A).log().sum()
+                - 2 * torch.diagonal(L_S).log().sum()
+                + noise.log().sum()
+            )
         quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
         return -0.5 * (quad + logdet + n * math.log(2 * math.pi))
 
@@ -90,8 +92,11 @@ class QSGPEvidenceMixin:
         from the defaults (same basis, same data)."""
         evidence = self._resolve_evidence(self.fit_options.get("hyper_evidence", "auto"))
         cm = self._fits_constant_mean()
-        obj = (self._kernel_log_marginal(constant_mean=cm) if evidence == "kernel"
-               else self.exact_log_marginal(constant_mean=cm))
+        obj = (
+            self._kernel_log_marginal(constant_mean=cm)
+            if evidence == "kernel"
+            else self.exact_log_marginal(constant_mean=cm)
+        )
         if include_priors:
             obj = obj + self.log_prior()
         return obj / self.num_data
@@ -125,7 +130,9 @@ class QSGPEvidenceMixin:
 
     def _resolve_evidence(self, evidence: str) -> str:
         if evidence not in ("auto", "basis", "kernel"):
-            raise ValueError(f"hyper_evidence must be 'auto', 'basis' or 'kernel', got {evidence!r}.")
+            raise ValueError(
+                f"hyper_evidence must be 'auto', 'basis' or 'kernel', got {evidence!r}."
+            )
         if evidence == "auto":
             rff = isinstance(self.basis, RFFBasis)
             return "kernel" if rff and self.num_data <= self.num_features else "basis"

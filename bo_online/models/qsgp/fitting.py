@@ -208,7 +208,8 @@ class QSGPFitMixin:
         settings = resolve_fit_settings(settings, overrides, self.fit_options)
         if settings.method not in ("auto", "closed_form", "sgd"):
             raise ValueError(
-                f"Unknown fit method {settings.method!r}; use 'auto', 'closed_form' or 'sgd'.")
+                f"Unknown fit method {settings.method!r}; use 'auto', 'closed_form' or 'sgd'."
+            )
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
         self._absorb(restandardize=settings.restandardize)
@@ -220,9 +221,12 @@ class QSGPFitMixin:
             if self.num_data <= int(settings.fit_from_defaults_n):
                 self.reset_hyperparameters()
             max_iter = 200 if settings.max_iter is None else settings.max_iter
-            self.fit_closed_form(max_iter=max_iter, evidence=settings.hyper_evidence,
-                                 hyper_rows=settings.hyper_rows,
-                                 timeout_sec=settings.timeout_sec)
+            self.fit_closed_form(
+                max_iter=max_iter,
+                evidence=settings.hyper_evidence,
+                hyper_rows=settings.hyper_rows,
+                timeout_sec=settings.timeout_sec,
+            )
         else:
             self.fit_sgd(settings.sgd_settings())
         self.invalidate_caches()
@@ -268,8 +272,13 @@ class QSGPFitMixin:
             self.outcome_mean, self.outcome_std = mean, std
         self.invalidate_caches()
 
-    def fit_closed_form(self, max_iter: int = 200, evidence: str = "auto",
-                        hyper_rows: int | None = 2048, timeout_sec: float | None = None) -> Self:
+    def fit_closed_form(
+        self,
+        max_iter: int = 200,
+        evidence: str = "auto",
+        hyper_rows: int | None = 2048,
+        timeout_sec: float | None = None,
+    ) -> Self:
         r"""Maximise an evidence over the hyperparameters (L-BFGS), then set ``q(w)`` to the
         Eq. 2 optimum within the family. Gaussian likelihood only.
 
@@ -309,8 +318,14 @@ class QSGPFitMixin:
             loss = lambda: -(objective() + self.log_prior()) / size
             self.train()
             try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
-                minimize_loss(loss, params, method="lbfgs", max_iter=max_iter,
-                              timeout_sec=timeout_sec, bounds=bounds)
+                minimize_loss(
+                    loss,
+                    params,
+                    method="lbfgs",
+                    max_iter=max_iter,
+                    timeout_sec=timeout_sec,
+                    bounds=bounds,
+                )
             finally:
                 self.eval()
         with torch.no_grad():
@@ -371,5 +386,5 @@ class QSGPFitMixin:
                 v = cholesky_solve(psd_cholesky(sub), e).squeeze(-1)
                 c = v / v[0].sqrt()
                 log_diag[r] = c[0].log()
-                cols[r + 1:, r] = c[1:]
+                cols[r + 1 :, r] = c[1:]
         self.var_log_diag, self.var_cols = log_diag.clone(), cols

@@ -115,17 +115,21 @@ class QSGP(
                 # fit that every later conditioning makes worse). Map the data's box onto the
                 # unit cube, as BoTorch's Normalize does.
                 input_transform = Normalize(
-                    d=dim, bounds=torch.stack([lo, torch.where(hi > lo, hi, lo + 1)]).to(train_X))
-        super().__init__(dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype,
-                         device=device)
+                    d=dim, bounds=torch.stack([lo, torch.where(hi > lo, hi, lo + 1)]).to(train_X)
+                )
+        super().__init__(
+            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+        )
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if likelihood not in ("gaussian", "laplace", "logistic"):
             raise ValueError(
-                f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}.")
+                f"likelihood must be 'gaussian', 'laplace' or 'logistic', got {likelihood!r}."
+            )
         if train_Yvar is not None and likelihood != "gaussian":
             raise ValueError(
-                "train_Yvar (fixed noise) is only meaningful for the Gaussian likelihood.")
+                "train_Yvar (fixed noise) is only meaningful for the Gaussian likelihood."
+            )
         if family is None:  # exact inference when affordable (BO with small n), QSGP-0 beyond
             family = "full" if (basis in ("rff",) and num_features <= 2048) else "mean_field"
         if family not in ("mean_field", "chevron", "full"):
@@ -167,11 +171,13 @@ class QSGP(
             self.basis = cls(X.clone(), kernel)
         else:
             raise ValueError(
-                f"basis must be 'rff', 'inducing', 'rvm' or a QSGPBasis, got {basis!r}.")
+                f"basis must be 'rff', 'inducing', 'rvm' or a QSGPBasis, got {basis!r}."
+            )
         m = self.basis.num_features
         self.family = family
-        k = {"mean_field": 0, "full": m}.get(family, min(m, 10 if num_dense_columns is None
-                                                      else int(num_dense_columns)))
+        k = {"mean_field": 0, "full": m}.get(
+            family, min(m, 10 if num_dense_columns is None else int(num_dense_columns))
+        )
         if family == "chevron" and k < 0:
             raise ValueError("num_dense_columns must be >= 0.")
         self.num_dense = k
@@ -303,13 +309,14 @@ class QSGP(
         return MultivariateNormal(mean.expand(*out_batch, q), _psd(cov.expand(*out_batch, q, q)))
 
     @torch.no_grad()
-    def predict(self, X: Tensor, observation_noise: bool = False, batch_size: int = 1024
-                ) -> tuple[Tensor, Tensor]:
+    def predict(
+        self, X: Tensor, observation_noise: bool = False, batch_size: int = 1024
+    ) -> tuple[Tensor, Tensor]:
         r"""Marginal predictive mean and variance at many points, user units (``n* x d`` ->
         two ``n*`` tensors), in blocks of rows and basis columns: no ``n* x n*`` covariance."""
         means, variances = [], []
         for start in range(0, X.shape[-2], batch_size):
-            Xb = self._transform_and_check(X[..., start:start + batch_size, :])
+            Xb = self._transform_and_check(X[..., start : start + batch_size, :])
             self.ensure_caches()
             if self.cond_X is None:
                 mean, var = self._moments(Xb, cov=False)

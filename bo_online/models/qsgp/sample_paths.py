@@ -24,8 +24,9 @@ __all__ = ["QSGPSamplePaths", "QSGPSamplePathsMixin"]
 class QSGPSamplePathsMixin:
     r"""``sample_paths`` (a mixin of :class:`QSGP`)."""
 
-    def sample_paths(self, num_samples: int, generator: torch.Generator | None = None
-                     ) -> QSGPSamplePaths:
+    def sample_paths(
+        self, num_samples: int, generator: torch.Generator | None = None
+    ) -> QSGPSamplePaths:
         r"""Explicit posterior draws ``f_s(x) = phi(x)^T w_s`` (deterministic callables).
 
         ``w_s = mu + C eps_s``; with conditioning data held, each draw is updated pathwise
@@ -56,7 +57,8 @@ class QSGPSamplePathsMixin:
                 low = torch.zeros(p, k, **dd)
                 for idx in self._chunks():
                     low = low + self.basis.features(Xc, idx) @ self._lower_cols(
-                        idx, idx.new_tensor(range(k)), self.var_cols[idx])
+                        idx, idx.new_tensor(range(k)), self.var_cols[idx]
+                    )
                 CtPhiT[:k] = CtPhiT[:k] + low.transpose(-1, -2)
             # Sigma Phi_c^T (K^_cc + E)^-1 t = C P^-1 A_c^T E^-1 t (push-through identity)
             E = self._cond_point_variance(Xc, self.cond_noise)

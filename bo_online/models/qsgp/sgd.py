@@ -54,8 +54,7 @@ class QSGPSGDMixin:
         lr_decay_final, freeze_iters = settings.lr_decay_final, settings.freeze_iters
         train_hypers, use_priors = settings.train_hypers, settings.use_priors
         seed, callback, replace_cols = settings.seed, settings.callback, settings.replace_cols
-        deadline = (None if settings.timeout_sec is None
-                    else time.monotonic() + settings.timeout_sec)
+        deadline = None if settings.timeout_sec is None else time.monotonic() + settings.timeout_sec
         n, m, k = self.num_data, self.num_features, self.num_dense
         dd = self._dtype_device
         dev = dd["device"]
@@ -75,21 +74,37 @@ class QSGPSGDMixin:
         self.train()
         try:
             for t in range(max_iter):
-                s = sample_indices(n, m, k, nr, nc, num_diag_cols, num_dense_cols, gen, dev,
-                                   replace_cols=replace_cols)
+                s = sample_indices(
+                    n,
+                    m,
+                    k,
+                    nr,
+                    nc,
+                    num_diag_cols,
+                    num_dense_cols,
+                    gen,
+                    dev,
+                    replace_cols=replace_cols,
+                )
                 hyper_on = opt is not None and t >= freeze
                 loss, st = self.stochastic_loss(
-                    s, cv_state=(p, Xp, frozen, a) if use_cv else None, hyper_grad=hyper_on,
-                    use_priors=use_priors)
+                    s,
+                    cv_state=(p, Xp, frozen, a) if use_cv else None,
+                    hyper_grad=hyper_on,
+                    use_priors=use_priors,
+                )
                 U, dr_u = st["U"], st["dr_u"]
                 leaves = st["leaves"]
                 grads = torch.autograd.grad(
-                    loss, leaves + (list(hypers.values()) if hyper_on else []), allow_unused=True)
+                    loss, leaves + (list(hypers.values()) if hyper_on else []), allow_unused=True
+                )
                 extras = st
                 lr_t = lr * gamma**t
                 with torch.no_grad():
-                    old_mu, old_cols = self.var_mean[U].clone(), (
-                        self.var_cols[U][:, dr_u].clone() if k else None)
+                    old_mu, old_cols = (
+                        self.var_mean[U].clone(),
+                        (self.var_cols[U][:, dr_u].clone() if k else None),
+                    )
                     self._adagrad(self.var_mean, acc_mu, U, grads[0], lr_t)
                     self._adagrad(self.var_log_diag, acc_ld, U, grads[1], lr_t)
                     if k and grads[2] is not None:
@@ -99,7 +114,7 @@ class QSGPSGDMixin:
                         step = g / (acc_cols[rows, cols].sqrt() + 1e-10)
                         self.var_cols[rows, cols] -= lr_t * step
                     if hyper_on:
-                        for prm, g in zip(hypers.values(), grads[len(leaves):]):
+                        for prm, g in zip(hypers.values(), grads[len(leaves) :]):
                             prm.grad = g
                         for group in opt.param_groups:
                             group["lr"] = lr_hyper * gamma**t
@@ -121,8 +136,9 @@ class QSGPSGDMixin:
         return self
 
     @torch.no_grad()
-    def control_variate_state(self, cv_rank: int, generator: torch.Generator | None = None
-                              ) -> tuple[Tensor, Tensor, dict, Tensor]:
+    def control_variate_state(
+        self, cv_rank: int, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, dict, Tensor]:
         r"""Support rows ``p`` (``n_bar`` drawn without replacement), their inputs, the frozen basis
         hyperparameters (App. F.3) and ``a = Phi_p [mu, l_0..l_{k-1}]`` (``n_bar x (1+k)``, Prop. 3;
         one ``O(n_bar m)`` pass unless ``q(w)`` is still at its zero-mean initialisation)."""
@@ -137,8 +153,9 @@ class QSGPSGDMixin:
                 Fp = self.basis.features(Xp, idx, frozen)
                 a[:, 0] += Fp @ self.var_mean[idx]
                 if k:
-                    a[:, 1:] += Fp @ self._lower_cols(idx, torch.arange(k, device=idx.device),
-                                                      self.var_cols[idx])
+                    a[:, 1:] += Fp @ self._lower_cols(
+                        idx, torch.arange(k, device=idx.device), self.var_cols[idx]
+                    )
         return p, Xp, frozen, a
 
     def stochastic_loss(
@@ -167,15 +184,29 @@ class QSGPSGDMixin:
         else:
             U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
             ni, nrr = s.i.numel(), s.r.numel()
-            inv_i, inv_j = inv[:ni], inv[ni:2 * ni]
-            inv_r, inv_dr = inv[2 * ni:2 * ni + nrr], inv[2 * ni + nrr:]
+            inv_i, inv_j = inv[:ni], inv[ni : 2 * ni]
+            inv_r, inv_dr = inv[2 * ni : 2 * ni + nrr], inv[2 * ni + nrr :]
         dr_u, dr_inv = torch.unique(s.dr, return_inverse=True)
         mu_U = self.var_mean[U].clone().requires_grad_(True)
         ld_U = self.var_log_diag[U].clone().requires_grad_(True)
         cols_U = self.var_cols[U][:, dr_u].clone().requires_grad_(True) if k else None
         with torch.enable_grad():
-            loss, extras = self._step_loss(s, U, inv_i, inv_j, inv_r, inv_dr, dr_u, dr_inv, mu_U,
-                                           ld_U, cols_U, hyper_grad, cv_state, use_priors)
+            loss, extras = self._step_loss(
+                s,
+                U,
+                inv_i,
+                inv_j,
+                inv_r,
+                inv_dr,
+                dr_u,
+                dr_inv,
+                mu_U,
+                ld_U,
+                cols_U,
+                hyper_grad,
+                cv_state,
+                use_priors,
+            )
         extras.update(U=U, dr_u=dr_u, leaves=[mu_U, ld_U] + ([cols_U] if k else []))
         return loss, extras
 
@@ -187,8 +218,23 @@ class QSGPSGDMixin:
         acc[U] += g.pow(2)
         param[U] -= lr * g / (acc[U].sqrt() + 1e-10)
 
-    def _step_loss(self, s: IndexSample, U, inv_i, inv_j, inv_r, inv_dr, dr_u, dr_inv,
-                   mu_U, ld_U, cols_U, hyper_on: bool, cv, use_priors: bool):
+    def _step_loss(
+        self,
+        s: IndexSample,
+        U,
+        inv_i,
+        inv_j,
+        inv_r,
+        inv_dr,
+        dr_u,
+        dr_inv,
+        mu_U,
+        ld_U,
+        cols_U,
+        hyper_on: bool,
+        cv,
+        use_priors: bool,
+    ):
         r"""Negative ELBO estimate of one SGD step (see :mod:`bo_online.models.qsgp.estimators`)."""
         basis = self.basis
         k = self.num_dense
@@ -202,8 +248,7 @@ class QSGPSGDMixin:
             diagS = basis.diagonal_prior
             S_U = basis.prior_precision_diag(U)
             S_ji = basis.prior_precision_block(U[inv_j], U[inv_i]) if not diagS else None
-            S_dr_i = (basis.prior_precision_block(s.dr, U[inv_i])
-                      if (not diagS and k) else None)
+            S_dr_i = basis.prior_precision_block(s.dr, U[inv_i]) if (not diagS and k) else None
         if inv_i is U:  # all columns: the samples i = j are U itself, no gathers needed
             Fi = Fj = F_U
             mu_i = mu_j = mu_U
@@ -236,8 +281,17 @@ class QSGPSGDMixin:
                 a_sel = torch.cat([a_sel, a[:, 1 + s.dr]], dim=-1)
             a_live = a_sel + Fp_U @ ((V_U - V_U.detach()) * mask)
             Fpi, Fpj = Fp_U[:, inv_i], Fp_U[:, inv_j]
-            cvs = control_variate(s, self.num_data / p.numel(), Fpi, Fpj, wp, V_U[inv_i],
-                                  V_U[inv_j], a_live, int(in_ij.sum()))
+            cvs = control_variate(
+                s,
+                self.num_data / p.numel(),
+                Fpi,
+                Fpj,
+                wp,
+                V_U[inv_i],
+                V_U[inv_j],
+                a_live,
+                int(in_ij.sum()),
+            )
             cv_mu, cv_cols = cvs[:1].sum(), (cvs[1:] if k else None)
         prior_terms = torch.zeros((), dtype=mu_U.dtype, device=mu_U.device)
         if use_priors and hyper_on:
@@ -245,19 +299,60 @@ class QSGPSGDMixin:
         if self.likelihood_name == "gaussian":
             L_mu = theorem1_estimate(s, Fi, Fj, y, w, mu_i, mu_j, S_i, S_ji, cv=cv_mu)
             L_sig = theorem2_estimate(
-                s, F_r, w, ld_U[inv_r], S_U[inv_r], Fi, Fj, F_dr if k else None,
-                ld_U[inv_dr] if k else None, S_U[inv_dr] if k else None, L_i, L_j, S_i, S_ji,
-                S_dr_i, cv=cv_cols)
+                s,
+                F_r,
+                w,
+                ld_U[inv_r],
+                S_U[inv_r],
+                Fi,
+                Fj,
+                F_dr if k else None,
+                ld_U[inv_dr] if k else None,
+                S_U[inv_dr] if k else None,
+                L_i,
+                L_j,
+                S_i,
+                S_ji,
+                S_dr_i,
+                cv=cv_cols,
+            )
             L_const = prop2_estimate(s, y, w, S_U[inv_i].log() if diagS else None)
             return 0.5 * (L_mu + L_sig + L_const) + prior_terms, extras
         # Theorem 3 (log-concave likelihoods) with the std fix, plus the KL term.
         zero_w = torch.zeros(rows.numel(), dtype=mu_U.dtype, device=mu_U.device)
         scale = self.likelihood.noise.reshape(()) if self.likelihood is not None else zero_w[0]
-        ell = theorem3_estimate(s, self.likelihood_name, Fi, y, mu_i, F_r, ld_U[inv_r], scale,
-                                F_dr if k else None, ld_U[inv_dr] if k else None, Fj, L_i, L_j)
+        ell = theorem3_estimate(
+            s,
+            self.likelihood_name,
+            Fi,
+            y,
+            mu_i,
+            F_r,
+            ld_U[inv_r],
+            scale,
+            F_dr if k else None,
+            ld_U[inv_dr] if k else None,
+            Fj,
+            L_i,
+            L_j,
+        )
         kl2 = theorem1_estimate(s, Fi, Fj, y, zero_w, mu_i, mu_j, S_i, S_ji)
         kl2 = kl2 + theorem2_estimate(
-            s, F_r, zero_w, ld_U[inv_r], S_U[inv_r], Fi, Fj, F_dr if k else None,
-            ld_U[inv_dr] if k else None, S_U[inv_dr] if k else None, L_i, L_j, S_i, S_ji, S_dr_i)
+            s,
+            F_r,
+            zero_w,
+            ld_U[inv_r],
+            S_U[inv_r],
+            Fi,
+            Fj,
+            F_dr if k else None,
+            ld_U[inv_dr] if k else None,
+            S_U[inv_dr] if k else None,
+            L_i,
+            L_j,
+            S_i,
+            S_ji,
+            S_dr_i,
+        )
         kl2 = kl2 - s.m - (s.col_scale * S_U[inv_i].log().sum() if diagS else 0.0)
         return -ell + 0.5 * kl2 + prior_terms, extras

@@ -35,8 +35,10 @@ class QSGPVariationalMixin:
         key = (self.num_features, size, dev)
         cached = getattr(self, "_chunks_cache", None)
         if cached is None or cached[0] != key:
-            blocks = [torch.arange(s, min(s + size, self.num_features), device=dev)
-                      for s in range(0, self.num_features, size)]
+            blocks = [
+                torch.arange(s, min(s + size, self.num_features), device=dev)
+                for s in range(0, self.num_features, size)
+            ]
             if torch.is_inference_mode_enabled():  # (inference tensors are not kept)
                 return blocks
             cached = self._chunks_cache = (key, blocks)
@@ -94,8 +96,9 @@ class QSGPVariationalMixin:
         column blocks (never an ``n x m`` matrix)."""
         k = self.num_dense
         mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
-        out = torch.zeros(X.shape[:-1] + (X.shape[-2:-1] if cov else ()), dtype=X.dtype,
-                          device=X.device)
+        out = torch.zeros(
+            X.shape[:-1] + (X.shape[-2:-1] if cov else ()), dtype=X.dtype, device=X.device
+        )
         dense = None  # ... x q x k: Phi_X C[:, :k]
         masked = self._masked_cols() if k else None
         for idx in self._chunks():
@@ -103,7 +106,7 @@ class QSGPVariationalMixin:
             mean = mean + F @ self.var_mean[idx]
             V = F * self.var_log_diag[idx].exp()
             if k:
-                d = F @ masked[int(idx[0]):int(idx[-1]) + 1]  # chunks are contiguous ranges
+                d = F @ masked[int(idx[0]) : int(idx[-1]) + 1]  # chunks are contiguous ranges
                 dense = d if dense is None else dense + d
                 keep = idx >= k  # diagonal columns of this block
                 V = V[..., keep]

@@ -98,7 +98,6 @@ class TSVGPBoundMixin:
         R = solve_lower(self._B_factor().cholesky(), L_K.transpose(-1, -2))
         return m_u, R.transpose(-1, -2) @ R
 
-
     def exact_log_marginal(self) -> Tensor:
         r"""``log N(y | c, K_XX + Sigma)`` of the data held (standardised units, one output, a
         Gaussian likelihood), differentiable in the hyperparameters, O(n^3). It is what
@@ -112,4 +111,3 @@ class TSVGPBoundMixin:
         w = solve_lower(L, (y - self._const()).unsqueeze(-1))
         n = y.shape[-1]
         return -0.5 * (w.pow(2).sum() + cholesky_logdet(L) + n * math.log(2 * math.pi))
-

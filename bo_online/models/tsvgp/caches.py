@@ -122,4 +122,3 @@ class TSVGPCachesMixin:
         if F.has_low_rank:
             self._set_B_factor(LowRankUpdatedCholesky(F.cholesky()))
         return self.chol_B
-

@@ -42,7 +42,9 @@ class TSVGPConditioningMixin:
             g1, beta = self._exact_sites(Y, noise)
             if noise is None and not self.fixed_noise:
                 # one precision (per output) for all samples
-                beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(*self._out, X.shape[-2])
+                beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(
+                    *self._out, X.shape[-2]
+                )
             elif noise is not None:  # noise is the same for every sample
                 beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
             parent = self._B_factor()
@@ -132,7 +134,6 @@ class TSVGPConditioningMixin:
         self._set_B_factor(LowRankUpdatedCholesky(L_B))
         self.lam_w, self.v = lam_w, v
 
-
     def fantasize(
         self,
         X: Tensor,
@@ -160,4 +161,3 @@ class TSVGPConditioningMixin:
         Ys = self.likelihood.sample_from_uniform(Fs, U)
         Y = Ys * self.outcome_std + self.outcome_mean  # user layout ... x q x m
         return self.condition_on_observations(X, Y.detach())
-

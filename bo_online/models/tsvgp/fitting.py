@@ -124,7 +124,9 @@ class TSVGPFitMixin:
         if reinit_inducing:
             with torch.no_grad():
                 Z = select_inducing_points(
-                    self.train_X, self._selection_kernel(), self.num_inducing,
+                    self.train_X,
+                    self._selection_kernel(),
+                    self.num_inducing,
                     bounds=self.input_bounds,
                 )
                 self.inducing_points.copy_(Z)

@@ -101,7 +101,9 @@ class TSVGP(
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
-            raise ValueError(f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}.")
+            raise ValueError(
+                f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}."
+            )
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
@@ -113,7 +115,11 @@ class TSVGP(
                 f"{tuple(train_Y.shape)}; use train_Y.unsqueeze(-1)."
             )
         check_observations(
-            X, train_Y, train_Yvar, dim=dim, bounds=self.input_bounds,
+            X,
+            train_Y,
+            train_Yvar,
+            dim=dim,
+            bounds=self.input_bounds,
             num_outputs=train_Y.shape[-1] if isinstance(train_Y, Tensor) and train_Y.dim() else 1,
         )
         if train_Y.dim() != 2 or train_X.shape[0] < 1:
@@ -129,10 +135,14 @@ class TSVGP(
             )
         if train_Yvar is not None:
             if likelihood is not None and not isinstance(likelihood, FixedNoiseGaussian):
-                raise ValueError("train_Yvar (fixed noise) only goes with a FixedNoiseGaussian likelihood.")
+                raise ValueError(
+                    "train_Yvar (fixed noise) only goes with a FixedNoiseGaussian likelihood."
+                )
             likelihood = likelihood or FixedNoiseGaussian()
         elif likelihood is None and num_out > 1:  # one learnable noise per output
-            likelihood = Gaussian(get_gaussian_likelihood_with_lognormal_prior(batch_shape=self._out))
+            likelihood = Gaussian(
+                get_gaussian_likelihood_with_lognormal_prior(batch_shape=self._out)
+            )
         elif isinstance(likelihood, FixedNoiseGaussian):
             raise ValueError("A FixedNoiseGaussian likelihood needs train_Yvar.")
         self.likelihood = likelihood if likelihood is not None else Gaussian()
@@ -163,7 +173,11 @@ class TSVGP(
         # Per-point state, stored with spare capacity so an update appends in O(q) amortised.
         n = X.shape[0]
         y = self._to_internal(self._standardize(train_Y.to(X)))  # (m x) n
-        noise = None if train_Yvar is None else self._to_internal(train_Yvar.to(X) / self.outcome_std**2)
+        noise = (
+            None
+            if train_Yvar is None
+            else self._to_internal(train_Yvar.to(X) / self.outcome_std**2)
+        )
         self.register_buffer("num_data_", torch.tensor(n, device=device))
         self.register_buffer("_X", X.clone())
         self.register_buffer("_y", y.clone())
@@ -260,9 +274,7 @@ class TSVGP(
         several, an unbatched default kernel (the outputs share Z)."""
         if not self._out:
             return self.covar_module
-        return get_covar_module_with_dim_scaled_prior(ard_num_dims=self.dim).to(
-            self.outcome_mean
-        )
+        return get_covar_module_with_dim_scaled_prior(ard_num_dims=self.dim).to(self.outcome_mean)
 
     # ------------------------------------------------------------------ prediction
 
@@ -318,7 +330,9 @@ class TSVGP(
     def _noise_variance(self, X: Tensor) -> Tensor:
         lik = self.likelihood
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            return self.train_noise.mean(-1, keepdim=True).expand(*X.shape[:-2], *self._out, X.shape[-2])
+            return self.train_noise.mean(-1, keepdim=True).expand(
+                *X.shape[:-2], *self._out, X.shape[-2]
+            )
         if lik.conjugate:
             return lik.noise.expand(*X.shape[:-2], *self._out, X.shape[-2])
         # Non-Gaussian: Var[y | f] at the posterior mean of f (see the module docstring).
@@ -341,4 +355,3 @@ class TSVGP(
                 t = state[key]
                 state[key] = (t[: self._n] if name == "_X" else t[..., : self._n]).clone()
         return state
-

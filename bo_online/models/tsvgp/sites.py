@@ -56,7 +56,9 @@ class TSVGPSitesMixin:
         g1, beta = torch.as_tensor(g1).to(self._X), torch.as_tensor(beta).to(self._X)
         shape = (*self._out, n)
         if g1.shape != shape or beta.shape != shape:
-            raise ValueError(f"Sites must have shape {shape}, got {tuple(g1.shape)}, {tuple(beta.shape)}.")
+            raise ValueError(
+                f"Sites must have shape {shape}, got {tuple(g1.shape)}, {tuple(beta.shape)}."
+            )
         check_finite("g1", g1)
         check_finite("beta", beta)
         if bool((beta < 0).any()):
@@ -93,7 +95,6 @@ class TSVGPSitesMixin:
         self._n = n + q
         # A new tensor, not fill_: models made by condition_on_observations share this buffer.
         self.num_data_ = self.num_data_.new_tensor(self._n)
-
 
     # ------------------------------------------------------------------ learning
 
@@ -150,4 +151,3 @@ class TSVGPSitesMixin:
             self._g1[..., idx], self._beta[..., idx] = g1_new, beta_new
             self.chol_B, self.lam_w, self.v = L_B, lam_w, v
         return self
-

@@ -113,7 +113,7 @@ class StackedGrid:
         k = self.component_dim
         idx, val = [], []
         for j, (grid, offset) in enumerate(zip(self.grids, self.offsets)):
-            i, v = grid.interpolate(F[..., j * k:(j + 1) * k])
+            i, v = grid.interpolate(F[..., j * k : (j + 1) * k])
             idx.append(i + offset)
             val.append(v)
         return torch.cat(idx, -1), torch.cat(val, -1)

@@ -38,9 +38,7 @@ class WISKICacheMixin:
         return torch.bincount(comp[active], minlength=len(sizes)).tolist()
 
     @staticmethod
-    def _root_and_gram(
-        K: Tensor, G: Tensor, sizes: list[int] | None
-    ) -> tuple[Tensor, Tensor]:
+    def _root_and_gram(K: Tensor, G: Tensor, sizes: list[int] | None) -> tuple[Tensor, Tensor]:
         r"""``R`` (``R R^T = K``, lower) and ``R^T G R``. For a block-diagonal ``K`` (the additive
         model, diagonal blocks of ``sizes``) ``R`` is the block-diagonal of the blocks' Cholesky
         factors (which is the Cholesky factor of ``K``) and both products go block by block:
@@ -49,9 +47,9 @@ class WISKICacheMixin:
             R = psd_cholesky(K)
             return R, R.mT @ G @ R
         starts = [sum(sizes[:j]) for j in range(len(sizes))]
-        roots = [psd_cholesky(K[a:a + b, a:a + b]) for a, b in zip(starts, sizes)]
-        GR = torch.cat([G[:, a:a + b] @ Rb for a, b, Rb in zip(starts, sizes, roots)], -1)
-        RtGR = torch.cat([Rb.mT @ GR[a:a + b] for a, b, Rb in zip(starts, sizes, roots)], 0)
+        roots = [psd_cholesky(K[a : a + b, a : a + b]) for a, b in zip(starts, sizes)]
+        GR = torch.cat([G[:, a : a + b] @ Rb for a, b, Rb in zip(starts, sizes, roots)], -1)
+        RtGR = torch.cat([Rb.mT @ GR[a : a + b] for a, b, Rb in zip(starts, sizes, roots)], 0)
         return torch.block_diag(*roots), RtGR
 
     def _rebuild_caches(self) -> None:

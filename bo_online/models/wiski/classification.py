@@ -39,7 +39,9 @@ def dirichlet_targets(
         ``(targets, noise)``, both ``n x C``.
     """
     if not isinstance(labels, Tensor) or labels.dim() != 1:
-        raise ValueError(f"labels must be a 1-D tensor of class indices, got {getattr(labels, 'shape', labels)}.")
+        raise ValueError(
+            f"labels must be a 1-D tensor of class indices, got {getattr(labels, 'shape', labels)}."
+        )
     if labels.dtype.is_floating_point:
         if not bool((labels == labels.round()).all()):
             raise ValueError("labels must be integers (class indices).")
@@ -88,7 +90,7 @@ class WISKIDirichletClassifier(nn.Module):
                 opts["projection"] = projection_factory()
             if covar_factory is not None:
                 opts["covar_module"] = covar_factory()
-            models.append(WISKI(train_X, targets[:, c:c + 1], noise[:, c:c + 1], **opts))
+            models.append(WISKI(train_X, targets[:, c : c + 1], noise[:, c : c + 1], **opts))
         self.models = nn.ModuleList(models)
 
     def as_model_list(self) -> ModelList:
@@ -106,7 +108,7 @@ class WISKIDirichletClassifier(nn.Module):
                 f"{targets.shape[0]} labels."
             )
         for c, model in enumerate(self.models):
-            model.update(X, targets[:, c:c + 1], noise=noise[:, c:c + 1])
+            model.update(X, targets[:, c : c + 1], noise=noise[:, c : c + 1])
         return self
 
     def fit(self, **kwargs: Any) -> "WISKIDirichletClassifier":
@@ -129,7 +131,9 @@ class WISKIDirichletClassifier(nn.Module):
         r"""Class probabilities ``... x n x C``: MC average of softmax over latent samples."""
         mean, var = self.latent(X)
         g = None if seed is None else torch.Generator(device=mean.device).manual_seed(seed)
-        eps = torch.randn(num_samples, *mean.shape, generator=g, dtype=mean.dtype, device=mean.device)
+        eps = torch.randn(
+            num_samples, *mean.shape, generator=g, dtype=mean.dtype, device=mean.device
+        )
         f = mean + var.clamp_min(0).sqrt() * eps
         return torch.softmax(f, dim=-1).mean(0)
 

@@ -267,12 +267,19 @@ class WISKIFitMixin:
         if y.numel() > 1:
             self.outcome_mean, self.outcome_std = standardization(y)
         zero = self._zero_statistics()
-        if not settings.joint and hasattr(self.projection, "init_from_data") and y.numel() >= self.dim + 2:
+        if (
+            not settings.joint
+            and hasattr(self.projection, "init_from_data")
+            and y.numel() >= self.dim + 2
+        ):
             self.projection.init_from_data(X, y)  # map from data, then the kernel on it
             self._set_statistics(X, D, y, zero)
             return self.fit(
-                method=settings.method, max_iter=settings.max_iter, lr=settings.lr,
-                timeout_sec=settings.timeout_sec, restandardize=False,
+                method=settings.method,
+                max_iter=settings.max_iter,
+                lr=settings.lr,
+                timeout_sec=settings.timeout_sec,
+                restandardize=False,
                 include_priors=settings.include_priors,
             )
         if getattr(self.projection, "needs_data_init", False) and y.numel() >= self.dim + 2:

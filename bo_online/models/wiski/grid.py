@@ -29,7 +29,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 __all__ = [
-    "RegularGrid", "keys_cubic", "interp_matmul", "interp_gram", "interp_vector", "interp_quad"
+    "RegularGrid",
+    "keys_cubic",
+    "interp_matmul",
+    "interp_gram",
+    "interp_vector",
+    "interp_quad",
 ]
 
 # Keys' cubic convolution parameter (a = -1/2 gives third-order accuracy; GPyTorch uses the same).
@@ -96,7 +101,9 @@ class RegularGrid:
             bounds = torch.stack([torch.zeros(d), torch.ones(d)])
         bounds = torch.as_tensor(bounds, dtype=dtype, device=device)
         if bounds.shape != (2, d) or not bool((bounds[1] > bounds[0]).all()):
-            raise ValueError(f"bounds must be 2 x {d} with upper > lower, got {tuple(bounds.shape)}.")
+            raise ValueError(
+                f"bounds must be 2 x {d} with upper > lower, got {tuple(bounds.shape)}."
+            )
         self.sizes = tuple(sizes)
         self.inner_sizes = tuple(g - 2 for g in sizes)
         self.dim = d
@@ -122,9 +129,9 @@ class RegularGrid:
     def points(self) -> Tensor:
         r"""The ``m x d`` interior grid points, row-major (last dimension fastest)."""
         axes = [
-            self.lower[k] + self.spacing[k] * torch.arange(
-                1, g - 1, dtype=self.lower.dtype, device=self.lower.device
-            )
+            self.lower[k]
+            + self.spacing[k]
+            * torch.arange(1, g - 1, dtype=self.lower.dtype, device=self.lower.device)
             for k, g in enumerate(self.sizes)
         ]
         mesh = torch.meshgrid(*axes, indexing="ij")
@@ -140,8 +147,11 @@ class RegularGrid:
             sizes = torch.tensor(self.sizes, device=X.device)
             tol = 1e-9 * (sizes - 5).to(X.dtype)
             cache[key] = (
-                self.lower.to(X), self.spacing.to(X), sizes - 4,
-                2 - tol, (sizes - 3).to(X.dtype) + tol,
+                self.lower.to(X),
+                self.spacing.to(X),
+                sizes - 4,
+                2 - tol,
+                (sizes - 3).to(X.dtype) + tol,
                 torch.arange(-2, 2, device=X.device),  # stencil offsets -1..2, interior index
                 _KEYS_POLY.to(X),
             )
@@ -241,7 +251,7 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     rows_per = max(1, chunk // max(1, K * c))
     out = []
     for start in range(0, fi.shape[0], rows_per):
-        ii, vv = fi[start:start + rows_per], fv[start:start + rows_per]
+        ii, vv = fi[start : start + rows_per], fv[start : start + rows_per]
         out.append((M[ii] * vv.unsqueeze(-1)).sum(-2))
     return torch.cat(out, 0).reshape(*batch, n, c)
 
@@ -293,7 +303,11 @@ def interp_gram(
         return out
     rows_per = max(1, chunk // (K * K))
     for start in range(0, n, rows_per):
-        ii, vv, ww = idx[start:start + rows_per], val[start:start + rows_per], wv[start:start + rows_per]
+        ii, vv, ww = (
+            idx[start : start + rows_per],
+            val[start : start + rows_per],
+            wv[start : start + rows_per],
+        )
         pair_idx = (ii.unsqueeze(-1) * m + ii.unsqueeze(-2)).reshape(-1)
         pair_val = (ww.unsqueeze(-1) * vv.unsqueeze(-2)).reshape(-1)
         G.index_add_(0, pair_idx, pair_val)
@@ -383,5 +397,7 @@ def interp_quad(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tens
     fi = idx.reshape(-1, N, K)
     fv = val.expand(idx.shape).reshape(-1, N, K)
     per = max(1, chunk // max(1, N * M.shape[-1]))
-    out = [_InterpQuad.apply(fi[s:s + per], fv[s:s + per], M) for s in range(0, fi.shape[0], per)]
+    out = [
+        _InterpQuad.apply(fi[s : s + per], fv[s : s + per], M) for s in range(0, fi.shape[0], per)
+    ]
     return (out[0] if len(out) == 1 else torch.cat(out, 0)).reshape(*batch, N, N)

@@ -221,7 +221,8 @@ class WISKI(
         if covar_module is None and self.input_groups is not None:
             floors = [
                 max(self.lengthscale_floor, float(g.spacing.min()))
-                if lengthscale_floor == "grid" else self.lengthscale_floor
+                if lengthscale_floor == "grid"
+                else self.lengthscale_floor
                 for g in self.grid.grids
             ]  # each component's own grid spacing
             covar_module = _default_additive_kernel(k, floors, self.grid.sizes_per_grid)

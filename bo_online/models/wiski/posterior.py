@@ -187,6 +187,7 @@ def _right_solve(C: Tensor, B: Tensor) -> Tensor:
     r"""``B C^-T`` for lower ``C`` (``batch x q x q``), ``B``: ``batch x N x q``."""
     return torch.linalg.solve_triangular(C, B.mT, upper=False).mT
 
+
 def _shared_matmul(P: Tensor, F: Tensor) -> Tensor:
     r"""``P F`` with ``P``: ``pb x N x m`` and ``F``: ``fb x m x q``, without copying ``P`` to
     ``F``'s batch when ``P`` has a single batch element (one GEMM instead)."""

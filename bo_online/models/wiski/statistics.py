@@ -36,10 +36,14 @@ def _stats_with(
         "G": G,
         "z": base["z"].index_add(0, flat, (val * (Dinv * y).unsqueeze(-1)).reshape(-1)),
         "h": base["h"].index_add(0, flat, (val * Dinv.unsqueeze(-1)).reshape(-1)),
-        "s": base["s"] + (y * y * Dinv).sum(), "t": base["t"] + (y * Dinv).sum(),
-        "c": base["c"] + Dinv.sum(), "n": base["n"] + y.numel(),
-        "logdet_D": base["logdet_D"] + D.log().sum(), "sum_y": base["sum_y"] + y.sum(),
-        "sum_y2": base["sum_y2"] + (y * y).sum(), "sum_D": base["sum_D"] + D.sum(),
+        "s": base["s"] + (y * y * Dinv).sum(),
+        "t": base["t"] + (y * Dinv).sum(),
+        "c": base["c"] + Dinv.sum(),
+        "n": base["n"] + y.numel(),
+        "logdet_D": base["logdet_D"] + D.log().sum(),
+        "sum_y": base["sum_y"] + y.sum(),
+        "sum_y2": base["sum_y2"] + (y * y).sum(),
+        "sum_D": base["sum_D"] + D.sum(),
     }
 
 
@@ -74,11 +78,17 @@ class WISKIStatisticsMixin:
         z = self.z.index_add(0, flat_idx, (val * (Dinv * y).unsqueeze(-1)).reshape(-1))
         h = self.h.index_add(0, flat_idx, wv)
         return {
-            "G": G, "z": z, "h": h,
-            "s": self.s + (y * y * Dinv).sum(), "t": self.t + (y * Dinv).sum(),
-            "c": self.c + Dinv.sum(), "n": self.n + y.numel(),
-            "logdet_D": self.logdet_D + D.log().sum(), "sum_y": self.sum_y + y.sum(),
-            "sum_y2": self.sum_y2 + (y * y).sum(), "sum_D": self.sum_D + D.sum(),
+            "G": G,
+            "z": z,
+            "h": h,
+            "s": self.s + (y * y * Dinv).sum(),
+            "t": self.t + (y * Dinv).sum(),
+            "c": self.c + Dinv.sum(),
+            "n": self.n + y.numel(),
+            "logdet_D": self.logdet_D + D.log().sum(),
+            "sum_y": self.sum_y + y.sum(),
+            "sum_y2": self.sum_y2 + (y * y).sum(),
+            "sum_D": self.sum_D + D.sum(),
         }
 
     def statistics(self) -> dict[str, Tensor]:
@@ -88,6 +98,7 @@ class WISKIStatisticsMixin:
 
     def _zero_statistics(self) -> dict[str, Tensor]:
         return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
+
     def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
         r"""Replace the statistics by those of ``(X, D, y)`` (``n x d``, ``n``, ``n``) under the
         current (fixed) projection; pending conditioning and caches are dropped."""

@@ -293,8 +293,9 @@ def test_works_under_botorch_acquisitions(acqf):
         pts = torch.rand(32, 2, generator=torch.Generator().manual_seed(0), dtype=DT)
         one = SobolQMCNormalSampler(torch.Size([1]))
         acq = qNegIntegratedPosteriorVariance(m, mc_points=pts, sampler=one)
-    cand, val = optimize_acqf(acq, bounds=bounds, q=2, num_restarts=2, raw_samples=16,
-                              options={"maxiter": 8})
+    cand, val = optimize_acqf(
+        acq, bounds=bounds, q=2, num_restarts=2, raw_samples=16, options={"maxiter": 8}
+    )
     assert cand.shape == (2, 2) and bool(torch.isfinite(val).all())
     assert bool(((cand >= 0) & (cand <= 1)).all())
     m.update(cand, torch.sin(5 * cand).sum(-1, keepdim=True))
@@ -318,8 +319,15 @@ def test_fit_adam_improves_elbo_grows_bases_and_keeps_L_nonzero():
     m.train_X, m.train_y = X, m._standardize(Y).squeeze(-1)
     m.invalidate_caches()
     before = float(m.elbo())
-    m.fit(max_iter=25, lr=0.05, batch_size=48, grow=4, num_kl_columns=10, compress=False,
-          restandardize=False)
+    m.fit(
+        max_iter=25,
+        lr=0.05,
+        batch_size=48,
+        grow=4,
+        num_kl_columns=10,
+        compress=False,
+        restandardize=False,
+    )
     assert m.num_beta == 10 and m.num_alpha == 40
     assert float(m.elbo()) > before
     assert float(m.L.abs().sum()) > 0
@@ -408,14 +416,26 @@ def test_refresh_equals_closed_form_optimum():
     # (all 60 points are used, no subsample): L-BFGS over (a, L) alone cannot improve it, while
     # it does improve the un-refreshed state.
     e_ref = float(m.elbo().detach())
-    m.fit(method="lbfgs", max_iter=40, train_hyperparameters=False, learn_inducing=False,
-          restandardize=False, compress=False)
+    m.fit(
+        method="lbfgs",
+        max_iter=40,
+        train_hyperparameters=False,
+        learn_inducing=False,
+        restandardize=False,
+        compress=False,
+    )
     assert float(m.elbo().detach()) - e_ref < 1e-5 * abs(e_ref)
     n = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
     n.fit(max_iter=5, lr=0.01, restandardize=False, compress=False)
     e_raw = float(n.elbo().detach())
-    n.fit(method="lbfgs", max_iter=40, train_hyperparameters=False, learn_inducing=False,
-          restandardize=False, compress=False)
+    n.fit(
+        method="lbfgs",
+        max_iter=40,
+        train_hyperparameters=False,
+        learn_inducing=False,
+        restandardize=False,
+        compress=False,
+    )
     assert float(n.elbo().detach()) - e_raw > 1e-3 * abs(e_raw)
 
 

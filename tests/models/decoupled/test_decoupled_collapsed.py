@@ -46,9 +46,10 @@ def test_collapsed_bound_matches_dense_computation():
         noise = float(model.likelihood.noise)
         cov = Q + noise * torch.eye(len(idx), dtype=torch.float64)
         c = model.mean_module.constant.expand(len(idx))
-        want = MultivariateNormal(c, cov).log_prob(ys) - 0.5 * (
-            k(Xs).to_dense().diagonal() - Q.diagonal()
-        ).sum() / noise
+        want = (
+            MultivariateNormal(c, cov).log_prob(ys)
+            - 0.5 * (k(Xs).to_dense().diagonal() - Q.diagonal()).sum() / noise
+        )
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-8)
 
 
@@ -58,8 +59,9 @@ def test_default_fit_beyond_exact_subset_is_calibrated_in_eight_dimensions():
     gp = SingleTaskGP(X, y.unsqueeze(-1))
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
     rmse_gp, nll_gp = _scores(gp, Xt, yt)
-    model = DecoupledSVGP(X, y.unsqueeze(-1), num_mean_bases=64, num_cov_bases=16,
-                          exact_fit_points=100)
+    model = DecoupledSVGP(
+        X, y.unsqueeze(-1), num_mean_bases=64, num_cov_bases=16, exact_fit_points=100
+    )
     model.fit(max_iter=50)
     rmse, nll = _scores(model, Xt, yt)
     # Before the collapsed refinement: RMSE 1.58x the exact GP's and NLL +0.81 nats.
@@ -69,8 +71,9 @@ def test_default_fit_beyond_exact_subset_is_calibrated_in_eight_dimensions():
 
 def test_refit_after_collapsed_refinement_starts_from_it_and_survives_state_dict():
     X, y = _data(150, 3, seed=2)
-    model = DecoupledSVGP(X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8,
-                          exact_fit_points=40)
+    model = DecoupledSVGP(
+        X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8, exact_fit_points=40
+    )
     calls = []
     exact = model._exact_hyperparameters
     model._exact_hyperparameters = lambda *a, **k: (calls.append(1), exact(*a, **k))
@@ -78,7 +81,8 @@ def test_refit_after_collapsed_refinement_starts_from_it_and_survives_state_dict
     assert calls == [1] and model.collapsed_fit is not None
     model.fit(max_iter=30)
     assert calls == [1]  # the second refit does not go back to the subset's exact fit
-    clone = DecoupledSVGP(X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8,
-                          exact_fit_points=40)
+    clone = DecoupledSVGP(
+        X, y.unsqueeze(-1), num_mean_bases=24, num_cov_bases=8, exact_fit_points=40
+    )
     clone.load_state_dict(model.state_dict())
     assert clone.collapsed_fit is not None

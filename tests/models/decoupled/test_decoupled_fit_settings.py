@@ -28,9 +28,19 @@ def _hyperparameters(model: DecoupledSVGP) -> dict[str, torch.Tensor]:
 
 def test_settings_are_the_old_fit_keywords_with_their_defaults() -> None:
     expected = dict(
-        method=None, max_iter=200, lr=None, lr_variational=None, batch_size=1024,
-        num_kl_columns=None, grow=0, learn_inducing=None, train_hyperparameters=True,
-        restandardize=True, compress=True, init_hyperparameters=0, refresh=False,
+        method=None,
+        max_iter=200,
+        lr=None,
+        lr_variational=None,
+        batch_size=1024,
+        num_kl_columns=None,
+        grow=0,
+        learn_inducing=None,
+        train_hyperparameters=True,
+        restandardize=True,
+        compress=True,
+        init_hyperparameters=0,
+        refresh=False,
         timeout_sec=None,
     )
     got = {f.name: f.default for f in dataclasses.fields(DecoupledFitSettings)}
@@ -96,12 +106,9 @@ def test_log_prior_equals_the_default_priors_written_out() -> None:
         model.likelihood.noise = torch.tensor([0.05], dtype=torch.float64)
     # BoTorch's defaults: lengthscale ~ LogNormal(sqrt(2) + log(d) / 2, sqrt(3)),
     # noise ~ LogNormal(-4, 1); the constant mean has no prior.
-    expected = (
-        LogNormalPrior(math.sqrt(2) + 0.5 * math.log(d), math.sqrt(3))
-        .log_prob(torch.tensor([0.3, 0.7, 1.9], dtype=torch.float64))
-        .sum()
-        + LogNormalPrior(-4.0, 1.0).log_prob(torch.tensor(0.05, dtype=torch.float64))
-    )
+    expected = LogNormalPrior(math.sqrt(2) + 0.5 * math.log(d), math.sqrt(3)).log_prob(
+        torch.tensor([0.3, 0.7, 1.9], dtype=torch.float64)
+    ).sum() + LogNormalPrior(-4.0, 1.0).log_prob(torch.tensor(0.05, dtype=torch.float64))
     got = model._log_prior()
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -139,19 +139,26 @@ def test_exact_growth_stops_at_the_budget_and_then_folds():
         m.update(Xs[i : i + 1], Ys[i : i + 1])
     assert m.num_beta == 18 and m.site_Q is None
     Ystd = (torch.cat([Y, Ys[:13]]) - m.outcome_mean) / m.outcome_std  # the model's scaling
-    e = OnlineExactGP(torch.cat([X, Xs[:13]]), Ystd, covar_module=m.covar_module,
-                      likelihood=m.likelihood, standardize=False)
+    e = OnlineExactGP(
+        torch.cat([X, Xs[:13]]),
+        Ystd,
+        covar_module=m.covar_module,
+        likelihood=m.likelihood,
+        standardize=False,
+    )
     e.mean_module = m.mean_module
     Xt = torch.rand(4, 2, generator=torch.Generator().manual_seed(6), dtype=DT)
-    assert torch.allclose(m.posterior(Xt).mean, e.posterior(Xt).mean * m.outcome_std
-                          + m.outcome_mean, atol=1e-9)
+    assert torch.allclose(
+        m.posterior(Xt).mean, e.posterior(Xt).mean * m.outcome_std + m.outcome_mean, atol=1e-9
+    )
     for i in range(13, 40):  # past the budget: compressed to the caps, then folded
         m.update(Xs[i : i + 1], Ys[i : i + 1])
     assert m.num_beta == 8 and m.num_alpha == 16 and m.site_Q is not None
     mean_ref, cov_ref = _dense_site_optimum(m, Xt)
     p = m.posterior(Xt)
-    assert torch.allclose(p.mean.squeeze(-1), mean_ref * m.outcome_std + m.outcome_mean,
-                          atol=1e-9, rtol=0)
+    assert torch.allclose(
+        p.mean.squeeze(-1), mean_ref * m.outcome_std + m.outcome_mean, atol=1e-9, rtol=0
+    )
     assert torch.allclose(p.covariance_matrix, cov_ref * m.outcome_std**2, atol=1e-9, rtol=0)
 
 
@@ -180,8 +187,9 @@ def test_batched_posterior_equals_flat_one():
     Xt = torch.rand(37, 2, generator=torch.Generator().manual_seed(7), dtype=DT)
     flat, batched = m.posterior(Xt), m.posterior(Xt.unsqueeze(-2))
     assert torch.allclose(batched.mean.reshape(-1), flat.mean.reshape(-1), atol=1e-10, rtol=0)
-    assert torch.allclose(batched.variance.reshape(-1), flat.variance.reshape(-1),
-                          atol=1e-10, rtol=0)
+    assert torch.allclose(
+        batched.variance.reshape(-1), flat.variance.reshape(-1), atol=1e-10, rtol=0
+    )
     Xq = Xt[:36].reshape(12, 3, 2)  # b x q x d with q = 3: the joint q x q blocks
     pq = m.posterior(Xq)
     for i in range(12):
@@ -231,8 +239,12 @@ def test_posterior_peak_memory_for_b_x_1_x_d_within_2x_of_b_x_d():
     # 32 MB of allocator slack). Per-batch copies of the 432 x 432 factor would cost ~760 MB.
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, env=env,
-        timeout=120, check=True,
+        [sys.executable, "-c", _MEMORY_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
     )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["num_beta"] == 432

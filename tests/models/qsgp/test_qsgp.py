@@ -85,7 +85,12 @@ def test_rff_kernel_converges_to_se_ard():
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_eq2_at_closed_form_optimum_equals_exact_lml(fixed_noise):
     X, Y = _data(25, 2)
-    Yvar = torch.full_like(Y, 0.02) * (1 + torch.rand(Y.shape, generator=torch.Generator().manual_seed(3), dtype=DT)) if fixed_noise else None
+    Yvar = (
+        torch.full_like(Y, 0.02)
+        * (1 + torch.rand(Y.shape, generator=torch.Generator().manual_seed(3), dtype=DT))
+        if fixed_noise
+        else None
+    )
     model = QSGP(X, Y, Yvar, num_features=40, family="full", kernel=_kernel(2))
     if not fixed_noise:
         _set_noise(model, 0.03)
@@ -95,7 +100,9 @@ def test_eq2_at_closed_form_optimum_equals_exact_lml(fixed_noise):
     Phi = model.basis.features(model.train_X).detach()
     noise = model.train_noise if fixed_noise else torch.full((25,), 0.03, dtype=DT)
     cov = Phi @ Phi.T + torch.diag(noise)
-    ref = torch.distributions.MultivariateNormal(torch.zeros(25, dtype=DT), cov).log_prob(model.train_y)
+    ref = torch.distributions.MultivariateNormal(torch.zeros(25, dtype=DT), cov).log_prob(
+        model.train_y
+    )
     assert abs(float(elbo) - float(ref)) < 1e-8
     assert abs(float(model.exact_log_marginal()) - float(ref)) < 1e-8
 
@@ -103,17 +110,21 @@ def test_eq2_at_closed_form_optimum_equals_exact_lml(fixed_noise):
 def test_inducing_basis_eq2_optimum_is_exact_gp_evidence():
     X, Y = _data(20, 2)
     k = _kernel(2, ls=0.25)
-    model = QSGP(X, Y, basis=InducingBasis(X.clone(), k, jitter=0.0), family="full", standardize=False)
+    model = QSGP(
+        X, Y, basis=InducingBasis(X.clone(), k, jitter=0.0), family="full", standardize=False
+    )
     _set_noise(model, 0.05)
     model.set_optimal_variational()
     K = k(X).to_dense().detach()
     ref = torch.distributions.MultivariateNormal(
-        torch.zeros(20, dtype=DT), K + 0.05 * torch.eye(20, dtype=DT)).log_prob(Y.squeeze(-1))
+        torch.zeros(20, dtype=DT), K + 0.05 * torch.eye(20, dtype=DT)
+    ).log_prob(Y.squeeze(-1))
     assert abs(float(model.exact_elbo()) - float(ref)) < 1e-7 * abs(float(ref)) + 1e-8
     # Posterior mean recovers the exact GP mean (App. I.2).
     Xs = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
-    mean, _ = _dense_gp_post(K, k(X, Xs).to_dense().detach(), k(Xs).to_dense().detach(), 0.05,
-                             Y.squeeze(-1))
+    mean, _ = _dense_gp_post(
+        K, k(X, Xs).to_dense().detach(), k(Xs).to_dense().detach(), 0.05, Y.squeeze(-1)
+    )
     with torch.no_grad():
         got = model.posterior(Xs).mean.squeeze(-1)
     assert torch.allclose(got, mean, atol=1e-6)
@@ -150,8 +161,12 @@ def test_family_optimum_is_stationary(family):
     m, k = 30, model.num_dense
     C = torch.diag(ld.exp())
     if k:
-        C = C + torch.nn.functional.pad(torch.tril(cols, -1) if k == m else
-                                        cols * (torch.arange(m)[:, None] > torch.arange(k)[None]), (0, m - k))
+        C = C + torch.nn.functional.pad(
+            torch.tril(cols, -1)
+            if k == m
+            else cols * (torch.arange(m)[:, None] > torch.arange(k)[None]),
+            (0, m - k),
+        )
     elbo = exact_terms(Phi, model.train_y, w, mu, C, torch.eye(m, dtype=DT))["elbo"]
     grads = torch.autograd.grad(elbo, [mu, ld, cols] if k else [mu, ld])
     for g in grads:
@@ -256,7 +271,9 @@ def test_sample_paths_deterministic_and_match_posterior():
     se = post.variance.squeeze(-1).sqrt() / math.sqrt(6000)
     assert bool(((f.mean(0) - post.mean.squeeze(-1)).abs() < 4 * se).all())
     emp = torch.cov(f.T)
-    assert torch.allclose(emp, post.covariance_matrix, rtol=0.1, atol=0.1 * float(post.variance.max()))
+    assert torch.allclose(
+        emp, post.covariance_matrix, rtol=0.1, atol=0.1 * float(post.variance.max())
+    )
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -264,7 +281,13 @@ def test_sample_paths_deterministic_and_match_posterior():
 
 def test_bad_input_raises_and_leaves_state_unchanged():
     X, Y = _data(15, 2)
-    model = QSGP(X, Y, num_features=20, kernel=_kernel(2), bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT))
+    model = QSGP(
+        X,
+        Y,
+        num_features=20,
+        kernel=_kernel(2),
+        bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT),
+    )
     model.set_optimal_variational()
     model.update(torch.rand(1, 2, dtype=DT), torch.randn(1, 1, dtype=DT))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -331,8 +354,9 @@ def test_works_under_botorch_acquisitions(acq):
     else:
         af = qLogExpectedImprovement(model, best_f=model.train_targets.max(), sampler=sampler)
     bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
-    cand, val = optimize_acqf(af, bounds=bounds, q=2, num_restarts=2, raw_samples=16,
-                              options={"maxiter": 20})
+    cand, val = optimize_acqf(
+        af, bounds=bounds, q=2, num_restarts=2, raw_samples=16, options={"maxiter": 20}
+    )
     assert cand.shape == (2, 2) and bool(torch.isfinite(val))
     assert bool(((cand >= 0) & (cand <= 1)).all())
     # The chosen batch is at least as good as random batches (the optimiser saw a real surface).
@@ -402,7 +426,10 @@ def _random_problem(n=30, m=20, k=3, dense_S=False, seed=0):
 
 def _gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S):
     from bo_online.models.qsgp.estimators import (
-        prop2_estimate, theorem1_estimate, theorem2_estimate)
+        prop2_estimate,
+        theorem1_estimate,
+        theorem2_estimate,
+    )
 
     Fl = Phi[s.rows]
     Fi, Fj, Fr, Fd = Fl[:, s.i], Fl[:, s.j], Fl[:, s.r], Fl[:, s.dr]
@@ -413,8 +440,9 @@ def _gather_estimates(s, Phi, y, w, mu, ld, low, S, dense_S):
     Sdi = S[s.dr][:, s.i] if dense_S else None
     Li, Lj = low[s.i][:, s.dr], low[s.j][:, s.dr]
     t1 = theorem1_estimate(s, Fi, Fj, yl, wl, mu[s.i], mu[s.j], Si, Sji)
-    t2 = theorem2_estimate(s, Fr, wl, ld[s.r], diag[s.r], Fi, Fj, Fd, ld[s.dr], diag[s.dr], Li, Lj,
-                           Si, Sji, Sdi)
+    t2 = theorem2_estimate(
+        s, Fr, wl, ld[s.r], diag[s.r], Fi, Fj, Fd, ld[s.dr], diag[s.dr], Li, Lj, Si, Sji, Sdi
+    )
     p2 = prop2_estimate(s, yl, wl, None if dense_S else diag[s.i].log())
     return torch.stack([t1, t2, p2])
 
@@ -429,11 +457,22 @@ def test_theorem1_theorem2_prop2_unbiased(dense_S):
     if dense_S:  # Prop. 2 needs a diagonal S; the dense estimator omits -log|S|
         exact[2] = exact[2] + torch.linalg.slogdet(S)[1]
     g = torch.Generator().manual_seed(1)
-    draws = torch.stack([
-        _gather_estimates(sample_indices(30, 20, 3, 6, 7, 5, 2, generator=g), Phi, y, w, mu, ld,
-                          low, S, dense_S)
-        for _ in range(3000)
-    ])
+    draws = torch.stack(
+        [
+            _gather_estimates(
+                sample_indices(30, 20, 3, 6, 7, 5, 2, generator=g),
+                Phi,
+                y,
+                w,
+                mu,
+                ld,
+                low,
+                S,
+                dense_S,
+            )
+            for _ in range(3000)
+        ]
+    )
     mean, se = draws.mean(0), draws.std(0) / math.sqrt(draws.shape[0])
     assert bool(((mean - exact).abs() < 3 * se + 1e-12).all()), (mean, exact, se)
     # Not trivially unbiased: a single draw is far from the exact value.
@@ -471,8 +510,9 @@ def test_all_columns_without_replacement_has_no_column_noise():
     s = sample_indices(30, 20, 0, 6, 20, 5, generator=g, replace_cols=False)
     assert torch.equal(s.i, torch.arange(20)) and s.i is s.j
     Fl, yl, wl = Phi[s.rows], y[s.rows], w[s.rows]
-    est = theorem1_estimate(s, Fl[:, s.i], Fl[:, s.j], yl, wl, mu[s.i], mu[s.j],
-                            torch.diagonal(S)[s.i])
+    est = theorem1_estimate(
+        s, Fl[:, s.i], Fl[:, s.j], yl, wl, mu[s.i], mu[s.j], torch.diagonal(S)[s.i]
+    )
     f = Fl @ mu
     dense = (30 / 6) * (wl * (f.pow(2) - 2 * yl * f)).sum() + mu @ S @ mu
     assert torch.allclose(est, dense, rtol=1e-12, atol=1e-12)
@@ -523,8 +563,16 @@ def test_sgd_all_columns_without_replacement_approaches_optimum():
     model = make()
     with torch.no_grad():
         init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
-    model.fit_sgd(max_iter=400, num_rows=20, num_cols=40, cv_rank=0, lr=0.3, train_hypers=False,
-                  use_priors=False, replace_cols=False)
+    model.fit_sgd(
+        max_iter=400,
+        num_rows=20,
+        num_cols=40,
+        cv_rank=0,
+        lr=0.3,
+        train_hypers=False,
+        use_priors=False,
+        replace_cols=False,
+    )
     with torch.no_grad():
         final = float(model.exact_elbo())
     assert (final - init) / (opt - init) > 0.97, (init, final, opt)
@@ -564,7 +612,9 @@ def test_control_variate_reduces_gradient_variance():
     X = torch.randn(n, d, generator=g, dtype=DT)
     Y = torch.sin(X.sum(-1, keepdim=True))
     k = _kernel(d)
-    k.base_kernel.lengthscale = torch.tensor([[3.07, 2.97, 1.65, 1.88, 1.78, 1.44, 1.35, 1.86]], dtype=DT)
+    k.base_kernel.lengthscale = torch.tensor(
+        [[3.07, 2.97, 1.65, 1.88, 1.78, 1.44, 1.35, 1.86]], dtype=DT
+    )
     model = QSGP(X, Y, num_features=m, family="mean_field", kernel=k)
     model.var_mean = torch.randn(m, generator=g, dtype=DT)  # a draw from the prior (S = I)
     v0, v1 = control_variate_gradient_variance(model, 300, 100, 300, reps=150, seed=1)
@@ -586,7 +636,9 @@ def test_expected_log_lik_against_brute_force_integration(lik):
     scale = torch.tensor(0.4, dtype=DT)
     got = expected_log_lik(lik, y, mean, std, scale, num_nodes=64)
     f = mean[:, None] + std[:, None] * torch.linspace(-10, 10, 200001, dtype=DT)[None]
-    dens = torch.exp(-0.5 * ((f - mean[:, None]) / std[:, None]) ** 2) / (std[:, None] * math.sqrt(2 * math.pi))
+    dens = torch.exp(-0.5 * ((f - mean[:, None]) / std[:, None]) ** 2) / (
+        std[:, None] * math.sqrt(2 * math.pi)
+    )
     if lik == "gaussian":
         logp = -0.5 * torch.log(2 * math.pi * scale) - (y[:, None] - f) ** 2 / (2 * scale)
     elif lik == "laplace":
@@ -614,15 +666,29 @@ def test_theorem3_with_std_fix_lower_bounds_gaussian_expected_loglik():
     for _ in range(2000):
         s = sample_indices(30, m, 0, 10, 8, 8, generator=g)
         Fl = Phi[s.rows]
-        vals.append(float(theorem3_estimate(s, "gaussian", Fl[:, s.i], y[s.rows], mu[s.i],
-                                            Fl[:, s.r], ld[s.r], noise)))
+        vals.append(
+            float(
+                theorem3_estimate(
+                    s, "gaussian", Fl[:, s.i], y[s.rows], mu[s.i], Fl[:, s.r], ld[s.r], noise
+                )
+            )
+        )
     vals = torch.tensor(vals)
     assert float(vals.mean()) <= exact + 3 * float(vals.std()) / math.sqrt(len(vals))
     # and it is exact without column subsampling noise (all columns once, no replacement)
     from bo_online.models.qsgp.estimators import IndexSample
 
-    full = IndexSample(torch.arange(30), torch.arange(m), torch.arange(m), torch.arange(m),
-                       torch.zeros(0, dtype=torch.long), 30, m, 0, True)
+    full = IndexSample(
+        torch.arange(30),
+        torch.arange(m),
+        torch.arange(m),
+        torch.arange(m),
+        torch.zeros(0, dtype=torch.long),
+        30,
+        m,
+        0,
+        True,
+    )
     val = theorem3_estimate(full, "gaussian", Phi, y, mu, Phi, ld, noise)
     assert abs(float(val) - exact) < 1e-10
 
@@ -642,10 +708,18 @@ def test_sgd_approaches_family_optimum_and_freezes_hypers():
         init, opt = float(model.exact_elbo()), float(ref.exact_elbo())
     ls0 = model.basis.kernel.base_kernel.lengthscale.detach().clone()
     seen = []
-    model.fit_sgd(max_iter=500, num_rows=20, num_cols=10, cv_rank=20, lr=0.3, freeze_iters=450,
-                  use_priors=False,
-                  callback=lambda t, loss: seen.append(
-                      (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())))
+    model.fit_sgd(
+        max_iter=500,
+        num_rows=20,
+        num_cols=10,
+        cv_rank=20,
+        lr=0.3,
+        freeze_iters=450,
+        use_priors=False,
+        callback=lambda t, loss: seen.append(
+            (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())
+        ),
+    )
     assert all(torch.equal(l, ls0) for t, l in seen if t < 450)
     assert not torch.equal(seen[-1][1], ls0)  # learned after the warm-up freeze
     with torch.no_grad():
@@ -657,8 +731,14 @@ def test_logistic_and_laplace_sgd_fit():
     g = torch.Generator().manual_seed(0)
     X = torch.rand(200, 1, generator=g, dtype=DT)
     labels = torch.where(torch.sin(6 * X) > 0, 1.0, -1.0).to(DT)
-    clf = QSGP(X, labels, num_features=40, family="mean_field", likelihood="logistic",
-               kernel=_kernel(1, ls=0.2, os=4.0))
+    clf = QSGP(
+        X,
+        labels,
+        num_features=40,
+        family="mean_field",
+        likelihood="logistic",
+        kernel=_kernel(1, ls=0.2, os=4.0),
+    )
     clf.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
     with torch.no_grad():
         f = clf.posterior(X).mean.squeeze(-1)
@@ -666,8 +746,15 @@ def test_logistic_and_laplace_sgd_fit():
     # Laplace: robust to gross outliers.
     Y = torch.sin(6 * X) + 0.05 * torch.randn(200, 1, generator=g, dtype=DT)
     Y[::10] += 8.0
-    rob = QSGP(X, Y, num_features=40, family="mean_field", likelihood="laplace",
-               kernel=_kernel(1, ls=0.2), standardize=False)
+    rob = QSGP(
+        X,
+        Y,
+        num_features=40,
+        family="mean_field",
+        likelihood="laplace",
+        kernel=_kernel(1, ls=0.2),
+        standardize=False,
+    )
     rob.fit(max_iter=300, num_rows=50, num_cols=20, lr=0.3)
     with torch.no_grad():
         pred = rob.posterior(X).mean
@@ -691,8 +778,9 @@ def test_predict_matches_posterior_marginals():
 def test_rvm_basis_evidence_and_learned_precisions():
     X, Y = _data(20, 2)
     k = _kernel(2, ls=0.3)
-    model = QSGP(X, Y, basis=RVMBasis(X.clone(), k, init_precision=2.0), family="full",
-                 standardize=False)
+    model = QSGP(
+        X, Y, basis=RVMBasis(X.clone(), k, init_precision=2.0), family="full", standardize=False
+    )
     _set_noise(model, 0.05)
     model.set_optimal_variational()
     K = k(X).to_dense().detach()
@@ -704,8 +792,12 @@ def test_rvm_basis_evidence_and_learned_precisions():
     before = float(model.exact_log_marginal())
     model.fit(max_iter=30, method="closed_form")
     assert float(model.exact_log_marginal()) > before
-    assert not torch.allclose(model.basis.log_precision.detach(), torch.full((20,), math.log(2.0), dtype=DT))
-    assert torch.allclose(model.basis.kernel.base_kernel.lengthscale.detach(), torch.full((1, 2), 0.3, dtype=DT))
+    assert not torch.allclose(
+        model.basis.log_precision.detach(), torch.full((20,), math.log(2.0), dtype=DT)
+    )
+    assert torch.allclose(
+        model.basis.kernel.base_kernel.lengthscale.detach(), torch.full((1, 2), 0.3, dtype=DT)
+    )
 
 
 @pytest.mark.parametrize("basis", ["rff", "inducing"])
@@ -739,7 +831,9 @@ def test_long_update_chain_equals_dense_conditioning_in_function_space(basis):
             Xs[:3], torch.tensor([[0.0], [0.0], [1.0]], dtype=DT)
         )
         a, b = chained.posterior(Xs[3:]), twice.posterior(Xs[3:])
-    torch.testing.assert_close(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9, rtol=0
+    )
     torch.testing.assert_close(post.covariance_matrix, cov * sd**2, atol=1e-9, rtol=0)
     # Conditioning a conditioned model equals conditioning once on both batches.
     torch.testing.assert_close(a.mean, b.mean, atol=1e-9, rtol=0)

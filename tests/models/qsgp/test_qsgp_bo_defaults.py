@@ -53,8 +53,9 @@ def test_fit_chooses_the_exact_gps_constant_mean_and_hyperparameters():
     ref_const = ref.outcome_transform.means.reshape(()) + ref.mean_module.constant.detach() * std
     ls = model.basis.kernel.base_kernel.lengthscale.detach()
     torch.testing.assert_close(ls, ref.covar_module.lengthscale.detach(), rtol=0.02, atol=0)
-    torch.testing.assert_close(model.likelihood.noise.detach(), ref.likelihood.noise.detach(),
-                               rtol=0.05, atol=0)
+    torch.testing.assert_close(
+        model.likelihood.noise.detach(), ref.likelihood.noise.detach(), rtol=0.05, atol=0
+    )
     const = float(model.outcome_mean + model.mean_constant * model.outcome_std)
     assert abs(const - float(ref_const)) < 0.02 * float(std)
     assert float(Y.mean() - ref_const) > 0.4 * float(std)  # the data do need a non-zero constant
@@ -95,7 +96,7 @@ def test_cached_factor_columns_follow_every_change_of_the_factor(family):
     def check():
         C = torch.diag(model.var_log_diag.exp())
         for r in range(model.num_dense):  # strictly below the diagonal, column by column
-            C[r + 1:, r] += model.var_cols[r + 1:, r]
+            C[r + 1 :, r] += model.var_cols[r + 1 :, r]
         with torch.no_grad():
             F = model.basis.features(Xs)
             post = model.posterior(Xs)
@@ -144,8 +145,12 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
 
     fresh = RFFBasis(3, 64, kernel=model.basis.kernel, seed=model.seed)
     with torch.no_grad():
-        torch.testing.assert_close(model.basis.features(Xs.squeeze(1), model._chunks()[0]),
-                                   fresh.features(Xs.squeeze(1)), atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            model.basis.features(Xs.squeeze(1), model._chunks()[0]),
+            fresh.features(Xs.squeeze(1)),
+            atol=1e-12,
+            rtol=0,
+        )
     # frequencies first generated in float32, then the model in float64: regenerated
     m32 = QSGP(X.float(), torch.sin(5 * X).sum(-1, keepdim=True).float(), num_features=64)
     with torch.no_grad():
@@ -154,7 +159,9 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
         torch.testing.assert_close(
             m32.basis.features(Xs.squeeze(1), m32._chunks()[0]),
             RFFBasis(3, 64, kernel=m32.basis.kernel, seed=m32.seed).features(Xs.squeeze(1)),
-            atol=1e-12, rtol=0)
+            atol=1e-12,
+            rtol=0,
+        )
 
 
 def test_update_after_unchecked_posterior_calls_uses_current_hyperparameters():
@@ -182,8 +189,9 @@ def test_update_after_unchecked_posterior_calls_uses_current_hyperparameters():
         cov = S[:3, :3] - S[:3, 3:] @ torch.linalg.solve(G, S[3:, :3])
         post = model.posterior(Xs)
     sd = model.outcome_std
-    torch.testing.assert_close(post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9,
-                               rtol=0)
+    torch.testing.assert_close(
+        post.mean.squeeze(-1), mean * sd + model.outcome_mean, atol=1e-9, rtol=0
+    )
     torch.testing.assert_close(post.covariance_matrix, cov * sd**2, atol=1e-9, rtol=0)
 
 
@@ -209,14 +217,23 @@ def test_small_n_refit_starts_from_the_defaults_like_a_rebuilt_singletaskgp():
     warm = QSGP(X, Y, num_features=512)
     warm.load_state_dict(model.state_dict())
     warm.fit(max_iter=0, fit_from_defaults_n=0)  # starts (and, with 0 iterations, stays) warm
-    torch.testing.assert_close(warm.basis.kernel.base_kernel.lengthscale.detach(),
-                               torch.tensor([[0.03, 2.0]], dtype=DT), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        warm.basis.kernel.base_kernel.lengthscale.detach(),
+        torch.tensor([[0.03, 2.0]], dtype=DT),
+        atol=1e-12,
+        rtol=0,
+    )
     model.fit()
     params = dict(model.named_parameters())
     assert all(not torch.equal(params[k].detach(), v) for k, v in defaults.items())  # it moved
 
     ref = _singletaskgp(torch.cat([X, Xn]), torch.cat([Y, Yn]))
-    torch.testing.assert_close(model.basis.kernel.base_kernel.lengthscale.detach(),
-                               ref.covar_module.lengthscale.detach(), rtol=0.02, atol=0)
-    torch.testing.assert_close(model.likelihood.noise.detach(), ref.likelihood.noise.detach(),
-                               rtol=0.05, atol=0)
+    torch.testing.assert_close(
+        model.basis.kernel.base_kernel.lengthscale.detach(),
+        ref.covar_module.lengthscale.detach(),
+        rtol=0.02,
+        atol=0,
+    )
+    torch.testing.assert_close(
+        model.likelihood.noise.detach(), ref.likelihood.noise.detach(), rtol=0.05, atol=0
+    )

@@ -146,21 +146,25 @@ def test_log_prior_equals_the_default_priors_written_out():
     torch.testing.assert_close(model.log_prior(), expected.to(DT), atol=1e-12, rtol=0)
     with_priors = model.marginal_log_likelihood(include_priors=True)
     without = model.marginal_log_likelihood(include_priors=False)
-    torch.testing.assert_close((with_priors - without) * model.num_data, expected.to(DT),
-                               atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        (with_priors - without) * model.num_data, expected.to(DT), atol=1e-10, rtol=0
+    )
     # fixed per-point noise: the likelihood (and its prior) is unused
     fixed = QSGP(X, Y, train_Yvar=torch.full_like(Y, 0.01), num_features=64)
     fixed.basis.kernel.base_kernel.lengthscale = ls
-    torch.testing.assert_close(fixed.log_prior(), ls_prior.log_prob(ls).sum().to(DT),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        fixed.log_prior(), ls_prior.log_prob(ls).sum().to(DT), atol=1e-12, rtol=0
+    )
 
 
 def test_bounds_are_the_constraints_and_keep_the_noise_above_its_floor():
     X, Y = _data(noise=0.0)  # noise-free: the evidence pushes the noise to its lower bound
     model = QSGP(X, Y, num_features=64)
     params, bounds = model._trainable_hypers_and_bounds()
-    assert set(params) == {"basis.kernel.base_kernel.raw_lengthscale",
-                           "likelihood.noise_covar.raw_noise"}
+    assert set(params) == {
+        "basis.kernel.base_kernel.raw_lengthscale",
+        "likelihood.noise_covar.raw_noise",
+    }
     arr = get_bounds_as_ndarray(params, bounds)
     # BoTorch's default constraints are untransformed (enforced only through these bounds):
     # lengthscales >= 0.025, noise >= 1e-4; params in insertion order: 3 lengthscales, noise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from botorch.sampling.normal import SobolQMCNormalSampler
@@ -111,7 +110,9 @@ def test_fixed_noise_equals_dense_sgpr():
     assert abs(float(model.elbo()) - float(bound)) < 1e-8 * abs(float(bound))
     # observation noise for fixed-noise models: the mean training noise, as BoTorch
     post = model.posterior(Xt, observation_noise=True)
-    add = (post.variance.squeeze(-1) - model.posterior(Xt).variance.squeeze(-1)) / model.outcome_std**2
+    add = (
+        post.variance.squeeze(-1) - model.posterior(Xt).variance.squeeze(-1)
+    ) / model.outcome_std**2
     assert torch.allclose(add, model.train_noise.mean().expand(5), atol=1e-10)
 
 
@@ -131,7 +132,11 @@ def test_condition_equals_sgpr_on_union_any_order(fixed):
     # dense SGPR on D u D* (standardised targets with the model's scaling)
     Xall = torch.cat([X, Xs])
     yall = model._standardize(torch.cat([Y, Ys])).squeeze(-1)
-    noise = torch.cat([torch.full((25,), 0.03), torch.full((6,), 0.02)]).to(DT) / std**2 if fixed else 0.05
+    noise = (
+        torch.cat([torch.full((25,), 0.03), torch.full((6,), 0.02)]).to(DT) / std**2
+        if fixed
+        else 0.05
+    )
     mean, cov, _ = _dense_sgpr(model, Xall, yall, Z, Xt, noise)
     cond_noise = None if noise_s is None else noise_s / std**2
     cond = model.condition_on_observations(Xs, Ys, noise=cond_noise)
@@ -243,8 +248,13 @@ def test_bernoulli_condition_adds_sites_at_current_marginal():
     mean, var = post.mean.squeeze(-1).detach(), post.variance.squeeze(-1).detach()
     alpha, beta = model.likelihood.expected_derivatives(Ys.squeeze(-1), mean, var)
     g1 = beta * (mean - c) + alpha
-    full = TSVGP(torch.cat([X, Xs]), torch.cat([Y, Ys]), inducing_points=Z,
-                 likelihood=Bernoulli("probit"), num_init_e_steps=0)
+    full = TSVGP(
+        torch.cat([X, Xs]),
+        torch.cat([Y, Ys]),
+        inducing_points=Z,
+        likelihood=Bernoulli("probit"),
+        num_init_e_steps=0,
+    )
     full.covar_module.load_state_dict(model.covar_module.state_dict())
     full.mean_module.load_state_dict(model.mean_module.state_dict())
     g_base, b_base = model.sites
@@ -327,7 +337,9 @@ def test_bad_input_leaves_state_unchanged():
     with pytest.raises(ValueError, match="labels"):
         clf.update(torch.rand(1, 2, dtype=DT), torch.full((1, 1), 0.5, dtype=DT))
     with pytest.raises(ValueError, match="noise"):
-        clf.update(torch.rand(1, 2, dtype=DT), torch.ones(1, 1, dtype=DT), torch.ones(1, 1, dtype=DT))
+        clf.update(
+            torch.rand(1, 2, dtype=DT), torch.ones(1, 1, dtype=DT), torch.ones(1, 1, dtype=DT)
+        )
     for k, v in clf.state_dict().items():
         assert torch.equal(v, ref[k]), k
     with pytest.raises(ValueError, match="labels"):
@@ -355,9 +367,11 @@ def test_state_dict_roundtrip_and_small_n():
     # a hyperparameter change rebuilds from the per-point sites: equals a fresh model on all data
     with torch.no_grad():
         model.covar_module.lengthscale = 0.4
-    fresh = TSVGP(torch.cat([X] + [_data(n=2, seed=10 + i)[0] for i in range(5)] + [_data(n=1, seed=99)[0]]),
-                  torch.cat([Y] + [_data(n=2, seed=10 + i)[1] for i in range(5)] + [_data(n=1, seed=99)[1]]),
-                  inducing_points=model.inducing_points.detach())
+    fresh = TSVGP(
+        torch.cat([X] + [_data(n=2, seed=10 + i)[0] for i in range(5)] + [_data(n=1, seed=99)[0]]),
+        torch.cat([Y] + [_data(n=2, seed=10 + i)[1] for i in range(5)] + [_data(n=1, seed=99)[1]]),
+        inducing_points=model.inducing_points.detach(),
+    )
     fresh.outcome_mean, fresh.outcome_std = model.outcome_mean, model.outcome_std
     fresh._y[:] = model.train_y
     fresh.covar_module.load_state_dict(model.covar_module.state_dict())
@@ -420,7 +434,9 @@ def _gpytorch_ngd_model(model, lik):
 
     class SVGP(gpytorch.models.ApproximateGP):
         def __init__(self):
-            dist = gpytorch.variational.NaturalVariationalDistribution(Z.shape[0], mean_init_std=0.0)
+            dist = gpytorch.variational.NaturalVariationalDistribution(
+                Z.shape[0], mean_init_std=0.0
+            )
             strat = gpytorch.variational.VariationalStrategy(
                 self, Z, dist, learn_inducing_locations=False, jitter_val=1e-14
             )
@@ -429,7 +445,9 @@ def _gpytorch_ngd_model(model, lik):
             self.covar_module = copy.deepcopy(model.covar_module)
 
         def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+            return gpytorch.distributions.MultivariateNormal(
+                self.mean_module(x), self.covar_module(x)
+            )
 
     return SVGP().to(DT)
 
@@ -549,16 +567,25 @@ def test_bernoulli_tighter_bound_equals_standard_at_theta_t_and_dominates():
     Y = (torch.sin(8 * X) + 0.3 * torch.randn(40, 1, dtype=DT, generator=g) > 0).to(DT)
     Z = torch.linspace(0, 1, 10, dtype=DT).unsqueeze(-1)
     kernel = ScaleKernel(RBFKernel())
-    model = TSVGP(X, Y, inducing_points=Z, likelihood=Bernoulli("probit"), covar_module=kernel,
-                  num_init_e_steps=0)
+    model = TSVGP(
+        X,
+        Y,
+        inducing_points=Z,
+        likelihood=Bernoulli("probit"),
+        covar_module=kernel,
+        num_init_e_steps=0,
+    )
     with torch.no_grad():
         model.covar_module.base_kernel.lengthscale = 0.2
     model.invalidate_caches()
     for _ in range(60):  # E-step to convergence at theta_t
         model.e_step(rho=1.0)
     m_u, S_u = (t.detach() for t in model.q_u())
-    params = [model.covar_module.base_kernel.raw_lengthscale, model.covar_module.raw_outputscale,
-              model.mean_module.raw_constant]
+    params = [
+        model.covar_module.base_kernel.raw_lengthscale,
+        model.covar_module.raw_outputscale,
+        model.mean_module.raw_constant,
+    ]
     tight = model.elbo()
     std = _standard_elbo(model, m_u, S_u)
     assert abs(float(tight - std)) < 1e-8 * abs(float(std))
@@ -635,14 +662,17 @@ def test_student_t_e_steps_converge_with_the_beta_clip():
     X = torch.rand(30, 1, dtype=DT, generator=g)
     Y = (torch.sin(6 * X).squeeze(-1) + 0.1 * torch.randn(30, dtype=DT, generator=g)).unsqueeze(-1)
     Y[3] += 8.0
-    model = TSVGP(X, Y, inducing_points=8, likelihood=StudentT(), num_init_e_steps=0,
-                  standardize=False)
+    model = TSVGP(
+        X, Y, inducing_points=8, likelihood=StudentT(), num_init_e_steps=0, standardize=False
+    )
     start = float(model.elbo())
     for _ in range(60):
         model.e_step(rho=0.7)
     g1, beta = (t.clone() for t in model.sites)
     model.e_step(rho=0.7)
-    assert torch.allclose(model.sites[0], g1, atol=1e-9) and torch.allclose(model.sites[1], beta, atol=1e-9)
+    assert torch.allclose(model.sites[0], g1, atol=1e-9) and torch.allclose(
+        model.sites[1], beta, atol=1e-9
+    )
     assert float(beta[3]) == BETA_MIN and bool((beta > BETA_MIN).sum() >= 25)
     assert float(model.elbo()) > start
     # the outlier barely moves the fit: the posterior mean at x_3 stays near the clean curve
@@ -673,5 +703,7 @@ def test_bernoulli_condition_steps_reach_the_new_sites_fixed_point():
 
 def test_one_dimensional_targets_get_a_shape_hint():
     X = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"train_Y must be n x m .*got shape \(30,\); use train_Y.unsqueeze\(-1\)"):
+    with pytest.raises(
+        ValueError, match=r"train_Y must be n x m .*got shape \(30,\); use train_Y.unsqueeze\(-1\)"
+    ):
         TSVGP(X, X.sum(-1))

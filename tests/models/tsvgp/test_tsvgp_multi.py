@@ -24,7 +24,9 @@ def data(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(N, D, generator=g, dtype=DT)
     F = torch.stack([torch.sin(6 * X[:, 0]), X.sum(-1) ** 2, torch.cos(4 * X[:, 1])], -1)
-    Y = F * torch.tensor([1.0, 3.0, 0.5], dtype=DT) + 0.1 * torch.randn(N, M_OUT, generator=g, dtype=DT)
+    Y = F * torch.tensor([1.0, 3.0, 0.5], dtype=DT) + 0.1 * torch.randn(
+        N, M_OUT, generator=g, dtype=DT
+    )
     Z = torch.rand(M_IND, D, generator=g, dtype=DT)
     return X, Y, Z
 
@@ -172,10 +174,14 @@ def test_scalarized_ucb_and_optimize_acqf():
     Xt = torch.rand(7, 1, D, dtype=DT, generator=torch.Generator().manual_seed(4))
     ucb = UpperConfidenceBound(multi, beta=2.0, posterior_transform=tf)(Xt)
     mu = sum(w[j] * s.posterior(Xt).mean.squeeze(-1).squeeze(-1) for j, s in enumerate(singles))
-    var = sum(w[j] ** 2 * s.posterior(Xt).variance.squeeze(-1).squeeze(-1) for j, s in enumerate(singles))
+    var = sum(
+        w[j] ** 2 * s.posterior(Xt).variance.squeeze(-1).squeeze(-1) for j, s in enumerate(singles)
+    )
     assert torch.allclose(ucb, mu + 2.0**0.5 * var.sqrt(), atol=1e-10)
     acqf = qUpperConfidenceBound(
-        multi, beta=2.0, posterior_transform=tf,
+        multi,
+        beta=2.0,
+        posterior_transform=tf,
         sampler=SobolQMCNormalSampler(sample_shape=torch.Size([64]), seed=0),
     )
     bounds = torch.stack([torch.zeros(D, dtype=DT), torch.ones(D, dtype=DT)])

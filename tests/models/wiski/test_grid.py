@@ -8,14 +8,23 @@ import pytest
 import torch
 from gpytorch.utils.interpolation import Interpolation
 
-from bo_online.models.wiski.grid import RegularGrid, interp_gram, interp_matmul, interp_vector, keys_cubic
+from bo_online.models.wiski.grid import (
+    RegularGrid,
+    interp_gram,
+    interp_matmul,
+    interp_vector,
+    keys_cubic,
+)
 
 DT = torch.float64
 
 
 def _full_grid_dense_W_gpytorch(grid: RegularGrid, X: torch.Tensor) -> torch.Tensor:
     """Dense n x prod(sizes) weights on the FULL padded grid from GPyTorch's implementation."""
-    axes = [grid.lower[k] + grid.spacing[k] * torch.arange(g, dtype=DT) for k, g in enumerate(grid.sizes)]
+    axes = [
+        grid.lower[k] + grid.spacing[k] * torch.arange(g, dtype=DT)
+        for k, g in enumerate(grid.sizes)
+    ]
     idx, val = Interpolation().interpolate(axes, X)
     W = torch.zeros(X.shape[0], math.prod(grid.sizes), dtype=DT)
     return W.scatter_add(-1, idx, val)
@@ -70,7 +79,11 @@ def test_cubic_reproduces_quadratics_and_partition_of_unity():
     W = grid.dense_weights(X)
     P = grid.points()
     torch.testing.assert_close(W.sum(-1), torch.ones(200, dtype=DT), rtol=0, atol=1e-13)
-    for f in (lambda Z: Z[:, 0], lambda Z: 3 * Z[:, 1] - 1, lambda Z: Z[:, 0] ** 2 - Z[:, 0] * Z[:, 1]):
+    for f in (
+        lambda Z: Z[:, 0],
+        lambda Z: 3 * Z[:, 1] - 1,
+        lambda Z: Z[:, 0] ** 2 - Z[:, 0] * Z[:, 1],
+    ):
         torch.testing.assert_close(W @ f(P), f(X), rtol=0, atol=1e-12)
 
 
@@ -115,7 +128,9 @@ def test_products_match_dense():
     torch.testing.assert_close(interp_vector(idx, val, a), (W @ a.unsqueeze(-1)).squeeze(-1))
     w = torch.rand(30, dtype=DT) + 0.1
     Wf = W[0]
-    torch.testing.assert_close(interp_gram(idx[0], val[0], w, m, chunk=64), Wf.T @ (w[:, None] * Wf))
+    torch.testing.assert_close(
+        interp_gram(idx[0], val[0], w, m, chunk=64), Wf.T @ (w[:, None] * Wf)
+    )
 
 
 def test_gram_cell_blocked_path_matches_dense():

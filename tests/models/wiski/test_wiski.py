@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from wiski_reference import dense_mll, dense_posterior, dense_posterior_woodbury
 
 from bo_online.models import WISKI
-from wiski_reference import dense_mll, dense_posterior, dense_posterior_woodbury
 
 DT = torch.float64
 
@@ -20,7 +20,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _data(n: int, d: int, seed: int, hetero: bool):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
-    Y = 3 + 2 * torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    Y = (
+        3
+        + 2 * torch.sin(5 * X).sum(-1, keepdim=True)
+        + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    )
     Yvar = (0.02 + 0.1 * torch.rand(n, 1, generator=g, dtype=DT)) if hetero else None
     return X, Y, Yvar
 
@@ -130,7 +134,9 @@ def test_chained_updates_match_scratch_and_dense_ski():
         Xs.append(Xn)
         Ys.append(Yn)
     X, Y = torch.cat(Xs), torch.cat(Ys)
-    scratch = WISKI(X, Y, grid_size=10, covar_module=model.covar_module, likelihood=model.likelihood)
+    scratch = WISKI(
+        X, Y, grid_size=10, covar_module=model.covar_module, likelihood=model.likelihood
+    )
     _stats_close(model.statistics(), scratch.statistics(), 1e-9)
     Xt = torch.rand(9, 2, generator=g, dtype=DT)
     post = model.posterior(Xt)
@@ -180,19 +186,21 @@ def test_condition_on_observations_matches_dense_and_leaves_original(hetero):
     Xt = torch.rand(70, 2, dtype=DT)  # lazy covariance path
     p1, p2 = cm.posterior(Xt), cm2.posterior(Xt)
     sd2 = model.outcome_std.reshape(()) ** 2
-    N_new = (
-        model.likelihood.noise.reshape(()).expand(2) if noise is None else noise[0].reshape(-1)
-    )
+    N_new = model.likelihood.noise.reshape(()).expand(2) if noise is None else noise[0].reshape(-1)
     N_m = model.likelihood.noise.reshape(()).expand(1) if noise is None else noise_m[0].reshape(-1)
     for s in (0, 3):
         for b in (0, 2):
-            mean_ref, cov_ref = dense_posterior(model, X, Y, Yvar, Xt, extra=(Xn[b], Yn[s, b], N_new))
+            mean_ref, cov_ref = dense_posterior(
+                model, X, Y, Yvar, Xt, extra=(Xn[b], Yn[s, b], N_new)
+            )
             assert _rel(p1.mean[s, b].squeeze(-1), mean_ref) < 1e-8
             assert _rel(p1.mvn.lazy_covariance_matrix[s, b].to_dense() / sd2, cov_ref) < 1e-8
             assert _rel(p1.variance[s, b].squeeze(-1) / sd2, torch.diagonal(cov_ref)) < 1e-8
             X2 = torch.cat([Xn[b], Xm[b]])
             Y2 = torch.cat([Yn[s, b], Ym[s, b]])
-            mean2, cov2 = dense_posterior(model, X, Y, Yvar, Xt, extra=(X2, Y2, torch.cat([N_new, N_m])))
+            mean2, cov2 = dense_posterior(
+                model, X, Y, Yvar, Xt, extra=(X2, Y2, torch.cat([N_new, N_m]))
+            )
             assert _rel(p2.mean[s, b].squeeze(-1), mean2) < 1e-8
             assert _rel(p2.variance[s, b].squeeze(-1) / sd2, torch.diagonal(cov2)) < 1e-8
     after = model.state_dict()
@@ -237,13 +245,15 @@ def test_qnipv_value_and_gradient_match_dense():
     sd2 = model.outcome_std.reshape(()) ** 2
     noise = model.likelihood.noise.reshape(()).expand(3)
     for b in range(4):
-        _, cov_ref = dense_posterior(model, X, Y, None, mc, extra=(Xc[b].detach(), torch.zeros(3, 1, dtype=DT), noise))
+        _, cov_ref = dense_posterior(
+            model, X, Y, None, mc, extra=(Xc[b].detach(), torch.zeros(3, 1, dtype=DT), noise)
+        )
         ref = -(torch.diagonal(cov_ref) * sd2).mean()
         assert abs(float(val[b].detach()) - float(ref)) < 1e-9 * abs(float(ref))
     # gradient in the candidates against central finite differences
     eps = 1e-6
     Xd = Xc.detach().clone()
-    for (b, i, k) in ((0, 0, 0), (2, 1, 1)):
+    for b, i, k in ((0, 0, 0), (2, 1, 1)):
         Xp, Xm_ = Xd.clone(), Xd.clone()
         Xp[b, i, k] += eps
         Xm_[b, i, k] -= eps
@@ -264,7 +274,9 @@ def test_fantasize_fixed_noise_uses_mean_training_noise():
     sd2 = model.outcome_std.reshape(()) ** 2
     noise = (Yvar.mean() / sd2).expand(2)  # BoTorch's default: the mean training noise
     for s, b in ((0, 0), (2, 1)):
-        mean_ref, cov_ref = dense_posterior(model, X, Y, Yvar, Xt[0], extra=(Xf[b], fm.d_y[s, b], noise))
+        mean_ref, cov_ref = dense_posterior(
+            model, X, Y, Yvar, Xt[0], extra=(Xf[b], fm.d_y[s, b], noise)
+        )
         assert _rel(post.mean[s, b].squeeze(-1), mean_ref) < 1e-8
         assert _rel(post.variance[s, b].squeeze(-1) / sd2, torch.diagonal(cov_ref)) < 1e-8
 
@@ -275,7 +287,7 @@ def test_add_observations_equals_updates_and_validates_first():
     b = _model(X[:10], Y[:10], Yvar[:10], 12)
     a.add_observations(X[10:], Y[10:], Yvar[10:], chunk_size=100)
     for i in range(10, 300, 29):
-        b.update(X[i:i + 29], Y[i:i + 29], Yvar[i:i + 29])
+        b.update(X[i : i + 29], Y[i : i + 29], Yvar[i : i + 29])
     _stats_close(a.statistics(), b.statistics(), 1e-12)
     Xt = torch.rand(5, 2, dtype=DT)
     assert _rel(a.posterior(Xt).mean, b.posterior(Xt).mean) < 1e-10

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from bo_online.models.wiski.grid import RegularGrid, interp_quad
-from bo_online.models import WISKI
 from wiski_reference import grid_kernel, noise_std
+
+from bo_online.models import WISKI
+from bo_online.models.wiski.grid import RegularGrid, interp_quad
 
 DT = torch.float64
 
@@ -160,7 +160,7 @@ def test_conditioned_posterior_at_few_points_with_gradient_matches_dense():
         for s in range(4):
             for b in range(5):
                 X2 = Xf[b] if m is fm else torch.cat([Xf[b], Xm[b]])
-                Y2 = m.d_y[s, b, -X2.shape[0]:].reshape(-1, 1)
+                Y2 = m.d_y[s, b, -X2.shape[0] :].reshape(-1, 1)
                 mean_ref, cov_ref = _dense_posterior_extra(
                     model, X, Y, Xt[b], X2, Y2, noise[: X2.shape[0]]
                 )

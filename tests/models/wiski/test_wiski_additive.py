@@ -12,9 +12,9 @@ import torch
 from botorch.test_functions import Hartmann
 from gpytorch.distributions import MultivariateNormal
 
-from bo_online.models.wiski.grid import RegularGrid
 from bo_online.models import WISKI
 from bo_online.models.wiski.additive import BlockGridKernel, StackedGrid, input_groups
+from bo_online.models.wiski.grid import RegularGrid
 
 DT = torch.float64
 
@@ -99,8 +99,9 @@ def test_additive_wiski_equals_the_dense_sum_of_ski_components(spec, parts):
     assert _rel(post.mean.squeeze(-1), mean_ref) < 1e-9
     assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
     # and the statistics are those of a model built on all data at once
-    scratch = WISKI(X, Y, additive="pairs", grid_size=12,
-                    projection=getattr(model, "projection", None))
+    scratch = WISKI(
+        X, Y, additive="pairs", grid_size=12, projection=getattr(model, "projection", None)
+    )
     ours, ref = model.statistics(), scratch.statistics()
     for name in ours:
         assert _rel(ours[name], ref[name]) < 1e-10, name

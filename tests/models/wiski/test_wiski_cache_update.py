@@ -8,9 +8,9 @@ import copy
 
 import torch
 from gpytorch.kernels import MaternKernel, ScaleKernel
+from wiski_reference import dense_posterior
 
 from bo_online.models import WISKI
-from wiski_reference import dense_posterior
 
 DT = torch.float64
 
@@ -21,8 +21,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _f(X: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    return 3 + 2 * torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
-        X.shape[0], 1, generator=g, dtype=DT
+    return (
+        3
+        + 2 * torch.sin(5 * X).sum(-1, keepdim=True)
+        + 0.1 * torch.randn(X.shape[0], 1, generator=g, dtype=DT)
     )
 
 
@@ -57,14 +59,21 @@ def test_roots_updated_through_a_chain_of_updates_equal_a_rebuild_and_dense_ski(
     assert _rel(M, M_ref) < 1e-9
     assert _rel(S @ S.mT, M_ref) < 1e-9
     # The conditioned posterior through the updated caches, against the rebuilt ones and dense SKI.
-    p, p_ref = model.condition_on_observations(Xn, Yn).posterior(Xs), rebuilt.condition_on_observations(
-        Xn, Yn).posterior(Xs)
+    p, p_ref = (
+        model.condition_on_observations(Xn, Yn).posterior(Xs),
+        rebuilt.condition_on_observations(Xn, Yn).posterior(Xs),
+    )
     assert _rel(p.mean, p_ref.mean) < 1e-9
-    assert _rel(p.mvn.lazy_covariance_matrix.to_dense(), p_ref.mvn.lazy_covariance_matrix.to_dense()) < 1e-9
+    assert (
+        _rel(p.mvn.lazy_covariance_matrix.to_dense(), p_ref.mvn.lazy_covariance_matrix.to_dense())
+        < 1e-9
+    )
     sd2 = model.outcome_std.reshape(()) ** 2
     noise = model.likelihood.noise.reshape(()).expand(3)
     for b in range(2):
-        mean_ref, cov_ref = dense_posterior(model, Xall, Yall, None, Xs, extra=(Xn[b], Yn[b], noise))
+        mean_ref, cov_ref = dense_posterior(
+            model, Xall, Yall, None, Xs, extra=(Xn[b], Yn[b], noise)
+        )
         assert _rel(p.mean[b].squeeze(-1), mean_ref) < 1e-8
         assert _rel(p.mvn.lazy_covariance_matrix[b].to_dense() / sd2, cov_ref) < 1e-8
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from wiski_reference import dense_mll, dense_posterior
 
 from bo_online.models import WISKI
 from bo_online.models.wiski.projection import TanhProjection
-from wiski_reference import dense_mll, dense_posterior
 
 DT = torch.float64
 
@@ -20,7 +20,9 @@ def _rel(a, b) -> float:
 def _data5(n, seed):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, 5, generator=g, dtype=DT)
-    Y = torch.sin(3 * (X[:, :1] + X[:, 1:2] - X[:, 2:3])) + 0.05 * torch.randn(n, 1, generator=g, dtype=DT)
+    Y = torch.sin(3 * (X[:, :1] + X[:, 1:2] - X[:, 2:3])) + 0.05 * torch.randn(
+        n, 1, generator=g, dtype=DT
+    )
     return X, Y
 
 
@@ -48,8 +50,14 @@ def test_fit_projection_improves_and_rebuilds_statistics():
     assert not torch.equal(proj.linear.weight, weight0)
     assert float(model.marginal_log_likelihood().detach()) > before
     # statistics are exactly those of the data under the final (fixed) projection
-    scratch = WISKI(X, Y, projection=proj, grid_size=14, covar_module=model.covar_module,
-                    likelihood=model.likelihood)
+    scratch = WISKI(
+        X,
+        Y,
+        projection=proj,
+        grid_size=14,
+        covar_module=model.covar_module,
+        likelihood=model.likelihood,
+    )
     ours, ref = model.statistics(), scratch.statistics()
     for name in ours:
         assert _rel(ours[name], ref[name]) < 1e-10, name
@@ -108,7 +116,9 @@ def test_online_projection_step_matches_full_mll_gradient():
     base = {k: getattr(model, k) for k in _STAT_NAMES}
     idx, val = model._interp(Xn)
     D = torch.ones(3, dtype=DT)
-    full = model._mll_from_stats(_stats_with(base, idx, val, D, Yn.squeeze(-1), model.grid.num_points))
+    full = model._mll_from_stats(
+        _stats_with(base, idx, val, D, Yn.squeeze(-1), model.grid.num_points)
+    )
     g_full = torch.autograd.grad(full, params)
     w0 = [p.detach().clone() for p in params]
     obj0 = model.projection_step(Xn, Yn, lr=1e-3)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from gpytorch.kernels import MaternKernel, ScaleKernel, SpectralMixtureKernel
 from linear_operator.utils.warnings import NumericalWarning
+from wiski_reference import dense_mll, dense_posterior
 
 from bo_online.models import WISKI
-from wiski_reference import dense_mll, dense_posterior
 
 DT = torch.float64
 
@@ -23,7 +23,11 @@ def _rel(a, b) -> float:
 def _data(n, d, seed, hetero=False):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=DT)
-    Y = 1 - 2 * torch.cos(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    Y = (
+        1
+        - 2 * torch.cos(4 * X).sum(-1, keepdim=True)
+        + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    )
     Yvar = (0.01 + 0.05 * torch.rand(n, 1, generator=g, dtype=DT)) if hetero else None
     return X, Y, Yvar
 
@@ -77,7 +81,9 @@ def test_streaming_adam_steps_and_fixed_noise_fit():
 def test_restandardize_is_exact(hetero):
     X, Y, Yvar = _data(25, 2, seed=2, hetero=hetero)
     covar = ScaleKernel(MaternKernel(nu=1.5, ard_num_dims=2))
-    model = WISKI(X[:5], Y[:5], None if Yvar is None else Yvar[:5], grid_size=12, covar_module=covar)
+    model = WISKI(
+        X[:5], Y[:5], None if Yvar is None else Yvar[:5], grid_size=12, covar_module=covar
+    )
     if Yvar is None:  # keep the mapped noise above the likelihood's lower bound (1e-4)
         model.likelihood.noise = 0.1
     model.update(X[5:], 10 * Y[5:] + 50, None if Yvar is None else 100 * Yvar[5:])
@@ -125,7 +131,12 @@ def test_bad_input_raises_and_leaves_state():
     before = _state(model)
     good = torch.rand(2, 2, dtype=DT)
     cases = [
-        (torch.tensor([[0.5, 1.2], [0.1, 0.1]], dtype=DT), torch.zeros(2, 1, dtype=DT), None, "outside"),
+        (
+            torch.tensor([[0.5, 1.2], [0.1, 0.1]], dtype=DT),
+            torch.zeros(2, 1, dtype=DT),
+            None,
+            "outside",
+        ),
         (torch.tensor([[0.5, -0.01]], dtype=DT), torch.zeros(1, 1, dtype=DT), None, "outside"),
         (torch.tensor([[float("nan"), 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT), None, "NaN"),
         (good, torch.tensor([[1.0], [float("inf")]], dtype=DT), None, "NaN"),
@@ -141,7 +152,9 @@ def test_bad_input_raises_and_leaves_state():
     with pytest.raises(ValueError, match="outside"):
         model.posterior(torch.tensor([[1.5, 0.5]], dtype=DT))
     with pytest.raises(ValueError, match="outside"):
-        model.condition_on_observations(torch.tensor([[1.5, 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT))
+        model.condition_on_observations(
+            torch.tensor([[1.5, 0.5]], dtype=DT), torch.zeros(1, 1, dtype=DT)
+        )
     _same(before, _state(model))
     Xh, Yh, Vh = _data(10, 2, seed=5, hetero=True)
     fixed = WISKI(Xh, Yh, Vh, grid_size=10)
@@ -162,8 +175,12 @@ def test_state_dict_round_trip_and_conditioned_update():
     fresh = WISKI(X[:1], Y[:1], grid_size=10)
     fresh.load_state_dict(cm.state_dict())
     Xt = torch.rand(5, 2, dtype=DT)
-    torch.testing.assert_close(fresh.posterior(Xt).mean, cm.posterior(Xt).mean, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(fresh.posterior(Xt).variance, cm.posterior(Xt).variance, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        fresh.posterior(Xt).mean, cm.posterior(Xt).mean, rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(
+        fresh.posterior(Xt).variance, cm.posterior(Xt).variance, rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,7 +235,9 @@ def test_acquisition_functions_with_optimize_acqf():
         assert bool(torch.isfinite(val).all()), name
         # the optimiser improved on a random start
         with torch.no_grad():
-            assert float(acq(cand.unsqueeze(0))) >= float(acq(torch.rand(1, 3, 2, dtype=DT))) - 1e-9, name
+            assert (
+                float(acq(cand.unsqueeze(0))) >= float(acq(torch.rand(1, 3, 2, dtype=DT))) - 1e-9
+            ), name
     model.update(cand, torch.randn(3, 1, dtype=DT))
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from botorch.test_functions import Hartmann, StyblinskiTang
+from wiski_reference import dense_posterior
 
 from bo_online.models import WISKI
 from bo_online.models.wiski.projection import TanhProjection, make_projection
-from wiski_reference import dense_posterior
 
 DT = torch.float64
 
@@ -34,7 +34,9 @@ def _heldout(model, Xte, Yte):
         post = model.posterior(Xte, observation_noise=True)
     mu, sd = post.mean.squeeze(-1), post.variance.squeeze(-1).sqrt()
     y = Yte.squeeze(-1)
-    return float(((mu - y) ** 2).mean().sqrt()), float(((y - mu).abs() <= 1.96 * sd).double().mean())
+    return float(((mu - y) ** 2).mean().sqrt()), float(
+        ((y - mu).abs() <= 1.96 * sd).double().mean()
+    )
 
 
 @pytest.mark.parametrize("structure", ["default", "tanh:2"])
@@ -88,8 +90,14 @@ def test_update_of_a_projected_model_equals_the_dense_rebuild():
     model.fit_projection(X[:50], Y[:50], method="lbfgs", max_iter=15)
     model.update(X[50:70], Y[50:70])
     model.update(X[70:], Y[70:])
-    scratch = WISKI(X, Y, projection=model.projection, grid_size=12,
-                    covar_module=model.covar_module, likelihood=model.likelihood)
+    scratch = WISKI(
+        X,
+        Y,
+        projection=model.projection,
+        grid_size=12,
+        covar_module=model.covar_module,
+        likelihood=model.likelihood,
+    )
     ours, ref = model.statistics(), scratch.statistics()
     for name in ours:
         assert _rel(ours[name], ref[name]) < 1e-9, name
@@ -126,21 +134,40 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
-    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
-                        model_options={"grid_size": 10}, fit_max_iter=5, init_fit_max_iter=5)
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann6"),
+        model="wiski",
+        n_init=12,
+        seed=0,
+        model_options={"grid_size": 10},
+        fit_max_iter=5,
+        init_fit_max_iter=5,
+    )
     loop.initialize()
     assert loop.model.input_groups == [[0, 1], [2, 3], [4, 5]]
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
     assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
-    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
-                        model_options={"grid_size": 10, "projection": "tanh"},
-                        fit_max_iter=5, init_fit_max_iter=5)
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann6"),
+        model="wiski",
+        n_init=12,
+        seed=0,
+        model_options={"grid_size": 10, "projection": "tanh"},
+        fit_max_iter=5,
+        init_fit_max_iter=5,
+    )
     loop.initialize()
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
-    loop = BayesOptLoop(synthetic_problem("hartmann6"), model="wiski", n_init=12, seed=0,
-                        model_options={"grid_size": 10, "projection": "tanh:1"},
-                        fit_max_iter=5, init_fit_max_iter=5)
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann6"),
+        model="wiski",
+        n_init=12,
+        seed=0,
+        model_options={"grid_size": 10, "projection": "tanh:1"},
+        fit_max_iter=5,
+        init_fit_max_iter=5,
+    )
     loop.initialize()
     assert loop.model.num_features == 1

@@ -54,8 +54,10 @@ def test_fit_with_a_settings_object_equals_fit_with_the_same_keywords(options) -
     assert ha.keys() == hb.keys()
     for name in ha:
         assert torch.allclose(ha[name], hb[name], rtol=0, atol=1e-12), name
-    assert not torch.equal(ha["covar_module.raw_lengthscale"],
-                           _hypers(WISKI(X, Y, grid_size=12))["covar_module.raw_lengthscale"])
+    assert not torch.equal(
+        ha["covar_module.raw_lengthscale"],
+        _hypers(WISKI(X, Y, grid_size=12))["covar_module.raw_lengthscale"],
+    )
     # keywords override the settings object's fields
     c = WISKI(X, Y, grid_size=12)
     c.fit(WISKIFitSettings(max_iter=3), **options)
@@ -68,8 +70,13 @@ def test_fit_settings_keep_the_keyword_defaults() -> None:
     assert (s.method, s.max_iter, s.lr, s.timeout_sec) == ("lbfgs", 200, 0.05, None)
     assert s.restandardize and s.include_priors
     p = WISKIProjectionFitSettings()
-    assert (p.method, p.max_iter, p.lr, p.include_priors, p.joint) == ("adam", 100, 0.01, True,
-                                                                       False)
+    assert (p.method, p.max_iter, p.lr, p.include_priors, p.joint) == (
+        "adam",
+        100,
+        0.01,
+        True,
+        False,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.max_iter = 3  # type: ignore[misc]
     assert WISKI.fit_settings_class is WISKIFitSettings
@@ -124,15 +131,17 @@ def test_log_prior_equals_the_prior_densities_written_out() -> None:
     model.fit(max_iter=5)  # away from the initial values
     ls = model.covar_module.lengthscale.detach()
     noise = model.likelihood.noise.detach()
-    expected = _lengthscale_prior(2).log_prob(ls).sum() + LogNormalPrior(-4.0, 1.0).log_prob(
-        noise).sum()
+    expected = (
+        _lengthscale_prior(2).log_prob(ls).sum() + LogNormalPrior(-4.0, 1.0).log_prob(noise).sum()
+    )
     assert torch.allclose(model.log_prior(), expected, rtol=0, atol=1e-12)
     assert torch.equal(model._log_prior(), model.log_prior())
     # fixed noise: the likelihood is unused and its prior left out
     fixed = WISKI(X, Y, train_Yvar=torch.full_like(Y, 0.01), grid_size=12)
     ls = fixed.covar_module.lengthscale.detach()
-    assert torch.allclose(fixed.log_prior(), _lengthscale_prior(2).log_prob(ls).sum(), rtol=0,
-                          atol=1e-12)
+    assert torch.allclose(
+        fixed.log_prior(), _lengthscale_prior(2).log_prob(ls).sum(), rtol=0, atol=1e-12
+    )
     # additive default: one scaled kernel per component grid, outputscale prior Gamma(2, J)
     X5, Y5 = _data(d=5)
     additive = WISKI(X5, Y5, projection="pairs")
@@ -205,7 +214,10 @@ def test_projection_deprecated_spellings_warn_and_agree() -> None:
     assert torch.equal(a(X), b(X))
     # nothing renamed in the state dict (the flag is a plain attribute, not state)
     assert list(a.state_dict()) == [
-        "linear.weight", "linear.bias", "norm.running_mean", "norm.running_var",
+        "linear.weight",
+        "linear.bias",
+        "norm.running_mean",
+        "norm.running_var",
         "norm.num_batches_tracked",
     ]
     # a projection pickled before the rename (flag stored as "normalised") loads
@@ -246,8 +258,11 @@ def test_old_module_paths_name_the_same_objects() -> None:
     from bo_online.models.wiski import additive, classification, covariance, grid, projection
 
     for old, new in [
-        (old_grid, grid), (old_additive, additive), (old_projection, projection),
-        (old_classification, classification), (old_covariance, covariance),
+        (old_grid, grid),
+        (old_additive, additive),
+        (old_projection, projection),
+        (old_classification, classification),
+        (old_covariance, covariance),
     ]:
         assert old.__all__ == new.__all__
         for name in new.__all__:
@@ -260,8 +275,7 @@ def test_old_module_paths_name_the_same_objects() -> None:
 def test_a_run_config_naming_either_projection_path_builds_the_same_class(path) -> None:
     from bo_online.loops.options import instantiate
 
-    spec = {"__class__": f"{path}.TanhProjection", "args": [6], "kwargs": {"out_dim": 2,
-                                                                           "seed": 0}}
+    spec = {"__class__": f"{path}.TanhProjection", "args": [6], "kwargs": {"out_dim": 2, "seed": 0}}
     built = instantiate(spec)
     assert type(built) is TanhProjection
     ref = TanhProjection(6, out_dim=2, seed=0)
@@ -283,10 +297,17 @@ def test_the_loop_passes_its_fit_options_to_fit_projection(monkeypatch) -> None:
 
     monkeypatch.setattr(WISKI, "fit_projection", spy)
     loop = BayesOptLoop(
-        synthetic_problem("hartmann6"), model="wiski", seed=0, n_init=10, refit_every=1,
+        synthetic_problem("hartmann6"),
+        model="wiski",
+        seed=0,
+        n_init=10,
+        refit_every=1,
         model_options={"grid_size": 8, "projection": "tanh:2"},
-        fit_options={"joint": True, "lr": 0.03}, init_fit_max_iter=3,
-        fit_max_iter=3, acq="ts", acq_options={"num_candidates": 16},
+        fit_options={"joint": True, "lr": 0.03},
+        init_fit_max_iter=3,
+        fit_max_iter=3,
+        acq="ts",
+        acq_options={"num_candidates": 16},
     )
     loop.initialize()
     loop._fit(2)
