@@ -402,6 +402,36 @@ def _data_bounds(*arrays: np.ndarray) -> Tensor:
     return torch.tensor(np.stack([lo, hi]), dtype=torch.float64)
 
 
+def stream_arrays(
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    X_test: np.ndarray,
+    y_test: np.ndarray,
+    shuffle: bool = True,
+    seed: int = 0,
+    max_stream: int | None = None,
+    max_test: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""A stream's arrays as float64 tensors: the training rows (``n x d``, ``n``) in arrival
+    order (a permutation seeded by ``seed`` unless ``shuffle=False``, cut to ``max_stream``) and
+    the first ``max_test`` test rows."""
+    n = len(y_train)
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    if max_stream is not None:
+        order = order[:max_stream]
+    test_rows = slice(None) if max_test is None else slice(0, max_test)
+
+    def tensor(a: np.ndarray) -> Tensor:
+        return torch.tensor(a, dtype=torch.float64)
+
+    return (
+        tensor(X_train[order]),
+        tensor(y_train[order]),
+        tensor(X_test[test_rows]),
+        tensor(y_test[test_rows]),
+    )
+
+
 def magnetometer_problem(
     test_size: int = 10_000,
     pool_size: int | None = None,
@@ -467,19 +497,15 @@ def uci_problem(
         max_test: optionally truncate the test set (small tests).
     """
     data = datasets.load_uci(name, split=split, data_dir=data_dir)
-    X_tr, y_tr = data.train
-    X_te, y_te = data.test
-    order = np.random.default_rng(seed).permutation(len(y_tr)) if shuffle else np.arange(len(y_tr))
-    if max_stream is not None:
-        order = order[:max_stream]
-    test_rows = np.arange(len(y_te)) if max_test is None else np.arange(min(max_test, len(y_te)))
-    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    X_stream, y_stream, X_test, y_test = stream_arrays(
+        *data.train, *data.test, shuffle, seed, max_stream, max_test
+    )
     return StreamProblem(
         name=data.name,
-        X_stream=t(X_tr[order]),
-        y_stream=t(y_tr[order]),
-        X_test=t(X_te[test_rows]),
-        y_test=t(y_te[test_rows]),
+        X_stream=X_stream,
+        y_stream=y_stream,
+        X_test=X_test,
+        y_test=y_test,
         bounds=_data_bounds(data.X),
         spec={
             "name": data.name,
@@ -509,20 +535,17 @@ def banana_problem(
         max_test: optionally truncate the test set (small tests).
     """
     data = datasets.load_banana(data_dir=data_dir)
-    X_tr, y_tr = data.train
-    X_te, y_te = data.test
-    order = np.random.default_rng(seed).permutation(len(y_tr)) if shuffle else np.arange(len(y_tr))
-    if max_stream is not None:
-        order = order[:max_stream]
-    test_rows = np.arange(len(y_te)) if max_test is None else np.arange(min(max_test, len(y_te)))
-    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
-    label = lambda y: t((np.asarray(y) > 0).astype(np.float64))  # noqa: E731  (-1/1 -> 0/1)
+    (X_tr, y_tr), (X_te, y_te) = data.train, data.test
+    labels = lambda y: (np.asarray(y) > 0).astype(np.float64)  # noqa: E731  (-1/1 -> 0/1)
+    X_stream, y_stream, X_test, y_test = stream_arrays(
+        X_tr, labels(y_tr), X_te, labels(y_te), shuffle, seed, max_stream, max_test
+    )
     return StreamProblem(
         name="banana",
-        X_stream=t(X_tr[order]),
-        y_stream=label(y_tr[order]),
-        X_test=t(X_te[test_rows]),
-        y_test=label(y_te[test_rows]),
+        X_stream=X_stream,
+        y_stream=y_stream,
+        X_test=X_test,
+        y_test=y_test,
         bounds=_data_bounds(data.X),
         spec={
             "name": "banana",

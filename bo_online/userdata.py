@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bo_online.problems import PoolProblem, StreamProblem, _data_bounds
+from bo_online.problems import PoolProblem, StreamProblem, _data_bounds, stream_arrays
 
 __all__ = [
     "DataFileError",
@@ -375,18 +375,15 @@ def stream_from_file(
     X, y = table.data[:, cols], table.data[:, t_col]
     if task == "classification":
         y = _labels(y, table.path)
-    X_tr, y_tr, X_te, y_te = X[~mask], y[~mask], X[mask], y[mask]
-    order = np.random.default_rng(seed).permutation(len(y_tr)) if shuffle else np.arange(len(y_tr))
-    if max_stream is not None:
-        order = order[:max_stream]
-    test_rows = slice(None) if max_test is None else slice(0, max_test)
-    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    X_stream, y_stream, X_test, y_test = stream_arrays(
+        X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
+    )
     return StreamProblem(
         name=_stem(table.path),
-        X_stream=t(X_tr[order]),
-        y_stream=t(y_tr[order]),
-        X_test=t(X_te[test_rows]),
-        y_test=t(y_te[test_rows]),
+        X_stream=X_stream,
+        y_stream=y_stream,
+        X_test=X_test,
+        y_test=y_test,
         bounds=_data_bounds(X),
         spec=_spec(
             "stream",
