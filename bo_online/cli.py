@@ -63,8 +63,10 @@ ModelOptionOpt = Annotated[
         "--model-option",
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
         "when possible (numbers, true/false, lists), else kept as strings; a value "
-        "module.Class(literal args) builds that object (only classes of bo_online.models.wiski.projection "
-        "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to the model "
+        "module.Class(literal args) builds that object (only classes of "
+        "bo_online.models.wiski.projection "
+        "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to "
+        "the model "
         "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default pairs+tanh) "
         "--model-option projection=pairs.",
     ),
@@ -517,7 +519,8 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         print(f"records:    {out / history.RECORDS_FILE}")
         cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
         print(
-            f"checkpoint: {out / history.CHECKPOINT_FILE}  (continue: bo-online resume {out}{cluster})"
+            f"checkpoint: {out / history.CHECKPOINT_FILE}  "
+            f"(continue: bo-online resume {out}{cluster})"
         )
         for path in written:
             print(f"plot:       {path}")
@@ -829,7 +832,8 @@ def active(
     pool: Annotated[
         Optional[Path],
         typer.Option(
-            help="Your own pool instead: a .csv, .csv.gz or .npz file (inputs and a target column; see --inputs, --target)."
+            help="Your own pool instead: a .csv, .csv.gz or .npz file (inputs and a target column; "
+            "see --inputs, --target)."
         ),
     ] = None,
     inputs: InputsOpt = None,
@@ -854,7 +858,8 @@ def active(
     selection: Annotated[
         str,
         typer.Option(
-            help="snap (optimise over the box, snap to the nearest unused pool point) or pool (score pool points directly)."
+            help="snap (optimise over the box, snap to the nearest unused pool point) or pool "
+            "(score pool points directly)."
         ),
     ] = "snap",
     q: QOpt = 6,
@@ -868,7 +873,8 @@ def active(
     integrate_over: Annotated[
         str,
         typer.Option(
-            help="test (random held-out test inputs, fixed for the run) or sobol (Sobol points of the box, redrawn each step)."
+            help="test (random held-out test inputs, fixed for the run) or sobol (Sobol points of "
+            "the box, redrawn each step)."
         ),
     ] = "test",
     num_pool_candidates: Annotated[
@@ -988,13 +994,16 @@ def stream(
     problem: Annotated[
         Optional[str],
         typer.Option(
-            help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, concrete, energy, yacht, housing) or the banana classification set (models tsvgp, wiski)."
+            help="UCI regression set (skillcraft, elevators, protein, kin40k, bike, pol, airfoil, "
+            "concrete, energy, yacht, housing) or the banana classification set (models tsvgp, "
+            "wiski)."
         ),
     ] = None,
     data: Annotated[
         Optional[Path],
         typer.Option(
-            help="Your own data instead: a .csv, .csv.gz or .npz file (inputs then a target column; see --target, --test-fraction, --test-mask, --task)."
+            help="Your own data instead: a .csv, .csv.gz or .npz file (inputs then a target "
+            "column; see --target, --test-fraction, --test-mask, --task)."
         ),
     ] = None,
     target: TargetOpt = None,
@@ -1004,14 +1013,16 @@ def stream(
     task: Annotated[
         str,
         typer.Option(
-            help="With --data: regression, or classification (two target values; models tsvgp, wiski)."
+            help="With --data: regression, or classification (two target values; models tsvgp, "
+            "wiski)."
         ),
     ] = "regression",
     data_dir: DataDirOpt = None,
     split: Annotated[
         int,
         typer.Option(
-            help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana has one fixed split)."
+            help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana "
+            "has one fixed split)."
         ),
     ] = 0,
     shuffle: Annotated[

@@ -9,8 +9,8 @@ second derivatives of the log-likelihood (docs/math.md §2, E-step)::
 and the expected log-likelihood ``E_q[log p(y_i | f)]`` for the ELBO. All three are computed here by
 vectorised Gauss-Hermite quadrature (GPyTorch's ``GaussHermiteQuadrature1D``) on closed-form
 derivatives, so every likelihood is handled the same way. ``beta`` is a POSITIVE site precision
-(docs/math.md's sign convention) and is clipped at ``beta_min`` (1e-8): for a non-log-concave likelihood
-(Student-t) the expected curvature can be negative, which would make the sites improper.
+(docs/math.md's sign convention) and is clipped at ``beta_min`` (1e-8): for a non-log-concave
+likelihood (Student-t) the expected curvature can be negative, which would make the sites improper.
 
 Likelihoods (``y`` as stored by the model):
 
@@ -136,8 +136,9 @@ class SiteLikelihood(Module):
     def expected_derivatives(
         self, y: Tensor, mean: Tensor, var: Tensor, noise: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        r"""``(alpha, beta)`` with ``alpha = E_q[d log p/df]`` and ``beta = max(-E_q[d^2 log p/df^2],
-        beta_min)`` under ``q = N(mean, var)``, elementwise (docs/math.md §2, E-step)."""
+        r"""``(alpha, beta)`` with ``alpha = E_q[d log p/df]`` and
+        ``beta = max(-E_q[d^2 log p/df^2], beta_min)`` under ``q = N(mean, var)``, elementwise
+        (docs/math.md §2, E-step)."""
         alpha = self._expect(lambda f: self.d1(y, f, noise), mean, var, y, noise)
         beta = -self._expect(lambda f: self.d2(y, f, noise), mean, var, y, noise)
         return alpha, beta.clamp_min(self.beta_min)

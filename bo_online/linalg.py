@@ -88,7 +88,6 @@ def _solve_triangular_folded(L: Tensor, B: Tensor, transpose: bool) -> Tensor:
     if extra <= 0 or B.shape[extra:-2] != L.shape[:-2]:
         return torch.linalg.solve_triangular(Lt, B, upper=transpose)
     lead, rest = B.shape[:extra], B.shape[extra:]  # rest = L-batch x n x k
-    k = rest[-1]
     # E x Lb x n x k -> Lb x n x k x E -> Lb x n x (k E)
     perm = list(range(extra, B.dim())) + list(range(extra))
     folded = B.permute(*perm).reshape(*rest[:-1], -1)
@@ -104,12 +103,14 @@ def solve_lower_transpose(L: Tensor, B: Tensor) -> Tensor:
 
 
 def cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
-    r"""Solve ``(L L^T) X = B`` given the lower factor ``L`` (``... x n x n``, ``B``: ``... x n x k``)."""
+    r"""Solve ``(L L^T) X = B`` given the lower factor ``L`` (``... x n x n``, ``B``:
+    ``... x n x k``)."""
     return solve_lower_transpose(L, solve_lower(L, B))
 
 
 def cholesky_logdet(L: Tensor) -> Tensor:
-    r"""``log det(L L^T)`` for a lower factor ``L`` of shape ``... x n x n``; returns shape ``...``."""
+    r"""``log det(L L^T)`` for a lower factor ``L`` of shape ``... x n x n``; returns shape
+    ``...``."""
     return 2.0 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
 
 
@@ -219,7 +220,8 @@ def _blocked_low_rank(L: Tensor, U: Tensor, sign: float, block: int = _BLOCK) ->
     infos = [info_c]
 
     def block_factors(Pk: Tensor, Lck: Tensor) -> tuple[Tensor, Tensor]:
-        # V = P_k Lc^-T, so P_k Sigma_k P_k^T = s V V^T; then M_kk and G_k^T = s Lc^-T (M_kk^-1 V)^T.
+        # V = P_k Lc^-T, so P_k Sigma_k P_k^T = s V V^T; then M_kk and
+        # G_k^T = s Lc^-T (M_kk^-1 V)^T.
         V = torch.linalg.solve_triangular(Lck, Pk.mT, upper=False).mT
         eye_b = torch.eye(Pk.shape[-2], dtype=L.dtype, device=L.device)
         Mkk, info = torch.linalg.cholesky_ex(eye_b + sign * (V @ V.mT))
@@ -489,9 +491,10 @@ class LowRankUpdatedCholesky:
         if self.U is None:
             return LowRankUpdatedCholesky(self.L, U, W_new, self._gram_factor(W_new))
         batch = broadcast_shapes(self.W.shape[:-2], W_new.shape[:-2])
-        cat = lambda a, b: torch.cat(
-            [a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])], -1
-        )
+
+        def cat(a: Tensor, b: Tensor) -> Tensor:
+            return torch.cat([a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])], -1)
+
         W = cat(self.W, W_new)
         return LowRankUpdatedCholesky(self.L, cat(self.U, U), W, self._gram_factor(W))
 
@@ -507,7 +510,8 @@ class LowRankUpdatedCholesky:
 
     def whiten(self, A: Tensor) -> tuple[Tensor, Tensor | None]:
         r"""``(L^-1 A, C^-1 W^T L^-1 A)`` for ``A``: ``batch x m x q``, so that
-        ``A^T B'^-1 A = P^T P - H^T H`` with ``(P, H)`` returned (``H`` None without a low-rank term)."""
+        ``A^T B'^-1 A = P^T P - H^T H`` with ``(P, H)`` returned (``H`` None without a low-rank
+        term)."""
         P = solve_lower(self.L, A)
         if self.U is None:
             return P, None

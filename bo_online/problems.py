@@ -327,7 +327,8 @@ class CallableProblem(Problem):
         values = values.reshape(-1)
         if values.shape[0] != X.shape[0]:
             raise ValueError(
-                f"Objective {self.name!r} returned {values.shape[0]} values for {X.shape[0]} points."
+                f"Objective {self.name!r} returned {values.shape[0]} values for "
+                f"{X.shape[0]} points."
             )
         return values
 

@@ -164,8 +164,10 @@ def _read_csv(path: Path, gz: bool) -> Table:
                     (
                         line,
                         (
-                            f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): {text!r} is not a "
-                            f"number; only numeric columns can be used (encode this column, or leave it "
+                            f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): "
+                            f"{text!r} is not a "
+                            f"number; only numeric columns can be used (encode this column, or "
+                            f"leave it "
                             f"out with --inputs)."
                         ),
                     ),
@@ -174,7 +176,8 @@ def _read_csv(path: Path, gz: bool) -> Table:
                 problems[j] = (
                     line,
                     (
-                        f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is {text or 'empty'}; "
+                        f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}) is "
+                        f"{text or 'empty'}; "
                         f"drop or fill the rows with missing values."
                     ),
                 )

@@ -8,9 +8,9 @@ each bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExact
 
 * **Incremental construction.** A small in-process store remembers, per (experiment, model
   class, outcome, features) -- the experiment being the generation strategy's own random
-  ``experiment_key`` --, the last model Ax built *and fitted* to generate a trial, with the training data Ax
-  handed it (cross-validation folds, into which Ax loads a ``state_dict``, are never
-  remembered). When the new training data
+  ``experiment_key`` --, the last model Ax built *and fitted* to generate a trial, with the
+  training data Ax handed it (cross-validation folds, into which Ax loads a ``state_dict``, are
+  never remembered). When the new training data
   *extends* those data (identical earlier inputs, earlier outcomes equal up to the positive affine
   map Ax's ``StandardizeY`` introduces as its statistics move), the new model is the previous one
   conditioned on the new rows only (``condition_on_observations``) -- not a rebuild. Anything else

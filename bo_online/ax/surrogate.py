@@ -270,8 +270,8 @@ class AxOnlineMixin:
 def ax_model_class(model_class: type[OnlineModel] | str) -> type:
     r"""The Ax-facing subclass ``Ax<Name>`` of a bo_online model class (made once, cached).
 
-    The subclass lives in :mod:`bo_online.ax` under its name, so it is importable and picklable, and is
-    what ``ModelConfig(botorch_model_class=...)`` should name.
+    The subclass lives in :mod:`bo_online.ax` under its name, so it is importable and picklable,
+    and is what ``ModelConfig(botorch_model_class=...)`` should name.
     """
     cls = _resolve(model_class)
     with _LOCK:

@@ -1,4 +1,5 @@
-r"""Ask/tell loops: Bayesian optimisation, active learning and streaming regression and classification.
+r"""Ask/tell loops: Bayesian optimisation, active learning and streaming regression and
+classification.
 
 Each loop writes one record per step to ``<out_dir>/records.jsonl`` as it happens and a checkpoint
 after every step; :func:`resume` continues a run from its directory (e.g. after the process was
@@ -48,7 +49,8 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         out_dir: the run directory.
         problem: the problem object, needed only when the run used a user callable.
         **overrides: runtime options that do not change the trajectory: ``quiet``,
-            ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and ``data_dir`` (where pool/stream data are read from).
+            ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and
+            ``data_dir`` (where pool/stream data are read from).
     """
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE

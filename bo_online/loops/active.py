@@ -2,8 +2,8 @@ r"""Active learning of a field from a finite pool, in the ask/tell style.
 
 Per step the loop picks ``q`` unused pool points that most reduce the integrated posterior variance
 (BoTorch's ``qNegIntegratedPosteriorVariance``, integrated over a fixed random subset of the
-held-out test inputs, or over Sobol points), reads their outcomes, folds them into the surrogate with ``model.update``
-and reports the test RMSE, the mean predictive variance and the test NLL.
+held-out test inputs, or over Sobol points), reads their outcomes, folds them into the surrogate
+with ``model.update`` and reports the test RMSE, the mean predictive variance and the test NLL.
 
 Two ways to choose from the pool (``selection``):
 

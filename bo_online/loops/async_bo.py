@@ -76,7 +76,8 @@ def connect(address: str) -> Any:
         return Client(cluster)
     if "://" not in address:
         raise ValueError(
-            f"--dask must be local:N or a scheduler address such as tcp://host:8786, got {address!r}."
+            "--dask must be local:N or a scheduler address such as tcp://host:8786, "
+            f"got {address!r}."
         )
     try:
         return Client(address, timeout="20s")

@@ -41,7 +41,8 @@ class BayesOptLoop(OnlineLoop):
         problem: the objective (bounds, noise level, direction, optimum).
         acq: one of ``qucb``, ``ucb``, ``logei``, ``ei``, ``qlognei``, ``ts``.
         acq_options: acquisition options (``beta``, ``beta_schedule``, ``num_mc_samples``,
-            ``num_candidates`` for ``ts``, ...; see :func:`bo_online.acquisition.build_acquisition`).
+            ``num_candidates`` for ``ts``, ...; see
+            :func:`bo_online.acquisition.build_acquisition`).
         optimizer_options: ``optimize_acqf`` settings (``num_restarts``, ``raw_samples``,
             ``maxiter``, ``batch_limit``, ``sequential``).
         n_init: initial Sobol points (default ``max(5, 2 d)``, or 0 with ``initial_data``).

@@ -12,9 +12,10 @@ import warnings
 import torch
 from torch import Tensor
 
-#: smallest observation-noise variance, in standardised units (variance / outcome_std**2): GPyTorch's
-#: ``FixedGaussianNoise`` rounds smaller values up to the same 1e-6 (after BoTorch standardises Y),
-#: because below it the Cholesky / Woodbury solves lose all precision (WISKI gave NaN at 1e-300).
+#: smallest observation-noise variance, in standardised units (variance / outcome_std**2):
+#: GPyTorch's ``FixedGaussianNoise`` rounds smaller values up to the same 1e-6 (after BoTorch
+#: standardises Y), because below it the Cholesky / Woodbury solves lose all precision (WISKI gave
+#: NaN at 1e-300).
 NOISE_FLOOR = 1e-6
 
 

@@ -3,10 +3,10 @@ r"""Basis-function dictionaries for the weight-space GP of :mod:`bo_online.model
 QSGP (Evans & Nair, 2018, arXiv:1812.03010) models ``f(x) = phi(x)^T w`` with a weight prior
 ``w ~ N(0, S^-1)``, so the implied kernel is ``k(x, z) = phi(x)^T S^-1 phi(z)``. A basis provides:
 
-* ``features(X, idx)``: the columns ``idx`` of ``Phi`` at inputs ``X`` (``... x q x |idx|``); the full
-  ``n x m`` matrix is never formed by the model (it asks for ``m~`` columns at a time);
-* blocks of the prior precision ``S`` (``prior_precision_block``) or, for diagonal ``S``, its diagonal
-  (``prior_precision_diag``), which the estimators of Theorems 1-2 and Prop. 2 need;
+* ``features(X, idx)``: the columns ``idx`` of ``Phi`` at inputs ``X`` (``... x q x |idx|``); the
+  full ``n x m`` matrix is never formed by the model (it asks for ``m~`` columns at a time);
+* blocks of the prior precision ``S`` (``prior_precision_block``) or, for diagonal ``S``, its
+  diagonal (``prior_precision_diag``), which the estimators of Theorems 1-2 and Prop. 2 need;
 * ``kernel_diag(X)``: the exact kernel's prior variance ``k(x, x)`` (Prop. 4 augmentation).
 
 Three dictionaries, as in the paper:
@@ -16,8 +16,9 @@ Three dictionaries, as in the paper:
   ``b_j ~ U(0, 2 pi)``. Frequencies and phases are regenerated from ``(seed, j)`` by a counter-based
   hash every time they are needed (Sec. 4: "we can just save the random seeds"), so memory is
   independent of ``m`` and any column subset costs ``O(|idx| d)`` to produce.
-* :class:`InducingBasis` -- inducing points at the training inputs: ``Phi = K(X, Z)``, ``S = K(Z, Z)``
-  (App. G / I.2), fixed hyperparameters; the implied prior on the training inputs is the exact GP.
+* :class:`InducingBasis` -- inducing points at the training inputs: ``Phi = K(X, Z)``,
+  ``S = K(Z, Z)`` (App. G / I.2), fixed hyperparameters; the implied prior on the training inputs
+  is the exact GP.
 * :class:`RVMBasis` -- the relevance-vector machine (App. I.3): ``Phi = K(X, Z)`` and a learned
   diagonal precision ``S = diag(s)``.
 """

@@ -1,8 +1,9 @@
 r"""Index samplers, unbiased ELBO estimators and control variates of QSGP.
 
-Notation (Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010, Eq. 2; docs/math.md §4): ``f = Phi w``, ``w ~ N(0, S^-1)``,
-``q(w) = N(mu, C C^T)``, per-row noise precisions ``w_l = 1 / sigma_l^2`` (``sigma^2`` for all rows in
-the paper; a per-row vector here so fixed heteroscedastic noise works the same way). The negative
+Notation (Evans & Nair, "Quadruply Stochastic Gaussian Processes", 2018, arXiv:1812.03010, Eq. 2;
+docs/math.md §4): ``f = Phi w``, ``w ~ N(0, S^-1)``, ``q(w) = N(mu, C C^T)``, per-row noise
+precisions ``w_l = 1 / sigma_l^2`` (``sigma^2`` for all rows in the paper; a per-row vector here so
+fixed heteroscedastic noise works the same way). The negative
 ELBO is ``(L_mu + L_Sigma + L_const) / 2`` with
 
     L_mu    = -2 y^T W Phi mu + mu^T Phi^T W Phi mu + mu^T S mu
@@ -10,28 +11,29 @@ ELBO is ``(L_mu + L_Sigma + L_const) / 2`` with
     L_const = -log|S| - m + sum_l log(2 pi sigma_l^2) + y^T W y.
 
 ``C`` is a *chevron*: its first ``k`` columns are dense below the diagonal, the rest diagonal
-(``k = 0`` mean-field, ``k = m`` full). Column ``r`` is written ``c_r = e_r c_rr + l_r`` with ``l_r``
-strictly below the diagonal.
+(``k = 0`` mean-field, ``k = m`` full). Column ``r`` is written ``c_r = e_r c_rr + l_r`` with
+``l_r`` strictly below the diagonal.
 
 Four index samplers (all uniform, with replacement): rows ``l`` (``n~`` of ``n``, scale ``n/n~``),
-two independent basis samples ``i``, ``j`` (``m~`` of ``m``, scales ``m/m~`` and ``m^2/m~^2``) and the
-covariance columns ``r`` (diagonal columns: ``m_r`` of the ``m - k``, scale ``(m - k)/m_r``; dense
-columns: all ``k`` or ``k~`` of them, scale ``k/k~``).
+two independent basis samples ``i``, ``j`` (``m~`` of ``m``, scales ``m/m~`` and ``m^2/m~^2``) and
+the covariance columns ``r`` (diagonal columns: ``m_r`` of the ``m - k``, scale ``(m - k)/m_r``;
+dense columns: all ``k`` or ``k~`` of them, scale ``k/k~``).
 
 Estimators (Theorems 1-2, Prop. 2) use the two-index ("triple") form only where the matrix is dense.
 For diagonal parts (a diagonal ``S``, the diagonal columns of ``C``, the ``c_rr`` spike of a dense
 column) the two-index form is unbiased but almost always zero (``i`` and ``j`` rarely coincide), so
-single-index estimators are used instead (docs/math.md §4): e.g. ``sum_i s_ii mu_i^2 ~ (m/m~) sum_{i in I}
-s_ii mu_i^2`` and ``c_rr^2 ||phi_r||_W^2 ~ c_rr^2 (n/n~) sum_{l in L} w_l phi_lr^2``.
+single-index estimators are used instead (docs/math.md §4): e.g.
+``sum_i s_ii mu_i^2 ~ (m/m~) sum_{i in I} s_ii mu_i^2`` and
+``c_rr^2 ||phi_r||_W^2 ~ c_rr^2 (n/n~) sum_{l in L} w_l phi_lr^2``.
 
 Control variate (Eq. 3, Prop. 3): the Phi-quadratic term ``v^T Phi^T W Phi v`` (``v = mu`` or
-``l_r``) gets ``-(n/n_bar) (m^2/m~^2) (Phi_pj v_j)^T W_p (Phi_pi v_i) + (n/n_bar) a^T W_p a`` with a fixed
-set ``p`` of ``n_bar`` rows and ``a = Phi_p v`` maintained incrementally; its gradient is sparsified
-and rescaled by ``m/|i u j|`` (App. F.1) so the update stays sparse.
+``l_r``) gets ``-(n/n_bar) (m^2/m~^2) (Phi_pj v_j)^T W_p (Phi_pi v_i) + (n/n_bar) a^T W_p a`` with a
+fixed set ``p`` of ``n_bar`` rows and ``a = Phi_p v`` maintained incrementally; its gradient is
+sparsified and rescaled by ``m/|i u j|`` (App. F.1) so the update stays sparse.
 
-Theorem 3 (log-concave likelihoods) with the standard-deviation fix of docs/math.md §4: the quadrature
-node multiplies the *standard deviation* ``sqrt(phi Sigma phi^T)`` (the paper's Eq. 5 / Thm 3 put the
-variance there).
+Theorem 3 (log-concave likelihoods) with the standard-deviation fix of docs/math.md §4: the
+quadrature node multiplies the *standard deviation* ``sqrt(phi Sigma phi^T)`` (the paper's Eq. 5 /
+Thm 3 put the variance there).
 """
 
 from __future__ import annotations
@@ -118,10 +120,10 @@ def sample_indices(
     drawn with replacement (the paper's sampler) or, with ``replace_cols=False``, each without
     replacement (``m~ <= m`` distinct columns, independently for ``i`` and ``j``). Both are unbiased
     with the same scale factors: every column is in a sample with expected multiplicity ``m~/m``,
-    and ``i``, ``j`` are independent, so ``E[(m/m~) sum_{i in I} v_i] = sum_i v_i`` and ``E[(m^2/m~^2)
-    sum_{i in I, j in J} v_i u_j] = (sum v)(sum u)``. Without replacement the column noise carries
-    the finite-population factor ``1 - m~/m`` and vanishes at ``m~ = m`` (then ``i`` and ``j`` are
-    permutations of all columns and only the rows and ``r`` are sampled).
+    and ``i``, ``j`` are independent, so ``E[(m/m~) sum_{i in I} v_i] = sum_i v_i`` and
+    ``E[(m^2/m~^2) sum_{i in I, j in J} v_i u_j] = (sum v)(sum u)``. Without replacement the column
+    noise carries the finite-population factor ``1 - m~/m`` and vanishes at ``m~ = m`` (then ``i``
+    and ``j`` are permutations of all columns and only the rows and ``r`` are sampled).
 
     Args:
         n, m, k: data size, basis size, number of dense columns of ``C``.
@@ -154,7 +156,8 @@ def sample_indices(
 
 
 def linear_phi_estimate(s: IndexSample, Fi: Tensor, y: Tensor, w: Tensor, vi: Tensor) -> Tensor:
-    r"""Estimate of ``y^T W Phi v``: ``(n/n~)(m/m~) sum_l w_l y_l (Phi_li v_i)``. ``vi``: ``m~ x c``."""
+    r"""Estimate of ``y^T W Phi v``: ``(n/n~)(m/m~) sum_l w_l y_l (Phi_li v_i)``.
+    ``vi``: ``m~ x c``."""
     return s.row_scale * s.col_scale * ((w * y).unsqueeze(-1) * (Fi @ vi)).sum(0)
 
 
@@ -214,7 +217,7 @@ def control_variate(
     return -neg + rho * expect + ((1.0 - rho) * expect).detach()
 
 
-# ----------------------------------------------------------------------------- Theorems 1, 2, Prop. 2
+# ------------------------------------------------------------------------- Theorems 1, 2, Prop. 2
 
 
 def theorem1_estimate(
@@ -231,8 +234,9 @@ def theorem1_estimate(
 ) -> Tensor:
     r"""Unbiased estimate of ``L_mu`` (Theorem 1; single-index prior term for diagonal S).
 
-    ``Fi``/``Fj``: ``n~ x m~``; ``y``, ``w``: ``n~``; ``mu_i``, ``mu_j``: ``m~``; ``S_diag_i``: ``m~``
-    (diagonal S) or ``S_ji``: ``m~ x m~`` (dense S); ``cv``: optional control-variate value (scalar).
+    ``Fi``/``Fj``: ``n~ x m~``; ``y``, ``w``: ``n~``; ``mu_i``, ``mu_j``: ``m~``; ``S_diag_i``:
+    ``m~`` (diagonal S) or ``S_ji``: ``m~ x m~`` (dense S); ``cv``: optional control-variate value
+    (scalar).
     """
     vi, vj = mu_i.unsqueeze(-1), mu_j.unsqueeze(-1)
     out = -2.0 * linear_phi_estimate(s, Fi, y, w, vi)
@@ -266,8 +270,9 @@ def theorem2_estimate(
     Diagonal columns ``r`` (``c_r = e_r c_rr``), single index:
         ``((m-k)/m_r) sum_r [c_rr^2 ((n/n~) sum_l w_l phi_lr^2 + s_rr) - 2 log c_rr]``.
     Dense columns ``r`` (``c_r = e_r c_rr + l_r``), with ``A = Phi^T W Phi + S``:
-        ``c_r^T A c_r = c_rr^2 A_rr + 2 c_rr A_{r,:} l_r + l_r^T A l_r``; ``A_rr`` and ``A_{r,:} l_r``
-        by single index, ``l_r^T Phi^T W Phi l_r`` by the two-index Thm 2 estimator (+ ``cv``).
+        ``c_r^T A c_r = c_rr^2 A_rr + 2 c_rr A_{r,:} l_r + l_r^T A l_r``; ``A_rr`` and
+        ``A_{r,:} l_r`` by single index, ``l_r^T Phi^T W Phi l_r`` by the two-index Thm 2 estimator
+        (+ ``cv``).
 
     Args:
         F_r: ``n~ x m_r`` features ``Phi[l, r]``; log_c_r, S_diag_r: ``m_r``.

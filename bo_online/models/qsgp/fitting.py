@@ -311,11 +311,15 @@ class QSGPFitMixin:
                 rows = torch.randperm(self.num_data, generator=gen)[:hyper_rows]
             size = self.num_data if rows is None else rows.numel()
             cm = self._fits_constant_mean()
-            if evidence == "kernel":
-                objective = lambda: self._kernel_log_marginal(constant_mean=cm)
-            else:
-                objective = lambda: self.exact_log_marginal(rows, constant_mean=cm)
-            loss = lambda: -(objective() + self.log_prior()) / size
+
+            def objective() -> Tensor:
+                if evidence == "kernel":
+                    return self._kernel_log_marginal(constant_mean=cm)
+                return self.exact_log_marginal(rows, constant_mean=cm)
+
+            def loss() -> Tensor:
+                return -(objective() + self.log_prior()) / size
+
             self.train()
             try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
                 minimize_loss(
@@ -361,9 +365,10 @@ class QSGPFitMixin:
 
     @torch.no_grad()
     def set_optimal_variational(self) -> None:
-        r"""``mu* = A^-1 Phi^T W y`` and the optimal ``C`` within the family, ``A = S + Phi^T W Phi``
-        (full: ``chol(A^-1)``; diagonal column r: ``c_rr = A_rr^-1/2`` (Prop. 1); dense chevron
-        column r: ``c = A_sub^-1 e_1 / sqrt(e_1^T A_sub^-1 e_1)`` with ``A_sub = A[r:, r:]``)."""
+        r"""``mu* = A^-1 Phi^T W y`` and the optimal ``C`` within the family,
+        ``A = S + Phi^T W Phi`` (full: ``chol(A^-1)``; diagonal column r: ``c_rr = A_rr^-1/2``
+        (Prop. 1); dense chevron column r: ``c = A_sub^-1 e_1 / sqrt(e_1^T A_sub^-1 e_1)`` with
+        ``A_sub = A[r:, r:]``)."""
         Phi = self.basis.features(self.train_X)
         idx = self.basis.all_indices()
         S = self.basis.prior_precision_block(idx, idx)

@@ -270,7 +270,8 @@ class QSGP(
         return None
 
     def _augmentation(self, X: Tensor) -> Tensor:
-        r"""Prop. 4: ``sigma^2 k(x,x)^2 / (k(x)^T k(x) + sigma^2 k(x,x))`` per point (``... x q``)."""
+        r"""Prop. 4: ``sigma^2 k(x,x)^2 / (k(x)^T k(x) + sigma^2 k(x,x))`` per point
+        (``... x q``)."""
         kxx = self.basis.kernel_diag(X)
         kk = torch.zeros_like(kxx)
         for idx in self._chunks():

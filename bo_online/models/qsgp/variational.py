@@ -120,8 +120,8 @@ class QSGPVariationalMixin:
         return mean, out
 
     def _features_times_C(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Mean ``c + Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column blocks
-        (so ``A A^T`` is the covariance :meth:`_moments` returns)."""
+        r"""Mean ``c + Phi_X mu`` (``... x q``) and ``A = Phi_X C`` (``... x q x m``), in column
+        blocks (so ``A A^T`` is the covariance :meth:`_moments` returns)."""
         k = self.num_dense
         mean = self.mean_constant.to(X).expand(X.shape[:-1])  # the constant prior mean c
         A = torch.zeros(*X.shape[:-1], self.num_features, dtype=X.dtype, device=X.device)

@@ -12,17 +12,19 @@ The sites enter the posterior only through two m-dimensional summaries::
     mean(x) = c + k_xu (K + Lam)^-1 lam
     cov(x, x') = k(x, x') - k_xu K^-1 k_ux' + k_xu (K + Lam)^-1 k_ux'
 
-so a new observation is folded in by ADDING its site: a rank-q update of a Cholesky factor, O(m^2 q),
-independent of n. For a Gaussian likelihood ``g1_i = (y_i - c)/sigma^2``, ``beta_i = 1/sigma^2``
-and the model is exactly SGPR (Titsias 2009); for other likelihoods (Bernoulli probit/logit,
-Poisson, Student-t: ``bo_online.likelihoods``) the sites come from natural-gradient E-steps
-(``alpha_i = E_q[d log p/df]``, ``beta_i = -E_q[d^2 log p/df^2]``, ``g1_i = beta_i m_i + alpha_i``).
+so a new observation is folded in by ADDING its site: a rank-q update of a Cholesky factor,
+O(m^2 q), independent of n. For a Gaussian likelihood ``g1_i = (y_i - c)/sigma^2``,
+``beta_i = 1/sigma^2`` and the model is exactly SGPR (Titsias 2009); for other likelihoods
+(Bernoulli probit/logit, Poisson, Student-t: ``bo_online.likelihoods``) the sites come from
+natural-gradient E-steps (``alpha_i = E_q[d log p/df]``, ``beta_i = -E_q[d^2 log p/df^2]``,
+``g1_i = beta_i m_i + alpha_i``).
 
 Factorisation used (a stable form of "the Cholesky of K + Lam"): with ``L_K L_K^T = K`` and the
 whitened ``B = I + L_K^-1 Lam L_K^-T = L_B L_B^T`` (eigenvalues >= 1), ``chol(K + Lam) = L_K L_B``.
 The caches are ``L_K``, ``L_B``, ``lam_w = L_K^-1 lam`` and ``v = B^-1 lam_w``; then
-``mean(x) = c + a_x^T v`` and ``var(x) = k_xx - |a_x|^2 + |L_B^-1 a_x|^2`` with ``a_x = L_K^-1 k_ux``,
-and ``KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2)`` (docs/math.md §2's KL, whitened).
+``mean(x) = c + a_x^T v`` and ``var(x) = k_xx - |a_x|^2 + |L_B^-1 a_x|^2`` with
+``a_x = L_K^-1 k_ux``, and ``KL[q(u) || p(u)] = 1/2 (logdet B + tr B^-1 - m + |v|^2)`` (docs/math.md
+§2's KL, whitened).
 
 Learning is variational EM (paper Sec. 3-4): E-steps move the sites by natural gradients
 (full batch or minibatch with the N/|B| scaling of Eqs. 22-23); M-steps maximise the TIGHTER bound
@@ -31,12 +33,13 @@ points -- with Adam or L-BFGS. The per-point sites (O(n)) are kept so any refit 
 exactly. For a Gaussian likelihood the E-step is exact in closed form and the M-step objective is
 the collapsed SGPR bound.
 
-Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood is
-not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap: ``fantasize``
-for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one updates for
-the conditioned model keeps its parent's factor ``L_B`` and the q new whitened site columns, and
-solves with ``B + U U^T`` in Woodbury form (``bo_online.linalg.LowRankUpdatedCholesky``); ``update``
-(in place) folds them into the factor itself).
+Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood
+is not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap:
+``fantasize`` for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one
+updates for the conditioned model keeps its parent's factor ``L_B`` and the q new whitened site
+columns, and solves with ``B + U U^T`` in Woodbury form
+(``bo_online.linalg.LowRankUpdatedCholesky``); ``update`` (in place) folds them into the factor
+itself).
 
 Several outputs (``train_Y`` ``n x m``, Gaussian likelihoods): the outputs are an internal batch
 dimension -- per-point tensors ``m x n``, caches ``batch x m x ...`` -- exactly m independent

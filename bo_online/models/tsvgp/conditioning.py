@@ -70,9 +70,9 @@ class TSVGPConditioningMixin:
         return B, lam_w, v, g1, beta
 
     def _woodbury_v(self, B: LowRankUpdatedCholesky, A: Tensor, beta: Tensor, g1: Tensor) -> Tensor:
-        r"""``v' = B'^-1 (lam_w + A g1)`` from the cached ``v = B^-1 lam_w``, for ``B' = B + U U^T``,
-        ``U = A diag(beta)^1/2`` and ``B = L_B L_B^T`` (no pending sites). With ``G = B^-1 A``
-        (two solves with q columns) and ``x = v + G g1``, Woodbury gives
+        r"""``v' = B'^-1 (lam_w + A g1)`` from the cached ``v = B^-1 lam_w``, for
+        ``B' = B + U U^T``, ``U = A diag(beta)^1/2`` and ``B = L_B L_B^T`` (no pending sites). With
+        ``G = B^-1 A`` (two solves with q columns) and ``x = v + G g1``, Woodbury gives
         ``v' = x - G D C^-T C^-1 D A^T x`` (``D = diag(beta)^1/2``, ``C C^T = I + U^T B^-1 U``):
         every per-sample step is a small product, no solve with ``L_B`` per fantasy sample."""
         G = cholesky_solve(B.L, A)  # batch x m x q
@@ -96,7 +96,10 @@ class TSVGPConditioningMixin:
         yb, g1b, betab = (t.expand(*batch, X.shape[-2]) for t in (Y, g1, beta))
         nb = None if noise is None else noise.expand(*batch, X.shape[-2])
         if self._cX is not None:  # conditioning a conditioned model: extend its added chunk
-            cat = lambda old, new_: torch.cat([old.expand(*batch, old.shape[-1]), new_], -1)
+
+            def cat(old: Tensor, new_: Tensor) -> Tensor:
+                return torch.cat([old.expand(*batch, old.shape[-1]), new_], -1)
+
             Xb = torch.cat([self._cX.expand(*model_batch, *self._cX.shape[-2:]), Xb], -2)
             yb, g1b, betab = cat(self._cy, yb), cat(self._cg1, g1b), cat(self._cbeta, betab)
             if self._cnoise is not None or nb is not None:

@@ -240,7 +240,8 @@ class TSVGP(
     def hyperparameters(self):
         r"""Kernel, mean and inducing points; the likelihood's parameters only for a Gaussian
         likelihood (its sites are exact functions of the noise). Non-Gaussian sites are frozen
-        across hyperparameter changes (the M-step's tighter bound), so they do not key the caches."""
+        across hyperparameter changes (the M-step's tighter bound), so they do not key the
+        caches."""
         for name, p in self.named_parameters():
             if name.startswith("likelihood.") and not self.likelihood.conjugate:
                 continue
@@ -305,7 +306,10 @@ class TSVGP(
         batch = broadcast_shapes(mean.shape[:-1], cov_batch)
         q, m = X.shape[-2], A.shape[-2]
         if q <= self.dense_posterior_max_q:
-            gram = lambda T: T.transpose(-1, -2) @ T
+
+            def gram(T: Tensor) -> Tensor:
+                return T.transpose(-1, -2) @ T
+
             with gpytorch.settings.lazily_evaluate_kernels(False):
                 prior = self.covar_module(self._kx(X)).to_dense()
             covar = prior - gram(A) + gram(P)
@@ -315,9 +319,12 @@ class TSVGP(
             covar = DenseLinearOperator(covar.expand(*batch, q, q))
             return MultivariateNormal(mean.expand(*batch, q), covar)
         prior = self.covar_module(self._kx(X))
-        lazy = lambda T, k: MatmulLinearOperator(
-            T.expand(*batch, k, q).transpose(-1, -2), T.expand(*batch, k, q)
-        )
+
+        def lazy(T: Tensor, k: int) -> MatmulLinearOperator:
+            return MatmulLinearOperator(
+                T.expand(*batch, k, q).transpose(-1, -2), T.expand(*batch, k, q)
+            )
+
         covar = prior.expand(*batch, q, q) + lazy(P, m) + lazy(A, m) * -1.0
         if H is not None:
             covar = covar + lazy(H, H.shape[-2]) * -1.0

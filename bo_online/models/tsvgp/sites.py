@@ -82,7 +82,10 @@ class TSVGPSitesMixin:
         if n + q > self._X.shape[0]:  # grow the storage geometrically: amortised O(q) appends
             cap = max(2 * self._X.shape[0], n + q)
             self._X = torch.cat([self._X[:n], self._X.new_zeros(cap - n, self._X.shape[-1])], 0)
-            grow = lambda t: torch.cat([t[..., :n], t.new_zeros(*t.shape[:-1], cap - n)], -1)
+
+            def grow(t: Tensor) -> Tensor:
+                return torch.cat([t[..., :n], t.new_zeros(*t.shape[:-1], cap - n)], -1)
+
             self._y, self._g1, self._beta = map(grow, (self._y, self._g1, self._beta))
             if self._noise is not None:
                 self._noise = grow(self._noise)

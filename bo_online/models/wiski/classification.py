@@ -1,12 +1,12 @@
 r"""Dirichlet-based GP classification (Milios et al., 2018) on WISKI.
 
 Classification becomes C independent fixed-noise regressions (docs/math.md §1, Stanton et al.,
-"Kernel Interpolation for Scalable Online Gaussian Processes", 2021, arXiv:2103.01454, App. A.5): for a label y_i and class c, ``alpha_ic = 1[y_i = c] + alpha_eps``; the regression
-target is ``log alpha_ic - sigma_ic^2 / 2`` with fixed noise ``sigma_ic^2 = log(1 + 1/alpha_ic)``.
-Each class is a :class:`bo_online.models.WISKI` with fixed heteroscedastic noise, so updates stay
-O(m^2 q) per class whatever n is. Class probabilities are the Monte-Carlo average of
-``softmax(f)`` over the latent posteriors (Milios et al., Eq. 8); predictions are the argmax of the
-posterior means.
+"Kernel Interpolation for Scalable Online Gaussian Processes", 2021, arXiv:2103.01454, App. A.5):
+for a label y_i and class c, ``alpha_ic = 1[y_i = c] + alpha_eps``; the regression target is
+``log alpha_ic - sigma_ic^2 / 2`` with fixed noise ``sigma_ic^2 = log(1 + 1/alpha_ic)``. Each class
+is a :class:`bo_online.models.WISKI` with fixed heteroscedastic noise, so updates stay O(m^2 q) per
+class whatever n is. Class probabilities are the Monte-Carlo average of ``softmax(f)`` over the
+latent posteriors (Milios et al., Eq. 8); predictions are the argmax of the posterior means.
 
 Use it for streaming classification of low-dimensional inputs (or more through a projection,
 shared by none of the classes here: give each class model its own via ``projection_factory``).

@@ -309,8 +309,8 @@ class WISKIFitMixin:
     def projection_step(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
     ) -> Tensor:
-        r"""One online gradient-ascent step on the projection for new points (arXiv:2103.01454, Eq. 18,
-        App. A.4), to be followed by ``update(X, Y, noise)``.
+        r"""One online gradient-ascent step on the projection for new points (arXiv:2103.01454,
+        Eq. 18, App. A.4), to be followed by ``update(X, Y, noise)``.
 
         Only the new points' interpolation weights depend on the projection; the statistics of
         the old points stay fixed (the paper's approximation). The objective is the part of the
