@@ -35,11 +35,10 @@ the collapsed SGPR bound.
 
 Use it for BO / active learning when n will grow large (thousands and beyond), when the likelihood
 is not Gaussian (binary success/failure, counts, outliers), or when fantasies must be cheap:
-``fantasize`` for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood (rank-one
-updates for the conditioned model keeps its parent's factor ``L_B`` and the q new whitened site
-columns, and solves with ``B + U U^T`` in Woodbury form
-(``bo_online.linalg.LowRankUpdatedCholesky``); ``update`` (in place) folds them into the factor
-itself).
+``fantasize`` for q points costs O(m^2 q + S m^2) for S samples with a Gaussian likelihood: the
+conditioned model keeps its parent's factor ``L_B`` and the q new whitened site columns ``U``, and
+solves with ``B + U U^T`` in Woodbury form (``bo_online.linalg.LowRankUpdatedCholesky``);
+``update`` (in place) folds the new columns into the factor itself by rank-one updates.
 
 Several outputs (``train_Y`` ``n x m``, Gaussian likelihoods): the outputs are an internal batch
 dimension -- per-point tensors ``m x n``, caches ``batch x m x ...`` -- exactly m independent
