@@ -9,8 +9,8 @@ it), targets standardised with the training rows' mean and standard deviation (s
 standardised units as in the paper). Models, each with m = 256 inducing points:
 
 * ``wiski`` -- a learned linear projection to 2-D, batch-norm and tanh
-  (:class:`bo_online.models.wiski.projection.TanhProjection`) feeding the RBF-ARD kernel on a 16 x 16
-  grid (256 points);
+  (:class:`bo_online.models.wiski.projection.TanhProjection`) feeding the RBF-ARD kernel on a
+  16 x 16 grid (256 points);
 * ``exact`` -- the exact online GP (same kernel on the raw inputs), only where the training split
   has at most ``--exact-max`` rows (the paper also drops it on the large sets);
 * ``tsvgp`` -- t-SVGP (256 inducing points), the sparse variational online baseline standing in

@@ -95,7 +95,7 @@ def test_bad_options_print_one_line_and_write_nothing(case, tmp_path, capsys):
         argv = [*argv, "--out", str(out_dir)]
     code, out, err = _run(argv, capsys)
     assert code == 2, (code, out, err)
-    lines = [l for l in err.splitlines() if l.strip()]
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("bo-online: error: ") and expected in lines[0], lines[0]
     if "data dir" in case:
@@ -185,7 +185,7 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     assert code == 0, err
     assert "simple regret" in stdout and f"records:    {out / 'records.jsonl'}" in stdout
     assert "progress.png" in stdout and "time_per_step.png" in stdout
-    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     config = json.loads((out / "config.json").read_text())
     assert config["problem"] == {"name": "branin", "dim": 2, "noise_std": 0.0}
@@ -258,7 +258,7 @@ def test_active_and_stream_commands(tmp_path, capsys):
     assert code == 0, err
     assert "test RMSE: initial -> final" in stdout
     assert (out / "plots" / "rmse.png").is_file()
-    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == [8, 14, 20]
     out = tmp_path / "yacht"
     code, stdout, err = _run(
@@ -287,7 +287,7 @@ def test_active_and_stream_commands(tmp_path, capsys):
     )
     assert code == 0, err
     assert "prequential RMSE" in stdout
-    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == list(range(20, 61, 4))
     code, _, err = _run(
         [
@@ -346,7 +346,7 @@ def test_stream_banana_classification_command(tmp_path, capsys):
     assert code == 0, err
     assert "prequential accuracy" in stdout and "test accuracy (step " in stdout
     assert (out / "plots" / "accuracy.png").is_file()
-    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == list(range(20, 61, 5))
     assert all(len(r["pred_prob"]) == 5 and 0 < min(r["pred_prob"]) for r in records[1:])
     assert [r["test_accuracy"] is not None for r in records] == [s % 2 == 0 for s in range(9)]

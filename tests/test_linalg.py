@@ -246,9 +246,14 @@ def test_blocked_update_under_autograd_matches_finite_differences():
     L0 = torch.linalg.cholesky(A)
     U = 0.3 * torch.randn(m, 2, generator=torch.Generator().manual_seed(19), dtype=DT)
     W = torch.randn(m, m, generator=torch.Generator().manual_seed(20), dtype=DT)
-    f = lambda U_: (cholesky_update(L0, U_) * W).sum()
+
+    def f(U_):
+        return (cholesky_update(L0, U_) * W).sum()
+
     # dense reference for the gradient: the same objective through a fresh Cholesky
-    f_ref = lambda U_: (torch.linalg.cholesky(A + U_ @ U_.T) * W).sum()
+    def f_ref(U_):
+        return (torch.linalg.cholesky(A + U_ @ U_.T) * W).sum()
+
     Ug = U.clone().requires_grad_(True)
     f(Ug).backward()
     Ur = U.clone().requires_grad_(True)

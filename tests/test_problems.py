@@ -1,4 +1,5 @@
-r"""Problems: test functions by name (optimum, dims, noise), user callables, pools from real data."""
+r"""Problems: test functions by name (optimum, dims, noise), user callables, pools from real
+data."""
 
 from __future__ import annotations
 

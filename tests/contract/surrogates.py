@@ -71,8 +71,8 @@ def _ski_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
 
 
 def _sgpr_dense(model: TSVGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
-    r"""Titsias' SGPR at the model's inducing inputs Z (as ``tests/models/tsvgp/test_tsvgp.py``): the optimal
-    Gaussian q(u) of a Gaussian likelihood, computed densely."""
+    r"""Titsias' SGPR at the model's inducing inputs Z (as ``tests/models/tsvgp/test_tsvgp.py``):
+    the optimal Gaussian q(u) of a Gaussian likelihood, computed densely."""
     k = model.covar_module
     with torch.no_grad():
         Z = model.inducing_points

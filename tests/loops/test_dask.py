@@ -302,7 +302,8 @@ def test_sweep_spec_errors(tmp_path):
 
     bad = tmp_path / "bad.toml"
     bad.write_text(
-        "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\nseeds = [0]\nsteps_per = 1\n"
+        "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb']\n"
+        "seeds = [0]\nsteps_per = 1\n"
     )
     with pytest.raises(ValueError, match="unknown key"):
         load_spec(bad)

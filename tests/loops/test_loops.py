@@ -104,10 +104,11 @@ def loop_options(model: str, dim: int) -> dict:
 @pytest.mark.parametrize("model", ONLINE_MODELS)
 @pytest.mark.parametrize("name", ["branin", "hartmann6"])
 def test_bo_beats_sobol_over_five_seeds(model, name):
-    r"""30 BO steps (q = 1; Thompson sampling, see ``loop_options``) after a Sobol design beat a Sobol sequence of the
-    same total size on average over 5 seeds (true values; the problems are noiseless). Every
-    importable online surrogate is included automatically; the SingleTaskGP baseline (refit
-    from scratch every step, ~10x slower per run) has its own shorter test below."""
+    r"""30 BO steps (q = 1; Thompson sampling, see ``loop_options``) after a Sobol design beat a
+    Sobol sequence of the same total size on average over 5 seeds (true values; the problems are
+    noiseless). Every importable online surrogate is included automatically; the SingleTaskGP
+    baseline (refit from scratch every step, ~10x slower per run) has its own shorter test
+    below."""
     bo_best, sobol_best = [], []
     for seed in range(5):
         problem = synthetic_problem(name)
@@ -344,7 +345,8 @@ _CHILD = textwrap.dedent(
     def report(record):
         print("step", record["step"], flush=True)
         time.sleep(0.2)  # so the parent's SIGKILL lands while the run is still going
-    BayesOptLoop(synthetic_problem("hartmann3", noise_std=0.1), out_dir=out, **kw).run(5, callback=report)
+    problem = synthetic_problem("hartmann3", noise_std=0.1)
+    BayesOptLoop(problem, out_dir=out, **kw).run(5, callback=report)
     print("finished", flush=True)
     """
 )
@@ -609,7 +611,8 @@ def _direct_proba(model, X):
 def test_streaming_classification_records_the_models_own_probabilities(model):
     r"""Driving the loop by ask/tell: each recorded probability equals the surrogate's predictive
     probability computed directly BEFORE the update (prequential), the log loss and accuracy follow
-    from it, and tell then folds exactly those labelled rows in (same posterior as updating a copy)."""
+    from it, and tell then folds exactly those labelled rows in (same posterior as updating a
+    copy)."""
     import copy
 
     stream = _banana()

@@ -37,7 +37,8 @@ def _data(n: int, d: int = 3, seed: int = 0, noise_std: float = 0.05):
 
 
 def _reference(X, Y) -> tuple[SingleTaskGP, float]:
-    """SingleTaskGP (Standardize) fitted from its defaults by fit_gpytorch_mll; its MLL per point."""
+    """SingleTaskGP (Standardize) fitted from its defaults by fit_gpytorch_mll; its MLL per
+    point."""
     ref = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
     mll = ExactMarginalLogLikelihood(ref.likelihood, ref)
     with warnings.catch_warnings():

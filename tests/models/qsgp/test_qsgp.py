@@ -720,7 +720,7 @@ def test_sgd_approaches_family_optimum_and_freezes_hypers():
             (t, model.basis.kernel.base_kernel.lengthscale.detach().clone())
         ),
     )
-    assert all(torch.equal(l, ls0) for t, l in seen if t < 450)
+    assert all(torch.equal(ls, ls0) for t, ls in seen if t < 450)
     assert not torch.equal(seen[-1][1], ls0)  # learned after the warm-up freeze
     with torch.no_grad():
         final = float(model.exact_elbo())

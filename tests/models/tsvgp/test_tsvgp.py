@@ -523,8 +523,9 @@ def test_e_step_equals_gpytorch_ngd_step(lik_name):
 
 
 def test_minibatch_e_step_scaling():
-    # Tied minibatch update (paper Eqs. 22-23, docs/math.md §2) with |B| = N/2: the summaries move to
-    # (1 - rho) * old + rho * (N/|B|) * (batch contribution), checked against a dense computation.
+    # Tied minibatch update (paper Eqs. 22-23, docs/math.md §2) with |B| = N/2: the summaries move
+    # to (1 - rho) * old + rho * (N/|B|) * (batch contribution), checked against a dense
+    # computation.
     X, Y = _data(n=20)
     model = _set_hypers(TSVGP(X, Y, inducing_points=X[::4].clone()))
     model.ensure_caches()
@@ -654,8 +655,9 @@ def test_e_steps_reach_the_elbo_maximum_in_q(lik):
 
 
 def test_student_t_e_steps_converge_with_the_beta_clip():
-    """Student-t (not log-concave): an outlier's expected curvature is negative, its site precision
-    is clipped at BETA_MIN (docs/math.md §2), the E-steps reach a fixed point and raise the bound."""
+    """Student-t (not log-concave): an outlier's expected curvature is negative, its site
+    precision is clipped at BETA_MIN (docs/math.md §2), the E-steps reach a fixed point and raise
+    the bound."""
     from bo_online.likelihoods import BETA_MIN
 
     g = torch.Generator().manual_seed(9)

@@ -1,4 +1,5 @@
-"""Tests for bo_online.models.wiski.grid: interpolation weights against GPyTorch's and against polynomials."""
+"""Tests for bo_online.models.wiski.grid: interpolation weights against GPyTorch's and against
+polynomials."""
 
 from __future__ import annotations
 

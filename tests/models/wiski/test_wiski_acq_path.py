@@ -1,7 +1,7 @@
 """WISKI's acquisition path: the posterior at a few points per batch with its gradient, read from
-the cached ``M = R A^-1 R^T`` by ``bo_online.models.wiski.grid.interp_quad`` (hand-written backward), against
-dense computations: ``W M W^T`` formed densely, and the literal dense SKI posterior (n x n) built
-differentiably in the test points."""
+the cached ``M = R A^-1 R^T`` by ``bo_online.models.wiski.grid.interp_quad`` (hand-written
+backward), against dense computations: ``W M W^T`` formed densely, and the literal dense SKI
+posterior (n x n) built differentiably in the test points."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """WISKI's cached root ``S`` and Gram ``M = R A^-1 R^T`` carried through in-place updates by
-rank-q algebra (``bo_online.models.wiski.caches._updated_roots``), against caches rebuilt from scratch
-and the dense SKI posterior."""
+rank-q algebra (``bo_online.models.wiski.caches._updated_roots``), against caches rebuilt from
+scratch and the dense SKI posterior."""
 
 from __future__ import annotations
 

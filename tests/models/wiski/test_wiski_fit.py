@@ -1,4 +1,5 @@
-"""WISKI: fitting, re-standardisation, cache invalidation, bad input, kernels, BoTorch acquisition."""
+"""WISKI: fitting, re-standardisation, cache invalidation, bad input, kernels, BoTorch
+acquisition."""
 
 from __future__ import annotations
 
