@@ -64,6 +64,15 @@ def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
     return out
 
 
+def _finish(fig: plt.Figure, ax: plt.Axes, out: str | os.PathLike, **props: Any) -> Path:
+    r"""Set the axes' properties (``xlabel``, ``ylabel``, ``title``, ``yscale``, ...), add the
+    grid and legend every single-panel plot has, and save."""
+    ax.set(**props)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
 def _series(records: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = [r for r in records if r.get(key) is not None]
     step = np.array([r["step"] for r in rows], float)
@@ -119,13 +128,15 @@ def plot_time_per_step(runs: Sequence[Run], out: str | os.PathLike) -> Path:
         update = np.array([r["time_update"] for r in rows], float)
         (line,) = ax.plot(n, total, label=f"{label}: step", lw=1.2)
         ax.plot(n, update, ls="--", color=line.get_color(), label=f"{label}: update", lw=1)
-    ax.set_xlabel("n (observations held by the surrogate)")
-    ax.set_ylabel("seconds")
-    ax.set_yscale("log")
-    ax.set_title("Time per step vs n")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out)
+    return _finish(
+        fig,
+        ax,
+        out,
+        xlabel="n (observations held by the surrogate)",
+        ylabel="seconds",
+        yscale="log",
+        title="Time per step vs n",
+    )
 
 
 def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
@@ -135,12 +146,14 @@ def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
         key = "rmse" if any(r.get("rmse") is not None for r in records) else "test_rmse"
         step, _, value = _series(records, key)
         ax.plot(step, value, marker="o", ms=3, label=label)
-    ax.set_xlabel("step (0 = initial design)")
-    ax.set_ylabel("test RMSE")
-    ax.set_title("Test RMSE vs step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out)
+    return _finish(
+        fig,
+        ax,
+        out,
+        xlabel="step (0 = initial design)",
+        ylabel="test RMSE",
+        title="Test RMSE vs step",
+    )
 
 
 def plot_accuracy(runs: Sequence[Run], out: str | os.PathLike) -> Path:
@@ -149,12 +162,14 @@ def plot_accuracy(runs: Sequence[Run], out: str | os.PathLike) -> Path:
     for label, records in runs:
         step, _, value = _series(records, "test_accuracy")
         ax.plot(step, value, marker="o", ms=3, label=label)
-    ax.set_xlabel("step (0 = initial design)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("Test accuracy vs step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out)
+    return _finish(
+        fig,
+        ax,
+        out,
+        xlabel="step (0 = initial design)",
+        ylabel="test accuracy",
+        title="Test accuracy vs step",
+    )
 
 
 def plot_runs(

@@ -368,14 +368,9 @@ def stream_from_file(
     """
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
-    if test_mask is not None and test_fraction is not None:
-        raise DataFileError("give a test fraction or a test mask, not both.")
-    table = _checked(path, expected_sha256)
-    t_col = table.column(-1 if target is None else target, "the target")
-    mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
-    exclude = {t_col} | ({m_col} if m_col is not None else set())
-    cols = _inputs(table, inputs, exclude)
-    X, y = table.data[:, cols], table.data[:, t_col]
+    table, X, y, mask = _split_table(
+        path, target, inputs, test_fraction, test_mask, seed, expected_sha256
+    )
     if task == "classification":
         y = _labels(y, table.path)
     X_stream, y_stream, X_test, y_test = stream_arrays(
@@ -418,13 +413,9 @@ def pool_from_file(
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
     seeded random subset of the pool)."""
-    if test_mask is not None and test_fraction is not None:
-        raise DataFileError("give a test fraction or a test mask, not both.")
-    table = _checked(path, expected_sha256)
-    t_col = table.column(-1 if target is None else target, "the target")
-    mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
-    cols = _inputs(table, inputs, {t_col} | ({m_col} if m_col is not None else set()))
-    X, y = table.data[:, cols], table.data[:, t_col]
+    table, X, y, mask = _split_table(
+        path, target, inputs, test_fraction, test_mask, seed, expected_sha256
+    )
     pool = np.flatnonzero(~mask)
     if pool_size is not None:
         if not 1 <= pool_size <= len(pool):
@@ -449,6 +440,27 @@ def pool_from_file(
             pool_size=pool_size,
         ),
     )
+
+
+def _split_table(
+    path: str | os.PathLike,
+    target: str | int | None,
+    inputs: Sequence[str | int] | None,
+    test_fraction: float | None,
+    test_mask: str | int | None,
+    seed: int,
+    expected_sha256: str | None,
+) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
+    r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
+    (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
+    :func:`pool_from_file` read them."""
+    if test_mask is not None and test_fraction is not None:
+        raise DataFileError("give a test fraction or a test mask, not both.")
+    table = _checked(path, expected_sha256)
+    t_col = table.column(-1 if target is None else target, "the target")
+    mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
+    cols = _inputs(table, inputs, {t_col} | ({m_col} if m_col is not None else set()))
+    return table, table.data[:, cols], table.data[:, t_col], mask
 
 
 def _stem(path: Path) -> str:

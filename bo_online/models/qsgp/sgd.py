@@ -293,15 +293,13 @@ class QSGPSGDMixin:
                 int(in_ij.sum()),
             )
             cv_mu, cv_cols = cvs[:1].sum(), (cvs[1:] if k else None)
-        prior_terms = torch.zeros((), dtype=mu_U.dtype, device=mu_U.device)
-        if use_priors and hyper_on:
-            prior_terms = -self.log_prior()
-        if self.likelihood_name == "gaussian":
-            L_mu = theorem1_estimate(s, Fi, Fj, y, w, mu_i, mu_j, S_i, S_ji, cv=cv_mu)
-            L_sig = theorem2_estimate(
+
+        def covariance_term(weights: Tensor, cv: Tensor | None = None) -> Tensor:
+            # Theorem 2's estimate of the covariance term for row weights ``weights``.
+            return theorem2_estimate(
                 s,
                 F_r,
-                w,
+                weights,
                 ld_U[inv_r],
                 S_U[inv_r],
                 Fi,
@@ -314,8 +312,15 @@ class QSGPSGDMixin:
                 S_i,
                 S_ji,
                 S_dr_i,
-                cv=cv_cols,
+                cv=cv,
             )
+
+        prior_terms = torch.zeros((), dtype=mu_U.dtype, device=mu_U.device)
+        if use_priors and hyper_on:
+            prior_terms = -self.log_prior()
+        if self.likelihood_name == "gaussian":
+            L_mu = theorem1_estimate(s, Fi, Fj, y, w, mu_i, mu_j, S_i, S_ji, cv=cv_mu)
+            L_sig = covariance_term(w, cv=cv_cols)
             L_const = prop2_estimate(s, y, w, S_U[inv_i].log() if diagS else None)
             return 0.5 * (L_mu + L_sig + L_const) + prior_terms, extras
         # Theorem 3 (log-concave likelihoods) with the std fix, plus the KL term.
@@ -337,22 +342,6 @@ class QSGPSGDMixin:
             L_j,
         )
         kl2 = theorem1_estimate(s, Fi, Fj, y, zero_w, mu_i, mu_j, S_i, S_ji)
-        kl2 = kl2 + theorem2_estimate(
-            s,
-            F_r,
-            zero_w,
-            ld_U[inv_r],
-            S_U[inv_r],
-            Fi,
-            Fj,
-            F_dr if k else None,
-            ld_U[inv_dr] if k else None,
-            S_U[inv_dr] if k else None,
-            L_i,
-            L_j,
-            S_i,
-            S_ji,
-            S_dr_i,
-        )
+        kl2 = kl2 + covariance_term(zero_w)
         kl2 = kl2 - s.m - (s.col_scale * S_U[inv_i].log().sum() if diagS else 0.0)
         return -ell + 0.5 * kl2 + prior_terms, extras
