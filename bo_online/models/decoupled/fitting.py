@@ -9,8 +9,6 @@ import math
 from typing import Any, Callable, Literal
 
 import torch
-from botorch.optim.closures import ForwardBackwardClosure
-from botorch.optim.core import scipy_minimize
 from torch import Tensor
 from typing_extensions import Self
 
@@ -18,6 +16,7 @@ from bo_online.linalg import solve_lower_transpose
 from bo_online.models.fitting import (
     Bounds,
     OptimizerSettings,
+    minimize_loss,
     resolve_settings,
     standardization,
     sum_log_priors,
@@ -199,13 +198,13 @@ class DecoupledFitMixin:
         try:
             if method == "lbfgs":
                 params = {**{k: v for k, v in var.items() if v.requires_grad}, **hyper}
-                closure = ForwardBackwardClosure(forward=lambda: loss(None), parameters=params)
-                scipy_minimize(
-                    closure=closure,
-                    parameters=params,
-                    bounds=bounds,
-                    options={"maxiter": max_iter},
+                minimize_loss(
+                    lambda: loss(None),
+                    params,
+                    method="lbfgs",
+                    max_iter=max_iter,
                     timeout_sec=timeout_sec,
+                    bounds=bounds,
                 )
             elif method == "adam":
                 self._adam(var, hyper, loss, settings, gen)
@@ -258,45 +257,35 @@ class DecoupledFitMixin:
     def _exact_hyperparameters(self, size: int, max_iter: int, timeout_sec) -> None:
         r"""L-BFGS-B on the exact GP marginal likelihood (plus hyperpriors) of a random subset of
         at most ``size`` held points (all of them when n is smaller), warm-started."""
-        from bo_online.models.exact import OnlineExactGP
-
         n = self.num_data
         idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
-        X, Y = self.train_X[idx], self.train_y[idx].unsqueeze(-1)
-        if self.fixed_noise:
-            sub = OnlineExactGP(
-                X,
-                Y,
-                train_Yvar=self.train_noise[idx].unsqueeze(-1),
-                covar_module=self.covar_module,
-                standardize=False,
-            )
-        else:
-            sub = OnlineExactGP(
-                X, Y, covar_module=self.covar_module, likelihood=self.likelihood, standardize=False
-            )
-        sub.mean_module = self.mean_module
-        params, bounds = self._hyperparameters_and_bounds()
-        # OnlineExactGP.marginal_log_likelihood(include_priors=True) needs ``named_priors``, which
-        # OnlineModel lacks (torch Module, not a GPyTorch one): add the priors here instead, and
-        # pass the constraint bounds (BoTorch's default constraints are untransformed).
-        closure = ForwardBackwardClosure(
-            forward=lambda: (
+        sub = self._exact_gp_on(idx)
+        # The exact sub-GP's priors would be this model's own, so add them here once, and pass
+        # the constraint bounds (BoTorch's default constraints are untransformed).
+        self._lbfgs(
+            lambda: (
                 -(
                     sub.marginal_log_likelihood(include_priors=False)
-                    + self._log_prior() / X.shape[0]
+                    + self._log_prior() / idx.shape[0]
                 )
             ),
-            parameters=params,
+            max_iter,
+            timeout_sec,
         )
+
+    def _lbfgs(self, loss: Callable[[], Tensor], max_iter: int, timeout_sec: float | None) -> None:
+        r"""L-BFGS-B on ``loss`` over the hyperparameters, within their constraint bounds, in
+        training mode."""
+        params, bounds = self._hyperparameters_and_bounds()
         self.train()
         try:
-            scipy_minimize(
-                closure=closure,
-                parameters=params,
-                bounds=bounds,
-                options={"maxiter": max_iter},
+            minimize_loss(
+                loss,
+                params,
+                method="lbfgs",
+                max_iter=max_iter,
                 timeout_sec=timeout_sec,
+                bounds=bounds,
             )
         finally:
             self.eval()
@@ -308,19 +297,11 @@ class DecoupledFitMixin:
         of at most ``size`` held points (plus the hyperpriors), warm-started."""
         n = self.num_data
         idx = torch.randperm(n, generator=self._generator)[: min(size, n)]
-        params, bounds = self._hyperparameters_and_bounds()
-        loss = lambda: -(self.collapsed_bound(Z, idx) + self._log_prior()) / idx.shape[0]  # noqa
-        self.train()
-        try:
-            scipy_minimize(
-                closure=ForwardBackwardClosure(forward=loss, parameters=params),
-                parameters=params,
-                bounds=bounds,
-                options={"maxiter": max_iter},
-                timeout_sec=timeout_sec,
-            )
-        finally:
-            self.eval()
+        self._lbfgs(
+            lambda: -(self.collapsed_bound(Z, idx) + self._log_prior()) / idx.shape[0],
+            max_iter,
+            timeout_sec,
+        )
 
     def _init_hyperparameters(self, size: int, bases_are_data: bool) -> None:
         r"""Exact-GP marginal likelihood on a random subset (shares this model's kernel,

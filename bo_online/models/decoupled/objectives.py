@@ -5,6 +5,7 @@ likelihood of the held data that the default fit maximises at small n."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from gpytorch.distributions import MultivariateNormal
@@ -12,6 +13,9 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
 from bo_online.linalg import psd_cholesky, solve_lower
+
+if TYPE_CHECKING:
+    from bo_online.models.exact import OnlineExactGP
 
 __all__ = ["DecoupledObjectivesMixin"]
 
@@ -143,19 +147,19 @@ class DecoupledObjectivesMixin:
             + 0.5 * (A * A).sum()
         )
 
-    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
-        r"""Per point: the exact GP log marginal likelihood of all held data under this model's
-        kernel, mean and noise (plus log priors / n), i.e. the objective of the default fit
-        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, to choose
-        between a warm-started refit and a fit from the defaults."""
+    def _exact_gp_on(self, idx: Tensor | None) -> OnlineExactGP:
+        r"""An exact GP on the held points ``idx`` (all if None; standardised units) sharing this
+        model's kernel, mean and likelihood (or its fixed per-point noise), so its marginal
+        likelihood is differentiable in this model's hyperparameters."""
         from bo_online.models.exact import OnlineExactGP
 
-        X, Y = self.train_X, self.train_y.unsqueeze(-1)
+        rows = slice(None) if idx is None else idx
+        X, Y = self.train_X[rows], self.train_y[rows].unsqueeze(-1)
         if self.fixed_noise:
             sub = OnlineExactGP(
                 X,
                 Y,
-                train_Yvar=self.train_noise.unsqueeze(-1),
+                train_Yvar=self.train_noise[rows].unsqueeze(-1),
                 covar_module=self.covar_module,
                 standardize=False,
             )
@@ -164,5 +168,13 @@ class DecoupledObjectivesMixin:
                 X, Y, covar_module=self.covar_module, likelihood=self.likelihood, standardize=False
             )
         sub.mean_module = self.mean_module
-        mll = sub.marginal_log_likelihood(include_priors=False)
+        return sub
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""Per point: the exact GP log marginal likelihood of all held data under this model's
+        kernel, mean and noise (plus log priors / n), i.e. the objective of the default fit
+        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, to choose
+        between a warm-started refit and a fit from the defaults."""
+        X = self.train_X
+        mll = self._exact_gp_on(None).marginal_log_likelihood(include_priors=False)
         return mll + self._log_prior() / X.shape[0] if include_priors else mll
