@@ -47,6 +47,7 @@ from bo_online.models.fitting import (
     standardization,
     sum_log_priors,
     trainable_parameters_and_bounds,
+    training_mode,
 )
 
 __all__ = ["OnlineExactGP"]
@@ -316,16 +317,13 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         params, bounds = trainable_parameters_and_bounds(
             self, name_filter=lambda n: not (self.fixed_noise and n.startswith("likelihood."))
         )
-        self.train()
-        try:
+        with training_mode(self):
             minimize_loss(
                 lambda: -self.marginal_log_likelihood(),
                 params,
                 bounds=bounds,
                 settings=settings,
             )
-        finally:
-            self.eval()
         self.invalidate_caches()
         self.ensure_caches()
         return self

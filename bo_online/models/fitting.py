@@ -8,8 +8,9 @@ from ``fit_gpytorch_mll`` apply unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, Literal, TypeVar
 
 import torch
@@ -123,6 +124,17 @@ def trainable_parameters_and_bounds(
     enforced only through these bounds, so every fit must pass them on.
     """
     return get_parameters_and_bounds(model, requires_grad=True, name_filter=name_filter)
+
+
+@contextlib.contextmanager
+def training_mode(module: Module) -> Iterator[Module]:
+    r"""Put ``module`` in training mode for a fit and back in evaluation mode afterwards, also
+    when the optimiser raises (the posterior's caches are built in evaluation mode)."""
+    module.train()
+    try:
+        yield module
+    finally:
+        module.eval()
 
 
 def minimize_loss(

@@ -21,6 +21,7 @@ from bo_online.models.fitting import (
     standardization,
     sum_log_priors,
     trainable_parameters_and_bounds,
+    training_mode,
 )
 
 __all__ = ["DecoupledFitMixin", "DecoupledFitSettings"]
@@ -194,8 +195,7 @@ class DecoupledFitMixin:
             elbo = self.elbo(idx, settings.num_kl_columns, gen, beta=var["beta"], L=L, a=a, Z=Z)
             return -(elbo + self._log_prior()) / n
 
-        self.train()
-        try:
+        with training_mode(self):
             if method == "lbfgs":
                 params = {**{k: v for k, v in var.items() if v.requires_grad}, **hyper}
                 minimize_loss(
@@ -210,8 +210,6 @@ class DecoupledFitMixin:
                 self._adam(var, hyper, loss, settings, gen)
             else:
                 raise ValueError(f"Unknown fit method {method!r}; use 'adam' or 'lbfgs'.")
-        finally:
-            self.eval()
         with torch.no_grad():
             if bases_are_data and not learn_inducing and self._gaussian():
                 self._set_exact_state(self.train_X)
@@ -277,8 +275,7 @@ class DecoupledFitMixin:
         r"""L-BFGS-B on ``loss`` over the hyperparameters, within their constraint bounds, in
         training mode."""
         params, bounds = self._hyperparameters_and_bounds()
-        self.train()
-        try:
+        with training_mode(self):
             minimize_loss(
                 loss,
                 params,
@@ -287,8 +284,6 @@ class DecoupledFitMixin:
                 timeout_sec=timeout_sec,
                 bounds=bounds,
             )
-        finally:
-            self.eval()
 
     def _collapsed_hyperparameters(
         self, Z: Tensor, max_iter: int, timeout_sec, size: int = 2048

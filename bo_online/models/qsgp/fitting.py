@@ -30,6 +30,7 @@ from bo_online.models.fitting import (
     resolve_settings,
     standardization,
     trainable_parameters_and_bounds,
+    training_mode,
 )
 from bo_online.models.qsgp.bases import RFFBasis
 
@@ -320,8 +321,8 @@ class QSGPFitMixin:
             def loss() -> Tensor:
                 return -(objective() + self.log_prior()) / size
 
-            self.train()
-            try:  # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
+            # L-BFGS-B with the constraints' bounds (untransformed noise must stay > 0)
+            with training_mode(self):
                 minimize_loss(
                     loss,
                     params,
@@ -330,8 +331,6 @@ class QSGPFitMixin:
                     timeout_sec=timeout_sec,
                     bounds=bounds,
                 )
-            finally:
-                self.eval()
         with torch.no_grad():
             if self._fits_constant_mean():
                 self._fit_constant_mean(evidence)

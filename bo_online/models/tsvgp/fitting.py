@@ -24,6 +24,7 @@ from bo_online.models.fitting import (
     resolve_settings,
     standardization,
     trainable_parameters_and_bounds,
+    training_mode,
 )
 from bo_online.models.tsvgp.inducing import select_inducing_points
 
@@ -175,11 +176,8 @@ class TSVGPFitMixin:
                 obj = obj + self.log_prior()
             return -obj / n
 
-        self.train()
-        try:
+        with training_mode(self):
             minimize_loss(loss, params, bounds=bounds, settings=settings)
-        finally:
-            self.eval()
         self.ensure_caches()
 
     def _restandardize(self) -> None:

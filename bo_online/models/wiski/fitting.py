@@ -28,6 +28,7 @@ from bo_online.models.fitting import (
     standardization,
     sum_log_priors,
     trainable_parameters_and_bounds,
+    training_mode,
 )
 from bo_online.models.validation import check_observations
 from bo_online.models.wiski.grid import interp_matmul
@@ -162,16 +163,13 @@ class WISKIFitMixin:
         if settings.restandardize and self.num_data > 1:
             self.restandardize()
         params, bounds = self._trainable_parameters()
-        self.train()
-        try:
+        with training_mode(self):
             minimize_loss(
                 lambda: -self.marginal_log_likelihood(include_priors=settings.include_priors),
                 params,
                 bounds=bounds,
                 settings=settings,
             )
-        finally:
-            self.eval()
         self.ensure_caches()
         return self
 
