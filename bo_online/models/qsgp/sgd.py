@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.models.fitting import resolve_settings
+from bo_online.models.fitting import resolve_settings, training_mode
 from bo_online.models.qsgp.estimators import (
     IndexSample,
     control_variate,
@@ -71,8 +71,7 @@ class QSGPSGDMixin:
         use_cv = gaussian and cv_rank > 0
         if use_cv:
             p, Xp, frozen, a = self.control_variate_state(cv_rank, gen)
-        self.train()
-        try:
+        with training_mode(self):
             for t in range(max_iter):
                 s = sample_indices(
                     n,
@@ -131,8 +130,6 @@ class QSGPSGDMixin:
                     callback(t, float(loss.detach()))
                 if deadline is not None and time.monotonic() > deadline:
                     break
-        finally:
-            self.eval()
         return self
 
     @torch.no_grad()
