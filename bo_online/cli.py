@@ -332,6 +332,7 @@ def _optimizer_options(
 
 
 def _shared(
+    *,
     model: str,
     model_option: list[str] | None,
     q: int,
@@ -771,18 +772,18 @@ def bo(
     out = out or Path("runs") / f"{prob.name}-{model}"
     refit = "auto" if refit_every is None else refit_every
     shared = _shared(
-        model,
-        model_option,
-        q,
-        seed,
-        refit,
-        fit_max_iter,
-        checkpoint_every,
-        out,
-        overwrite,
-        quiet,
-        device,
-        dtype,
+        model=model,
+        model_option=model_option,
+        q=q,
+        seed=seed,
+        refit_every=refit,
+        fit_max_iter=fit_max_iter,
+        checkpoint_every=checkpoint_every,
+        out=out,
+        overwrite=overwrite,
+        quiet=quiet,
+        device=device,
+        dtype=dtype,
         dim=prob.dim,
         checkpoint_seconds=checkpoint_seconds,
     )
@@ -957,19 +958,20 @@ def active(
         )
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(
-        model,
-        model_option,
-        q,
-        seed,
-        refit_every,
-        fit_max_iter,
-        checkpoint_every,
-        out,
-        overwrite,
-        quiet,
-        device,
-        dtype,
-        checkpoint_seconds,
+        model=model,
+        model_option=model_option,
+        q=q,
+        seed=seed,
+        refit_every=refit_every,
+        fit_max_iter=fit_max_iter,
+        checkpoint_every=checkpoint_every,
+        out=out,
+        overwrite=overwrite,
+        quiet=quiet,
+        device=device,
+        dtype=dtype,
+        dim=prob.dim,
+        checkpoint_seconds=checkpoint_seconds,
     )
     loop = ActiveLearningLoop(
         prob,
@@ -1143,19 +1145,20 @@ def stream(
         )
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(
-        model,
-        model_option,
-        q,
-        seed,
-        refit_every,
-        fit_max_iter,
-        checkpoint_every,
-        out,
-        overwrite,
-        quiet,
-        device,
-        dtype,
-        checkpoint_seconds,
+        model=model,
+        model_option=model_option,
+        q=q,
+        seed=seed,
+        refit_every=refit_every,
+        fit_max_iter=fit_max_iter,
+        checkpoint_every=checkpoint_every,
+        out=out,
+        overwrite=overwrite,
+        quiet=quiet,
+        device=device,
+        dtype=dtype,
+        dim=prob.dim,
+        checkpoint_seconds=checkpoint_seconds,
     )
     loop = StreamingLoop(prob, eval_every=eval_every, n_init=n_init, **shared)
     _check(

@@ -358,3 +358,24 @@ def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, sig
     assert without_timing(read_records(tmp_path / "cut")) == without_timing(
         read_records(tmp_path / "ref")
     )
+
+
+@pytest.mark.parametrize("command", ["stream", "active"])
+def test_cli_stream_and_active_pass_their_shared_options_through(tmp_path, capsys, command):
+    r"""``--checkpoint-seconds`` and the other shared options reach the loop's configuration for
+    the data commands as for ``bo`` (they were once passed by position, and
+    ``--checkpoint-seconds`` landed in another parameter and was ignored)."""
+    X, y = _data(n=60, d=3)
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    out = tmp_path / "run"
+    source = ["--data", str(path)] if command == "stream" else ["--pool", str(path)]
+    extra = ["--n-init", "20"]
+    if command == "active":
+        extra = ["--n-init", "8", "--num-mc-points", "16"]
+    argv = [command, *source, "--model", "exact", "--steps", "1", "--q", "2", "--seed", "3"]
+    argv += ["--checkpoint-seconds", "7.5", "--fit-max-iter", "4", "--out", str(out), "-Q"]
+    main(argv + extra + ["--no-plots"])
+    config = json.loads((out / history.CONFIG_FILE).read_text())
+    assert config["checkpoint_seconds"] == 7.5
+    assert (config["q"], config["seed"], config["fit_max_iter"]) == (2, 3, 4)
