@@ -3,4 +3,8 @@ kept so old imports and saved run configs work.
 """
 
 from bo_online.models.wiski.additive import *  # noqa: F401,F403
-from bo_online.models.wiski.additive import __all__  # noqa: F401
+from bo_online.models.wiski.additive import (  # noqa: F401
+    ADDITIVE_GRID_BUDGET,
+    RegularGrid,
+    __all__,
+)

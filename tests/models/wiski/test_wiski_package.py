@@ -267,6 +267,16 @@ def test_old_module_paths_name_the_same_objects() -> None:
         assert old.__all__ == new.__all__
         for name in new.__all__:
             assert getattr(old, name) is getattr(new, name), (old.__name__, name)
+    # module constants that were public under the old paths
+    assert old_grid.PADDING_CELLS == grid.PADDING_CELLS
+    assert old_additive.ADDITIVE_GRID_BUDGET == additive.ADDITIVE_GRID_BUDGET
+
+
+def test_the_old_inducing_point_module_path_still_imports() -> None:
+    import bo_online.models.inducing as old_inducing
+    from bo_online.models.tsvgp import inducing
+
+    assert old_inducing.select_inducing_points is inducing.select_inducing_points
 
 
 @pytest.mark.parametrize(
