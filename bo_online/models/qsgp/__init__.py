@@ -40,13 +40,15 @@ Modules: :mod:`~bo_online.models.qsgp.model` (the class), :mod:`~bo_online.model
 (basis dictionaries), :mod:`~bo_online.models.qsgp.variational` (``q(w)`` and its moments),
 :mod:`~bo_online.models.qsgp.conditioning`, :mod:`~bo_online.models.qsgp.evidence` (the fits'
 objectives), :mod:`~bo_online.models.qsgp.fitting` (settings, closed-form fit),
-:mod:`~bo_online.models.qsgp.sgd` and :mod:`~bo_online.models.qsgp.estimators` (the stochastic
-procedure), :mod:`~bo_online.models.qsgp.sample_paths`.
+:mod:`~bo_online.models.qsgp.sgd`, :mod:`~bo_online.models.qsgp.sgd_inputs` and
+:mod:`~bo_online.models.qsgp.estimators` (the stochastic procedure),
+:mod:`~bo_online.models.qsgp.sample_paths`.
 """
 
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp.fitting import (
     FIT_FROM_DEFAULTS_N,
+    QSGPClosedFormSettings,
     QSGPFitSettings,
     QSGPSGDSettings,
     QSGPStepSettings,
@@ -59,6 +61,7 @@ __all__ = [
     "QSGP",
     "InducingBasis",
     "QSGPBasis",
+    "QSGPClosedFormSettings",
     "QSGPFitSettings",
     "QSGPSGDSettings",
     "QSGPSamplePaths",

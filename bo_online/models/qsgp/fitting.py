@@ -9,12 +9,15 @@ r"""Fitting QSGP: typed settings, the closed-form evidence fit, absorbing condit
   Processes" (2018, arXiv:1812.03010) (``method="sgd"``, :mod:`bo_online.models.qsgp.sgd`).
 
 Its options are a :class:`QSGPFitSettings`; :meth:`~bo_online.models.qsgp.sgd.QSGPSGDMixin.fit_sgd`
-takes a :class:`QSGPSGDSettings`. Both accept their field names as keywords instead.
+takes a :class:`QSGPSGDSettings` and :meth:`QSGPFitMixin.fit_closed_form` a
+:class:`QSGPClosedFormSettings` (the same field names). All accept their field names as keywords
+instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +39,7 @@ from bo_online.models.qsgp.bases import RFFBasis
 
 __all__ = [
     "FIT_FROM_DEFAULTS_N",
+    "QSGPClosedFormSettings",
     "QSGPFitMixin",
     "QSGPFitSettings",
     "QSGPSGDSettings",
@@ -107,6 +111,27 @@ class QSGPSGDSettings(QSGPStepSettings):
 
 
 @dataclasses.dataclass(frozen=True)
+class QSGPClosedFormSettings:
+    r"""Settings of :meth:`QSGP.fit_closed_form` (the closed-form fields of
+    :class:`QSGPFitSettings`, by the same names).
+
+    Attributes:
+        max_iter: L-BFGS-B iterations over the hyperparameters (0: keep them and only set
+            ``q(w)``).
+        hyper_evidence: the evidence maximised: ``"auto"``, ``"basis"`` or ``"kernel"`` (see
+            :meth:`QSGP.fit_closed_form`).
+        hyper_rows: the basis evidence uses a random subset of this many rows when there are
+            more (None: all rows); ``q(w)`` is set on all rows.
+        timeout_sec: optional wall-clock limit of the L-BFGS-B run.
+    """
+
+    max_iter: int = 200
+    hyper_evidence: str = "auto"
+    hyper_rows: int | None = 2048
+    timeout_sec: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class QSGPFitSettings(OptimizerSettings, QSGPStepSettings):
     r"""Settings of :meth:`QSGP.fit` (the SGD fields of :class:`QSGPStepSettings` and these).
 
@@ -146,12 +171,26 @@ class QSGPFitSettings(OptimizerSettings, QSGPStepSettings):
         values["max_iter"] = 2000 if self.max_iter is None else self.max_iter
         return QSGPSGDSettings(**values)
 
+    def closed_form_settings(self) -> QSGPClosedFormSettings:
+        r"""The :class:`QSGPClosedFormSettings` these settings give ``fit_closed_form`` (200
+        L-BFGS-B iterations if ``max_iter`` is None)."""
+        return QSGPClosedFormSettings(
+            max_iter=200 if self.max_iter is None else self.max_iter,
+            hyper_evidence=self.hyper_evidence,
+            hyper_rows=self.hyper_rows,
+            timeout_sec=self.timeout_sec,
+        )
+
 
 #: Fields for which an explicit ``None`` is a value (``hyper_rows=None``: all rows), not "keep
 #: the default" as :func:`~bo_online.models.fitting.resolve_settings` reads it.
 _NONE_IS_A_VALUE = frozenset(
     f.name for f in dataclasses.fields(QSGPFitSettings) if f.default is None
 ) | {"hyper_rows"}
+
+#: Keywords :meth:`QSGPFitMixin.fit_closed_form` took before it took a
+#: :class:`QSGPClosedFormSettings`, whose field has another name: old name -> field.
+_CLOSED_FORM_RENAMED = {"evidence": "hyper_evidence"}
 
 
 def resolve_fit_settings(
@@ -168,6 +207,31 @@ def resolve_fit_settings(
     settings = resolve_settings(QSGPFitSettings, settings, overrides)
     nones = {k: None for k, v in overrides.items() if v is None and k in _NONE_IS_A_VALUE}
     return dataclasses.replace(settings, **nones) if nones else settings
+
+
+def resolve_closed_form_settings(
+    settings: QSGPClosedFormSettings | None, overrides: Mapping[str, Any]
+) -> QSGPClosedFormSettings:
+    r"""``settings`` (or the defaults) with the keyword ``overrides`` applied, as
+    :meth:`QSGPFitMixin.fit_closed_form` reads them: the old keyword ``evidence`` is accepted
+    for ``hyper_evidence`` with a ``DeprecationWarning`` (both at once raise ``ValueError``), an
+    explicit ``hyper_rows=None`` means all rows, ``max_iter=None`` keeps the setting's value,
+    unknown names raise ``ValueError`` listing the accepted ones."""
+    overrides = dict(overrides)
+    for old, new in _CLOSED_FORM_RENAMED.items():
+        if old in overrides:
+            warnings.warn(
+                f"fit_closed_form's keyword `{old}` is deprecated; use `{new}`.",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if new in overrides:
+                raise ValueError(f"Pass `{new}` once (`{old}` is its deprecated name).")
+            overrides[new] = overrides.pop(old)
+    resolved = resolve_settings(QSGPClosedFormSettings, settings, overrides)
+    if "hyper_rows" in overrides and overrides["hyper_rows"] is None:
+        resolved = dataclasses.replace(resolved, hyper_rows=None)
+    return resolved
 
 
 class QSGPFitMixin:
@@ -221,13 +285,7 @@ class QSGPFitMixin:
         if method == "closed_form":
             if self.num_data <= int(settings.fit_from_defaults_n):
                 self.reset_hyperparameters()
-            max_iter = 200 if settings.max_iter is None else settings.max_iter
-            self.fit_closed_form(
-                max_iter=max_iter,
-                evidence=settings.hyper_evidence,
-                hyper_rows=settings.hyper_rows,
-                timeout_sec=settings.timeout_sec,
-            )
+            self.fit_closed_form(settings.closed_form_settings())
         else:
             self.fit_sgd(settings.sgd_settings())
         self.invalidate_caches()
@@ -274,17 +332,21 @@ class QSGPFitMixin:
         self.invalidate_caches()
 
     def fit_closed_form(
-        self,
-        max_iter: int = 200,
-        evidence: str = "auto",
-        hyper_rows: int | None = 2048,
-        timeout_sec: float | None = None,
+        self, settings: QSGPClosedFormSettings | None = None, **overrides: Any
     ) -> Self:
         r"""Maximise an evidence over the hyperparameters (L-BFGS), then set ``q(w)`` to the
         Eq. 2 optimum within the family. Gaussian likelihood only.
 
-        ``evidence="basis"``: the exact evidence of the finite-basis model (what Eq. 2 reaches
-        over the full family). ``evidence="kernel"`` (RFF basis): the exact GP evidence of the
+        Args:
+            settings: a :class:`QSGPClosedFormSettings` (defaults if omitted): ``max_iter``,
+                ``hyper_evidence``, ``hyper_rows``, ``timeout_sec`` (the names of
+                :class:`QSGPFitSettings`).
+            **overrides: its fields by name, replacing those of ``settings``; ``evidence`` is
+                the deprecated name of ``hyper_evidence`` (``DeprecationWarning``). An unknown
+                name raises ``ValueError`` before anything changes.
+
+        ``hyper_evidence="basis"``: the exact evidence of the finite-basis model (what Eq. 2
+        reaches over the full family). ``"kernel"`` (RFF basis): the exact GP evidence of the
         kernel the features approximate, O(n^3) per iteration; the features' approximation error
         then does not move the hyperparameters. ``"auto"`` (default): ``"kernel"`` for the RFF
         basis while ``n <= m`` (where it costs no more than the basis evidence's O(n^2 m), at
@@ -299,11 +361,13 @@ class QSGPFitMixin:
         made the refits' total grow as n^2 (5,000-point UCI stream: about an hour per set).
 
         ``timeout_sec``: optional wall-clock limit of the L-BFGS run."""
+        settings = resolve_closed_form_settings(settings, overrides)
+        max_iter, hyper_rows = settings.max_iter, settings.hyper_rows
         if self.likelihood_name != "gaussian":
             raise ValueError("fit_closed_form() needs the Gaussian likelihood; use method='sgd'.")
-        evidence = self._resolve_evidence(evidence)
+        evidence = self._resolve_evidence(settings.hyper_evidence)
         if evidence == "kernel" and not isinstance(self.basis, RFFBasis):
-            raise ValueError("evidence='kernel' needs the RFF basis.")
+            raise ValueError("hyper_evidence='kernel' needs the RFF basis.")
         params, bounds = self._trainable_hypers_and_bounds()
         if params and max_iter > 0:
             rows = None
@@ -328,7 +392,7 @@ class QSGPFitMixin:
                     params,
                     method="lbfgs",
                     max_iter=max_iter,
-                    timeout_sec=timeout_sec,
+                    timeout_sec=settings.timeout_sec,
                     bounds=bounds,
                 )
         with torch.no_grad():

@@ -66,7 +66,8 @@ class QSGP(
         standardize: standardise regression targets (not for logistic).
         augment_variance: Prop. 4 predictive-variance augmentation (default: on for the inducing
             basis, where ``Phi = K``; it is only defined there).
-        seed: seed of the RFF dictionary and of the SGD samplers.
+        seed: seed of the RFF dictionary, of the SGD samplers (when the SGD settings' ``seed``
+            is None) and of the closed-form fit's random row subset (``hyper_rows``).
         input_transform: optional BoTorch input transform.
         constant_mean: the closed-form fit (Gaussian likelihood, standardised targets) also
             chooses a constant prior mean ``f(x) = c + phi(x)^T w`` (its evidence maximised over
@@ -76,6 +77,15 @@ class QSGP(
         **fit_options: defaults for :meth:`fit`, by the field names of
             :class:`~bo_online.models.qsgp.fitting.QSGPFitSettings` (e.g. ``num_rows``,
             ``num_cols``, ``cv_rank``); a misspelt name raises ``TypeError`` listing them.
+
+    Fit defaults: ``**fit_options`` are the only constructor arguments that are fit settings.
+    They are kept in ``fit_options`` and every :meth:`fit` starts from
+    ``QSGPFitSettings(**fit_options)`` (a ``settings`` object passed to ``fit`` replaces them,
+    its keywords override them); ``fit`` hands the SGD and closed-form fields on as
+    :meth:`~QSGPFitSettings.sgd_settings` / :meth:`~QSGPFitSettings.closed_form_settings`, and
+    :meth:`marginal_log_likelihood` reads ``hyper_evidence`` from them. :meth:`fit_sgd` and
+    :meth:`fit_closed_form` called directly take their own settings (class defaults) and do not
+    read them. ``seed`` and ``constant_mean`` are model state that the fits read, not settings.
     """
 
     #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the

@@ -29,6 +29,7 @@ from bo_online.models.qsgp.estimators import (
     theorem3_estimate,
 )
 from bo_online.models.qsgp.fitting import QSGPSGDSettings
+from bo_online.models.qsgp.sgd_inputs import ColumnSample, ControlVariateState, VariationalLeaves
 
 __all__ = ["QSGPSGDMixin"]
 
@@ -69,8 +70,9 @@ class QSGPSGDMixin:
         acc_ld = torch.zeros(m, **dd)
         acc_cols = torch.zeros(m, k, **dd)
         use_cv = gaussian and cv_rank > 0
+        cv_state = self.control_variate_state(cv_rank, gen) if use_cv else None
         if use_cv:
-            p, Xp, frozen, a = self.control_variate_state(cv_rank, gen)
+            a = cv_state.a  # Prop. 3's running products, updated in place below
         with training_mode(self):
             for t in range(max_iter):
                 s = sample_indices(
@@ -88,7 +90,7 @@ class QSGPSGDMixin:
                 hyper_on = opt is not None and t >= freeze
                 loss, st = self.stochastic_loss(
                     s,
-                    cv_state=(p, Xp, frozen, a) if use_cv else None,
+                    cv_state=cv_state,
                     hyper_grad=hyper_on,
                     use_priors=use_priors,
                 )
@@ -135,10 +137,12 @@ class QSGPSGDMixin:
     @torch.no_grad()
     def control_variate_state(
         self, cv_rank: int, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor, dict, Tensor]:
+    ) -> ControlVariateState:
         r"""Support rows ``p`` (``n_bar`` drawn without replacement), their inputs, the frozen basis
         hyperparameters (App. F.3) and ``a = Phi_p [mu, l_0..l_{k-1}]`` (``n_bar x (1+k)``, Prop. 3;
-        one ``O(n_bar m)`` pass unless ``q(w)`` is still at its zero-mean initialisation)."""
+        one ``O(n_bar m)`` pass unless ``q(w)`` is still at its zero-mean initialisation), as a
+        :class:`~bo_online.models.qsgp.sgd_inputs.ControlVariateState` (a tuple
+        ``(p, X_p, frozen, a)``)."""
         n, k = self.num_data, self.num_dense
         dd = self._dtype_device
         p = torch.randperm(n, generator=generator, device=dd["device"])[: min(cv_rank, n)]
@@ -153,12 +157,12 @@ class QSGPSGDMixin:
                     a[:, 1:] += Fp @ self._lower_cols(
                         idx, torch.arange(k, device=idx.device), self.var_cols[idx]
                     )
-        return p, Xp, frozen, a
+        return ControlVariateState(p, Xp, frozen, a)
 
     def stochastic_loss(
         self,
         s: IndexSample,
-        cv_state: tuple | None = None,
+        cv_state: ControlVariateState | tuple | None = None,
         hyper_grad: bool = False,
         use_priors: bool = False,
     ) -> tuple[Tensor, dict]:
@@ -166,7 +170,9 @@ class QSGPSGDMixin:
 
         Gaussian likelihood: ``(L_mu + L_Sigma + L_const) / 2`` estimated by Theorems 1-2 and
         Prop. 2 (unbiased for ``-ELBO`` of Eq. 2; with a dense ``S`` the constant ``-log|S|/2``
-        is omitted), plus the Eq. 3 control variates when ``cv_state = (p, X_p, frozen, a)``.
+        is omitted), plus the Eq. 3 control variates when ``cv_state`` is given (the
+        :class:`~bo_online.models.qsgp.sgd_inputs.ControlVariateState` of
+        :meth:`control_variate_state`, or a tuple ``(p, X_p, frozen, a)``).
         Other likelihoods: ``-`` Theorem 3 + the KL estimate.
 
         Returns:
@@ -174,38 +180,23 @@ class QSGPSGDMixin:
             (``mu[U]``, ``log c[U]``, ``l[U, dr]``) the loss is differentiable in, with ``U``,
             ``dr_u`` and (with control variates) ``Fp_U``.
         """
-        k = self.num_dense
-        if s.i is s.j and s.i.numel() == s.m:  # all columns (m~ = m without replacement)
-            U = inv_i = inv_j = s.i
-            inv_r, inv_dr = s.r, s.dr
-        else:
-            U, inv = torch.unique(torch.cat([s.i, s.j, s.r, s.dr]), return_inverse=True)
-            ni, nrr = s.i.numel(), s.r.numel()
-            inv_i, inv_j = inv[:ni], inv[ni : 2 * ni]
-            inv_r, inv_dr = inv[2 * ni : 2 * ni + nrr], inv[2 * ni + nrr :]
-        dr_u, dr_inv = torch.unique(s.dr, return_inverse=True)
+        sample = ColumnSample.from_index_sample(s)
+        leaves = self._variational_leaves(sample)
+        cv = None if cv_state is None else ControlVariateState(*cv_state)
+        with torch.enable_grad():
+            loss, extras = self._step_loss(sample, leaves, hyper_grad, cv, use_priors)
+        extras.update(U=sample.U, dr_u=sample.dr_u, leaves=leaves.tensors())
+        return loss, extras
+
+    def _variational_leaves(self, sample: ColumnSample) -> VariationalLeaves:
+        r"""Copies of ``mu``, ``log c_rr`` and the dense columns' entries at ``sample``'s touched
+        columns, as autograd leaves."""
+        U = sample.U
         mu_U = self.var_mean[U].clone().requires_grad_(True)
         ld_U = self.var_log_diag[U].clone().requires_grad_(True)
-        cols_U = self.var_cols[U][:, dr_u].clone().requires_grad_(True) if k else None
-        with torch.enable_grad():
-            loss, extras = self._step_loss(
-                s,
-                U,
-                inv_i,
-                inv_j,
-                inv_r,
-                inv_dr,
-                dr_u,
-                dr_inv,
-                mu_U,
-                ld_U,
-                cols_U,
-                hyper_grad,
-                cv_state,
-                use_priors,
-            )
-        extras.update(U=U, dr_u=dr_u, leaves=[mu_U, ld_U] + ([cols_U] if k else []))
-        return loss, extras
+        k = self.num_dense
+        cols_U = self.var_cols[U][:, sample.dr_u].clone().requires_grad_(True) if k else None
+        return VariationalLeaves(mu_U, ld_U, cols_U)
 
     @staticmethod
     def _adagrad(param: Tensor, acc: Tensor, U: Tensor, g: Tensor | None, lr: float) -> None:
@@ -217,22 +208,29 @@ class QSGPSGDMixin:
 
     def _step_loss(
         self,
-        s: IndexSample,
-        U,
-        inv_i,
-        inv_j,
-        inv_r,
-        inv_dr,
-        dr_u,
-        dr_inv,
-        mu_U,
-        ld_U,
-        cols_U,
+        sample: ColumnSample,
+        leaves: VariationalLeaves,
         hyper_on: bool,
-        cv,
+        cv: ControlVariateState | None,
         use_priors: bool,
-    ):
-        r"""Negative ELBO estimate of one SGD step (see :mod:`bo_online.models.qsgp.estimators`)."""
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        r"""Negative ELBO estimate of one SGD step (see :mod:`bo_online.models.qsgp.estimators`).
+
+        Args:
+            sample: the step's index sample and its touched columns ``U``.
+            leaves: ``mu``, ``log c_rr`` and dense-column entries at ``U`` (autograd leaves).
+            hyper_on: differentiate in the hyperparameters too (features built with grad).
+            cv: the control variates' support (Gaussian likelihood), or None for none.
+            use_priors: add the hyperparameters' negative log priors (when ``hyper_on``).
+
+        Returns:
+            ``(loss, extras)``: the scalar estimate and, with control variates, ``extras["Fp_U"]``
+            (``n_bar x u`` support features at ``U``, for the Prop. 3 update of ``cv.a``).
+        """
+        s = sample.index
+        U, inv_i, inv_j = sample.U, sample.inv_i, sample.inv_j
+        inv_r, inv_dr, dr_u, dr_inv = sample.inv_r, sample.inv_dr, sample.dr_u, sample.dr_inv
+        mu_U, ld_U, cols_U = leaves.mu, leaves.log_diag, leaves.cols
         basis = self.basis
         k = self.num_dense
         rows = s.rows
@@ -246,7 +244,7 @@ class QSGPSGDMixin:
             S_U = basis.prior_precision_diag(U)
             S_ji = basis.prior_precision_block(U[inv_j], U[inv_i]) if not diagS else None
             S_dr_i = basis.prior_precision_block(s.dr, U[inv_i]) if (not diagS and k) else None
-        if inv_i is U:  # all columns: the samples i = j are U itself, no gathers needed
+        if sample.all_columns:  # the samples i = j are U itself, no gathers needed
             Fi = Fj = F_U
             mu_i = mu_j = mu_U
         else:
@@ -262,9 +260,9 @@ class QSGPSGDMixin:
         extras: dict[str, Tensor] = {}
         cv_mu = cv_cols = None
         if cv is not None:
-            p, Xp, frozen, a = cv
+            p, a = cv.p, cv.a
             with torch.no_grad():
-                Fp_U = basis.features(Xp, U, frozen)
+                Fp_U = basis.features(cv.X_p, U, cv.frozen)
             extras["Fp_U"] = Fp_U
             wp = 1.0 / self._row_noise(p) if not self.fixed_noise else 1.0 / self.train_noise[p]
             in_ij = torch.zeros(U.numel(), dtype=torch.bool, device=U.device)
