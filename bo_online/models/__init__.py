@@ -8,7 +8,12 @@ from bo_online.models.base import OnlineModel
 from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
 from bo_online.models.fitting import OptimizerSettings
-from bo_online.models.qsgp import QSGP, QSGPFitSettings, QSGPSGDSettings
+from bo_online.models.qsgp import (
+    QSGP,
+    QSGPClosedFormSettings,
+    QSGPFitSettings,
+    QSGPSGDSettings,
+)
 from bo_online.models.tsvgp import TSVGP, TSVGPFitSettings
 from bo_online.models.wiski import WISKI, WISKIFitSettings, WISKIProjectionFitSettings
 
@@ -27,4 +32,5 @@ __all__ = [
     "DecoupledFitSettings",
     "QSGPFitSettings",
     "QSGPSGDSettings",
+    "QSGPClosedFormSettings",
 ]
