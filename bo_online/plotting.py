@@ -139,36 +139,42 @@ def plot_time_per_step(runs: Sequence[Run], out: str | os.PathLike) -> Path:
     )
 
 
-def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
-    r"""Test RMSE vs step (active-learning ``rmse`` or streaming ``test_rmse`` records)."""
+def _plot_metric_vs_step(
+    runs: Sequence[Run],
+    out: str | os.PathLike,
+    keys: Sequence[str],
+    ylabel: str,
+    title: str,
+) -> Path:
+    r"""One line per run of a test metric vs step (markers at the steps that recorded it).
+
+    Args:
+        runs: ``(label, records)`` pairs.
+        out: PNG path.
+        keys: record keys the metric may be stored under, in order of preference: each run
+            plots the first key some of its records hold (not ``None``), else the last key.
+        ylabel: the y-axis label.
+        title: the plot's title.
+    """
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, records in runs:
-        key = "rmse" if any(r.get("rmse") is not None for r in records) else "test_rmse"
+        key = next((k for k in keys[:-1] if any(r.get(k) is not None for r in records)), keys[-1])
         step, _, value = _series(records, key)
         ax.plot(step, value, marker="o", ms=3, label=label)
-    return _finish(
-        fig,
-        ax,
-        out,
-        xlabel="step (0 = initial design)",
-        ylabel="test RMSE",
-        title="Test RMSE vs step",
+    return _finish(fig, ax, out, xlabel="step (0 = initial design)", ylabel=ylabel, title=title)
+
+
+def plot_rmse(runs: Sequence[Run], out: str | os.PathLike) -> Path:
+    r"""Test RMSE vs step (active-learning ``rmse`` or streaming ``test_rmse`` records)."""
+    return _plot_metric_vs_step(
+        runs, out, ("rmse", "test_rmse"), ylabel="test RMSE", title="Test RMSE vs step"
     )
 
 
 def plot_accuracy(runs: Sequence[Run], out: str | os.PathLike) -> Path:
     r"""Test accuracy vs step (streaming-classification ``test_accuracy`` records)."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, records in runs:
-        step, _, value = _series(records, "test_accuracy")
-        ax.plot(step, value, marker="o", ms=3, label=label)
-    return _finish(
-        fig,
-        ax,
-        out,
-        xlabel="step (0 = initial design)",
-        ylabel="test accuracy",
-        title="Test accuracy vs step",
+    return _plot_metric_vs_step(
+        runs, out, ("test_accuracy",), ylabel="test accuracy", title="Test accuracy vs step"
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -75,6 +76,38 @@ def check_finite(name: str, value: Tensor) -> None:
         )
 
 
+class Outside(NamedTuple):
+    r"""Where a tensor leaves a box: see :func:`first_outside`."""
+
+    #: full index (one entry per dimension of ``X``) of the first entry outside, row-major.
+    index: list[int]
+    #: number of points (rows along the last dimension) with at least one entry outside.
+    count: int
+
+
+def first_outside(X: Tensor, lower: Tensor | float, upper: Tensor | float) -> Outside | None:
+    r"""The first entry of ``X`` outside the box ``[lower, upper]`` and how many points leave it.
+
+    One comparison pass and one reduction; the index and count are only computed when some entry
+    is outside, so this is cheap enough for hot paths (e.g. the WISKI grid's interpolation).
+
+    Args:
+        X: ``... x n x d`` points.
+        lower: lower corner, broadcastable to ``X`` (e.g. ``d`` or a scalar); any tolerance is
+            the caller's (pass ``lower - tol``).
+        upper: upper corner, broadcastable to ``X``.
+
+    Returns:
+        ``None`` if every entry satisfies ``lower <= X <= upper``, else :class:`Outside`
+        (``index``: the first offending entry in row-major order; ``count``: the number of
+        points, along the last dimension, with some entry outside). NaN entries count as outside.
+    """
+    outside = ~((X >= lower) & (X <= upper))  # NaN fails both comparisons
+    if not bool(outside.any()):
+        return None
+    return Outside(index=outside.nonzero()[0].tolist(), count=int(outside.any(-1).sum()))
+
+
 def check_inputs(
     X: Tensor,
     dim: int,
@@ -103,11 +136,14 @@ def check_inputs(
         lower, upper = bounds[0].to(X), bounds[1].to(X)
         # A relative tolerance of a few ulps so points exactly on the boundary pass.
         tol = 1e-9 * (upper - lower)
-        outside = (X < lower - tol) | (X > upper + tol)
-        if bool(outside.any()):
-            idx = outside.nonzero()[0].tolist()
+        # A NaN bound (lower - tol or upper + tol) limits nothing on its side, as it always has.
+        low = torch.nan_to_num(lower - tol, nan=-math.inf)
+        high = torch.nan_to_num(upper + tol, nan=math.inf)
+        outside = first_outside(X, low, high)
+        if outside is not None:
+            idx = outside.index
             raise ValueError(
-                f"{name} has {int(outside.any(-1).sum())} point(s) outside the model's input "
+                f"{name} has {outside.count} point(s) outside the model's input "
                 f"bounds (first at index {idx}: value {float(X[tuple(idx)]):.6g}, allowed "
                 f"[{float(lower[idx[-1]]):.6g}, {float(upper[idx[-1]]):.6g}]). Map inputs to the "
                 "model's domain (loops use the unit cube) or build the model with wider bounds."

@@ -126,9 +126,15 @@ def sample_indices(
     and ``j`` are permutations of all columns and only the rows and ``r`` are sampled).
 
     Args:
-        n, m, k: data size, basis size, number of dense columns of ``C``.
-        num_rows: ``n~``. num_cols: ``m~`` (``<= m`` when ``replace_cols=False``).
-        num_diag_cols: ``m_r`` (default ``m~``). num_dense_cols: ``k~`` (default all ``k``).
+        n: data size.
+        m: basis size.
+        k: number of dense columns of ``C``.
+        num_rows: ``n~``.
+        num_cols: ``m~`` (``<= m`` when ``replace_cols=False``).
+        num_diag_cols: ``m_r`` (default ``m~``).
+        num_dense_cols: ``k~`` (default all ``k``).
+        generator: random-number generator of the draws (default torch's global one).
+        device: where the index tensors live.
         replace_cols: draw ``i`` and ``j`` with replacement (default) or without.
     """
     if min(n, m, num_rows, num_cols) < 1 or not 0 <= k <= m:
@@ -167,8 +173,12 @@ def quad_phi_estimate(
     r"""Two-index estimate of ``v^T Phi^T W Phi v`` (Thm 1 / Thm 2 middle term), per column of v.
 
     Args:
-        Fi, Fj: ``n~ x m~`` blocks ``Phi[l, i]``, ``Phi[l, j]``.
-        w: ``n~`` noise precisions. vi, vj: ``m~ x c`` (``v[i]``, ``v[j]``).
+        s: the index sample.
+        Fi: ``n~ x m~`` block ``Phi[l, i]``.
+        Fj: ``n~ x m~`` block ``Phi[l, j]``.
+        w: ``n~`` noise precisions.
+        vi: ``m~ x c``, ``v[i]``.
+        vj: ``m~ x c``, ``v[j]``.
 
     Returns:
         ``c`` estimates, ``(n/n~)(m^2/m~^2) sum_l w_l (Phi_lj v_j)(Phi_li v_i)``.
@@ -201,9 +211,12 @@ def control_variate(
 
     Args:
         n_bar_scale: ``n / n_bar``.
-        Fpi, Fpj: ``n_bar x m~`` blocks of the (frozen, App. F.3) features at the support rows p.
+        Fpi: ``n_bar x m~`` block (columns i) of the (frozen, App. F.3) features at the support
+            rows p.
+        Fpj: ``n_bar x m~``, the same at columns j.
         wp: ``n_bar`` noise precisions of the support rows.
-        vi, vj: ``m~ x c``.
+        vi: ``m~ x c``, ``v[i]``.
+        vj: ``m~ x c``, ``v[j]``.
         a_live: ``n_bar x c``, equal in value to ``a = Phi_p v`` and carrying the gradient
             ``Phi_{p,U}`` with respect to the sampled coordinates U (see ``QSGP``).
         union_size: ``|i u j|`` (the number of coordinates receiving a gradient).
@@ -275,10 +288,19 @@ def theorem2_estimate(
         (+ ``cv``).
 
     Args:
-        F_r: ``n~ x m_r`` features ``Phi[l, r]``; log_c_r, S_diag_r: ``m_r``.
-        Fi, Fj: ``n~ x m~``; F_dr: ``n~ x k~``; log_c_dr, S_diag_dr: ``k~``.
-        L_i, L_j: ``m~ x k~`` strictly-lower entries ``l[i, dr]``, ``l[j, dr]`` (zero on/above the
-            diagonal). S_diag_i: ``m~`` (diagonal S) or S_ji: ``m~ x m~`` and S_dr_i: ``k~ x m~``.
+        F_r: ``n~ x m_r`` features ``Phi[l, r]``.
+        log_c_r: ``m_r``.
+        S_diag_r: ``m_r``.
+        Fi: ``n~ x m~``.
+        Fj: ``n~ x m~``.
+        F_dr: ``n~ x k~``.
+        log_c_dr: ``k~``.
+        S_diag_dr: ``k~``.
+        L_i: ``m~ x k~`` strictly-lower entries ``l[i, dr]`` (zero on/above the diagonal).
+        L_j: ``m~ x k~``, the same for ``l[j, dr]``.
+        S_diag_i: ``m~`` diagonal of S at the columns i (diagonal S; else ``None``).
+        S_ji: ``m~ x m~`` block ``S[j, i]`` (dense S; else ``None``).
+        S_dr_i: ``k~ x m~`` block ``S[dr, i]`` (dense S).
         cv: optional ``k~`` control-variate values for the dense columns' Phi-quadratic terms.
     """
     wl = w.unsqueeze(-1)

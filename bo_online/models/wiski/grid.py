@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from bo_online.models.validation import first_outside
+
 __all__ = [
     "RegularGrid",
     "keys_cubic",
@@ -179,11 +181,11 @@ class RegularGrid:
         td = t.detach()
         # The box is [2, g - 3] in grid coordinates (a few ulps allowed for points on its faces);
         # NaN fails both comparisons.
-        bad = ~((td >= lo) & (td <= hi))
-        if bool(bad.any()):
-            where = bad.nonzero()[0].tolist()
+        bad = first_outside(td, lo, hi)
+        if bad is not None:
+            where = bad.index
             raise ValueError(
-                f"{int(bad.any(-1).sum())} input(s) lie outside the interpolation grid's data box "
+                f"{bad.count} input(s) lie outside the interpolation grid's data box "
                 f"(first at index {where}, value {float(X[tuple(where)]):.6g}; box "
                 f"{self.bounds[0].tolist()} .. {self.bounds[1].tolist()}). Map inputs into the box "
                 "or build the model with larger `bounds`."

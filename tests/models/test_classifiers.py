@@ -1,0 +1,150 @@
+r"""The streaming loop's binary classifiers (``bo_online.models.classifiers``).
+
+``predict_proba`` is checked against the predictive probability integrated here, by adaptive
+quadrature (SciPy), from each model's own latent posterior:
+
+* t-SVGP: ``p(y = 1 | x) = int link(f) N(f; mu, s^2) df`` with the latent marginal ``N(mu, s^2)``;
+* two-class WISKI Dirichlet: ``E[softmax(f)_1] = E[sigmoid(f_1 - f_0)]`` with independent class
+  latents, so ``f_1 - f_0 ~ N(mu_1 - mu_0, s_0^2 + s_1^2)`` (a 1-D integral).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import integrate, special, stats
+
+from bo_online.models.classifiers import (
+    CLASSIFIERS,
+    TSVGPClassifier,
+    WISKIBinaryClassifier,
+    classifier_class,
+)
+from bo_online.models.wiski.classification import WISKIDirichletClassifier
+
+DT = torch.float64
+
+
+def _data(n: int = 40, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``n x 2`` inputs in the unit cube and ``n x 1`` labels of a noisy linear boundary."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=DT)
+    flip = torch.rand(n, generator=g, dtype=DT) < 0.1
+    y = ((X[:, 0] + 0.5 * X[:, 1] > 0.7) ^ flip).to(DT)
+    return X, y.unsqueeze(-1)
+
+
+def _gauss_expectation(fn, mean: float, var: float) -> float:
+    r"""``int fn(f) N(f; mean, var) df`` by adaptive quadrature over +-12 standard deviations."""
+    sd = math.sqrt(var)
+    value, _ = integrate.quad(
+        lambda f: fn(f) * stats.norm.pdf(f, mean, sd),
+        mean - 12 * sd,
+        mean + 12 * sd,
+        epsabs=1e-13,
+        epsrel=1e-12,
+        limit=200,
+    )
+    return value
+
+
+def _latent_marginals(model, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Means and variances (``n`` each) from the joint ``n``-point posterior's diagonal (not the
+    per-point path ``predict_proba`` takes)."""
+    with torch.no_grad():
+        post = model.posterior(X)
+        return post.mean.reshape(-1), post.variance.reshape(-1)
+
+
+@pytest.mark.parametrize(
+    "link, fn, tol",
+    [
+        ("probit", special.ndtr, 1e-12),  # closed form Phi(mu / sqrt(1 + s^2))
+        ("logit", special.expit, 1e-10),  # 32-node Gauss-Hermite in the likelihood
+    ],
+)
+def test_tsvgp_classifier_probability_integrates_the_link_over_the_latent(link, fn, tol):
+    X, y = _data()
+    clf = TSVGPClassifier(X[:30], y[:30], link=link, inducing_points=12)
+    clf.update(X[30:], y[30:])
+    clf.fit(max_iter=5)
+    Xt = torch.rand(15, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    mean, var = _latent_marginals(clf, Xt)
+    assert float(var.min()) > 1e-4  # a genuinely uncertain latent, so the integral matters
+    ref = torch.tensor(
+        [_gauss_expectation(fn, float(m), float(v)) for m, v in zip(mean, var)], dtype=DT
+    )
+    p = clf.predict_proba(Xt)
+    assert p.shape == (15,) and p.dtype == DT
+    torch.testing.assert_close(p, ref, rtol=0, atol=tol)
+    # Integrating matters: the plug-in link(mu) differs by far more than the tolerance.
+    assert float(abs(fn(mean.numpy()) - ref.numpy()).max()) > 100 * tol
+
+
+def test_tsvgp_classifier_sets_its_own_likelihood():
+    X, y = _data()
+    with pytest.raises(ValueError, match="pass link= instead"):
+        TSVGPClassifier(X, y, likelihood=None)
+
+
+def test_wiski_binary_probability_is_the_expected_softmax_of_the_class_latents():
+    X, y = _data(60)
+    clf = WISKIBinaryClassifier(X[:40], y[:40], num_samples=40_000, grid_size=12)
+    clf.update(X[40:], y[40:])
+    Xt = torch.rand(12, 2, generator=torch.Generator().manual_seed(2), dtype=DT)
+    (m0, v0), (m1, v1) = (_latent_marginals(m, Xt) for m in clf.models)
+    ref = torch.tensor(
+        [
+            _gauss_expectation(special.expit, float(a - b), float(c + d))
+            for a, b, c, d in zip(m1, m0, v1, v0)
+        ],
+        dtype=DT,
+    )
+    p = clf.predict_proba(Xt)
+    assert p.shape == (12,)
+    # Monte Carlo with 40 000 samples: standard error <= 0.5 / 200 = 0.0025; allow 4 of them.
+    torch.testing.assert_close(p, ref, rtol=0, atol=0.01)
+    # The average is not the plug-in sigmoid of the mean difference (the latents are uncertain).
+    assert float((torch.sigmoid(m1 - m0) - ref).abs().max()) > 0.02
+    # Seeded: the same call gives the same numbers.
+    assert torch.equal(p, clf.predict_proba(Xt))
+
+
+def test_wiski_binary_is_the_two_class_dirichlet_model_on_n_by_1_labels():
+    r"""Labels ``n x 1`` in {0, 1} (float) give the class models of the Dirichlet classifier built
+    on the same integer labels; other labels raise and leave the model unchanged."""
+    X, y = _data(50)
+    clf = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
+    clf.update(X[30:], y[30:])
+    ref = WISKIDirichletClassifier(X[:30], y[:30].reshape(-1).long(), 2, grid_size=12)
+    ref.update(X[30:], y[30:].reshape(-1).long())
+    Xt = torch.rand(7, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    for a, b in zip(clf.latent(Xt), ref.latent(Xt)):  # means, variances: n x 2 each
+        assert torch.equal(a, b)
+    state = {k: v.clone() for k, v in clf.state_dict().items()}
+    with pytest.raises(ValueError, match=r"labels in \{0, 1\}"):
+        clf.update(X[:2], torch.tensor([[0.0], [0.5]], dtype=DT))
+    after = clf.state_dict()
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+
+
+def test_wiski_binary_state_round_trip_restores_the_grown_statistics():
+    X, y = _data(50)
+    clf = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
+    clf.update(X[30:], y[30:])
+    fresh = WISKIBinaryClassifier(X[:10], y[:10], grid_size=12)
+    fresh.load_state_dict(clf.state_dict())
+    Xt = torch.rand(9, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    assert torch.equal(fresh.predict_proba(Xt), clf.predict_proba(Xt))
+    with pytest.raises(KeyError, match="Unexpected key"):
+        fresh.load_state_dict({"other.0.x": torch.zeros(1)})
+
+
+def test_classifier_class_names_the_classifying_surrogates():
+    assert classifier_class("TSVGP") is TSVGPClassifier
+    assert classifier_class("wiski") is WISKIBinaryClassifier
+    assert set(CLASSIFIERS) == {"tsvgp", "wiski"}
+    with pytest.raises(ValueError, match="cannot classify.*tsvgp, wiski"):
+        classifier_class("exact")

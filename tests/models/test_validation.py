@@ -1,0 +1,60 @@
+r"""``first_outside``: the box test shared by the models' input checks and the WISKI grid, against a
+plain Python loop over the entries."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from bo_online.models.validation import check_inputs, first_outside
+
+
+def _loop_reference(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor):
+    r"""(first offending index in row-major order, number of offending points) by visiting every
+    entry; NaN is outside (it is not inside any box)."""
+    first, points = None, set()
+    for idx in itertools.product(*(range(s) for s in X.shape)):
+        x, k = float(X[idx]), idx[-1]
+        inside = float(lower[k]) <= x <= float(upper[k])
+        if not inside:
+            first = first if first is not None else list(idx)
+            points.add(idx[:-1])
+    return first, len(points)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_outside_matches_a_loop(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    lower = torch.tensor([0.0, -1.0, 2.0], dtype=torch.float64)
+    upper = torch.tensor([1.0, 1.0, 5.0], dtype=torch.float64)
+    # 2 x 5 x 3 points in a box 20% wider than [lower, upper]: some entries fall outside.
+    X = lower + (upper - lower) * (
+        1.4 * torch.rand(2, 5, 3, generator=g, dtype=torch.float64) - 0.2
+    )
+    if seed == 3:
+        X[1, 2, 0] = math.nan
+    X[0, 0] = torch.stack([lower, upper])[seed % 2]  # a point exactly on a face is inside
+    expected_first, expected_count = _loop_reference(X, lower, upper)
+    found = first_outside(X, lower, upper)
+    if expected_first is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert found.index == expected_first
+        assert found.count == expected_count
+    # Inside the box (clamped, NaN-free): nothing to report.
+    assert (
+        first_outside(torch.minimum(torch.maximum(X.nan_to_num(0.5), lower), upper), lower, upper)
+        is None
+    )
+
+
+def test_check_inputs_names_the_first_point_outside() -> None:
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=torch.float64)
+    X = torch.tensor([[[0.5, 1.0], [0.2, 2.5]], [[1.5, -1.0], [0.0, 2.0]]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"2 point\(s\) outside .* index \[0, 1, 1\]: value 2\.5"):
+        check_inputs(X, dim=2, bounds=bounds)
+    check_inputs(X.clamp(0.0, 1.0), dim=2, bounds=bounds)  # inside (faces included): no error
