@@ -236,10 +236,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     def _change_outcome_scaling(self, mean: Tensor, std: Tensor) -> None:
         r"""Move to the outcome scaling ``mean``, ``std`` (``(m,)``, as :func:`standardization`
-        returns them) leaving the model unchanged in the user's units (re-standardisation).
+        returns them): re-standardisation before a refit.
 
         Sets ``outcome_mean`` and ``outcome_std``, then lets :meth:`_rescale_to_outcome_scaling`
-        re-express what the model stores in standardised units, and invalidates the caches.
+        re-express what the model stores in standardised units (held targets and noise keep
+        their values in the user's units; which hyperparameters or variational parameters follow
+        is each family's choice), and invalidates the caches.
         """
         old_mean, old_std = self.outcome_mean, self.outcome_std
         ratio = old_std / std
