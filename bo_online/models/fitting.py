@@ -132,6 +132,18 @@ def remap_standardized(
     return (values * old_std + old_mean - new_mean) / new_std
 
 
+@torch.no_grad()
+def remap_constant_mean(
+    mean_module: Module, old_mean: Tensor, old_std: Tensor, new_mean: Tensor, new_std: Tensor
+) -> None:
+    r"""Keep a GPyTorch ``ConstantMean``'s level in the user's units across a change of outcome
+    scaling: its ``constant`` (standardised with ``(old_mean, old_std)``, ``(1,)`` each) is set in
+    place to :func:`remap_standardized` of itself, keeping its shape."""
+    constant = mean_module.constant
+    remapped = remap_standardized(constant, old_mean, old_std, new_mean, new_std)
+    constant.copy_(remapped.reshape(constant.shape))
+
+
 def trainable_parameters_and_bounds(
     model: Module, name_filter: Callable[[str], bool] | None = None
 ) -> tuple[dict[str, Tensor], Bounds]:

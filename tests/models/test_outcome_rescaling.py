@@ -12,12 +12,14 @@ from botorch.models.transforms.outcome import Standardize
 from gpytorch.constraints import GreaterThan, Interval
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
 
 from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.exact import OnlineExactGP
 from bo_online.models.fitting import (
     nonzero_std,
     project_to_bounds,
+    remap_constant_mean,
     remap_standardized,
     trainable_parameters_and_bounds,
 )
@@ -60,6 +62,21 @@ def test_remap_standardized_equals_standardizing_the_user_values_again() -> None
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got.mean(-1), torch.zeros(2).double(), rtol=0, atol=1e-12)
     torch.testing.assert_close(got.std(-1), torch.ones(2).double(), rtol=1e-12, atol=0)
+
+
+def test_remap_constant_mean_keeps_the_level_in_user_units_in_place() -> None:
+    mean_module = ConstantMean().double()
+    with torch.no_grad():
+        mean_module.constant.fill_(0.3)
+    param = mean_module.raw_constant
+    old_mean, old_std = torch.tensor([2.0]).double(), torch.tensor([0.5]).double()
+    new_mean, new_std = torch.tensor([-1.0]).double(), torch.tensor([4.0]).double()
+    remap_constant_mean(mean_module, old_mean, old_std, new_mean, new_std)
+    assert mean_module.raw_constant is param and param.shape == torch.Size([])
+    level = mean_module.constant.detach() * new_std + new_mean  # user units: 0.3 * 0.5 + 2
+    torch.testing.assert_close(
+        level, torch.tensor([2.15], dtype=torch.float64), rtol=1e-14, atol=1e-14
+    )
 
 
 def test_nonzero_std_replaces_exactly_the_zero_deviations_as_botorch() -> None:

@@ -18,7 +18,7 @@ from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
     project_to_bounds,
-    remap_standardized,
+    remap_constant_mean,
     resolve_settings,
     sum_log_priors,
     trainable_parameters_and_bounds,
@@ -372,11 +372,7 @@ class DecoupledFitMixin:
         the mean coefficients ``a_beta``, ``a_alpha`` to the new outcome scaling (see
         :meth:`OnlineModel._rescale_to_outcome_scaling`)."""
         super()._rescale_to_outcome_scaling(old_mean, old_std, ratio)
-        with torch.no_grad():
-            const = self.mean_module.constant
-            const.copy_(
-                remap_standardized(
-                    const, old_mean, old_std, self.outcome_mean, self.outcome_std
-                ).reshape(const.shape)
-            )
+        remap_constant_mean(
+            self.mean_module, old_mean, old_std, self.outcome_mean, self.outcome_std
+        )
         self.a_beta, self.a_alpha = self.a_beta * ratio, self.a_alpha * ratio

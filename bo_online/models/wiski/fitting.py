@@ -25,7 +25,7 @@ from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
     nonzero_std,
-    remap_standardized,
+    remap_constant_mean,
     resolve_settings,
     standardization,
     sum_log_priors,
@@ -215,11 +215,8 @@ class WISKIFitMixin:
         statistics hold raw outcomes and need nothing."""
         factor = float(ratio)  # one output: a scalar factor
         with torch.no_grad():
-            const = self.mean_module.constant
-            const.copy_(
-                remap_standardized(
-                    const, old_mean, old_std, self.outcome_mean, self.outcome_std
-                ).reshape(const.shape)
+            remap_constant_mean(
+                self.mean_module, old_mean, old_std, self.outcome_mean, self.outcome_std
             )
             if not self.fixed_noise:
                 lik_noise = self.likelihood.noise * factor**2
