@@ -42,7 +42,7 @@ from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, L
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.models.fitting import standardization, sum_log_priors
+from bo_online.models.fitting import remap_standardized, standardization, sum_log_priors
 from bo_online.models.validation import (
     check_inputs,
     check_noise,
@@ -233,6 +233,29 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         dtype and device."""
         mean, std = standardization(train_Y.transpose(-1, -2))
         self.outcome_mean, self.outcome_std = mean.to(like), std.to(like)
+
+    def _change_outcome_scaling(self, mean: Tensor, std: Tensor) -> None:
+        r"""Move to the outcome scaling ``mean``, ``std`` (``(m,)``, as :func:`standardization`
+        returns them): re-standardisation before a refit.
+
+        Sets ``outcome_mean`` and ``outcome_std``, then lets :meth:`_rescale_to_outcome_scaling`
+        re-express what the model stores in standardised units (held targets and noise keep
+        their values in the user's units; which hyperparameters or variational parameters follow
+        is each family's choice), and invalidates the caches.
+        """
+        old_mean, old_std = self.outcome_mean, self.outcome_std
+        ratio = old_std / std
+        self.outcome_mean, self.outcome_std = mean, std
+        self._rescale_to_outcome_scaling(old_mean, old_std, ratio)
+        self.invalidate_caches()
+
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""Hook of :meth:`_change_outcome_scaling`: bring what the model stores in standardised
+        units from the old scaling (``old_mean``, ``old_std``: ``(m,)``) to the one just set.
+        ``ratio = old_std / outcome_std`` (``(m,)``) is the factor on standardised deviations
+        (targets' deviations, latent values), ``ratio**2`` the one on variances; values with a
+        level (targets, a constant mean) map through :func:`remap_standardized`. Default: no
+        state in standardised units."""
 
     def _standardize(self, Y: Tensor) -> Tensor:
         return (Y - self.outcome_mean) / self.outcome_std
@@ -560,6 +583,20 @@ class HeldDataMixin:
     def train_targets(self) -> Tensor:
         """Training targets in the user's units (``sample x batch x n``)."""
         return self.train_y * self.outcome_std + self.outcome_mean
+
+    def _restandardize(self) -> None:
+        r"""Re-standardise on all held targets (BoTorch's ``Standardize`` refitted on the data so
+        far), through :meth:`OnlineModel._change_outcome_scaling`."""
+        self._change_outcome_scaling(*standardization(self.train_targets))
+
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""The held targets ``train_y`` (``n``) and per-point noise ``train_noise`` (``n`` or
+        None) to the new outcome scaling (see :meth:`OnlineModel._rescale_to_outcome_scaling`)."""
+        if self.train_noise is not None:
+            self.train_noise = self.train_noise * ratio**2
+        self.train_y = remap_standardized(
+            self.train_y, old_mean, old_std, self.outcome_mean, self.outcome_std
+        )
 
     def _register_held_data(self, X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None) -> None:
         r"""Hold the (transformed) inputs ``X`` (``n x d``), the standardised targets

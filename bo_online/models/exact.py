@@ -44,7 +44,6 @@ from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
     resolve_settings,
-    standardization,
     sum_log_priors,
     trainable_parameters_and_bounds,
     training_mode,
@@ -327,12 +326,3 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         self.invalidate_caches()
         self.ensure_caches()
         return self
-
-    def _restandardize(self) -> None:
-        y = self.train_targets
-        mean, std = standardization(y)
-        if self.train_noise is not None:
-            self.train_noise = self.train_noise * (self.outcome_std / std) ** 2
-        self.train_y = (y - mean) / std
-        self.outcome_mean, self.outcome_std = mean, std
-        self.invalidate_caches()

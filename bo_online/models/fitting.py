@@ -110,9 +110,38 @@ def standardization(y: Tensor) -> tuple[Tensor, Tensor]:
     r"""Mean and standard deviation of ``y`` (``(m x) n``) over its last dimension, as BoTorch's
     ``Standardize`` computes them (unbiased; a zero deviation, from constant or single outcomes,
     becomes 1). Returns two tensors of shape ``(m,)`` (``(1,)`` for a 1-D ``y``)."""
-    mean, std = y.mean(-1).reshape(-1), y.std(-1).reshape(-1)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return mean, std
+    return y.mean(-1).reshape(-1), nonzero_std(y.std(-1).reshape(-1))
+
+
+def nonzero_std(std: Tensor) -> Tensor:
+    r"""``std`` (any shape) with its zero entries replaced by 1, as BoTorch's ``Standardize``
+    treats the deviation of constant (or single) outcomes."""
+    return torch.where(std > 0, std, torch.ones_like(std))
+
+
+def remap_standardized(
+    values: Tensor, old_mean: Tensor, old_std: Tensor, new_mean: Tensor, new_std: Tensor
+) -> Tensor:
+    r"""Values standardised with ``(old_mean, old_std)`` re-expressed with ``(new_mean, new_std)``:
+    ``(values * old_std + old_mean - new_mean) / new_std``, the same numbers in the user's units.
+
+    Used for held targets and for a constant prior mean when a model's outcome scaling changes.
+    All arguments broadcast together (for ``m`` outputs held as ``m x n``, pass the scalings as
+    ``m x 1``).
+    """
+    return (values * old_std + old_mean - new_mean) / new_std
+
+
+@torch.no_grad()
+def remap_constant_mean(
+    mean_module: Module, old_mean: Tensor, old_std: Tensor, new_mean: Tensor, new_std: Tensor
+) -> None:
+    r"""Keep a GPyTorch ``ConstantMean``'s level in the user's units across a change of outcome
+    scaling: its ``constant`` (standardised with ``(old_mean, old_std)``, ``(1,)`` each) is set in
+    place to :func:`remap_standardized` of itself, keeping its shape."""
+    constant = mean_module.constant
+    remapped = remap_standardized(constant, old_mean, old_std, new_mean, new_std)
+    constant.copy_(remapped.reshape(constant.shape))
 
 
 def trainable_parameters_and_bounds(
@@ -124,6 +153,16 @@ def trainable_parameters_and_bounds(
     enforced only through these bounds, so every fit must pass them on.
     """
     return get_parameters_and_bounds(model, requires_grad=True, name_filter=name_filter)
+
+
+@torch.no_grad()
+def project_to_bounds(parameters: Mapping[str, Tensor], bounds: Bounds) -> None:
+    r"""Clamp ``parameters`` in place into ``bounds`` (as :func:`trainable_parameters_and_bounds`
+    returns them: name -> (lower, upper), ``None`` for no bound), the projection after each step
+    of an optimiser that does not take bounds itself (projected Adam). Names in ``bounds`` must
+    be in ``parameters``."""
+    for name, (lower, upper) in bounds.items():
+        parameters[name].clamp_(min=lower, max=upper)
 
 
 @contextlib.contextmanager

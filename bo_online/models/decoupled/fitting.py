@@ -17,8 +17,9 @@ from bo_online.models.fitting import (
     Bounds,
     OptimizerSettings,
     minimize_loss,
+    project_to_bounds,
+    remap_constant_mean,
     resolve_settings,
-    standardization,
     sum_log_priors,
     trainable_parameters_and_bounds,
     training_mode,
@@ -207,7 +208,7 @@ class DecoupledFitMixin:
                     bounds=bounds,
                 )
             elif method == "adam":
-                self._adam(var, hyper, loss, settings, gen)
+                self._adam(var, hyper, bounds, loss, settings, gen)
             else:
                 raise ValueError(f"Unknown fit method {method!r}; use 'adam' or 'lbfgs'.")
         with torch.no_grad():
@@ -323,31 +324,20 @@ class DecoupledFitMixin:
         params = {k: p for k, p in params.items() if id(p) in keep}
         return params, {k: b for k, b in bounds.items() if k in params}
 
-    @torch.no_grad()
-    def _clamp_to_constraints(self) -> None:
-        r"""Project parameters with untransformed constraints (BoTorch's defaults use
-        ``transform=None``) back into their bounds after an Adam step, as BoTorch's own
-        optimisers do through parameter bounds."""
-        for child in (self.covar_module, self.likelihood, self.mean_module):
-            if not hasattr(child, "named_parameters_and_constraints"):
-                continue
-            for _, param, constraint in child.named_parameters_and_constraints():
-                if constraint is not None and not constraint.enforced:
-                    lb = float(constraint.lower_bound.min())
-                    param.clamp_(lb, float(constraint.upper_bound.max()))
-
     def _adam(
         self,
         var: dict[str, Tensor],
         hyper: dict[str, Tensor],
+        bounds: Bounds,
         loss: Callable[[Tensor | None], Tensor],
         settings: DecoupledFitSettings,
         gen: torch.Generator,
     ) -> None:
         r"""Adam with the paper's step schedule and online basis growth (Algorithm 1): ``var``
         holds the variational leaves (``beta, alpha, L0, a0, a_alpha``), ``hyper`` the
-        hyperparameters, ``loss(idx)`` the minibatch objective; ``settings.lr`` is resolved (not
-        ``None``)."""
+        hyperparameters, ``bounds`` their optimiser bounds (see :meth:`_hyperparameters_and_bounds`;
+        each step is projected into them, as BoTorch's optimisers do), ``loss(idx)`` the
+        minibatch objective; ``settings.lr`` is resolved (not ``None``)."""
         import time
 
         max_iter, lr, batch_size = settings.max_iter, settings.lr, settings.batch_size
@@ -371,26 +361,18 @@ class DecoupledFitMixin:
             value = loss(idx)
             value.backward()
             opt.step()
-            self._clamp_to_constraints()
+            project_to_bounds(hyper, bounds)
             sched.step()
             self.last_fit_steps = t + 1
             if timeout_sec is not None and time.monotonic() - start > timeout_sec:
                 break
 
-    def _restandardize(self) -> None:
-        y = self.train_targets
-        mean, std = standardization(y)
-        ratio = self.outcome_std / std
-        with torch.no_grad():
-            # Keep the mean in user units: f_new = (f_old * s_old + m_old - m_new) / s_new.
-            self.mean_module.constant.copy_(
-                (
-                    (self.mean_module.constant * self.outcome_std + self.outcome_mean - mean) / std
-                ).reshape(self.mean_module.constant.shape)
-            )
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""Held data (:class:`HeldDataMixin`), the constant mean (kept in the user's units) and
+        the mean coefficients ``a_beta``, ``a_alpha`` to the new outcome scaling (see
+        :meth:`OnlineModel._rescale_to_outcome_scaling`)."""
+        super()._rescale_to_outcome_scaling(old_mean, old_std, ratio)
+        remap_constant_mean(
+            self.mean_module, old_mean, old_std, self.outcome_mean, self.outcome_std
+        )
         self.a_beta, self.a_alpha = self.a_beta * ratio, self.a_alpha * ratio
-        if self.train_noise is not None:
-            self.train_noise = self.train_noise * ratio**2
-        self.train_y = (y - mean) / std
-        self.outcome_mean, self.outcome_std = mean, std
-        self.invalidate_caches()

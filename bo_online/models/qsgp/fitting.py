@@ -30,8 +30,8 @@ from bo_online.models.fitting import (
     Bounds,
     OptimizerSettings,
     minimize_loss,
+    remap_standardized,
     resolve_settings,
-    standardization,
     trainable_parameters_and_bounds,
     training_mode,
 )
@@ -314,22 +314,22 @@ class QSGPFitMixin:
             self.cond_L = self.cond_r = self.cond_u = None
             self._cond_factor = None
         if restandardize and self.standardize and self.num_data > 1:
-            y = self.train_targets
-            mean, std = standardization(y)
-            ratio = self.outcome_std / std
-            if self.fixed_noise:
-                self.train_noise = self.train_noise * ratio**2
-            self.train_y = (y - mean) / std
-            if self.constant_mean:  # the constant mean c keeps its level in user units
-                self.mean_constant = (
-                    (self.mean_constant * self.outcome_std + self.outcome_mean - mean) / std
-                ).reshape(())
-            # Warm start: rescale q(w) to the new units (the shift is left to the refit).
-            self.var_mean = self.var_mean * ratio
-            self.var_log_diag = self.var_log_diag + ratio.log()
-            self.var_cols = self.var_cols * ratio
-            self.outcome_mean, self.outcome_std = mean, std
+            self._restandardize()
         self.invalidate_caches()
+
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""Held data (:class:`HeldDataMixin`), the constant mean ``c`` (kept at its level in the
+        user's units) and ``q(w)`` to the new outcome scaling (see
+        :meth:`OnlineModel._rescale_to_outcome_scaling`)."""
+        super()._rescale_to_outcome_scaling(old_mean, old_std, ratio)
+        if self.constant_mean:
+            self.mean_constant = remap_standardized(
+                self.mean_constant, old_mean, old_std, self.outcome_mean, self.outcome_std
+            ).reshape(())
+        # Warm start: rescale q(w) to the new units (the shift is left to the refit).
+        self.var_mean = self.var_mean * ratio
+        self.var_log_diag = self.var_log_diag + ratio.log()
+        self.var_cols = self.var_cols * ratio
 
     def fit_closed_form(
         self, settings: QSGPClosedFormSettings | None = None, **overrides: Any

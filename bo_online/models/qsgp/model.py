@@ -24,7 +24,6 @@ from torch import Tensor
 
 from bo_online.linalg import LowRankUpdatedCholesky, solve_lower
 from bo_online.models.base import HeldDataMixin, OnlineModel
-from bo_online.models.fitting import standardization
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp.conditioning import QSGPConditioningMixin
 from bo_online.models.qsgp.evidence import QSGPEvidenceMixin
@@ -152,7 +151,7 @@ class QSGP(
             Y = torch.where(Y == 0, -torch.ones_like(Y), Y)
             standardize = False
         if standardize and Y.shape[0] > 1:
-            self.outcome_mean, self.outcome_std = standardization(Y.squeeze(-1))
+            self._set_outcome_scaling(Y, X)
         self.standardize = standardize
         self.fixed_noise = train_Yvar is not None
         unknown = sorted(set(fit_options) - self._fit_option_names())

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.models.fitting import resolve_settings, training_mode
+from bo_online.models.fitting import project_to_bounds, resolve_settings, training_mode
 from bo_online.models.qsgp.estimators import (
     IndexSample,
     control_variate,
@@ -120,8 +120,7 @@ class QSGPSGDMixin:
                         for group in opt.param_groups:
                             group["lr"] = lr_hyper * gamma**t
                         opt.step()
-                        for name, (lo, hi) in bounds.items():  # projected Adam
-                            hypers[name].clamp_(min=lo, max=hi)
+                        project_to_bounds(hypers, bounds)  # projected Adam
                     if use_cv:  # Prop. 3: a <- a + Phi_{p,U} (v_U - v_U^old)
                         Fp_U = extras["Fp_U"]
                         a[:, 0] += Fp_U @ (self.var_mean[U] - old_mu)

@@ -21,6 +21,7 @@ from typing_extensions import Self
 from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
+    remap_standardized,
     resolve_settings,
     standardization,
     trainable_parameters_and_bounds,
@@ -181,13 +182,18 @@ class TSVGPFitMixin:
         self.ensure_caches()
 
     def _restandardize(self) -> None:
-        y = self.train_targets  # (m x) n
-        mean, std = standardization(y)
-        ratio = self.outcome_std / std
+        r"""Re-standardise on all held targets (``(m x) n``), per output."""
+        self._change_outcome_scaling(*standardization(self.train_targets))
+
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""The held targets and per-point noise (the ``(m x) n`` prefixes of ``_y`` and
+        ``_noise``) to the new outcome scaling, in place (see
+        :meth:`OnlineModel._rescale_to_outcome_scaling`)."""
         n = self._n
         col = (lambda t: t.unsqueeze(-1)) if self._out else (lambda t: t)
         if self._noise is not None:
             self._noise[..., :n] = self._noise[..., :n] * col(ratio) ** 2
-        self._y[..., :n] = (y - col(mean)) / col(std)
-        self.outcome_mean, self.outcome_std = mean, std
-        self.invalidate_caches()
+        new_mean, new_std = col(self.outcome_mean), col(self.outcome_std)
+        self._y[..., :n] = remap_standardized(
+            self._y[..., :n], col(old_mean), col(old_std), new_mean, new_std
+        )

@@ -24,6 +24,8 @@ from bo_online.linalg import psd_cholesky, solve_lower
 from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
+    nonzero_std,
+    remap_constant_mean,
     resolve_settings,
     standardization,
     sum_log_priors,
@@ -194,8 +196,8 @@ class WISKIFitMixin:
     def restandardize(self) -> None:
         r"""Recompute the outcome mean/std from all data seen (sum y, sum y^2, n), exactly.
 
-        The statistics hold raw outcomes, so only the scaling changes; the caches follow through
-        the cache key. The constant mean, the homoscedastic noise and a ``ScaleKernel``'s
+        The statistics hold raw outcomes, so only the scaling changes (and the caches are rebuilt
+        at the next use). The constant mean, the homoscedastic noise and a ``ScaleKernel``'s
         outputscale are mapped so the model in the user's units is unchanged (exactly, unless the
         mapped noise would fall below the likelihood's lower bound, where it is clamped).
         """
@@ -204,21 +206,24 @@ class WISKIFitMixin:
             return
         mean = self.sum_y / n
         var = ((self.sum_y2 - n * mean**2) / (n - 1)).clamp_min(0.0)
-        std = var.sqrt()
-        std = torch.where(std > 0, std, torch.ones_like(std)).reshape(1)
-        mean = mean.reshape(1)
-        old_mean, old_std = self.outcome_mean.clone(), self.outcome_std.clone()
-        ratio = float(old_std / std)
+        std = nonzero_std(var.sqrt()).reshape(1).to(self.outcome_std)
+        self._change_outcome_scaling(mean.reshape(1).to(self.outcome_mean), std)
+
+    def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
+        r"""The constant mean (kept in the user's units), the homoscedastic noise and a
+        ``ScaleKernel``'s outputscale to the new outcome scaling (see :meth:`restandardize`); the
+        statistics hold raw outcomes and need nothing."""
+        factor = float(ratio)  # one output: a scalar factor
         with torch.no_grad():
-            const = self.mean_module.constant
-            const.copy_(((old_mean + old_std * const - mean) / std).reshape(const.shape))
+            remap_constant_mean(
+                self.mean_module, old_mean, old_std, self.outcome_mean, self.outcome_std
+            )
             if not self.fixed_noise:
-                lik_noise = self.likelihood.noise * ratio**2
+                lik_noise = self.likelihood.noise * factor**2
                 lower = self.likelihood.noise_covar.raw_noise_constraint.lower_bound
                 self.likelihood.noise = lik_noise.clamp_min(float(lower) * (1 + 1e-6))
             if isinstance(self.covar_module, ScaleKernel):
-                self.covar_module.outputscale = self.covar_module.outputscale * ratio**2
-        self.outcome_mean, self.outcome_std = mean.to(old_mean), std.to(old_std)
+                self.covar_module.outputscale = self.covar_module.outputscale * factor**2
 
     def fit_projection(
         self,

@@ -1,0 +1,222 @@
+r"""Outcome re-standardisation and optimiser-bound projection, written once in
+``bo_online.models.fitting`` / ``OnlineModel``: the helpers against direct computations (BoTorch's
+``Standardize``, the GPyTorch constraints' bounds), and each family's re-standardisation against
+the data it holds in the user's units."""
+
+from __future__ import annotations
+
+import gpytorch
+import pytest
+import torch
+from botorch.models.transforms.outcome import Standardize
+from gpytorch.constraints import GreaterThan, Interval
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+
+from bo_online.models.decoupled import DecoupledSVGP
+from bo_online.models.exact import OnlineExactGP
+from bo_online.models.fitting import (
+    nonzero_std,
+    project_to_bounds,
+    remap_constant_mean,
+    remap_standardized,
+    trainable_parameters_and_bounds,
+)
+from bo_online.models.qsgp import QSGP
+from bo_online.models.tsvgp import TSVGP
+from bo_online.models.wiski import WISKI
+
+
+def _data(seed: int, n: int, m: int = 1, scale: float = 1.0, shift: float = 0.0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    Y = torch.stack([torch.sin(6 * X[:, 0] + k) + X[:, 1] ** 2 for k in range(m)], dim=-1)
+    return X, Y * scale + shift + 0.05 * torch.randn(n, m, generator=g, dtype=torch.float64)
+
+
+def _botorch_scaling(Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""BoTorch's ``Standardize`` fitted on ``Y`` (``n x m``): its means and stds, ``(m,)``."""
+    tf = Standardize(m=Y.shape[-1])
+    tf(Y)
+    return tf.means.reshape(-1), tf.stdvs.reshape(-1)
+
+
+# ---------------------------------------------------------------------- pure helpers
+
+
+def test_remap_standardized_equals_standardizing_the_user_values_again() -> None:
+    g = torch.Generator().manual_seed(0)
+    y = 3.0 * torch.randn(2, 9, generator=g, dtype=torch.float64) + 5.0  # m x n, user units
+    old_mean, old_std = torch.tensor([1.0, -2.0]).double(), torch.tensor([0.5, 4.0]).double()
+    new_mean, new_std = _botorch_scaling(y.T)
+    v = (y - old_mean.unsqueeze(-1)) / old_std.unsqueeze(-1)
+    got = remap_standardized(
+        v,
+        old_mean.unsqueeze(-1),
+        old_std.unsqueeze(-1),
+        new_mean.unsqueeze(-1),
+        new_std.unsqueeze(-1),
+    )
+    expected = (y - new_mean.unsqueeze(-1)) / new_std.unsqueeze(-1)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.mean(-1), torch.zeros(2).double(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.std(-1), torch.ones(2).double(), rtol=1e-12, atol=0)
+
+
+def test_remap_constant_mean_keeps_the_level_in_user_units_in_place() -> None:
+    mean_module = ConstantMean().double()
+    with torch.no_grad():
+        mean_module.constant.fill_(0.3)
+    param = mean_module.raw_constant
+    old_mean, old_std = torch.tensor([2.0]).double(), torch.tensor([0.5]).double()
+    new_mean, new_std = torch.tensor([-1.0]).double(), torch.tensor([4.0]).double()
+    remap_constant_mean(mean_module, old_mean, old_std, new_mean, new_std)
+    assert mean_module.raw_constant is param and param.shape == torch.Size([])
+    level = mean_module.constant.detach() * new_std + new_mean  # user units: 0.3 * 0.5 + 2
+    torch.testing.assert_close(
+        level, torch.tensor([2.15], dtype=torch.float64), rtol=1e-14, atol=1e-14
+    )
+
+
+def test_nonzero_std_replaces_exactly_the_zero_deviations_as_botorch() -> None:
+    Y = torch.tensor([[1.0, 2.0], [1.0, 5.0], [1.0, -3.0]], dtype=torch.float64)  # column 0 flat
+    std = Y.std(0)
+    got = nonzero_std(std)
+    assert got[0].item() == 1.0 and got[1].item() == std[1].item()
+    assert torch.equal(got, _botorch_scaling(Y)[1])
+
+
+# ---------------------------------------------------------------------- bounds
+
+
+class _Hypers(gpytorch.Module):
+    r"""BoTorch-style untransformed constraints (enforced only by the optimiser) next to a
+    transformed (softplus) one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.covar_module = ScaleKernel(
+            RBFKernel(ard_num_dims=3, lengthscale_constraint=GreaterThan(0.025, transform=None))
+        )
+        self.likelihood = GaussianLikelihood(
+            noise_constraint=Interval(1e-4, 2.0, transform=None, initial_value=0.1)
+        )
+
+
+def test_project_to_bounds_clamps_into_the_constraints_bounds() -> None:
+    module = _Hypers().double()
+    kernel, lik = module.covar_module, module.likelihood
+    raw_ls = torch.tensor([[-1.0, 0.01, 0.7]], dtype=torch.float64)
+    with torch.no_grad():
+        kernel.base_kernel.raw_lengthscale.copy_(raw_ls)
+        lik.noise_covar.raw_noise.fill_(3.0)
+        kernel.raw_outputscale.fill_(-40.0)  # softplus-transformed: any raw value is allowed
+    params, bounds = trainable_parameters_and_bounds(module)
+    project_to_bounds(params, bounds)  # the leaves require grad: done without autograd
+    lower = kernel.base_kernel.raw_lengthscale_constraint.lower_bound
+    expected_ls = torch.where(raw_ls < lower, lower, raw_ls)
+    assert torch.equal(kernel.base_kernel.raw_lengthscale.detach(), expected_ls)
+    assert expected_ls[0, 2].item() == 0.7 and expected_ls[0, 0].item() == lower.item()
+    upper = lik.noise_covar.raw_noise_constraint.upper_bound
+    assert torch.equal(lik.noise_covar.raw_noise.detach(), upper.reshape(1))
+    assert kernel.raw_outputscale.item() == -40.0
+    assert kernel.base_kernel.raw_lengthscale.grad_fn is None
+
+
+def test_project_to_bounds_leaves_parameters_without_bounds_alone() -> None:
+    p = torch.tensor([-5.0, 5.0], dtype=torch.float64, requires_grad=True)
+    q = torch.tensor([-5.0, 5.0], dtype=torch.float64, requires_grad=True)
+    project_to_bounds({"p": p, "q": q}, {"p": (None, 1.0)})
+    assert torch.equal(p.detach(), torch.tensor([-5.0, 1.0]).double())
+    assert torch.equal(q.detach(), torch.tensor([-5.0, 5.0]).double())
+
+
+def test_decoupled_adam_bounds_are_the_constraints_of_its_trained_hyperparameters() -> None:
+    r"""The bounds the decoupled model's Adam projects into: for every trained hyperparameter with
+    an untransformed constraint, the constraint's own bounds (BoTorch's defaults)."""
+    X, Y = _data(0, 30)
+    for kwargs in ({}, {"train_Yvar": torch.full_like(Y, 0.01)}):
+        model = DecoupledSVGP(X, Y, num_mean_bases=16, num_cov_bases=8, **kwargs)
+        params, bounds = model._hyperparameters_and_bounds()
+        expected = {}
+        for name, p, c in model.named_parameters_and_constraints():
+            if name in params and c is not None and not c.enforced:
+                expected[name] = (c.lower_bound.item(), c.upper_bound.item())
+        got = {k: tuple(float(b) for b in v) for k, v in bounds.items() if k in expected}
+        assert got == expected and expected
+
+
+# ---------------------------------------------------------------------- families
+
+
+def _updated(model, m: int = 1, noise: bool = False):
+    X2, Y2 = _data(2, 10, m=m, scale=8.0, shift=3.0)
+    model.update(X2, Y2, torch.full_like(Y2, 0.04) if noise else None)
+    return model
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_held_data_restandardization_keeps_targets_and_noise_in_user_units(fixed: bool) -> None:
+    X, Y = _data(1, 12)
+    Yvar = torch.full_like(Y, 0.01) if fixed else None
+    models = [
+        OnlineExactGP(X, Y, Yvar),
+        DecoupledSVGP(X, Y, Yvar, num_mean_bases=16, num_cov_bases=8),
+        QSGP(X, Y, Yvar, num_features=32),
+    ]
+    for model in models:
+        _updated(model, noise=fixed)
+        if isinstance(model, QSGP):
+            model._absorb(restandardize=False)  # the conditioning data join the held data
+        targets = model.train_targets.clone()
+        noise_user = None if not fixed else model.train_noise * model.outcome_std**2
+        const = (
+            model.mean_constant if isinstance(model, QSGP) else model.mean_module.constant
+        ).detach()
+        level = const * model.outcome_std + model.outcome_mean  # the constant in user units
+        model._restandardize()
+        mean, std = _botorch_scaling(targets.unsqueeze(-1))
+        torch.testing.assert_close(model.outcome_mean, mean, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(model.outcome_std, std, rtol=1e-12, atol=0)
+        torch.testing.assert_close(model.train_targets, targets, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(model.train_y, (targets - mean) / std, rtol=1e-12, atol=1e-12)
+        if fixed:
+            torch.testing.assert_close(model.train_noise * std**2, noise_user, rtol=1e-12, atol=0)
+        if not isinstance(model, OnlineExactGP):  # decoupled and QSGP keep the constant's level
+            const = (
+                model.mean_constant if isinstance(model, QSGP) else model.mean_module.constant
+            ).detach()
+            new_level = const * model.outcome_std + model.outcome_mean
+            torch.testing.assert_close(new_level, level, rtol=1e-12, atol=1e-12)
+
+
+def test_tsvgp_restandardization_is_per_output() -> None:
+    X, Y = _data(1, 12, m=2)
+    model = _updated(TSVGP(X, Y, inducing_points=8), m=2)
+    targets = model.train_targets.clone()  # m x n
+    model._restandardize()
+    mean, std = _botorch_scaling(targets.T)
+    torch.testing.assert_close(model.outcome_mean, mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.outcome_std, std, rtol=1e-12, atol=0)
+    torch.testing.assert_close(model.train_targets, targets, rtol=1e-12, atol=1e-12)
+    expected = (targets - mean.unsqueeze(-1)) / std.unsqueeze(-1)
+    torch.testing.assert_close(model.train_y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_wiski_restandardization_leaves_its_posterior_unchanged() -> None:
+    r"""With a ScaleKernel, WISKI maps the constant mean, the noise and the outputscale, so its
+    posterior in the user's units is that of before (and its caches are rebuilt)."""
+    X, Y = _data(1, 12)
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=2))
+    model = _updated(WISKI(X, Y, grid_size=12, covar_module=kernel))
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    before = model.posterior(Xt, observation_noise=True)
+    all_Y = torch.cat([Y, _data(2, 10, scale=8.0, shift=3.0)[1]])
+    model.restandardize()
+    mean, std = _botorch_scaling(all_Y)
+    torch.testing.assert_close(model.outcome_mean, mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(model.outcome_std, std, rtol=1e-10, atol=0)
+    after = model.posterior(Xt, observation_noise=True)
+    torch.testing.assert_close(after.mean, before.mean, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(after.variance, before.variance, rtol=1e-8, atol=1e-10)
