@@ -424,36 +424,70 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             Y: ``q x m`` (or ``q`` for one output) observations, user's units.
             noise: optional ``q x m`` (or ``q``) observation-noise variances, user's units.
         """
+        X, Y, noise = self._checked_observations(X, Y, noise, "update()")
+        self.ensure_caches()
+        Ys = self._to_internal(self._standardize(Y.to(X)))
+        noise_s = self._standardized_noise(noise, X, Y.shape)
+        # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
+        # every later update would extend, keeping all previous caches alive.
+        with torch.no_grad():
+            self._update(X, Ys, noise_s)
+        return self
+
+    def _checked_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None, caller: str
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""Validate new observations for an in-place addition to a single (non-batched) model.
+
+        Args:
+            X: ``q x d`` inputs (untransformed, in the model's domain).
+            Y: ``q x m`` (or ``q`` for one output) observations, user's units.
+            noise: optional ``q x m`` (or ``q``) noise variances, user's units.
+            caller: the public method's name, for the error messages (e.g. ``"update()"``).
+
+        Returns:
+            ``(X, Y, noise)``: ``X`` transformed and cast to the model's dtype (``q x d``), ``Y``
+            and ``noise`` made 2-D (``q x m``, on their own dtype). Raises ``ValueError`` on a
+            batched model or bad data, before any state changes.
+        """
         if self.batch_shape != torch.Size():
             raise ValueError(
-                "update() is for a single model; fantasy/batched models are read-only."
+                f"{caller} is for a single model; fantasy/batched models are read-only."
             )
         if isinstance(Y, Tensor) and Y.dim() == 1:
             Y = Y.unsqueeze(-1)
         if isinstance(noise, Tensor) and noise.dim() == 1:
             noise = noise.unsqueeze(-1)
         if isinstance(X, Tensor) and X.dim() != 2:
-            raise ValueError(f"update() takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
+            raise ValueError(f"{caller} takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
         X = self._transform_and_check(X)
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
         if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
-            raise ValueError("update() takes Y and noise of shape q x m (no batch dimensions).")
-        self.ensure_caches()
-        Ys = self._to_internal(self._standardize(Y.to(X)))
-        noise_s = (
-            None
-            if noise is None
-            else self._to_internal(
-                floor_noise(noise.to(X) / self.outcome_std.pow(2)).expand(Y.shape)
-            )
+            raise ValueError(f"{caller} takes Y and noise of shape q x m (no batch dimensions).")
+        return X, Y, noise
+
+    def _standardized_noise(
+        self, noise: Tensor | None, like: Tensor, shape: torch.Size
+    ) -> Tensor | None:
+        r"""New points' noise variances in standardised units and the internal layout.
+
+        Args:
+            noise: ``q x m`` variances in the user's units (broadcastable to ``shape``), or None.
+            like: a tensor whose dtype and device the result takes (the transformed inputs).
+            shape: ``q x m``, the shape of the new observations ``Y``.
+
+        Returns:
+            ``noise / outcome_std^2`` with values below the noise floor raised to it (see
+            :func:`~bo_online.models.validation.floor_noise`), in :meth:`_to_internal`'s layout
+            (``q`` for one output, ``m x q`` otherwise); None if ``noise`` is None.
+        """
+        if noise is None:
+            return None
+        return self._to_internal(
+            floor_noise(noise.to(like) / self.outcome_std.pow(2)).expand(shape)
         )
-        # In place: caches must not carry an autograd graph (hyperparameters -> factor), which
-        # every later update would extend, keeping all previous caches alive.
-        with torch.no_grad():
-            self._update(X, Ys, noise_s)
-        return self
 
     def fantasize(
         self,

@@ -13,6 +13,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
 from bo_online.linalg import psd_cholesky, solve_lower
+from bo_online.models.base import OnlineModel
 
 if TYPE_CHECKING:
     from bo_online.models.exact import OnlineExactGP
@@ -92,8 +93,9 @@ class DecoupledObjectivesMixin:
         V = solve_lower(chol_H, L.transpose(-1, -2) @ self.covar_module(beta, X).to_dense())
         var = (self.covar_module(X, diag=True) - V.pow(2).sum(-2)).clamp_min(1e-12)
         if self._gaussian():
-            if noise is None:
-                noise = self.likelihood.noise.squeeze(-1).expand_as(y)
+            # Given, else the likelihood's: the base fallback, not DecoupledSVGP's override (its
+            # noise > 0 check is for the precisions of conditioning, not this expectation).
+            noise = OnlineModel._noise_of_points(self, X, noise)
             return -0.5 * (torch.log(2 * math.pi * noise) + ((y - mean).pow(2) + var) / noise).sum(
                 -1
             )

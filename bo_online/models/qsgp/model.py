@@ -255,6 +255,8 @@ class QSGP(
     # ------------------------------------------------------------------ noise
 
     def _gauss_noise(self) -> Tensor:
+        # Not OnlineModel._noise_of_points: the Gaussian-equivalent variance of any likelihood
+        # (a Laplace(b) as 2 b^2, 0 for others), a scalar; not new points' noise.
         if self.likelihood_name == "gaussian":
             return self.likelihood.noise.squeeze(-1).reshape(())
         if self.likelihood_name == "laplace":  # variance of a Laplace(b) variable
@@ -263,6 +265,7 @@ class QSGP(
 
     def _row_noise(self, rows: Tensor | None = None) -> Tensor:
         r"""Per-row noise variances of the training data (``n`` or ``|rows|``)."""
+        # Not OnlineModel._noise_of_points: held rows, whose fixed noise is stored (no error).
         if self.fixed_noise:
             return self.train_noise if rows is None else self.train_noise[rows]
         size = self.num_data if rows is None else rows.numel()

@@ -42,8 +42,8 @@ class TSVGPConditioningMixin:
             g1, beta = self._exact_sites(Y, noise)
             if noise is None and not self.fixed_noise:
                 # one precision (per output) for all samples
-                beta = (1.0 / self.likelihood._var(self.likelihood.noise)).expand(
-                    *self._out, X.shape[-2]
+                beta = 1.0 / lik._var(
+                    self._point_noise(torch.Size([*self._out, X.shape[-2]]), None)
                 )
             elif noise is not None:  # noise is the same for every sample
                 beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]

@@ -26,7 +26,10 @@ class TSVGPSitesMixin:
     conditioned model adds) and the E-step that moves the sites."""
 
     def _point_noise(self, n_shape: torch.Size, noise: Tensor | None) -> Tensor | None:
-        r"""Gaussian noise variance for sites: per-point if given, else the likelihood's."""
+        r"""Gaussian noise variance for sites (``n_shape``, e.g. ``batch x m x n``): per-point if
+        given, else the likelihood's; None where the likelihood has no noise of its own."""
+        # Not OnlineModel._noise_of_points: sites carry the output dim (per-output noise m x 1
+        # is expanded, not squeezed), and fixed-noise / non-Gaussian models get None, not an error.
         if noise is not None:
             return noise
         if self.fixed_noise or not self.likelihood.conjugate:

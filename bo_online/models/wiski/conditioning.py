@@ -14,7 +14,6 @@ from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.linalg import cholesky_update, solve_lower
-from bo_online.models.validation import check_observations
 from bo_online.models.wiski.caches import _updated_roots
 from bo_online.models.wiski.grid import interp_matmul, interp_vector
 from bo_online.models.wiski.statistics import _DELTA_NAMES
@@ -141,18 +140,9 @@ class WISKIConditioningMixin:
             noise: ``n x 1`` (or ``n``) noise variances, user units (required with fixed noise).
             chunk_size: points per accumulation chunk (bounds the temporary memory).
         """
-        if self.batch_shape != torch.Size():
-            raise ValueError("add_observations() is for a single model, not a fantasy/batched one.")
-        if isinstance(Y, Tensor) and Y.dim() == 1:
-            Y = Y.unsqueeze(-1)
-        if isinstance(noise, Tensor) and noise.dim() == 1:
-            noise = noise.unsqueeze(-1)
-        if isinstance(X, Tensor) and X.dim() != 2:
-            raise ValueError(f"add_observations() takes X of shape n x {self.dim}.")
-        X = self._transform_and_check(X)
-        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        X, Y, noise = self._checked_observations(X, Y, noise, "add_observations()")
         self.ensure_caches()
-        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        noise_s = self._standardized_noise(noise, X, Y.shape)
         D = self._to_D(X, noise_s).expand(X.shape[:-1])
         self._materialize()
         y = Y.to(X).squeeze(-1)

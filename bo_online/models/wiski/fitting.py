@@ -32,7 +32,6 @@ from bo_online.models.fitting import (
     trainable_parameters_and_bounds,
     training_mode,
 )
-from bo_online.models.validation import check_observations
 from bo_online.models.wiski.grid import interp_matmul
 from bo_online.models.wiski.projection import set_projection_normalization
 from bo_online.models.wiski.statistics import _STAT_NAMES, _stats_with
@@ -253,12 +252,7 @@ class WISKIFitMixin:
         settings = resolve_settings(WISKIProjectionFitSettings, settings, overrides)
         if not hasattr(self, "projection"):
             raise ValueError("This WISKI model has no projection; use fit().")
-        if self.batch_shape != torch.Size():
-            raise ValueError("fit_projection() is for a single model.")
-        if Y.dim() == 1:
-            Y = Y.unsqueeze(-1)
-        X = self._transform_and_check(X)
-        check_observations(X, Y, Yvar, dim=self.dim, bounds=self.input_bounds)
+        X, Y, Yvar = self._checked_observations(X, Y, Yvar, "fit_projection()")
         if self.fixed_noise != (Yvar is not None):
             raise ValueError("Pass Yvar exactly when the model has fixed noise.")
         D = (
@@ -331,17 +325,10 @@ class WISKIFitMixin:
         """
         if not hasattr(self, "projection"):
             raise ValueError("This WISKI model has no projection.")
-        if self.batch_shape != torch.Size():
-            raise ValueError("projection_step() is for a single model.")
-        if Y.dim() == 1:
-            Y = Y.unsqueeze(-1)
-        if noise is not None and noise.dim() == 1:
-            noise = noise.unsqueeze(-1)
-        X = self._transform_and_check(X)
-        check_observations(X, Y, noise, dim=self.dim, bounds=self.input_bounds)
+        X, Y, noise = self._checked_observations(X, Y, noise, "projection_step()")
         self._materialize()
         self.ensure_caches()
-        noise_s = None if noise is None else (noise.to(X) / self.outcome_std.pow(2)).squeeze(-1)
+        noise_s = self._standardized_noise(noise, X, Y.shape)
         D = self._to_D(X, noise_s).expand(X.shape[:-1])
         params = [p for p in self.projection.parameters() if p.requires_grad]
         with torch.enable_grad():
