@@ -74,9 +74,11 @@ class TSVGPBoundMixin:
             ) -> Tensor:
                 return self._expected_log_lik(self._whiten(L_K, Xb), L_B, v, Xb, yb, nb)
 
+            params = [p for p in self.parameters() if p.requires_grad]
             ell = sum(
                 blockwise(
                     block,
+                    params,
                     L_K,
                     L_B,
                     v,
