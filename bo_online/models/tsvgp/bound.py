@@ -15,6 +15,7 @@ from torch import Tensor
 
 from bo_online.linalg import cholesky_logdet, psd_cholesky, solve_lower
 from bo_online.models.fitting import sum_log_priors
+from bo_online.models.tsvgp.caches import blockwise
 
 __all__ = ["TSVGPBoundMixin", "whitened_kl"]
 
@@ -42,8 +43,10 @@ class TSVGPBoundMixin:
     def elbo(self, frozen_sites: bool = True) -> Tensor:
         r"""The ELBO (sum over points) of q rebuilt from the per-point sites with the CURRENT
         hyperparameters and inducing points -- the tighter bound of the paper's Eq. 15 --,
-        differentiable in them, O(n m^2 + m^3). For a Gaussian likelihood the sites are re-derived
-        in closed form (exact E-step), so this is the collapsed SGPR bound.
+        differentiable in them, O(n m^2 + m^3) time; its memory (with the autograd graph) grows
+        with n only through the per-point sites, the sums running over row blocks. For a
+        Gaussian likelihood the sites are re-derived in closed form (exact E-step), so this is
+        the collapsed SGPR bound.
 
         Returns:
             scalar ``sum_i E_q[log p(y_i | f_i)] - KL[q(u) || p(u)]`` (standardised units).
@@ -52,17 +55,48 @@ class TSVGPBoundMixin:
             raise ValueError("elbo() is for a single model, not a fantasy/batched one.")
         X, y, noise = self.train_X, self.train_y, self.train_noise
         L_K = self._kuu_chol()
-        A = self._whiten(L_K, X)
         if self.likelihood.conjugate:
             g1, beta = self._exact_sites(y, noise)
         else:
             g1, beta = self.sites
-        lam_w, P = self._summaries(A, g1, beta)
-        L_B, v = self._factor(P, lam_w)
-        mean_h, var = self._marginals(A, L_B, v, X)
-        c = self._const()
-        ell = self.likelihood.expected_log_prob(y, c + mean_h, var, noise).sum()
+        blocks = self._row_blocks(X.shape[-2])
+        if len(blocks) == 1:  # all rows at once: the whitened A is shared by both sums
+            A = self._whiten(L_K, X)
+            lam_w, P = self._summaries(A, g1, beta)
+            L_B, v = self._factor(P, lam_w)
+            ell = self._expected_log_lik(A, L_B, v, X, y, noise)
+        else:  # row blocks (see caches._row_blocks): memory flat in n, A computed per pass
+            lam_w, P = self._site_summaries(L_K, X, g1, beta)
+            L_B, v = self._factor(P, lam_w)
+
+            def block(
+                L_K: Tensor, L_B: Tensor, v: Tensor, Xb: Tensor, yb: Tensor, nb: Tensor | None
+            ) -> Tensor:
+                return self._expected_log_lik(self._whiten(L_K, Xb), L_B, v, Xb, yb, nb)
+
+            params = [p for p in self.parameters() if p.requires_grad]
+            ell = sum(
+                blockwise(
+                    block,
+                    params,
+                    L_K,
+                    L_B,
+                    v,
+                    X[s],
+                    y[..., s],
+                    None if noise is None else noise[..., s],
+                )
+                for s in blocks
+            )
         return ell - self._kl(L_B, v).sum()  # summed over independent outputs
+
+    def _expected_log_lik(
+        self, A: Tensor, L_B: Tensor, v: Tensor, X: Tensor, y: Tensor, noise: Tensor | None
+    ) -> Tensor:
+        r"""``sum_i E_q[log p(y_i | f_i)]`` over points ``X`` (``q x d``) with whitened ``A``
+        (``(out x) m x q``), for q given by ``L_B`` and ``v``."""
+        mean_h, var = self._marginals(A, L_B, v, X)
+        return self.likelihood.expected_log_prob(y, self._const() + mean_h, var, noise).sum()
 
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""The fit's objective per point: ``(elbo() + log priors) / n`` (standardised units).

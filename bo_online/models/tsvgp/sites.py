@@ -72,8 +72,7 @@ class TSVGPSitesMixin:
     def _set_base_sites(self, g1: Tensor, beta: Tensor) -> None:
         with torch.no_grad():
             L_K = self._kuu_chol()
-            A = self._whiten(L_K, self.train_X)
-            lam_w, P = self._summaries(A, g1, beta)
+            lam_w, P = self._site_summaries(L_K, self.train_X, g1, beta)
             L_B, v = self._factor(P, lam_w)
         self._g1[..., : self._n], self._beta[..., : self._n] = g1, beta
         self.chol_K, self.lam_w, self.v = L_K, lam_w, v
@@ -133,14 +132,15 @@ class TSVGPSitesMixin:
         with torch.no_grad():
             X, y = self.train_X[idx], self.train_y[..., idx]
             noise = None if self.train_noise is None else self.train_noise[..., idx]
-            A = self._whiten(self.chol_K, X)
-            mean_h, var = self._marginals(A, self.chol_B, self.v, X)
-            c = self._const()
-            noise_arg = noise if self.likelihood.conjugate else None
-            if self.likelihood.conjugate and noise_arg is None:
-                noise_arg = self._point_noise(y.shape, None)
-            alpha, beta = self.likelihood.expected_derivatives(y, c + mean_h, var, noise_arg)
-            g1 = beta * mean_h + alpha
+            blocks = self._row_blocks(n)
+            if minibatch or len(blocks) == 1:
+                g1, beta = self._site_targets(X, y, noise)
+            else:  # full batch in row blocks (memory flat in n), see caches._row_blocks
+                parts = [
+                    self._site_targets(X[s], y[..., s], None if noise is None else noise[..., s])
+                    for s in blocks
+                ]
+                g1, beta = (torch.cat(t, -1) for t in zip(*parts, strict=True))
             g1_old, beta_old = self.sites
             g1_new = (1 - rho) * g1_old[..., idx] + rho * g1
             beta_new = (1 - rho) * beta_old[..., idx] + rho * beta
@@ -148,6 +148,7 @@ class TSVGPSitesMixin:
                 self._set_base_sites(g1_new, beta_new)
                 return self
             scale = n / X.shape[0]
+            A = self._whiten(self.chol_K, X)  # memoised by _site_targets (no autograd here)
             lam_b, P_b = self._summaries(A, g1, beta)
             L_B = self.chol_B
             P_old = L_B @ L_B.transpose(-1, -2) - torch.eye(L_B.shape[-1], dtype=L_B.dtype)
@@ -157,3 +158,17 @@ class TSVGPSitesMixin:
             self._g1[..., idx], self._beta[..., idx] = g1_new, beta_new
             self.chol_B, self.lam_w, self.v = L_B, lam_w, v
         return self
+
+    def _site_targets(self, X: Tensor, y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        r"""The E-step's targets ``(g1, beta)`` (``(out x) q`` each) at points ``X`` (``q x d``):
+        ``beta = -E_q[d^2 log p/df^2]``, ``g1 = beta m + E_q[d log p/df]`` at the current
+        marginals (no autograd)."""
+        A = self._whiten(self.chol_K, X)
+        mean_h, var = self._marginals(A, self.chol_B, self.v, X)
+        noise_arg = noise if self.likelihood.conjugate else None
+        if self.likelihood.conjugate and noise_arg is None:
+            noise_arg = self._point_noise(y.shape, None)
+        alpha, beta = self.likelihood.expected_derivatives(
+            y, self._const() + mean_h, var, noise_arg
+        )
+        return beta * mean_h + alpha, beta
