@@ -47,6 +47,29 @@ def _stats_with(
     }
 
 
+def _add_stats_(
+    stats: dict[str, Tensor], idx: Tensor, val: Tensor, D: Tensor, y: Tensor, m: int
+) -> None:
+    r"""Add points (``q x K`` weights, ``q`` noise, ``q`` outcomes) to ``stats`` IN PLACE (no
+    autograd): the sums of :func:`_stats_with` without a new ``m x m`` matrix per call."""
+    Dinv = 1.0 / D
+    interp_gram(idx, val, Dinv, m, out=stats["G"])
+    flat = idx.reshape(-1)
+    stats["z"].index_add_(0, flat, (val * (Dinv * y).unsqueeze(-1)).reshape(-1))
+    stats["h"].index_add_(0, flat, (val * Dinv.unsqueeze(-1)).reshape(-1))
+    for name, value in (
+        ("s", (y * y * Dinv).sum()),
+        ("t", (y * Dinv).sum()),
+        ("c", Dinv.sum()),
+        ("n", y.numel()),
+        ("logdet_D", D.log().sum()),
+        ("sum_y", y.sum()),
+        ("sum_y2", (y * y).sum()),
+        ("sum_D", D.sum()),
+    ):
+        stats[name] = stats[name] + value
+
+
 class WISKIStatisticsMixin:
     r"""Methods of :class:`~bo_online.models.wiski.WISKI` that read and write the statistics."""
 
@@ -99,12 +122,24 @@ class WISKIStatisticsMixin:
     def _zero_statistics(self) -> dict[str, Tensor]:
         return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
 
+    #: Rows per block when the statistics are rebuilt from stored data (:meth:`_set_statistics`):
+    #: the interpolation weights of one block (``rows x K``) are the only row-sized temporaries,
+    #: so a refit's peak memory does not grow with n.
+    statistics_block_rows: int = 2048
+
     def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
         r"""Replace the statistics by those of ``(X, D, y)`` (``n x d``, ``n``, ``n``) under the
-        current (fixed) projection; pending conditioning and caches are dropped."""
+        current (fixed) projection; pending conditioning and caches are dropped.
+
+        The rows are added in blocks of :attr:`statistics_block_rows` into statistics updated in
+        place (the sums are the same as all rows at once up to rounding)."""
+        rows = max(1, int(self.statistics_block_rows))
         with torch.no_grad():
-            idx, val = self._interp(X)
-            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+            stats = {name: value.clone() for name, value in zero.items()}
+            for start in range(0, X.shape[0], rows):
+                sl = slice(start, start + rows)
+                idx, val = self._interp(X[sl])
+                _add_stats_(stats, idx, val, D[sl], y[sl], self.grid.num_points)
         for name in _DELTA_NAMES:
             setattr(self, name, None)
         for name, value in stats.items():
