@@ -239,7 +239,11 @@ class WISKIFitMixin:
         re-featurised without the raw inputs; this replaces them by those of ``(X, Y, Yvar)``
         (pass every observation the model should hold). During optimisation the statistics are
         rebuilt differentiably (O(n 16^k) per step) and the batch norm uses the batch statistics
-        of ``X``; afterwards its running statistics are set to those of the final map.
+        of ``X``; afterwards its running statistics are set to those of the final map. The
+        statistics are rebuilt from the final map in row blocks (``statistics_block_rows``), so
+        outside the joint fit a refit's peak memory does not grow with n beyond ``X`` itself;
+        the joint fit (``joint=True``) still holds all rows' weights under autograd, since its
+        batch norm couples every row through the batch's mean and variance.
 
         Args:
             X: ``n x d`` raw inputs; Y: ``n x 1``; Yvar: ``n x 1`` noise (fixed-noise models).
