@@ -8,7 +8,7 @@ its gradient) runs; the sites themselves (O(n) floats) are the only part allowed
 from __future__ import annotations
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from memory_profile import peak_allocated_bytes
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models.tsvgp import TSVGP
@@ -104,18 +104,7 @@ def _refit_peak_bytes(n: int, rows: int, m: int = 64) -> int:
     """Peak of the running sum of CPU allocations during one refit (L-BFGS, inducing inputs
     learned) of a model holding n points."""
     model = _with_blocks(TSVGP(*_data(n), inducing_points=m), rows)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model.fit(max_iter=3)
-    # the profiler's raw allocation records (signed sizes), in time order
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-        key=lambda e: e.start_ns(),
-    )
-    current = peak = 0
-    for e in events:
-        current += e.nbytes()
-        peak = max(peak, current)
-    return peak
+    return peak_allocated_bytes(lambda: model.fit(max_iter=3))
 
 
 def test_refit_peak_memory_does_not_grow_with_n() -> None:

@@ -8,8 +8,8 @@ Peak memory is read from the torch profiler's CPU allocation events while a refi
 from __future__ import annotations
 
 import torch
+from memory_profile import peak_allocated_bytes
 from test_wiski_additive import _data, _dense_posterior_and_mll, _rel
-from torch.profiler import ProfilerActivity, profile
 
 from bo_online.models import WISKI
 
@@ -76,17 +76,7 @@ def _refit_peak_bytes(n: int, rows: int) -> int:
     # dominates the time; keep the map (its batch norm still set on all rows) to keep this fast
     projection = model.projection
     projection.init_from_data = lambda X, y: projection.set_normalization(X)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model.fit_projection(X, Y, method="lbfgs", max_iter=3)
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-        key=lambda e: e.start_ns(),
-    )
-    current = peak = 0
-    for e in events:
-        current += e.nbytes()
-        peak = max(peak, current)
-    return peak
+    return peak_allocated_bytes(lambda: model.fit_projection(X, Y, method="lbfgs", max_iter=3))
 
 
 def test_refit_peak_memory_does_not_grow_with_n() -> None:
