@@ -44,13 +44,20 @@ def input_groups(spec: str | Sequence[Sequence[int]], dim: int) -> list[list[int
     r"""Resolve WISKI's ``additive`` argument to groups of input indices.
 
     ``"pairs"``: consecutive pairs ``(0, 1), (2, 3), ...``; for odd ``d`` the last input is paired
-    with input 0. A sequence of groups is checked (each of 1-3 distinct valid indices, all groups
+    with input 0. ``"all-pairs"``: every pair ``(i, j)``, ``i < j`` (``d (d - 1) / 2`` groups: a
+    second-order additive model, which holds every quadratic, so every function near a smooth
+    optimum). A sequence of groups is checked (each of 1-3 distinct valid indices, all groups
     the same size, every input used at least once)."""
     if isinstance(spec, str):
-        if spec.strip().lower() != "pairs":
-            raise ValueError(f"additive must be 'pairs' or a list of input groups, got {spec!r}.")
+        name = spec.strip().lower()
+        if name not in ("pairs", "all-pairs"):
+            raise ValueError(
+                f"additive must be 'pairs', 'all-pairs' or a list of input groups, got {spec!r}."
+            )
         if dim < 2:
-            raise ValueError("additive='pairs' needs at least 2 inputs.")
+            raise ValueError(f"additive={name!r} needs at least 2 inputs.")
+        if name == "all-pairs":
+            return [[i, j] for i in range(dim) for j in range(i + 1, dim)]
         groups = [[i, i + 1] for i in range(0, dim - 1, 2)]
         if dim % 2:
             groups.append([dim - 1, 0])

@@ -33,6 +33,11 @@ from bo_online.models.fitting import (
     training_mode,
 )
 from bo_online.models.wiski.grid import interp_matmul
+from bo_online.models.wiski.low_rank import (
+    LowRankStatistics,
+    low_rank_log_likelihood,
+    low_rank_statistics,
+)
 from bo_online.models.wiski.projection import set_projection_normalization
 from bo_online.models.wiski.statistics import _STAT_NAMES, _stats_with
 
@@ -108,18 +113,30 @@ class WISKIFitMixin:
         full = active.numel() == G.shape[-1]
         # The kernel is evaluated on the whole grid and then restricted, so the entries are
         # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
-        K = self._grid_kernel()
         G = G if full else G[active][:, active]
+        sigma2 = self._sigma2()
+        beta, sd = self._offset(), self.outcome_std.reshape(())
+        s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
+        low = self._low_rank(stats, G, active, full)
+        if low is not None:  # fewer observations than grid points: r x r algebra (low_rank.py)
+            return low_rank_log_likelihood(
+                low,
+                self._factor_kernel_product(low.L, active),
+                sigma2,
+                beta,
+                sd,
+                s_r,
+                stats["n"],
+                stats["logdet_D"],
+            )
+        K = self._grid_kernel()
         R, A = self._root_and_gram(
             K if full else K[active][:, active], G, self._block_sizes(None if full else active)
         )
-        sigma2 = self._sigma2()
         m = R.shape[-1]
         A = A + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
         L_A = psd_cholesky(0.5 * (A + A.mT))
-        beta, sd = self._offset(), self.outcome_std.reshape(())
         z_r = (stats["z"] - beta * stats["h"]) / sd
-        s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
         if not full:
             z_r = z_r[active]
         w = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
@@ -132,6 +149,59 @@ class WISKIFitMixin:
             + 2 * torch.diagonal(L_A).log().sum()
             + n * math.log(2 * math.pi)
         )
+
+    def _low_rank(
+        self, stats: dict[str, Tensor], G: Tensor, active: Tensor, full: bool
+    ) -> LowRankStatistics | None:
+        r"""The factored statistics of :mod:`bo_online.models.wiski.low_rank` while the
+        observations number at most half the active grid points (``G`` restricted to them), else
+        None. Computed once per data state (``G`` is hyperparameter-free) and cached."""
+        n, m = float(stats["n"]), G.shape[-1]
+        if G.requires_grad or n > m / 2:
+            return None
+        key = (
+            stats["G"].data_ptr(),
+            stats["G"]._version,
+            stats["z"]._version,
+            stats["h"]._version,
+            n,
+            m,
+        )
+        cached = self.__dict__.get("_low_rank_cache")
+        if cached is None or cached[0] != key:
+            z, h = (stats[k] if full else stats[k][active] for k in ("z", "h"))
+            cached = self.__dict__["_low_rank_cache"] = (
+                key,
+                low_rank_statistics(G, z, h, max_rank=int(n)),
+            )
+        return cached[1]
+
+    def _factor_kernel_product(self, L: Tensor, active: Tensor) -> Tensor:
+        r"""``L^T (K_UU + jitter I) L`` (``r x r``) for ``L``: ``m_active x r``, differentiable in
+        the kernel. For the additive model block by block (``sum_j L_j^T K_j L_j`` over each
+        component's active points: ``sum_j m_j^2`` kernel entries instead of ``m^2``), with the
+        jitter of :meth:`_grid_kernel` (``grid_jitter`` times the mean of the full diagonal;
+        every component kernel is stationary, so its diagonal is constant)."""
+        if self.input_groups is None:
+            K = self._grid_kernel()
+            K = K[active][:, active] if active.numel() < K.shape[-1] else K
+            return L.mT @ K @ L
+        points = self.grid_points[active]
+        comp = torch.repeat_interleave(
+            torch.arange(len(self.grid.sizes_per_grid), device=active.device),
+            torch.tensor(self.grid.sizes_per_grid, device=active.device),
+        )[active]
+        kernels = self.covar_module.kernels
+        diags = [k(self.grid_points[:1], diag=True).reshape(()) for k in kernels]
+        sizes = self.grid.sizes_per_grid
+        jitter = self.grid_jitter * sum(d * s for d, s in zip(diags, sizes)) / sum(sizes)
+        M = jitter * (L.mT @ L)
+        for j, kernel in enumerate(kernels):
+            rows = torch.nonzero(comp == j).squeeze(-1)
+            if rows.numel():
+                Lj = L[rows]
+                M = M + Lj.mT @ kernel(points[rows]).to_dense() @ Lj
+        return M
 
     def log_prior(self) -> Tensor:
         r"""Sum of the hyperparameter priors' log densities (kernel, mean, and the likelihood's

@@ -118,6 +118,12 @@ class WISKI(
             on its own k-D grid with its own ``ScaleKernel`` (default kernel: see
             :func:`_default_additive_kernel`); a user's ``covar_module`` must then be a
             :class:`bo_online.models.wiski.additive.BlockGridKernel`.
+        prior_variance: ``"interpolated"`` (default) -- the SKI posterior as it is, whose prior
+            variance ``w_x^T K_UU w_x`` dips between grid nodes; ``"exact"`` -- the posterior
+            covariance at test points gets the diagonal ``k(x, x) - w_x^T K_UU w_x`` added (the
+            "deterministic training conditional" predictive, docs/math.md §1), so far from the
+            data the variance is the kernel's own everywhere and an acquisition function is
+            not drawn to grid nodes. Training and the marginal likelihood are unchanged.
 
     Example:
         >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
@@ -141,6 +147,7 @@ class WISKI(
         input_transform: Any | None = None,
         lengthscale_floor: float | str | None = "grid",
         additive: str | Sequence[Sequence[int]] | None = None,
+        prior_variance: str = "interpolated",
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(
@@ -156,11 +163,12 @@ class WISKI(
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         spec = projection.strip().lower() if isinstance(projection, str) else None
-        if spec in ("pairs", "pairs+tanh"):
+        if spec in ("pairs", "pairs+tanh", "all-pairs", "all-pairs+tanh"):
             if additive is not None:
                 raise ValueError(f"Pass either `additive` or projection={spec!r}, not both.")
             # the additive model over pairs of inputs (plus a learned 2-D projection component)
-            additive, projection = "pairs", ("tanh:2" if spec == "pairs+tanh" else None)
+            additive, _, tanh = spec.partition("+")
+            projection = "tanh:2" if tanh else None
         projection = make_projection(projection, dim)  # "tanh:K" -> TanhProjection(d, K)
         self.input_groups: list[list[int]] | None = None
         if additive is not None:
@@ -212,6 +220,11 @@ class WISKI(
             self.grid = StackedGrid(grids)
             self.num_features = self.grid.dim
         self.grid_jitter = float(grid_jitter)
+        if prior_variance not in ("interpolated", "exact"):
+            raise ValueError(
+                f"prior_variance must be 'interpolated' or 'exact', got {prior_variance!r}."
+            )
+        self.prior_variance = prior_variance
         if standardize and train_Y.shape[0] > 1:
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import DenseLinearOperator
+from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
 from torch import Tensor
 
 from bo_online.linalg import solve_lower
@@ -132,8 +132,49 @@ class WISKIPosteriorMixin:
         calls = self._shared["calls"] = self._shared.get("calls", 0) + 1
         return needs_grad or calls > _GRAM_AFTER_CALLS or self._shared.get("M") is not None
 
+    def _prior_gram(self) -> Tensor:
+        r"""``K_UU + jitter I`` (``m x m``) at the current hyperparameters, without a gradient;
+        cached in ``_shared`` like the factors."""
+        K = self._shared.get("K")
+        if K is None:
+            with torch.no_grad():
+                K = self._shared["K"] = self._grid_kernel()
+        return K
+
+    def _prior_variance_gap(self, idx: Tensor, val: Tensor) -> Tensor:
+        r"""``k(x, x) - w_x^T K_UU w_x`` (``... x N``, floored at 0), differentiable in ``val``.
+
+        ``K_UU`` is block-diagonal over the components of an additive model, and a point's
+        stencil lists its components' ``4^k`` entries one component after the other, so only
+        the ``J (4^k)^2`` within-component pairs are gathered. The kernel is stationary, so
+        ``k(x, x)`` of component j is the diagonal of its block at any node."""
+        K = self._prior_gram()
+        J = len(self.grid.grids) if self.input_groups is not None else 1
+        offsets = self.grid.offsets if J > 1 else [0]
+        kss = torch.diagonal(K)[offsets].sum()
+        S = idx.shape[-1] // J
+        i = idx.reshape(*idx.shape[:-1], J, S)
+        v = val.expand(idx.shape).reshape(*idx.shape[:-1], J, S)
+        Kg = K[i.unsqueeze(-1), i.unsqueeze(-2)]  # ... x N x J x S x S
+        quad = torch.einsum("...ja,...jab,...jb->...", v, Kg, v)
+        return (kss - quad).clamp_min(0.0)
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         idx, val = self._interp(X)
+        mvn = self._ski_latent_posterior(idx, val)
+        if self.prior_variance != "exact":
+            return mvn
+        gap = self._prior_variance_gap(idx, val)
+        covar = mvn.lazy_covariance_matrix
+        gap = gap.expand(*covar.shape[:-1])
+        if isinstance(covar, DenseLinearOperator):
+            return MultivariateNormal(
+                mvn.mean, DenseLinearOperator(covar.to_dense() + torch.diag_embed(gap))
+            )
+        return MultivariateNormal(mvn.mean, covar + DiagLinearOperator(gap))
+
+    def _ski_latent_posterior(self, idx: Tensor, val: Tensor) -> MultivariateNormal:
+        r"""The SKI posterior at points with stencils ``idx``/``val`` (``... x N x K``)."""
         # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
         coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
         mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)

@@ -70,12 +70,13 @@ def _dense_posterior_and_mll(model: WISKI, X, Y, Xs):
     return mean * model.outcome_std + model.outcome_mean, cov, mll
 
 
-@pytest.mark.parametrize("spec, parts", [("pairs", 3), ("pairs+tanh", 4)])
+@pytest.mark.parametrize("spec, parts", [("pairs", 3), ("pairs+tanh", 4), ("all-pairs", 10)])
 def test_additive_wiski_equals_the_dense_sum_of_ski_components(spec, parts):
     X, Y = _data(70)
     Xs = torch.rand(9, 5, generator=torch.Generator().manual_seed(5), dtype=DT)
-    model = WISKI(X[:40], Y[:40], projection=spec, grid_size=12)
-    assert model.input_groups == [[0, 1], [2, 3], [4, 0]]
+    model = WISKI(X[:40], Y[:40], projection=spec, grid_size=12 if parts < 10 else 8)
+    groups = input_groups(spec.partition("+")[0], 5)
+    assert model.input_groups == groups and len(groups) == 10 - 7 * (parts < 10)
     assert isinstance(model.grid, StackedGrid) and isinstance(model.covar_module, BlockGridKernel)
     assert len(model.grid.grids) == parts and hasattr(model, "projection") == (parts == 4)
     if parts == 4:  # the loop's refit path: map from data, statistics rebuilt, kernel fitted
@@ -100,7 +101,11 @@ def test_additive_wiski_equals_the_dense_sum_of_ski_components(spec, parts):
     assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, cov_ref) < 1e-9
     # and the statistics are those of a model built on all data at once
     scratch = WISKI(
-        X, Y, additive="pairs", grid_size=12, projection=getattr(model, "projection", None)
+        X,
+        Y,
+        additive=groups,
+        grid_size=model.grid.grids[0].sizes,
+        projection=getattr(model, "projection", None),
     )
     ours, ref = model.statistics(), scratch.statistics()
     for name in ours:
@@ -120,6 +125,8 @@ def test_stacked_grid_weights_are_the_components_side_by_side():
 def test_groups_and_errors():
     assert input_groups("pairs", 4) == [[0, 1], [2, 3]]
     assert input_groups("pairs", 5) == [[0, 1], [2, 3], [4, 0]]
+    assert input_groups("all-pairs", 4) == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert len(input_groups("all-pairs", 6)) == 15
     assert input_groups([[0, 2], [1, 3]], 4) == [[0, 2], [1, 3]]
     for bad in ([[0, 1]], [[0, 0], [1, 2]], [[0, 1], [2]], [[0, 4], [1, 2]], "triples"):
         with pytest.raises(ValueError, match="additive"):

@@ -1,0 +1,95 @@
+"""WISKI's marginal likelihood with fewer observations than grid points (the rank-r factor of
+``G``, bo_online/models/wiski/low_rank.py) against the dense SKI likelihood built explicitly
+(wiski_reference.dense_mll) and against WISKI's own m x m path, value and gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from wiski_reference import dense_mll
+
+from bo_online.models import WISKI
+from bo_online.models.wiski.low_rank import low_rank_statistics
+
+DT = torch.float64
+
+
+def _data(n: int, d: int, hetero: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    Yvar = (0.02 + 0.1 * torch.rand(n, 1, generator=g, dtype=DT)) if hetero else None
+    return X, Y, Yvar
+
+
+def _mll_and_grad(model, low_rank: bool):
+    r"""MLL (no priors) and its gradient in every hyperparameter, through the factored path or
+    (``low_rank=False``) the m x m path."""
+    model.zero_grad()
+    model.__dict__["_low_rank_cache"] = None
+    if not low_rank:  # an instance attribute shadows the method: no factor, the m x m path
+        model._low_rank = lambda *args: None
+    try:
+        mll = model.marginal_log_likelihood(include_priors=False)
+        mll.backward()
+    finally:
+        model.__dict__.pop("_low_rank", None)
+    grads = torch.cat(
+        [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None and p.requires_grad]
+    )
+    return mll.detach(), grads
+
+
+@pytest.mark.parametrize("hetero", [False, True])
+@pytest.mark.parametrize("structure", ["grid", "all-pairs"])
+def test_factored_likelihood_equals_the_dense_and_the_m_by_m_one(structure, hetero):
+    d = 2 if structure == "grid" else 4
+    X, Y, Yvar = _data(25, d, hetero)
+    options = {"grid_size": 14} if structure == "grid" else {"projection": "all-pairs"}
+    model = WISKI(X, Y, Yvar, **options)
+    model.fit(max_iter=8)  # hyperparameters away from their defaults
+    active = torch.nonzero(torch.diagonal(model.G) > 0)[:, 0]
+    assert 25 <= active.numel() / 2  # the factored path applies (n <= m / 2)
+    G = model.G[active][:, active]
+    assert model._low_rank(model.statistics(), G, active, False) is not None
+    fac, g_fac = _mll_and_grad(model, low_rank=True)
+    full, g_full = _mll_and_grad(model, low_rank=False)
+    assert g_fac.numel() == g_full.numel() >= 3
+    assert float((fac - full).abs()) < 1e-10 * abs(float(full))
+    assert float((g_fac - g_full).abs().max()) < 1e-8 * float(g_full.abs().max())
+    if structure == "grid":
+        ref = dense_mll(model, X, Y, Yvar)
+        assert float((fac - ref.detach()).abs()) < 1e-9 * abs(float(ref.detach()))
+
+
+def test_factor_reproduces_the_statistics_and_declines_when_it_cannot_help():
+    X, Y, _ = _data(30, 2, False)
+    model = WISKI(X, Y, grid_size=14)
+    active = torch.diagonal(model.G) > 0
+    G, z, h = model.G[active][:, active], model.z[active], model.h[active]
+    low = low_rank_statistics(G, z, h, max_rank=30)
+    assert low is not None and low.rank <= 30
+    assert torch.allclose(low.L @ low.L.mT, G, rtol=0, atol=1e-10 * float(G.abs().max()))
+    assert torch.allclose(low.L @ low.u_z, z, rtol=0, atol=1e-9 * float(z.abs().max()))
+    assert low_rank_statistics(G, z, h, max_rank=10) is None  # G has rank 30 > 10
+    assert low_rank_statistics(G.float(), z.float(), h.float(), max_rank=30) is None
+    # more observations than half the active grid points: the m x m path
+    Xb, Yb, _ = _data(120, 2, False, seed=1)
+    big = WISKI(Xb, Yb, grid_size=10)
+    a = torch.nonzero(torch.diagonal(big.G) > 0)[:, 0]
+    assert big._low_rank(big.statistics(), big.G[a][:, a], a, False) is None
+
+
+def test_updates_refresh_the_factor():
+    X, Y, _ = _data(30, 2, False)
+    model = WISKI(X[:20], Y[:20], grid_size=14)
+    model.fit(max_iter=5)
+    model.marginal_log_likelihood(include_priors=False)
+    assert model.__dict__["_low_rank_cache"][1].rank == 20
+    model.update(X[20:], Y[20:])
+    after = model.marginal_log_likelihood(include_priors=False).detach()  # the cache's key moved
+    assert model.__dict__["_low_rank_cache"][1].rank == 30
+    scratch = WISKI(X, Y, grid_size=14)
+    scratch.load_state_dict(model.state_dict())
+    ref, _ = _mll_and_grad(scratch, low_rank=False)
+    assert float((after - ref).abs()) < 1e-10 * abs(float(ref))
