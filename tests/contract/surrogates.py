@@ -67,7 +67,30 @@ def _ski_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
         Ws = model.grid.dense_weights(model._features(Xt))
         K = grid_kernel(model)
         c = model.mean_module.constant.reshape(())
-        return gp_posterior(W @ K @ W.T, W @ K @ Ws.T, Ws @ K @ Ws.T, c, y, noise)
+        mean, cov = gp_posterior(W @ K @ W.T, W @ K @ Ws.T, Ws @ K @ Ws.T, c, y, noise)
+        if model.prior_variance == "exact":  # plus k(x, x) - w_x^T K w_x at the test points
+            cov = cov + torch.diag(_ski_prior_variance(model, Xt) - ((Ws @ K) * Ws).sum(-1))
+        return mean, cov
+
+
+def _ski_prior_variance(model: WISKI, Xt: Tensor) -> Tensor:
+    r"""``k(x, x)`` of the model's kernel at each test point (plus the grid jitter per
+    component), evaluated at the points themselves: per component for the additive model."""
+    jitter = grid_kernel_jitter(model)
+    if model.input_groups is None:
+        return model.covar_module(model._features(Xt), diag=True) + jitter
+    return sum(
+        kernel(Xt[:, group], diag=True) + jitter
+        for kernel, group in zip(model.covar_module.kernels, model.input_groups)
+    )
+
+
+def grid_kernel_jitter(model: WISKI) -> Tensor:
+    from models.wiski.wiski_reference import grid_kernel
+
+    K = grid_kernel(model)
+    raw = model.covar_module(model.grid.points()).to_dense()
+    return (K - raw)[0, 0]
 
 
 def _sgpr_dense(model: TSVGP, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
@@ -236,16 +259,17 @@ def _make_exact(X, Y, Yvar=None, *, template=None, **kw) -> OnlineExactGP:
 def _make_wiski(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
     # 9 points per dimension (about 4 carry weight inside the unit cube): small m keeps the
     # dense reference and every O(m^3) rebuild cheap; the grid's accuracy is not under test.
-    # d > 3: the loops' default (additive pairs plus a learned 2-D projection; the dense
-    # reference reads the features through it); a rebuild reuses the parent's (already
-    # initialised) map and its groups.
+    # d > 3: the loops' default (every pair of inputs, exact prior variance); a rebuild reuses
+    # the parent's structure (its groups, any learned map, its prior variance).
     if template is not None and hasattr(template, "projection"):
         kw.setdefault("projection", copy.deepcopy(template.projection))
+    if template is not None:
+        kw.setdefault("prior_variance", template.prior_variance)
     if template is not None and getattr(template, "input_groups", None) is not None:
         kw.setdefault("additive", template.input_groups)  # the parent's additive structure
     elif "input_transform" not in kw:
         kw = {**WISKI.loop_default_options(X.shape[-1]), **kw}
-    model = WISKI(X, Y, Yvar, grid_size=9, **kw)
+    model = WISKI(X, Y, Yvar, **{**kw, "grid_size": 9})
     _set_common(model)
     return model
 

@@ -145,13 +145,13 @@ def test_groups_and_errors():
 def test_hartmann6_default_structure_is_accurate_and_calibrated():
     r"""The issue's held-out check at the loops' default above 3 inputs: 200 Hartmann6 points,
     held-out RMSE below the data's standard deviation and >= 80% coverage of the 95% interval
-    (300 held-out points), here for the loops' default (additive pairs plus a learned projection
-    component) at its default grid."""
+    (300 held-out points), here for the loops' default at 6 inputs (every pair of inputs, exact
+    prior variance) at its default grid."""
     g = torch.Generator().manual_seed(1)
     X = torch.rand(500, 6, generator=g, dtype=DT)
     Y = Hartmann(dim=6)(X).unsqueeze(-1)
     model = WISKI(X[:200], Y[:200], **WISKI.loop_default_options(6))
-    assert model.input_groups == [[0, 1], [2, 3], [4, 5]] and hasattr(model, "projection")
+    assert model.input_groups == input_groups("all-pairs", 6) and model.prior_variance == "exact"
     model.fit(max_iter=60)
     with torch.no_grad():
         post = model.posterior(X[200:], observation_noise=True)

@@ -1,5 +1,5 @@
-"""WISKI above three inputs at its defaults: a data-initialised learned projection to 2 features
-(``projection`` left unset), held-out accuracy and calibration against the data's spread, exact
+"""WISKI above three inputs: the loops' default (every pair of inputs), the learned projection to 2
+features, held-out accuracy and calibration against the data's spread, exact
 conditioning for the projected model, and the projection shorthand strings."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from botorch.test_functions import Hartmann, StyblinskiTang
 from wiski_reference import dense_posterior
 
 from bo_online.models import WISKI
+from bo_online.models.wiski.additive import input_groups
 from bo_online.models.wiski.projection import TanhProjection, make_projection
 
 DT = torch.float64
@@ -39,7 +40,7 @@ def _heldout(model, Xte, Yte):
     )
 
 
-@pytest.mark.parametrize("structure", ["default", "tanh:2"])
+@pytest.mark.parametrize("structure", ["default", "pairs+tanh", "tanh:2"])
 @pytest.mark.parametrize(
     "name, f, dim",
     [
@@ -48,14 +49,19 @@ def _heldout(model, Xte, Yte):
     ],
 )
 def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, structure):
-    r"""200 seeded points in the unit cube, WISKI with the loops' default for d > 3
-    (``projection="pairs+tanh"``, see ``loop_default_options``) and with the learned projection
+    r"""200 seeded points in the unit cube, WISKI with the loops' default for 4-6 inputs
+    (``projection="all-pairs"`` with ``prior_variance="exact"``, see ``loop_default_options``),
+    with their default above 6 inputs (``"pairs+tanh"``) and with the learned projection
     ``projection="tanh:2"``, ``fit()``: held-out RMSE below the training data's standard
     deviation (a constant predictor's error) and the 95% predictive interval covering >= 80% of
     300 held-out values (not overconfident)."""
     Xtr, Ytr, Xte, Yte = _split(f, dim, 200)
     if structure == "default":
         model = WISKI(Xtr, Ytr, **WISKI.loop_default_options(dim))
+        assert model.input_groups == input_groups("all-pairs", dim)
+        assert not hasattr(model, "projection") and model.prior_variance == "exact"
+    elif structure == "pairs+tanh":
+        model = WISKI(Xtr, Ytr, projection=structure)
         assert model.input_groups == [[i, i + 1] for i in range(0, dim, 2)]
         assert isinstance(model.projection, TanhProjection)
         assert len(model.grid.grids) == dim // 2 + 1
@@ -120,7 +126,9 @@ def test_projection_shorthand_strings_and_error_hint():
         with pytest.raises(ValueError, match="projection='tanh'") as err:
             WISKI(X, Y, projection=spec)
         assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
-    assert WISKI.loop_default_options(6) == {"projection": "pairs+tanh"}
+    all_pairs = {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 10}
+    assert WISKI.loop_default_options(4) == WISKI.loop_default_options(6) == all_pairs
+    assert WISKI.loop_default_options(7) == {"projection": "pairs+tanh"}
     assert WISKI.loop_default_options(3) == {}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
@@ -128,8 +136,8 @@ def test_projection_shorthand_strings_and_error_hint():
 
 def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     r"""``BayesOptLoop(model="wiski")`` on a 6-D problem needs no options: the loop adds
-    ``loop_default_options`` (the additive model over pairs of inputs plus a learned 2-D
-    projection component; a user's own ``projection`` wins), and its initial fit is the
+    ``loop_default_options`` (the additive model over every pair of inputs, fully online); a
+    user's own ``projection`` wins, and with a learned projection the initial fit is the
     ``fit_projection`` path on the loop's data."""
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
@@ -144,10 +152,22 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
         init_fit_max_iter=5,
     )
     loop.initialize()
+    assert loop.model.input_groups == input_groups("all-pairs", 6)
+    assert not hasattr(loop.model, "projection") and loop.model.prior_variance == "exact"
+    assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann6"),
+        model="wiski",
+        n_init=12,
+        seed=0,
+        model_options={"grid_size": 10, "projection": "pairs+tanh"},
+        fit_max_iter=5,
+        init_fit_max_iter=5,
+    )
+    loop.initialize()
     assert loop.model.input_groups == [[0, 1], [2, 3], [4, 5]]
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
-    assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
     loop = BayesOptLoop(
         synthetic_problem("hartmann6"),
         model="wiski",
