@@ -67,8 +67,8 @@ ModelOptionOpt = Annotated[
         "bo_online.models.wiski.projection "
         "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to "
         "the model "
-        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default pairs+tanh) "
-        "--model-option projection=pairs.",
+        "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default all-pairs up to 6 "
+        "inputs, pairs+tanh above) --model-option projection=pairs+tanh.",
     ),
 ]
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]

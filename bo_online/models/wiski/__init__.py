@@ -9,8 +9,9 @@ statistics, so updates, the marginal likelihood and its gradient cost O(m^2 q) o
 grid points, whatever the number n of observations.
 
 Use it for long BO / active-learning / streaming runs on d <= 3 inputs, where an exact GP becomes
-too slow; above 3 inputs the loops' default is an additive model over pairs of inputs plus a
-learned 2-D projection (``projection="pairs+tanh"``).
+too slow; above 3 inputs the loops' default is an additive model over every pair of inputs (4-6
+inputs, ``projection="all-pairs"``, ``prior_variance="exact"``) or over consecutive pairs plus a
+learned 2-D projection (more inputs, ``projection="pairs+tanh"``).
 
 Modules, one job each:
 

@@ -28,13 +28,14 @@ Noise: homoscedastic (``D = I``, ``sigma^2`` the likelihood's noise) or fixed he
 so that the standardised noise is exactly ``train_Yvar / outcome_std^2``).
 
 Use it for long BO / active-learning runs on d <= 3 inputs, where an exact GP becomes too slow.
-Above 3 inputs the loops' default (``projection="pairs+tanh"``) is an additive model: a sum of
-SKI components on 2-D grids, one per pair of inputs and one on a learned 2-D projection of all
-inputs (:mod:`bo_online.models.wiski.additive`). It is still one SKI kernel ``W K W^T`` with a
-block-diagonal ``K``, so everything above holds unchanged. Trade-off: interactions between inputs
-of different pairs are modelled only along the projection's two directions; the projection is
-re-derived from the raw data at each refit (an exact GP on at most 400 points, and a rebuild of
-the statistics), which the loops keep. ``projection="pairs"`` drops the projection component
+Above 3 inputs the loops' default is an additive model (:mod:`bo_online.models.wiski.additive`),
+still one SKI kernel ``W K W^T`` with a block-diagonal ``K``, so everything above holds unchanged:
+for 4-6 inputs a sum of SKI components on 2-D grids over every pair of inputs
+(``projection="all-pairs"``, with ``prior_variance="exact"``), fully online; above 6 inputs
+(``projection="pairs+tanh"``) one component per consecutive pair and one on a learned 2-D
+projection of all inputs, re-derived from the raw data at each refit (an exact GP on at most 400
+points, and a rebuild of the statistics), which the loops keep. ``projection="pairs"`` drops the
+projection component
 (cheaper refits, exact for additive functions, but no better than a constant on a strongly
 coupled stream such as kin40k); ``projection="tanh:K"``
 (:class:`bo_online.models.wiski.projection.TanhProjection`) is the projection alone (in BO no better
@@ -108,18 +109,19 @@ class WISKI(
             part of the model (the dense SKI reference uses the same matrix).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
             ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
-            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"pairs"`` (the additive model
-            over consecutive pairs of inputs, as ``additive="pairs"``), or ``"none"``/``None``;
-            one of them is needed when d > 3 (the loops default to ``"pairs"`` there, see
-            :meth:`loop_default_options`).
+            ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"pairs"`` / ``"all-pairs"``
+            (the additive model over consecutive / every pair of inputs, as ``additive=``),
+            either with ``"+tanh"`` (one more component on a learned 2-D projection), or
+            ``"none"``/``None``; one of them is needed when d > 3 (see
+            :meth:`loop_default_options` for the loops' choice).
         input_transform: optional BoTorch input transform.
         lengthscale_floor: lower bound on the default kernel's lengthscales (grid coordinates):
             ``"grid"`` (default) one grid spacing (at least BoTorch's 0.025), ``None`` BoTorch's
             0.025, or a number. Not used with a user's ``covar_module``.
-        additive: groups of input indices (``G x k``, k <= 3, e.g. ``[[0, 1], [2, 3]]``) or
-            ``"pairs"``: model ``f(x) = sum_j f_j(x[g_j])``, one SKI component per group, each
-            on its own k-D grid with its own ``ScaleKernel`` (default kernel: see
-            :func:`_default_additive_kernel`); a user's ``covar_module`` must then be a
+        additive: groups of input indices (``G x k``, k <= 3, e.g. ``[[0, 1], [2, 3]]``),
+            ``"pairs"`` or ``"all-pairs"``: model ``f(x) = sum_j f_j(x[g_j])``, one SKI
+            component per group, each on its own k-D grid with its own ``ScaleKernel`` (default
+            kernel: see :func:`_default_additive_kernel`); a user's ``covar_module`` must then be a
             :class:`bo_online.models.wiski.additive.BlockGridKernel`.
         prior_variance: ``"interpolated"`` (default) -- the SKI posterior as it is, whose prior
             variance ``w_x^T K_UU w_x`` dips between grid nodes; ``"exact"`` -- the posterior
