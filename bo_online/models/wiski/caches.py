@@ -31,11 +31,15 @@ class WISKICacheMixin:
         sizes = self.grid.sizes_per_grid
         if active is None:
             return list(sizes)
-        comp = torch.repeat_interleave(
-            torch.arange(len(sizes), device=active.device),
-            torch.tensor(sizes, device=active.device),
+        comp = self._component_of_points(active.device)[active]
+        return torch.bincount(comp, minlength=len(sizes)).tolist()
+
+    def _component_of_points(self, device: torch.device) -> Tensor:
+        r"""``m``: the additive component each stacked grid point belongs to."""
+        sizes = self.grid.sizes_per_grid
+        return torch.repeat_interleave(
+            torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
         )
-        return torch.bincount(comp[active], minlength=len(sizes)).tolist()
 
     @staticmethod
     def _root_and_gram(K: Tensor, G: Tensor, sizes: list[int] | None) -> tuple[Tensor, Tensor]:

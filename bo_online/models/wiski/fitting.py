@@ -187,10 +187,7 @@ class WISKIFitMixin:
             K = K[active][:, active] if active.numel() < K.shape[-1] else K
             return L.mT @ K @ L
         points = self.grid_points[active]
-        comp = torch.repeat_interleave(
-            torch.arange(len(self.grid.sizes_per_grid), device=active.device),
-            torch.tensor(self.grid.sizes_per_grid, device=active.device),
-        )[active]
+        comp = self._component_of_points(active.device)[active]
         kernels = self.covar_module.kernels
         diags = [k(self.grid_points[:1], diag=True).reshape(()) for k in kernels]
         sizes = self.grid.sizes_per_grid
