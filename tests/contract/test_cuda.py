@@ -1,0 +1,90 @@
+r"""Every surrogate and the BO loop on a CUDA device, against the same computation on the CPU.
+
+Skipped where no CUDA device is present (CI has none); run them on a machine with one:
+``python -m pytest tests/contract/test_cuda.py``. Float64 on both devices, so the CUDA posterior
+must equal the CPU one to round-off (the kernels, solves and Cholesky factors differ only in the
+order of floating-point operations).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from surrogates import SURROGATES, assert_close, ids, latent
+
+from bo_online.loops import BayesOptLoop, load_loop
+from bo_online.models.registry import MODEL_PATHS
+from bo_online.problems import synthetic_problem
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DT = torch.float64
+CUDA = torch.device("cuda")
+N0, Q, B = 12, 3, 4  # initial points, points per update, acquisition batch (b x q x d)
+TOL = 1e-8
+
+
+def _data(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(6.0 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    return X, Y
+
+
+def _on(model: torch.nn.Module, device: torch.device) -> list[str]:
+    """Names of the model's parameters and buffers that are not on ``device``."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [name for name, t in named if t.device.type != device.type]
+
+
+@pytest.mark.parametrize("s", SURROGATES, ids=ids())
+@pytest.mark.parametrize("d", [2, 4], ids=["d2", "d4"])
+def test_posterior_and_update_on_cuda_equal_cpu(s, d):
+    X, Y = _data(N0, d, seed=0)
+    Xn, Yn = _data(Q, d, seed=1)
+    if s.outcomes is not None:  # labels or counts
+        Y, Yn = s.outcomes(Y), s.outcomes(Yn)
+    Xt = torch.rand(B, 2, d, generator=torch.Generator().manual_seed(2), dtype=DT)
+
+    cpu = s.make(X, Y)
+    gpu = s.make(X.to(CUDA), Y.to(CUDA))
+    assert not _on(gpu, CUDA), f"{s.name}: tensors left on the CPU: {_on(gpu, CUDA)}"
+    for label in ("built", "updated"):
+        m_cpu, c_cpu = latent(cpu, Xt)
+        m_gpu, c_gpu = latent(gpu, Xt.to(CUDA))
+        assert m_gpu.device.type == "cuda" and c_gpu.device.type == "cuda"
+        assert_close(m_gpu.cpu(), m_cpu, TOL, f"{s.name} d={d} {label}: mean")
+        assert_close(c_gpu.cpu(), c_cpu, TOL, f"{s.name} d={d} {label}: covariance")
+        cpu.update(Xn, Yn)
+        gpu.update(Xn.to(CUDA), Yn.to(CUDA))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("model", sorted(MODEL_PATHS))
+def test_bo_loop_runs_on_cuda_at_its_defaults(model, dtype, tmp_path):
+    """The loop's defaults above 3 inputs (WISKI: every pair of inputs) on Hartmann6, q = 2:
+    the model stays on the device, the proposals are finite and inside the box, and a resumed
+    run continues on the device."""
+    problem = synthetic_problem("hartmann6")
+    loop = BayesOptLoop(
+        problem,
+        model=model,
+        acq="qlognei",
+        q=2,
+        seed=0,
+        device="cuda",
+        dtype=dtype,
+        out_dir=tmp_path,
+        checkpoint_every=1,
+    )
+    records = loop.run(3)
+    assert not _on(loop.model, CUDA), f"{model}: tensors left on the CPU: {_on(loop.model, CUDA)}"
+    X = loop.X  # every evaluated point, problem units (kept on the CPU)
+    lower, upper = problem.bounds.to(X)
+    assert torch.isfinite(X).all() and (X >= lower).all() and (X <= upper).all()
+    assert len([r for r in records if r["step"] > 0]) == 3
+
+    resumed = load_loop(tmp_path)
+    assert resumed.device.type == "cuda" and resumed.dtype == loop.dtype
+    resumed.run(4)
+    assert resumed.step_count == 4 and not _on(resumed.model, CUDA)
