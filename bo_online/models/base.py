@@ -102,6 +102,22 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self._batch_shape = torch.Size()
         self._cache_key: list[Tensor] | None = None
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Self:
+        r"""``Module._apply``, skipped when ``fn`` returns every parameter and buffer unchanged.
+
+        BoTorch's analytic acquisition functions call ``self.to(X)`` on every evaluation, and
+        ``Module._apply`` walks and re-registers every submodule even when nothing moves: for
+        WISKI's additive model (about 100 modules) about 0.7 ms of each acquisition evaluation.
+        ``Tensor.to`` returns the tensor itself when it is already on the device and dtype, so
+        ``fn(t) is t`` for all of them means the walk would change nothing."""
+        if recurse and all(fn(t) is t for t in self._parameters_and_buffers()):
+            return self
+        return super()._apply(fn, recurse)
+
+    def _parameters_and_buffers(self) -> Iterator[Tensor]:
+        yield from self.parameters()
+        yield from self.buffers()
+
     @staticmethod
     def transformed_dim(train_X: Tensor, input_transform: Any | None) -> int:
         r"""The input dimension d a model works in: the width of ``train_X`` (``n x d_raw``) after

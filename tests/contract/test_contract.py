@@ -640,6 +640,30 @@ def test_float32_matches_float64(s):
     assert_close(mean, latent(m64, Xt)[0], 1e-6 * float(m64.outcome_std), "float32 inputs")
 
 
+@surrogates
+def test_to_is_skipped_when_nothing_moves_and_converts_otherwise(s):
+    """``model.to(its own dtype)`` (which BoTorch's analytic acquisition functions call on every
+    evaluation) leaves every tensor as it is without walking the submodules; ``model.to`` another
+    dtype converts every parameter and buffer, and the posterior follows (float32 accuracy)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xt = _test_points()
+    model = s.make(X, Y)
+    mean64, _ = latent(model, Xt)
+    before = list(model.parameters()) + list(model.buffers())
+    with mock.patch.object(torch.nn.Module, "_apply", side_effect=AssertionError("walked")):
+        assert model.to(DT) is model and model.to(Xt) is model
+    after = list(model.parameters()) + list(model.buffers())
+    assert len(before) == len(after) and all(a is b for a, b in zip(after, before))
+    model.to(torch.float32)
+    floating = [
+        t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()
+    ]
+    assert floating and all(t.dtype == torch.float32 for t in floating)
+    mean32, _ = latent(model, Xt.float())
+    assert mean32.dtype == torch.float32
+    assert_close(mean32, mean64, 2e-3 * float(model.outcome_std), "mean after .to(float32)")
+
+
 # ------------------------------------------------------------------ input transforms
 
 

@@ -122,6 +122,27 @@ def test_stacked_grid_weights_are_the_components_side_by_side():
     assert torch.allclose(W.sum(-1), torch.full((6,), 2.0, dtype=DT))  # each part sums to 1
 
 
+def test_stacked_grid_of_identical_components_equals_each_component_on_its_own():
+    """Identical component grids are interpolated in one call (b x q x (J k) features); the
+    weights are each component's own grid weights side by side, bit for bit, and an input
+    outside the box is reported with its own column as for a single grid."""
+    J = 4
+    grids = [RegularGrid([10, 10], dtype=DT) for _ in range(J)]
+    stacked = StackedGrid(grids)
+    F = torch.rand(3, 5, 2 * J, generator=torch.Generator().manual_seed(1), dtype=DT)
+    idx, val = stacked.interpolate(F)
+    parts = [g.interpolate(F[..., 2 * j : 2 * j + 2]) for j, g in enumerate(grids)]
+    ref_idx = torch.cat([i + j * 64 for j, (i, _) in enumerate(parts)], -1)
+    assert idx.shape == (3, 5, J * 16)
+    assert torch.equal(idx, ref_idx) and torch.equal(val, torch.cat([v for _, v in parts], -1))
+    outside = F.clone()
+    outside[1, 2, 5] = 1.5  # component 2, its second input
+    with pytest.raises(ValueError, match=r"first at index \[1, 2, 1\], value 1.5"):
+        stacked.interpolate(outside)
+    unequal = StackedGrid([RegularGrid([9, 9], dtype=DT), RegularGrid([10, 10], dtype=DT)])
+    assert not unequal._identical
+
+
 def test_groups_and_errors():
     assert input_groups("pairs", 4) == [[0, 1], [2, 3]]
     assert input_groups("pairs", 5) == [[0, 1], [2, 3], [4, 0]]
