@@ -84,6 +84,11 @@ class WISKIProjectionFitSettings(OptimizerSettings):
     joint: bool = False
 
 
+def _restrict(M: Tensor, index: Tensor) -> Tensor:
+    r"""``M[index][:, index]`` (``k x k`` of an ``m x m`` matrix) in one gather."""
+    return M[index.unsqueeze(-1), index]
+
+
 class WISKIFitMixin:
     r"""Methods of :class:`~bo_online.models.wiski.WISKI` that fit its hyperparameters (and its
     input projection)."""
@@ -111,13 +116,10 @@ class WISKIFitMixin:
         # steps (few points, r << m) cheap.
         active = torch.nonzero(torch.diagonal(G).detach() > 0).squeeze(-1)
         full = active.numel() == G.shape[-1]
-        # The kernel is evaluated on the whole grid and then restricted, so the entries are
-        # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
-        G = G if full else G[active][:, active]
         sigma2 = self._sigma2()
         beta, sd = self._offset(), self.outcome_std.reshape(())
         s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
-        low = self._low_rank(stats, G, active, full)
+        low = self._low_rank(stats, active, full)
         if low is not None:  # fewer observations than grid points: r x r algebra (low_rank.py)
             return low_rank_log_likelihood(
                 low,
@@ -129,9 +131,13 @@ class WISKIFitMixin:
                 stats["n"],
                 stats["logdet_D"],
             )
+        # The kernel is evaluated on the whole grid and then restricted, so the entries are
+        # bit-for-bit those of the full K (GPyTorch's distances depend on the point set's mean).
         K = self._grid_kernel()
         R, A = self._root_and_gram(
-            K if full else K[active][:, active], G, self._block_sizes(None if full else active)
+            K if full else _restrict(K, active),
+            G if full else _restrict(G, active),
+            self._block_sizes(None if full else active),
         )
         m = R.shape[-1]
         A = A + sigma2 * torch.eye(m, dtype=R.dtype, device=R.device)
@@ -151,12 +157,14 @@ class WISKIFitMixin:
         )
 
     def _low_rank(
-        self, stats: dict[str, Tensor], G: Tensor, active: Tensor, full: bool
+        self, stats: dict[str, Tensor], active: Tensor, full: bool
     ) -> LowRankStatistics | None:
         r"""The factored statistics of :mod:`bo_online.models.wiski.low_rank` while the
-        observations number at most half the active grid points (``G`` restricted to them), else
-        None. Computed once per data state (``G`` is hyperparameter-free) and cached."""
-        n, m = float(stats["n"]), G.shape[-1]
+        observations number at most half the ``active`` grid points (``G`` restricted to them),
+        else None. Computed once per data state (``G`` is hyperparameter-free) and cached, so a
+        cache hit does not even restrict ``G``."""
+        G = stats["G"]
+        n, m = float(stats["n"]), active.numel()
         if G.requires_grad or n > m / 2:
             return None
         key = (
@@ -172,7 +180,7 @@ class WISKIFitMixin:
             z, h = (stats[k] if full else stats[k][active] for k in ("z", "h"))
             cached = self.__dict__["_low_rank_cache"] = (
                 key,
-                low_rank_statistics(G, z, h, max_rank=int(n)),
+                low_rank_statistics(G if full else _restrict(G, active), z, h, max_rank=int(n)),
             )
         return cached[1]
 
