@@ -194,18 +194,23 @@ class WISKIFitMixin:
             K = self._grid_kernel()
             K = K[active][:, active] if active.numel() < K.shape[-1] else K
             return L.mT @ K @ L
-        points = self.grid_points[active]
-        comp = self._component_of_points(active.device)[active]
-        kernels = self.covar_module.kernels
-        diags = [k(self.grid_points[:1], diag=True).reshape(()) for k in kernels]
+        # The active points are sorted, and each component's grid points are consecutive, so
+        # each component's rows of L and of the points are one contiguous slice.
+        active_sizes = self._block_sizes(active)
+        rows = zip(L.split(active_sizes), self.grid_points[active].split(active_sizes))
+        blocks, diags = [], []
+        for kernel, (Lj, Pj) in zip(self.covar_module.kernels, rows):
+            if Lj.shape[0]:
+                Kj = kernel(Pj).to_dense()
+                blocks.append((Lj, Kj))
+                diags.append(Kj[0, 0])
+            else:  # no observation weighs this component: its kernel diagonal only
+                diags.append(kernel(self.grid_points[:1], diag=True).reshape(()))
         sizes = self.grid.sizes_per_grid
         jitter = self.grid_jitter * sum(d * s for d, s in zip(diags, sizes)) / sum(sizes)
         M = jitter * (L.mT @ L)
-        for j, kernel in enumerate(kernels):
-            rows = torch.nonzero(comp == j).squeeze(-1)
-            if rows.numel():
-                Lj = L[rows]
-                M = M + Lj.mT @ kernel(points[rows]).to_dense() @ Lj
+        for Lj, Kj in blocks:
+            M = M + Lj.mT @ Kj @ Lj
         return M
 
     def log_prior(self) -> Tensor:
