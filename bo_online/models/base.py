@@ -109,13 +109,21 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         ``Module._apply`` walks and re-registers every submodule even when nothing moves: for
         WISKI's additive model (about 100 modules) about 0.7 ms of each acquisition evaluation.
         ``Tensor.to`` returns the tensor itself when it is already on the device and dtype, so
-        ``fn(t) is t`` for all of them means the walk would change nothing."""
-        if recurse and all(fn(t) is t for t in self._parameters_and_buffers()):
+        ``fn(t) is t`` for all of them means the walk would change nothing. (An in-place ``fn``,
+        such as ``share_memory_``, has then been applied to each of them here.) This assumes,
+        as holds for every module the surrogates hold, that no submodule's own ``_apply``
+        converts tensors that are not parameters, gradients or buffers."""
+        if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
             return self
         return super()._apply(fn, recurse)
 
-    def _parameters_and_buffers(self) -> Iterator[Tensor]:
-        yield from self.parameters()
+    def _tensors_apply_converts(self) -> Iterator[Tensor]:
+        """Every parameter, its gradient if any, and every buffer: what ``Module._apply``
+        passes to its ``fn``."""
+        for p in self.parameters():
+            yield p
+            if p.grad is not None:
+                yield p.grad
         yield from self.buffers()
 
     @staticmethod

@@ -662,6 +662,10 @@ def test_to_is_skipped_when_nothing_moves_and_converts_otherwise(s):
     mean32, _ = latent(model, Xt.float())
     assert mean32.dtype == torch.float32
     assert_close(mean32, mean64, 2e-3 * float(model.outcome_std), "mean after .to(float32)")
+    for p in model.parameters():  # an in-place conversion reaches gradients too
+        p.grad = torch.zeros_like(p)
+    model.share_memory()
+    assert all(p.is_shared() and p.grad.is_shared() for p in model.parameters())
 
 
 # ------------------------------------------------------------------ input transforms

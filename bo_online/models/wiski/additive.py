@@ -133,7 +133,9 @@ class StackedGrid:
             except ValueError:
                 pass  # an input outside the box: the loop below raises, naming its column
             else:
-                offsets = torch.as_tensor(self.offsets, device=i.device).unsqueeze(-1)
+                # identical grids have equal sizes: component j's offset is j m_1 (no host copy)
+                J, m1 = len(self.grids), self.sizes_per_grid[0]
+                offsets = torch.arange(0, J * m1, m1, device=i.device).unsqueeze(-1)
                 return (i + offsets).flatten(-2), v.flatten(-2)
         idx, val = [], []
         for j, (grid, offset) in enumerate(zip(self.grids, self.offsets)):

@@ -129,6 +129,7 @@ def test_stacked_grid_of_identical_components_equals_each_component_on_its_own()
     J = 4
     grids = [RegularGrid([10, 10], dtype=DT) for _ in range(J)]
     stacked = StackedGrid(grids)
+    assert stacked._identical  # the one-call path is the one under test
     F = torch.rand(3, 5, 2 * J, generator=torch.Generator().manual_seed(1), dtype=DT)
     idx, val = stacked.interpolate(F)
     parts = [g.interpolate(F[..., 2 * j : 2 * j + 2]) for j, g in enumerate(grids)]
@@ -139,8 +140,13 @@ def test_stacked_grid_of_identical_components_equals_each_component_on_its_own()
     outside[1, 2, 5] = 1.5  # component 2, its second input
     with pytest.raises(ValueError, match=r"first at index \[1, 2, 1\], value 1.5"):
         stacked.interpolate(outside)
-    unequal = StackedGrid([RegularGrid([9, 9], dtype=DT), RegularGrid([10, 10], dtype=DT)])
-    assert not unequal._identical
+    box = torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=DT)
+    for other in (
+        RegularGrid([9, 9], dtype=DT),  # other sizes
+        RegularGrid([10, 10], bounds=box, dtype=DT),  # other bounds
+        RegularGrid([10, 10], dtype=torch.float32),  # other dtype
+    ):
+        assert not StackedGrid([RegularGrid([10, 10], dtype=DT), other])._identical
 
 
 def test_groups_and_errors():
