@@ -142,52 +142,29 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
-    loop = BayesOptLoop(
-        synthetic_problem("hartmann6"),
-        model="wiski",
-        n_init=12,
-        seed=0,
-        model_options={"grid_size": 10},
-        fit_max_iter=5,
-        init_fit_max_iter=5,
-    )
-    loop.initialize()
+    def initialized(**options):
+        loop = BayesOptLoop(
+            synthetic_problem("hartmann6"),
+            model="wiski",
+            n_init=12,
+            seed=0,
+            model_options={"grid_size": 10, **options},
+            fit_max_iter=5,
+            init_fit_max_iter=5,
+        )
+        loop.initialize()
+        return loop
+
+    loop = initialized()
     assert loop.model.input_groups == input_groups("all-pairs", 6)
     assert not hasattr(loop.model, "projection") and loop.model.prior_variance == "exact"
     assert loop.config["model_options"] == {"grid_size": 10}  # the default is not stored
-    loop = BayesOptLoop(
-        synthetic_problem("hartmann6"),
-        model="wiski",
-        n_init=12,
-        seed=0,
-        model_options={"grid_size": 10, "projection": "pairs+tanh"},
-        fit_max_iter=5,
-        init_fit_max_iter=5,
-    )
-    loop.initialize()
+    loop = initialized(projection="pairs+tanh")
     assert loop.model.input_groups == [[0, 1], [2, 3], [4, 5]]
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
-    loop = BayesOptLoop(
-        synthetic_problem("hartmann6"),
-        model="wiski",
-        n_init=12,
-        seed=0,
-        model_options={"grid_size": 10, "projection": "tanh"},
-        fit_max_iter=5,
-        init_fit_max_iter=5,
-    )
-    loop.initialize()
+    loop = initialized(projection="tanh")
     assert isinstance(loop.model.projection, TanhProjection)
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
-    loop = BayesOptLoop(
-        synthetic_problem("hartmann6"),
-        model="wiski",
-        n_init=12,
-        seed=0,
-        model_options={"grid_size": 10, "projection": "tanh:1"},
-        fit_max_iter=5,
-        init_fit_max_iter=5,
-    )
-    loop.initialize()
+    loop = initialized(projection="tanh:1")
     assert loop.model.num_features == 1
