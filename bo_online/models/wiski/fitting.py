@@ -192,7 +192,7 @@ class WISKIFitMixin:
         every component kernel is stationary, so its diagonal is constant)."""
         if self.input_groups is None:
             K = self._grid_kernel()
-            K = K[active][:, active] if active.numel() < K.shape[-1] else K
+            K = _restrict(K, active) if active.numel() < K.shape[-1] else K
             return L.mT @ K @ L
         # The active points are sorted, and each component's grid points are consecutive, so
         # each component's rows of L and of the points are one contiguous slice.
