@@ -26,12 +26,11 @@ import contextlib
 import itertools
 import math
 import os
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 __all__ = [
     "Campaign",

@@ -85,7 +85,7 @@ class AxOnlineMixin:
         # structure above 3 inputs); the user's model_options win.
         defaults = getattr(cls._bo_online_base, "loop_default_options", None)
         if callable(defaults):
-            model_options = {**defaults(training_data.X.shape[-1]), **model_options}
+            model_options = {**defaults(training_data.X.shape[-1], model_options), **model_options}
         return {
             "train_X": training_data.X,
             "train_Y": Y,

@@ -2,8 +2,9 @@ r"""Ask/tell loops: Bayesian optimisation, active learning and streaming regress
 classification.
 
 Each loop writes one record per step to ``<out_dir>/records.jsonl`` as it happens and a checkpoint
-after every step; :func:`resume` continues a run from its directory (e.g. after the process was
-killed) and yields the same records an uninterrupted run would have.
+regularly (by default at most every 30 s, and always at the end and on SIGINT/SIGTERM);
+:func:`resume` continues a run from its directory (e.g. after the process was killed) and yields
+the same records an uninterrupted run would have.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ class OnlineLoop:
         options = self._model_options()
         defaults = getattr(self.model_cls, "loop_default_options", None)  # e.g. WISKI, d > 3
         if callable(defaults):
-            options = {**defaults(X.shape[-1]), **options}
+            options = {**defaults(X.shape[-1], options), **options}
         try:
             model = self.model_cls(X.to(**self.tkwargs), Y.to(**self.tkwargs), **options)
         except TypeError as e:  # unknown option names: say which model rejected them

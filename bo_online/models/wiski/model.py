@@ -50,7 +50,7 @@ an error.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from botorch.models.utils.gpytorch_modules import get_gaussian_likelihood_with_lognormal_prior
@@ -190,9 +190,10 @@ class WISKI(
             if dim > 3:
                 raise ValueError(
                     "WISKI interpolates on a grid of prod(grid_size) points, so it handles at most "
-                    f"3 input dimensions natively; got d = {dim}. Pass projection='pairs+tanh' (a "
-                    "sum of 2-D grids over pairs of inputs and one on a learned projection; the "
-                    "loops and the CLI do this by default), 'pairs' (without the projection) or "
+                    f"3 input dimensions natively; got d = {dim}. Pass projection='all-pairs' (a "
+                    "sum of 2-D grids over every pair of inputs; the loops' and the CLI's default "
+                    "for 4-6 inputs), 'pairs+tanh' (consecutive pairs and one grid on a learned "
+                    "projection; their default above 6), 'pairs' (without the projection) or "
                     "projection='tanh' (or 'tanh:3', or "
                     "bo_online.models.wiski.projection.TanhProjection(d, out_dim=2)) to learn "
                     "k <= 3 features."
@@ -301,8 +302,10 @@ class WISKI(
             set_projection_normalization(projection, X, only_if_unset=True)
 
     @classmethod
-    def loop_default_options(cls, dim: int) -> dict[str, Any]:
-        r"""Constructor options the loops (and so the CLI) use unless the user gives them.
+    def loop_default_options(
+        cls, dim: int, user_options: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        r"""Constructor options the loops (and so the CLI and Ax) use unless the user gives them.
 
         * ``d <= 3``: one grid (none needed).
         * ``4 <= d <= ALL_PAIRS_MAX_DIM`` (6): the additive model over every pair of inputs
@@ -313,8 +316,14 @@ class WISKI(
           (docs/surrogates/wiski.md).
         * larger ``d``: pairs grow quadratically, so consecutive pairs plus one component on a
           learned 2-D projection (``projection="pairs+tanh"``, see
-          :mod:`bo_online.models.wiski.additive`)."""
-        if dim <= 3:
+          :mod:`bo_online.models.wiski.additive`).
+
+        ``user_options`` (the options the user passes) that name a structure themselves
+        (``projection`` or ``additive``) get none of these: ``grid_size`` and ``prior_variance``
+        above belong to the all-pairs structure, so e.g. ``projection="tanh:2"`` or
+        ``additive=[[0, 2], [1, 3]]`` run as ``WISKI(X, Y, projection=...)`` /
+        ``WISKI(X, Y, additive=...)`` would."""
+        if dim <= 3 or any(k in (user_options or {}) for k in ("projection", "additive")):
             return {}
         if dim <= ALL_PAIRS_MAX_DIM:
             return {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 10}

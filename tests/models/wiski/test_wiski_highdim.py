@@ -168,3 +168,34 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
     assert loop.model.projection.out_dim == 2 and not loop.model.projection.needs_data_init
     loop = initialized(projection="tanh:1")
     assert loop.model.num_features == 1
+
+
+def test_a_structure_named_by_the_user_gets_its_own_constructor_defaults():
+    r"""The all-pairs defaults (``grid_size=10``, ``prior_variance="exact"``) belong to the
+    default structure: a loop given ``additive`` groups or a ``projection`` builds the model a
+    direct ``WISKI(X, Y, <that option>)`` gives -- the same grid and the same posterior -- and
+    ``additive`` is not refused for clashing with the default ``projection``."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    assert WISKI.loop_default_options(5, {"projection": "tanh:2"}) == {}
+    assert WISKI.loop_default_options(5, {"additive": [[0, 1], [2, 3]]}) == {}
+    assert WISKI.loop_default_options(5, {"grid_size": 8})["projection"] == "all-pairs"
+    for options in ({"additive": [[0, 2], [1, 3]]}, {"projection": "tanh:2"}):
+        loop = BayesOptLoop(
+            synthetic_problem("styblinskitang", dim=4),
+            model="wiski",
+            n_init=10,
+            seed=0,
+            model_options=options,
+            refit_every=0,
+        )
+        X = torch.rand(10, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        Y = (X - 0.3).pow(2).sum(-1, keepdim=True)
+        built = loop._build_model(X, Y)
+        direct = WISKI(X, Y, **options)
+        assert built.num_grid_points == direct.num_grid_points
+        assert built.prior_variance == direct.prior_variance
+        Xte = torch.rand(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        a, b = built.posterior(Xte), direct.posterior(Xte)
+        assert _rel(a.mean, b.mean) < 1e-10 and _rel(a.variance, b.variance) < 1e-10
