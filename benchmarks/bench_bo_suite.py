@@ -20,7 +20,10 @@ Resumable and splittable: each (function, method, seed) result is its own JSON f
 methods of one (function, seed) run back to back, so the time per step of a method is reported as
 a ratio to the BoTorch reference of the same process and seed (median over seeds, min-max shown).
 ``--merge`` only reads the result files, prints the table and the target checks (PASS/FAIL),
-writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function.
+writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
+``--merge-from DIR`` also reads an earlier run's folder for the results ``--out`` lacks (a rerun of
+some methods after a change, with its own BoTorch reference, merged with the methods it left
+alone; each time ratio still divides by the reference of its own process).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_bo_suite.py --seeds 8 --steps 30 --q 1
     python benchmarks/bench_bo_suite.py --seeds 8 --steps 30 --q 1 --shard 0/2 &   # split
@@ -259,35 +262,56 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
     return m, se, len(seeds)
 
 
+def _reference_time(folder: Path, function: str, q: int, seed: int, process: str) -> float | None:
+    """Mean time per step of the BoTorch reference run in ``process`` (same folder, same
+    function and seed), or None where that process ran no reference."""
+    path = result_path(folder, function, q, "botorch", seed)
+    if not path.exists():
+        return None
+    ref = json.loads(path.read_text())
+    if ref.get("process") != process or not ref.get("mean_time_per_step", 0) > 0:
+        return None
+    return float(ref["mean_time_per_step"])
+
+
 def merge(
-    out: Path, functions: list[str], methods: list[str], seeds: list[int], q: int, plot: bool = True
+    out: Path,
+    functions: list[str],
+    methods: list[str],
+    seeds: list[int],
+    q: int,
+    plot: bool = True,
+    more: list[Path] | None = None,
 ) -> dict[str, Any]:
+    """Table and target checks from the result files under ``out``, then under each folder of
+    ``more`` for a (function, method, seed) that ``out`` lacks (e.g. ``out`` holds a rerun of
+    some methods with their own BoTorch reference). A time ratio always divides by the BoTorch
+    run of the same process, found in the same folder as the result."""
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     errors: dict[str, dict[str, list[str]]] = {}
+    ratios_of: dict[tuple[str, str], list[float]] = {}
     for f in functions:
         for m in methods:
             for s in seeds:
-                path = result_path(out, f, q, m, s)
-                if not path.exists():
+                folder = next(
+                    (d for d in [out, *(more or [])] if result_path(d, f, q, m, s).exists()), None
+                )
+                if folder is None:
                     continue
-                r = json.loads(path.read_text())
+                r = json.loads(result_path(folder, f, q, m, s).read_text())
                 if "error" in r:
                     errors.setdefault(f, {}).setdefault(m, []).append(r["error"])
-                else:
-                    results.setdefault(f, {}).setdefault(m, {})[s] = r
+                    continue
+                results.setdefault(f, {}).setdefault(m, {})[s] = r
+                ref_time = _reference_time(folder, f, q, s, r["process"])
+                if ref_time is not None:
+                    ratios_of.setdefault((f, m), []).append(r["mean_time_per_step"] / ref_time)
     table: dict[str, dict[str, Any]] = {}
     for f, per_method in results.items():
-        ref = per_method.get("botorch", {})
         for m, runs in per_method.items():
             finals = [r["final_regret"] for r in runs.values()]
             mean, se = _mean_se(finals)
-            ratios = [
-                r["mean_time_per_step"] / ref[s]["mean_time_per_step"]
-                for s, r in runs.items()
-                if s in ref
-                and ref[s]["process"] == r["process"]
-                and ref[s]["mean_time_per_step"] > 0
-            ]
+            ratios = ratios_of.get((f, m), [])
             table.setdefault(f, {})[m] = {
                 "seeds": len(finals),
                 "mean": mean,
@@ -470,6 +494,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bo_suite"))
     p.add_argument("--shard", default="0/1", help="i/k: run every k-th job starting at i")
     p.add_argument("--merge", action="store_true", help="only merge existing results")
+    p.add_argument(
+        "--merge-from",
+        default="",
+        metavar="DIR[,DIR...]",
+        help="more result folders, read (in order) for results that --out lacks",
+    )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
@@ -507,7 +537,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         else:
             for job in jobs:
                 run_group(*job)
-    return merge(args.out, functions, methods, seeds, args.q, plot=not args.no_plot)
+    more = [Path(d) for d in args.merge_from.split(",") if d]
+    return merge(args.out, functions, methods, seeds, args.q, plot=not args.no_plot, more=more)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,49 @@ def test_suite_script_end_to_end_small(tmp_path, capsys):
     assert again["table"]["branin"]["exact"]["mean"] == table["exact"]["mean"]
 
 
+def test_merge_from_an_earlier_run_keeps_each_time_ratio_in_its_own_process(tmp_path):
+    """A rerun of one method (with its own BoTorch reference) in ``new`` merged with an earlier
+    run's other methods in ``old``: each result comes from the first folder that has it, each
+    time ratio divides by the reference run of the result's own process."""
+    bench = _bench()
+
+    def write(folder, method, seed, final, time_per_step, process):
+        path = bench.result_path(folder, "branin", 1, method, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "regret": [final],
+                    "final_regret": final,
+                    "mean_time_per_step": time_per_step,
+                    "process": process,
+                }
+            )
+        )
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    for seed in (0, 1):
+        write(old, "botorch", seed, 1.0 + seed, 2.0, f"old{seed}")
+        write(old, "exact", seed, 9.0, 2.0, f"old{seed}")  # replaced by the rerun
+        write(old, "tsvgp", seed, 0.5 + seed, 3.0, f"old{seed}")
+        write(new, "botorch", seed, 1.0 + seed, 4.0, f"new{seed}")
+        write(new, "exact", seed, 0.25 * (1 + seed), 2.0, f"new{seed}")
+    argv = ["--functions", "branin", "--methods", "botorch,exact,tsvgp", "--seeds", "2"]
+    summary = bench.main([*argv, "--q", "1", "--out", str(new), "--merge", "--no-plot"])
+    without = summary["table"]["branin"]
+    assert "tsvgp" not in without and without["exact"]["mean"] == pytest.approx(0.375)
+    more = ["--merge-from", str(old)]
+    table = bench.main([*argv, "--q", "1", "--out", str(new), "--merge", "--no-plot", *more])
+    table = table["table"]["branin"]
+    assert table["exact"]["mean"] == pytest.approx(0.375)  # the rerun's, not the old 9.0
+    assert table["exact"]["time_ratio_median"] == pytest.approx(0.5)  # 2.0 / its own 4.0
+    assert table["tsvgp"]["mean"] == pytest.approx(1.0)
+    assert table["tsvgp"]["time_ratio_median"] == pytest.approx(1.5)  # 3.0 / the old 2.0
+    assert json.loads((new / "summary_q1.json").read_text())["table"]["branin"]["tsvgp"]
+
+
 def _branin_loop(**kw):
     return BayesOptLoop(
         synthetic_problem("branin"),
