@@ -75,7 +75,10 @@ QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per 
 SeedOpt = Annotated[int, typer.Option(help="Seed of everything random in the run.")]
 RefitOpt = Annotated[
     int,
-    typer.Option(help="Refit hyperparameters every this many steps (warm-started); 0 = never."),
+    typer.Option(
+        help="Refit hyperparameters every this many steps (warm-started; the exact GP refits "
+        "from the defaults); 0 = never."
+    ),
 ]
 FitIterOpt = Annotated[
     int, typer.Option(help="Optimiser iterations per refit (L-BFGS by default).")
@@ -682,7 +685,8 @@ def bo(
         Optional[int],
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
-            "--fit-max-iter iterations); 0 = never. Default (auto): every step, except "
+            "--fit-max-iter iterations; the exact GP is rebuilt and fit from the defaults, "
+            "as BoTorch's loop does); 0 = never. Default (auto): every step, except "
             "that the exact GP, whose fit costs O(n^3), refits every step only up to "
             "n = 100 and then whenever n has grown by 10% since its last fit."
         ),

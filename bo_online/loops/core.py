@@ -4,7 +4,8 @@ resume and the progress bar.
 A loop is an ask/tell object (Trieste's ``AskTellOptimizer`` style): :meth:`OnlineLoop.ask`
 proposes a batch, the caller (or :meth:`OnlineLoop.step`) evaluates it, :meth:`OnlineLoop.tell`
 folds the result into the surrogate with ``model.update`` (in place) and refits hyperparameters
-every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations).
+every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations; the
+exact GP is instead rebuilt and fit from the defaults, as BoTorch's loop does).
 :meth:`OnlineLoop.run` is a thin driver over ``step``. Subclasses implement the initial design,
 ``ask``, the evaluation and the per-step record.
 
@@ -57,7 +58,8 @@ class OnlineLoop:
             surrogates whose fit cost does not grow with n, and for the exact GP every step
             while n <= ``AUTO_REFIT_SMALL_N``, then whenever n has grown by
             ``AUTO_REFIT_GROWTH`` since its last fit.
-        fit_max_iter: iteration cap of each refit (warm-started from the current values).
+        fit_max_iter: iteration cap of each refit (warm-started from the current values; an
+            exact GP's refit from the defaults gets ``max(fit_max_iter, init_fit_max_iter)``).
         init_fit_max_iter: iteration cap of the fit on the initial design (default:
             ``4 * fit_max_iter``).
         fit_options: other keyword options of ``model.fit``.
@@ -285,7 +287,8 @@ class OnlineLoop:
         }
 
     def _fit(self, max_iter: int) -> float:
-        r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations).
+        r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations; a surrogate
+        whose fit cost grows with n is rebuilt instead: :meth:`_refit_from_defaults`).
 
         A surrogate with a learned input map whose statistics depend on it (duck-typed: a
         ``projection`` attribute and a ``fit_projection(X, Y, ...)`` method, as WISKI on d > 3)
@@ -315,18 +318,19 @@ class OnlineLoop:
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)
         elif data is not None and self.step_count > 0 and self._fit_cost_grows_with_n():
-            self._refit_from_defaults(data)  # (the initial fit starts from the defaults anyway)
+            self._refit_from_defaults(data, max_iter)  # (the initial fit starts there anyway)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
             if data is not None and self.step_count > 0 and self._restart_due(data[0].shape[0]):
                 self._restart_from_defaults(data)
         return self._now() - t0
 
-    def _refit_from_defaults(self, data: tuple[Tensor, Tensor]) -> None:
+    def _refit_from_defaults(self, data: tuple[Tensor, Tensor], max_iter: int) -> None:
         r"""Replace the surrogate by one built afresh on all data (``n x d``, ``n x 1``) and fit
-        from the default hyperparameters with the initial fit's iteration budget: BoTorch's
-        refit, for a surrogate whose fit cost grows with n (the exact GP), so its refits are
-        already thinned and a warm start would save little.
+        from the default hyperparameters with at most ``max(max_iter, init_fit_max_iter)``
+        iterations (a start from the defaults needs the initial fit's budget): BoTorch's refit,
+        for a surrogate whose fit cost grows with n (the exact GP), where the rebuild costs what
+        the refit costs anyway. The online update that preceded it in this step is superseded.
 
         Not "keep the higher marginal likelihood": with few points the warm-started fit can
         follow the data into a near-interpolating mode (tiny noise, one very short lengthscale)
@@ -336,7 +340,8 @@ class OnlineLoop:
         the former, the loop never improved on its initial design in 90 evaluations (regret
         8.76); refitting from the defaults it reached 0.097."""
         fresh = self._build_model(*data)
-        fresh.fit(max_iter=self.config["init_fit_max_iter"], **self.config["fit_options"])
+        budget = max(max_iter, self.config["init_fit_max_iter"])
+        fresh.fit(max_iter=budget, **self.config["fit_options"])
         self.model = fresh
 
     def _restart_due(self, n: int) -> bool:
