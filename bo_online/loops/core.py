@@ -5,7 +5,8 @@ A loop is an ask/tell object (Trieste's ``AskTellOptimizer`` style): :meth:`Onli
 proposes a batch, the caller (or :meth:`OnlineLoop.step`) evaluates it, :meth:`OnlineLoop.tell`
 folds the result into the surrogate with ``model.update`` (in place) and refits hyperparameters
 every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations; the
-exact GP is instead rebuilt and fit from the defaults, as BoTorch's loop does).
+exact GP, and t-SVGP while n <= 100, are instead rebuilt and fit from the defaults, as BoTorch's
+loop does).
 :meth:`OnlineLoop.run` is a thin driver over ``step``. Subclasses implement the initial design,
 ``ask``, the evaluation and the per-step record.
 
@@ -58,8 +59,9 @@ class OnlineLoop:
             surrogates whose fit cost does not grow with n, and for the exact GP every step
             while n <= ``AUTO_REFIT_SMALL_N``, then whenever n has grown by
             ``AUTO_REFIT_GROWTH`` since its last fit.
-        fit_max_iter: iteration cap of each refit (warm-started from the current values; an
-            exact GP's refit from the defaults gets ``max(fit_max_iter, init_fit_max_iter)``).
+        fit_max_iter: iteration cap of each refit (warm-started from the current values; a
+            refit from the defaults, :meth:`_rebuild_due`, gets
+            ``max(fit_max_iter, init_fit_max_iter)``).
         init_fit_max_iter: iteration cap of the fit on the initial design (default:
             ``4 * fit_max_iter``).
         fit_options: other keyword options of ``model.fit``.
@@ -287,8 +289,8 @@ class OnlineLoop:
         }
 
     def _fit(self, max_iter: int) -> float:
-        r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations; a surrogate
-        whose fit cost grows with n is rebuilt instead: :meth:`_refit_from_defaults`).
+        r"""Refit the surrogate (warm-started, at most ``max_iter`` iterations; where
+        :meth:`_rebuild_due` it is rebuilt instead: :meth:`_refit_from_defaults`).
 
         A surrogate with a learned input map whose statistics depend on it (duck-typed: a
         ``projection`` attribute and a ``fit_projection(X, Y, ...)`` method, as WISKI on d > 3)
@@ -317,7 +319,7 @@ class OnlineLoop:
             options = {"method": "lbfgs", **self.config["fit_options"]}
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)
-        elif data is not None and self.step_count > 0 and self._fit_cost_grows_with_n():
+        elif data is not None and self.step_count > 0 and self._rebuild_due(data[0].shape[0]):
             self._refit_from_defaults(data, max_iter)  # (the initial fit starts there anyway)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
@@ -329,8 +331,8 @@ class OnlineLoop:
         r"""Replace the surrogate by one built afresh on all data (``n x d``, ``n x 1``) and fit
         from the default hyperparameters with at most ``max(max_iter, init_fit_max_iter)``
         iterations (a start from the defaults needs the initial fit's budget): BoTorch's refit,
-        for a surrogate whose fit cost grows with n (the exact GP), where the rebuild costs what
-        the refit costs anyway. The online update that preceded it in this step is superseded.
+        where :meth:`_rebuild_due`. The online update that preceded it in this step is
+        superseded.
 
         Not "keep the higher marginal likelihood": with few points the warm-started fit can
         follow the data into a near-interpolating mode (tiny noise, one very short lengthscale)
@@ -344,13 +346,26 @@ class OnlineLoop:
         fresh.fit(max_iter=budget, **self.config["fit_options"])
         self.model = fresh
 
+    def _rebuild_due(self, n: int) -> bool:
+        r"""Whether a refit at ``n`` observations rebuilds the surrogate from its defaults
+        (:meth:`_refit_from_defaults`) instead of warm-starting it: always for a surrogate whose
+        fit cost grows with n (the exact GP: the rebuild costs what its refit costs anyway), and
+        while n <= ``AUTO_REFIT_SMALL_N`` for one that declares ``refit_from_defaults_at_small_n``
+        (t-SVGP: there every point is an inducing point, so its model is the exact GP's and the
+        exact GP's reason holds; beyond, its warm-started refit is O(m^3), flat in n)."""
+        if self._fit_cost_grows_with_n():
+            return True
+        return bool(getattr(self.model_cls, "refit_from_defaults_at_small_n", False)) and (
+            n <= self.AUTO_REFIT_SMALL_N
+        )
+
     def _restart_due(self, n: int) -> bool:
         r"""Whether a warm-started refit also tries a fit from the defaults
         (:meth:`_restart_from_defaults`): for a surrogate that declares
-        ``restart_fit_from_defaults`` (t-SVGP, decoupled SVGP, QSGP: a rebuild from all data is
+        ``restart_fit_from_defaults`` (decoupled SVGP, QSGP: a rebuild from all data is
         O(n)) while n <= ``AUTO_REFIT_SMALL_N``, where a warm start's basin matters most and a
-        second small fit costs little. (A surrogate whose fit cost grows with n is not
-        warm-started at all: :meth:`_refit_from_defaults`.)"""
+        second small fit costs little. (Where :meth:`_rebuild_due` the surrogate is not
+        warm-started at all.)"""
         return bool(getattr(self.model_cls, "restart_fit_from_defaults", False)) and (
             n <= self.AUTO_REFIT_SMALL_N
         )

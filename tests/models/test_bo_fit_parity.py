@@ -174,19 +174,21 @@ def test_decoupled_default_fit_starts_where_the_exact_gp_does():
 
 
 def test_restart_from_defaults_schedule():
-    """Online surrogates also try a fit from the defaults only at small n; the exact GP is not
-    warm-started at all (``test_exact_loop_refit_is_botorch_refit_...``)."""
+    """The decoupled SVGP and QSGP also try a fit from the defaults only at small n; the exact
+    GP is rebuilt from its defaults at every refit and t-SVGP at small n, not warm-started
+    (``test_exact_loop_refit_is_botorch_refit_...``)."""
     problem = synthetic_problem("branin")
-    for model, small, large in (
-        ("exact", False, False),
-        ("tsvgp", True, False),
-        ("decoupled", True, False),
-        ("qsgp", True, False),
+    for model, restart, rebuild in (
+        ("exact", (False, False), (True, True)),
+        ("tsvgp", (False, False), (True, False)),
+        ("decoupled", (True, False), (False, False)),
+        ("qsgp", (True, False), (False, False)),
+        ("wiski", (False, False), (False, False)),
     ):
         loop = BayesOptLoop(problem, model=model, acq="logei", seed=0)
         n = loop.AUTO_REFIT_SMALL_N
-        assert loop._restart_due(n) is small
-        assert loop._restart_due(n + 1) is large
+        assert (loop._restart_due(n), loop._restart_due(n + 1)) == restart, model
+        assert (loop._rebuild_due(n), loop._rebuild_due(n + 1)) == rebuild, model
 
 
 def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_likelihood():
@@ -227,7 +229,8 @@ def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_l
             float(ref.likelihood.noise), rel=1e-2
         )
 
-    # t-SVGP (fit cost flat in n) is warm-started and keeps the higher likelihood at small n
+    # t-SVGP holds every point as an inducing point at this n, so its model is the exact GP's:
+    # its refit there is BoTorch's too, although the warm mode has the higher likelihood
     warm_tsvgp = TSVGP(X, Y)
     warm_tsvgp.covar_module.lengthscale = torch.tensor([0.05, 0.3, 5.0], dtype=DT)
     warm_tsvgp.likelihood.gaussian.noise = 0.005
@@ -236,6 +239,18 @@ def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_l
     loop = BayesOptLoop(synthetic_problem("hartmann3"), model="tsvgp", acq="logei", seed=0)
     loop._training_data = lambda: (X, Y)
     loop.model, loop.step_count = warm_tsvgp, 5
+    loop._fit(loop.config["fit_max_iter"])
+    assert loop.model is not warm_tsvgp
+    assert float(loop.model.marginal_log_likelihood()) == pytest.approx(ref_mll, abs=1e-4)
+    lengthscale = loop.model.covar_module.lengthscale
+    assert torch.allclose(lengthscale, ref.covar_module.lengthscale, rtol=1e-3)
+    assert float(loop.model.likelihood.gaussian.noise) == pytest.approx(
+        float(ref.likelihood.noise), rel=1e-2
+    )
+
+    # beyond AUTO_REFIT_SMALL_N t-SVGP's refit is warm-started again (flat in n)
+    loop._training_data = lambda: (X.repeat(4, 1), Y.repeat(4, 1))  # n = 120
+    loop.model = warm_tsvgp
     loop._fit(loop.config["fit_max_iter"])
     assert loop.model is warm_tsvgp
 
