@@ -5,8 +5,8 @@ A loop is an ask/tell object (Trieste's ``AskTellOptimizer`` style): :meth:`Onli
 proposes a batch, the caller (or :meth:`OnlineLoop.step`) evaluates it, :meth:`OnlineLoop.tell`
 folds the result into the surrogate with ``model.update`` (in place) and refits hyperparameters
 every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations; the
-exact GP, and t-SVGP while n <= 100, are instead rebuilt and fit from the defaults, as BoTorch's
-loop does).
+exact GP, and t-SVGP and the decoupled SVGP while n <= 100, are instead rebuilt and fit from the
+defaults, as BoTorch's loop does).
 :meth:`OnlineLoop.run` is a thin driver over ``step``. Subclasses implement the initial design,
 ``ask``, the evaluation and the per-step record.
 
@@ -351,8 +351,9 @@ class OnlineLoop:
         (:meth:`_refit_from_defaults`) instead of warm-starting it: always for a surrogate whose
         fit cost grows with n (the exact GP: the rebuild costs what its refit costs anyway), and
         while n <= ``AUTO_REFIT_SMALL_N`` for one that declares ``refit_from_defaults_at_small_n``
-        (t-SVGP: there every point is an inducing point, so its model is the exact GP's and the
-        exact GP's reason holds; beyond, its warm-started refit is O(m^3), flat in n)."""
+        (t-SVGP, decoupled SVGP: with their default 128 inducing / covariance bases every point
+        is one there, so the model is the exact GP's and the exact GP's reason holds; beyond,
+        their warm-started refit costs the same at every n)."""
         if self._fit_cost_grows_with_n():
             return True
         return bool(getattr(self.model_cls, "refit_from_defaults_at_small_n", False)) and (
@@ -362,9 +363,9 @@ class OnlineLoop:
     def _restart_due(self, n: int) -> bool:
         r"""Whether a warm-started refit also tries a fit from the defaults
         (:meth:`_restart_from_defaults`): for a surrogate that declares
-        ``restart_fit_from_defaults`` (decoupled SVGP, QSGP: a rebuild from all data is
-        O(n)) while n <= ``AUTO_REFIT_SMALL_N``, where a warm start's basin matters most and a
-        second small fit costs little. (Where :meth:`_rebuild_due` the surrogate is not
+        ``restart_fit_from_defaults`` (QSGP: a rebuild from all data is O(n)) while
+        n <= ``AUTO_REFIT_SMALL_N``, where a warm start's basin matters most and a second small
+        fit costs little. (Where :meth:`_rebuild_due` the surrogate is not
         warm-started at all.)"""
         return bool(getattr(self.model_cls, "restart_fit_from_defaults", False)) and (
             n <= self.AUTO_REFIT_SMALL_N

@@ -174,14 +174,14 @@ def test_decoupled_default_fit_starts_where_the_exact_gp_does():
 
 
 def test_restart_from_defaults_schedule():
-    """The decoupled SVGP and QSGP also try a fit from the defaults only at small n; the exact
-    GP is rebuilt from its defaults at every refit and t-SVGP at small n, not warm-started
+    """QSGP also tries a fit from the defaults only at small n; the exact GP is rebuilt from its
+    defaults at every refit, t-SVGP and the decoupled SVGP at small n, not warm-started
     (``test_exact_loop_refit_is_botorch_refit_...``)."""
     problem = synthetic_problem("branin")
     for model, restart, rebuild in (
         ("exact", (False, False), (True, True)),
         ("tsvgp", (False, False), (True, False)),
-        ("decoupled", (True, False), (False, False)),
+        ("decoupled", (False, False), (True, False)),
         ("qsgp", (True, False), (False, False)),
         ("wiski", (False, False), (False, False)),
     ):
@@ -229,30 +229,33 @@ def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_l
             float(ref.likelihood.noise), rel=1e-2
         )
 
-    # t-SVGP holds every point as an inducing point at this n, so its model is the exact GP's:
-    # its refit there is BoTorch's too, although the warm mode has the higher likelihood
-    warm_tsvgp = TSVGP(X, Y)
-    warm_tsvgp.covar_module.lengthscale = torch.tensor([0.05, 0.3, 5.0], dtype=DT)
-    warm_tsvgp.likelihood.gaussian.noise = 0.005
-    warm_tsvgp.fit(max_iter=200)
-    assert float(warm_tsvgp.marginal_log_likelihood()) > ref_mll + 0.2
-    loop = BayesOptLoop(synthetic_problem("hartmann3"), model="tsvgp", acq="logei", seed=0)
-    loop._training_data = lambda: (X, Y)
-    loop.model, loop.step_count = warm_tsvgp, 5
-    loop._fit(loop.config["fit_max_iter"])
-    assert loop.model is not warm_tsvgp
-    assert float(loop.model.marginal_log_likelihood()) == pytest.approx(ref_mll, abs=1e-4)
-    lengthscale = loop.model.covar_module.lengthscale
-    assert torch.allclose(lengthscale, ref.covar_module.lengthscale, rtol=1e-3)
-    assert float(loop.model.likelihood.gaussian.noise) == pytest.approx(
-        float(ref.likelihood.noise), rel=1e-2
-    )
+    # t-SVGP and the decoupled SVGP hold every point as an inducing / covariance basis at this
+    # n, so their model is the exact GP's: their refit there is BoTorch's too, although the
+    # warm mode has the higher likelihood
+    for name, cls in (("tsvgp", TSVGP), ("decoupled", DecoupledSVGP)):
+        warm_online = cls(X, Y)
+        warm_online.covar_module.lengthscale = torch.tensor([0.05, 0.3, 5.0], dtype=DT)
+        gaussian = getattr(warm_online.likelihood, "gaussian", warm_online.likelihood)
+        gaussian.noise = 0.005  # (t-SVGP's site likelihood wraps a GPyTorch Gaussian)
+        warm_online.fit(max_iter=200)
+        assert float(warm_online.marginal_log_likelihood()) > ref_mll + 0.2, name
+        loop = BayesOptLoop(synthetic_problem("hartmann3"), model=name, acq="logei", seed=0)
+        loop._training_data = lambda: (X, Y)
+        loop.model, loop.step_count = warm_online, 5
+        loop._fit(loop.config["fit_max_iter"])
+        assert loop.model is not warm_online, name
+        assert float(loop.model.marginal_log_likelihood()) == pytest.approx(ref_mll, abs=1e-4)
+        lengthscale = loop.model.covar_module.lengthscale
+        assert torch.allclose(lengthscale, ref.covar_module.lengthscale, rtol=1e-3), name
+        assert float(loop.model.likelihood.noise) == pytest.approx(
+            float(ref.likelihood.noise), rel=1e-2
+        )
 
-    # beyond AUTO_REFIT_SMALL_N t-SVGP's refit is warm-started again (flat in n)
-    loop._training_data = lambda: (X.repeat(4, 1), Y.repeat(4, 1))  # n = 120
-    loop.model = warm_tsvgp
-    loop._fit(loop.config["fit_max_iter"])
-    assert loop.model is warm_tsvgp
+        # beyond AUTO_REFIT_SMALL_N their refit is warm-started again (flat in n)
+        loop._training_data = lambda: (X.repeat(4, 1), Y.repeat(4, 1))  # n = 120
+        loop.model = warm_online
+        loop._fit(loop.config["fit_max_iter"])
+        assert loop.model is warm_online, name
 
 
 def _qsgp_posterior_error(sampling: str, d: int = 4, seeds: int = 3) -> tuple[float, float]:

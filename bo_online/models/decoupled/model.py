@@ -80,9 +80,9 @@ class DecoupledSVGP(
         >>> post = model.posterior(test_X)
     """
 
-    #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
-    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
-    restart_fit_from_defaults = True
+    #: a BO loop's refit at small n rebuilds the model on all data and fits it from its
+    #: defaults, as BoTorch's loop refits its exact GP (see ``OnlineLoop._rebuild_due``)
+    refit_from_defaults_at_small_n = True
 
     def __init__(
         self,
