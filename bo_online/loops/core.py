@@ -319,7 +319,7 @@ class OnlineLoop:
             options = {"method": "lbfgs", **self.config["fit_options"]}
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)
-        elif data is not None and self.step_count > 0 and self._rebuild_due(data[0].shape[0]):
+        elif data is not None and self.step_count > 0 and self._rebuild_due():
             self._refit_from_defaults(data, max_iter)  # (the initial fit starts there anyway)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
@@ -346,27 +346,28 @@ class OnlineLoop:
         fresh.fit(max_iter=budget, **self.config["fit_options"])
         self.model = fresh
 
-    def _rebuild_due(self, n: int) -> bool:
-        r"""Whether a refit at ``n`` observations rebuilds the surrogate from its defaults
+    def _rebuild_due(self) -> bool:
+        r"""Whether a refit rebuilds the surrogate from its defaults
         (:meth:`_refit_from_defaults`) instead of warm-starting it: always for a surrogate whose
         fit cost grows with n (the exact GP: the rebuild costs what its refit costs anyway), and
-        while n <= ``AUTO_REFIT_SMALL_N`` for one that declares ``refit_from_defaults_at_small_n``
-        (t-SVGP, decoupled SVGP: with their default 128 inducing / covariance bases every point
-        is one there, so the model is the exact GP's and the exact GP's reason holds; beyond,
-        their warm-started refit costs the same at every n)."""
+        for one that says it is the exact GP on the data it holds (duck-typed
+        ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a Gaussian likelihood
+        while every point is an inducing input / covariance basis, n <= 128 by default), where
+        the exact GP's reason holds; beyond that their warm-started refit costs the same at
+        every n."""
         if self._fit_cost_grows_with_n():
             return True
-        return bool(getattr(self.model_cls, "refit_from_defaults_at_small_n", False)) and (
-            n <= self.AUTO_REFIT_SMALL_N
-        )
+        is_exact = getattr(self.model, "is_exact_gp_on_data", None)
+        return callable(is_exact) and bool(is_exact())
 
     def _restart_due(self, n: int) -> bool:
         r"""Whether a warm-started refit also tries a fit from the defaults
         (:meth:`_restart_from_defaults`): for a surrogate that declares
-        ``restart_fit_from_defaults`` (QSGP: a rebuild from all data is O(n)) while
-        n <= ``AUTO_REFIT_SMALL_N``, where a warm start's basin matters most and a second small
-        fit costs little. (Where :meth:`_rebuild_due` the surrogate is not
-        warm-started at all.)"""
+        ``restart_fit_from_defaults`` (QSGP; t-SVGP and the decoupled SVGP where they are not the
+        exact GP: a non-Gaussian likelihood or fewer inducing / covariance bases than points; a
+        rebuild from all data is O(n)) while n <= ``AUTO_REFIT_SMALL_N``, where a warm start's
+        basin matters most and a second small fit costs little. (Where :meth:`_rebuild_due` the
+        surrogate is not warm-started at all.)"""
         return bool(getattr(self.model_cls, "restart_fit_from_defaults", False)) and (
             n <= self.AUTO_REFIT_SMALL_N
         )
@@ -417,7 +418,8 @@ class OnlineLoop:
 
         ``refit_every = k``: every k-th step. ``"auto"``: every step when the surrogate's fit
         cost does not grow with n (WISKI, t-SVGP, decoupled SVGP, QSGP: a warm-started refit
-        of at most ``fit_max_iter`` iterations costs the same at every n); for an exact GP
+        of at most ``fit_max_iter`` iterations costs the same at every n, and t-SVGP or the
+        decoupled SVGP is rebuilt, :meth:`_rebuild_due`, only while n <= m); for an exact GP
         (O(n^3) per iteration) every step while n <= ``AUTO_REFIT_SMALL_N``, then only once n
         has grown by ``AUTO_REFIT_GROWTH`` (10%) since the last fit, so the total refit cost
         stays within a constant factor of one fit at the final n (geometric series) while the

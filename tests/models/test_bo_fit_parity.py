@@ -66,9 +66,9 @@ def test_exact_fit_from_defaults_equals_singletaskgp_fit_gpytorch_mll():
 
 @pytest.mark.parametrize("model", ["exact", "tsvgp", "decoupled"])
 def test_loop_fit_is_at_least_as_good_as_botorch_on_the_loop_data(model):
-    """After a few BO steps (warm-started refits; the exact GP's from the defaults), the loop's
-    surrogate reaches at least the marginal likelihood of SingleTaskGP refit from its defaults on
-    the same data."""
+    """After a few BO steps (refits from the defaults: at this n every surrogate here is the
+    exact GP on its data), the loop's surrogate reaches at least the marginal likelihood of
+    SingleTaskGP refit from its defaults on the same data."""
     loop = BayesOptLoop(
         synthetic_problem("hartmann6"), model=model, acq="logei", seed=1, optimizer_options=FAST_OPT
     )
@@ -174,21 +174,43 @@ def test_decoupled_default_fit_starts_where_the_exact_gp_does():
 
 
 def test_restart_from_defaults_schedule():
-    """QSGP also tries a fit from the defaults only at small n; the exact GP is rebuilt from its
-    defaults at every refit, t-SVGP and the decoupled SVGP at small n, not warm-started
-    (``test_exact_loop_refit_is_botorch_refit_...``)."""
+    """Which refits start from the defaults. Rebuilt, not warm-started
+    (``test_exact_loop_refit_is_botorch_refit_...``): the exact GP always; t-SVGP and the
+    decoupled SVGP while they are the exact GP on their data (Gaussian likelihood, every point
+    an inducing input / covariance basis: n <= 128 at the defaults). Warm-started and compared
+    with a fit from the defaults while n <= 100: QSGP, and t-SVGP / the decoupled SVGP where they
+    are not the exact GP."""
+    from bo_online.likelihoods import Bernoulli
+
     problem = synthetic_problem("branin")
-    for model, restart, rebuild in (
-        ("exact", (False, False), (True, True)),
-        ("tsvgp", (False, False), (True, False)),
-        ("decoupled", (False, False), (True, False)),
-        ("qsgp", (True, False), (False, False)),
-        ("wiski", (False, False), (False, False)),
+    for model, restart in (
+        ("exact", (False, False)),
+        ("tsvgp", (True, False)),
+        ("decoupled", (True, False)),
+        ("qsgp", (True, False)),
+        ("wiski", (False, False)),
     ):
         loop = BayesOptLoop(problem, model=model, acq="logei", seed=0)
         n = loop.AUTO_REFIT_SMALL_N
         assert (loop._restart_due(n), loop._restart_due(n + 1)) == restart, model
-        assert (loop._rebuild_due(n), loop._rebuild_due(n + 1)) == rebuild, model
+
+    X = torch.rand(130, 2, generator=torch.Generator().manual_seed(0), dtype=DT)
+    Y = torch.sin(6 * X).sum(-1, keepdim=True)
+    labels = (Y > 0).to(DT)
+    exact_on_data = {
+        "exact": (OnlineExactGP(X, Y), True),
+        "tsvgp, n = 128": (TSVGP(X[:128], Y[:128]), True),
+        "tsvgp, n = 129": (TSVGP(X[:129], Y[:129]), False),
+        "tsvgp, m = 16": (TSVGP(X[:40], Y[:40], inducing_points=16), False),
+        "tsvgp, Bernoulli": (TSVGP(X[:40], labels[:40], likelihood=Bernoulli()), False),
+        "decoupled, n = 128": (DecoupledSVGP(X[:128], Y[:128]), True),
+        "decoupled, n = 129": (DecoupledSVGP(X[:129], Y[:129]), False),
+        "decoupled, 16 bases": (DecoupledSVGP(X[:40], Y[:40], num_cov_bases=16), False),
+    }
+    for case, (surrogate, rebuilt) in exact_on_data.items():
+        loop = BayesOptLoop(problem, model=case.split(",")[0], acq="logei", seed=0)
+        loop.model = surrogate
+        assert loop._rebuild_due() is rebuilt, case
 
 
 def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_likelihood():
@@ -251,11 +273,29 @@ def test_exact_loop_refit_is_botorch_refit_even_where_the_warm_mode_has_higher_l
             float(ref.likelihood.noise), rel=1e-2
         )
 
-        # beyond AUTO_REFIT_SMALL_N their refit is warm-started again (flat in n)
-        loop._training_data = lambda: (X.repeat(4, 1), Y.repeat(4, 1))  # n = 120
-        loop.model = warm_online
-        loop._fit(loop.config["fit_max_iter"])
-        assert loop.model is warm_online, name
+    # with fewer inducing inputs than points t-SVGP is not the exact GP: warm-started, and a
+    # fit from the defaults replaces it only where its likelihood is higher
+    options = {"inducing_points": 8}
+    loop = BayesOptLoop(
+        synthetic_problem("hartmann3"), model="tsvgp", acq="logei", seed=0, model_options=options
+    )
+    loop._training_data = lambda: (X, Y)
+    loop.config.update(fit_max_iter=1, init_fit_max_iter=100)
+    poor = TSVGP(X, Y, **options)  # far from its optimum, and one warm iteration
+    poor.covar_module.lengthscale = 5.0
+    poor.likelihood.gaussian.noise = 2.0
+    loop.model, loop.step_count = poor, 5
+    loop._fit(1)
+    from_defaults = TSVGP(X, Y, **options).fit(max_iter=100)
+    assert loop.model is not poor
+    assert float(loop.model.marginal_log_likelihood()) == pytest.approx(
+        float(from_defaults.marginal_log_likelihood()), abs=1e-8
+    )
+    loop.config["init_fit_max_iter"] = 3  # a fit from the defaults that stops short
+    converged = TSVGP(X, Y, **options).fit(max_iter=300)
+    loop.model = converged
+    loop._fit(1)
+    assert loop.model is converged
 
 
 def _qsgp_posterior_error(sampling: str, d: int = 4, seeds: int = 3) -> tuple[float, float]:

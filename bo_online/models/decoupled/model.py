@@ -80,9 +80,10 @@ class DecoupledSVGP(
         >>> post = model.posterior(test_X)
     """
 
-    #: a BO loop's refit at small n rebuilds the model on all data and fits it from its
-    #: defaults, as BoTorch's loop refits its exact GP (see ``OnlineLoop._rebuild_due``)
-    refit_from_defaults_at_small_n = True
+    #: a BO loop's warm-started refit at small n, where the model is not the exact GP
+    #: (:meth:`is_exact_gp_on_data`), also fits a model rebuilt from its defaults and keeps the
+    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
+    restart_fit_from_defaults = True
 
     def __init__(
         self,
@@ -182,6 +183,13 @@ class DecoupledSVGP(
 
     def _gaussian(self) -> bool:
         return self.fixed_noise or isinstance(self.likelihood, GaussianLikelihood)
+
+    def is_exact_gp_on_data(self) -> bool:
+        r"""Whether this model, rebuilt from its defaults on the data it holds, is the exact GP:
+        a Gaussian likelihood and ``n <= num_cov_bases``, so that every data point is a
+        covariance basis (class docstring). A BO loop then refits it as BoTorch refits its exact
+        GP (``OnlineLoop._rebuild_due``)."""
+        return self._gaussian() and self.num_data <= self.num_cov_bases
 
     def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
         r"""Positive per-point noise (``batch x q``) for new points, given or the likelihood's

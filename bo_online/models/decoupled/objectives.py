@@ -175,8 +175,9 @@ class DecoupledObjectivesMixin:
     def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
         r"""Per point: the exact GP log marginal likelihood of all held data under this model's
         kernel, mean and noise (plus log priors / n), i.e. the objective of the default fit
-        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, to choose
-        between a warm-started refit and a fit from the defaults."""
+        while ``n <= exact_fit_points``. O(n^3): the loops call it only at small n, where the
+        model is not the exact GP, to choose between a warm-started refit and a fit from the
+        defaults."""
         X = self.train_X
         mll = self._exact_gp_on(None).marginal_log_likelihood(include_priors=False)
         return mll + self._log_prior() / X.shape[0] if include_priors else mll

@@ -103,8 +103,9 @@ class TSVGPBoundMixin:
 
         For a Gaussian likelihood with every data point among the inducing inputs (the default
         fit while ``n <= m``) this is the exact GP's log marginal likelihood, so it is comparable
-        with :meth:`bo_online.models.exact.OnlineExactGP.marginal_log_likelihood`; the loops use
-        it to choose between a warm-started refit and a fit from the defaults."""
+        with :meth:`bo_online.models.exact.OnlineExactGP.marginal_log_likelihood`. Where the
+        model is not the exact GP, the loops use it at small n to choose between a warm-started
+        refit and a fit from the defaults."""
         obj = self.elbo()
         if include_priors:
             obj = obj + self.log_prior()

@@ -81,9 +81,10 @@ class TSVGP(
         >>> clf.fit(num_em_iters=3)                        # variational EM
     """
 
-    #: a BO loop's refit at small n rebuilds the model on all data and fits it from its
-    #: defaults, as BoTorch's loop refits its exact GP (see ``OnlineLoop._rebuild_due``)
-    refit_from_defaults_at_small_n = True
+    #: a BO loop's warm-started refit at small n, where the model is not the exact GP
+    #: (:meth:`is_exact_gp_on_data`), also fits a model rebuilt from its defaults and keeps the
+    #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
+    restart_fit_from_defaults = True
 
     def __init__(
         self,
@@ -209,6 +210,13 @@ class TSVGP(
     @property
     def num_inducing(self) -> int:
         return int(self.inducing_points.shape[-2])
+
+    def is_exact_gp_on_data(self) -> bool:
+        r"""Whether this model, fit by default on the data it holds, is the exact GP: a
+        Gaussian likelihood and ``n <= m``, so that the fit re-selects every data point as an
+        inducing input and maximises the exact marginal likelihood (``fit``'s exact regime).
+        A BO loop then refits it as BoTorch refits its exact GP (``OnlineLoop._rebuild_due``)."""
+        return bool(self.likelihood.conjugate) and self._n <= self.num_inducing
 
     @property
     def train_X(self) -> Tensor:
