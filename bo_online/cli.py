@@ -77,7 +77,7 @@ RefitOpt = Annotated[
     int,
     typer.Option(
         help="Refit hyperparameters every this many steps (warm-started; the exact GP, and "
-        "t-SVGP and the decoupled SVGP while n <= 100, refit from the defaults); 0 = never."
+        "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never."
     ),
 ]
 FitIterOpt = Annotated[
@@ -686,10 +686,10 @@ def bo(
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
             "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
-            "n <= 100, are rebuilt and fit from the defaults, as BoTorch's loop does); "
-            "0 = never. Default (auto): every step, except that the exact GP, whose fit "
-            "costs O(n^3), refits every step only up to n = 100 and then whenever n has "
-            "grown by 10% since its last fit."
+            "n <= 128 (every point a basis), are rebuilt and fit from the defaults, as "
+            "BoTorch's loop does); 0 = never. Default (auto): every step, except that the "
+            "exact GP, whose fit costs O(n^3), refits every step only up to n = 100 and then "
+            "whenever n has grown by 10% since its last fit."
         ),
     ] = None,
     fit_max_iter: FitIterOpt = 50,

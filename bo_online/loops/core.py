@@ -5,8 +5,8 @@ A loop is an ask/tell object (Trieste's ``AskTellOptimizer`` style): :meth:`Onli
 proposes a batch, the caller (or :meth:`OnlineLoop.step`) evaluates it, :meth:`OnlineLoop.tell`
 folds the result into the surrogate with ``model.update`` (in place) and refits hyperparameters
 every ``refit_every`` steps (warm-started, at most ``fit_max_iter`` optimiser iterations; the
-exact GP, and t-SVGP and the decoupled SVGP while n <= 100, are instead rebuilt and fit from the
-defaults, as BoTorch's loop does).
+exact GP, and t-SVGP and the decoupled SVGP while every point is a basis, are instead rebuilt and
+fit from the defaults, as BoTorch's loop does).
 :meth:`OnlineLoop.run` is a thin driver over ``step``. Subclasses implement the initial design,
 ``ask``, the evaluation and the per-step record.
 
