@@ -118,7 +118,7 @@ class TSVGPFitMixin:
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
         if restandardize and self.likelihood.conjugate and self._n > 1:
             self._restandardize()
-        exact_regime = self.likelihood.conjugate and self._n <= self.num_inducing
+        exact_regime = self.is_exact_gp_on_data()
         if reinit_inducing is None:
             reinit_inducing = exact_regime
         if learn_inducing_points is None:
