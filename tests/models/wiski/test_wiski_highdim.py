@@ -126,7 +126,7 @@ def test_projection_shorthand_strings_and_error_hint():
         with pytest.raises(ValueError, match="projection='tanh'") as err:
             WISKI(X, Y, projection=spec)
         assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
-    all_pairs = {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 10}
+    all_pairs = {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12}
     assert WISKI.loop_default_options(4) == WISKI.loop_default_options(6) == all_pairs
     assert WISKI.loop_default_options(7) == {"projection": "pairs+tanh"}
     assert WISKI.loop_default_options(3) == {}
@@ -171,7 +171,7 @@ def test_loop_gives_wiski_a_projection_above_three_inputs_by_default():
 
 
 def test_a_structure_named_by_the_user_gets_its_own_constructor_defaults():
-    r"""The all-pairs defaults (``grid_size=10``, ``prior_variance="exact"``) belong to the
+    r"""The all-pairs defaults (``grid_size=12``, ``prior_variance="exact"``) belong to the
     default structure: a loop given ``additive`` groups or a ``projection`` builds the model a
     direct ``WISKI(X, Y, <that option>)`` gives -- the same grid and the same posterior -- and
     ``additive`` is not refused for clashing with the default ``projection``."""
