@@ -483,12 +483,9 @@ SURROGATES: list[Surrogate] = [
         _qsgp_factory("full"),
         _features_dense,
         exact_in_hyperparameters=False,
-        lazy_covariance=False,
         reasons={
             "exact_in_hyperparameters": "the weight-space variational state (mean, factor) is "
             "kept when the kernel changes; only fit / set_optimal_variational re-optimise it",
-            "lazy_covariance": "QSGP forms the q x q posterior covariance densely (chunked over "
-            "features, symmetrised); QSGP.predict gives marginals at many points without it",
         },
     ),
     *[
@@ -497,7 +494,6 @@ SURROGATES: list[Surrogate] = [
             _qsgp_factory(family),
             _features_family_dense,
             exact_in_hyperparameters=False,
-            lazy_covariance=False,
             conditioning="posterior_as_prior",
             reasons={
                 "conditioning": f"conditioning is exact Gaussian conditioning of the fitted "
@@ -505,8 +501,6 @@ SURROGATES: list[Surrogate] = [
                 f"the {family} family instead, which is a different Gaussian",
                 "exact_in_hyperparameters": "the weight-space variational state is kept when the "
                 "kernel changes; only fit / set_optimal_variational re-optimise it",
-                "lazy_covariance": "QSGP forms the q x q posterior covariance densely; "
-                "QSGP.predict gives marginals at many points without it",
             },
         )
         for family in ("mean_field", "chevron")

@@ -19,10 +19,10 @@ from botorch.models.utils.gpytorch_modules import (
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import LaplaceLikelihood
-from linear_operator.operators import DenseLinearOperator
+from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
 from torch import Tensor
 
-from bo_online.linalg import LowRankUpdatedCholesky, solve_lower
+from bo_online.linalg import LowRankUpdatedCholesky, broadcast_shapes, solve_lower
 from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
 from bo_online.models.qsgp.conditioning import QSGPConditioningMixin
@@ -31,6 +31,7 @@ from bo_online.models.qsgp.fitting import QSGPFitMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
 from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
+from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 
 __all__ = ["QSGP"]
 
@@ -299,7 +300,14 @@ class QSGP(
             cov = cov + torch.diag_embed(self._augmentation(X))
         return mean, cov
 
+    #: Up to this many points the posterior covariance is a dense ``q x q`` tensor; beyond it a
+    #: lazy operator kept as its ``q x m`` roots (``m = num_features``, plus a ``q x r`` Woodbury
+    #: root after conditioning), so e.g. ``.variance`` at thousands of points never forms ``q x q``.
+    dense_posterior_max_q: int = 512
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if X.shape[-2] > self.dense_posterior_max_q:
+            return self._lazy_latent_posterior(X)
         if self.cond_X is None:
             mean, cov = self._base_joint(X)
             return MultivariateNormal(mean, _psd(cov))
@@ -320,6 +328,30 @@ class QSGP(
         out_batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
         q = X.shape[-2]
         return MultivariateNormal(mean.expand(*out_batch, q), _psd(cov.expand(*out_batch, q, q)))
+
+    def _lazy_latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        r"""The posterior at many points (``batch x q x d``) with covariance ``P P^T - Q Q^T
+        (+ diag)`` kept as its roots: ``P = Phi_X C`` (``q x m``) before any conditioning, and
+        after it ``P = (L^-1 (Phi_X C)^T)^T``, ``Q = H^T`` from the Woodbury form of the
+        conditioned precision (docs/math.md §5), the same algebra as the dense path."""
+        mean, A = self._features_times_C(X)  # ... x q, ... x q x m
+        if self.cond_X is None:
+            P, Q = A, A.new_zeros(*A.shape[:-1], 0)
+        else:
+            At = A.transpose(-1, -2)
+            if self._cond_factor is not None:
+                Z, H = self._cond_factor.whiten(At)
+            else:
+                Z, H = solve_lower(self.cond_L, At), None
+            P = Z.transpose(-1, -2)
+            Q = P.new_zeros(*P.shape[:-1], 0) if H is None else H.transpose(-1, -2)
+            mean = mean + (A @ self.cond_u.unsqueeze(-1)).squeeze(-1)
+        q = X.shape[-2]
+        batch = broadcast_shapes(mean.shape[:-1], P.shape[:-2], Q.shape[:-2])
+        covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch))
+        if self.augment_variance:
+            covar = covar + DiagLinearOperator(self._augmentation(X).expand(*batch, q))
+        return MultivariateNormal(mean.expand(*batch, q), covar)
 
     @torch.no_grad()
     def predict(
