@@ -137,6 +137,7 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
         refit_every=args.refit_every,
         fit_max_iter=50,
         seed=args.seed,
+        model_options=dict(args.model_option),
     )
     rss_at: dict[int, float] = {}
     marks = set(args.rss_marks)
@@ -187,6 +188,17 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def _model_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as JSON (a bare word stays a string)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def _child(kind: str, model: str, name: str, path: Path, args: argparse.Namespace) -> dict | None:
     """Run one pair in a fresh process (own peak RSS); result cached at ``path``."""
     if path.is_file() and not args.redo:
@@ -214,6 +226,8 @@ def _child(kind: str, model: str, name: str, path: Path, args: argparse.Namespac
     ]
     if args.max_test is not None:
         cmd += ["--max-test", str(args.max_test)]
+    for key, value in args.model_option:
+        cmd += ["--model-option", f"{key}={json.dumps(value)}"]
     print(f"... {kind} {model} {name}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not path.is_file():
@@ -268,6 +282,15 @@ def main() -> None:
         help="refit cadence in steps (the CLI default 50); a sparser one makes the "
         "20,000-point memory check affordable on a small machine",
     )
+    p.add_argument(
+        "--model-option",
+        type=_model_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="constructor option for every model of the run (VALUE as JSON, e.g. "
+        "inducing_points=512); repeatable; not the CLI defaults, so it goes in the result names",
+    )
     p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -292,11 +315,13 @@ def main() -> None:
     tag = f"s{args.stream}-h{args.hindsight}-t{args.max_test}-seed{args.seed}"
     if args.refit_every != 50:
         tag += f"-r{args.refit_every}"
+    hindsight_tag = tag  # the hindsight GP does not depend on the models' options
+    for key, value in args.model_option:
+        tag += f"-{key}{value}"
     if not args.memory_check:
         for name in sets:
-            table["hindsight"][name] = _child(
-                "hindsight", "exact", name, args.out / f"hindsight-{name}-{tag}.json", args
-            )
+            path = args.out / f"hindsight-{name}-{hindsight_tag}.json"
+            table["hindsight"][name] = _child("hindsight", "exact", name, path, args)
         for name in sets:
             for model in models:
                 r = _child("stream", model, name, args.out / f"{model}-{name}-{tag}.json", args)
