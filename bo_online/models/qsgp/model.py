@@ -301,12 +301,23 @@ class QSGP(
         return mean, cov
 
     #: Up to this many points the posterior covariance is a dense ``q x q`` tensor; beyond it a
-    #: lazy operator kept as its ``q x m`` roots (``m = num_features``, plus a ``q x r`` Woodbury
-    #: root after conditioning), so e.g. ``.variance`` at thousands of points never forms ``q x q``.
+    #: lazy operator kept as its roots (:meth:`_lazy_posterior_due`), so e.g. ``.variance`` at
+    #: thousands of points never forms ``q x q``.
     dense_posterior_max_q: int = 512
 
+    def _lazy_posterior_due(self, q: int) -> bool:
+        r"""Whether the posterior at ``q`` points keeps its covariance as roots: above
+        ``dense_posterior_max_q`` points, and, for a model not conditioned since its fit, only
+        while ``q`` exceeds the number of features ``m``. The roots are ``q x m``; the
+        unconditioned dense path sums ``q x q`` over feature blocks of 4,096 and never holds
+        ``q x m``, so with more features than points it needs less memory (a conditioned model
+        forms ``q x m`` either way)."""
+        if q <= self.dense_posterior_max_q:
+            return False
+        return self.cond_X is not None or q > self.num_features
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
-        if X.shape[-2] > self.dense_posterior_max_q:
+        if self._lazy_posterior_due(X.shape[-2]):
             return self._lazy_latent_posterior(X)
         if self.cond_X is None:
             mean, cov = self._base_joint(X)
@@ -332,8 +343,9 @@ class QSGP(
     def _lazy_latent_posterior(self, X: Tensor) -> MultivariateNormal:
         r"""The posterior at many points (``batch x q x d``) with covariance ``P P^T - Q Q^T
         (+ diag)`` kept as its roots: ``P = Phi_X C`` (``q x m``) before any conditioning, and
-        after it ``P = (L^-1 (Phi_X C)^T)^T``, ``Q = H^T`` from the Woodbury form of the
-        conditioned precision (docs/math.md §5), the same algebra as the dense path."""
+        after it ``P = (L^-1 (Phi_X C)^T)^T`` (``q x m``) with ``Q = H^T`` (``q x r``) from the
+        Woodbury form that ``condition_on_observations`` / ``fantasize`` keep (width 0 after an
+        in-place ``update``), the same algebra as the dense path (docs/math.md §5)."""
         mean, A = self._features_times_C(X)  # ... x q, ... x q x m
         if self.cond_X is None:
             P, Q = A, A.new_zeros(*A.shape[:-1], 0)

@@ -237,28 +237,36 @@ def test_condition_equals_dense_gaussian_conditioning(family):
 
 @pytest.mark.parametrize("family", ["full", "chevron", "mean_field"])
 def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
-    """Above ``dense_posterior_max_q`` points the covariance is kept as low-rank roots (no q x q
-    matrix); it equals the Gaussian algebra by hand before and after conditioning (in place and
-    as a fantasy batch), and its variance equals ``predict``'s marginals."""
+    """Above ``dense_posterior_max_q`` points (and, unconditioned, more points than features)
+    the covariance is kept as low-rank roots (no q x q matrix); it equals the Gaussian algebra by
+    hand before and after conditioning (in place and as a fantasy batch), and its variance equals
+    ``predict``'s marginals."""
     from linear_operator.operators import DenseLinearOperator
 
     X, Y = _data(25, 2)
     model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2))
     _set_noise(model, 0.03)
     model.set_optimal_variational()
-    model.dense_posterior_max_q = 4  # q = 6 below takes the lazy path
+    model.dense_posterior_max_q = 4
     g = torch.Generator().manual_seed(12)
     Xn = torch.rand(3, 2, generator=g, dtype=DT)
     Yn = torch.randn(3, 1, generator=g, dtype=DT)
-    Xs = torch.rand(6, 2, generator=g, dtype=DT)
+    Xs = torch.rand(40, 2, generator=g, dtype=DT)  # 40 points > 30 features > 4
     sd, mu0 = model.outcome_std, model.outcome_mean
     with torch.no_grad():
         mu, S = _joint(model, torch.cat([Xs, Xn]))
         base = model.posterior(Xs)
+        few = model.posterior(Xs[:6])  # fewer points than features: dense, less memory
     assert not isinstance(base.distribution.lazy_covariance_matrix, DenseLinearOperator)
-    assert torch.allclose(base.mean.squeeze(-1), mu[:6] * sd + mu0, atol=1e-8)
-    assert torch.allclose(base.covariance_matrix, S[:6, :6] * sd**2, atol=1e-8)
+    assert isinstance(few.distribution.lazy_covariance_matrix, DenseLinearOperator)
+    assert torch.allclose(base.mean.squeeze(-1), mu[:40] * sd + mu0, atol=1e-8)
+    assert torch.allclose(base.covariance_matrix, S[:40, :40] * sd**2, atol=1e-8)
     ys = ((Yn - mu0) / sd).squeeze(-1)
+    Xs, mu, S = (
+        Xs[:6],
+        torch.cat([mu[:6], mu[40:]]),
+        S[[*range(6), 40, 41, 42]][:, [*range(6), 40, 41, 42]],
+    )
     G = S[6:, 6:] + 0.03 * torch.eye(3, dtype=DT)
     mean = mu[:6] + S[:6, 6:] @ torch.linalg.solve(G, ys - mu[6:])
     cov = S[:6, :6] - S[:6, 6:] @ torch.linalg.solve(G, S[6:, :6])
@@ -275,7 +283,9 @@ def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
     assert torch.allclose(pv, post.variance.squeeze(-1), atol=1e-10)
     assert torch.allclose(pm, post.mean.squeeze(-1), atol=1e-10)
     assert torch.allclose(noisy.variance.squeeze(-1), (cov.diagonal() + 0.03) * sd**2, atol=1e-8)
-    # A batch of test sets (2 x 6 x d) on a fantasy model: each batch equals its own posterior.
+    # A fantasy model (3 samples x 4 batches, its Woodbury root non-empty) at a batch of test
+    # sets (4 x 6 x d): the lazy path equals the dense one, which is checked against the Gaussian
+    # algebra by hand in test_condition_equals_dense_gaussian_conditioning.
     Xf = torch.rand(4, 1, 2, generator=g, dtype=DT)
     fm = model.condition_on_observations(Xf, torch.randn(3, 4, 1, 1, generator=g, dtype=DT))
     Xb = torch.rand(4, 6, 2, generator=g, dtype=DT)
@@ -283,6 +293,8 @@ def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
         lazy = fm.posterior(Xb)
         fm.dense_posterior_max_q = 512
         dense = fm.posterior(Xb)
+    assert not isinstance(lazy.distribution.lazy_covariance_matrix, DenseLinearOperator)
+    assert isinstance(dense.distribution.lazy_covariance_matrix, DenseLinearOperator)
     assert lazy.mean.shape == dense.mean.shape == torch.Size([3, 4, 6, 1])
     assert torch.allclose(lazy.mean, dense.mean, atol=1e-10)
     assert torch.allclose(lazy.covariance_matrix, dense.covariance_matrix, atol=1e-10)
@@ -290,16 +302,21 @@ def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
 
 def test_lazy_posterior_with_prop4_augmentation():
     """The lazy path keeps the Prop. 4 variance augmentation on its diagonal."""
+    from linear_operator.operators import DenseLinearOperator
+
     X, Y = _data(20, 2)
     k = _kernel(2, ls=0.2)
     model = QSGP(X, Y, basis=InducingBasis(X.clone(), k), family="mean_field", standardize=False)
     _set_noise(model, 0.05)
     model.set_optimal_variational()
-    Xs = torch.rand(7, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    Xs = torch.rand(25, 2, generator=torch.Generator().manual_seed(3), dtype=DT)  # > 20 features
     with torch.no_grad():
         dense = model.posterior(Xs)
         model.dense_posterior_max_q = 4
         lazy = model.posterior(Xs)
+    assert not isinstance(lazy.distribution.lazy_covariance_matrix, DenseLinearOperator)
+    assert isinstance(dense.distribution.lazy_covariance_matrix, DenseLinearOperator)
+    with torch.no_grad():
         kx = k(Xs, X).to_dense()
         kxx = k(Xs, diag=True)
         aug = 0.05 * kxx**2 / ((kx**2).sum(-1) + 0.05 * kxx)
