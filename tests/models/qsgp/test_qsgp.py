@@ -49,6 +49,23 @@ def _is_lazy(post) -> bool:
     return not isinstance(post.distribution.lazy_covariance_matrix, DenseLinearOperator)
 
 
+def _lazy_and_dense(model, X):
+    """The posterior at ``X`` through the lazy path (threshold 4 points) and the dense one
+    (threshold 512), each asserted to have taken its path; the model's threshold is restored."""
+    old = model.dense_posterior_max_q
+    try:
+        with torch.no_grad():
+            model.dense_posterior_max_q = 4
+            lazy = model.posterior(X)
+            model.dense_posterior_max_q = 512
+            dense = model.posterior(X)
+    finally:
+        model.dense_posterior_max_q = old
+    assert _is_lazy(lazy)
+    assert not _is_lazy(dense)
+    return lazy, dense
+
+
 def _dense_gp_post(Kxx, Kxs, Kss, noise, y):
     """Dense GP posterior by hand (Cholesky of the n x n matrix)."""
     L = torch.linalg.cholesky(Kxx + noise * torch.eye(Kxx.shape[0], dtype=DT))
@@ -294,12 +311,7 @@ def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
     Xf = torch.rand(4, 1, 2, generator=g, dtype=DT)
     fm = model.condition_on_observations(Xf, torch.randn(3, 4, 1, 1, generator=g, dtype=DT))
     Xb = torch.rand(4, 6, 2, generator=g, dtype=DT)
-    with torch.no_grad():
-        lazy = fm.posterior(Xb)
-        fm.dense_posterior_max_q = 512
-        dense = fm.posterior(Xb)
-    assert _is_lazy(lazy)
-    assert not _is_lazy(dense)
+    lazy, dense = _lazy_and_dense(fm, Xb)
     assert lazy.mean.shape == dense.mean.shape == torch.Size([3, 4, 6, 1])
     assert torch.allclose(lazy.mean, dense.mean, atol=1e-10)
     assert torch.allclose(lazy.covariance_matrix, dense.covariance_matrix, atol=1e-10)
@@ -313,12 +325,7 @@ def test_lazy_posterior_with_prop4_augmentation():
     _set_noise(model, 0.05)
     model.set_optimal_variational()
     Xs = torch.rand(25, 2, generator=torch.Generator().manual_seed(3), dtype=DT)  # > 20 features
-    with torch.no_grad():
-        dense = model.posterior(Xs)
-        model.dense_posterior_max_q = 4
-        lazy = model.posterior(Xs)
-    assert _is_lazy(lazy)
-    assert not _is_lazy(dense)
+    lazy, dense = _lazy_and_dense(model, Xs)
     with torch.no_grad():
         kx = k(Xs, X).to_dense()
         kxx = k(Xs, diag=True)
