@@ -1054,7 +1054,16 @@ def stream(
         typer.Option(help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps."),
     ] = 50,
     seed: SeedOpt = 0,
-    refit_every: RefitOpt = 50,
+    refit_every: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Refit hyperparameters every this many steps (warm-started, at most "
+            "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
+            "n <= 128, refit from the defaults); 0 = never. Default (auto): whenever the data "
+            "have grown by 50 points or 10% since the last fit, whichever is more, so the "
+            "refits cost O(1) per point however long the stream."
+        ),
+    ] = None,
     fit_max_iter: FitIterOpt = 50,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -1154,7 +1163,7 @@ def stream(
         model_option=model_option,
         q=q,
         seed=seed,
-        refit_every=refit_every,
+        refit_every="auto" if refit_every is None else refit_every,
         fit_max_iter=fit_max_iter,
         checkpoint_every=checkpoint_every,
         out=out,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -59,14 +59,25 @@ class StreamingLoop(OnlineLoop):
         eval_every: record the test metrics (RMSE/NLL, or accuracy/NLL) every this many steps
             (and at step 0).
         n_init: stream points the surrogate starts from.
+        refit_every: the refit schedule (default ``"auto"``, :meth:`_refit_due`: whenever the
+            data have grown by 50 points or 10% since the last fit, whichever is more) or an
+            integer k (every k-th step; 0: never after the initial fit).
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (``q`` is the
             number of points per step).
     """
 
     kind = "stream"
 
+    #: "auto" schedule: refit once n has grown by at least this many points since the last fit
+    STREAM_REFIT_MIN_POINTS: ClassVar[int] = 50
+
     def __init__(
-        self, problem: StreamProblem, eval_every: int = 50, n_init: int = 100, **kwargs: Any
+        self,
+        problem: StreamProblem,
+        eval_every: int = 50,
+        n_init: int = 100,
+        refit_every: int | str = "auto",
+        **kwargs: Any,
     ) -> None:
         if not isinstance(problem, StreamProblem):
             raise ValueError(f"StreamingLoop needs a StreamProblem, got {type(problem).__name__}.")
@@ -76,7 +87,7 @@ class StreamingLoop(OnlineLoop):
             raise ValueError(
                 f"n_init={n_init} leaves nothing to stream ({problem.X_stream.shape[0]} points)."
             )
-        super().__init__(n_init=n_init, **kwargs)
+        super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
         self.problem = problem
         self.classify = problem.task == "classification"
         if self.classify:  # the registry name's classifier; raises for regression-only models
@@ -156,6 +167,31 @@ class StreamingLoop(OnlineLoop):
         pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows])
         self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
         return rows
+
+    def _refit_due(self) -> bool:
+        r"""Whether to refit after the step just told.
+
+        ``"auto"``: once n has grown since the last fit by ``STREAM_REFIT_MIN_POINTS`` (50)
+        points or by ``AUTO_REFIT_GROWTH`` (10%) of n at that fit, whichever is more. Every
+        surrogate's refit visits every point it holds (the sparse models' bound sums over their
+        per-point sites, WISKI's learned projection is fitted on the raw data, the exact GP is
+        O(n^3)), so a fixed cadence makes the refits' share of a step grow with n: t-SVGP with
+        512 inducing inputs on a 5,000-point kin40k stream spent 74 min refitting every 50
+        points. Refits at geometrically spaced n cost a constant factor (about 11) times one
+        fit at the final n in all, i.e. O(1) per point, while the hyperparameters never lag
+        more than 10% of the data. An integer ``refit_every`` is the fixed cadence of
+        :meth:`OnlineLoop._refit_due`."""
+        if self.config["refit_every"] != "auto" or getattr(
+            self.model_cls, "refits_on_update", False
+        ):
+            return super()._refit_due()
+        n = self._num_data()
+        if self._n_last_fit is None:
+            self._n_last_fit = self._last_fit_n_from_records()
+        if n is None or self._n_last_fit is None:
+            return True
+        growth = max(self.STREAM_REFIT_MIN_POINTS, self.AUTO_REFIT_GROWTH * self._n_last_fit)
+        return n - self._n_last_fit >= growth
 
     def _evaluate_pending(self) -> dict[str, Any]:
         assert self._pending is not None

@@ -33,6 +33,7 @@ from bo_online.models import OnlineExactGP
 from bo_online.models.registry import available_models
 from bo_online.problems import (
     CallableProblem,
+    StreamProblem,
     from_unit,
     magnetometer_problem,
     synthetic_problem,
@@ -547,6 +548,44 @@ def test_streaming_predicts_before_updating():
         sq += float(err.sum())
         assert r["prequential_rmse"] == pytest.approx(math.sqrt(sq / (r["n"] - 20)), rel=1e-6)
     assert [r["test_rmse"] is not None for r in records] == [s % 5 == 0 for s in range(11)]
+
+
+def _synthetic_stream(n: int, dim: int = 5, seed: int = 0) -> StreamProblem:
+    """A smooth 5-D regression stream on the unit cube with 50 test rows."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n + 50, dim, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * X).sum(-1) + 0.05 * torch.randn(n + 50, generator=g, dtype=torch.float64)
+    bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(torch.float64)
+    return StreamProblem("synthetic", X[:n], y[:n], X[n:], y[n:], bounds)
+
+
+def test_streaming_auto_refits_at_geometrically_spaced_n_and_resumes_on_schedule(tmp_path):
+    r"""The stream's default schedule refits once n has grown by 50 points or 10% since the
+    last fit, whichever is more: every 50 points up to n = 500, then at 605 (550 + 55),
+    670 (605 + 60.5, rounded up to the next step of q = 5), 740 (670 + 67); a resumed run
+    keeps the schedule (the last fit's n comes from the records)."""
+    stream = _synthetic_stream(760)
+    kw = dict(
+        model="tsvgp",
+        model_options={"inducing_points": 16},
+        q=5,
+        n_init=100,
+        eval_every=1000,
+        fit_max_iter=2,
+        init_fit_max_iter=2,
+        seed=0,
+    )
+    loop = StreamingLoop(stream, **kw)
+    assert loop.config["refit_every"] == "auto"
+    records = loop.run()
+    refit_at = [r["n"] for r in records if r["refit"]]
+    assert refit_at == [100, 150, 200, 250, 300, 350, 400, 450, 500, 550, 605, 670, 740]
+    assert all(r["time_fit"] == 0 for r in records if not r["refit"])
+
+    StreamingLoop(stream, out_dir=tmp_path / "s", **kw).run(58)  # n = 390, last fit at 350
+    resumed = load_loop(tmp_path / "s", problem=stream).run(len(records) - 1)
+    assert [r["n"] for r in resumed if r["refit"]] == refit_at
+    assert without_timing(resumed) == without_timing(records)
 
 
 # ------------------------------------------------------------------ streaming classification
