@@ -5,8 +5,8 @@ For each (model, data set): a stream of ``--stream`` training rows (default 5,00
 ``bo-online stream`` defaults: 100 initial points, refits of 50 iterations whenever n has grown
 by 50 points or 10% since the last one, test metrics every 50 steps; ``--refit-every 50`` is
 the fixed cadence that was the default until the "auto" schedule, and which the figures below
-were measured with unless they say otherwise) of one fixed 90/10 split, features scaled to the unit cube, targets
-standardised inside the model. Reported:
+were measured with unless they say otherwise) of one fixed 90/10 split, features scaled to the
+unit cube, targets standardised inside the model. Reported:
 
 * final test RMSE / NLL, as ratio and difference to an exact GP (BoTorch ``SingleTaskGP``,
   fitted by marginal likelihood) fitted in hindsight on the first ``--hindsight`` (2,000) rows of
