@@ -588,6 +588,23 @@ def test_streaming_auto_refits_at_geometrically_spaced_n_and_resumes_on_schedule
     assert without_timing(resumed) == without_timing(records)
 
 
+def test_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_sets_them():
+    r"""The stream's capacity default (``StreamingLoop.STREAM_MODEL_DEFAULTS``) reaches the
+    model; the user's option wins; the BO loop keeps the model's own default (128)."""
+    stream = _synthetic_stream(120)
+    kw = dict(model="tsvgp", n_init=100, fit_max_iter=0, init_fit_max_iter=0, seed=0)
+    loop = StreamingLoop(stream, **kw)
+    loop.initialize()
+    assert loop.model.num_inducing == 512
+    assert loop.config["model_options"] == {}  # the user's options, as given
+    loop = StreamingLoop(stream, model_options={"inducing_points": 64}, **kw)
+    loop.initialize()
+    assert loop.model.num_inducing == 64
+    bo = BayesOptLoop(synthetic_problem("branin"), **kw)
+    bo.initialize()
+    assert bo.model.num_inducing == 128
+
+
 # ------------------------------------------------------------------ streaming classification
 
 # Small banana stream: 20 initial points, then 100 more in steps of 5; one refit half-way.
