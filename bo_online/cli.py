@@ -1076,8 +1076,8 @@ def stream(
     threads: ThreadsOpt = None,
 ) -> None:
     """Streaming regression (UCI set) or binary classification (banana): predict each arriving
-    point, then update. In a regression stream t-SVGP has 512 inducing inputs unless
-    --model-option inducing_points=... says otherwise."""
+    point, then update. In a regression stream of 2,000 rows or more t-SVGP has 512 inducing
+    inputs unless --model-option inducing_points=... says otherwise."""
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)

@@ -71,15 +71,19 @@ class StreamingLoop(OnlineLoop):
     #: "auto" schedule: refit once n has grown by at least this many points since the last fit
     STREAM_REFIT_MIN_POINTS: ClassVar[int] = 50
 
-    #: Constructor options a regression stream gives a surrogate unless the user sets them
-    #: (the BO and active-learning loops keep the model's own defaults). t-SVGP's 128 inducing
-    #: inputs are enough for a few hundred BO evaluations but not for thousands of points of
-    #: strongly coupled inputs: on 5,000-point kin40k and pol streams it ended 1.40x and 1.29x
-    #: above the RMSE of an exact GP fitted in hindsight on 2,000 rows, where a batch fit with
-    #: 512 reaches it (docs/results.md, "Streaming at size").
+    #: Constructor options a long regression stream (at least ``LONG_STREAM_POINTS`` rows)
+    #: gives a surrogate unless the user sets them (shorter streams, classification and the BO
+    #: and active-learning loops keep the model's own defaults). t-SVGP's 128 inducing inputs
+    #: are enough for a few hundred BO evaluations but not for thousands of points of strongly
+    #: coupled inputs: on 5,000-point kin40k and pol streams it ended 1.40x and 1.29x above the
+    #: RMSE of an exact GP fitted in hindsight on 2,000 rows, and 1.00x and 0.97x with 512
+    #: (docs/results.md, "Streaming at size").
     STREAM_MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
         "tsvgp": {"inducing_points": 512},
     }
+    #: Below this many stream rows the larger model buys little and its refits cost much: on
+    #: concrete (927 rows) each refit above n = 512 took about 70 s with 512 inducing inputs.
+    LONG_STREAM_POINTS: ClassVar[int] = 2000
 
     def __init__(
         self,
@@ -179,10 +183,10 @@ class StreamingLoop(OnlineLoop):
         return rows
 
     def _model_options(self) -> dict[str, Any]:
-        r"""The user's options, plus :attr:`STREAM_MODEL_DEFAULTS` for a regression stream
-        where the user did not set them."""
+        r"""The user's options, plus :attr:`STREAM_MODEL_DEFAULTS` for a regression stream of
+        at least :attr:`LONG_STREAM_POINTS` rows where the user did not set them."""
         options = super()._model_options()
-        if not self.classify:
+        if not self.classify and self.problem.X_stream.shape[0] >= self.LONG_STREAM_POINTS:
             for key, value in self.STREAM_MODEL_DEFAULTS.get(self.config["model"], {}).items():
                 options.setdefault(key, value)
         return options

@@ -588,18 +588,22 @@ def test_streaming_auto_refits_at_geometrically_spaced_n_and_resumes_on_schedule
     assert without_timing(resumed) == without_timing(records)
 
 
-def test_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_sets_them():
+def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_sets_them():
     r"""The stream's capacity default (``StreamingLoop.STREAM_MODEL_DEFAULTS``) reaches the
-    model; the user's option wins; the BO loop keeps the model's own default (128)."""
-    stream = _synthetic_stream(120)
+    model of a stream of ``LONG_STREAM_POINTS`` rows; the user's option wins; a shorter stream
+    and the BO loop keep the model's own default (128)."""
     kw = dict(model="tsvgp", n_init=100, fit_max_iter=0, init_fit_max_iter=0, seed=0)
-    loop = StreamingLoop(stream, **kw)
+    long_stream = _synthetic_stream(StreamingLoop.LONG_STREAM_POINTS)
+    loop = StreamingLoop(long_stream, **kw)
     loop.initialize()
     assert loop.model.num_inducing == 512
     assert loop.config["model_options"] == {}  # the user's options, as given
-    loop = StreamingLoop(stream, model_options={"inducing_points": 64}, **kw)
+    loop = StreamingLoop(long_stream, model_options={"inducing_points": 64}, **kw)
     loop.initialize()
     assert loop.model.num_inducing == 64
+    loop = StreamingLoop(_synthetic_stream(StreamingLoop.LONG_STREAM_POINTS - 1), **kw)
+    loop.initialize()
+    assert loop.model.num_inducing == 128
     bo = BayesOptLoop(synthetic_problem("branin"), **kw)
     bo.initialize()
     assert bo.model.num_inducing == 128
