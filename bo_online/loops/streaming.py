@@ -25,6 +25,7 @@ from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
+from bo_online.loops.options import check_options
 from bo_online.models.classifiers import classifier_class
 from bo_online.problems import StreamProblem, to_unit
 
@@ -62,6 +63,10 @@ class StreamingLoop(OnlineLoop):
         refit_every: the refit schedule (default ``"auto"``, :meth:`_refit_due`: whenever the
             data have grown by 50 points or 10% since the last fit, whichever is more) or an
             integer k (every k-th step; 0: never after the initial fit).
+        stream_model_defaults: constructor options the surrogate gets unless ``model_options``
+            sets them; default (None): :attr:`STREAM_MODEL_DEFAULTS` for a regression stream of
+            at least :attr:`LONG_STREAM_POINTS` rows, else none. Kept in the run's config, so a
+            resumed run rebuilds the model it checkpointed.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (``q`` is the
             number of points per step).
     """
@@ -91,6 +96,7 @@ class StreamingLoop(OnlineLoop):
         eval_every: int = 50,
         n_init: int = 100,
         refit_every: int | str = "auto",
+        stream_model_defaults: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(problem, StreamProblem):
@@ -106,7 +112,18 @@ class StreamingLoop(OnlineLoop):
         self.classify = problem.task == "classification"
         if self.classify:  # the registry name's classifier; raises for regression-only models
             self.model_cls = classifier_class(self.config["model"])
-        self.config.update(eval_every=int(eval_every))
+        if stream_model_defaults is None:
+            long_stream = problem.X_stream.shape[0] >= self.LONG_STREAM_POINTS
+            regression = not self.classify
+            stream_model_defaults = (
+                self.STREAM_MODEL_DEFAULTS.get(self.config["model"], {})
+                if long_stream and regression
+                else {}
+            )
+        check_options(dict(stream_model_defaults), "stream model default")  # plain data only
+        self.config.update(
+            eval_every=int(eval_every), stream_model_defaults=dict(stream_model_defaults)
+        )
         self.U_stream = to_unit(problem.X_stream, problem.bounds).to(**self.tkwargs)
         self.U_test = to_unit(problem.X_test, problem.bounds).to(**self.tkwargs)
         self.position = 0  # stream rows consumed
@@ -183,13 +200,9 @@ class StreamingLoop(OnlineLoop):
         return rows
 
     def _model_options(self) -> dict[str, Any]:
-        r"""The user's options, plus :attr:`STREAM_MODEL_DEFAULTS` for a regression stream of
-        at least :attr:`LONG_STREAM_POINTS` rows where the user did not set them."""
-        options = super()._model_options()
-        if not self.classify and self.problem.X_stream.shape[0] >= self.LONG_STREAM_POINTS:
-            for key, value in self.STREAM_MODEL_DEFAULTS.get(self.config["model"], {}).items():
-                options.setdefault(key, value)
-        return options
+        r"""The user's options, plus the run's ``stream_model_defaults`` (see ``__init__``)
+        where the user did not set them."""
+        return {**self.config["stream_model_defaults"], **super()._model_options()}
 
     def _refit_due(self) -> bool:
         r"""Whether to refit after the step just told.
@@ -305,6 +318,8 @@ class StreamingLoop(OnlineLoop):
         loop = cls(
             problem,
             eval_every=cfg["eval_every"],
+            # a run checkpointed before the stream defaults existed had none
+            stream_model_defaults=cfg.get("stream_model_defaults", {}),
             **_shared_kwargs(cfg),
             out_dir=out_dir,
             overwrite=True,

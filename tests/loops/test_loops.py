@@ -28,6 +28,7 @@ from bo_online.loops import (
     without_timing,
 )
 from bo_online.loops.active import ActiveLearningLoop
+from bo_online.loops.history import load_checkpoint, save_checkpoint
 from bo_online.loops.streaming import StreamingLoop
 from bo_online.models import OnlineExactGP
 from bo_online.models.registry import available_models
@@ -607,6 +608,26 @@ def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_
     bo = BayesOptLoop(synthetic_problem("branin"), **kw)
     bo.initialize()
     assert bo.model.num_inducing == 128
+
+
+def test_a_resumed_stream_rebuilds_the_model_it_checkpointed(tmp_path):
+    r"""The stream defaults a run applied are in its config: a resumed run rebuilds that model
+    (512 inducing inputs) and one checkpointed before they existed (no key) gets none (128,
+    the model it was run with), so both load their state."""
+    kw = dict(model="tsvgp", n_init=100, fit_max_iter=0, init_fit_max_iter=0, seed=0)
+    stream = _synthetic_stream(StreamingLoop.LONG_STREAM_POINTS)
+    StreamingLoop(stream, out_dir=tmp_path / "new", **kw).run(2)
+    resumed = load_loop(tmp_path / "new", problem=stream)
+    assert resumed.model.num_inducing == 512
+
+    old = StreamingLoop(stream, out_dir=tmp_path / "old", stream_model_defaults={}, **kw)
+    old.run(2)
+    ckpt = load_checkpoint(tmp_path / "old" / "checkpoint.pt")
+    del ckpt["config"]["stream_model_defaults"]  # as written before the stream defaults
+    save_checkpoint(tmp_path / "old" / "checkpoint.pt", ckpt)
+    resumed = load_loop(tmp_path / "old", problem=stream)
+    assert resumed.model.num_inducing == 128
+    assert resumed.run(3)[-1]["n"] == 103
 
 
 # ------------------------------------------------------------------ streaming classification
