@@ -5,7 +5,8 @@ For each (model, data set): a stream of ``--stream`` training rows (default 5,00
 ``bo-online stream`` defaults: 100 initial points, refits of 50 iterations whenever n has grown
 by 50 points or 10% since the last one, test metrics every 50 steps; ``--refit-every 50`` is
 the fixed cadence that was the default until the "auto" schedule, and which the figures below
-were measured with unless they say otherwise) of one fixed 90/10 split, features scaled to the
+were measured with, t-SVGP with its 128 inducing inputs (a long stream now gives it 512), unless
+they say otherwise) of one fixed 90/10 split, features scaled to the
 unit cube, targets standardised inside the model. Reported:
 
 * final test RMSE / NLL, as ratio and difference to an exact GP (BoTorch ``SingleTaskGP``,
@@ -170,6 +171,8 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
         "model": model,
         "set": name,
         "d": prob.dim,
+        "refit_every": loop.config["refit_every"],
+        "model_options": {**loop.config["stream_model_defaults"], **loop.config["model_options"]},
         "n": loop.position,
         "test_rmse": final["test_rmse"],
         "test_nll": final["test_nll"],
@@ -188,6 +191,20 @@ def stream_run(model: str, name: str, args: argparse.Namespace) -> dict[str, Any
         "peak_rss_mb": _peak_rss_mb(),
         "rss_at_mb": {str(k): v for k, v in rss_at.items()},
     }
+
+
+def _options_tag(model: str, args: argparse.Namespace, stream_rows: int) -> str:
+    """The constructor options a stream run gives ``model`` (the stream's own defaults for a
+    long stream, then ``--model-option``), for the result file's name: a cached result is
+    reused only for the same model."""
+    from bo_online.loops.streaming import StreamingLoop
+
+    user = dict(args.model_option)
+    applied = {}
+    if stream_rows >= StreamingLoop.LONG_STREAM_POINTS:
+        applied = StreamingLoop.STREAM_MODEL_DEFAULTS.get(model, {})
+    options = {**{k: v for k, v in applied.items() if k not in user}, **user}
+    return "".join(f"-{key}{value}" for key, value in options.items())
 
 
 def _refit_schedule(text: str) -> int | str:
@@ -305,7 +322,8 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="constructor option for every model of the run (VALUE as JSON, e.g. "
-        "inducing_points=512); repeatable; not the CLI defaults, so it goes in the result names",
+        "inducing_points=128); repeatable; the options each model gets (a long stream's own "
+        "defaults, then these) go in the result names",
     )
     p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -331,15 +349,15 @@ def main() -> None:
     tag = f"s{args.stream}-h{args.hindsight}-t{args.max_test}-seed{args.seed}"
     hindsight_tag = tag  # the hindsight GP depends on neither the schedule nor the options
     tag += f"-r{args.refit_every}"
-    for key, value in args.model_option:
-        tag += f"-{key}{value}"
     if not args.memory_check:
         for name in sets:
             path = args.out / f"hindsight-{name}-{hindsight_tag}.json"
             table["hindsight"][name] = _child("hindsight", "exact", name, path, args)
         for name in sets:
             for model in models:
-                r = _child("stream", model, name, args.out / f"{model}-{name}-{tag}.json", args)
+                name_tag = tag + _options_tag(model, args, args.stream)
+                path = args.out / f"{model}-{name}-{name_tag}.json"
+                r = _child("stream", model, name, path, args)
                 h = table["hindsight"][name]
                 if "error" not in r and "error" not in h:
                     r = {**r, **_verdict(r, h)}
@@ -353,7 +371,8 @@ def main() -> None:
                 "stream",
                 model,
                 args.memory_set,
-                args.out / f"{model}-{args.memory_set}-{tag}.json",
+                args.out
+                / f"{model}-{args.memory_set}-{tag}{_options_tag(model, args, args.stream)}.json",
                 args,
             )
             if "error" not in r:

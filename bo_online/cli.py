@@ -1059,7 +1059,8 @@ def stream(
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
             "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
-            "n <= 128, refit from the defaults); 0 = never. Default (auto): whenever the data "
+            "every point is one of their inducing inputs / bases, refit from the defaults); "
+            "0 = never. Default (auto): whenever the data "
             "have grown by 50 points or 10% since the last fit, whichever is more, so the "
             "refits cost O(1) per point however long the stream."
         ),

@@ -289,6 +289,9 @@ def test_active_and_stream_commands(tmp_path, capsys):
     assert "prequential RMSE" in stdout
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == list(range(20, 61, 4))
+    config = json.loads((out / "config.json").read_text())
+    assert config["refit_every"] == "auto"  # the stream's schedule: 50 points after n_init = 20
+    assert [r["n"] for r in records if r["refit"]] == [20]
     code, _, err = _run(
         [
             "stream",

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
-from bo_online.loops.options import check_options
+from bo_online.loops.options import check_options, instantiate
 from bo_online.models.classifiers import classifier_class
 from bo_online.problems import StreamProblem, to_unit
 
@@ -120,10 +120,17 @@ class StreamingLoop(OnlineLoop):
                 if long_stream and regression
                 else {}
             )
-        check_options(dict(stream_model_defaults), "stream model default")  # plain data only
+        if not isinstance(stream_model_defaults, dict):
+            raise ValueError(
+                f"stream_model_defaults must be a dict, got {type(stream_model_defaults).__name__}."
+            )
+        # like model options: plain data and allow-listed object specs, built in _model_options
+        check_options(stream_model_defaults, "stream model default")
         self.config.update(
             eval_every=int(eval_every), stream_model_defaults=dict(stream_model_defaults)
         )
+        if self.out_dir is not None:
+            self._check_storable()
         self.U_stream = to_unit(problem.X_stream, problem.bounds).to(**self.tkwargs)
         self.U_test = to_unit(problem.X_test, problem.bounds).to(**self.tkwargs)
         self.position = 0  # stream rows consumed
@@ -202,21 +209,26 @@ class StreamingLoop(OnlineLoop):
     def _model_options(self) -> dict[str, Any]:
         r"""The user's options, plus the run's ``stream_model_defaults`` (see ``__init__``)
         where the user did not set them."""
-        return {**self.config["stream_model_defaults"], **super()._model_options()}
+        return {**instantiate(self.config["stream_model_defaults"]), **super()._model_options()}
 
     def _refit_due(self) -> bool:
-        r"""Whether to refit after the step just told.
+        r"""Whether to refit after the step just told (never with ``fit_max_iter = 0``: a
+        refit of no iterations would be recorded but not happen).
 
-        ``"auto"``: once n has grown since the last fit by ``STREAM_REFIT_MIN_POINTS`` (50)
-        points or by ``AUTO_REFIT_GROWTH`` (10%) of n at that fit, whichever is more. Every
-        surrogate's refit visits every point it holds (the sparse models' bound sums over their
-        per-point sites, WISKI's learned projection is fitted on the raw data, the exact GP is
-        O(n^3)), so a fixed cadence makes the refits' share of a step grow with n: t-SVGP with
-        512 inducing inputs on a 5,000-point kin40k stream spent 74 min refitting every 50
-        points. Refits at geometrically spaced n cost a constant factor (about 11) times one
-        fit at the final n in all, i.e. O(1) per point, while the hyperparameters never lag
-        more than 10% of the data. An integer ``refit_every`` is the fixed cadence of
+        ``"auto"``: once n has grown since the last fit (or, if there was none, since the
+        ``n_init`` initial points) by ``STREAM_REFIT_MIN_POINTS`` (50) points or by
+        ``AUTO_REFIT_GROWTH`` (10%) of n at that fit, whichever is more. Every surrogate's
+        refit visits every point it holds (the sparse models' bound sums over their per-point
+        sites, WISKI's learned projection is fitted on the raw data, the exact GP is O(n^3)),
+        so a fixed cadence makes the refits' share of a step grow with n: t-SVGP with 512
+        inducing inputs on a 5,000-point kin40k stream spent 74 min refitting every 50 points.
+        Refits at geometrically spaced n cost a constant factor (about 11) times one fit at
+        the final n in all, i.e. O(1) per point, while the hyperparameters never lag the data
+        by more than max(50 points, 10%) (plus up to q - 1 points of the step that crosses
+        it). An integer ``refit_every`` is the fixed cadence of
         :meth:`OnlineLoop._refit_due`."""
+        if self.config["fit_max_iter"] == 0:
+            return False
         if self.config["refit_every"] != "auto" or getattr(
             self.model_cls, "refits_on_update", False
         ):
@@ -224,10 +236,14 @@ class StreamingLoop(OnlineLoop):
         n = self._num_data()
         if self._n_last_fit is None:
             self._n_last_fit = self._last_fit_n_from_records()
-        if n is None or self._n_last_fit is None:
+        last = self.config["n_init"] if self._n_last_fit is None else self._n_last_fit
+        if n is None:
             return True
-        growth = max(self.STREAM_REFIT_MIN_POINTS, self.AUTO_REFIT_GROWTH * self._n_last_fit)
-        return n - self._n_last_fit >= growth
+        # n - last >= max(50, 0.1 last), in integers (0.1 * last is not exact in floating point)
+        growth_tenths = max(
+            10 * self.STREAM_REFIT_MIN_POINTS, round(10 * self.AUTO_REFIT_GROWTH * last)
+        )
+        return 10 * (n - last) >= growth_tenths
 
     def _evaluate_pending(self) -> dict[str, Any]:
         assert self._pending is not None

@@ -4,6 +4,7 @@ protocol predicts before it updates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -589,6 +590,23 @@ def test_streaming_auto_refits_at_geometrically_spaced_n_and_resumes_on_schedule
     assert without_timing(resumed) == without_timing(records)
 
 
+def test_streaming_auto_schedule_without_fits_records_none_and_counts_from_n_init(tmp_path):
+    r"""With ``fit_max_iter = 0`` no step says it refit (none happens), and a resumed run
+    equals the uninterrupted one; with no initial fit (``init_fit_max_iter = 0``) the growth
+    is counted from the ``n_init`` initial points: the first refit is at n = 150."""
+    stream = _synthetic_stream(300)
+    kw = dict(model="tsvgp", model_options={"inducing_points": 16}, q=5, n_init=100, seed=0)
+    no_refits = dict(kw, fit_max_iter=0, init_fit_max_iter=2)
+    records = StreamingLoop(stream, **no_refits).run()
+    assert [r["refit"] for r in records] == [True] + [False] * 40
+    StreamingLoop(stream, out_dir=tmp_path / "s", **no_refits).run(22)
+    resumed = load_loop(tmp_path / "s", problem=stream).run(40)
+    assert without_timing(resumed) == without_timing(records)
+
+    records = StreamingLoop(stream, **dict(kw, fit_max_iter=2, init_fit_max_iter=0)).run()
+    assert [r["n"] for r in records if r["refit"]] == [150, 200, 250, 300]
+
+
 def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_sets_them():
     r"""The stream's capacity default (``StreamingLoop.STREAM_MODEL_DEFAULTS``) reaches the
     model of a stream of ``LONG_STREAM_POINTS`` rows; the user's option wins; a shorter stream
@@ -605,6 +623,14 @@ def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_
     loop = StreamingLoop(_synthetic_stream(StreamingLoop.LONG_STREAM_POINTS - 1), **kw)
     loop.initialize()
     assert loop.model.num_inducing == 128
+    labels = dataclasses.replace(
+        long_stream,
+        y_stream=(long_stream.y_stream > 0).double(),
+        y_test=(long_stream.y_test > 0).double(),
+        task="classification",
+    )
+    loop = StreamingLoop(labels, **kw)  # a classifier keeps its own defaults
+    assert loop.config["stream_model_defaults"] == {}
     bo = BayesOptLoop(synthetic_problem("branin"), **kw)
     bo.initialize()
     assert bo.model.num_inducing == 128
