@@ -180,6 +180,18 @@ def _positive(name: str, value: int) -> None:
     _check(value >= 1, f"{name} must be >= 1, got {value}.")
 
 
+def _refit_schedule(value: str | None) -> int | str:
+    """``--refit-every``: ``auto`` (also when left out) or a cadence in steps (>= 0)."""
+    if value is None or value.strip().lower() == "auto":
+        return "auto"
+    try:
+        steps = int(value)
+    except ValueError:
+        steps = -1
+    _check(steps >= 0, f"--refit-every must be 'auto' or an integer >= 0, got {value!r}.")
+    return steps
+
+
 _CALL = re.compile(r"^\s*([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)\s*\((.*)\)\s*$", re.S)
 
 
@@ -682,7 +694,7 @@ def bo(
     ] = None,
     seed: SeedOpt = 0,
     refit_every: Annotated[
-        Optional[int],
+        Optional[str],
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
             "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
@@ -775,7 +787,7 @@ def bo(
     else:
         prob = synthetic_problem(problem, dim=dim, noise_std=noise)
     out = out or Path("runs") / f"{prob.name}-{model}"
-    refit = "auto" if refit_every is None else refit_every
+    refit = _refit_schedule(refit_every)
     shared = _shared(
         model=model,
         model_option=model_option,
@@ -1055,7 +1067,7 @@ def stream(
     ] = 50,
     seed: SeedOpt = 0,
     refit_every: Annotated[
-        Optional[int],
+        Optional[str],
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
             "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
@@ -1165,7 +1177,7 @@ def stream(
         model_option=model_option,
         q=q,
         seed=seed,
-        refit_every="auto" if refit_every is None else refit_every,
+        refit_every=_refit_schedule(refit_every),
         fit_max_iter=fit_max_iter,
         checkpoint_every=checkpoint_every,
         out=out,

@@ -67,6 +67,14 @@ BAD = {
         "no_such_option",
     ),
     "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
+    "bad refit schedule (bo)": (
+        ["bo", "--problem", "levy", "--refit-every", "often"],
+        "--refit-every must be 'auto' or an integer >= 0, got 'often'",
+    ),
+    "negative refit schedule (stream)": (
+        ["stream", "--problem", "yacht", "--refit-every", "-1"],
+        "--refit-every must be 'auto' or an integer >= 0, got '-1'",
+    ),
     "missing data dir (active)": (["active", "--data-dir", "{missing}"], "magnetometer/1-loc.csv"),
     "missing data dir (stream)": (
         ["stream", "--problem", "yacht", "--data-dir", "{missing}"],
@@ -292,6 +300,18 @@ def test_active_and_stream_commands(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["refit_every"] == "auto"  # the stream's schedule: 50 points after n_init = 20
     assert [r["n"] for r in records if r["refit"]] == [20]
+    for schedule, expected in (("auto", "auto"), ("4", 4)):  # the default can also be named
+        run_dir = tmp_path / f"yacht-{schedule}"
+        code, _, err = _run(
+            [
+                "stream", "--problem", "yacht", "--max-stream", "40", "--max-test", "20",
+                "--n-init", "20", "--q", "4", "--steps", "4", "--fit-max-iter", "2",
+                "--refit-every", schedule, "--out", str(run_dir), "-Q",
+            ],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads((run_dir / "config.json").read_text())["refit_every"] == expected
     code, _, err = _run(
         [
             "stream",
