@@ -780,6 +780,7 @@ def bo(
     _positive("--num-mc-samples", num_mc_samples)
     if n_init is not None:
         _positive("--n-init", n_init)
+    refit = _refit_schedule(refit_every)  # before the objective or problem is built
     if objective is not None:
         from bo_online.objectives import objective_problem
 
@@ -787,7 +788,6 @@ def bo(
     else:
         prob = synthetic_problem(problem, dim=dim, noise_std=noise)
     out = out or Path("runs") / f"{prob.name}-{model}"
-    refit = _refit_schedule(refit_every)
     shared = _shared(
         model=model,
         model_option=model_option,
@@ -1095,6 +1095,7 @@ def stream(
         _nonneg("--steps", steps)
     _positive("--q", q)
     _check_seed(seed)
+    refit = _refit_schedule(refit_every)  # before any data is read
     from bo_online.loops import StreamingLoop
     from bo_online.models.classifiers import classifier_class
     from bo_online.problems import (
@@ -1177,7 +1178,7 @@ def stream(
         model_option=model_option,
         q=q,
         seed=seed,
-        refit_every=_refit_schedule(refit_every),
+        refit_every=refit,
         fit_max_iter=fit_max_iter,
         checkpoint_every=checkpoint_every,
         out=out,
