@@ -83,7 +83,7 @@ def make_generation_strategy(
     model_options: dict[str, Any] | None = None,
     acquisition_options: dict[str, Any] | None = None,
     optimizer_options: dict[str, Any] | None = None,
-    refit_every: int | None = DEFAULT_REFIT_EVERY,
+    refit_every: int | str | None = DEFAULT_REFIT_EVERY,
     fit_options: dict[str, Any] | None = None,
     winsorize: bool = False,
     seed: int | None = None,
@@ -101,7 +101,8 @@ def make_generation_strategy(
             ``acquisition_options``), e.g. ``{"beta": 2.0}`` for UCB.
         optimizer_options: keyword arguments for ``optimize_acqf`` (e.g. ``num_restarts``,
             ``raw_samples``).
-        refit_every: new observations between hyperparameter refits (see :class:`AxOnlineMixin`).
+        refit_every: the refit schedule, "auto" (default), an integer or None (see
+            :class:`AxOnlineMixin`).
         fit_options: keyword arguments for the model's ``fit``.
         winsorize: keep Ax's ``Winsorize`` outcome transform. It is off by default: it moves
             earlier outcomes nonlinearly as data grow, which forces a rebuild every trial.

@@ -23,8 +23,8 @@ from bo_online.ax.store import (
 )
 from bo_online.models.base import OnlineModel
 
-#: Default number of new observations between hyperparameter refits on the incremental path.
-DEFAULT_REFIT_EVERY = 10
+#: Default refit schedule on the incremental path: ``"auto"`` (see :class:`AxOnlineMixin`).
+DEFAULT_REFIT_EVERY: int | str | None = "auto"
 
 #: the package the Ax subclasses live in (importable and picklable under their names there)
 _PACKAGE = __name__.rpartition(".")[0]
@@ -37,9 +37,18 @@ class AxOnlineMixin:
 
     ``construct_inputs`` accepts the model's own constructor options plus:
 
-    * ``refit_every`` (int or None, default 10): refit hyperparameters once this many new
-      observations have been folded in incrementally since the last fit; ``None`` never refits
-      after a rebuild; 1 refits whenever data arrive.
+    * ``refit_every`` (``"auto"``, int or None; default ``"auto"``): when to refit the
+      hyperparameters on the incremental path. ``"auto"`` is the BO loops' schedule
+      (:meth:`bo_online.loops.core.OnlineLoop._refit_due`): at every trial that brought new
+      observations, except for a model whose fit cost grows with n (the exact GP), which refits
+      at every trial up to 100 observations and then once they have grown by 10% since its
+      last fit. Where such a refit is due and the model is one a BoTorch user would refit from
+      the defaults -- the exact GP, or t-SVGP / the decoupled SVGP while they are the exact GP
+      on their data (``is_exact_gp_on_data()``) -- the model is rebuilt on all data and fitted
+      from the defaults, as Ax does for its own models; otherwise the refit is warm-started.
+      An integer k refits (warm-started) once k new observations have arrived since the last
+      fit (the default was 10, which stalled early BO in the loops); ``None`` never refits
+      after a rebuild.
     * ``fit_options`` (dict): keyword arguments for the model's ``fit`` (e.g. ``max_iter``).
     * ``incremental`` (bool, default True): False rebuilds and refits every trial, as Ax does for
       its own models.
@@ -53,7 +62,7 @@ class AxOnlineMixin:
     def construct_inputs(
         cls,
         training_data: Any,
-        refit_every: int | None = DEFAULT_REFIT_EVERY,
+        refit_every: int | str | None = DEFAULT_REFIT_EVERY,
         fit_options: dict[str, Any] | None = None,
         incremental: bool = True,
         experiment_key: str | None = None,
@@ -71,8 +80,7 @@ class AxOnlineMixin:
                 f"{cls.__name__} models continuous parameters only; the search space has "
                 f"{unsupported}. Use Ax's default surrogate for mixed or multi-fidelity problems."
             )
-        if refit_every is not None and int(refit_every) < 1:
-            raise ValueError(f"refit_every must be a positive integer or None, got {refit_every}.")
+        refit_every = _checked_refit_every(refit_every)
         Y = training_data.Y
         if Y.dim() != 2 or Y.shape[-1] != 1:
             raise ValueError(
@@ -97,7 +105,7 @@ class AxOnlineMixin:
                 tuple(training_data.outcome_names),
                 tuple(training_data.feature_names),
             ),
-            "ax_refit_every": None if refit_every is None else int(refit_every),
+            "ax_refit_every": refit_every,
             "ax_fit_options": dict(fit_options or {}),
             "ax_incremental": bool(incremental),
             **model_options,
@@ -112,7 +120,7 @@ class AxOnlineMixin:
         covar_module: Any | None = None,
         likelihood: Any | None = None,
         ax_key: Any = None,
-        ax_refit_every: int | None = DEFAULT_REFIT_EVERY,
+        ax_refit_every: int | str | None = DEFAULT_REFIT_EVERY,
         ax_fit_options: dict[str, Any] | None = None,
         ax_incremental: bool = True,
         **options: Any,
@@ -139,6 +147,13 @@ class AxOnlineMixin:
             except Exception as err:  # e.g. a factor update that lost definiteness
                 # A rebuild is always correct; input that is truly bad fails there as well.
                 plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
+        if extended is not None and ax_refit_every == "auto":
+            since = session.model._ax_obs_since_fit
+            since = None if since is None else since + train_X.shape[0] - n_old
+            due = _auto_refit_due(extended, train_X.shape[0], session.model._ax_n_at_fit, since)
+            if due and _refits_from_defaults(extended):
+                extended = None
+                plan = "refit from the defaults due (refit_every='auto')"
         if extended is not None:
             # Become that model: the same thing ``copy.copy`` does to a fresh instance.
             self.__dict__.update(extended.__dict__)
@@ -150,9 +165,11 @@ class AxOnlineMixin:
                 train_X, train_Y, train_Yvar, input_transform=input_transform, **options
             )
             self._ax_obs_since_fit = None  # never fitted
+            self._ax_n_at_fit = None
             _SESSIONS.stats.rebuilds += 1
             _SESSIONS.stats.reasons.append(plan)
         self._ax_refit_every = ax_refit_every
+        self._ax_num_obs = int(train_X.shape[0])
         self._ax_fit_options = dict(ax_fit_options or {})
         # Remembered once Ax's fitting step has run (``ax_fit``), and only for the models Ax
         # builds to generate trials: a model that Ax loads a ``state_dict`` into is a
@@ -173,6 +190,7 @@ class AxOnlineMixin:
 
     # ------------------------------------------------------------------ Ax units <-> anchor units
 
+    _ax_n_at_fit: int | None = None  # observations held at the last fit (None: never fitted)
     _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
     _ax_shift: float = 0.0
 
@@ -232,6 +250,8 @@ class AxOnlineMixin:
         if since is None:
             return True
         every = self._ax_refit_every
+        if every == "auto":
+            return _auto_refit_due(self, self._ax_num_obs, self._ax_n_at_fit, since)
         return every is not None and since >= every
 
     def ax_fit(self) -> None:
@@ -241,6 +261,7 @@ class AxOnlineMixin:
             t0 = time.perf_counter()
             self.fit(**self._ax_fit_options)  # type: ignore[attr-defined]
             self._ax_obs_since_fit = 0
+            self._ax_n_at_fit = self._ax_num_obs
             _SESSIONS.stats.refits += 1
             _SESSIONS.stats.fit_seconds += time.perf_counter() - t0
         if self._ax_pending is not None:
@@ -263,8 +284,55 @@ class AxOnlineMixin:
                 if name in hyper:
                     param.copy_(hyper[name])
         self._ax_obs_since_fit = 0  # loaded hyperparameters count as fitted
+        self._ax_n_at_fit = self._ax_num_obs
         self._ax_pending = None  # a fold or a warm start: not the experiment's model
         return None
+
+
+def _checked_refit_every(refit_every: Any) -> int | str | None:
+    r"""``refit_every`` as stored: ``"auto"``, a positive integer or None; else a one-line
+    error that says what is accepted."""
+    if refit_every is None or refit_every == "auto":
+        return refit_every
+    every = refit_every
+    if isinstance(every, str) and every.strip().isdigit():
+        every = int(every)
+    if isinstance(every, float) and every.is_integer():
+        every = int(every)
+    if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+        return every
+    raise ValueError(
+        f"refit_every must be 'auto', a positive integer or None, got {refit_every!r}."
+    )
+
+
+def _fit_cost_grows_with_n(model: Any) -> bool:
+    """Whether a refit of ``model`` costs more as its data grow (the exact GP: O(n^3))."""
+    return bool(getattr(model, "fit_cost_grows_with_n", False))
+
+
+def _refits_from_defaults(model: Any) -> bool:
+    r"""Whether a due refit of ``model`` rebuilds it and fits from the defaults (the rule of
+    ``OnlineLoop._rebuild_due``): the exact GP, and a sparse model that is the exact GP on the
+    data it holds."""
+    is_exact = getattr(model, "is_exact_gp_on_data", None)
+    return _fit_cost_grows_with_n(model) or (callable(is_exact) and bool(is_exact()))
+
+
+def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None) -> bool:
+    r"""The ``"auto"`` schedule (``OnlineLoop._refit_due``): due once anything arrived since
+    the last fit (``since``: observations since then, None if never fitted), except that a
+    model whose fit cost grows with n refits beyond ``AUTO_REFIT_SMALL_N`` observations only
+    when ``n`` has grown by ``AUTO_REFIT_GROWTH`` since its last fit (``n_at_fit``)."""
+    from bo_online.loops.core import OnlineLoop
+
+    if since is None or n_at_fit is None:
+        return True
+    if since < 1:
+        return False
+    if not _fit_cost_grows_with_n(model) or n <= OnlineLoop.AUTO_REFIT_SMALL_N:
+        return True
+    return n >= (1 + OnlineLoop.AUTO_REFIT_GROWTH) * n_at_fit
 
 
 def ax_model_class(model_class: type[OnlineModel] | str) -> type:

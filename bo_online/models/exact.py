@@ -85,6 +85,10 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         >>> post = model.posterior(test_X)
     """
 
+    #: a refit evaluates the exact marginal likelihood, O(n^3): the BO loops and the Ax
+    #: integration refit it on a schedule that thins out as n grows, rebuilt from the defaults
+    fit_cost_grows_with_n: bool = True
+
     def __init__(
         self,
         train_X: Tensor,

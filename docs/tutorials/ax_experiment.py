@@ -61,8 +61,8 @@ client.configure_optimization(objective="-loss")  # minimise loss
 #
 # `make_generation_strategy` builds Sobol trials first, then BoTorch-modular trials with the named
 # surrogate (`"WISKI"`, `"OnlineExactGP"`, `"TSVGP"`, ... or a class), the acquisition function
-# and optimiser settings you give, and a hyperparameter refit every `refit_every` new
-# observations.
+# and optimiser settings you give, and the BO loops' refit schedule (`refit_every="auto"`: for
+# WISKI, whose warm-started fit costs the same at every n, a refit at every trial with new data).
 
 # %%
 client.set_generation_strategy(
@@ -70,7 +70,6 @@ client.set_generation_strategy(
         "WISKI",
         botorch_acqf_class=qLogExpectedImprovement,
         num_initial_trials=4,
-        refit_every=10,
         optimizer_options={"num_restarts": 4, "raw_samples": 64},
         seed=0,
     )
@@ -89,7 +88,7 @@ print("session stats:", boax.session_stats())
 
 # %% [markdown]
 # `session_stats()` counts how the surrogate was obtained across trials: one build, then
-# incremental updates, with a refit every `refit_every` observations.
+# incremental updates, with a warm-started refit at each of them.
 #
 # ## Save and load
 #

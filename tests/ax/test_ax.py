@@ -122,22 +122,42 @@ def test_registration_and_storage_registry():
 # ---------------------------------------------------------------------- Ax Client runs
 
 
-@pytest.mark.parametrize("model", [m for m in MODELS if m in ("OnlineExactGP", "WISKI")])
-def test_branin_regret_40_trials(model):
-    client, f = _client("branin", model, seed=0, num_initial_trials=6, fit_options={"max_iter": 30})
+@pytest.mark.parametrize(
+    "model, refit_every",
+    [("OnlineExactGP", "auto"), ("OnlineExactGP", 10), ("WISKI", "auto")],
+)
+def test_branin_regret_40_trials(model, refit_every):
+    client, f = _client(
+        "branin",
+        model,
+        seed=0,
+        num_initial_trials=6,
+        fit_options={"max_iter": 30},
+        refit_every=refit_every,
+    )
     values = _run(client, f, 40, batch_at=(8, 14, 20))
     regret = min(values) - f.optimal_value
     assert regret < 0.05, f"{model}: regret {regret:.4f} after 40 trials"
     stats = boax.session_stats()
-    # The model was carried from trial to trial, not rebuilt (one build, then updates).
-    assert stats.rebuilds == 1, stats.reasons
-    assert stats.incremental >= 20
-    assert 1 < stats.refits < stats.incremental
+    if model == "OnlineExactGP" and refit_every == "auto":
+        # Up to 100 observations the exact GP is rebuilt and fitted from the defaults at every
+        # trial, as Ax's own GP is.
+        assert stats.incremental == 0 and stats.rebuilds == stats.refits >= 20
+        assert all(r.startswith("refit from the defaults") for r in list(stats.reasons)[1:])
+    else:
+        # The model was carried from trial to trial, not rebuilt (one build, then updates);
+        # "auto" refits a model whose fit cost is flat in n at every trial with new data.
+        assert stats.rebuilds == 1, stats.reasons
+        assert stats.incremental >= 20
+        if refit_every == "auto":
+            assert stats.refits == stats.incremental + 1
+        else:
+            assert 1 < stats.refits < stats.incremental
 
 
 @pytest.mark.parametrize("model", [m for m in MODELS if m not in ("OnlineExactGP", "WISKI")])
 def test_branin_short_run_each_model(model):
-    client, f = _client("branin", model, num_initial_trials=5)
+    client, f = _client("branin", model, num_initial_trials=5, refit_every=10)
     values = _run(client, f, 10, batch_at=(6,))  # 5 Sobol, 1, a batch of 3, 1
     assert len(values) == 10 and all(math.isfinite(v) for v in values)
     stats = boax.session_stats()
@@ -152,7 +172,7 @@ def test_every_model_takes_six_inputs_at_the_strategy_defaults():
 
 @pytest.mark.parametrize("model", [m for m in MODELS if _supports_dim(m, 6)])
 def test_hartmann6_short_run(model):
-    client, f = _client("hartmann6", model, num_initial_trials=6)
+    client, f = _client("hartmann6", model, num_initial_trials=6, refit_every=10)
     values = _run(client, f, 10, batch_at=(6,))  # 6 Sobol, a batch of 3, one more
     assert len(values) == 10 and all(-3.33 < v <= 0 for v in values)  # Hartmann6's range
     stats = boax.session_stats()
@@ -160,7 +180,7 @@ def test_hartmann6_short_run(model):
 
 
 def test_json_round_trip(tmp_path):
-    client, f = _client("branin", "OnlineExactGP", num_initial_trials=5)
+    client, f = _client("branin", "OnlineExactGP", num_initial_trials=5, refit_every=10)
     _run(client, f, 7)
     path = tmp_path / "snapshot.json"
     client.save_to_json_file(str(path))
@@ -397,13 +417,61 @@ def test_refit_schedule():
     assert boax.session_stats().rebuilds == 2
 
 
+def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewhere():
+    r"""``refit_every="auto"`` (the default): the exact GP is rebuilt and fitted from the
+    defaults at every trial up to 100 observations (the same model as Ax's rebuild), then
+    conditioned incrementally until its data have grown by 10%; WISKI, and t-SVGP with fewer
+    inducing inputs than points, are conditioned and warm-refit at every trial with new data;
+    t-SVGP while it is the exact GP on its data is rebuilt like the exact GP."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(120, 2, dtype=torch.float64, generator=g)
+    Y = torch.sin(5 * X.sum(-1, keepdim=True)) + 0.1 * X[:, :1]
+    opts = {"fit_options": {"max_iter": 20}}
+    stats = boax.session_stats()
+
+    ax_cls = boax.AxOnlineExactGP
+    _build(ax_cls, X[:8], Y[:8], **opts)
+    auto = _build(ax_cls, X[:9], Y[:9], **opts)
+    assert (stats.rebuilds, stats.incremental, stats.refits) == (2, 0, 2)
+    assert stats.reasons[-1].startswith("refit from the defaults")
+    rebuilt = _build(ax_cls, X[:9], Y[:9], incremental=False, **opts)
+    for a, b in zip(auto.parameters(), rebuilt.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # Beyond 100 observations: incremental until n >= 1.1 x the n of the last fit.
+    _build(ax_cls, X[:101], Y[:101], **opts)
+    before = (stats.rebuilds, stats.refits)
+    grown = _build(ax_cls, X[:111], Y[:111], fit=False, **opts)
+    assert stats.incremental == 1 and not grown.refit_due and grown.num_data == 111
+    grown.ax_fit()
+    assert (stats.rebuilds, stats.refits) == before
+    _build(ax_cls, X[:112], Y[:112], **opts)  # 112 >= 1.1 x 101
+    assert (stats.rebuilds, stats.refits) == (before[0] + 1, before[1] + 1)
+    assert stats.reasons[-1].startswith("refit from the defaults")
+
+    for ax_cls, options, rebuilds in (
+        (boax.AxWISKI, {}, False),
+        (boax.AxTSVGP, {"inducing_points": 4}, False),
+        (boax.AxTSVGP, {}, True),  # 128 inducing inputs: the exact GP on 9 points
+    ):
+        boax.clear_sessions()
+        stats = boax.session_stats()
+        _build(ax_cls, X[:8], Y[:8], **options, **opts)
+        model = _build(ax_cls, X[:9], Y[:9], fit=False, **options, **opts)
+        assert (stats.rebuilds, stats.incremental) == ((2, 0) if rebuilds else (1, 1))
+        assert model.refit_due  # a new observation: refit (from the defaults or warm)
+        model.ax_fit()
+        same = _build(ax_cls, X[:9], Y[:9], fit=False, **options, **opts)
+        assert not same.refit_due  # nothing new since the fit
+        assert stats.incremental == (1 if rebuilds else 2)
+
+
 def test_cross_validation_folds_are_not_remembered():
     """Ax's cross-validation builds fold models and loads the full model's state into them;
     those must neither disturb the remembered model nor be remembered themselves."""
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     Y = torch.sin(4 * X.sum(-1, keepdim=True))
-    opts = {"fit_options": {"max_iter": 10}}
+    opts = {"fit_options": {"max_iter": 10}, "refit_every": 10}
     main = _build(ax_cls, X[:10], Y[:10], **opts)
     keep = torch.arange(10) != 3
     fold = _build(ax_cls, X[:10][keep], Y[:10][keep], fit=False, **opts)
@@ -431,8 +499,9 @@ def test_load_state_dict_carries_hyperparameters_only():
 def test_bad_input():
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(5, 2, dtype=torch.float64)
-    with pytest.raises(ValueError, match="refit_every"):
-        ax_cls.construct_inputs(_dataset(X, X[:, :1]), refit_every=0)
+    for bad in (0, -3, "often", 2.5, True):
+        with pytest.raises(ValueError, match="'auto', a positive integer or None"):
+            ax_cls.construct_inputs(_dataset(X, X[:, :1]), refit_every=bad)
     with pytest.raises(ValueError, match="continuous parameters only"):
         ax_cls.construct_inputs(_dataset(X, X[:, :1]), categorical_features=[1])
     with pytest.raises(ValueError, match="single-output"):
