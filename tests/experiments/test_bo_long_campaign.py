@@ -75,6 +75,20 @@ def test_campaign_runs_stops_on_budget_resumes_and_merges(campaign, tmp_path, ca
     assert "Targets (requirement 2)" in capsys.readouterr().out
 
 
+def test_the_time_budget_stops_only_methods_whose_step_grows_with_n(campaign, tmp_path, capsys):
+    r"""WISKI runs every step whatever the budget (its step is flat in n); the exact GP stops
+    at it and the printout says so."""
+    out = str(tmp_path / "camp")
+    campaign.main([*TOY, "--steps", "2", "--budget-s", "1e-9", "--out", out])
+    wiski = read_records(campaign.run_dir(Path(out), "levy", "wiski", 0) / "records.jsonl")
+    exact = read_records(campaign.run_dir(Path(out), "levy", "exact", 0) / "records.jsonl")
+    assert [r["step"] for r in wiski] == [0, 1, 2]
+    assert [r["step"] for r in exact] == [0]
+    printed = capsys.readouterr().out.splitlines()
+    assert any("OnlineExactGP" in line and "stopped by the time budget" in line for line in printed)
+    assert not any("WISKI" in line and "stopped by the time budget" in line for line in printed)
+
+
 def test_campaign_rejects_bad_shard(campaign, tmp_path):
     with pytest.raises(SystemExit) as e:
         campaign.main([*TOY, "--shard", "2/2", "--out", str(tmp_path)])
