@@ -82,13 +82,12 @@ class StreamingLoop(OnlineLoop):
     #: are enough for a few hundred BO evaluations but not for thousands of points of strongly
     #: coupled inputs: on 5,000-point kin40k and pol streams it ended 1.40x and 1.29x above the
     #: RMSE of an exact GP fitted in hindsight on 2,000 rows, and 1.00x and 0.97x with 512
-    #: (docs/results.md, "Streaming at size"). The decoupled SVGP's 256 mean / 128 covariance
-    #: bases ended 1.89x / 1.51x there; fitted once on the first 5,000 kin40k rows, 2,048 / 1,024
-    #: reach test RMSE 0.199 / NLL -0.133 against the hindsight GP's 0.223 / -0.192 (2,048 / 512:
-    #: 0.199 / +0.011, the covariance bases set the NLL; 1,024 / 512: 0.262 / +0.141).
+    #: (docs/results.md, "Streaming at size"). The decoupled SVGP is not given larger bases:
+    #: with 2,048 mean / 1,024 covariance bases its kin40k stream passes every target, but each
+    #: update then costs about 220 ms against 2.5 ms (its fold re-forms O(M_beta^3) factors;
+    #: docs/results.md), more than the exact GP's own online update at that n.
     STREAM_MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
         "tsvgp": {"inducing_points": 512},
-        "decoupled": {"num_mean_bases": 2048, "num_cov_bases": 1024},
     }
     #: Below this many stream rows the larger model buys little and its refits cost much: on
     #: concrete (927 rows) each refit above n = 512 took about 70 s with 512 inducing inputs.

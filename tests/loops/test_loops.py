@@ -636,26 +636,6 @@ def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_
     assert bo.model.num_inducing == 128
 
 
-def test_long_regression_streams_give_the_decoupled_svgp_2048_mean_and_1024_covariance_bases():
-    r"""The decoupled SVGP's stream capacity default reaches its model (caps 2,048 / 1,024);
-    a user's cap wins, the other default still applies; a shorter stream and the BO loop keep
-    the model's own caps (256 / 128)."""
-    kw = dict(model="decoupled", n_init=100, fit_max_iter=0, init_fit_max_iter=0, seed=0)
-    long_stream = _synthetic_stream(StreamingLoop.LONG_STREAM_POINTS)
-    loop = StreamingLoop(long_stream, **kw)
-    loop.initialize()
-    assert (loop.model.num_mean_bases, loop.model.num_cov_bases) == (2048, 1024)
-    loop = StreamingLoop(long_stream, model_options={"num_cov_bases": 64}, **kw)
-    loop.initialize()
-    assert (loop.model.num_mean_bases, loop.model.num_cov_bases) == (2048, 64)
-    loop = StreamingLoop(_synthetic_stream(StreamingLoop.LONG_STREAM_POINTS - 1), **kw)
-    loop.initialize()
-    assert (loop.model.num_mean_bases, loop.model.num_cov_bases) == (256, 128)
-    bo = BayesOptLoop(synthetic_problem("branin"), **kw)
-    bo.initialize()
-    assert (bo.model.num_mean_bases, bo.model.num_cov_bases) == (256, 128)
-
-
 def test_a_resumed_stream_rebuilds_the_model_it_checkpointed(tmp_path):
     r"""The stream defaults a run applied are in its config: a resumed run rebuilds that model
     (512 inducing inputs) and one checkpointed before they existed (no key) gets none (128,
