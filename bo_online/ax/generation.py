@@ -11,7 +11,7 @@ import torch
 from ax.adapter.transforms.base import Transform
 
 from bo_online.ax.registration import register_model_class
-from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY
+from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY, _checked_refit_every
 from bo_online.models.base import OnlineModel
 
 
@@ -133,7 +133,7 @@ def make_generation_strategy(
 
     ax_cls = register_model_class(model)
     options = dict(model_options or {})
-    options["refit_every"] = refit_every
+    options["refit_every"] = _checked_refit_every(refit_every)  # now, not after the Sobol trials
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.
     options.setdefault("experiment_key", uuid.uuid4().hex)

@@ -5,6 +5,7 @@ old ones), in which case the new model is the old one conditioned on the new row
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections import OrderedDict, deque
@@ -202,4 +203,15 @@ def _extended_model(
     noise = None
     if Yvar_new is not None:
         noise = Yvar_new / (model._ax_scale**2 * model.outcome_std.pow(2))
-    return model.condition_on_observations(X_new, Y_new, noise=noise)
+    conditioned = model.condition_on_observations(X_new, Y_new, noise=noise)
+    held = getattr(previous, "num_data", None)
+    if held is None or getattr(conditioned, "num_data", None) == held + X_new.shape[0]:
+        return conditioned
+    # The model keeps conditioned rows apart from the data it holds (t-SVGP: fantasy rows in
+    # a side buffer, which its fit never sees), so later refits would ignore them: fold them in
+    # with the in-place ``update`` on a copy instead (Ax units in, as ``update`` takes them).
+    model = copy.deepcopy(previous)
+    model._ax_scale = a * previous._ax_scale
+    model._ax_shift = a * previous._ax_shift + b
+    model.update(X_new, Y_new, Yvar_new)
+    return model

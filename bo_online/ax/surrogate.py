@@ -6,6 +6,8 @@ refits on a schedule."""
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 import sys
 import time
 from typing import Any, Mapping
@@ -290,17 +292,18 @@ class AxOnlineMixin:
 
 
 def _checked_refit_every(refit_every: Any) -> int | str | None:
-    r"""``refit_every`` as stored: ``"auto"``, a positive integer or None; else a one-line
-    error that says what is accepted."""
+    r"""``refit_every`` as stored: ``"auto"``, a positive integer (any integral type, an
+    integral float or a string of digits) or None; else a one-line error that says what is
+    accepted."""
     if refit_every is None or refit_every == "auto":
         return refit_every
     every = refit_every
-    if isinstance(every, str) and every.strip().isdigit():
-        every = int(every)
-    if isinstance(every, float) and every.is_integer():
-        every = int(every)
-    if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
-        return every
+    if isinstance(every, str) and every.strip().isdecimal():
+        every = int(every.strip())
+    elif isinstance(every, numbers.Real) and not isinstance(every, (bool, numbers.Integral)):
+        every = int(every) if math.isfinite(every) and float(every).is_integer() else None
+    if isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1:
+        return int(every)
     raise ValueError(
         f"refit_every must be 'auto', a positive integer or None, got {refit_every!r}."
     )

@@ -437,14 +437,17 @@ def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewh
     rebuilt = _build(ax_cls, X[:9], Y[:9], incremental=False, **opts)
     for a, b in zip(auto.parameters(), rebuilt.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-    # Beyond 100 observations: incremental until n >= 1.1 x the n of the last fit.
-    _build(ax_cls, X[:101], Y[:101], **opts)
+    # Up to 100 observations every trial with new data (100 < 1.1 x 95), beyond them
+    # incremental until n >= 1.1 x the n of the last fit.
+    _build(ax_cls, X[:95], Y[:95], **opts)
+    _build(ax_cls, X[:100], Y[:100], **opts)
+    assert stats.incremental == 0 and stats.reasons[-1].startswith("refit from the defaults")
     before = (stats.rebuilds, stats.refits)
-    grown = _build(ax_cls, X[:111], Y[:111], fit=False, **opts)
-    assert stats.incremental == 1 and not grown.refit_due and grown.num_data == 111
+    grown = _build(ax_cls, X[:109], Y[:109], fit=False, **opts)
+    assert stats.incremental == 1 and not grown.refit_due and grown.num_data == 109
     grown.ax_fit()
     assert (stats.rebuilds, stats.refits) == before
-    _build(ax_cls, X[:112], Y[:112], **opts)  # 112 >= 1.1 x 101
+    _build(ax_cls, X[:111], Y[:111], **opts)  # past 1.1 x 100
     assert (stats.rebuilds, stats.refits) == (before[0] + 1, before[1] + 1)
     assert stats.reasons[-1].startswith("refit from the defaults")
 
@@ -458,11 +461,34 @@ def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewh
         _build(ax_cls, X[:8], Y[:8], **options, **opts)
         model = _build(ax_cls, X[:9], Y[:9], fit=False, **options, **opts)
         assert (stats.rebuilds, stats.incremental) == ((2, 0) if rebuilds else (1, 1))
-        assert model.refit_due  # a new observation: refit (from the defaults or warm)
+        assert model.num_data == 9 and model.refit_due  # new data: refit (defaults or warm)
         model.ax_fit()
         same = _build(ax_cls, X[:9], Y[:9], fit=False, **options, **opts)
         assert not same.refit_due  # nothing new since the fit
         assert stats.incremental == (1 if rebuilds else 2)
+
+
+def test_incremental_tsvgp_holds_the_new_rows_and_refits_on_them():
+    r"""t-SVGP's ``condition_on_observations`` keeps new rows apart from its data (a fantasy
+    buffer its fit never reads); the Ax path folds them in with ``update`` instead, so the model
+    holds them and a refit depends on them (the new rows as given, or flipped and scaled, give
+    other hyperparameters)."""
+    ax_cls = boax.AxTSVGP
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(16, 2, dtype=torch.float64, generator=g)
+    Y = torch.sin(5 * X.sum(-1, keepdim=True))
+    opts = {"inducing_points": 4, "fit_options": {"max_iter": 30}}
+    lengthscales = []
+    for sign in (1.0, -5.0):
+        boax.clear_sessions()
+        first = _build(ax_cls, X[:8], Y[:8], **opts)
+        Y_new = torch.cat([Y[:8], sign * Y[8:]])
+        model = _build(ax_cls, X, Y_new, fit=False, **opts)
+        assert boax.session_stats().incremental == 1
+        assert model.num_data == 16 and first.num_data == 8  # the stored model is untouched
+        model.ax_fit()
+        lengthscales.append(model.covar_module.lengthscale.detach().clone())
+    assert (lengthscales[0] - lengthscales[1]).abs().max() > 1e-3
 
 
 def test_cross_validation_folds_are_not_remembered():
@@ -499,9 +525,14 @@ def test_load_state_dict_carries_hyperparameters_only():
 def test_bad_input():
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(5, 2, dtype=torch.float64)
-    for bad in (0, -3, "often", 2.5, True):
+    for bad in (0, -3, "often", "-1", "\u00b2", 2.5, float("nan"), True):
         with pytest.raises(ValueError, match="'auto', a positive integer or None"):
             ax_cls.construct_inputs(_dataset(X, X[:, :1]), refit_every=bad)
+    with pytest.raises(ValueError, match="'auto', a positive integer or None"):
+        boax.make_generation_strategy("OnlineExactGP", refit_every="often")  # before any trial
+    for good, stored in (("auto", "auto"), (None, None), (7, 7), ("10", 10), (3.0, 3)):
+        inputs = ax_cls.construct_inputs(_dataset(X, X[:, :1]), refit_every=good)
+        assert inputs["ax_refit_every"] == stored
     with pytest.raises(ValueError, match="continuous parameters only"):
         ax_cls.construct_inputs(_dataset(X, X[:, :1]), categorical_features=[1])
     with pytest.raises(ValueError, match="single-output"):
