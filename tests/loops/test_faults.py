@@ -639,7 +639,7 @@ def test_posterior_on_zero_points_is_empty_like_singletaskgp(name):
 # ------------------------------------------------------------------------------ Ax
 
 
-def _ax_client(seed: int, name: str):
+def _ax_client(seed: int, name: str, **strategy_options):
     import logging
 
     from ax.api.client import Client
@@ -666,6 +666,7 @@ def _ax_client(seed: int, name: str):
             num_initial_trials=3,
             optimizer_options={"num_restarts": 1, "raw_samples": 16, "options": {"maxiter": 10}},
             fit_options={"max_iter": 10},
+            **strategy_options,
         )
     )
     return client
@@ -728,11 +729,13 @@ def test_ax_inf_outcome_warns():
 
 def test_ax_two_experiments_each_condition_incrementally():
     r"""Two experiments with the same parameter and metric names, interleaved in one process:
-    each rebuilds once, then conditions incrementally (no rebuild caused by the other)."""
+    each rebuilds once, then conditions incrementally (no rebuild caused by the other). A
+    fixed refit cadence: at the default schedule the exact GP is rebuilt at every trial below
+    100 observations, which would hide a rebuild caused by the other experiment."""
     import bo_online.ax as boax
 
     boax.clear_sessions()
-    a, b = _ax_client(0, "a"), _ax_client(1, "b")
+    a, b = _ax_client(0, "a", refit_every=10), _ax_client(1, "b", refit_every=10)
     for _ in range(3):  # Sobol
         _ax_step(a)
         _ax_step(b)
