@@ -203,15 +203,12 @@ def _extended_model(
     noise = None
     if Yvar_new is not None:
         noise = Yvar_new / (model._ax_scale**2 * model.outcome_std.pow(2))
-    conditioned = model.condition_on_observations(X_new, Y_new, noise=noise)
-    held = getattr(previous, "num_data", None)
-    if held is None or getattr(conditioned, "num_data", None) == held + X_new.shape[0]:
-        return conditioned
-    # The model keeps conditioned rows apart from the data it holds (t-SVGP: fantasy rows in
-    # a side buffer, which its fit never sees), so later refits would ignore them: fold them in
-    # with the in-place ``update`` on a copy instead (Ax units in, as ``update`` takes them).
-    model = copy.deepcopy(previous)
-    model._ax_scale = a * previous._ax_scale
-    model._ax_shift = a * previous._ax_shift + b
+    if getattr(previous, "conditioned_rows_held", True):
+        return model.condition_on_observations(X_new, Y_new, noise=noise)
+    # The model keeps conditioned rows apart from the data it holds (WISKI's Woodbury caches,
+    # t-SVGP's fantasy sites, QSGP's q(w): none of them reach ``fit``), so later refits would
+    # ignore them: fold them in with the in-place ``update`` on a copy instead (Ax units in, as
+    # ``update`` takes them). The copy costs about what the update does (the model's state).
+    model = copy.deepcopy(model)
     model.update(X_new, Y_new, Yvar_new)
     return model

@@ -315,27 +315,30 @@ def _fit_cost_grows_with_n(model: Any) -> bool:
 
 
 def _refits_from_defaults(model: Any) -> bool:
-    r"""Whether a due refit of ``model`` rebuilds it and fits from the defaults (the rule of
-    ``OnlineLoop._rebuild_due``): the exact GP, and a sparse model that is the exact GP on the
-    data it holds."""
-    is_exact = getattr(model, "is_exact_gp_on_data", None)
-    return _fit_cost_grows_with_n(model) or (callable(is_exact) and bool(is_exact()))
+    r"""Whether a due refit of ``model`` rebuilds it and fits from the defaults (the loops'
+    rule, :func:`bo_online.loops.refit_rules.refits_from_defaults`)."""
+    from bo_online.loops.refit_rules import refits_from_defaults
+
+    return refits_from_defaults(model, _fit_cost_grows_with_n(model))
 
 
 def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None) -> bool:
     r"""The ``"auto"`` schedule (``OnlineLoop._refit_due``): due once anything arrived since
-    the last fit (``since``: observations since then, None if never fitted), except that a
-    model whose fit cost grows with n refits beyond ``AUTO_REFIT_SMALL_N`` observations only
-    when ``n`` has grown by ``AUTO_REFIT_GROWTH`` since its last fit (``n_at_fit``)."""
+    the last fit (``since``: observations since then, None if never fitted); for a model whose
+    fit cost grows with n, beyond the loops' ``AUTO_REFIT_SMALL_N`` observations only once they
+    have grown by ``AUTO_REFIT_GROWTH`` since its last fit (``n_at_fit``)."""
     from bo_online.loops.core import OnlineLoop
+    from bo_online.loops.refit_rules import growth_refit_due
 
     if since is None or n_at_fit is None:
         return True
     if since < 1:
         return False
-    if not _fit_cost_grows_with_n(model) or n <= OnlineLoop.AUTO_REFIT_SMALL_N:
+    if not _fit_cost_grows_with_n(model):
         return True
-    return n >= (1 + OnlineLoop.AUTO_REFIT_GROWTH) * n_at_fit
+    return growth_refit_due(
+        n, n_at_fit, OnlineLoop.AUTO_REFIT_SMALL_N, OnlineLoop.AUTO_REFIT_GROWTH
+    )
 
 
 def ax_model_class(model_class: type[OnlineModel] | str) -> type:

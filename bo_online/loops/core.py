@@ -33,6 +33,7 @@ from torch import Tensor
 
 from bo_online.loops import history
 from bo_online.loops.options import check_options, instantiate
+from bo_online.loops.refit_rules import growth_refit_due, refits_from_defaults
 from bo_online.models.registry import get_model_class
 from bo_online.problems import make_problem
 
@@ -355,10 +356,7 @@ class OnlineLoop:
         while every point is an inducing input / covariance basis, n <= 128 by default), where
         the exact GP's reason holds; beyond that their warm-started refit costs the same at
         every n."""
-        if self._fit_cost_grows_with_n():
-            return True
-        is_exact = getattr(self.model, "is_exact_gp_on_data", None)
-        return callable(is_exact) and bool(is_exact())
+        return refits_from_defaults(self.model, self._fit_cost_grows_with_n())
 
     def _restart_due(self, n: int) -> bool:
         r"""Whether a warm-started refit also tries a fit from the defaults
@@ -437,7 +435,9 @@ class OnlineLoop:
             return True
         if self._n_last_fit is None:
             self._n_last_fit = self._last_fit_n_from_records()
-        return self._n_last_fit is None or n >= (1 + self.AUTO_REFIT_GROWTH) * self._n_last_fit
+        return growth_refit_due(
+            n, self._n_last_fit, self.AUTO_REFIT_SMALL_N, self.AUTO_REFIT_GROWTH
+        )
 
     def _last_fit_n_from_records(self) -> int | None:
         """Data size at the last refit, from the records (after a resume)."""

@@ -250,25 +250,34 @@ def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatc
     old_Y = before.training_data[0].Y.clone()
     previous = before.model  # what the store holds: built, fitted, used for the last trial
 
-    calls = {"condition": 0, "init": 0}
+    calls = {"condition": 0, "update": 0, "init": 0}
     original_condition = base.condition_on_observations
+    original_update = base.update
     original_init = base.__init__
 
     def spy_condition(self, *args, **kwargs):
         calls["condition"] += 1
         return original_condition(self, *args, **kwargs)
 
+    def spy_update(self, *args, **kwargs):
+        calls["update"] += 1
+        return original_update(self, *args, **kwargs)
+
     def spy_init(self, *args, **kwargs):
         calls["init"] += 1
         return original_init(self, *args, **kwargs)
 
     monkeypatch.setattr(base, "condition_on_observations", spy_condition)
+    monkeypatch.setattr(base, "update", spy_update)
     monkeypatch.setattr(base, "__init__", spy_init)
     _run(client, f, 1)  # one more trial: Ax builds a new model for it
     surrogate = gs.adapter.generator.surrogate
     model = surrogate.model
     data = surrogate.training_data[0]
-    assert calls == {"condition": 1, "init": 0}
+    # A model whose conditioned rows stay apart from its data (t-SVGP) is updated in place on
+    # a copy instead, so that its refits see them.
+    held = getattr(base, "conditioned_rows_held", True)
+    assert calls == {"condition": int(held), "update": int(not held), "init": 0}
     monkeypatch.undo()
     assert isinstance(model, ax_cls) and data.X.shape[0] == 7
     # Ax's standardisation moved, so the affine re-expression was exercised.
@@ -466,6 +475,20 @@ def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewh
         same = _build(ax_cls, X[:9], Y[:9], fit=False, **options, **opts)
         assert not same.refit_due  # nothing new since the fit
         assert stats.incremental == (1 if rebuilds else 2)
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_conditioned_rows_held_says_whether_conditioning_adds_to_the_held_data(model_name):
+    r"""The store picks ``condition_on_observations`` or ``update`` by the model's
+    ``conditioned_rows_held``: it must be true exactly when a conditioned model holds the new
+    rows (``num_data`` grows), else the refits of an incremental model would miss them."""
+    base = boax.available_models()[model_name]._bo_online_base
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    Y = torch.sin(5 * X.sum(-1, keepdim=True))
+    model = base(X[:8], Y[:8])
+    conditioned = model.condition_on_observations(X[8:], Y[8:])
+    held = getattr(base, "conditioned_rows_held", True)
+    assert (conditioned.num_data == 12) == held and model.num_data == 8
 
 
 def test_incremental_tsvgp_holds_the_new_rows_and_refits_on_them():

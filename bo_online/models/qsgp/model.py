@@ -91,6 +91,9 @@ class QSGP(
     #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
     #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
     restart_fit_from_defaults = True
+    #: ``condition_on_observations`` adds the new rows to ``q(w)`` only (the held data, which
+    #: ``num_data`` counts and ``fit`` reads, stay the parent's); ``update`` also keeps them
+    conditioned_rows_held = False
 
     def __init__(
         self,

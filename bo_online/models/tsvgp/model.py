@@ -85,6 +85,9 @@ class TSVGP(
     #: (:meth:`is_exact_gp_on_data`), also fits a model rebuilt from its defaults and keeps the
     #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
     restart_fit_from_defaults = True
+    #: ``condition_on_observations`` keeps the new rows as fantasy sites apart from the data the
+    #: model holds (``num_data`` and ``fit`` do not see them); ``update`` folds them in
+    conditioned_rows_held = False
 
     def __init__(
         self,

@@ -137,6 +137,11 @@ class WISKI(
         >>> model.fit(method="adam", max_iter=3, lr=0.01, restandardize=False)  # streaming refit
     """
 
+    #: ``condition_on_observations`` adds the new rows through Woodbury caches of a conditioned
+    #: model; its statistics (what ``num_data`` counts and ``fit`` reads) stay the parent's, and
+    #: ``update`` folds rows into them
+    conditioned_rows_held = False
+
     def __init__(
         self,
         train_X: Tensor,

@@ -1,0 +1,31 @@
+r"""The refit rules the BO loops (:class:`bo_online.loops.core.OnlineLoop`) and the Ax
+integration (:mod:`bo_online.ax`) share: when a refit rebuilds the surrogate from its defaults
+instead of warm-starting it, and when a model whose fit cost grows with n is due a refit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["refits_from_defaults", "growth_refit_due"]
+
+
+def refits_from_defaults(model: Any, fit_cost_grows_with_n: bool) -> bool:
+    r"""Whether a due refit of ``model`` rebuilds it on all data and fits from the defaults, as
+    BoTorch refits its exact GP: always where the fit cost grows with n (the exact GP: the
+    rebuild costs what its refit costs anyway), and for a model that says it is the exact GP on
+    the data it holds (duck-typed ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a
+    Gaussian likelihood while every point is an inducing input / covariance basis)."""
+    if fit_cost_grows_with_n:
+        return True
+    is_exact = getattr(model, "is_exact_gp_on_data", None)
+    return callable(is_exact) and bool(is_exact())
+
+
+def growth_refit_due(n: int | None, n_last_fit: int | None, small_n: int, growth: float) -> bool:
+    r"""The ``"auto"`` rule for a model whose fit cost grows with n: every time while
+    ``n <= small_n`` (or n or the last fit's n is unknown), then once n has grown by the
+    fraction ``growth`` since the last fit, so that all refits together cost a constant factor
+    of one fit at the final n (a geometric series)."""
+    if n is None or n <= small_n or n_last_fit is None:
+        return True
+    return n >= (1 + growth) * n_last_fit
