@@ -2,7 +2,8 @@ r"""Closed-form folding of new points into the decoupled SVGP (docs/math.md §3)
 
 Exact conditioning grows the covariance basis by the new points (``L' = blockdiag(L, N*^{-1/2})``,
 bordered Cholesky of ``H``, a rank-q correction of ``a_beta``); in fold mode the new points are
-added to the site statistics of fixed bases and ``a, B`` re-solved (rank-q Cholesky updates)."""
+added to the site statistics of fixed bases and ``a, B`` re-solved (rank-q Cholesky updates of
+the kept factors)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["DecoupledConditioningMixin"]
 class DecoupledConditioningMixin:
     r"""``condition_on_observations`` / ``update`` of
     :class:`~bo_online.models.decoupled.DecoupledSVGP`, O(M_beta^2 q + M_alpha q) (exact growth)
-    or O(M_alpha^2 q + M_beta^3) (fold mode), independent of n."""
+    or O(M_alpha^2 q) (fold mode), independent of n."""
 
     def _conditioned_state(self, X: Tensor, noise: Tensor | None):
         r"""The Y-independent part of conditioning on ``X`` (``batch x q x d``), shared by
@@ -113,34 +114,36 @@ class DecoupledConditioningMixin:
 
     def _fold(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
         r"""Fold ``q`` points into fixed bases: ``Q += K_{Z,X*} N*^{-1} K_{X*,Z}``, ``s +=
-        K_{Z,X*} N*^{-1} (y* - c)``, then the closed-form ``a, B`` (:meth:`_closed_form`).
+        K_{Z,X*} N*^{-1} (y* - c)``, then ``a = (K_Z + Q)^{-1} s`` and the covariance factor
+        ``chol(K_j + P~)`` by rank-q Cholesky updates (``P~`` is ``Q``'s beta block plus jitter).
 
         After any chain of folds the state equals :meth:`_set_sites` on all held data with the
         same bases and hyperparameters, i.e. the optimum of the ELBO over ``(a, B)`` for those
         fixed bases (Titsias-style collapsed optimum; the paper's Eqs. 9-10 maximised in closed
-        form). Cost O(M_alpha^2 q + M_beta^3) per update (rank-q Cholesky updates of the kept
-        factors), independent of n and of the number of updates."""
+        form). Fold mode predicts from ``chol(K_j)`` (unchanged) and ``chol(K_j + P~)``
+        (:meth:`_whitened`), so ``L`` and ``chol_H`` are formed only when read
+        (:meth:`_materialise_covariance`). Cost O(M_alpha^2 q) per update, independent of n and
+        of the number of updates."""
         N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
+        Rb, RA, RC = self._fold_factors()
         Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
         K = self.covar_module(Z, X).to_dense()  # M x q
         w = N.reciprocal()
-        Q = self.site_Q + (K * w) @ K.transpose(-1, -2)
+        Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
+        Q = torch.addmm(self.site_Q, Kw, Kw.transpose(-1, -2))
         s = self.site_s + K @ (w * (Y - self.mean_module.constant.detach()))
+        RA = cholesky_update(RA, Kw)
+        RC = cholesky_update(RC, Kw[: self.beta_points.shape[-2]])
+        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
         train_noise = self.train_noise
         if self.fixed_noise:
             train_noise = torch.cat([self.train_noise, noise], dim=-1)
-        beta, alpha = self.beta_points, self.alpha_points
-        kept = getattr(self, "_site_factors", None)
-        factors = None
-        if kept is not None and kept[0] is self.site_Q:
-            Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
-            Rb, RP, RA = kept[1:]
-            factors = (Rb, cholesky_update(RP, Kw[: beta.shape[-2]]), cholesky_update(RA, Kw))
-        factors = self._closed_form(beta, alpha, Q, s, factors)  # clears the sites and caches
+        mb = self.beta_points.shape[-2]
+        self.a_beta, self.a_alpha = a[:mb], a[mb:]
         self.site_Q, self.site_s = Q, s
-        self._site_factors = (Q, *factors)
-        self.chol_H = self._chol_H(self.beta_points, self.L)
-        self._cache_key = self._current_key()
+        self._site_factors = (Q, Rb, RA, RC)
+        self.__dict__["_covariance_pending"] = True  # L and chol_H: formed when read
+        self._buffers["L"], self._buffers["chol_H"] = None, None
         self.train_X = torch.cat([self.train_X, X], dim=-2)
         self.train_y = torch.cat([self.train_y, Y], dim=-1)
         self.train_noise = train_noise

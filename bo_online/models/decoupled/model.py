@@ -229,9 +229,37 @@ class DecoupledSVGP(
             return torch.ones(n, **self._dtype_device)
         return self.likelihood.noise.squeeze(-1).expand(n)
 
+    # ------------------------------------------------------------------ L and chol_H, formed lazily
+    # Fold mode (``_fold``) keeps only the factors it predicts with; the buffers ``L`` and
+    # ``chol_H`` are then formed (O(M_beta^3)) on their first read. torch's Module resolves
+    # buffers through ``__getattr__``, so that is where the read is seen; every route that
+    # copies or saves buffers directly (``state_dict``, ``to``) forms them first.
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("L", "chol_H") and self.__dict__.get("_covariance_pending", False):
+            self._materialise_covariance()
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "L":  # a new covariance state replaces whatever folds left pending
+            self.__dict__["_covariance_pending"] = False
+        super().__setattr__(name, value)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        if self.__dict__.get("_covariance_pending", False):
+            self._materialise_covariance()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        if self.__dict__.get("_covariance_pending", False):
+            self._materialise_covariance()
+        return super()._apply(fn, recurse)
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
         fold mode) leaves this model without them too."""
+        if self.__dict__.get("_covariance_pending", False):
+            self._materialise_covariance()  # so that a failed load restores a complete state
         for name in ("site_Q", "site_s", "collapsed_fit"):
             if name not in state_dict:
                 self._buffers[name] = None

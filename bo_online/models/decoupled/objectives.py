@@ -42,19 +42,21 @@ class DecoupledObjectivesMixin:
 
         Args:
             beta: covariance bases (default: the model's).
-            L: covariance factor (default: the model's).
+            L: covariance factor (default: the model's). With both defaults ``H`` is the
+                model's own, ``K_beta + 1e-8 I`` in it in fold mode (see ``_whitened``).
             a: all mean coefficients (default: the model's).
             Z: all mean bases ``[beta; alpha]`` (default: the model's).
             num_columns: if given, ``a^T K_Z a`` is estimated without bias from that many
                 columns drawn without replacement, ``(M/s) a^T K_{Z,S} a_S`` (O(M_alpha s)).
             columns: explicit column indices ``S`` for that estimate (overrides the draw).
         """
+        jitter = self._state_jitter() if beta is None and L is None else 0.0
         beta = self.beta_points if beta is None else beta
         L = self.L if L is None else L
         if a is None:
             a = torch.cat([self.a_beta, self.a_alpha.expand(*self.a_beta.shape[:-1], -1)], dim=-1)
             Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
-        chol_H = self._chol_H(beta, L)
+        chol_H = self._chol_H(beta, L, jitter)
         M = Z.shape[-2]
         if columns is None and num_columns is not None and num_columns < M:
             columns = torch.randperm(M, generator=generator)[:num_columns].to(Z.device)
@@ -83,12 +85,13 @@ class DecoupledObjectivesMixin:
         r"""``sum_i E_q[log p(y_i | f(x_i))]`` (the paper's Eq. 10) over ``X`` (``n x d``), ``y``
         (``n``, standardised). Closed form for Gaussian noise (``noise``: ``n`` variances or the
         likelihood's); otherwise the likelihood's Gauss-Hermite ``expected_log_prob``."""
+        jitter = self._state_jitter() if beta is None and L is None else 0.0
         beta = self.beta_points if beta is None else beta
         L = self.L if L is None else L
         if a is None:
             a = torch.cat([self.a_beta, self.a_alpha], dim=-1)
             Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
-        chol_H = self._chol_H(beta, L)
+        chol_H = self._chol_H(beta, L, jitter)
         mean = self.mean_module.constant + self.covar_module(X, Z).to_dense() @ a
         V = solve_lower(chol_H, L.transpose(-1, -2) @ self.covar_module(beta, X).to_dense())
         var = (self.covar_module(X, diag=True) - V.pow(2).sum(-2)).clamp_min(1e-12)

@@ -14,6 +14,10 @@ from bo_online.models.validation import check_finite
 
 __all__ = ["DecoupledStatisticsMixin"]
 
+# The stated jitters of the closed-form optimum: K_j = K_beta + 1e-8 I and P~ = P + 1e-6 I.
+_K_JITTER = 1e-8
+_P_JITTER = 1e-6
+
 
 class DecoupledStatisticsMixin:
     r"""Variational state, site statistics and caches of
@@ -115,56 +119,85 @@ class DecoupledStatisticsMixin:
         return Q, s
 
     def _closed_form(
-        self,
-        beta: Tensor,
-        alpha: Tensor,
-        Q: Tensor,
-        s: Tensor,
-        factors: tuple[Tensor, Tensor, Tensor] | None = None,
+        self, beta: Tensor, alpha: Tensor, Q: Tensor, s: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
         statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
-        ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_b^{-1} P K_b^{-1}`` with ``P = Q_{beta,beta}``,
-        i.e. ``L = (K_b + 1e-8 I)^{-1} chol(P + 1e-6 I)`` (jitters keep the factors defined).
+        ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_j^{-1} P~ K_j^{-1}`` with ``P~ = Q_{beta,beta}
+        + 1e-6 I`` and ``K_j = K_b + 1e-8 I``, i.e. ``L = K_j^{-1} chol(P~)`` (the jitters keep the
+        factors defined).
 
-        ``factors``: the Cholesky factors ``(chol(K_b + 1e-8 I), chol(P + 1e-6 I), chol(K_Z +
-        Q))`` when already known (kept up to date by rank-q updates in :meth:`_fold`); returns
-        them."""
+        Returns ``(chol(K_j), chol(K_Z + Q), K_j)``, which fold mode keeps (:meth:`_set_sites`)."""
         mb = beta.shape[-2]
-        if factors is None:
-            Kb = self.covar_module(beta).to_dense()
-            eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
-            KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
-            factors = (
-                psd_cholesky(Kb + 1e-8 * eye),
-                psd_cholesky(Q[:mb, :mb] + 1e-6 * eye),
-                psd_cholesky(KZ + Q, jitter=1e-8),
-            )
-        Rb, RP, RA = factors
-        L = cholesky_solve(Rb, RP)
+        Kb = self.covar_module(beta).to_dense()
+        eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+        KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+        Kj = Kb + _K_JITTER * eye
+        Rb = psd_cholesky(Kj)
+        RA = psd_cholesky(KZ + Q, jitter=1e-8)
+        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
         a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
         self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
-        return factors
+        return Rb, RA, Kj
 
     def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
         r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
         statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
         Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
-        factors = self._closed_form(beta, alpha, Q, s)
+        Rb, RA, Kj = self._closed_form(beta, alpha, Q, s)
         self.site_Q, self.site_s = Q, s
-        # Not a buffer: valid only while ``site_Q`` is this very tensor (any change of the sites
-        # replaces it), so stale factors are never used.
-        self._site_factors = (Q, *factors)
-        self.chol_H = self._chol_H(self.beta_points, self.L)
+        self._site_factors = (Q, Rb, RA, self._chol_C(Kj, Q))
+        self.chol_H = self._chol_H(self.beta_points, self.L, self._state_jitter())
         self._cache_key = self._current_key()
+
+    def _chol_C(self, Kj: Tensor, Q: Tensor) -> Tensor:
+        r"""``chol(K_j + P~)`` (``M_beta x M_beta``), the factor of fold mode's variance term."""
+        mb = Kj.shape[-1]
+        eye = torch.eye(mb, dtype=Kj.dtype, device=Kj.device)
+        return psd_cholesky(Kj + Q[:mb, :mb] + _P_JITTER * eye)
+
+    def _fold_factors(self) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``(chol(K_j), chol(K_Z + Q), chol(K_j + P~))`` for the current sites: the ones kept up
+        to date by :meth:`_fold`, or factorised afresh (O(M_alpha^3), once) where none are kept
+        for this very ``site_Q`` (after ``load_state_dict``, ``to`` or a hand edit)."""
+        kept = getattr(self, "_site_factors", None)
+        if kept is not None and kept[0] is self.site_Q:
+            return kept[1:]
+        mb = self.beta_points.shape[-2]
+        Kb = self.covar_module(self.beta_points).to_dense()
+        Kj = Kb + _K_JITTER * torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
+        RA = psd_cholesky(self.covar_module(Z).to_dense() + self.site_Q, jitter=1e-8)
+        self._site_factors = (self.site_Q, psd_cholesky(Kj), RA, self._chol_C(Kj, self.site_Q))
+        return self._site_factors[1:]
+
+    def _materialise_covariance(self) -> None:
+        r"""Form ``L = K_j^{-1} chol(P~)`` and ``chol_H`` (O(M_beta^3)) after folds, which keep
+        only the factors fold mode predicts with (:meth:`_fold`); called on first read of ``L``
+        or ``chol_H`` (fantasies, refits, ``state_dict``)."""
+        self.__dict__["_covariance_pending"] = False
+        Q, Rb = self._site_factors[:2]
+        mb = Rb.shape[-1]
+        eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
+        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
+        self._buffers["L"] = L
+        self._buffers["chol_H"] = self._chol_H(self.beta_points, L, _K_JITTER)
+
+    def _state_jitter(self) -> float:
+        r"""The jitter on ``K_beta`` in this state's ``H``: ``1e-8`` in fold mode, else 0."""
+        return _K_JITTER if self._in_fold_mode() else 0.0
 
     def _in_fold_mode(self) -> bool:
         return self.site_Q is not None and self._gaussian()
 
     # ------------------------------------------------------------------ caches
 
-    def _chol_H(self, beta: Tensor, L: Tensor) -> Tensor:
+    def _chol_H(self, beta: Tensor, L: Tensor, jitter: float = 0.0) -> Tensor:
+        r"""Lower factor of ``H = I + L^T (K_beta + jitter I) L``; fold mode's state uses
+        ``jitter = 1e-8`` (``K_j``, see :meth:`_whitened`), every other state none."""
         K = self.covar_module(beta).to_dense()
+        if jitter:
+            K = K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
         H = L.transpose(-1, -2) @ K @ L
         H = H + torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
         return psd_cholesky(H)

@@ -78,8 +78,9 @@ def _dense_site_optimum(m: DecoupledSVGP, Xt: torch.Tensor):
     must equal: for fixed bases ``Z = [beta; alpha]`` and hyperparameters, the ELBO optimum
     over ``(a, B)`` on ALL held data (standardised units):
     ``mean(x) = c + k_xZ (K_Z + K_ZX N^-1 K_XZ)^-1 K_ZX N^-1 (y - c)`` and
-    ``cov = k_xx - k_xb (B^-1 + K_b)^-1 k_bx``, ``B = K_j^-1 (P + 1e-6 I) K_j^-1``,
-    ``P = K_bX N^-1 K_Xb``, ``K_j = K_b + 1e-8 I`` (the model's stated jitters)."""
+    ``cov = k_xx - k_xb (B^-1 + K_j)^-1 k_bx``, ``B = K_j^-1 (P + 1e-6 I) K_j^-1``,
+    ``P = K_bX N^-1 K_Xb``, ``K_j = K_b + 1e-8 I`` (the model's stated jitters: fold mode's
+    ``H`` holds ``K_j``, so its covariance is ``K_j^-1 - (K_j + P + 1e-6 I)^-1`` between bases)."""
     k = lambda A, B: m.covar_module(A, B).to_dense()  # noqa: E731
     beta, Z, X = m.beta_points, torch.cat([m.beta_points, m.alpha_points]), m.train_X
     Ninv = torch.diag(1.0 / m.likelihood.noise.detach().expand(X.shape[0]))
@@ -92,7 +93,9 @@ def _dense_site_optimum(m: DecoupledSVGP, Xt: torch.Tensor):
     P = k(beta, X) @ Ninv @ k(X, beta)
     Kj_inv = torch.linalg.inv(Kb + 1e-8 * eye)
     B = Kj_inv @ (P + 1e-6 * eye) @ Kj_inv
-    cov = k(Xt, Xt) - k(Xt, beta) @ torch.linalg.inv(torch.linalg.inv(B) + Kb) @ k(beta, Xt)
+    cov = k(Xt, Xt) - k(Xt, beta) @ torch.linalg.inv(torch.linalg.inv(B) + Kb + 1e-8 * eye) @ k(
+        beta, Xt
+    )
     return mean, cov
 
 
@@ -160,6 +163,82 @@ def test_exact_growth_stops_at_the_budget_and_then_folds():
         p.mean.squeeze(-1), mean_ref * m.outcome_std + m.outcome_mean, atol=1e-9, rtol=0
     )
     assert torch.allclose(p.covariance_matrix, cov_ref * m.outcome_std**2, atol=1e-9, rtol=0)
+
+
+def _folded_model(updates: int = 60):
+    r"""A model in fold mode (8 covariance / 20 mean bases) after ``updates`` single-point folds."""
+    X, Y = _stream(40)
+    m = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
+    with torch.no_grad():
+        m.covar_module.lengthscale = torch.tensor([[0.15, 0.2]], dtype=DT)
+        m.likelihood.noise = torch.tensor([0.05], dtype=DT)
+    m.fit(max_iter=0)
+    m._set_sites(m.beta_points, m.alpha_points)
+    Xs, Ys = _stream(updates, seed=8)
+    for i in range(updates):
+        m.update(Xs[i : i + 1], Ys[i : i + 1])
+    return m
+
+
+def test_factors_formed_after_folds_equal_the_dense_optimum_and_predict_the_same():
+    # Folds keep only the factors the prediction needs; L and chol_H, formed on first read,
+    # must be the closed-form optimum B = K_j^-1 P~ K_j^-1 and H = I + L^T K_j L (dense, by
+    # explicit inverses), and predicting through them must give the fold-mode posterior.
+    m = _folded_model()
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(9), dtype=DT)
+    p_fold = m.posterior(Xt)
+    k = lambda A, B: m.covar_module(A, B).to_dense()  # noqa: E731
+    beta, X = m.beta_points, m.train_X
+    eye = torch.eye(8, dtype=DT)
+    P = k(beta, X) @ k(X, beta) / m.likelihood.noise.detach()
+    Kj_inv = torch.linalg.inv(k(beta, beta) + 1e-8 * eye)
+    B_ref = Kj_inv @ (P + 1e-6 * eye) @ Kj_inv
+    B = m.L @ m.L.T
+    assert torch.allclose(B, B_ref, atol=1e-9 * float(B_ref.abs().max()), rtol=0)
+    H_ref = eye + m.L.T @ (k(beta, beta) + 1e-8 * eye) @ m.L
+    assert torch.allclose(m.chol_H @ m.chol_H.T, H_ref, atol=1e-9 * float(H_ref.abs().max()))
+    V = torch.linalg.solve_triangular(m.chol_H, m.L.T @ k(beta, Xt), upper=False)
+    cov_L = (k(Xt, Xt) - V.T @ V) * m.outcome_std**2
+    assert torch.allclose(cov_L, p_fold.covariance_matrix, atol=1e-10, rtol=0)
+
+
+def test_state_dict_after_folds_round_trips_and_folding_goes_on_equal():
+    m = _folded_model()
+    state = m.state_dict()
+    assert state["L"] is not None and state["chol_H"] is not None
+    X, Y = _stream(40)
+    r = DecoupledSVGP(X, Y, num_mean_bases=20, num_cov_bases=8)
+    r.load_state_dict(state)
+    Xs, Ys = _stream(30, seed=10)
+    for i in range(30):  # both fold on: the restored one from refactorised sites
+        m.update(Xs[i : i + 1], Ys[i : i + 1])
+        r.update(Xs[i : i + 1], Ys[i : i + 1])
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(11), dtype=DT)
+    pm, pr = m.posterior(Xt), r.posterior(Xt)
+    assert torch.allclose(pm.mean, pr.mean, atol=1e-10, rtol=0)
+    assert torch.allclose(pm.covariance_matrix, pr.covariance_matrix, atol=1e-10, rtol=0)
+    mean_ref, cov_ref = _dense_site_optimum(m, Xt)
+    assert torch.allclose(pm.covariance_matrix, cov_ref * m.outcome_std**2, atol=1e-9, rtol=0)
+
+
+def test_conditioning_a_folded_model_equals_conditioning_its_posterior():
+    # Fantasies from fold mode grow the bases from L and chol_H formed on demand; the result
+    # must be the fold-mode posterior conditioned densely (posterior as prior, docs/math.md §5).
+    m = _folded_model()
+    g = torch.Generator().manual_seed(12)
+    Xn, Yn = torch.rand(3, 2, generator=g, dtype=DT), torch.randn(3, 1, generator=g, dtype=DT)
+    Xt = torch.rand(5, 2, generator=g, dtype=DT)
+    post = m.posterior(torch.cat([Xn, Xt]))
+    mu, S = post.mean.squeeze(-1), post.covariance_matrix
+    noise = m.likelihood.noise.detach() * m.outcome_std**2  # user units
+    gain = S[3:, :3] @ torch.linalg.inv(S[:3, :3] + noise * torch.eye(3, dtype=DT))
+    mean_ref = mu[3:] + gain @ (Yn.squeeze(-1) - mu[:3])
+    cov_ref = S[3:, 3:] - gain @ S[:3, 3:]
+    c = m.condition_on_observations(Xn, Yn)
+    pc = c.posterior(Xt)
+    assert c.num_beta == 11 and m.site_Q is not None  # the model itself stays in fold mode
+    assert torch.allclose(pc.mean.squeeze(-1), mean_ref, atol=1e-9, rtol=0)
+    assert torch.allclose(pc.covariance_matrix, cov_ref, atol=1e-9, rtol=0)
 
 
 def test_changed_hyperparameters_drop_the_sites_and_fantasies_do_not_share_them():
