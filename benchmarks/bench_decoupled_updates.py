@@ -7,6 +7,7 @@ and an update is cheaper (the streaming suite's "first 100" block of a stream th
 points is such a block).
 
     python benchmarks/bench_decoupled_updates.py [--n 5000] [--dim 4] [--grow]
+        [--mean-bases 256 --cov-bases 128]
 
 ``--grow`` also times the pre-cap behaviour (exact conditioning that grows the covariance basis
 by one per update, ``max_basis_growth`` unbounded) on the first 800 updates, for comparison.
@@ -56,11 +57,14 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=4)
     ap.add_argument("--n-init", type=int, default=300)
     ap.add_argument("--grow", action="store_true", help="also time the growing (pre-cap) path")
+    ap.add_argument("--mean-bases", type=int, default=256, help="num_mean_bases (model default)")
+    ap.add_argument("--cov-bases", type=int, default=128, help="num_cov_bases (model default)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     X0, Y0 = _stream(args.n_init, args.dim)
     Xs, Ys = _stream(args.n, args.dim, seed=1)
-    m = DecoupledSVGP(X0, Y0)
+    bases = {"num_mean_bases": args.mean_bases, "num_cov_bases": args.cov_bases}
+    m = DecoupledSVGP(X0, Y0, **bases)
     m.fit(max_iter=50)
     ts = _times(m, Xs, Ys)
     first, last = ts[:100], ts[-100:]
@@ -73,7 +77,7 @@ def main() -> None:
     ratio = statistics.mean(last) / statistics.mean(first)
     print(f"  ratio last/first (means): {ratio:.2f}")
     if args.grow:
-        g = DecoupledSVGP(X0, Y0, max_basis_growth=10**9)
+        g = DecoupledSVGP(X0, Y0, max_basis_growth=10**9, **bases)
         g.fit(max_iter=50)
         g.set_variational_parameters(g.beta_points, g.L, g.a_beta, g.alpha_points, g.a_alpha)
         tg = _times(g, Xs[:800], Ys[:800])

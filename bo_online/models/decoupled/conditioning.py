@@ -141,7 +141,7 @@ class DecoupledConditioningMixin:
         mb = self.beta_points.shape[-2]
         self.a_beta, self.a_alpha = a[:mb], a[mb:]
         self.site_Q, self.site_s = Q, s
-        self._site_factors = (Q, Rb, RA, RC)
+        self._kept_fold_factors = (Q, Rb, RA, RC)
         self.__dict__["_covariance_pending"] = True  # L and chol_H: formed when read
         self._buffers["L"], self._buffers["chol_H"] = None, None
         self.train_X = torch.cat([self.train_X, X], dim=-2)

@@ -251,16 +251,27 @@ class DecoupledSVGP(
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        # BoTorch calls ``to`` on every analytic acquisition evaluation: form nothing when
+        # ``fn`` leaves every tensor as it is (``OnlineModel._apply``'s own check).
+        if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
+            return self
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()
         return super()._apply(fn, recurse)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
-        fold mode) leaves this model without them too."""
+        fold mode) leaves this model without them too. A load that fails leaves the model as it
+        was."""
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()  # so that a failed load restores a complete state
-        for name in ("site_Q", "site_s", "collapsed_fit"):
+        names = ("site_Q", "site_s", "collapsed_fit")
+        before = {name: self._buffers[name] for name in names}
+        for name in names:
             if name not in state_dict:
                 self._buffers[name] = None
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except Exception:
+            self._buffers.update(before)
+            raise

@@ -146,7 +146,7 @@ class DecoupledStatisticsMixin:
         Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
         Rb, RA, Kj = self._closed_form(beta, alpha, Q, s)
         self.site_Q, self.site_s = Q, s
-        self._site_factors = (Q, Rb, RA, self._chol_C(Kj, Q))
+        self._kept_fold_factors = (Q, Rb, RA, self._chol_C(Kj, Q))
         self.chol_H = self._chol_H(self.beta_points, self.L, self._state_jitter())
         self._cache_key = self._current_key()
 
@@ -160,28 +160,31 @@ class DecoupledStatisticsMixin:
         r"""``(chol(K_j), chol(K_Z + Q), chol(K_j + P~))`` for the current sites: the ones kept up
         to date by :meth:`_fold`, or factorised afresh (O(M_alpha^3), once) where none are kept
         for this very ``site_Q`` (after ``load_state_dict``, ``to`` or a hand edit)."""
-        kept = getattr(self, "_site_factors", None)
+        kept = getattr(self, "_kept_fold_factors", None)
         if kept is not None and kept[0] is self.site_Q:
             return kept[1:]
-        mb = self.beta_points.shape[-2]
-        Kb = self.covar_module(self.beta_points).to_dense()
-        Kj = Kb + _K_JITTER * torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
-        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
-        RA = psd_cholesky(self.covar_module(Z).to_dense() + self.site_Q, jitter=1e-8)
-        self._site_factors = (self.site_Q, psd_cholesky(Kj), RA, self._chol_C(Kj, self.site_Q))
-        return self._site_factors[1:]
+        with torch.no_grad():  # a cache: no graph to the hyperparameters, whoever asks
+            mb = self.beta_points.shape[-2]
+            Kb = self.covar_module(self.beta_points).to_dense()
+            Kj = Kb + _K_JITTER * torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
+            Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
+            RA = psd_cholesky(self.covar_module(Z).to_dense() + self.site_Q, jitter=1e-8)
+            RC = self._chol_C(Kj, self.site_Q)
+            self._kept_fold_factors = (self.site_Q, psd_cholesky(Kj), RA, RC)
+        return self._kept_fold_factors[1:]
 
     def _materialise_covariance(self) -> None:
         r"""Form ``L = K_j^{-1} chol(P~)`` and ``chol_H`` (O(M_beta^3)) after folds, which keep
         only the factors fold mode predicts with (:meth:`_fold`); called on first read of ``L``
         or ``chol_H`` (fantasies, refits, ``state_dict``)."""
         self.__dict__["_covariance_pending"] = False
-        Q, Rb = self._site_factors[:2]
+        Q, Rb = self._kept_fold_factors[:2]
         mb = Rb.shape[-1]
-        eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
-        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
-        self._buffers["L"] = L
-        self._buffers["chol_H"] = self._chol_H(self.beta_points, L, _K_JITTER)
+        with torch.no_grad():  # buffers: no graph to the hyperparameters, whoever reads them
+            eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
+            L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
+            self._buffers["L"] = L
+            self._buffers["chol_H"] = self._chol_H(self.beta_points, L, _K_JITTER)
 
     def _state_jitter(self) -> float:
         r"""The jitter on ``K_beta`` in this state's ``H``: ``1e-8`` in fold mode, else 0."""

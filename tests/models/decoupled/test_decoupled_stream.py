@@ -173,7 +173,8 @@ def _folded_model(updates: int = 60):
         m.covar_module.lengthscale = torch.tensor([[0.15, 0.2]], dtype=DT)
         m.likelihood.noise = torch.tensor([0.05], dtype=DT)
     m.fit(max_iter=0)
-    m._set_sites(m.beta_points, m.alpha_points)
+    with torch.no_grad():  # as fit does
+        m._set_sites(m.beta_points, m.alpha_points)
     Xs, Ys = _stream(updates, seed=8)
     for i in range(updates):
         m.update(Xs[i : i + 1], Ys[i : i + 1])
@@ -219,6 +220,47 @@ def test_state_dict_after_folds_round_trips_and_folding_goes_on_equal():
     assert torch.allclose(pm.covariance_matrix, pr.covariance_matrix, atol=1e-10, rtol=0)
     mean_ref, cov_ref = _dense_site_optimum(m, Xt)
     assert torch.allclose(pm.covariance_matrix, cov_ref * m.outcome_std**2, atol=1e-9, rtol=0)
+
+
+def test_a_failed_load_leaves_a_folded_model_as_it_was():
+    m = _folded_model(20)
+    Xt = torch.rand(4, 2, generator=torch.Generator().manual_seed(14), dtype=DT)
+    before = m.posterior(Xt)
+    state = {k: v for k, v in m.state_dict().items() if not k.startswith("site_")}
+    state["not_a_buffer"] = torch.zeros(1, dtype=DT)  # strict: unexpected key, the load fails
+    try:
+        m.load_state_dict(state)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the load should have failed")
+    after = m.posterior(Xt)
+    assert m.site_Q is not None  # still in fold mode
+    assert torch.equal(after.mean, before.mean)
+    assert torch.equal(after.covariance_matrix, before.covariance_matrix)
+
+
+def test_factors_formed_or_refactorised_on_demand_carry_no_graph():
+    # L, chol_H and the refactorised fold factors are caches: formed inside a differentiable
+    # posterior, a fantasy or a state_dict they must not tie the buffers to the hyperparameters
+    # (a second backward would fail, deepcopy would refuse the buffers).
+    import copy
+
+    for route in ("state_dict", "load", "fantasy"):
+        m = _folded_model(20)
+        if route == "state_dict":
+            m.state_dict()
+        elif route == "load":
+            r = DecoupledSVGP(*_stream(40), num_mean_bases=20, num_cov_bases=8)
+            r.load_state_dict(m.state_dict())
+            m = r  # its fold factors are refactorised from the loaded sites
+        Xt = torch.rand(4, 2, generator=torch.Generator().manual_seed(13), dtype=DT)
+        for _ in range(2):
+            model = m.condition_on_observations(Xt[:1], torch.zeros(1, 1, dtype=DT))
+            model = model if route == "fantasy" else m
+            model.posterior(Xt).variance.sum().backward()
+        assert not m.chol_H.requires_grad and not m.L.requires_grad, route
+        copy.deepcopy(m)
 
 
 def test_conditioning_a_folded_model_equals_conditioning_its_posterior():
