@@ -83,9 +83,10 @@ class StreamingLoop(OnlineLoop):
     #: coupled inputs: on 5,000-point kin40k and pol streams it ended 1.40x and 1.29x above the
     #: RMSE of an exact GP fitted in hindsight on 2,000 rows, and 1.00x and 0.97x with 512
     #: (docs/results.md, "Streaming at size"). The decoupled SVGP is not given larger bases:
-    #: with 2,048 mean / 1,024 covariance bases its kin40k stream passes every target, but each
-    #: update then costs about 220 ms against 2.5 ms (its fold re-forms O(M_beta^3) factors;
-    #: docs/results.md), more than the exact GP's own online update at that n.
+    #: with 2,048 mean / 1,024 covariance bases its kin40k stream passes every target and an
+    #: update costs about 50 ms, but its refits fit on all 2,048 bases (O(n M_alpha^2) per
+    #: iteration): the stream took an hour against under two minutes at 256 / 128, and one such
+    #: fit on pol took 29 min (docs/results.md).
     STREAM_MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
         "tsvgp": {"inducing_points": 512},
     }
