@@ -26,6 +26,8 @@ from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin
 
 __all__ = ["DecoupledSVGP"]
 
+_FOLD_FACTOR_BUFFERS = ("fold_chol_K", "fold_chol_A", "fold_chol_C")
+
 
 class DecoupledSVGP(
     DecoupledFitMixin,
@@ -174,6 +176,11 @@ class DecoupledSVGP(
         self.register_buffer("collapsed_fit", None)
         self.register_buffer("site_Q", None)
         self.register_buffer("site_s", None)
+        # Written only by state_dict, read only by load_state_dict (see _save_to_state_dict):
+        # the generator's state and the fold factors chol(K_j), chol(K_Z + Q), chol(K_j + P~).
+        self.register_buffer("generator_state", None)
+        for name in _FOLD_FACTOR_BUFFERS:
+            self.register_buffer(name, None)
         self._seed_bases()
 
     def hyperparameters(self):
@@ -248,7 +255,17 @@ class DecoupledSVGP(
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()
+        # Saved so that a loaded model goes on bit for bit as this one would (a resumed stream
+        # repeats the uninterrupted one): the generator refits draw subsets from, and the
+        # factors the folds keep up to date (factorised afresh they differ in the last bits).
+        self._buffers["generator_state"] = self._generator.get_state()
+        kept = self.__dict__.get("_kept_fold_factors")
+        valid = kept is not None and self.site_Q is not None and kept[0] is self.site_Q
+        for name, factor in zip(_FOLD_FACTOR_BUFFERS, kept[1:] if valid else (None,) * 3):
+            self._buffers[name] = factor
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in ("generator_state", *_FOLD_FACTOR_BUFFERS):  # not held between saves
+            self._buffers[name] = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         # BoTorch calls ``to`` on every analytic acquisition evaluation: form nothing when
@@ -265,7 +282,7 @@ class DecoupledSVGP(
         was."""
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()  # so that a failed load restores a complete state
-        names = ("site_Q", "site_s", "collapsed_fit")
+        names = ("site_Q", "site_s", "collapsed_fit", "generator_state", *_FOLD_FACTOR_BUFFERS)
         before = {name: self._buffers[name] for name in names}
         for name in names:
             if name not in state_dict:
@@ -275,3 +292,11 @@ class DecoupledSVGP(
         except Exception:
             self._buffers.update(before)
             raise
+
+    def _after_load(self) -> None:
+        # Continue the saved generator and keep the saved fold factors for the loaded sites.
+        if self.generator_state is not None:
+            self._generator.set_state(self.generator_state.cpu())
+        factors = [self._buffers[name] for name in _FOLD_FACTOR_BUFFERS]
+        if self.site_Q is not None and all(f is not None for f in factors):
+            self._kept_fold_factors = (self.site_Q, *factors)

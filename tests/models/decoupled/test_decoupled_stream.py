@@ -370,3 +370,25 @@ def test_posterior_peak_memory_for_b_x_1_x_d_within_2x_of_b_x_d():
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["num_beta"] == 432
     assert r["batched_mb"] <= 2 * r["flat_mb"] + 32, r
+
+
+def test_a_model_loaded_from_state_dict_goes_on_bit_for_bit():
+    # A resumed stream must repeat the uninterrupted one: the loaded model carries the folds'
+    # factors (not refactorised afresh) and the generator its refits draw subsets from.
+    X, Y = _stream(700)
+    m = DecoupledSVGP(X[:600], Y[:600], num_mean_bases=40, num_cov_bases=16, exact_fit_points=64)
+    m.fit(max_iter=5)  # draws from the generator (subset of 64 of the 600 points)
+    for i in range(600, 630):
+        m.update(X[i : i + 1], Y[i : i + 1])
+    r = DecoupledSVGP(X[:630], Y[:630], num_mean_bases=40, num_cov_bases=16, exact_fit_points=64)
+    r.load_state_dict(m.state_dict())
+    for model in (m, r):
+        for i in range(630, 660):
+            model.update(X[i : i + 1], Y[i : i + 1])
+        model.fit(max_iter=5)  # a refit drawing new subsets
+        for i in range(660, 700):
+            model.update(X[i : i + 1], Y[i : i + 1])
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(15), dtype=DT)
+    pm, pr = m.posterior(Xt), r.posterior(Xt)
+    assert torch.equal(pm.mean, pr.mean)
+    assert torch.equal(pm.covariance_matrix, pr.covariance_matrix)
