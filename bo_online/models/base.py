@@ -613,6 +613,20 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self._cache_key = self._current_key()
         return result
 
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
+        # Also when a parent module's load reaches this one (torch's recursion, not
+        # ``load_state_dict`` above): a fresh tensor for every saved buffer, so that buffers that
+        # grew, or are None here (a cache this model has not built), take the saved values.
+        for name in self._buffers:
+            key = prefix + name
+            if key in state_dict and isinstance(state_dict[key], Tensor):
+                self._buffers[name] = torch.empty_like(state_dict[key])
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
     def _after_load(self) -> None:
         """Hook: derive any non-buffer attributes from freshly loaded buffers."""
 

@@ -27,6 +27,7 @@ from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin
 __all__ = ["DecoupledSVGP"]
 
 _FOLD_FACTOR_BUFFERS = ("fold_chol_K", "fold_chol_A", "fold_chol_C")
+_SAVED_ONLY_BUFFERS = ("generator_state", *_FOLD_FACTOR_BUFFERS)
 
 
 class DecoupledSVGP(
@@ -176,7 +177,7 @@ class DecoupledSVGP(
         self.register_buffer("collapsed_fit", None)
         self.register_buffer("site_Q", None)
         self.register_buffer("site_s", None)
-        # Written only by state_dict, read only by load_state_dict (see _save_to_state_dict):
+        # Set only while state_dict or load_state_dict runs (see _save_to_state_dict):
         # the generator's state and the fold factors chol(K_j), chol(K_Z + Q), chol(K_j + P~).
         self.register_buffer("generator_state", None)
         for name in _FOLD_FACTOR_BUFFERS:
@@ -264,7 +265,7 @@ class DecoupledSVGP(
         for name, factor in zip(_FOLD_FACTOR_BUFFERS, kept[1:] if valid else (None,) * 3):
             self._buffers[name] = factor
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        for name in ("generator_state", *_FOLD_FACTOR_BUFFERS):  # not held between saves
+        for name in _SAVED_ONLY_BUFFERS:  # not held between saves
             self._buffers[name] = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
@@ -282,8 +283,10 @@ class DecoupledSVGP(
         was."""
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()  # so that a failed load restores a complete state
-        names = ("site_Q", "site_s", "collapsed_fit", "generator_state", *_FOLD_FACTOR_BUFFERS)
+        names = ("site_Q", "site_s", "collapsed_fit")
         before = {name: self._buffers[name] for name in names}
+        generator = self._generator.get_state()
+        kept = self.__dict__.get("_kept_fold_factors")
         for name in names:
             if name not in state_dict:
                 self._buffers[name] = None
@@ -291,12 +294,31 @@ class DecoupledSVGP(
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         except Exception:
             self._buffers.update(before)
+            self._generator.set_state(generator)
+            self.__dict__["_kept_fold_factors"] = kept
             raise
 
-    def _after_load(self) -> None:
-        # Continue the saved generator and keep the saved fold factors for the loaded sites.
-        if self.generator_state is not None:
-            self._generator.set_state(self.generator_state.cpu())
-        factors = [self._buffers[name] for name in _FOLD_FACTOR_BUFFERS]
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
+        # The saved-only buffers are loaded like any other (``OnlineModel`` gives each a tensor
+        # to load into), then taken over and cleared; here, not in ``_after_load``, so that a
+        # parent module's load takes them over too.
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        loaded = {name: self._buffers[name] for name in _SAVED_ONLY_BUFFERS}
+        for name in _SAVED_ONLY_BUFFERS:
+            self._buffers[name] = None
+        if error_msgs:
+            return
+        # Continue the saved generator, and keep the saved fold factors for the loaded sites
+        # where their shapes fit them (a mismatched set is dropped: refactorised on demand).
+        if loaded["generator_state"] is not None:
+            self._generator.set_state(loaded["generator_state"].to("cpu", torch.uint8))
+        factors = [loaded[name] for name in _FOLD_FACTOR_BUFFERS]
+        self.__dict__["_kept_fold_factors"] = None
         if self.site_Q is not None and all(f is not None for f in factors):
-            self._kept_fold_factors = (self.site_Q, *factors)
+            mb, m = self.beta_points.shape[-2], self.site_Q.shape[-1]
+            if [tuple(f.shape) for f in factors] == [(mb, mb), (m, m), (mb, mb)]:
+                self.__dict__["_kept_fold_factors"] = (self.site_Q, *factors)

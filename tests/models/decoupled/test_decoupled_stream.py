@@ -392,3 +392,31 @@ def test_a_model_loaded_from_state_dict_goes_on_bit_for_bit():
     pm, pr = m.posterior(Xt), r.posterior(Xt)
     assert torch.equal(pm.mean, pr.mean)
     assert torch.equal(pm.covariance_matrix, pr.covariance_matrix)
+
+
+def test_saved_only_state_is_not_held_and_loads_through_a_parent_module():
+    X, Y = _stream(700)
+    m = DecoupledSVGP(X[:600], Y[:600], num_mean_bases=40, num_cov_bases=16, exact_fit_points=64)
+    m.fit(max_iter=5)
+    for i in range(600, 620):
+        m.update(X[i : i + 1], Y[i : i + 1])
+    state = m.state_dict()
+    assert state["generator_state"].dtype == torch.uint8 and "fold_chol_A" in state
+    held = ("generator_state", "fold_chol_K", "fold_chol_A", "fold_chol_C")
+    assert all(m._buffers[name] is None for name in held)  # only while saving
+    # A generic parent module saves and loads the child through torch's recursion; a state
+    # cast to float64 on the way (as a user might) still restores the generator.
+    parent = torch.nn.Module()
+    parent.gp = DecoupledSVGP(X[:620], Y[:620], num_mean_bases=40, num_cov_bases=16)
+    parent.load_state_dict(
+        {f"gp.{k}": v.double() if k == "generator_state" else v for k, v in state.items()}
+    )
+    r = parent.gp
+    assert all(r._buffers[name] is None for name in held)
+    for model in (m, r):
+        model.fit(max_iter=5)
+        for i in range(620, 640):
+            model.update(X[i : i + 1], Y[i : i + 1])
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(16), dtype=DT)
+    assert torch.equal(m.posterior(Xt).mean, r.posterior(Xt).mean)
+    assert torch.equal(m.posterior(Xt).variance, r.posterior(Xt).variance)
