@@ -282,7 +282,9 @@ class DecoupledSVGP(
         fold mode) leaves this model without them too. A load that fails leaves the model as it
         was."""
         if self.__dict__.get("_covariance_pending", False):
-            self._materialise_covariance()  # so that a failed load restores a complete state
+            # Formed now: a pending formation would overwrite the loaded L and chol_H, and a
+            # failed load restores a complete state.
+            self._materialise_covariance()
         names = ("site_Q", "site_s", "collapsed_fit")
         before = {name: self._buffers[name] for name in names}
         generator = self._generator.get_state()

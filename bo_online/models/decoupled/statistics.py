@@ -119,7 +119,12 @@ class DecoupledStatisticsMixin:
         return Q, s
 
     def _closed_form(
-        self, beta: Tensor, alpha: Tensor, Q: Tensor, s: Tensor
+        self,
+        beta: Tensor,
+        alpha: Tensor,
+        Q: Tensor,
+        s: Tensor,
+        factors: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
         statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
@@ -127,50 +132,56 @@ class DecoupledStatisticsMixin:
         + 1e-6 I`` and ``K_j = K_b + 1e-8 I``, i.e. ``L = K_j^{-1} chol(P~)`` (the jitters keep the
         factors defined).
 
-        Returns ``(chol(K_j), chol(K_Z + Q), K_j)``, which fold mode keeps (:meth:`_set_sites`)."""
+        ``factors``: :meth:`_fold_factorisations` of these bases and ``Q`` where already known;
+        returns them (fold mode keeps them, :meth:`_set_sites`)."""
+        if factors is None:
+            factors = self._fold_factorisations(beta, alpha, Q)
+        Rb, RA, _ = factors
         mb = beta.shape[-2]
-        Kb = self.covar_module(beta).to_dense()
-        eye = torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
-        KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
-        Kj = Kb + _K_JITTER * eye
-        Rb = psd_cholesky(Kj)
-        RA = psd_cholesky(KZ + Q, jitter=1e-8)
-        L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
         a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
-        self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
-        return Rb, RA, Kj
+        self.set_variational_parameters(beta, self._covariance_factor(Rb, Q), a[:mb], alpha, a[mb:])
+        return factors
+
+    def _fold_factorisations(
+        self, beta: Tensor, alpha: Tensor, Q: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``(chol(K_j), chol(K_Z + Q), chol(K_j + P~))`` for bases ``beta, alpha`` and site
+        statistics ``Q`` (O(M_alpha^3)): what the closed form and fold mode's prediction use."""
+        mb = beta.shape[-2]
+        eye = torch.eye(mb, dtype=Q.dtype, device=Q.device)
+        Kj = self.covar_module(beta).to_dense() + _K_JITTER * eye
+        KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
+        RA = psd_cholesky(KZ + Q, jitter=1e-8)
+        return psd_cholesky(Kj), RA, psd_cholesky(Kj + Q[:mb, :mb] + _P_JITTER * eye)
+
+    @staticmethod
+    def _covariance_factor(Rb: Tensor, Q: Tensor) -> Tensor:
+        r"""``L = K_j^{-1} chol(P~)`` (``M_beta x M_beta``) from ``Rb = chol(K_j)`` and ``Q``."""
+        mb = Rb.shape[-1]
+        eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
+        return cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
 
     def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
         r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
         statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
         Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
-        Rb, RA, Kj = self._closed_form(beta, alpha, Q, s)
+        factors = self._closed_form(beta, alpha, Q, s)
         self.site_Q, self.site_s = Q, s
-        self._kept_fold_factors = (Q, Rb, RA, self._chol_C(Kj, Q))
+        self._kept_fold_factors = (Q, *factors)
         self.chol_H = self._chol_H(self.beta_points, self.L, self._state_jitter())
         self._cache_key = self._current_key()
 
-    def _chol_C(self, Kj: Tensor, Q: Tensor) -> Tensor:
-        r"""``chol(K_j + P~)`` (``M_beta x M_beta``), the factor of fold mode's variance term."""
-        mb = Kj.shape[-1]
-        eye = torch.eye(mb, dtype=Kj.dtype, device=Kj.device)
-        return psd_cholesky(Kj + Q[:mb, :mb] + _P_JITTER * eye)
-
     def _fold_factors(self) -> tuple[Tensor, Tensor, Tensor]:
-        r"""``(chol(K_j), chol(K_Z + Q), chol(K_j + P~))`` for the current sites: the ones kept up
-        to date by :meth:`_fold`, or factorised afresh (O(M_alpha^3), once) where none are kept
-        for this very ``site_Q`` (after ``load_state_dict``, ``to`` or a hand edit)."""
+        r""":meth:`_fold_factorisations` for the current sites: the ones kept up to date by
+        :meth:`_fold`, or factorised afresh (once) where none are kept for this very ``site_Q``
+        (after ``to`` or a hand edit)."""
         kept = getattr(self, "_kept_fold_factors", None)
-        if kept is not None and kept[0] is self.site_Q:
-            return kept[1:]
-        with torch.no_grad():  # a cache: no graph to the hyperparameters, whoever asks
-            mb = self.beta_points.shape[-2]
-            Kb = self.covar_module(self.beta_points).to_dense()
-            Kj = Kb + _K_JITTER * torch.eye(mb, dtype=Kb.dtype, device=Kb.device)
-            Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
-            RA = psd_cholesky(self.covar_module(Z).to_dense() + self.site_Q, jitter=1e-8)
-            RC = self._chol_C(Kj, self.site_Q)
-            self._kept_fold_factors = (self.site_Q, psd_cholesky(Kj), RA, RC)
+        if kept is None or kept[0] is not self.site_Q:
+            with torch.no_grad():  # a cache: no graph to the hyperparameters, whoever asks
+                factors = self._fold_factorisations(
+                    self.beta_points, self.alpha_points, self.site_Q
+                )
+            self._kept_fold_factors = (self.site_Q, *factors)
         return self._kept_fold_factors[1:]
 
     def _materialise_covariance(self) -> None:
@@ -179,10 +190,8 @@ class DecoupledStatisticsMixin:
         or ``chol_H`` (fantasies, refits, ``state_dict``)."""
         self.__dict__["_covariance_pending"] = False
         Q, Rb = self._kept_fold_factors[:2]
-        mb = Rb.shape[-1]
         with torch.no_grad():  # buffers: no graph to the hyperparameters, whoever reads them
-            eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
-            L = cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
+            L = self._covariance_factor(Rb, Q)
             self._buffers["L"] = L
             self._buffers["chol_H"] = self._chol_H(self.beta_points, L, _K_JITTER)
 
