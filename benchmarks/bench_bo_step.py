@@ -21,6 +21,7 @@ the ratios to WISKI.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bench_bo_step.py
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bench_bo_step.py --ns 100 1000 --reps 5
+    PYTHONPATH=. python benchmarks/bench_bo_step.py --device cuda   # every tensor on the GPU
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ from bo_online.problems import synthetic_problem, to_unit
 DT = torch.float64
 METHODS = {"wiski": "WISKI", "exact": "OnlineExactGP", "singletaskgp": "SingleTaskGP"}
 PARTS = ("fit", "acquisition", "update")
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so that a wall-clock time covers them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +69,8 @@ def _parts(method: str, model, n: int, args) -> dict:
     g = torch.Generator().manual_seed(n)
     Xq, Yq = torch.rand(3, 3, generator=g, dtype=DT), torch.randn(3, 1, generator=g, dtype=DT)
     Xp = torch.rand(3, 3, generator=g, dtype=DT)
+    device = torch.device(args.device)
+    Xq, Yq, Xp = Xq.to(device), Yq.to(device), Xp.to(device)
     opts = {
         "num_restarts": args.restarts,
         "raw_samples": args.raw_samples,
@@ -75,13 +84,15 @@ def _parts(method: str, model, n: int, args) -> dict:
 
     def acquisition() -> None:
         acq = build_acquisition("qucb", model, q=3, step=n // 3, dim=3)
-        propose(acq, 3, 3, opts, dtype=DT, device="cpu")
+        propose(acq, 3, 3, opts, dtype=DT, device=device)
 
     def update() -> None:
         m = copy.deepcopy(model)
+        _sync(device)
         t0 = time.perf_counter()
         m.update(Xq, Yq)
         m.posterior(Xp).mean.sum()
+        _sync(device)
         return time.perf_counter() - t0  # the copy is not timed
 
     return {"fit": fit, "acquisition": acquisition, "update": update}
@@ -90,8 +101,9 @@ def _parts(method: str, model, n: int, args) -> dict:
 def run(args) -> dict:
     results: dict = {"rows": [], "skipped": {}}
     active = list(args.methods)
+    device = torch.device(args.device)
     for n in args.ns:
-        X, Y = _data(n, seed=0)
+        X, Y = (t.to(device) for t in _data(n, seed=0))
         models, fns = {}, {}
         for m in list(active):
             # Building (with the loop's initial fit) is set-up, not a part of a step: untimed.
@@ -104,8 +116,10 @@ def run(args) -> dict:
                 for m in fns:
                     if (m, p) in over:
                         continue
+                    _sync(device)
                     t0 = time.perf_counter()
                     inner = fns[m][p]()
+                    _sync(device)
                     dt = inner if isinstance(inner, float) else time.perf_counter() - t0
                     if rep == 0:
                         if dt > args.budget_s:
@@ -182,16 +196,19 @@ def main() -> None:
         help="a method whose single call of a part exceeds this is not run at larger n",
     )
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (every tensor on it)")
     ap.add_argument("--out", default="benchmarks/results/bench_bo_step.json")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: CUDA is not available on this machine")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     results = {
         "benchmark": "bo_step",
         "dtype": "float64",
-        "device": "cpu",
+        "device": args.device,
         "args": vars(args),
         **run(args),
     }
