@@ -69,6 +69,9 @@ def test_campaign_runs_stops_on_budget_resumes_and_merges(campaign, tmp_path, ca
     # the best value is the running minimum of the noiseless values the loop recorded
     best = [min(v for r in recs[: i + 1] for v in r["y_true"]) for i in range(4)]
     assert f["exact"]["0"]["best"] == pytest.approx(best)
+    # regret against Levy's optimum (0 at x = 1), for the method and for Sobol
+    assert f["exact"]["0"]["regret"] == pytest.approx(best)
+    assert f["sobol"]["0"]["regret"] == pytest.approx(f["sobol"]["0"]["best"])
     t = summary["targets"]["levy"]
     assert t["wiski_better_than_sobol"]["pass"] in (True, False)
     assert t["wiski_vs_exact_final"]["pass"] is None  # one seed: no standard error
@@ -111,3 +114,32 @@ def test_campaign_runs_as_tasks_on_a_dask_cluster(campaign, tmp_path):
             assert torch.allclose(
                 torch.tensor(ra["X"]), torch.tensor(rb["X"]), rtol=1e-9, atol=1e-12
             )
+
+
+def test_summary_regret_is_against_the_functions_optimum(campaign, tmp_path):
+    """StyblinskiTang's optimum is -39.166... per input: the Sobol curve's regret is its best
+    value minus that optimum (the runs' own regrets come from the loop's records), and the plot
+    of such a summary is written."""
+    optimum = -39.16616570377142 * 3
+    best = [-50.0, -80.0, -110.0]
+    recs = [
+        {
+            "step": i,
+            "n": 5 + 3 * i,
+            "best_true_value": b,
+            "regret": b - optimum,
+            "wall_time": float(i),
+            "time_fit": 0.1,
+            "time_acquisition": 0.2,
+            "time_update": 0.01,
+        }
+        for i, b in enumerate(best)
+    ]
+    summary = campaign.summarise({"styblinskitang": {"wiski": {0: recs}}}, target_steps=2)
+    f = summary["functions"]["styblinskitang"]
+    sob = f["sobol"][0]
+    assert sob["regret"] == pytest.approx([b - optimum for b in sob["best"]], abs=1e-9)
+    assert min(sob["regret"]) > 0
+    assert f["wiski"][0]["regret"] == pytest.approx([b - optimum for b in best])
+    (path,) = campaign.plot(summary["functions"], tmp_path)
+    assert path.name == "styblinskitang.png" and path.stat().st_size > 0
