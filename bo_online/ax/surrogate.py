@@ -325,8 +325,9 @@ def _refits_from_defaults(model: Any) -> bool:
 def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None) -> bool:
     r"""The ``"auto"`` schedule (``OnlineLoop._refit_due``): due once anything arrived since
     the last fit (``since``: observations since then, None if never fitted); for a model whose
-    fit cost grows with n, beyond the loops' ``AUTO_REFIT_SMALL_N`` observations only once they
-    have grown by ``AUTO_REFIT_GROWTH`` since its last fit (``n_at_fit``)."""
+    fit cost grows with n or whose warm-started refit visits every point held
+    (``refit_visits_every_point``), beyond the loops' ``AUTO_REFIT_SMALL_N`` observations only
+    once they have grown by ``AUTO_REFIT_GROWTH`` since its last fit (``n_at_fit``)."""
     from bo_online.loops.core import OnlineLoop
     from bo_online.loops.refit_rules import growth_refit_due
 
@@ -334,7 +335,7 @@ def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None)
         return True
     if since < 1:
         return False
-    if not _fit_cost_grows_with_n(model):
+    if not (_fit_cost_grows_with_n(model) or getattr(model, "refit_visits_every_point", False)):
         return True
     return growth_refit_due(
         n, n_at_fit, OnlineLoop.AUTO_REFIT_SMALL_N, OnlineLoop.AUTO_REFIT_GROWTH

@@ -586,3 +586,26 @@ def test_failed_update_falls_back_to_rebuild(monkeypatch):
     stats = boax.session_stats()
     assert stats.rebuilds == 2 and "incremental update failed" in stats.reasons[-1]
     assert model.num_data == 9 and model._ax_scale == 1.0
+
+
+def test_auto_refit_thins_out_where_a_refit_visits_every_observation():
+    r"""Beyond ``AUTO_REFIT_SMALL_N`` observations the ``"auto"`` schedule refits the exact GP,
+    t-SVGP and the decoupled SVGP only once the data have grown by ``AUTO_REFIT_GROWTH`` (their
+    refit's cost grows with n), and WISKI and QSGP at every trial with new data."""
+    from bo_online.loops.core import OnlineLoop
+
+    small, growth = OnlineLoop.AUTO_REFIT_SMALL_N, OnlineLoop.AUTO_REFIT_GROWTH
+    last = small + 10
+    grown = math.ceil((1 + growth) * last)
+    for ax_cls, thins in (
+        (boax.AxOnlineExactGP, True),
+        (boax.AxTSVGP, True),
+        (boax.AxDecoupledSVGP, True),
+        (boax.AxWISKI, False),
+        (boax.AxQSGP, False),
+    ):
+        due = ax_surrogate._auto_refit_due
+        assert due(ax_cls, last + 1, last, since=1) is (not thins), ax_cls.__name__
+        assert due(ax_cls, grown, last, since=grown - last), ax_cls.__name__
+        assert due(ax_cls, small, small - 1, since=1), ax_cls.__name__  # every trial up to small
+        assert not due(ax_cls, last, last, since=0), ax_cls.__name__  # nothing new

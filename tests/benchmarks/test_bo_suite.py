@@ -162,9 +162,18 @@ def test_auto_refit_schedule():
         expected.append(due)
     assert [r["refit"] for r in records[1:]] == expected
     assert all((r["time_fit"] > 0) == r["refit"] for r in records[1:])
-    # a surrogate whose fit cost does not grow with n refits every step
-    loop = _branin_loop(model="tsvgp")
-    assert all(r["refit"] for r in loop.run(3)[1:])
+    # a surrogate whose refit costs the same at every n (QSGP) refits every step
+    loop = _branin_loop(model="qsgp")
+    loop.AUTO_REFIT_SMALL_N, loop.AUTO_REFIT_GROWTH = 6, 0.5
+    assert all(r["refit"] for r in loop.run(8)[1:])
+    # t-SVGP and the decoupled SVGP: a warm-started refit sums their bound over every point
+    # held, so their refits thin out on the exact GP's spacing
+    for model in ("tsvgp", "decoupled"):
+        loop = _branin_loop(model=model)
+        loop.AUTO_REFIT_SMALL_N, loop.AUTO_REFIT_GROWTH = 6, 0.5
+        records = loop.run(8)
+        assert [r["refit"] for r in records[1:]] == expected, model
+        assert all((r["time_fit"] > 0) == r["refit"] for r in records[1:]), model
     # an explicit refit_every still overrides
     assert [r["refit"] for r in _branin_loop(model="exact", refit_every=2).run(4)[1:]] == [
         False,

@@ -87,6 +87,10 @@ class DecoupledSVGP(
     #: (:meth:`is_exact_gp_on_data`), also fits a model rebuilt from its defaults and keeps the
     #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
     restart_fit_from_defaults = True
+    #: a warm-started refit evaluates the bound over every point held (its sums run over all
+    #: rows, O(n) per iteration): the "auto" schedules thin these refits out as n grows, like
+    #: the exact GP's, but keep them warm-started (see ``OnlineLoop._refit_due``)
+    refit_visits_every_point = True
 
     def __init__(
         self,
