@@ -700,8 +700,9 @@ def bo(
             "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
             "n <= 128 (every point a basis), are rebuilt and fit from the defaults, as "
             "BoTorch's loop does); 0 = never. Default (auto): every step, except that the "
-            "exact GP, whose fit costs O(n^3), refits every step only up to n = 100 and then "
-            "whenever n has grown by 10% since its last fit."
+            "exact GP (a fit costs O(n^3)), t-SVGP and the decoupled SVGP (a refit sums over "
+            "every point held) refit every step only up to n = 100 and then whenever n has "
+            "grown by 10% since their last fit."
         ),
     ] = None,
     fit_max_iter: FitIterOpt = 50,

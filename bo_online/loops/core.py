@@ -57,9 +57,9 @@ class OnlineLoop:
         seed: seed of everything random in the run.
         refit_every: refit hyperparameters after every ``refit_every``-th step (0: never after
             the initial fit), or ``"auto"`` (:meth:`OnlineLoop._refit_due`): every step for
-            surrogates whose fit cost does not grow with n, and for the exact GP every step
-            while n <= ``AUTO_REFIT_SMALL_N``, then whenever n has grown by
-            ``AUTO_REFIT_GROWTH`` since its last fit.
+            surrogates whose refit costs the same at every n (WISKI, QSGP), and for the exact
+            GP, t-SVGP and the decoupled SVGP every step while n <= ``AUTO_REFIT_SMALL_N``,
+            then whenever n has grown by ``AUTO_REFIT_GROWTH`` since their last fit.
         fit_max_iter: iteration cap of each refit (warm-started from the current values; a
             refit from the defaults, :meth:`_rebuild_due`, gets
             ``max(fit_max_iter, init_fit_max_iter)``).
