@@ -51,7 +51,8 @@ class BayesOptLoop(OnlineLoop):
             With ``n_init=0`` nothing is evaluated before the first ``ask``, so a problem
             without an objective (``CallableProblem(None, bounds)``) works through ask/tell.
         refit_every: the refit schedule (default ``"auto"``: every step, except for the exact
-            GP beyond 100 points, refit whenever n has grown by 10%; see
+            GP, t-SVGP, the decoupled SVGP and a learned input projection beyond 100 points,
+            refit whenever n has grown by 10%; see
             :meth:`bo_online.loops.core.OnlineLoop._refit_due`); an integer k refits every k-th
             step, 0 never after the initial fit.
         **kwargs: the shared options of :class:`bo_online.loops.core.OnlineLoop` (model,

@@ -354,8 +354,7 @@ class OnlineLoop:
         for one that says it is the exact GP on the data it holds (duck-typed
         ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a Gaussian likelihood
         while every point is an inducing input / covariance basis, n <= 128 by default), where
-        the exact GP's reason holds; beyond that their warm-started refit costs the same at
-        every n."""
+        the exact GP's reason holds; beyond that their refits are warm-started."""
         return refits_from_defaults(self.model, self._fit_cost_grows_with_n())
 
     def _restart_due(self, n: int) -> bool:
@@ -407,10 +406,19 @@ class OnlineLoop:
     def _refits_thin_out(self) -> bool:
         r"""Whether the ``"auto"`` schedule spaces this surrogate's refits geometrically in n:
         where its fit cost grows with n (the exact GP) and where a warm-started refit visits
-        every point held (a class declaring ``refit_visits_every_point``: t-SVGP and the
-        decoupled SVGP, whose bound sums over all rows)."""
-        return self._fit_cost_grows_with_n() or bool(
-            getattr(self.model_cls, "refit_visits_every_point", False)
+        every point held: a class declaring ``refit_visits_every_point`` (t-SVGP and the
+        decoupled SVGP, whose bound sums over all rows), and a model with a learned input
+        projection, which :meth:`_fit` refits with ``fit_projection`` on all raw data held
+        (WISKI above its all-pairs dimensions)."""
+        if self._fit_cost_grows_with_n() or getattr(
+            self.model_cls, "refit_visits_every_point", False
+        ):
+            return True
+        model = self.model
+        return (
+            getattr(model, "projection", None) is not None
+            and callable(getattr(model, "fit_projection", None))
+            and self._training_data() is not None
         )
 
     def _num_data(self) -> int | None:

@@ -761,3 +761,49 @@ def test_streaming_classification_resume_equals_uninterrupted(model, tmp_path):
     assert resumed.classify
     records = resumed.run(6)
     assert without_timing(records) == without_timing(reference)
+
+
+def test_auto_schedule_spaces_refits_that_visit_every_point_but_keeps_them_warm():
+    r"""Under ``refit_every="auto"``: a WISKI with a learned projection (refit through
+    ``fit_projection`` on all raw data) and t-SVGP (its bound sums over every point) have their
+    refits spaced like the exact GP's beyond ``AUTO_REFIT_SMALL_N``; t-SVGP with fewer inducing
+    inputs than points is not the exact GP on its data, so those refits stay warm-started (the
+    same model object, not a rebuild). WISKI from its statistics alone refits every step."""
+    problem = synthetic_problem("hartmann6")
+    projection = {
+        "__class__": "bo_online.models.wiski.projection.TanhProjection",
+        "args": [6],
+        "kwargs": {"out_dim": 2, "seed": 0},
+    }
+    common = {
+        "acq": "ts",
+        "acq_options": {"num_candidates": 32},
+        "seed": 0,
+        "n_init": 8,
+        "fit_max_iter": 3,
+        "init_fit_max_iter": 5,
+    }
+    expected, last = [], 8
+    for n in range(9, 15):  # small_n = 9, growth 0.5: due at 9, then at n >= 1.5 x last
+        due = n <= 9 or n >= 1.5 * last
+        last = n if due else last
+        expected.append(due)
+    cases = (
+        ("wiski", {"grid_size": 10, "projection": projection}, True),
+        ("tsvgp", {"inducing_points": 4}, True),
+        ("wiski", {}, False),
+    )
+    for model, options, thins in cases:
+        loop = BayesOptLoop(problem, model=model, model_options=options, **common)
+        loop.AUTO_REFIT_SMALL_N, loop.AUTO_REFIT_GROWTH = 9, 0.5
+        loop.initialize()
+        assert loop._refits_thin_out() is thins, (model, options)
+        objects = []
+        for _ in range(6):
+            loop.run(loop.step_count + 1)
+            objects.append(loop.model)  # kept alive, so identity is meaningful
+        flags = [r["refit"] for r in loop.records[1:]]
+        assert flags == (expected if thins else [True] * 6), (model, options, flags)
+        if model == "tsvgp":
+            assert not loop._rebuild_due()
+            assert all(m is objects[0] for m in objects)  # warm-started in place, never rebuilt
