@@ -445,6 +445,8 @@ class OnlineLoop:
         k = self.config["refit_every"]
         if getattr(self.model_cls, "refits_on_update", False) or k == 0:
             return False
+        if self.config["fit_max_iter"] == 0:
+            return False  # a refit of no iterations would be recorded but not happen
         if k != "auto":
             return self.step_count % k == 0
         if not self._refits_thin_out():

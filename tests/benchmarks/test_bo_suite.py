@@ -183,6 +183,18 @@ def test_auto_refit_schedule():
     ]
     with pytest.raises(ValueError, match="refit_every"):
         _branin_loop(model="exact", refit_every="sometimes")
+    # fit_max_iter = 0: no refit happens, so none is recorded (nor timed) under any schedule
+    for every in ("auto", 1):
+        records = BayesOptLoop(
+            synthetic_problem("branin"),
+            acq="logei",
+            seed=0,
+            fit_max_iter=0,
+            refit_every=every,
+            optimizer_options={"num_restarts": 2, "raw_samples": 32, "maxiter": 20},
+        ).run(2)
+        assert [r["refit"] for r in records[1:]] == [False, False], every
+        assert all(r["time_fit"] == 0 for r in records[1:]), every
 
 
 def test_initial_data_and_ask_tell_without_objective(tmp_path):
