@@ -306,11 +306,7 @@ class OnlineLoop:
         t0 = self._now()
         fit_projection = getattr(self.model, "fit_projection", None)
         data = self._training_data()
-        if (
-            callable(fit_projection)
-            and getattr(self.model, "projection", None) is not None
-            and data is not None
-        ):
+        if self._refits_projection() and data is not None:
             import inspect
 
             accepted = set(inspect.signature(fit_projection).parameters)
@@ -410,15 +406,18 @@ class OnlineLoop:
         decoupled SVGP, whose bound sums over all rows), and a model with a learned input
         projection, which :meth:`_fit` refits with ``fit_projection`` on all raw data held
         (WISKI above its all-pairs dimensions)."""
-        if self._fit_cost_grows_with_n() or getattr(
-            self.model_cls, "refit_visits_every_point", False
-        ):
-            return True
-        model = self.model
-        return (
-            getattr(model, "projection", None) is not None
-            and callable(getattr(model, "fit_projection", None))
-            and self._training_data() is not None
+        return bool(
+            self._fit_cost_grows_with_n()
+            or getattr(self.model_cls, "refit_visits_every_point", False)
+            or self._refits_projection()
+        )
+
+    def _refits_projection(self) -> bool:
+        r"""Whether the surrogate has a learned input map that :meth:`_fit` refits through its
+        ``fit_projection`` (duck-typed: a ``projection`` attribute that is set and a
+        ``fit_projection`` method), where the loop keeps the raw data."""
+        return getattr(self.model, "projection", None) is not None and callable(
+            getattr(self.model, "fit_projection", None)
         )
 
     def _num_data(self) -> int | None:
