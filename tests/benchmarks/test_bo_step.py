@@ -3,26 +3,18 @@ not run at larger n, and an unavailable device is refused before anything runs."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--reps", "1", "--restarts", "2", "--raw-samples", "16", "--maxiter", "5"]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_bo_step", ROOT / "benchmarks" / "bench_bo_step.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_bo_step"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_bo_step")
 
 
 def test_over_budget_methods_stop_at_larger_n(tmp_path, monkeypatch, capsys):

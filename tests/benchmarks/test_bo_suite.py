@@ -3,29 +3,19 @@ from user data, user objectives on the CLI, and option checks before any evaluat
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from torch.quasirandom import SobolEngine
 
 from bo_online.loops import BayesOptLoop, load_loop
 from bo_online.problems import CallableProblem, from_unit, synthetic_problem
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_bo_suite", ROOT / "benchmarks" / "bench_bo_suite.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_bo_suite"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_bo_suite")
 
 
 def test_suite_script_end_to_end_small(tmp_path, capsys):
