@@ -28,8 +28,9 @@ each bo_online model class ``M``, an Ax-facing subclass ``AxM`` (``AxOnlineExact
 * **Refit on a schedule.** Hyperparameters are refit after a rebuild and, on the incremental
   path, on the ``refit_every`` schedule: ``"auto"`` (default) is the BO loops' (every trial with
   new data; the exact GP, t-SVGP and the decoupled SVGP beyond 100 observations once they have
-  grown by 10%; rebuilt and fitted from the defaults where the loops rebuild), an integer k
-  every k new observations, ``None`` never.
+  grown by 10%; rebuilt and fitted from the defaults where the loops rebuild; unlike the
+  loops, WISKI with a learned projection refits its kernel, not the projection, every trial),
+  an integer k every k new observations, ``None`` never.
 * **Non-finite outcomes.** An ``inf`` or NaN outcome is dropped with a warning
   (:class:`DropNonFiniteY`, the first outcome transform), so later trials can still be generated;
   without it Ax's standardisation turns every outcome into NaN and generation stops for good.

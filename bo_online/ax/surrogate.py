@@ -44,11 +44,12 @@ class AxOnlineMixin:
       (:meth:`bo_online.loops.core.OnlineLoop._refit_due`): at every trial that brought new
       observations, except for a model whose refit cost grows with n (the exact GP, t-SVGP, the
       decoupled SVGP), which refits at every trial up to 100 observations and then once they
-      have grown by 10% since its last fit. Where such a refit is due and the model is one a
-      BoTorch user would refit from the defaults -- the exact GP, or t-SVGP / the decoupled
-      SVGP while they are the exact GP on their data (``is_exact_gp_on_data()``) -- the model
-      is rebuilt on all data and fitted from the defaults, as Ax does for its own models;
-      otherwise the refit is warm-started.
+      have grown by 10% since its last fit (unlike the loops, WISKI with a learned projection
+      refits its kernel, not the projection, at every trial). Where such a refit is due and
+      the model is one a BoTorch user would refit from the defaults -- the exact GP, or
+      t-SVGP / the decoupled SVGP while they are the exact GP on their data
+      (``is_exact_gp_on_data()``) -- the model is rebuilt on all data and fitted from the
+      defaults, as Ax does for its own models; otherwise the refit is warm-started.
       An integer k refits (warm-started) once k new observations have arrived since the last
       fit (the default was 10, which stalled early BO in the loops); ``None`` never refits
       after a rebuild.

@@ -57,9 +57,11 @@ class OnlineLoop:
         seed: seed of everything random in the run.
         refit_every: refit hyperparameters after every ``refit_every``-th step (0: never after
             the initial fit), or ``"auto"`` (:meth:`OnlineLoop._refit_due`): every step for
-            surrogates whose refit costs the same at every n (WISKI, QSGP), and for the exact
-            GP, t-SVGP and the decoupled SVGP every step while n <= ``AUTO_REFIT_SMALL_N``,
-            then whenever n has grown by ``AUTO_REFIT_GROWTH`` since their last fit.
+            surrogates whose refit costs the same at every n (WISKI from its statistics, QSGP),
+            and for the exact GP, t-SVGP, the decoupled SVGP and a model with a learned input
+            projection (:meth:`OnlineLoop._refits_thin_out`) every step while
+            n <= ``AUTO_REFIT_SMALL_N``, then whenever n has grown by ``AUTO_REFIT_GROWTH``
+            since their last fit.
         fit_max_iter: iteration cap of each refit (warm-started from the current values; a
             refit from the defaults, :meth:`_rebuild_due`, gets
             ``max(fit_max_iter, init_fit_max_iter)``).
@@ -432,9 +434,10 @@ class OnlineLoop:
 
         ``refit_every = k``: every k-th step. ``"auto"``: every step when a refit costs the
         same at every n (WISKI from its statistics, QSGP: a warm-started refit of at most
-        ``fit_max_iter`` iterations); for an exact GP (O(n^3) per iteration) and for t-SVGP and
+        ``fit_max_iter`` iterations); for an exact GP (O(n^3) per iteration), for t-SVGP and
         the decoupled SVGP (a warm-started refit sums their bound over every point held, O(n)
-        per iteration; :meth:`_refits_thin_out`) every step while n <=
+        per iteration) and for a model with a learned input projection (refit through
+        ``fit_projection`` on all raw data held; :meth:`_refits_thin_out`) every step while n <=
         ``AUTO_REFIT_SMALL_N``, then only once n has grown by ``AUTO_REFIT_GROWTH`` (10%) since
         the last fit, so the total refit cost stays within a constant factor of one fit at the
         final n (geometric series) while the hyperparameters never lag more than 10% of the

@@ -221,13 +221,13 @@ class StreamingLoop(OnlineLoop):
 
         ``"auto"``: once n has grown since the last fit (or, if there was none, since the
         ``n_init`` initial points) by ``STREAM_REFIT_MIN_POINTS`` (50) points or by
-        ``AUTO_REFIT_GROWTH`` (10%) of n at that fit, whichever is more. Every surrogate's
-        refit visits every point it holds (the sparse models' bound sums over their per-point
-        sites, WISKI's learned projection is fitted on the raw data, the exact GP is O(n^3)),
-        so a fixed cadence makes the refits' share of a step grow with n: t-SVGP with 512
-        inducing inputs on a 5,000-point kin40k stream spent 74 min refitting every 50 points.
-        Refits at geometrically spaced n cost a constant factor (about 11) times one fit at
-        the final n in all, i.e. O(1) per point, while the hyperparameters never lag the data
+        ``AUTO_REFIT_GROWTH`` (10%) of n at that fit, whichever is more, for every surrogate.
+        Most refits visit every point held (the sparse models' bound sums over their
+        per-point sites, WISKI's learned projection is fitted on the raw data, the exact GP
+        is O(n^3)), so a fixed cadence makes the refits' share of a step grow with n: t-SVGP
+        with 512 inducing inputs on a 5,000-point kin40k stream spent 74 min refitting every
+        50 points. Refits at geometrically spaced n cost a constant factor (about 11) times one
+        fit at the final n in all, i.e. O(1) per point, while the hyperparameters never lag the data
         by more than max(50 points, 10%) (plus up to q - 1 points of the step that crosses
         it). An integer ``refit_every`` is the fixed cadence of
         :meth:`OnlineLoop._refit_due`."""
