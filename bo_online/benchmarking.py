@@ -10,6 +10,7 @@ hence this small module.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import time
@@ -40,25 +41,37 @@ def time_interleaved(
     reps: int = 5,
     warmup: int = 1,
     device: torch.device | str | None = None,
+    inner: int = 1,
 ) -> dict[str, Timing]:
     r"""Time each zero-argument callable ``reps`` times, interleaved, after ``warmup`` calls each.
+
+    Args:
+        inner: each sample is the fastest of this many consecutive calls of the same candidate.
+            With ``inner > 1`` every candidate is timed in the state its own previous call left
+            (caches, the allocator's free memory) rather than the state the previous candidate
+            left: a large buffer freed by one candidate and returned to the system makes the
+            next candidate's first allocation of that size page in fresh memory, which on a
+            millisecond kernel can cost as much as the kernel itself.
 
     Returns:
         name -> :class:`Timing` (seconds per call).
     """
-    if reps < 1:
-        raise ValueError("reps must be >= 1.")
+    if reps < 1 or inner < 1:
+        raise ValueError("reps and inner must be >= 1.")
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(reps):
         for name, fn in candidates.items():
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            samples[name].append(time.perf_counter() - start)
+            best = math.inf
+            for _ in range(inner):
+                _sync(device)
+                start = time.perf_counter()
+                fn()
+                _sync(device)
+                best = min(best, time.perf_counter() - start)
+            samples[name].append(best)
     return {
         name: Timing(statistics.median(v), min(v), max(v), len(v)) for name, v in samples.items()
     }
