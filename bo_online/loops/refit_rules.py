@@ -25,7 +25,9 @@ def growth_refit_due(n: int | None, n_last_fit: int | None, small_n: int, growth
     r"""The ``"auto"`` rule for a model whose fit cost grows with n: every time while
     ``n <= small_n`` (or n or the last fit's n is unknown), then once n has grown by the
     fraction ``growth`` since the last fit, so that all refits together cost a constant factor
-    of one fit at the final n (a geometric series)."""
+    of one fit at the final n (a geometric series). The comparison allows for rounding: in
+    floating point ``(1 + 0.1) * 100`` is 110.00000000000001, and n = 110 after a fit at 100
+    has grown by 10%."""
     if n is None or n <= small_n or n_last_fit is None:
         return True
-    return n >= (1 + growth) * n_last_fit
+    return n - n_last_fit >= growth * n_last_fit * (1 - 1e-9)

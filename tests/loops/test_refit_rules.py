@@ -1,0 +1,37 @@
+"""The auto refit rule shared by the BO loops and Ax (bo_online.loops.refit_rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bo_online.loops.core import OnlineLoop
+from bo_online.loops.refit_rules import growth_refit_due
+
+
+@pytest.mark.parametrize(
+    ("n", "last", "due"),
+    [
+        (50, 40, True),  # at or below the small-n threshold: every time
+        (100, 99, True),
+        (109, 100, False),
+        (110, 100, True),  # exactly 10% growth; (1 + 0.1) * 100 is 110.00000000000001
+        (220, 200, True),
+        (219, 200, False),
+        (1100, 1000, True),
+        (1099, 1000, False),
+        (330, 300, True),
+        (None, 300, True),  # unknown n or no fit yet: due
+        (500, None, True),
+    ],
+)
+def test_growth_rule_is_due_at_exactly_the_stated_growth(n, last, due):
+    small, growth = OnlineLoop.AUTO_REFIT_SMALL_N, OnlineLoop.AUTO_REFIT_GROWTH
+    assert (small, growth) == (100, 0.1)
+    assert growth_refit_due(n, last, small, growth) is due
+
+
+def test_growth_rule_matches_integer_arithmetic_for_every_n():
+    # n >= 1.1 * last in exact arithmetic is 10 * n >= 11 * last
+    for last in range(101, 2000, 7):
+        for n in range(last, last + last // 5):
+            assert growth_refit_due(n, last, 100, 0.1) is (10 * n >= 11 * last), (n, last)
