@@ -275,8 +275,11 @@ class AxOnlineMixin:
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
     ) -> Any:
-        r"""Ax hands a fitted model's ``state_dict`` to warm-start or to skip refitting (e.g. in
-        cross-validation folds, which hold other data). Only hyperparameters carry over; this
+        r"""Ax hands a fitted model's ``state_dict`` to a new model (e.g. a cross-validation fold,
+        which holds other data), then either uses it as it is (``refit=False``: Ax does not call
+        the fit) or refits it warm-started from these values (``refit=True``, e.g.
+        ``refit_on_cv``: Ax's fit lands in :meth:`ax_fit`, which refits as the schedule says; a
+        new model has never been fitted, so it refits). Only hyperparameters carry over; this
         model's data, statistics and caches stay its own."""
         names = {n for n, _ in self.named_parameters()}  # type: ignore[attr-defined]
         hyper = {k: v for k, v in state_dict.items() if k in names}
@@ -287,8 +290,9 @@ class AxOnlineMixin:
             for name, param in self.named_parameters():  # type: ignore[attr-defined]
                 if name in hyper:
                     param.copy_(hyper[name])
-        self._ax_obs_since_fit = 0  # loaded hyperparameters count as fitted
-        self._ax_n_at_fit = self._ax_num_obs
+        # Loaded hyperparameters do not count as a fit on this model's data: where Ax asks for a
+        # refit after loading them, it must happen (it was skipped, so ``refit_on_cv=True``
+        # cross-validated the loaded hyperparameters instead of the folds' own).
         self._ax_pending = None  # a fold or a warm start: not the experiment's model
         return None
 

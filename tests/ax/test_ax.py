@@ -532,6 +532,34 @@ def test_cross_validation_folds_are_not_remembered():
     assert (stats.rebuilds, stats.incremental) == (2, 1)  # main, fold; then main extended
 
 
+def test_warm_start_refit_after_loading_a_state_dict_refits_on_the_folds_data():
+    r"""Ax's ``_construct_model`` with a ``state_dict`` and ``refit=True`` (``refit_on_cv=True``,
+    warm-start refits) loads the hyperparameters and then calls the fit; that fit must optimise
+    them on the fold's own data (it was skipped: loading counted as a fit), ending where a
+    warm-started ``fit`` of the same model from the loaded values ends. With ``refit=False`` Ax
+    does not call the fit and the loaded values stay."""
+    from ax.generators.torch.botorch_modular.utils import fit_botorch_model
+
+    ax_cls = boax.AxOnlineExactGP
+    g = torch.Generator().manual_seed(8)
+    X = torch.rand(14, 2, dtype=torch.float64, generator=g)
+    Y = torch.sin(6 * X[:, :1]) * torch.cos(3 * X[:, 1:])
+    opts = {"fit_options": {"max_iter": 50}, "incremental": False}
+    main = _build(ax_cls, X, Y, **opts)
+    keep = torch.arange(14) >= 4  # a fold without the first four rows
+    fold = _build(ax_cls, X[keep], Y[keep], fit=False, **opts)
+    fold.load_state_dict(main.state_dict())
+    loaded = fold.covar_module.raw_lengthscale.detach().clone()
+    twin = _build(ax_cls, X[keep], Y[keep], fit=False, **opts)
+    twin.load_state_dict(main.state_dict())
+    fit_botorch_model(fold, mll_class=None)  # what Ax calls for refit=True
+    twin.fit(max_iter=50)  # the same warm-started fit, called directly
+    moved = fold.covar_module.raw_lengthscale.detach()
+    assert (moved - loaded).abs().max() > 1e-3
+    torch.testing.assert_close(moved, twin.covar_module.raw_lengthscale.detach())
+    assert not fold.refit_due  # fitted now: the schedule counts from here
+
+
 def test_load_state_dict_carries_hyperparameters_only():
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -541,7 +569,7 @@ def test_load_state_dict_carries_hyperparameters_only():
         big.covar_module.raw_lengthscale.fill_(0.3)
     small = _build(ax_cls, X[:5], Y[:5], fit=False, incremental=False)
     small.load_state_dict(big.state_dict())
-    assert small.num_data == 5 and not small.refit_due
+    assert small.num_data == 5 and small.refit_due  # Ax's refit=True then refits, warm-started
     torch.testing.assert_close(small.covar_module.raw_lengthscale, big.covar_module.raw_lengthscale)
 
 
