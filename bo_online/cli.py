@@ -536,7 +536,7 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
         print(
             f"checkpoint: {out / history.CHECKPOINT_FILE}  "
-            f"(continue: bo-online resume {out}{cluster})"
+            f"(continue: {_resume_command(loop)}{cluster})"
         )
         for path in written:
             print(f"plot:       {path}")
@@ -579,21 +579,35 @@ def _dask_client(address: str) -> Any:
     return dask_client(address)
 
 
-#: the run directory of the loop now running, named in the interrupted/terminated message
-_ACTIVE_RUN: list[Path] = []
+#: the run directory and resume command of the loop now running, named in the
+#: interrupted/terminated message
+_ACTIVE_RUN: list[tuple[Path, str]] = []
+
+
+def _resume_command(loop: Any) -> str:
+    r"""``bo-online resume DIR`` for ``loop``'s run, with the ``--objective`` that a run of a
+    user objective must be given again."""
+    spec = getattr(getattr(loop, "problem", None), "objective_spec", None)
+    objective = f" --objective {spec['objective']}" if spec else ""
+    return f"bo-online resume {loop.out_dir}{objective}"
 
 
 def _run(loop: Any, steps: int | None) -> None:
     """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM."""
     if getattr(loop, "out_dir", None) is not None:
-        _ACTIVE_RUN[:] = [Path(loop.out_dir)]
+        _ACTIVE_RUN[:] = [(Path(loop.out_dir), _resume_command(loop))]
     loop.run(steps)
 
 
 def _resume_hint() -> str:
+    from bo_online.loops import history
+
     if not _ACTIVE_RUN:
         return "continue a run that has an --out directory with `bo-online resume DIR`"
-    return f"continue the run with `bo-online resume {_ACTIVE_RUN[0]}`"
+    out, command = _ACTIVE_RUN[0]
+    if not (out / history.CHECKPOINT_FILE).exists():  # stopped before its first checkpoint
+        return "run the same command again (nothing was kept)"
+    return f"continue the run with `{command}`"
 
 
 def _run_async(loop: Any, steps: int | None) -> None:
@@ -1376,6 +1390,8 @@ def _main(argv: list[str] | None) -> None:
     # typer.Abort is what click makes of Ctrl-C (KeyboardInterrupt) and of EOFError.
     from typer._click import exceptions as click_exc
 
+    from bo_online.errors import ObjectiveError
+
     try:
         code = app(args=argv, prog_name="bo-online", standalone_mode=False)
     except click_exc.UsageError as e:
@@ -1385,6 +1401,8 @@ def _main(argv: list[str] | None) -> None:
         _fail(e.format_message())
     except typer.Abort:
         _fail(f"interrupted; {_resume_hint()}", 130)
+    except ObjectiveError as e:  # the user's objective failed mid-run: its state is saved
+        _fail(f"{e}; fix the objective, then {_resume_hint()}", 1)
     except (CLIError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes

@@ -15,12 +15,14 @@ import importlib
 import importlib.util
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from bo_online.errors import ObjectiveError
 from bo_online.problems import CallableProblem
 
 __all__ = ["load_objective", "parse_bounds", "objective_problem", "check_resume"]
@@ -88,22 +90,73 @@ def parse_bounds(raw: str | list) -> Tensor:
 
 
 class _Vectorised:
-    """``fn`` on an ``n x d`` batch; a per-point function is called row by row."""
+    r"""A user objective on an ``n x d`` batch, whether it is written for a batch
+    (``fn(X: n x d) -> n values``) or for one point (``fn(x: d) -> value``).
+
+    The mode is decided once, on the first call with more than one point: a batch function
+    returns n values there. A function that returns one value for the whole batch, or raises
+    on it, is taken to be per-point and is called row by row from then on (after an exception
+    with a warning that names it, since that batch call may have run part of an experiment).
+    Only that first, deciding call can be followed by per-point calls on the same points; once
+    the mode is decided, an exception is the objective's own and propagates, and a wrong
+    number of values is a ``ValueError``.
+    """
 
     def __init__(self, fn: Callable[[Tensor], Any]) -> None:
         self.fn = fn
+        self.per_point: bool | None = None  # None: not decided yet
 
     def __call__(self, X: Tensor) -> Tensor:
-        try:
-            values = torch.as_tensor(self.fn(X), dtype=torch.float64).reshape(-1)
-            if values.shape[0] == X.shape[0]:
-                return values
-        except Exception:
-            if X.shape[0] == 1:
-                raise
-        return torch.stack(
-            [torch.as_tensor(self.fn(x), dtype=torch.float64).reshape(()) for x in X]
-        )
+        n = X.shape[0]
+        if self.per_point:
+            return torch.stack([self._one(x) for x in X])
+        if self.per_point is False:
+            return self._checked(self.fn(X), n)
+        try:  # not decided yet: try the batch
+            values = self._values(self.fn(X))
+        except Exception as error:  # a per-point function given a batch
+            warnings.warn(
+                f"The objective raised {type(error).__name__}: {error} on a {n} x {X.shape[-1]} "
+                "batch; calling it one point at a time from now on.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.per_point = True
+            return self(X)
+        if values.shape[0] == n:
+            if n > 1:  # one point says nothing: both kinds return one value for 1 x d
+                self.per_point = False
+            return values
+        if values.shape[0] == 1:  # one value for a batch: a per-point function
+            self.per_point = True
+            return self(X)
+        raise ObjectiveError(_count_message(values.shape[0], n))
+
+    def _checked(self, out: Any, n: int) -> Tensor:
+        values = self._values(out)
+        if values.shape[0] != n:
+            raise ObjectiveError(_count_message(values.shape[0], n))
+        return values
+
+    @staticmethod
+    def _values(out: Any) -> Tensor:
+        return torch.as_tensor(out, dtype=torch.float64).reshape(-1)
+
+    def _one(self, x: Tensor) -> Tensor:
+        values = self._values(self.fn(x))
+        if values.shape[0] != 1:
+            raise ObjectiveError(
+                f"The objective returned {values.shape[0]} values for one point; it must return "
+                "one value per point"
+            )
+        return values[0]
+
+
+def _count_message(got: int, n: int) -> str:
+    return (
+        f"The objective returned {got} values for {n} point(s); it must return one value per "
+        "point (fn(X: n x d) -> n values) or one value for one point (fn(x: d) -> value)"
+    )
 
 
 def objective_problem(

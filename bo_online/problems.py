@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -32,11 +33,13 @@ from botorch.utils.transforms import normalize, unnormalize
 from torch import Tensor
 
 from bo_online import datasets
+from bo_online.errors import ObjectiveError
 
 __all__ = [
     "Problem",
     "SyntheticProblem",
     "CallableProblem",
+    "ObjectiveError",
     "PoolProblem",
     "StreamProblem",
     "SYNTHETIC_PROBLEMS",
@@ -280,6 +283,23 @@ def _exact_optimum(key: str, dim: int, fn: Any) -> float | None:
     return _OPTIMA[cache_key]
 
 
+def _user_frame(error: BaseException) -> str:
+    r"""`` (at file.py:12)``: the innermost traceback frame in the user's own code (not this
+    package, an installed package or the standard library), or ``""``."""
+    import sysconfig
+    import traceback
+
+    skip = [str(Path(__file__).resolve().parent)]
+    skip += [str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "purelib")]
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not any(str(Path(f.filename).resolve()).startswith(s) for s in skip)
+        and "site-packages" not in f.filename
+    ]
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+
+
 class CallableProblem(Problem):
     r"""Any user objective on a box.
 
@@ -305,9 +325,15 @@ class CallableProblem(Problem):
         name: str = "objective",
     ) -> None:
         bounds = torch.as_tensor(bounds, dtype=torch.float64)
-        if bounds.dim() != 2 or bounds.shape[0] != 2 or not bool((bounds[1] > bounds[0]).all()):
+        if (
+            bounds.dim() != 2
+            or bounds.shape[0] != 2
+            or not bool(torch.isfinite(bounds).all())
+            or not bool((bounds[1] > bounds[0]).all())
+        ):
             raise ValueError(
-                f"bounds must be 2 x d with lower < upper in every column, got {bounds.tolist()}."
+                "bounds must be 2 x d, finite, with lower < upper in every column, got "
+                f"{bounds.tolist()}."
             )
         if fn is not None and not callable(fn):
             raise ValueError("fn must be callable (fn(X: n x d tensor) -> n values) or None.")
@@ -323,12 +349,28 @@ class CallableProblem(Problem):
                 f"Problem {self.name!r} has no objective to call: evaluate the points of ask() "
                 "yourself and pass them to tell() (start from your data with initial_data=)."
             )
-        values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
+        try:
+            values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
+        except ObjectiveError:
+            raise
+        except Exception as error:
+            raise ObjectiveError(
+                f"Objective {self.name!r} raised {type(error).__name__}: {error}"
+                f"{_user_frame(error)} on {X.shape[0]} point(s)"
+            ) from error
         values = values.reshape(-1)
         if values.shape[0] != X.shape[0]:
-            raise ValueError(
+            raise ObjectiveError(
                 f"Objective {self.name!r} returned {values.shape[0]} values for "
                 f"{X.shape[0]} points."
+            )
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ObjectiveError(
+                f"Objective {self.name!r} returned {values[i].item()} at "
+                f"{[round(v, 6) for v in X[i].tolist()]} ({int(bad.sum())} of {X.shape[0]} "
+                "value(s) NaN/inf); it must return a finite value for every point"
             )
         return values
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bo_online import datasets
+from bo_online.errors import ObjectiveError
 from bo_online.problems import (
     SYNTHETIC_PROBLEMS,
     CallableProblem,
@@ -169,8 +170,10 @@ def test_callable_problem():
     assert p.regret(2.5) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="lower < upper"):
         CallableProblem(lambda X: X.sum(-1), bounds=[[0, 1], [1, 1]])
+    with pytest.raises(ValueError, match="finite"):
+        CallableProblem(lambda X: X.sum(-1), bounds=[[0, -5], [float("inf"), 5]])
     bad = CallableProblem(lambda X: torch.zeros(3), bounds=[[0], [1]])
-    with pytest.raises(ValueError, match="returned 3 values for 2 points"):
+    with pytest.raises(ObjectiveError, match="returned 3 values for 2 points"):
         bad.evaluate_true(torch.zeros(2, 1))
 
 

@@ -248,16 +248,50 @@ class BayesOptLoop(OnlineLoop):
         self._pending["time_evaluation"] = self._now() - t0
         return {"X": self._pending["X"], "y": y, "y_true": y_true}
 
+    def _checked_observations(
+        self, X: Any, y: Any, y_true: Any | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``X`` as ``q x d`` (a single point may be a ``d``-vector), ``y`` and ``y_true`` as
+        ``q`` (or ``q x 1``) finite values, all float64; else a ``ValueError`` that says what
+        was expected. No reshaping across dimensions: a transposed ``d x q`` batch is refused,
+        not silently reinterpreted."""
+        d = self.problem.dim
+        X = torch.as_tensor(X, dtype=torch.float64)
+        if X.dim() == 1 and X.shape[0] == d:
+            X = X.unsqueeze(0)
+        if X.dim() != 2 or X.shape[-1] != d:
+            raise ValueError(
+                f"tell() expects X of shape q x {d} (or one point of {d} values), "
+                f"got shape {tuple(X.shape)}."
+            )
+        q = X.shape[0]
+        values = {}
+        for name, v in (("y", y), ("y_true", y if y_true is None else y_true)):
+            v = torch.as_tensor(v, dtype=torch.float64)
+            if v.dim() == 2 and v.shape[-1] == 1:
+                v = v.squeeze(-1)
+            elif v.dim() == 0:
+                v = v.reshape(1)
+            if v.dim() != 1 or v.shape[0] != q:
+                raise ValueError(
+                    f"tell() got {q} point(s) but {name} of shape {tuple(v.shape)}; "
+                    f"expected {q} value(s) (shape ({q},) or ({q}, 1))."
+                )
+            if not bool(torch.isfinite(v).all()):
+                raise ValueError(
+                    f"tell() got NaN/inf in {name} at row(s) "
+                    f"{torch.nonzero(~torch.isfinite(v)).reshape(-1).tolist()}; evaluate those "
+                    "points again or leave them out."
+                )
+            values[name] = v
+        return X, values["y"], values["y_true"]
+
     def tell(self, X: Tensor, y: Tensor, y_true: Tensor | None = None) -> dict[str, Any]:
         r"""Fold observations in: ``X`` (``q x d``, problem units), ``y`` (``q``, observed, the
         problem's sense), optional noiseless ``y_true`` (for regret; defaults to ``y``)."""
         if not self.initialized:
             raise RuntimeError("Call ask() (or initialize()) before tell().")
-        X = torch.as_tensor(X, dtype=torch.float64).reshape(-1, self.problem.dim)
-        y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
-        y_true = y if y_true is None else torch.as_tensor(y_true, dtype=torch.float64).reshape(-1)
-        if y.shape[0] != X.shape[0] or y_true.shape[0] != X.shape[0]:
-            raise ValueError(f"tell() got {X.shape[0]} points but {y.shape[0]} values.")
+        X, y, y_true = self._checked_observations(X, y, y_true)
         lo, hi = self.problem.bounds
         tol = 1e-9 * (hi - lo)
         if bool(((X < lo - tol) | (X > hi + tol)).any()):

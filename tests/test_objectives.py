@@ -1,0 +1,178 @@
+"""User objectives: batch or per-point functions, failures that name the objective, tell()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bo_online.errors import ObjectiveError
+from bo_online.loops import BayesOptLoop
+from bo_online.objectives import _Vectorised
+from bo_online.problems import CallableProblem
+
+X5 = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+EXPECTED = ((X5 - 0.3) ** 2).sum(-1)
+
+
+def _counting(fn):
+    calls = []
+
+    def wrapped(X):
+        calls.append(tuple(X.shape))
+        return fn(X)
+
+    return wrapped, calls
+
+
+def test_batch_function_is_called_once_per_batch():
+    fn, calls = _counting(lambda X: ((X - 0.3) ** 2).sum(-1))
+    v = _Vectorised(fn)
+    torch.testing.assert_close(v(X5), EXPECTED)
+    torch.testing.assert_close(v(X5[:1]), EXPECTED[:1])
+    assert calls == [(5, 2), (1, 2)] and v.per_point is False
+
+
+def test_per_point_function_that_raises_on_a_batch_is_called_row_by_row_after_a_warning():
+    def per_point(x):
+        a, b = x  # a d-vector; a 5 x 2 batch cannot be unpacked into two
+        return (a - 0.3) ** 2 + (b - 0.3) ** 2
+
+    fn, calls = _counting(per_point)
+    v = _Vectorised(fn)
+    with pytest.warns(RuntimeWarning, match="raised ValueError.*one point at a time"):
+        torch.testing.assert_close(v(X5), EXPECTED)
+    assert calls == [(5, 2)] + [(2,)] * 5 and v.per_point is True
+    calls.clear()
+    torch.testing.assert_close(v(X5[:3]), EXPECTED[:3])
+    assert calls == [(2,)] * 3  # decided: no batch call again
+
+
+def test_per_point_function_returning_one_value_for_a_batch_is_detected():
+    fn, calls = _counting(lambda x: ((x - 0.3) ** 2).sum())  # a scalar whatever it gets
+    v = _Vectorised(fn)
+    torch.testing.assert_close(v(X5), EXPECTED)
+    assert calls == [(5, 2)] + [(2,)] * 5 and v.per_point is True
+
+
+def test_once_decided_an_exception_propagates_and_nothing_is_called_again():
+    state = {"fail": False}
+
+    def flaky(X):
+        if state["fail"]:
+            raise RuntimeError("instrument offline")
+        return ((X - 0.3) ** 2).sum(-1)
+
+    fn, calls = _counting(flaky)
+    v = _Vectorised(fn)
+    v(X5)
+    state["fail"] = True
+    with pytest.raises(RuntimeError, match="instrument offline"):
+        v(X5)
+    assert calls == [(5, 2), (5, 2)]
+
+
+def test_wrong_number_of_values_is_an_objective_error():
+    with pytest.raises(ObjectiveError, match="returned 10 values for 5 point"):
+        _Vectorised(lambda X: X)(X5)
+    v = _Vectorised(lambda X: ((X - 0.3) ** 2).sum(-1))
+    v(X5)
+    v.fn = lambda X: X.sum()
+    with pytest.raises(ObjectiveError, match="returned 1 values for 5 point"):
+        v(X5)
+
+
+def test_problem_names_the_objective_the_exception_and_the_users_frame():
+    def broken(X):
+        return X.sum(-1) / 0 + {}["missing"]
+
+    problem = CallableProblem(broken, [[0, 0], [1, 1]], name="broken")
+    with pytest.raises(ObjectiveError, match=r"'broken' raised KeyError: 'missing' \(at test_obj"):
+        problem.evaluate_true(X5)
+
+    def with_nan(X):
+        out = X.sum(-1)
+        out[3] = float("nan")
+        return out
+
+    problem = CallableProblem(with_nan, [[0, 0], [1, 1]], name="with_nan")
+    with pytest.raises(ObjectiveError, match=r"returned nan at \[.*\] \(1 of 5 value"):
+        problem.evaluate_true(X5)
+
+
+def _ask_tell_loop():
+    X0 = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return BayesOptLoop(
+        CallableProblem(None, [[0, 0], [1, 1]]),
+        initial_data=(X0, ((X0 - 0.3) ** 2).sum(-1)),
+        n_init=0,
+        model="exact",
+        acq="qucb",
+        q=3,
+        seed=0,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+    )
+
+
+def test_tell_refuses_a_transposed_batch_and_nonfinite_values_and_changes_nothing():
+    loop = _ask_tell_loop()
+    X = loop.ask()  # 3 x 2
+    y = ((X - 0.3) ** 2).sum(-1)
+    n_model, records = loop.model.num_data, len(loop.records)
+    bad = (
+        ((X.T, y), r"X of shape q x 2 .* got shape \(2, 3\)"),
+        ((X[:, :1], y), r"got shape \(3, 1\)"),
+        ((X, y[:2]), r"got 3 point\(s\) but y of shape \(2,\)"),
+        ((X, torch.tensor([0.1, float("nan"), 0.2])), r"NaN/inf in y at row\(s\) \[1\]"),
+        ((X, y, torch.tensor([0.1, float("inf"), 0.2])), r"NaN/inf in y_true at row\(s\) \[1\]"),
+    )
+    for args, message in bad:
+        with pytest.raises(ValueError, match=message):
+            loop.tell(*args)
+        assert loop.model.num_data == n_model and len(loop.records) == records
+        assert loop.X.shape == (6, 2)
+    loop.tell(X, y.unsqueeze(-1), y)  # q x 1 values are fine
+    assert loop.X.shape == (9, 2) and loop.records[-1]["best_true_value"] is not None
+    one = loop.ask()[0]
+    loop.tell(one, ((one - 0.3) ** 2).sum())  # one point as a d-vector, a scalar value
+    assert loop.X.shape == (10, 2) and torch.equal(loop.X[-1], one)
+
+
+def _cli(argv, capsys):
+    from bo_online.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_cli_objective_failure_is_one_line_with_the_right_way_on(tmp_path, capsys):
+    flag = tmp_path / "offline"
+    (tmp_path / "obj.py").write_text(
+        "import pathlib\n"
+        "def f(X):\n"
+        f"    if pathlib.Path({str(flag)!r}).exists():\n"
+        "        raise RuntimeError('instrument offline')\n"
+        "    return ((X - 0.3) ** 2).sum(-1)\n"
+    )
+    spec = f"{tmp_path / 'obj.py'}:f"
+    run = tmp_path / "run"
+    common = ["-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"]
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 0,1", "--steps", "1", "--out", str(run)]
+    flag.touch()  # fails in the initial design: nothing is kept, the same command reruns
+    code, err = _cli(argv + common, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("bo-online: error:")]
+    assert code == 1 and len(lines) == 1, err
+    assert "'f' raised RuntimeError: instrument offline (at obj.py:4)" in lines[0]
+    assert "run the same command again" in lines[0] and not run.exists()
+    flag.unlink()
+    assert _cli(argv + common, capsys)[0] == 0
+    flag.touch()  # fails later: the run resumes, and the hint gives the --objective it needs
+    resume = ["resume", str(run), "--steps", "3", "--objective", spec, "-Q", "--no-plots"]
+    code, err = _cli(resume, capsys)
+    assert code == 1
+    assert f"continue the run with `bo-online resume {run} --objective {spec}`" in err
+    flag.unlink()
+    assert _cli(resume, capsys)[0] == 0
