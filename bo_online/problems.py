@@ -396,9 +396,60 @@ class PoolProblem:
     bounds: Tensor
     spec: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        _check_labelled_sets(
+            self.name,
+            self.bounds,
+            (
+                ("X_pool", self.X_pool, "y_pool", self.y_pool),
+                ("X_test", self.X_test, "y_test", self.y_test),
+            ),
+        )
+
     @property
     def dim(self) -> int:
         return int(self.bounds.shape[-1])
+
+
+def _check_labelled_sets(name: str, bounds: Any, sets: tuple) -> None:
+    r"""Check a pool's or a stream's arrays before any loop runs: ``bounds`` ``2 x d``, finite,
+    lower < upper; every ``X`` ``N x d`` and finite inside that box (to a 1e-9 relative
+    tolerance); every ``y`` ``N`` finite values (``N`` or ``N x 1``). A ``ValueError`` names the
+    problem, the array and the first bad row."""
+    bounds = torch.as_tensor(bounds, dtype=torch.float64)
+    if bounds.dim() != 2 or bounds.shape[0] != 2:
+        raise ValueError(f"{name}: bounds must be 2 x d, got shape {tuple(bounds.shape)}.")
+    if not bool(torch.isfinite(bounds).all()) or not bool((bounds[1] > bounds[0]).all()):
+        raise ValueError(f"{name}: bounds need finite lower < upper, got {bounds.tolist()}.")
+    d = bounds.shape[-1]
+    tol = 1e-9 * (bounds[1] - bounds[0])
+    for x_name, X, y_name, y in sets:
+        X = torch.as_tensor(X, dtype=torch.float64)
+        y = torch.as_tensor(y, dtype=torch.float64)
+        if X.dim() != 2 or X.shape[-1] != d:
+            raise ValueError(f"{name}: {x_name} must be N x {d}, got shape {tuple(X.shape)}.")
+        if y.shape[:1] != X.shape[:1] or y.numel() != X.shape[0]:
+            raise ValueError(
+                f"{name}: {y_name} must hold one value per row of {x_name} ({X.shape[0]}), "
+                f"got shape {tuple(y.shape)}."
+            )
+        for array_name, rows in (
+            (x_name, ~torch.isfinite(X).all(-1)),
+            (y_name, ~torch.isfinite(y.reshape(-1))),
+        ):
+            if bool(rows.any()):
+                raise ValueError(
+                    f"{name}: {array_name} has NaN/inf in row {int(torch.nonzero(rows)[0])} "
+                    f"({int(rows.sum())} row(s) in all); remove or impute them."
+                )
+        outside = ((X < bounds[0] - tol) | (X > bounds[1] + tol)).any(-1)
+        if bool(outside.any()):
+            i = int(torch.nonzero(outside)[0])
+            raise ValueError(
+                f"{name}: {x_name} row {i} {X[i].tolist()} is outside the bounds "
+                f"{bounds.tolist()} ({int(outside.sum())} row(s) in all); widen the bounds or "
+                "drop those rows."
+            )
 
 
 @dataclass
@@ -425,6 +476,14 @@ class StreamProblem:
     task: str = "regression"
 
     def __post_init__(self) -> None:
+        _check_labelled_sets(
+            self.name,
+            self.bounds,
+            (
+                ("X_stream", self.X_stream, "y_stream", self.y_stream),
+                ("X_test", self.X_test, "y_test", self.y_test),
+            ),
+        )
         if self.task not in ("regression", "classification"):
             raise ValueError(f"task must be 'regression' or 'classification', got {self.task!r}.")
         if self.task == "classification":

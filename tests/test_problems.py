@@ -15,6 +15,8 @@ from bo_online.errors import ObjectiveError
 from bo_online.problems import (
     SYNTHETIC_PROBLEMS,
     CallableProblem,
+    PoolProblem,
+    StreamProblem,
     SyntheticProblem,
     from_unit,
     magnetometer_problem,
@@ -224,3 +226,43 @@ def test_uci_stream_uses_the_fixed_split():
     assert p.dim == 6 and make_problem(p.spec).X_stream.shape == p.X_stream.shape
     with pytest.raises(ValueError, match="Unknown UCI"):
         uci_problem("nope")
+
+
+def _sets(n=8, m=4, d=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X, Xt = torch.rand(n, d, generator=g, dtype=torch.float64), torch.rand(m, d, generator=g)
+    return X, X.sum(-1), Xt.double(), Xt.double().sum(-1)
+
+
+@pytest.mark.parametrize("kind", ["stream", "pool"])
+def test_pools_and_streams_from_tensors_are_checked_before_any_loop(kind):
+    box = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+
+    def make(X, y, Xt, yt, bounds=box):
+        if kind == "stream":
+            return StreamProblem("mine", X, y, Xt, yt, bounds)
+        return PoolProblem("mine", X, y, Xt, yt, bounds)
+
+    X, y, Xt, yt = _sets()
+    assert make(X, y, Xt, yt).dim == 2
+    make(X, y.unsqueeze(-1), Xt, yt)  # N x 1 targets are one value per row
+    first = "X_stream" if kind == "stream" else "X_pool"
+    first_y = "y_stream" if kind == "stream" else "y_pool"
+    y_nan = y.clone()
+    y_nan[5] = float("nan")
+    X_inf = X.clone()
+    X_inf[2, 1] = float("inf")
+    cases = (
+        ((X, y_nan, Xt, yt), rf"mine: {first_y} has NaN/inf in row 5 \(1 row"),
+        ((X_inf, y, Xt, yt), rf"mine: {first} has NaN/inf in row 2"),
+        ((X, y[:7], Xt, yt), rf"{first_y} must hold one value per row of {first} \(8\)"),
+        ((X * 2, y, Xt, yt), rf"{first} row \d .* outside the bounds"),
+        ((X[:, :1], y, Xt, yt), rf"{first} must be N x 2, got shape \(8, 1\)"),
+        ((X, y, Xt, yt[:3]), r"y_test must hold one value per row of X_test \(4\)"),
+        ((X, y, Xt, yt, box[:, :1]), r"X_stream must be N x 1|X_pool must be N x 1"),
+        ((X, y, Xt, yt, box.flip(0)), r"finite lower < upper"),
+        ((X, y, Xt, yt, box.T.reshape(1, 4)), r"bounds must be 2 x d"),
+    )
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            make(*args)
