@@ -256,7 +256,8 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
             # Noise carries fantasy sample dims; it is the same for every sample.
             noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
         S_t, L22, new_X, new_noise = self._new_rows(X, noise)
-        batch_y = torch.broadcast_shapes(self.train_y.shape[:-1], Y.shape[:-1])
+        # Y's batch dims broadcast against X's (a batch of q-point sets with one shared Y)
+        batch_y = torch.broadcast_shapes(self.train_y.shape[:-1], Y.shape[:-1], X.shape[:-2])
         y = torch.cat(
             [
                 self.train_y.expand(*batch_y, self.train_y.shape[-1]),

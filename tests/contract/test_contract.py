@@ -305,6 +305,24 @@ def test_conditioning_leaves_parent_untouched_and_child_independent(s):
 
 
 @surrogates
+def test_batched_points_with_one_shared_Y_condition_like_each_batch_alone(s):
+    """``condition_on_observations`` with ``X``: ``b x q x d`` and ``Y``: ``q x 1`` (batch dims
+    broadcast) gives, for every batch element, the model conditioned on that element alone."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(4 * Q, D, seed=1)
+    Xb = Xn.reshape(4, Q, D)
+    parent = s.make(X, Y)
+    Xt = _test_points()
+    with torch.no_grad():
+        batched = parent.condition_on_observations(Xb, Yn[:Q]).posterior(Xt)
+        assert batched.mean.shape == (4, Xt.shape[0], 1)
+        for b in range(4):
+            alone = parent.condition_on_observations(Xb[b], Yn[:Q]).posterior(Xt)
+            assert_close(batched.mean[b], alone.mean, s.tol, f"mean of batch {b}")
+            assert_close(batched.variance[b], alone.variance, s.tol, f"variance of batch {b}")
+
+
+@surrogates
 @noise_kinds
 def test_fantasize_shapes_and_covariance_independent_of_Y(s, fixed):
     """fantasize: ``sample x batch`` fantasy models; every fantasy equals the dense posterior on
