@@ -91,10 +91,18 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
         self.dim = int(dim)
-        self.register_buffer(
-            "input_bounds",
-            None if bounds is None else torch.as_tensor(bounds, dtype=dtype, device=device),
-        )
+        if bounds is not None:
+            bounds = torch.as_tensor(bounds, dtype=dtype, device=device)
+            if bounds.shape != (2, self.dim):
+                raise ValueError(
+                    f"bounds must be 2 x {self.dim} (a lower and an upper row for the model's "
+                    f"{self.dim} inputs), got shape {tuple(bounds.shape)}."
+                )
+            if not bool(torch.isfinite(bounds).all()) or not bool((bounds[1] > bounds[0]).all()):
+                raise ValueError(
+                    f"bounds need finite lower < upper in every column, got {bounds.tolist()}."
+                )
+        self.register_buffer("input_bounds", bounds)
         self.register_buffer("outcome_mean", torch.zeros(1, dtype=dtype, device=device))
         self.register_buffer("outcome_std", torch.ones(1, dtype=dtype, device=device))
         if input_transform is not None:

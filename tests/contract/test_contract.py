@@ -574,6 +574,25 @@ def test_constructor_refuses_bad_data(s):
             s.make(Xb, Yb, Vb)
 
 
+@surrogates
+def test_constructor_refuses_bad_bounds(s):
+    """A ``bounds`` box must be ``2 x d``, finite, lower < upper: said at construction, not later
+    as points "outside [2, -2]" or a shape error deep inside a model."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    box = torch.tensor([[0.0] * D, [1.0] * D], dtype=DT)
+    s.make(X, Y, bounds=box)  # a good box is taken
+    nan_box = box.clone()
+    nan_box[1, 0] = float("nan")
+    for bad, message in (
+        (box.flip(0), "lower < upper"),
+        (torch.zeros(2, D, dtype=DT), "lower < upper"),
+        (nan_box, "finite"),
+        (torch.tensor([[0.0] * (D + 1), [1.0] * (D + 1)], dtype=DT), f"2 x {D}"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            s.make(X, Y, bounds=bad)
+
+
 def _tensors_with_graph(obj, seen=None, path="model") -> list[str]:
     """Paths of tensors reachable from a module's buffers and plain attributes (dicts, lists,
     tuples) that carry an autograd graph (``grad_fn``)."""
