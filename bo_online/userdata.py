@@ -86,6 +86,12 @@ class Table:
 
     def _index(self, key: str | int, what: str) -> int:
         if isinstance(key, str) and key in self.columns:
+            if self.columns.count(key) > 1:
+                raise DataFileError(
+                    f"{self.path}: the header names column {key!r} {self.columns.count(key)} "
+                    f"times, so {what} {key!r} is ambiguous; rename the columns or give a "
+                    "column index."
+                )
             return self.columns.index(key)
         try:
             index = int(key)
@@ -304,6 +310,11 @@ def _inputs(table: Table, inputs: Sequence[str | int] | None, exclude: set[int])
         table.require(cols)
     else:
         cols = [table.column(c, "an input") for c in inputs]
+        repeated = sorted({table.columns[j] for j in cols if cols.count(j) > 1})
+        if repeated:
+            raise DataFileError(
+                f"{table.path}: input column(s) {', '.join(repeated)} are given more than once."
+            )
         clash = [table.columns[j] for j in cols if j in exclude]
         if clash:
             raise DataFileError(

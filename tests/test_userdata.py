@@ -145,6 +145,19 @@ def test_unused_text_or_missing_columns_are_ignored(tmp_path):
         stream_from_file(path, inputs=["x0", "notes"], target="target")
 
 
+def test_duplicate_header_names_and_repeated_inputs_are_refused(tmp_path):
+    X, y = _data(n=30)
+    path = tmp_path / "dup.csv"
+    lines = ["a,a,b,c,target"] + [",".join(f"{v:.17g}" for v in [*X[i], y[i]]) for i in range(30)]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError, match=r"names column 'a' 2 times, so an input 'a' is ambig"):
+        stream_from_file(path, inputs=["a", "b"], target="target")
+    problem = stream_from_file(path, inputs=[0, 1, "b"], target="target")  # indices are clear
+    assert problem.X_stream.shape[-1] == 3
+    with pytest.raises(DataFileError, match=r"input column\(s\) b are given more than once"):
+        pool_from_file(path, inputs=["b", "c", "b"], target="target")
+
+
 def _write_plain(tmp_path, X, y):
     path = tmp_path / "plain.csv"
     _write_csv(path, X, y)
