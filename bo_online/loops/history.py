@@ -32,6 +32,7 @@ import json
 import math
 import os
 import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -258,11 +259,18 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # The safe unpickler refuses a pickled object by naming a disallowed global; anything
+        # else it refuses (an unknown opcode in text or random bytes) is a damaged file.
+        refused = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if refused is None:
+            raise RunFileError(
+                f"The checkpoint {str(path)!r} is not a checkpoint bo-online wrote (damaged, "
+                f"truncated or another file); {what_to_do}."
+            ) from e
         raise RunFileError(
             f"Refusing the checkpoint {str(path)!r}: it holds objects other than tensors and "
-            f"plain data ({first[:200]}), so loading it could run code. If you wrote it yourself "
-            f"with an older bo-online, {what_to_do}."
+            f"plain data ({refused.group(1)}), so loading it could run code. If you wrote it "
+            f"yourself with an older bo-online, {what_to_do}."
         ) from e
     except Exception as e:  # noqa: BLE001
         # Random bytes can fail anywhere inside the unpickler (IndexError from its stack,

@@ -174,13 +174,18 @@ def test_pickled_payload_in_checkpoint_is_refused(tmp_path, capsys):
     torch.save(ckpt, out / history.CHECKPOINT_FILE)
     code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
-    assert "checkpoint.pt" in err and "Refusing" in err
+    assert "checkpoint.pt" in err and "Refusing" in err and "system" in err  # names the global
     assert not sentinel.exists()
     # a plain pickle (not a torch zip file) is refused too
     (out / history.CHECKPOINT_FILE).write_bytes(pickle.dumps(_Payload(sentinel)))
     code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
     assert not sentinel.exists()
+    # a text file in its place is damaged, not dangerous: no talk of running code
+    (out / history.CHECKPOINT_FILE).write_text("garbage\n")
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "is not a checkpoint bo-online wrote" in err and "run code" not in err
 
 
 def test_checkpoint_holds_only_plain_data(tmp_path):
