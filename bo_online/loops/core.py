@@ -143,8 +143,10 @@ class OnlineLoop:
             raise RunDirectoryError(f"The output directory {str(self.out_dir)!r} is a file.")
         if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
             raise RunDirectoryError(
-                f"{str(self.out_dir)!r} already holds a run; resume it (bo-online resume "
-                f"{self.out_dir}) or pass overwrite=True / --overwrite."
+                f"{str(self.out_dir)!r} already holds a run; resume it (CLI: bo-online resume "
+                f"{self.out_dir}, with --objective for your own objective; Python: "
+                f"load_loop({str(self.out_dir)!r}, problem=...) for a problem built in Python) "
+                "or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
             )
         self._overwrite = overwrite
         self.config: dict[str, Any] = {
