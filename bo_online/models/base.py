@@ -90,6 +90,11 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         super().__init__()
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
+        if not dtype.is_floating_point:
+            raise ValueError(
+                f"train_X must be floating point (it sets the model's dtype), got {dtype}; "
+                "convert it with .double()."
+            )
         self.dim = int(dim)
         if bounds is not None:
             bounds = torch.as_tensor(bounds, dtype=dtype, device=device)
@@ -457,6 +462,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             noise: optional ``q x m`` (or ``q``) observation-noise variances, user's units.
         """
         X, Y, noise = self._checked_observations(X, Y, noise, "update()")
+        if X.shape[-2] == 0:  # nothing to fold in (every surrogate treats it alike)
+            return self
         self.ensure_caches()
         Ys = self._to_internal(self._standardize(Y.to(X)))
         noise_s = self._standardized_noise(noise, X, Y.shape)

@@ -567,11 +567,25 @@ def test_constructor_refuses_bad_data(s):
     inf_Y = Y.clone()
     inf_Y[2, 0] = float("inf")
     cases = [(nan_X, Y, None), (X, inf_Y, None), (X, Y[:-1], None), (X[:, 0], Y, None)]
+    cases += [((X * 4).long(), Y, None)]  # integer inputs: a ValueError, as for every model
     if s.fixed_noise:
         cases += [(X, Y, -Yvar), (X, Y, Yvar[:-1])]
     for Xb, Yb, Vb in cases:
         with pytest.raises(ValueError):
             s.make(Xb, Yb, Vb)
+
+
+@surrogates
+def test_update_with_no_points_changes_nothing(s):
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    Xt = _test_points()
+    m0, C0 = latent(model, Xt)
+    before = tensor_state(model)
+    assert model.update(X[:0], Y[:0]) is model
+    assert same_state(before, tensor_state(model)) == []
+    m1, C1 = latent(model, Xt)
+    assert torch.equal(m0, m1) and torch.equal(C0, C1)
 
 
 @surrogates
