@@ -419,12 +419,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     def _floor_train_Yvar(self, train_Y: Tensor, train_Yvar: Tensor | None) -> Tensor | None:
         r"""Initial fixed-noise variances (user units) raised to the noise floor (see
-        :data:`bo_online.models.validation.NOISE_FLOOR`), with a warning if any were below."""
+        :data:`bo_online.models.validation.NOISE_FLOOR`), with a warning if any were below;
+        a variance that broadcasts (e.g. ``1 x 1``) is given to every point (``n x 1``)."""
         if train_Yvar is None:
             return None
-        return floor_noise(
-            train_Yvar.to(train_Y), train_noise_floor(train_Y.to(train_Yvar)), "standardised"
-        )
+        train_Yvar = train_Yvar.to(train_Y).expand(train_Y.shape).clone()
+        return floor_noise(train_Yvar, train_noise_floor(train_Y.to(train_Yvar)), "standardised")
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any

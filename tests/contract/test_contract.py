@@ -589,6 +589,17 @@ def test_update_with_no_points_changes_nothing(s):
 
 
 @surrogates
+def test_one_shared_noise_variance_equals_it_given_per_point(s):
+    _skip_unsupported(s, True)
+    X, Y, _ = s.data(N0, D, seed=0)
+    shared = s.make(X, Y, torch.full((1, 1), 0.02, dtype=DT))
+    per_point = s.make(X, Y, torch.full((N0, 1), 0.02, dtype=DT))
+    Xt = _test_points()
+    for a, b in zip(latent(shared, Xt), latent(per_point, Xt)):
+        assert torch.equal(a, b)
+
+
+@surrogates
 def test_constructor_refuses_bad_bounds(s):
     """A ``bounds`` box must be ``2 x d``, finite, lower < upper: said at construction, not later
     as points "outside [2, -2]" or a shape error deep inside a model."""
