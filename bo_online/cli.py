@@ -20,6 +20,7 @@ import ast
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -588,8 +589,8 @@ def _resume_command(loop: Any) -> str:
     r"""``bo-online resume DIR`` for ``loop``'s run, with the ``--objective`` that a run of a
     user objective must be given again."""
     spec = getattr(getattr(loop, "problem", None), "objective_spec", None)
-    objective = f" --objective {spec['objective']}" if spec else ""
-    return f"bo-online resume {loop.out_dir}{objective}"
+    objective = f" --objective {shlex.quote(spec['objective'])}" if spec else ""
+    return f"bo-online resume {shlex.quote(str(loop.out_dir))}{objective}"
 
 
 def _run(loop: Any, steps: int | None) -> None:

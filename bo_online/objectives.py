@@ -93,13 +93,19 @@ class _Vectorised:
     r"""A user objective on an ``n x d`` batch, whether it is written for a batch
     (``fn(X: n x d) -> n values``) or for one point (``fn(x: d) -> value``).
 
-    The mode is decided once, on the first call with more than one point: a batch function
-    returns n values there. A function that returns one value for the whole batch, or raises
-    on it, is taken to be per-point and is called row by row from then on (after an exception
-    with a warning that names it, since that batch call may have run part of an experiment).
-    Only that first, deciding call can be followed by per-point calls on the same points; once
-    the mode is decided, an exception is the objective's own and propagates, and a wrong
-    number of values is a ``ValueError``.
+    The mode is decided once, on the first call that can tell: a batch function returns ``n``
+    values for ``n`` points. Until then any other outcome of the batch call -- an exception
+    (a per-point function unpacking or indexing a row), one value for the batch, or a count
+    that is not ``n`` (a per-point function that indexes rows, iterates over them or uses
+    ``x @ x``) -- makes the function per-point, and it is called row by row from then on; after
+    an exception with a warning that names it, since that batch call may have run part of an
+    experiment. A call on one point decides nothing when it returns one value (both kinds
+    do). When ``n == d`` a per-point function can return ``n`` values for the batch by chance
+    (``x[0] + x[1]`` adds rows instead of coordinates), so the first row is also evaluated
+    alone there: the batch mode is taken only if that agrees (a noisy batch function may then
+    be called row by row, which gives it the same points). Once the mode is decided, an
+    exception is the objective's own and propagates, and a wrong number of values is an
+    :class:`~bo_online.errors.ObjectiveError`.
     """
 
     def __init__(self, fn: Callable[[Tensor], Any]) -> None:
@@ -121,16 +127,31 @@ class _Vectorised:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            self.per_point = True
-            return self(X)
-        if values.shape[0] == n:
-            if n > 1:  # one point says nothing: both kinds return one value for 1 x d
-                self.per_point = False
-            return values
-        if values.shape[0] == 1:  # one value for a batch: a per-point function
-            self.per_point = True
-            return self(X)
-        raise ObjectiveError(_count_message(values.shape[0], n))
+            return self._decide_per_point(X)
+        if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
+            return self._decide_per_point(X)
+        if n > 1:  # one point says nothing: both kinds return one value for 1 x d
+            if n == X.shape[-1]:
+                alone = self._first_row_alone(X)
+                if alone is not None and not bool(torch.isclose(alone, values[0], rtol=1e-9)):
+                    self.per_point = True  # the batch call mixed rows up: keep the row's value
+                    return torch.stack([alone] + [self._one(x) for x in X[1:]])
+            self.per_point = False
+        return values
+
+    def _decide_per_point(self, X: Tensor) -> Tensor:
+        self.per_point = True
+        return self(X)
+
+    def _first_row_alone(self, X: Tensor) -> Tensor | None:
+        r"""``fn`` on the first row alone (an ``n == d`` batch cannot tell the kinds apart by
+        the count), or None when it cannot take a single ``d``-vector: then it is a batch
+        function."""
+        try:
+            alone = self._values(self.fn(X[0]))
+        except Exception:
+            return None
+        return alone[0] if alone.shape[0] == 1 else None
 
     def _checked(self, out: Any, n: int) -> Tensor:
         values = self._values(out)
@@ -146,15 +167,15 @@ class _Vectorised:
         values = self._values(self.fn(x))
         if values.shape[0] != 1:
             raise ObjectiveError(
-                f"The objective returned {values.shape[0]} values for one point; it must return "
-                "one value per point"
+                f"returned {values.shape[0]} values for one point; it must return one value per "
+                "point"
             )
         return values[0]
 
 
 def _count_message(got: int, n: int) -> str:
     return (
-        f"The objective returned {got} values for {n} point(s); it must return one value per "
+        f"returned {got} values for {n} point(s); it must return one value per "
         "point (fn(X: n x d) -> n values) or one value for one point (fn(x: d) -> value)"
     )
 

@@ -351,8 +351,8 @@ class CallableProblem(Problem):
             )
         try:
             values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
-        except ObjectiveError:
-            raise
+        except ObjectiveError as error:  # from a wrapper that checks the values (no name)
+            raise ObjectiveError(f"Objective {self.name!r} {error}") from error
         except Exception as error:
             raise ObjectiveError(
                 f"Objective {self.name!r} raised {type(error).__name__}: {error}"

@@ -373,3 +373,18 @@ def test_stream_banana_classification_command(tmp_path, capsys):
     assert [r["n"] for r in records] == list(range(20, 61, 5))
     assert all(len(r["pred_prob"]) == 5 and 0 < min(r["pred_prob"]) for r in records[1:])
     assert [r["test_accuracy"] is not None for r in records] == [s % 2 == 0 for s in range(9)]
+
+
+def test_resume_command_quotes_what_a_shell_would_split(tmp_path):
+    """The resume command printed for a run in a directory with a space, and of an objective
+    in such a file, runs as printed: each part is one shell word."""
+    import shlex
+    from types import SimpleNamespace
+
+    from bo_online.cli import _resume_command
+
+    out = tmp_path / "my runs" / "levy"
+    spec = f"{tmp_path / 'my objectives' / 'obj.py'}:f"
+    loop = SimpleNamespace(out_dir=out, problem=SimpleNamespace(objective_spec={"objective": spec}))
+    words = shlex.split(_resume_command(loop))
+    assert words == ["bo-online", "resume", str(out), "--objective", spec]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -71,9 +73,62 @@ def test_once_decided_an_exception_propagates_and_nothing_is_called_again():
     assert calls == [(5, 2), (5, 2)]
 
 
+def _rosenbrock_by_index(x):  # written for one point: indexes coordinates as x[0], x[1]
+    return 100.0 * (x[1] - x[0] ** 2) ** 2 + (1.0 - x[0]) ** 2
+
+
+def _by_iteration(x):  # written for one point: iterates over its coordinates
+    return sum((xi - 0.3) ** 2 for xi in x)
+
+
+def _by_matmul(x):  # written for one point: x @ x is its squared norm
+    return (x - 0.3) @ (x - 0.3)
+
+
+def _rosenbrock_rows(X):
+    return 100.0 * (X[:, 1] - X[:, 0] ** 2) ** 2 + (1.0 - X[:, 0]) ** 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize(
+    "per_point, expected",
+    [
+        (_rosenbrock_by_index, _rosenbrock_rows),
+        (_by_iteration, lambda X: ((X - 0.3) ** 2).sum(-1)),
+        (_by_matmul, lambda X: ((X - 0.3) ** 2).sum(-1)),
+    ],
+)
+def test_per_point_functions_that_give_a_batch_the_wrong_count_are_called_row_by_row(
+    per_point, expected, n
+):
+    """On a batch these return d values (rows indexed or iterated instead of coordinates),
+    d x d values (``@``), or n values when n == d: every first call -- one point, n == d, any
+    n -- must still come out per point and right, and later calls too."""
+    X = X5[:n]
+    v = _Vectorised(per_point)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # @ on 5 x 2 raises: warned, tested above
+        torch.testing.assert_close(v(X), expected(X))
+    assert v.per_point is True  # decided on the first call, whatever its n
+    torch.testing.assert_close(v(X5), expected(X5))
+    assert v.per_point is True
+
+
+def test_a_batch_function_at_n_equal_to_d_is_still_a_batch_function():
+    X = X5[:2]  # n == d == 2: the count cannot tell, the first row alone does
+    fn, calls = _counting(lambda X: ((X - 0.3) ** 2).sum(-1))
+    v = _Vectorised(fn)
+    torch.testing.assert_close(v(X), EXPECTED[:2])
+    assert v.per_point is False and calls == [(2, 2), (2,)]
+    fn, calls = _counting(lambda X: (X[:, 0] - 0.3) ** 2 + (X[:, 1] - 0.3) ** 2)  # no 1-D rows
+    v = _Vectorised(fn)
+    torch.testing.assert_close(v(X), EXPECTED[:2])
+    assert v.per_point is False and calls == [(2, 2), (2,)]
+
+
 def test_wrong_number_of_values_is_an_objective_error():
-    with pytest.raises(ObjectiveError, match="returned 10 values for 5 point"):
-        _Vectorised(lambda X: X)(X5)
+    with pytest.raises(ObjectiveError, match="returned 2 values for one point"):
+        _Vectorised(lambda X: X)(X5)  # neither a batch nor a per-point function
     v = _Vectorised(lambda X: ((X - 0.3) ** 2).sum(-1))
     v(X5)
     v.fn = lambda X: X.sum()
@@ -96,6 +151,10 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
 
     problem = CallableProblem(with_nan, [[0, 0], [1, 1]], name="with_nan")
     with pytest.raises(ObjectiveError, match=r"returned nan at \[.*\] \(1 of 5 value"):
+        problem.evaluate_true(X5)
+
+    problem = CallableProblem(_Vectorised(lambda X: X), [[0, 0], [1, 1]], name="identity")
+    with pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"):
         problem.evaluate_true(X5)
 
 
@@ -135,6 +194,23 @@ def test_tell_refuses_a_transposed_batch_and_nonfinite_values_and_changes_nothin
     one = loop.ask()[0]
     loop.tell(one, ((one - 0.3) ** 2).sum())  # one point as a d-vector, a scalar value
     assert loop.X.shape == (10, 2) and torch.equal(loop.X[-1], one)
+
+
+def test_tell_with_one_input_takes_q_values_as_q_points():
+    X0 = torch.linspace(0.05, 0.95, 5, dtype=torch.float64).unsqueeze(-1)
+    loop = BayesOptLoop(
+        CallableProblem(None, [[0], [1]]),
+        initial_data=(X0, (X0.squeeze(-1) - 0.3) ** 2),
+        n_init=0,
+        model="exact",
+        acq="qucb",
+        q=3,
+        seed=0,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+    )
+    x = loop.ask().squeeze(-1)  # q = 3 values of the one input
+    loop.tell(x, (x - 0.3) ** 2)
+    assert loop.X.shape == (8, 1) and torch.equal(loop.X[-3:, 0], x)
 
 
 def _cli(argv, capsys):

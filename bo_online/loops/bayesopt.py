@@ -251,13 +251,16 @@ class BayesOptLoop(OnlineLoop):
     def _checked_observations(
         self, X: Any, y: Any, y_true: Any | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        r"""``X`` as ``q x d`` (a single point may be a ``d``-vector), ``y`` and ``y_true`` as
+        r"""``X`` as ``q x d`` (a single point may be a ``d``-vector; with ``d = 1``, ``q``
+        values are ``q`` points), ``y`` and ``y_true`` as
         ``q`` (or ``q x 1``) finite values, all float64; else a ``ValueError`` that says what
         was expected. No reshaping across dimensions: a transposed ``d x q`` batch is refused,
         not silently reinterpreted."""
         d = self.problem.dim
         X = torch.as_tensor(X, dtype=torch.float64)
-        if X.dim() == 1 and X.shape[0] == d:
+        if X.dim() == 1 and d == 1:  # one input: q values are q points
+            X = X.unsqueeze(-1)
+        elif X.dim() == 1 and X.shape[0] == d:
             X = X.unsqueeze(0)
         if X.dim() != 2 or X.shape[-1] != d:
             raise ValueError(

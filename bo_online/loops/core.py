@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 import shutil
 import signal
 import time
@@ -144,9 +145,9 @@ class OnlineLoop:
         if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
             raise RunDirectoryError(
                 f"{str(self.out_dir)!r} already holds a run; resume it (CLI: bo-online resume "
-                f"{self.out_dir}, with --objective for your own objective; Python: "
-                f"load_loop({str(self.out_dir)!r}, problem=...) for a problem built in Python) "
-                "or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
+                f"{shlex.quote(str(self.out_dir))}, with --objective for your own objective; "
+                f"Python: load_loop({str(self.out_dir)!r}, problem=...) for a problem built in "
+                "Python) or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
             )
         self._overwrite = overwrite
         self.config: dict[str, Any] = {

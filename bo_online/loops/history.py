@@ -33,6 +33,7 @@ import math
 import os
 import pickle
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -113,7 +114,8 @@ def _write_error(path: Path, e: OSError) -> RunFileError:
     and whether the run can be resumed (a checkpoint exists) or must be started again."""
     out_dir = path.parent
     then = (
-        f"then continue from the last checkpoint with `bo-online resume {out_dir}`"
+        "then continue from the last checkpoint with "
+        f"`bo-online resume {shlex.quote(str(out_dir))}`"
         if (out_dir / CHECKPOINT_FILE).is_file()
         else "then start the run again (no checkpoint was written yet)"
     )

@@ -186,7 +186,7 @@ def check_observations(
 
 
 def check_noise(noise: Tensor, shape: torch.Size) -> None:
-    """Noise variances: finite, >= 0, broadcastable to ``shape``."""
+    """Noise variances: finite, >= 0, broadcastable to ``shape`` without enlarging it."""
     if not isinstance(noise, Tensor):
         raise ValueError(f"noise must be a torch.Tensor, got {type(noise).__name__}.")
     check_finite("noise", noise)
@@ -196,8 +196,11 @@ def check_noise(noise: Tensor, shape: torch.Size) -> None:
             f"{float(noise.min()):.3g}); observation noise variances must be >= 0."
         )
     try:
-        torch.broadcast_shapes(noise.shape, shape)
-    except RuntimeError as e:
+        fits = torch.broadcast_shapes(noise.shape, shape) == shape
+    except RuntimeError:
+        fits = False
+    if not fits:  # e.g. n variances against n x 1 observations would broadcast to n x n
         raise ValueError(
-            f"noise of shape {tuple(noise.shape)} does not broadcast to Y's shape {tuple(shape)}."
-        ) from e
+            f"noise of shape {tuple(noise.shape)} does not broadcast to Y's shape {tuple(shape)}; "
+            "give one variance per observation in Y's shape (e.g. n x 1: noise.unsqueeze(-1))."
+        )

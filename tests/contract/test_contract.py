@@ -600,6 +600,21 @@ def test_one_shared_noise_variance_equals_it_given_per_point(s):
 
 
 @surrogates
+def test_noise_that_would_enlarge_Y_is_refused_with_the_shape_to_use(s):
+    """``n`` variances against ``n x 1`` observations broadcast to ``n x n``: a ValueError that
+    says to give ``n x 1`` (the expand that gives a shared variance to every point raised a
+    RuntimeError on it), at construction and in update()."""
+    _skip_unsupported(s, True)
+    X, Y, _ = s.data(N0, D, seed=0)
+    with pytest.raises(ValueError, match=r"does not broadcast to Y's shape .*unsqueeze"):
+        s.make(X, Y, torch.full((N0,), 0.02, dtype=DT))
+    model = s.make(X, Y, torch.full((N0, 1), 0.02, dtype=DT))
+    Xn, Yn, _ = s.data(3, D, seed=1)
+    with pytest.raises(ValueError, match="does not broadcast to Y's shape"):
+        model.update(Xn, Yn, torch.full((2, 3), 0.02, dtype=DT))
+
+
+@surrogates
 def test_constructor_refuses_bad_bounds(s):
     """A ``bounds`` box must be ``2 x d``, finite, lower < upper: said at construction, not later
     as points "outside [2, -2]" or a shape error deep inside a model."""
