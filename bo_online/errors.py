@@ -8,4 +8,14 @@ __all__ = ["ObjectiveError"]
 
 class ObjectiveError(RuntimeError):
     r"""A user objective raised, or returned a wrong number of values or NaN/inf; the message
-    names the objective, the exception and the innermost frame of the user's own code."""
+    names the objective, the exception and the innermost frame of the user's own code.
+
+    Args:
+        message: what went wrong.
+        objective: the objective's name once the message names it (None while it does not:
+            the problem that calls the objective adds it).
+    """
+
+    def __init__(self, message: str, objective: str | None = None) -> None:
+        super().__init__(message)
+        self.objective = objective

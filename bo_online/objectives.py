@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -97,61 +98,68 @@ class _Vectorised:
     values for ``n`` points. Until then any other outcome of the batch call -- an exception
     (a per-point function unpacking or indexing a row), one value for the batch, or a count
     that is not ``n`` (a per-point function that indexes rows, iterates over them or uses
-    ``x @ x``) -- makes the function per-point, and it is called row by row from then on; after
-    an exception with a warning that names it, since that batch call may have run part of an
-    experiment. A call on one point decides nothing when it returns one value (both kinds
-    do). When ``n == d`` a per-point function can return ``n`` values for the batch by chance
-    (``x[0] + x[1]`` adds rows instead of coordinates), so the first row is also evaluated
-    alone there: the batch mode is taken only if that agrees (a noisy batch function may then
-    be called row by row, which gives it the same points). Once the mode is decided, an
-    exception is the objective's own and propagates, and a wrong number of values is an
+    ``x @ x``) -- makes the function per-point, and it is called row by row from then on, after
+    a warning (that batch call may have run part of an experiment). A call on one point decides
+    nothing when it returns one value (both kinds do). A call with as many points as dimensions
+    decides nothing either, since a per-point function can return ``n`` values there by chance
+    (``x[0] + x[1]`` adds rows instead of coordinates): it is evaluated one point at a time, each
+    point as a ``d``-vector or, if the function cannot take one, as a ``1 x d`` batch, so every
+    point is evaluated once and right whichever kind the function is. Once the mode is decided,
+    an exception is the objective's own and propagates, and a wrong number of values is an
     :class:`~bo_online.errors.ObjectiveError`.
     """
 
     def __init__(self, fn: Callable[[Tensor], Any]) -> None:
         self.fn = fn
         self.per_point: bool | None = None  # None: not decided yet
+        self._why_per_point = ""  # what the deciding batch call did, for later error messages
 
     def __call__(self, X: Tensor) -> Tensor:
-        n = X.shape[0]
+        n, d = X.shape[0], X.shape[-1]
         if self.per_point:
             return torch.stack([self._one(x) for x in X])
         if self.per_point is False:
             return self._checked(self.fn(X), n)
+        if n > 1 and n == d:  # the count cannot tell the kinds apart: stay undecided
+            return torch.stack([self._one_of_either_kind(x) for x in X])
         try:  # not decided yet: try the batch
             values = self._values(self.fn(X))
         except Exception as error:  # a per-point function given a batch
-            warnings.warn(
-                f"The objective raised {type(error).__name__}: {error} on a {n} x {X.shape[-1]} "
-                "batch; calling it one point at a time from now on.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return self._decide_per_point(X)
+            return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
-            return self._decide_per_point(X)
+            return self._decide_per_point(X, f"returned {values.shape[0]} value(s)")
         if n > 1:  # one point says nothing: both kinds return one value for 1 x d
-            if n == X.shape[-1]:
-                alone = self._first_row_alone(X)
-                if alone is not None and not bool(torch.isclose(alone, values[0], rtol=1e-9)):
-                    self.per_point = True  # the batch call mixed rows up: keep the row's value
-                    return torch.stack([alone] + [self._one(x) for x in X[1:]])
             self.per_point = False
         return values
 
-    def _decide_per_point(self, X: Tensor) -> Tensor:
+    def _decide_per_point(self, X: Tensor, why: str) -> Tensor:
+        self._why_per_point = f"{why} on a {X.shape[0]} x {X.shape[-1]} batch"
+        warnings.warn(
+            f"The objective {self._why_per_point}; calling it one point at a time from now on.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         self.per_point = True
         return self(X)
 
-    def _first_row_alone(self, X: Tensor) -> Tensor | None:
-        r"""``fn`` on the first row alone (an ``n == d`` batch cannot tell the kinds apart by
-        the count), or None when it cannot take a single ``d``-vector: then it is a batch
-        function."""
+    def _one_of_either_kind(self, x: Tensor) -> Tensor:
+        r"""The value at one point ``x`` (``d``) while the kind is undecided: ``fn(x)`` if that
+        gives one value (a per-point function, or a batch function that takes a ``d``-vector),
+        else ``fn`` on the ``1 x d`` batch (a batch function that needs rows); if that raises
+        too, the first exception."""
         try:
-            alone = self._values(self.fn(X[0]))
+            values = self._values(self.fn(x))
+            if values.shape[0] == 1:
+                return values[0]
+            first: Exception | None = None
+        except Exception as error:
+            first = error
+        try:
+            return self._checked(self.fn(x.unsqueeze(0)), 1)[0]
         except Exception:
-            return None
-        return alone[0] if alone.shape[0] == 1 else None
+            if first is not None:
+                raise first from None
+            raise
 
     def _checked(self, out: Any, n: int) -> Tensor:
         values = self._values(out)
@@ -166,9 +174,10 @@ class _Vectorised:
     def _one(self, x: Tensor) -> Tensor:
         values = self._values(self.fn(x))
         if values.shape[0] != 1:
+            since = f" (it is called one point at a time: it {self._why_per_point})"
             raise ObjectiveError(
                 f"returned {values.shape[0]} values for one point; it must return one value per "
-                "point"
+                f"point{since if self._why_per_point else ''}"
             )
         return values[0]
 
@@ -211,7 +220,8 @@ def check_resume(stored: dict[str, Any] | None, given: str | None) -> CallablePr
     if given is None:
         raise ValueError(
             f"This run optimises the user objective {stored['objective']!r}; pass "
-            f"--objective {stored['objective']} again to resume it (importing it runs its code)."
+            f"--objective {shlex.quote(stored['objective'])} again to resume it (importing it "
+            "runs its code)."
         )
     if given != stored["objective"]:
         raise ValueError(

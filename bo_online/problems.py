@@ -351,18 +351,22 @@ class CallableProblem(Problem):
             )
         try:
             values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
-        except ObjectiveError as error:  # from a wrapper that checks the values (no name)
-            raise ObjectiveError(f"Objective {self.name!r} {error}") from error
+        except ObjectiveError as error:  # from the wrapper that checks the values, or nested
+            if error.objective is not None:  # already names its objective
+                raise
+            raise ObjectiveError(f"Objective {self.name!r} {error}", self.name) from error
         except Exception as error:
             raise ObjectiveError(
                 f"Objective {self.name!r} raised {type(error).__name__}: {error}"
-                f"{_user_frame(error)} on {X.shape[0]} point(s)"
+                f"{_user_frame(error)} on {X.shape[0]} point(s)",
+                self.name,
             ) from error
         values = values.reshape(-1)
         if values.shape[0] != X.shape[0]:
             raise ObjectiveError(
                 f"Objective {self.name!r} returned {values.shape[0]} values for "
-                f"{X.shape[0]} points."
+                f"{X.shape[0]} points.",
+                self.name,
             )
         bad = ~torch.isfinite(values)
         if bool(bad.any()):
@@ -370,7 +374,8 @@ class CallableProblem(Problem):
             raise ObjectiveError(
                 f"Objective {self.name!r} returned {values[i].item()} at "
                 f"{[round(v, 6) for v in X[i].tolist()]} ({int(bad.sum())} of {X.shape[0]} "
-                "value(s) NaN/inf); it must return a finite value for every point"
+                "value(s) NaN/inf); it must return a finite value for every point",
+                self.name,
             )
         return values
 

@@ -52,7 +52,8 @@ def test_per_point_function_that_raises_on_a_batch_is_called_row_by_row_after_a_
 def test_per_point_function_returning_one_value_for_a_batch_is_detected():
     fn, calls = _counting(lambda x: ((x - 0.3) ** 2).sum())  # a scalar whatever it gets
     v = _Vectorised(fn)
-    torch.testing.assert_close(v(X5), EXPECTED)
+    with pytest.warns(RuntimeWarning, match="returned 1 value.* 5 x 2 batch.*one point at a"):
+        torch.testing.assert_close(v(X5), EXPECTED)
     assert calls == [(5, 2)] + [(2,)] * 5 and v.per_point is True
 
 
@@ -107,28 +108,64 @@ def test_per_point_functions_that_give_a_batch_the_wrong_count_are_called_row_by
     X = X5[:n]
     v = _Vectorised(per_point)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # @ on 5 x 2 raises: warned, tested above
+        warnings.simplefilter("ignore", RuntimeWarning)  # the switch's warning: tested below
         torch.testing.assert_close(v(X), expected(X))
-    assert v.per_point is True  # decided on the first call, whatever its n
-    torch.testing.assert_close(v(X5), expected(X5))
+        assert v.per_point is (None if n == 2 else True)  # n == d == 2 cannot decide
+        torch.testing.assert_close(v(X5), expected(X5))
     assert v.per_point is True
 
 
-def test_a_batch_function_at_n_equal_to_d_is_still_a_batch_function():
-    X = X5[:2]  # n == d == 2: the count cannot tell, the first row alone does
-    fn, calls = _counting(lambda X: ((X - 0.3) ** 2).sum(-1))
+@pytest.mark.parametrize(
+    "per_point",
+    [
+        lambda x: (x[0] - 0.3) ** 2,  # ignores a coordinate: row 0 alone agrees with the batch
+        lambda x: torch.maximum(x[0], x[1]),  # saturates: agrees on some rows
+        lambda x: torch.relu(x[0] - x[1]) + x[0] ** 2,
+    ],
+)
+def test_at_n_equal_to_d_every_point_is_evaluated_alone_and_right(per_point):
+    """n == d: a per-point function's batch call can return n plausible values (here rows
+    where coordinates were meant); the points are evaluated one at a time instead, so the
+    values are right whatever the function does with the other coordinates."""
+    X = X5[:2]
+    expected = torch.stack([torch.as_tensor(per_point(x), dtype=torch.float64) for x in X])
+    fn, calls = _counting(per_point)
     v = _Vectorised(fn)
-    torch.testing.assert_close(v(X), EXPECTED[:2])
-    assert v.per_point is False and calls == [(2, 2), (2,)]
-    fn, calls = _counting(lambda X: (X[:, 0] - 0.3) ** 2 + (X[:, 1] - 0.3) ** 2)  # no 1-D rows
+    torch.testing.assert_close(v(X), expected)
+    assert calls == [(2,), (2,)] and v.per_point is None
+
+
+def test_at_n_equal_to_d_a_batch_function_evaluates_each_point_once():
+    """A noisy or expensive batch function at n == d: one call per point (as a d-vector, or as a
+    1 x d batch when it needs rows), none twice; the kind is decided at a later batch."""
+    draws = iter(range(100))
+
+    def noisy(X):  # a batch function whose every call gives new noise
+        return ((X - 0.3) ** 2).sum(-1) + 1e-3 * next(draws)
+
+    fn, calls = _counting(noisy)
     v = _Vectorised(fn)
-    torch.testing.assert_close(v(X), EXPECTED[:2])
-    assert v.per_point is False and calls == [(2, 2), (2,)]
+    values = v(X5[:2])
+    assert calls == [(2,), (2,)] and v.per_point is None
+    torch.testing.assert_close(
+        values, EXPECTED[:2] + torch.tensor([0.0, 1e-3], dtype=torch.float64)
+    )
+    rows_only, calls = _counting(lambda X: (X[:, 0] - 0.3) ** 2 + (X[:, 1] - 0.3) ** 2)
+    v = _Vectorised(rows_only)  # raises on a d-vector: each point goes as 1 x d
+    torch.testing.assert_close(v(X5[:2]), EXPECTED[:2])
+    assert calls == [(2,), (1, 2), (2,), (1, 2)] and v.per_point is None
+    torch.testing.assert_close(v(X5), EXPECTED)
+    assert calls[-1] == (5, 2) and v.per_point is False
 
 
 def test_wrong_number_of_values_is_an_objective_error():
-    with pytest.raises(ObjectiveError, match="returned 2 values for one point"):
-        _Vectorised(lambda X: X)(X5)  # neither a batch nor a per-point function
+    two_outputs = _Vectorised(lambda X: torch.stack([X.sum(-1), X.prod(-1)], -1))
+    with pytest.warns(RuntimeWarning, match="returned 10 value"):
+        with pytest.raises(
+            ObjectiveError,
+            match=r"returned 2 values for one point.*it returned 10 value\(s\) on a 5 x 2 batch",
+        ):
+            two_outputs(X5)  # neither a batch nor a per-point function: both counts said
     v = _Vectorised(lambda X: ((X - 0.3) ** 2).sum(-1))
     v(X5)
     v.fn = lambda X: X.sum()
@@ -154,8 +191,16 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
         problem.evaluate_true(X5)
 
     problem = CallableProblem(_Vectorised(lambda X: X), [[0, 0], [1, 1]], name="identity")
-    with pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"):
+    with (
+        pytest.warns(RuntimeWarning),
+        pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"),
+    ):
         problem.evaluate_true(X5)
+    inner = CallableProblem(with_nan, [[0, 0], [1, 1]], name="sim")
+    outer = CallableProblem(inner.evaluate_true, [[0, 0], [1, 1]], name="outer")
+    with pytest.raises(ObjectiveError, match=r"^Objective 'sim' returned nan") as caught:
+        outer.evaluate_true(X5)
+    assert "outer" not in str(caught.value)  # named once, by the problem that called it
 
 
 def _ask_tell_loop():

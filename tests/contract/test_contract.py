@@ -611,7 +611,7 @@ def test_noise_that_would_enlarge_Y_is_refused_with_the_shape_to_use(s):
     model = s.make(X, Y, torch.full((N0, 1), 0.02, dtype=DT))
     Xn, Yn, _ = s.data(3, D, seed=1)
     with pytest.raises(ValueError, match="does not broadcast to Y's shape"):
-        model.update(Xn, Yn, torch.full((2, 3), 0.02, dtype=DT))
+        model.update(Xn, Yn, torch.full((1, 3), 0.02, dtype=DT))  # 3 x 1 against 1 x 3
 
 
 @surrogates
