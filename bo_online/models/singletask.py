@@ -116,6 +116,8 @@ class RefitSingleTaskGP(Model):
             raise ValueError("update() got NaN/inf in X or Y.")
         if (self.train_Yvar is None) != (noise is None):
             raise ValueError("Pass noise with every update exactly when train_Yvar was given.")
+        if X.shape[0] == 0:  # no new points: nothing to rebuild or refit, as for the surrogates
+            return self
         new_X = torch.cat([self.train_X, X.to(self.train_X)])
         new_Y = torch.cat([self.train_Y, Y.to(self.train_Y)])
         new_Yvar = None
