@@ -203,10 +203,14 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
     assert "outer" not in str(caught.value)  # named once, by the problem that called it
 
 
-def _ask_tell_loop():
-    X0 = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+def _ask_tell_loop(X0=None):
+    r"""An ask/tell loop (q = 3, the exact GP) on the unit box of ``X0``'s columns, started from
+    ``X0`` (default 6 random 2-D points) and ``sum((x - 0.3)^2)`` there."""
+    if X0 is None:
+        X0 = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    d = X0.shape[-1]
     return BayesOptLoop(
-        CallableProblem(None, [[0, 0], [1, 1]]),
+        CallableProblem(None, [[0] * d, [1] * d]),
         initial_data=(X0, ((X0 - 0.3) ** 2).sum(-1)),
         n_init=0,
         model="exact",
@@ -242,17 +246,7 @@ def test_tell_refuses_a_transposed_batch_and_nonfinite_values_and_changes_nothin
 
 
 def test_tell_with_one_input_takes_q_values_as_q_points():
-    X0 = torch.linspace(0.05, 0.95, 5, dtype=torch.float64).unsqueeze(-1)
-    loop = BayesOptLoop(
-        CallableProblem(None, [[0], [1]]),
-        initial_data=(X0, (X0.squeeze(-1) - 0.3) ** 2),
-        n_init=0,
-        model="exact",
-        acq="qucb",
-        q=3,
-        seed=0,
-        optimizer_options={"num_restarts": 2, "raw_samples": 32},
-    )
+    loop = _ask_tell_loop(torch.linspace(0.05, 0.95, 5, dtype=torch.float64).unsqueeze(-1))
     x = loop.ask().squeeze(-1)  # q = 3 values of the one input
     loop.tell(x, (x - 0.3) ** 2)
     assert loop.X.shape == (8, 1) and torch.equal(loop.X[-3:, 0], x)
