@@ -1375,15 +1375,32 @@ def main(argv: list[str] | None = None) -> None:
     # run directory's lock) runs as for Ctrl-C.
     import signal
     import threading
+    import warnings
 
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_showwarning, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         _main(argv)
     finally:
+        warnings.showwarning = previous_showwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    r"""A warning during a command as one line on stderr, ``bo-online: warning: ...`` (Python's
+    default format adds the package's file, line number and source line, which say nothing to
+    a user of the command)."""
+    print(f"bo-online: warning: {message} ({category.__name__})", file=sys.stderr)
 
 
 def _main(argv: list[str] | None) -> None:

@@ -291,3 +291,18 @@ def test_cli_objective_failure_is_one_line_with_the_right_way_on(tmp_path, capsy
     assert f"continue the run with `bo-online resume {run} --objective {spec}`" in err
     flag.unlink()
     assert _cli(resume, capsys)[0] == 0
+
+
+def test_cli_prints_the_switch_to_per_point_calls_as_one_warning_line(tmp_path, capsys):
+    (tmp_path / "obj.py").write_text(
+        "def rosen(x):  # one point: indexes coordinates\n"
+        "    return 100.0 * (x[1] - x[0] ** 2) ** 2 + (1.0 - x[0]) ** 2\n"
+    )
+    argv = ["bo", "--objective", f"{tmp_path / 'obj.py'}:rosen", "--bounds", "-2,2 -1,3"]
+    argv += ["--steps", "1", "--out", str(tmp_path / "run"), "-Q", "--no-plots"]
+    code, err = _cli(argv + ["--num-restarts", "2", "--raw-samples", "32"], capsys)
+    lines = [line for line in err.splitlines() if "warning" in line.lower()]
+    assert code == 0 and lines == [
+        "bo-online: warning: The objective returned 2 value(s) on a 5 x 2 batch; calling it one "
+        "point at a time from now on. (RuntimeWarning)"
+    ], err
