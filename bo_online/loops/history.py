@@ -35,6 +35,7 @@ import pickle
 import re
 import shlex
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -259,7 +260,11 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise RunFileError(f"The checkpoint {str(path)!r} is empty; {what_to_do}.")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # A file bo-online did not write (a plain pickle) makes torch warn about its pickle
+            # protocol before refusing it; the refusal below says what matters.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         # The safe unpickler refuses a pickled object by naming a disallowed global; anything
         # else it refuses (an unknown opcode in text or random bytes) is a damaged file.
