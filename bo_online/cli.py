@@ -20,7 +20,6 @@ import ast
 import json
 import math
 import re
-import shlex
 import statistics
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -588,9 +587,10 @@ _ACTIVE_RUN: list[tuple[Path, str]] = []
 def _resume_command(loop: Any) -> str:
     r"""``bo-online resume DIR`` for ``loop``'s run, with the ``--objective`` that a run of a
     user objective must be given again."""
+    from bo_online.loops.history import resume_command
+
     spec = getattr(getattr(loop, "problem", None), "objective_spec", None)
-    objective = f" --objective {shlex.quote(spec['objective'])}" if spec else ""
-    return f"bo-online resume {shlex.quote(str(loop.out_dir))}{objective}"
+    return resume_command(loop.out_dir, spec["objective"] if spec else None)
 
 
 def _run(loop: Any, steps: int | None) -> None:

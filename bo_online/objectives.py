@@ -147,13 +147,14 @@ class _Vectorised:
         gives one value (a per-point function, or a batch function that takes a ``d``-vector),
         else ``fn`` on the ``1 x d`` batch (a batch function that needs rows); if that raises
         too, the first exception."""
+        first: Exception | None = None
         try:
             values = self._values(self.fn(x))
-            if values.shape[0] == 1:
-                return values[0]
-            first: Exception | None = None
         except Exception as error:
             first = error
+        else:
+            if values.shape[0] == 1:
+                return values[0]
         try:
             return self._checked(self.fn(x.unsqueeze(0)), 1)[0]
         except Exception:

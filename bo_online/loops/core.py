@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shlex
 import shutil
 import signal
 import time
@@ -144,8 +143,8 @@ class OnlineLoop:
             raise RunDirectoryError(f"The output directory {str(self.out_dir)!r} is a file.")
         if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
             raise RunDirectoryError(
-                f"{str(self.out_dir)!r} already holds a run; resume it (CLI: bo-online resume "
-                f"{shlex.quote(str(self.out_dir))}, with --objective for your own objective; "
+                f"{str(self.out_dir)!r} already holds a run; resume it (CLI: "
+                f"{history.resume_command(self.out_dir)}, with --objective for your own objective; "
                 f"Python: load_loop({str(self.out_dir)!r}, problem=...) for a problem built in "
                 "Python) or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
             )

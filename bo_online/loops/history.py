@@ -110,13 +110,19 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def resume_command(out_dir: Path | str, objective: str | None = None) -> str:
+    r"""``bo-online resume DIR`` (with ``--objective SPEC`` for a run of a user objective),
+    each part quoted so that a shell takes it as one word."""
+    given = "" if objective is None else f" --objective {shlex.quote(objective)}"
+    return f"bo-online resume {shlex.quote(str(out_dir))}{given}"
+
+
 def _write_error(path: Path, e: OSError) -> RunFileError:
     r"""One line for a failed write into a run directory (full disk, permissions): what to do,
     and whether the run can be resumed (a checkpoint exists) or must be started again."""
     out_dir = path.parent
     then = (
-        "then continue from the last checkpoint with "
-        f"`bo-online resume {shlex.quote(str(out_dir))}`"
+        f"then continue from the last checkpoint with `{resume_command(out_dir)}`"
         if (out_dir / CHECKPOINT_FILE).is_file()
         else "then start the run again (no checkpoint was written yet)"
     )
