@@ -15,6 +15,9 @@ ratios. Quantities (``--task``):
   OnlineExactGP at ``--n`` (as ``bench_bo_step.py``'s update part), each on a fresh copy, after
   a posterior with a gradient on the same state (as the acquisition leaves it); WISKI at the
   loop's default grid or ``--grid-size`` points per dimension (12: m = 1,000).
+* ``fit``: the warm-started refit of the loop's ``refit_every=1`` (``fit(max_iter=50)``) after
+  ``update`` of q = 3 points (untimed), WISKI (loop default grid or ``--grid-size``) and
+  OnlineExactGP at ``--n``, each on a fresh copy of the model fitted on the ``--n`` points.
 * ``cond``: WISKI at ``--m`` = 1,000 grid points (3-D, 12^3 grid incl. padding) on ``--n``
   points, caches built by a first fantasy; per repetition ``update`` of q = 3 points, then the
   first conditioning on 3 points plus the posterior at 50 points on the new state
@@ -128,6 +131,38 @@ def _task_update(args):
     return run
 
 
+def _task_fit(args):
+    import copy
+
+    import torch
+
+    from bo_online.models.registry import get_model_class
+
+    X, Y = _levy(args.n, 0)
+    g = torch.Generator().manual_seed(1)
+    Xq = torch.rand(3, 3, generator=g, dtype=torch.float64)
+    Yq = torch.randn(3, 1, generator=g, dtype=torch.float64)
+    models = {}
+    for name in ("wiski", "exact"):
+        kw = {"grid_size": args.grid_size} if (name == "wiski" and args.grid_size) else {}
+        model = get_model_class(name)(X, Y, **kw)
+        model.fit(max_iter=200)
+        models[name] = model
+
+    def run():
+        out = {}
+        for name, model in models.items():
+            m = copy.deepcopy(model)
+            m.update(Xq, Yq)  # the step's new points, untimed
+            t0 = time.perf_counter()
+            m.fit(max_iter=50)
+            out[name] = time.perf_counter() - t0
+        out["wiski/exact"] = out["wiski"] / out["exact"]
+        return out
+
+    return run
+
+
 def _task_cond(args):
     import torch
 
@@ -221,7 +256,13 @@ def _task_chol(args):
     return run
 
 
-TASKS = {"acq": _task_acq, "update": _task_update, "cond": _task_cond, "chol": _task_chol}
+TASKS = {
+    "acq": _task_acq,
+    "update": _task_update,
+    "fit": _task_fit,
+    "cond": _task_cond,
+    "chol": _task_chol,
+}
 
 
 def worker(args) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from bo_online.linalg import psd_cholesky, solve_lower, solve_lower_transpose
 from bo_online.models.wiski.grid import interp_matmul
+from bo_online.models.wiski.kronecker import kron_congruence, kron_dense
 
 __all__ = ["WISKICacheMixin"]
 
@@ -56,8 +57,18 @@ class WISKICacheMixin:
         RtGR = torch.cat([Rb.mT @ GR[a : a + b] for a, b, Rb in zip(starts, sizes, roots)], 0)
         return torch.block_diag(*roots), RtGR
 
+    def _root_and_gram_of_model(self, G: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``R`` (``R R^T`` = :meth:`_grid_kernel`, lower, ``m x m``) and ``R^T G R`` for this
+        model's kernel: by Kronecker algebra where the kernel factors over dimensions
+        (:mod:`.kronecker`), else densely (:meth:`_root_and_gram`)."""
+        factors = self._kronecker_factors()
+        if factors is None:
+            return self._root_and_gram(self._grid_kernel(), G, self._block_sizes())
+        roots = [psd_cholesky(F) for F in factors]
+        return kron_dense(roots), kron_congruence(roots, G)
+
     def _rebuild_caches(self) -> None:
-        R, A = self._root_and_gram(self._grid_kernel(), self.G, self._block_sizes())
+        R, A = self._root_and_gram_of_model(self.G)
         sigma2 = self._sigma2()
         m = R.shape[-1]
         A = A + sigma2 * torch.eye(m, dtype=A.dtype, device=A.device)

@@ -71,6 +71,7 @@ from bo_online.models.wiski.kernels import (
     _default_kernel,
     default_grid_size,
 )
+from bo_online.models.wiski.kronecker import kron_dense, kronecker_factors
 from bo_online.models.wiski.posterior import WISKIPosteriorMixin
 from bo_online.models.wiski.projection import make_projection, set_projection_normalization
 from bo_online.models.wiski.statistics import _DELTA_NAMES, WISKIStatisticsMixin
@@ -408,11 +409,30 @@ class WISKI(
             D = noise.detach() / self._sigma2().detach()
         return self._check_D(D)
 
-    def _grid_kernel(self, points: Tensor | None = None) -> Tensor:
-        r"""``K_UU + jitter I`` (``m x m``, or on a subset of grid ``points``), differentiable in
-        the kernel hyperparameters. ``jitter = grid_jitter * mean(diag K)`` (the same on any
-        subset for a stationary kernel)."""
-        K = self.covar_module(self.grid_points if points is None else points).to_dense()
+    def _kronecker_factors(self) -> list[Tensor] | None:
+        r"""The jittered per-dimension factors of the grid kernel (``m_j x m_j`` each, their
+        Kronecker product is :meth:`_grid_kernel`) for a single grid and a kernel that factors
+        over dimensions (the default RBF kernel), else None; see :mod:`.kronecker`."""
+        if self.input_groups is not None:
+            return None
+        sizes = self.grid.inner_sizes
+        P = self.grid_points.reshape(*sizes, len(sizes))
+        axes = [
+            P[tuple(slice(None) if i == j else 0 for i in range(len(sizes)))][:, j]
+            for j in range(len(sizes))
+        ]
+        return kronecker_factors(self.covar_module, axes, self.grid_jitter)
+
+    def _grid_kernel(self) -> Tensor:
+        r"""The jittered grid kernel ``K_UU + jitter`` (``m x m``), differentiable in the kernel
+        hyperparameters. For a kernel that factors over
+        dimensions on a single grid the jitter is per factor, ``kron_j (K_j + grid_jitter *
+        k_j(0) I)`` (which keeps the Kronecker structure, :mod:`.kronecker`); otherwise it is
+        ``K_UU + grid_jitter * mean(diag K_UU) I``."""
+        factors = self._kronecker_factors()
+        if factors is not None:
+            return kron_dense(factors)
+        K = self.covar_module(self.grid_points).to_dense()
         jitter = self.grid_jitter * torch.diagonal(K).mean()
         return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
 

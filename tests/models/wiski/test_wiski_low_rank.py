@@ -28,7 +28,7 @@ def _mll_and_grad(model, low_rank: bool):
     model.zero_grad()
     model.__dict__["_low_rank_cache"] = None
     if not low_rank:  # an instance attribute shadows the method: no factor, the m x m path
-        model._low_rank = lambda *args: None
+        model._low_rank = lambda *args, **kwargs: None
     try:
         mll = model.marginal_log_likelihood(include_priors=False)
         mll.backward()
@@ -92,3 +92,21 @@ def test_updates_refresh_the_factor():
     scratch.load_state_dict(model.state_dict())
     ref, _ = _mll_and_grad(scratch, low_rank=False)
     assert float((after - ref).abs()) < 1e-10 * abs(float(ref))
+
+
+def test_with_a_kronecker_kernel_the_factor_serves_up_to_the_number_of_active_points():
+    X, Y, Yvar = _data(40, 2, False, seed=2)
+    model = WISKI(X, Y, Yvar, grid_size=10)  # 8 x 8 = 64 grid points that can carry weight
+    model.fit(max_iter=8)
+    active = torch.nonzero(torch.diagonal(model.G) > 0)[:, 0]
+    full = active.numel() == model.num_grid_points
+    assert active.numel() / 2 < 40 < active.numel()
+    assert model._kronecker_factors() is not None
+    assert model._low_rank(model.statistics(), active, full, kronecker=False) is None
+    assert model._low_rank(model.statistics(), active, full, kronecker=True) is not None
+    fac, g_fac = _mll_and_grad(model, low_rank=True)
+    dense, g_dense = _mll_and_grad(model, low_rank=False)
+    assert float((fac - dense).abs()) < 1e-10 * abs(float(dense))
+    assert float((g_fac - g_dense).abs().max()) < 1e-8 * float(g_dense.abs().max())
+    ref = dense_mll(model, X, Y, Yvar)
+    assert float((fac - ref.detach()).abs()) < 1e-9 * abs(float(ref.detach()))

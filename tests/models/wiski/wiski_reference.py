@@ -9,12 +9,52 @@ from __future__ import annotations
 
 import torch
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import RBFKernel, ScaleKernel
 
 
 def grid_kernel(model) -> torch.Tensor:
-    K = model.covar_module(model.grid.points()).to_dense()
-    jitter = model.grid_jitter * torch.diagonal(K).mean()
-    return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype)
+    """The model's jittered grid kernel ``K_UU + jitter`` (m x m), built densely.
+
+    For a single grid and an RBF kernel (optionally scaled) the model puts the jitter on each
+    dimension's factor, ``kron_j (K_j + jitter * k_j(0) I)``; the factors are written out here
+    from the lengthscales (and checked to multiply to the kernel on the grid). Otherwise the
+    jitter is ``grid_jitter * mean(diag K) I``."""
+    points = model.grid.points()
+    K = model.covar_module(points).to_dense()
+    factors = _rbf_factors(model, points)
+    if factors is None:
+        jitter = model.grid_jitter * torch.diagonal(K).mean()
+        return K + jitter * torch.eye(K.shape[-1], dtype=K.dtype)
+    raw = factors[0]
+    for F in factors[1:]:
+        raw = torch.kron(raw, F)
+    torch.testing.assert_close(raw, K, rtol=1e-10, atol=1e-12)  # the kernel does factor
+    out = torch.ones(1, 1, dtype=K.dtype)
+    for F in factors:
+        out = torch.kron(
+            out, F + model.grid_jitter * F[0, 0] * torch.eye(F.shape[0], dtype=F.dtype)
+        )
+    return out
+
+
+def _rbf_factors(model, points):
+    """Per-dimension RBF factors on the grid's coordinates (the outputscale in the first), or
+    None where the model's kernel is not a single grid's RBF kernel."""
+    kernel, scale = model.covar_module, None
+    if type(kernel) is ScaleKernel:
+        kernel, scale = kernel.base_kernel, kernel.outputscale.reshape(())
+    if model.input_groups is not None or type(kernel) is not RBFKernel:
+        return None
+    lengthscale = kernel.lengthscale.reshape(-1).expand(points.shape[-1])
+    factors = []
+    for j, size in enumerate(model.grid.inner_sizes):
+        coords = torch.unique(points[:, j])
+        assert coords.numel() == size
+        diff = (coords[:, None] - coords[None, :]) / lengthscale[j]
+        factors.append(torch.exp(-0.5 * diff**2))
+    if scale is not None:
+        factors[0] = scale * factors[0]
+    return factors
 
 
 def noise_std(model, n: int, Yvar: torch.Tensor | None) -> torch.Tensor:
