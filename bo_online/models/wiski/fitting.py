@@ -20,7 +20,7 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.linalg import psd_cholesky, solve_lower
+from bo_online.linalg import logdet_and_inverse_quad, psd_cholesky, solve_lower
 from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
@@ -154,15 +154,15 @@ class WISKIFitMixin:
             Rtz = R.mT @ (z_r if full else z_r[active]).unsqueeze(-1)
         m = A.shape[-1]
         A = A + sigma2 * torch.eye(m, dtype=A.dtype, device=A.device)
-        L_A = psd_cholesky(0.5 * (A + A.mT))
-        w = solve_lower(L_A, Rtz).squeeze(-1)
+        # log det A and |L_A^-1 R^T z_r|^2 = z_r^T R A^-1 R^T z_r
+        logdet_A, fit_term = logdet_and_inverse_quad(0.5 * (A + A.mT), Rtz.squeeze(-1))
         n = stats["n"]
         # log det of the standardised noise sigma^2 D: n log sigma^2 + logdet D (D units).
         return -0.5 * (
-            (s_r - w.pow(2).sum()) / sigma2
+            (s_r - fit_term) / sigma2
             + (n - m) * sigma2.log()
             + stats["logdet_D"]
-            + 2 * torch.diagonal(L_A).log().sum()
+            + logdet_A
             + n * math.log(2 * math.pi)
         )
 

@@ -22,7 +22,7 @@ import torch
 from linear_operator.functions import pivoted_cholesky
 from torch import Tensor
 
-from bo_online.linalg import psd_cholesky, solve_lower
+from bo_online.linalg import logdet_and_inverse_quad
 
 __all__ = ["LowRankStatistics", "low_rank_statistics", "low_rank_log_likelihood"]
 
@@ -89,10 +89,9 @@ def low_rank_log_likelihood(
     m, r = low.L.shape
     u = (low.u_z - beta * low.u_h) / sd
     eye = torch.eye(r, dtype=M.dtype, device=M.device)
-    C = psd_cholesky(0.5 * (M + M.mT) + sigma2 * eye)
-    a = solve_lower(C, u.unsqueeze(-1)).squeeze(-1)
-    fit_term = u.pow(2).sum() - sigma2 * a.pow(2).sum()  # |L_A^-1 R^T z_r|^2
-    logdet_A = (m - r) * sigma2.log() + 2 * torch.diagonal(C).log().sum()
+    logdet_C, quad = logdet_and_inverse_quad(0.5 * (M + M.mT) + sigma2 * eye, u)
+    fit_term = u.pow(2).sum() - sigma2 * quad  # |L_A^-1 R^T z_r|^2
+    logdet_A = (m - r) * sigma2.log() + logdet_C
     return -0.5 * (
         (s_r - fit_term) / sigma2
         + (n - m) * sigma2.log()
