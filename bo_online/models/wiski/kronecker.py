@@ -44,14 +44,14 @@ def kronecker_factors(
     k = len(axes)
     scale, base = None, kernel
     if type(base) is ScaleKernel:
+        if not _acts_on_all(base, k):  # GPyTorch applies the outer kernel's active_dims
+            return None
         scale, base = base.outputscale, base.base_kernel
         if scale.numel() != 1:
             return None
     if type(base) is not RBFKernel or base.batch_shape != torch.Size():
         return None
-    if base.active_dims is not None and base.active_dims.tolist() != list(range(k)):
-        return None
-    if base.ard_num_dims not in (None, 1, k):
+    if not _acts_on_all(base, k) or base.ard_num_dims not in (None, 1, k):
         return None
     factors = []
     for j, coords in enumerate(axes):
@@ -63,6 +63,12 @@ def kronecker_factors(
         jitter = relative_jitter * torch.diagonal(Kj).mean()
         factors.append(Kj + jitter * torch.eye(Kj.shape[-1], dtype=Kj.dtype, device=Kj.device))
     return factors
+
+
+def _acts_on_all(kernel: Kernel, k: int) -> bool:
+    r"""Whether ``kernel`` reads every one of the ``k`` grid coordinates, in order."""
+    dims = kernel.active_dims
+    return dims is None or dims.tolist() == list(range(k))
 
 
 def kron_dense(factors: Sequence[Tensor]) -> Tensor:

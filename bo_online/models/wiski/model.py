@@ -106,8 +106,11 @@ class WISKI(
             BoTorch's RBF with dimension-scaled lengthscale prior.
         likelihood: ``GaussianLikelihood`` for the homoscedastic case; default BoTorch's.
         standardize: standardise outcomes with the initial data's mean and std.
-        grid_jitter: relative jitter added to the grid kernel (``K + jitter * mean(diag K) I``);
-            part of the model (the dense SKI reference uses the same matrix).
+        grid_jitter: relative jitter of the grid kernel, part of the model (the dense SKI
+            reference uses the same matrix): on each dimension's factor for a kernel that
+            factors over dimensions on one grid (the default RBF kernel: ``kron_j (K_j +
+            jitter * k_j(0) I)``, so the smallest eigenvalue is about ``jitter^k k(0)``),
+            else ``K + jitter * mean(diag K) I`` (see :meth:`_grid_kernel`).
         projection: a module mapping ``... x d`` inputs to ``... x k`` features in
             ``[-1, 1]^k`` (k <= 3), or ``"tanh"`` / ``"tanh:K"`` (a data-initialised
             ``TanhProjection(d, K)``, K = 2 for ``"tanh"``), or ``"pairs"`` / ``"all-pairs"``
@@ -263,6 +266,10 @@ class WISKI(
             self.register_buffer(name, zeros(*shape))
         for name in ("s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D"):
             self.register_buffer(name, zeros(()))
+        # 1: the grid jitter goes on each Kronecker factor where the kernel has them; 0: a
+        # scalar jitter always (the scheme of states saved before the per-factor one, which a
+        # loaded model keeps so that a resumed run goes on with the model it started with).
+        self.register_buffer("jitter_per_factor", torch.ones((), dtype=dtype, device=device))
         # Caches tied to the hyperparameters (rebuilt by ensure_caches).
         for name in ("chol_K", "chol_A", "v", "mean_coef"):
             self.register_buffer(name, None)
@@ -413,7 +420,7 @@ class WISKI(
         r"""The jittered per-dimension factors of the grid kernel (``m_j x m_j`` each, their
         Kronecker product is :meth:`_grid_kernel`) for a single grid and a kernel that factors
         over dimensions (the default RBF kernel), else None; see :mod:`.kronecker`."""
-        if self.input_groups is not None:
+        if self.input_groups is not None or not bool(self.jitter_per_factor):
             return None
         sizes = self.grid.inner_sizes
         P = self.grid_points.reshape(*sizes, len(sizes))
@@ -446,6 +453,14 @@ class WISKI(
         if self.batch_shape == torch.Size():
             self._materialize()
         return super().state_dict(*args, **kwargs)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
+        key = prefix + "jitter_per_factor"
+        if key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+            # A state saved before the per-factor jitter: the model keeps the scalar jitter its
+            # statistics, caches and hyperparameters were made with.
+            state_dict[key] = torch.zeros(())
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _after_load(self) -> None:
         self._shared = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from wiski_reference import dense_mll, dense_posterior, grid_kernel
 
 from bo_online.models import WISKI
 from bo_online.models.wiski.kronecker import (
@@ -14,6 +15,7 @@ from bo_online.models.wiski.kronecker import (
     kron_matmul,
     kronecker_factors,
 )
+from bo_online.models.wiski.statistics import _STAT_NAMES
 
 DT = torch.float64
 
@@ -89,6 +91,8 @@ def _axes(model):
         (MaternKernel(nu=2.5, ard_num_dims=2), False),
         (ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=2)), False),
         (RBFKernel(active_dims=[1]), False),
+        (ScaleKernel(RBFKernel(), active_dims=[0]), False),  # the outer kernel's dims apply
+        (ScaleKernel(RBFKernel(ard_num_dims=2), active_dims=[0, 1]), True),
     ],
 )
 def test_which_kernels_take_the_kronecker_path(covar, factors):
@@ -101,3 +105,68 @@ def test_additive_models_keep_the_dense_block_algebra():
     X = torch.rand(30, 4, generator=torch.Generator().manual_seed(8), dtype=DT)
     model = WISKI(X, X.sum(-1, keepdim=True), projection="all-pairs")
     assert model._kronecker_factors() is None
+
+
+def _mll_and_grad(model, X, Y):
+    params = list(model._trainable_parameters()[0].values())
+    ours = model.marginal_log_likelihood(include_priors=False)
+    ref = dense_mll(model, X, Y)
+    return (ours, torch.autograd.grad(ours, params)), (ref, torch.autograd.grad(ref, params))
+
+
+def test_few_active_grid_points_take_the_restricted_form_with_the_same_kernel():
+    g = torch.Generator().manual_seed(9)
+    X = 0.25 * torch.rand(200, 2, generator=g, dtype=DT)  # one corner of a 28 x 28 grid
+    Y = torch.sin(9 * X).sum(-1, keepdim=True) + 0.05 * torch.randn(200, 1, generator=g, dtype=DT)
+    model = WISKI(X, Y, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT))
+    model.covar_module.lengthscale = torch.tensor([[0.3, 0.2]], dtype=DT)
+    active = int((torch.diagonal(model.G) > 0).sum())
+    assert 0.75 * active < 200 and 2 * active < model.num_grid_points  # neither form above
+    (ours, grads), (ref, ref_grads) = _mll_and_grad(model, X, Y)
+    assert abs(float(ours - ref)) < 1e-9 * abs(float(ref))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_float32_kronecker_likelihood_follows_float64():
+    g = torch.Generator().manual_seed(10)
+    X = torch.rand(300, 3, generator=g, dtype=DT)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(300, 1, generator=g, dtype=DT)
+    values = []
+    for dtype in (torch.float64, torch.float32):
+        model = WISKI(X.to(dtype), Y.to(dtype), grid_size=8)
+        model.covar_module.lengthscale = torch.tensor([[0.4, 0.3, 0.5]], dtype=dtype)
+        model.likelihood.noise = 0.05
+        assert model._kronecker_factors() is not None
+        values.append(float(model.marginal_log_likelihood()))
+    assert abs(values[1] - values[0]) < 1e-4 * abs(values[0])
+
+
+def test_a_state_saved_before_the_per_factor_jitter_keeps_the_scalar_jitter():
+    g = torch.Generator().manual_seed(11)
+    X = torch.rand(60, 2, generator=g, dtype=DT)
+    Y = torch.cos(4 * X).sum(-1, keepdim=True) + 0.01 * torch.randn(60, 1, generator=g, dtype=DT)
+    model = WISKI(X, Y, grid_size=12)
+    model.fit(max_iter=10)
+    state = model.state_dict()
+    assert float(state["jitter_per_factor"]) == 1.0
+    old_state = {k: v for k, v in state.items() if k != "jitter_per_factor"}
+    for saved, per_factor in ((state, True), (old_state, False)):
+        loaded = WISKI(X[:5], Y[:5], grid_size=12)
+        loaded.load_state_dict(saved)
+        assert (loaded._kronecker_factors() is not None) == per_factor
+        K = loaded._grid_kernel().detach()
+        torch.testing.assert_close(K, grid_kernel(loaded), rtol=1e-12, atol=1e-14)
+        raw = loaded.covar_module(loaded.grid_points).to_dense().detach()
+        jitter = K - raw
+        scalar = torch.allclose(jitter, jitter[0, 0] * torch.eye(K.shape[0], dtype=DT))
+        assert scalar != per_factor
+        # the loaded model predicts as the dense SKI GP of its own kernel
+        loaded.invalidate_caches()
+        Xs = torch.rand(7, 2, generator=g, dtype=DT)
+        mean, _ = dense_posterior(loaded, X, Y, None, Xs)
+        torch.testing.assert_close(
+            loaded.posterior(Xs).mean.squeeze(-1), mean, rtol=1e-8, atol=1e-8
+        )
+    for name in _STAT_NAMES:  # the statistics came through unchanged
+        torch.testing.assert_close(getattr(loaded, name), getattr(model, name))

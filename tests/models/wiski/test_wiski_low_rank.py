@@ -94,7 +94,7 @@ def test_updates_refresh_the_factor():
     assert float((after - ref).abs()) < 1e-10 * abs(float(ref))
 
 
-def test_with_a_kronecker_kernel_the_factor_serves_up_to_the_number_of_active_points():
+def test_with_a_kronecker_kernel_the_factor_serves_beyond_half_the_active_points():
     X, Y, Yvar = _data(40, 2, False, seed=2)
     model = WISKI(X, Y, Yvar, grid_size=10)  # 8 x 8 = 64 grid points that can carry weight
     model.fit(max_iter=8)

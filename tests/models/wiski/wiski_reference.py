@@ -37,13 +37,35 @@ def grid_kernel(model) -> torch.Tensor:
     return out
 
 
+def grid_kernel_root(model) -> torch.Tensor:
+    """A lower-triangular root ``R`` of :func:`grid_kernel` (``R R^T``): for the per-factor
+    jitter the Kronecker product of the jittered factors' own Cholesky factors (the dense
+    product is too ill-conditioned, smallest eigenvalue about jitter^d, for a dense Cholesky
+    factor to be accurate), else the Cholesky factor of the dense kernel."""
+    factors = _rbf_factors(model, model.grid.points())
+    if factors is None:
+        return torch.linalg.cholesky(grid_kernel(model))
+    R = torch.ones(1, 1, dtype=factors[0].dtype)
+    for F in factors:
+        jittered = F + model.grid_jitter * F[0, 0] * torch.eye(F.shape[0], dtype=F.dtype)
+        R = torch.kron(R, torch.linalg.cholesky(jittered))
+    return R
+
+
 def _rbf_factors(model, points):
     """Per-dimension RBF factors on the grid's coordinates (the outputscale in the first), or
-    None where the model's kernel is not a single grid's RBF kernel."""
+    None where the model's kernel is not a single grid's RBF kernel on every input (or the
+    model keeps the scalar jitter of states saved before the per-factor one)."""
     kernel, scale = model.covar_module, None
-    if type(kernel) is ScaleKernel:
+    if type(kernel) is ScaleKernel and kernel.active_dims is None:
         kernel, scale = kernel.base_kernel, kernel.outputscale.reshape(())
-    if model.input_groups is not None or type(kernel) is not RBFKernel:
+    if (
+        model.input_groups is not None
+        or type(kernel) is not RBFKernel
+        or kernel.active_dims is not None
+        or kernel.batch_shape != torch.Size()
+        or not bool(model.jitter_per_factor)
+    ):
         return None
     lengthscale = kernel.lengthscale.reshape(-1).expand(points.shape[-1])
     factors = []
@@ -110,7 +132,7 @@ def dense_posterior_woodbury(model, X, Y, Yvar, Xs):
     with torch.no_grad():
         W = model.grid.dense_weights(model._features(X))
         K = grid_kernel(model)
-        R = torch.linalg.cholesky(K)
+        R = grid_kernel_root(model)
         y = (Y.reshape(-1) - model.outcome_mean) / model.outcome_std
         Ninv = 1.0 / noise_std(model, X.shape[0], Yvar)
         c = model.mean_module.constant.reshape(())
