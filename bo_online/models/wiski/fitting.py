@@ -123,9 +123,11 @@ class WISKIFitMixin:
         factors = self._kronecker_factors()
         low = self._low_rank(stats, active, full, kronecker=factors is not None)
         if low is not None:  # fewer observations than grid points: r x r algebra (low_rank.py)
+            e_r = (low.e_z - beta * low.e_h) / sd
+            L_ext = torch.cat([low.L, e_r.unsqueeze(-1)], -1)
             return low_rank_log_likelihood(
                 low,
-                self._factor_kernel_product(low.L, active, factors),
+                self._factor_kernel_product(L_ext, active, factors),
                 sigma2,
                 beta,
                 sd,

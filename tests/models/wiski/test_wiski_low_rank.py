@@ -110,3 +110,24 @@ def test_with_a_kronecker_kernel_the_factor_serves_beyond_half_the_active_points
     assert float((g_fac - g_dense).abs().max()) < 1e-8 * float(g_dense.abs().max())
     ref = dense_mll(model, X, Y, Yvar)
     assert float((fac - ref.detach()).abs()) < 1e-9 * abs(float(ref.detach()))
+
+
+def test_clustered_observations_keep_the_factored_form_exact():
+    """Observations that cluster (as a BO search's do) make ``G`` numerically rank-deficient, so
+    the factor cannot reproduce ``z`` to rounding; the remainder enters the likelihood exactly."""
+    g = torch.Generator().manual_seed(4)
+    centres = torch.rand(12, 3, generator=g, dtype=DT)
+    X = (centres.repeat(15, 1) + 1e-4 * torch.randn(180, 3, generator=g, dtype=DT)).clamp(0, 1)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.3 * torch.randn(180, 1, generator=g, dtype=DT)
+    model = WISKI(X, Y, grid_size=10)
+    model.fit(max_iter=8)
+    active = torch.nonzero(torch.diagonal(model.G) > 0)[:, 0]
+    low = model._low_rank(model.statistics(), active, False, kronecker=True)
+    assert low is not None and low.rank < 180
+    assert float(low.e_z.norm()) > 1e-9 * float(model.z.norm())  # z is not in the factor's range
+    fac, g_fac = _mll_and_grad(model, low_rank=True)
+    full, g_full = _mll_and_grad(model, low_rank=False)
+    assert float((fac - full).abs()) < 1e-10 * abs(float(full))
+    assert float((g_fac - g_full).abs().max()) < 1e-8 * float(g_full.abs().max())
+    ref = dense_mll(model, X, Y)
+    assert float((fac - ref.detach()).abs()) < 1e-9 * abs(float(ref.detach()))
