@@ -94,9 +94,9 @@ def _task_acq(args):
     return run
 
 
-def _task_update(args):
-    import copy
-
+def _step_setup(args):
+    """The step's q = 3 new points and values, 3 prediction points, and WISKI (the loop's default
+    grid or ``--grid-size``) and OnlineExactGP fitted on ``--n`` Levy points."""
     import torch
 
     from bo_online.models.registry import get_model_class
@@ -111,11 +111,21 @@ def _task_update(args):
         kw = {"grid_size": args.grid_size} if (name == "wiski" and args.grid_size) else {}
         model = get_model_class(name)(X, Y, **kw)
         model.fit(max_iter=200)
+        models[name] = model
+    return Xq, Yq, Xp, models
+
+
+def _task_update(args):
+    import copy
+
+    import torch
+
+    Xq, Yq, Xp, models = _step_setup(args)
+    for model in models.values():
         model.eval()
         # as in the loop: the acquisition ran on this state (posterior with a gradient)
         Xg = torch.rand(5, 3, 3, dtype=torch.float64, requires_grad=True)
         model.posterior(Xg).mean.sum().backward()
-        models[name] = model
 
     def run():
         out = {}
@@ -134,20 +144,7 @@ def _task_update(args):
 def _task_fit(args):
     import copy
 
-    import torch
-
-    from bo_online.models.registry import get_model_class
-
-    X, Y = _levy(args.n, 0)
-    g = torch.Generator().manual_seed(1)
-    Xq = torch.rand(3, 3, generator=g, dtype=torch.float64)
-    Yq = torch.randn(3, 1, generator=g, dtype=torch.float64)
-    models = {}
-    for name in ("wiski", "exact"):
-        kw = {"grid_size": args.grid_size} if (name == "wiski" and args.grid_size) else {}
-        model = get_model_class(name)(X, Y, **kw)
-        model.fit(max_iter=200)
-        models[name] = model
+    Xq, Yq, _, models = _step_setup(args)
 
     def run():
         out = {}
