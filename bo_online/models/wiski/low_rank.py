@@ -6,7 +6,7 @@ state: ``G`` does not depend on the hyperparameters) turns every ``m x m`` opera
 likelihood into an ``r x r`` one. ``z`` and ``h`` lie in the range of ``G`` in exact arithmetic,
 but the factor stops at a tolerance, and directions of ``G`` below it can still carry a part of
 them (observations that cluster, as a BO search's do, make ``G`` numerically rank-deficient:
-measured up to 1e-6 of ``z``). So ``z_r = L u + e`` with ``u`` the least-squares coordinates and
+measured up to 1e-7 of ``z``). So ``z_r = L u + e`` with ``u`` the least-squares coordinates and
 ``e`` the remainder, and with ``R R^T = K_UU``, the determinant identity and Woodbury's identity
 for ``A = sigma^2 I + R^T L L^T R`` give::
 
