@@ -16,7 +16,7 @@ from torch import Tensor
 
 from bo_online.linalg import psd_cholesky, solve_lower, solve_lower_transpose
 from bo_online.models.wiski.grid import interp_matmul
-from bo_online.models.wiski.kronecker import kron_congruence, kron_dense
+from bo_online.models.wiski.kronecker import kron_congruence, kron_dense, kron_roots
 
 __all__ = ["WISKICacheMixin"]
 
@@ -64,7 +64,7 @@ class WISKICacheMixin:
         factors = self._kronecker_factors()
         if factors is None:
             return self._root_and_gram(self._grid_kernel(), G, self._block_sizes())
-        roots = [psd_cholesky(F) for F in factors]
+        roots = kron_roots(factors)
         return kron_dense(roots), kron_congruence(roots, G)
 
     def _rebuild_caches(self) -> None:

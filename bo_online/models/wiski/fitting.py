@@ -20,7 +20,7 @@ from gpytorch.kernels import ScaleKernel
 from torch import Tensor
 from typing_extensions import Self
 
-from bo_online.linalg import logdet_and_inverse_quad, psd_cholesky, solve_lower
+from bo_online.linalg import logdet_and_inverse_quad, solve_lower
 from bo_online.models.fitting import (
     OptimizerSettings,
     minimize_loss,
@@ -33,7 +33,12 @@ from bo_online.models.fitting import (
     training_mode,
 )
 from bo_online.models.wiski.grid import interp_matmul
-from bo_online.models.wiski.kronecker import kron_congruence, kron_dense, kron_matmul
+from bo_online.models.wiski.kronecker import (
+    kron_congruence,
+    kron_dense,
+    kron_matmul,
+    kron_roots,
+)
 from bo_online.models.wiski.low_rank import (
     LowRankStatistics,
     low_rank_log_likelihood,
@@ -141,7 +146,7 @@ class WISKIFitMixin:
             # weighs add log sigma^2 each to log det A and are offset by (n - m) log sigma^2
             # below, so this equals the restricted computation, and is the cheaper one while
             # most grid points are active (m^3 / 3 for A's factor against about 3 m_P^3).
-            roots = [psd_cholesky(F) for F in factors]
+            roots = kron_roots(factors)
             A = kron_congruence(roots, G)
             Rtz = kron_matmul([R.mT for R in roots], z_r.unsqueeze(-1))
         else:

@@ -26,7 +26,9 @@ import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-__all__ = ["kronecker_factors", "kron_dense", "kron_matmul", "kron_congruence"]
+from bo_online.linalg import psd_cholesky
+
+__all__ = ["kronecker_factors", "kron_roots", "kron_dense", "kron_matmul", "kron_congruence"]
 
 
 def kronecker_factors(
@@ -69,6 +71,12 @@ def _acts_on_all(kernel: Kernel, k: int) -> bool:
     r"""Whether ``kernel`` reads every one of the ``k`` grid coordinates, in order."""
     dims = kernel.active_dims
     return dims is None or dims.tolist() == list(range(k))
+
+
+def kron_roots(factors: Sequence[Tensor]) -> list[Tensor]:
+    r"""The lower Cholesky factors ``R_j`` of the (jittered) factors: ``R_1 kron ... kron R_k``
+    is the Cholesky factor of their Kronecker product."""
+    return [psd_cholesky(F) for F in factors]
 
 
 def kron_dense(factors: Sequence[Tensor]) -> Tensor:
