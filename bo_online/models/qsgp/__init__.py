@@ -46,6 +46,7 @@ objectives), :mod:`~bo_online.models.qsgp.fitting` (settings, closed-form fit),
 """
 
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
+from bo_online.models.qsgp.evidence import KERNEL_EVIDENCE_MAX_N_PER_FEATURE
 from bo_online.models.qsgp.fitting import (
     FIT_FROM_DEFAULTS_N,
     QSGPClosedFormSettings,
@@ -58,6 +59,7 @@ from bo_online.models.qsgp.sample_paths import QSGPSamplePaths
 
 __all__ = [
     "FIT_FROM_DEFAULTS_N",
+    "KERNEL_EVIDENCE_MAX_N_PER_FEATURE",
     "QSGP",
     "InducingBasis",
     "QSGPBasis",

@@ -52,7 +52,9 @@ def test_settings_object_equals_keywords_and_the_settings_are_used():
     )
     assert _same(a, c)  # keywords override the settings object
     assert not _same(a, _model().fit_closed_form(max_iter=12, hyper_evidence="basis"))
-    assert not _same(a, _model().fit_closed_form(max_iter=12, hyper_rows=10))
+    assert not _same(
+        a, _model().fit_closed_form(max_iter=12, hyper_rows=10, hyper_evidence="kernel")
+    )
 
 
 def test_deprecated_evidence_keyword_warns_and_means_hyper_evidence():
