@@ -18,8 +18,10 @@ Fitting (``fit``, settings :class:`QSGPFitSettings`):
 
 * ``method="closed_form"`` (Gaussian likelihood, moderate ``n m``): hyperparameters maximise the
   exact log marginal likelihood of the finite-basis model (equal to Eq. 2 maximised over the full
-  family), then ``mu``/``C`` are set to the ELBO optimum within the chosen family (Prop. 1 for
-  diagonal columns). This is what a BO loop with small ``n`` gets by default.
+  family) or, for the RFF basis while ``n <= m / 8``, the exact GP evidence of the kernel the
+  features approximate (``hyper_evidence="auto"``, the default); then ``mu``/``C`` are set to the
+  ELBO optimum within the chosen family (Prop. 1 for diagonal columns). This is what a BO loop
+  gets by default.
 * ``method="sgd"`` (settings :class:`QSGPSGDSettings`): the paper's procedure. Every step samples
   rows once and basis functions three times (Theorems 1-2, Prop. 2; Theorem 3 for
   Laplace/logistic likelihoods), adds the Eq. 3 / Prop. 3 control variates, and updates only the

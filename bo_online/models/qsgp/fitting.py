@@ -47,12 +47,13 @@ __all__ = [
 ]
 
 #: Closed-form fits of a model holding at most this many points start the hyperparameters from
-#: their values at construction, as a BoTorch loop that rebuilds ``SingleTaskGP`` every step (the
-#: fit's objective there is the same exact-kernel evidence, so QSGP then gets the same
-#: hyperparameters). Warm starts kept the basin of an earlier fit: in the BO suite (Ackley 5-D,
-#: 4 seeds) a warm fit often reached a higher evidence than the fit from the defaults with an
-#: interpolating, near-noiseless model (noise 0.007 against 0.09-0.12 on standardised outcomes)
-#: that the acquisition then trusted. Such fits cost O(n^3) on at most 100 points.
+#: their values at construction, as a BoTorch loop that rebuilds ``SingleTaskGP`` every step
+#: (while ``n <= m / 8`` the fit's objective is the same exact-kernel evidence, so QSGP then gets
+#: the same hyperparameters; beyond, the basis's evidence from the same starting point). Warm
+#: starts kept the basin of an earlier fit: in the BO suite (Ackley 5-D, 4 seeds) a warm fit often
+#: reached a higher evidence than the fit from the defaults with an interpolating, near-noiseless
+#: model (noise 0.007 against 0.09-0.12 on standardised outcomes) that the acquisition then
+#: trusted. Such fits cost O(n^3) (kernel evidence) or O(n^2 m) (basis) on at most 100 points.
 FIT_FROM_DEFAULTS_N = 100
 
 

@@ -42,11 +42,12 @@ def _singletaskgp(X: torch.Tensor, Y: torch.Tensor):
 
 
 def test_fit_chooses_the_exact_gps_constant_mean_and_hyperparameters():
-    r"""QSGP's default fit (RFF basis, n <= m: the kernel's evidence) maximises the same objective
-    as ``SingleTaskGP`` (constant mean, the same priors): the same lengthscales, noise and constant
-    (``mean_constant``, in user units), and far from the data a posterior mean that reverts to that
-    constant, as the exact GP's does. With a zero mean (``constant_mean=False``) the fitted
-    lengthscales and the far-field mean both differ (what sent the BO loop to empty corners)."""
+    r"""QSGP's default fit (RFF basis, n <= m / 8: the kernel's evidence) maximises the same
+    objective as ``SingleTaskGP`` (constant mean, the same priors): the same lengthscales, noise
+    and constant (``mean_constant``, in user units), and far from the data a posterior mean that
+    reverts to that constant, as the exact GP's does. With a zero mean (``constant_mean=False``)
+    the fitted lengthscales and the far-field mean both differ (what sent the BO loop to empty
+    corners)."""
     X, Y = _skewed_data()
     ref = _singletaskgp(X, Y)
     model = QSGP(X, Y, num_features=1024).fit()
@@ -263,7 +264,7 @@ def _held_out(model, X_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float,
     predictive distribution of an observation."""
     with torch.no_grad():
         post = model.posterior(X_test, observation_noise=True)
-    mean, var = post.mean.squeeze(-1), post.variance.squeeze(-1)
+        mean, var = post.mean.squeeze(-1), post.variance.squeeze(-1)
     z = (y_test - mean) / var.sqrt()
     rmse = float((y_test - mean).pow(2).mean().sqrt())
     nll = float(0.5 * (torch.log(2 * torch.pi * var) + z**2).mean())
@@ -272,21 +273,38 @@ def _held_out(model, X_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float,
 
 def test_default_fit_is_calibrated_in_8d_as_n_nears_the_number_of_features():
     r"""300 points of a coupled 8-D function, QSGP's defaults (512 random features): its first
-    fit predicts held-out points about as well as an exact GP fitted on the same points, better
-    than the constant predictor, and its 95% intervals cover >= 80% of held-out values. With
-    the exact kernel's evidence (what ``"auto"`` chose up to n = m before) the m-feature model is
-    confidently wrong: NLL 3.0 above the constant's 0.96, 51% coverage."""
+    fit predicts held-out points within 1.5x the RMSE and 0.4 nats the NLL of an exact GP fitted on
+    the same points (measured over seeds 1-3: 1.25-1.29x, +0.24-0.32), better than the constant
+    predictor, and its 95% intervals cover >= 80% of held-out values (0.87-0.92). With the exact
+    kernel's evidence (what ``"auto"`` chose up to n = m before) the m-feature model is confidently
+    wrong: NLL 3.0 above the constant's 0.96, 51% coverage."""
     X, Y, X_test, y_test = _coupled_8d(300, 500, seed=1)
     rmse, nll, cover = _held_out(QSGP(X, Y).fit(), X_test, y_test)
     ref_rmse, ref_nll, _ = _held_out(_singletaskgp(X, Y), X_test, y_test)
     var = float(Y.var())
     const_nll = float(0.5 * (math.log(2 * math.pi * var) + (y_test - Y.mean()).pow(2).mean() / var))
     assert nll < const_nll
-    assert nll < ref_nll + 0.5
+    assert nll < ref_nll + 0.4
     assert rmse < 1.5 * ref_rmse
     assert cover >= 0.8
 
     _, kernel_nll, kernel_cover = _held_out(
         QSGP(X, Y, hyper_evidence="kernel").fit(), X_test, y_test
     )
-    assert kernel_nll > const_nll and kernel_cover < 0.8  # the failure the default avoids
+    # Premise: on these data the two evidences do differ (the failure the default avoids).
+    assert kernel_nll > nll + 1.0 and kernel_cover < cover - 0.2
+
+
+def test_auto_evidence_is_the_kernels_only_up_to_an_eighth_of_the_features():
+    r"""``hyper_evidence="auto"`` resolves to the kernel's evidence for an RFF basis while
+    ``n <= m / 8`` (:data:`KERNEL_EVIDENCE_MAX_N_PER_FEATURE`) and to the basis's beyond; an
+    inducing basis always takes its own; an explicit choice is kept."""
+    from bo_online.models.qsgp import KERNEL_EVIDENCE_MAX_N_PER_FEATURE
+
+    assert KERNEL_EVIDENCE_MAX_N_PER_FEATURE == 0.125
+    X, Y, _, _ = _coupled_8d(65, 1, seed=0)
+    assert QSGP(X[:64], Y[:64], num_features=512)._resolve_evidence("auto") == "kernel"
+    assert QSGP(X, Y, num_features=512)._resolve_evidence("auto") == "basis"
+    assert QSGP(X, Y, num_features=520)._resolve_evidence("auto") == "kernel"  # 65 = 520 / 8
+    assert QSGP(X, Y, num_features=512)._resolve_evidence("kernel") == "kernel"
+    assert QSGP(X[:8], Y[:8], basis="inducing")._resolve_evidence("auto") == "basis"
