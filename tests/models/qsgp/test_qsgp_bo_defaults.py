@@ -260,15 +260,16 @@ def _coupled_8d(n: int, n_test: int, seed: int):
 
 
 def _held_out(model, X_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float, float, float]:
-    r"""RMSE, mean Gaussian NLL and the share of held-out values inside the 95% interval of the
-    predictive distribution of an observation."""
+    r"""RMSE, mean Gaussian NLL (the loops' :func:`predictive_metrics`) and the share of held-out
+    values inside the 95% interval of the predictive distribution of an observation."""
+    from bo_online.loops.active import predictive_metrics
+
+    metrics = predictive_metrics(model, X_test, y_test)
     with torch.no_grad():
         post = model.posterior(X_test, observation_noise=True)
         mean, var = post.mean.squeeze(-1), post.variance.squeeze(-1)
-    z = (y_test - mean) / var.sqrt()
-    rmse = float((y_test - mean).pow(2).mean().sqrt())
-    nll = float(0.5 * (torch.log(2 * torch.pi * var) + z**2).mean())
-    return rmse, nll, float((z.abs() < 1.96).to(DT).mean())
+    cover = float(((y_test - mean).abs() < 1.96 * var.sqrt()).to(DT).mean())
+    return metrics["rmse"], metrics["nll"], cover
 
 
 def test_default_fit_is_calibrated_in_8d_as_n_nears_the_number_of_features():
