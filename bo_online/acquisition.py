@@ -205,6 +205,18 @@ def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]
             f"Unknown optimize_acqf option(s) {sorted(unknown)}; known: "
             f"{sorted(DEFAULT_OPTIMIZER_OPTIONS)} and 'options' (a dict passed on)."
         )
+    for name in ("num_restarts", "raw_samples", "maxiter", "batch_limit"):
+        if int(opts[name]) != opts[name] or opts[name] < 1:
+            raise ValueError(
+                f"optimize_acqf option {name} must be an integer >= 1, got {opts[name]}."
+            )
+    if opts["raw_samples"] < opts["num_restarts"]:
+        # optimize_acqf picks its restarts among the raw samples, so it would fail at the
+        # first acquisition, after the initial design has been evaluated.
+        raise ValueError(
+            f"raw_samples ({opts['raw_samples']}) must be at least num_restarts "
+            f"({opts['num_restarts']}): the restarts are chosen among the raw samples."
+        )
     return {
         "num_restarts": int(opts["num_restarts"]),
         "raw_samples": int(opts["raw_samples"]),

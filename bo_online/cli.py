@@ -337,6 +337,11 @@ def _optimizer_options(
     _positive("--raw-samples", raw_samples)
     _positive("--acqf-maxiter", acqf_maxiter)
     _positive("--batch-limit", batch_limit)
+    _check(
+        raw_samples >= num_restarts,
+        f"--raw-samples ({raw_samples}) must be at least --num-restarts ({num_restarts}): the "
+        "restarts are chosen among the raw samples.",
+    )
     return {
         "num_restarts": num_restarts,
         "raw_samples": raw_samples,
@@ -1021,6 +1026,11 @@ def active(
         ),
         **shared,
     )
+    _check(
+        loop.max_steps() >= (steps or 0),
+        f"--steps {steps} exceeds the {loop.max_steps()} steps the pool allows "
+        f"({prob.X_pool.shape[0]} points: {n_init} initial, then --q {loop.config['q']} per step).",
+    )
     _run(loop, steps)
     _finish(loop, plots, quiet)
 
@@ -1151,6 +1161,9 @@ def stream(
     )
     _positive("--n-init", n_init)
     _positive("--eval-every", eval_every)
+    for name, value in (("--max-stream", max_stream), ("--max-test", max_test)):
+        if value is not None:
+            _positive(name, value)
     _check_model(model)
     if data is not None:
         from bo_online.userdata import stream_from_file

@@ -21,6 +21,7 @@ run stays reproducible.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,8 +338,10 @@ class CallableProblem(Problem):
             )
         if fn is not None and not callable(fn):
             raise ValueError("fn must be callable (fn(X: n x d tensor) -> n values) or None.")
-        if noise_std < 0:
-            raise ValueError(f"noise_std must be >= 0, got {noise_std}.")
+        if not math.isfinite(noise_std) or noise_std < 0:
+            raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std}.")
+        if optimal_value is not None and not math.isfinite(optimal_value):
+            raise ValueError(f"optimal_value must be finite (or None), got {optimal_value}.")
         self.fn, self.bounds, self.maximize = fn, bounds, bool(maximize)
         self.noise_std, self.optimal_value, self.name = float(noise_std), optimal_value, name
         self.spec = None
@@ -350,7 +353,16 @@ class CallableProblem(Problem):
                 "yourself and pass them to tell() (start from your data with initial_data=)."
             )
         try:
-            values = torch.as_tensor(self.fn(X.to(torch.float64).cpu()), dtype=torch.float64)
+            # A copy: an objective that writes into its input must not change the loop's points.
+            result = self.fn(X.detach().to(torch.float64).cpu().clone())
+            if result is None:
+                raise ObjectiveError(
+                    f"Objective {self.name!r} returned None instead of one value per point "
+                    f"({X.shape[0]} point(s))",
+                    self.name,
+                )
+            # Detached: values computed with autograd (a torch model as objective) are data.
+            values = torch.as_tensor(result, dtype=torch.float64).detach()
         except ObjectiveError as error:  # from the wrapper that checks the values, or nested
             if error.objective is not None:  # already names its objective
                 raise
@@ -489,6 +501,11 @@ class StreamProblem:
                 ("X_test", self.X_test, "y_test", self.y_test),
             ),
         )
+        for rows_name, rows in (("X_stream", self.X_stream), ("X_test", self.X_test)):
+            if len(rows) < 1:  # the loop scores every step on the test rows
+                raise ValueError(
+                    f"{self.name}: {rows_name} is empty; a stream needs at least one row."
+                )
         if self.task not in ("regression", "classification"):
             raise ValueError(f"task must be 'regression' or 'classification', got {self.task!r}.")
         if self.task == "classification":
@@ -522,6 +539,9 @@ def stream_arrays(
     r"""A stream's arrays as float64 tensors: the training rows (``n x d``, ``n``) in arrival
     order (a permutation seeded by ``seed`` unless ``shuffle=False``, cut to ``max_stream``) and
     the first ``max_test`` test rows."""
+    for name, value in (("max_stream", max_stream), ("max_test", max_test)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 (or None for every row), got {value}.")
     n = len(y_train)
     order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
     if max_stream is not None:

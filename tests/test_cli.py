@@ -90,6 +90,20 @@ BAD = {
         "banana/banana_train_x.txt",
     ),
     "resume nothing": (["resume", "{missing}"], "No run directory"),
+    # optimize_acqf chooses its restarts among the raw samples: this failed at the first
+    # acquisition, after the initial design, and every resume failed the same way
+    "raw samples below restarts": (
+        ["bo", "--problem", "branin", "--num-restarts", "3", "--raw-samples", "2"],
+        "--raw-samples (2) must be at least --num-restarts (3)",
+    ),
+    "negative stream cut": (
+        ["stream", "--problem", "yacht", "--max-stream", "-30"],
+        "--max-stream must be >= 1",
+    ),
+    "empty test set": (
+        ["stream", "--problem", "yacht", "--max-test", "0"],
+        "--max-test must be >= 1",
+    ),
 }
 
 

@@ -178,6 +178,10 @@ class ActiveLearningLoop(OnlineLoop):
             **self._initial_costs(t_fit, t_eval, t_update),
         }
 
+    def max_steps(self) -> int:
+        """Steps until fewer than ``q`` unlabelled pool points are left."""
+        return (self.problem.X_pool.shape[0] - self.config["n_init"]) // self.config["q"]
+
     def ask(self) -> Tensor:
         r"""Row indices (``q``) of the pool points to label next."""
         if not self.initialized:

@@ -118,8 +118,9 @@ class BayesOptLoop(OnlineLoop):
             X, y = initial_data
         except (TypeError, ValueError) as e:
             raise ValueError("initial_data must be a pair (X, y).") from e
-        X = torch.as_tensor(X, dtype=torch.float64)
-        y = torch.as_tensor(y, dtype=torch.float64).reshape(-1)
+        # Detached copies: the user's tensors may carry autograd graphs or be changed later.
+        X = torch.as_tensor(X, dtype=torch.float64).detach().clone()
+        y = torch.as_tensor(y, dtype=torch.float64).detach().clone().reshape(-1)
         if X.dim() != 2 or X.shape[-1] != problem.dim or X.shape[0] != y.shape[0] or not len(y):
             raise ValueError(
                 f"initial_data must be X of shape m x {problem.dim} and y of m values (m >= 1), "
@@ -257,7 +258,7 @@ class BayesOptLoop(OnlineLoop):
         was expected. No reshaping across dimensions: a transposed ``d x q`` batch is refused,
         not silently reinterpreted."""
         d = self.problem.dim
-        X = torch.as_tensor(X, dtype=torch.float64)
+        X = torch.as_tensor(X, dtype=torch.float64).detach()  # data, not part of a graph
         if X.dim() == 1 and d == 1:  # one input: q values are q points
             X = X.unsqueeze(-1)
         elif X.dim() == 1 and X.shape[0] == d:
@@ -270,7 +271,7 @@ class BayesOptLoop(OnlineLoop):
         q = X.shape[0]
         values = {}
         for name, v in (("y", y), ("y_true", y if y_true is None else y_true)):
-            v = torch.as_tensor(v, dtype=torch.float64)
+            v = torch.as_tensor(v, dtype=torch.float64).detach()
             if v.dim() == 2 and v.shape[-1] == 1:
                 v = v.squeeze(-1)
             elif v.dim() == 0:

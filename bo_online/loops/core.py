@@ -235,6 +235,11 @@ class OnlineLoop:
         """Steps ``run()`` takes when none are given (streaming: to the end of the stream)."""
         return None
 
+    def max_steps(self) -> int | None:
+        """The most steps after the initial design the loop's data allow (a stream's rows, an
+        unlabelled pool), or None where there is no such limit. ``run`` refuses more."""
+        return None
+
     # ------------------------------------------------------------------ shared machinery
 
     @property
@@ -507,6 +512,12 @@ class OnlineLoop:
             steps = self.target_steps if self.target_steps is not None else self.default_steps()
         if steps is None or int(steps) != steps or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
+        limit = self.max_steps()
+        if limit is not None and steps > limit:  # refused before anything is evaluated
+            raise ValueError(
+                f"steps={steps} exceeds the {limit} steps the data hold "
+                f"({self.config['n_init']} initial points, then {self.config['q']} per step)."
+            )
         self.target_steps = int(steps)
         created = self._claim_directory()
         start, base = time.perf_counter(), self.elapsed

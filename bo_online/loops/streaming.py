@@ -147,6 +147,9 @@ class StreamingLoop(OnlineLoop):
         """Steps until the stream is exhausted."""
         return (self.problem.X_stream.shape[0] - self.config["n_init"]) // self.config["q"]
 
+    def max_steps(self) -> int:
+        return self.default_steps()
+
     def _problem_spec(self) -> dict[str, Any] | None:
         return self.problem.spec
 

@@ -48,6 +48,7 @@ from bo_online.models.fitting import (
     trainable_parameters_and_bounds,
     training_mode,
 )
+from bo_online.models.validation import detached
 
 __all__ = ["OnlineExactGP"]
 
@@ -107,6 +108,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
+        train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if standardize and train_Y.shape[0] > 1:

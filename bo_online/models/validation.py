@@ -20,6 +20,16 @@ from torch import Tensor
 NOISE_FLOOR = 1e-6
 
 
+def detached(*values):
+    r"""Each tensor of ``values`` detached from any autograd graph (others as they are).
+
+    A model's training data are data: a ``train_Y`` that still carries the graph that computed it
+    (an objective built on a torch model) would make every fit's backward pass run through that
+    graph again and fail.
+    """
+    return tuple(v.detach() if isinstance(v, Tensor) else v for v in values)
+
+
 def max_abs_output(dtype: torch.dtype) -> float:
     r"""Largest |y| accepted: 1e-4 x sqrt(largest float), so sums of squares over many points and
     standardisation cannot overflow (float64: ~1.3e150; float32: ~1.8e15)."""

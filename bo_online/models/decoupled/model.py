@@ -23,6 +23,7 @@ from bo_online.models.decoupled.fitting import DecoupledFitMixin
 from bo_online.models.decoupled.objectives import DecoupledObjectivesMixin
 from bo_online.models.decoupled.prediction import DecoupledPredictionMixin
 from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin
+from bo_online.models.validation import detached
 
 __all__ = ["DecoupledSVGP"]
 
@@ -127,6 +128,7 @@ class DecoupledSVGP(
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
+        train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):
             raise ValueError(

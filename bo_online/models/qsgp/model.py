@@ -31,6 +31,7 @@ from bo_online.models.qsgp.fitting import QSGPFitMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
 from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
+from bo_online.models.validation import detached
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 
 __all__ = ["QSGP"]
@@ -133,6 +134,7 @@ class QSGP(
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
+        train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if likelihood not in ("gaussian", "laplace", "logistic"):

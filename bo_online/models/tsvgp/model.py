@@ -30,7 +30,7 @@ from bo_online.models.tsvgp.conditioning import TSVGPConditioningMixin
 from bo_online.models.tsvgp.fitting import TSVGPFitMixin
 from bo_online.models.tsvgp.inducing import select_inducing_points
 from bo_online.models.tsvgp.sites import TSVGPSitesMixin
-from bo_online.models.validation import check_finite, check_observations
+from bo_online.models.validation import check_finite, check_observations, detached
 
 __all__ = ["DEFAULT_NUM_INDUCING", "TSVGP"]
 
@@ -116,6 +116,7 @@ class TSVGP(
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
+        train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._transform_and_check(train_X)
         if isinstance(train_Y, Tensor) and train_Y.dim() < 2:
             raise ValueError(

@@ -60,6 +60,7 @@ from gpytorch.means import ConstantMean
 from torch import Tensor
 
 from bo_online.models.base import OnlineModel
+from bo_online.models.validation import detached
 from bo_online.models.wiski.additive import StackedGrid, additive_grid_size, input_groups
 from bo_online.models.wiski.caches import WISKICacheMixin
 from bo_online.models.wiski.conditioning import WISKIConditioningMixin
@@ -174,6 +175,7 @@ class WISKI(
         super().__init__(
             dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
         )
+        train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         spec = projection.strip().lower() if isinstance(projection, str) else None

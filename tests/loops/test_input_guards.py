@@ -1,0 +1,159 @@
+"""What a user's own objective, data and options can do wrong, and what the loops do about it:
+refuse before anything is evaluated or written, or treat the values as plain data."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bo_online.errors import ObjectiveError
+from bo_online.loops import ActiveLearningLoop, BayesOptLoop, StreamingLoop, load_loop
+from bo_online.models.registry import get_model_class
+from bo_online.problems import CallableProblem, PoolProblem, StreamProblem, stream_arrays
+
+BOUNDS = [[0.0, -5.0], [1.0, 5.0]]
+SMALL_OPT = {"num_restarts": 2, "raw_samples": 16, "maxiter": 20}
+
+
+def _quadratic(X: torch.Tensor) -> torch.Tensor:
+    return ((X - torch.tensor([0.3, 1.0], dtype=X.dtype)) ** 2).sum(-1)
+
+
+def _with_graph(X: torch.Tensor) -> torch.Tensor:
+    """The quadratic, computed through a parameter that requires grad (as a torch model would)."""
+    w = torch.ones(X.shape[-1], dtype=X.dtype, requires_grad=True)
+    return ((X * w - torch.tensor([0.3, 1.0], dtype=X.dtype)) ** 2).sum(-1)
+
+
+def _zeroes_its_input(X: torch.Tensor) -> torch.Tensor:
+    y = _quadratic(X.clone())
+    X.mul_(0.0)
+    return y
+
+
+def _returns_none(X: torch.Tensor) -> None:
+    return None
+
+
+def _loop(fn, tmp_path=None, **kwargs) -> BayesOptLoop:
+    problem = CallableProblem(fn, bounds=BOUNDS, name="quad")
+    out = None if tmp_path is None else tmp_path / "run"
+    opts = {"model": "exact", "n_init": 4, "seed": 3, "optimizer_options": SMALL_OPT}
+    return BayesOptLoop(problem, out_dir=out, quiet=True, **{**opts, **kwargs})
+
+
+def test_raw_samples_below_restarts_is_refused_before_any_evaluation(tmp_path):
+    calls = []
+
+    def counted(X):
+        calls.append(X.shape[0])
+        return _quadratic(X)
+
+    with pytest.raises(ValueError, match=r"raw_samples \(2\) must be at least num_restarts \(3\)"):
+        _loop(counted, tmp_path, optimizer_options={"num_restarts": 3, "raw_samples": 2})
+    with pytest.raises(ValueError, match="batch_limit must be an integer >= 1"):
+        _loop(counted, tmp_path, optimizer_options={**SMALL_OPT, "batch_limit": 0})
+    assert calls == [] and not (tmp_path / "run").exists()
+
+
+def test_objective_values_that_carry_an_autograd_graph_are_used_as_data():
+    plain, graph = _loop(_quadratic), _loop(_with_graph)
+    plain.run(2)
+    graph.run(2)  # failed in the first fit's backward pass ("backward through the graph twice")
+    assert not graph.y.requires_grad
+    torch.testing.assert_close(graph.X, plain.X, rtol=0, atol=1e-12)
+    torch.testing.assert_close(graph.y, plain.y, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["exact", "tsvgp", "decoupled", "qsgp", "wiski"])
+def test_models_fit_training_data_that_requires_grad_as_if_it_did_not(name):
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(12, 2, generator=g, dtype=torch.float64)
+    Y = torch.sin(6 * X).sum(-1, keepdim=True)
+    cls = get_model_class(name)
+    reference = cls(X, Y)
+    reference.fit(max_iter=20)
+    model = cls(X.clone().requires_grad_(), Y.clone().requires_grad_())
+    model.fit(max_iter=20)  # the same fit, not an autograd error
+    Xt = torch.rand(5, 2, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.posterior(Xt).mean, reference.posterior(Xt).mean, rtol=1e-9, atol=1e-9
+        )
+
+
+def test_an_objective_that_writes_into_its_input_does_not_change_the_loops_points():
+    plain, writer = _loop(_quadratic), _loop(_zeroes_its_input)
+    plain.run(2)
+    writer.run(2)
+    torch.testing.assert_close(writer.X, plain.X, rtol=0, atol=1e-12)
+    assert bool((writer.X.abs().sum(-1) > 0).all())
+
+
+def test_initial_data_is_copied_and_detached():
+    X = torch.tensor([[0.1, 0.0], [0.5, 2.0], [0.9, -3.0]], dtype=torch.float64)
+    y = _quadratic(X).requires_grad_()
+    loop = _loop(None, initial_data=(X, y), n_init=0)
+    X.mul_(0.0)  # the user's tensor changes afterwards: the loop keeps what it was given
+    loop.initialize()
+    assert not loop.y.requires_grad and bool((loop.X.abs().sum(-1) > 0).all())
+
+
+def test_problem_settings_and_an_objective_that_returns_none_are_reported():
+    with pytest.raises(ValueError, match="noise_std must be a finite number"):
+        CallableProblem(_quadratic, bounds=BOUNDS, noise_std=math.nan)
+    with pytest.raises(ValueError, match="optimal_value must be finite"):
+        CallableProblem(_quadratic, bounds=BOUNDS, optimal_value=math.inf)
+    problem = CallableProblem(_returns_none, bounds=BOUNDS, name="none")
+    with pytest.raises(ObjectiveError, match="'none' returned None instead of one value per point"):
+        problem.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
+
+
+def _stream(n: int = 40, n_test: int = 5) -> StreamProblem:
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(n + n_test, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(5 * X).sum(-1)
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    return StreamProblem("toy", X[:n], y[:n], X[n:], y[n:], bounds)
+
+
+def test_empty_or_negatively_cut_streams_are_refused():
+    p = _stream()
+    with pytest.raises(ValueError, match="X_test is empty"):
+        StreamProblem("toy", p.X_stream, p.y_stream, p.X_test[:0], p.y_test[:0], p.bounds)
+    arrays = (p.X_stream.numpy(), p.y_stream.numpy(), p.X_test.numpy(), p.y_test.numpy())
+    for key in ("max_stream", "max_test"):
+        for value in (0, -3):
+            with pytest.raises(ValueError, match=f"{key} must be >= 1"):
+                stream_arrays(*arrays, **{key: value})
+
+
+def test_a_stream_run_past_its_rows_is_refused_before_it_runs_and_on_resume(tmp_path):
+    out = tmp_path / "stream"
+    kwargs = {"model": "exact", "n_init": 10, "eval_every": 5, "out_dir": out, "quiet": True}
+    with pytest.raises(ValueError, match="steps=31 exceeds the 30 steps the data hold"):
+        StreamingLoop(_stream(), **kwargs).run(31)
+    assert not out.exists()
+    StreamingLoop(_stream(), **kwargs).run(3)
+    records = (out / "records.jsonl").read_text()
+    resumed = load_loop(out, problem=_stream(), quiet=True)
+    with pytest.raises(ValueError, match="exceeds the 30 steps"):
+        resumed.run(100_000)  # ran every remaining row before failing at the end
+    assert (out / "records.jsonl").read_text() == records
+    assert json.loads(records.splitlines()[-1])["step"] == 3
+
+
+def test_an_active_learning_run_larger_than_its_pool_is_refused_before_any_label(tmp_path):
+    s = _stream(n=36)
+    pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
+    out = tmp_path / "active"
+    loop = ActiveLearningLoop(
+        pool, model="exact", n_init=5, q=10, acq="random", out_dir=out, quiet=True
+    )
+    assert loop.max_steps() == 3  # 31 unlabelled points, 10 per step
+    with pytest.raises(ValueError, match="steps=4 exceeds the 3 steps the data hold"):
+        loop.run(4)
+    assert not out.exists() and not loop.initialized
