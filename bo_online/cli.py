@@ -1222,7 +1222,8 @@ def stream(
     loop = StreamingLoop(prob, eval_every=eval_every, n_init=n_init, **shared)
     _check(
         loop.default_steps() >= (steps or 0),
-        f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds.",
+        f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds "
+        f"({prob.X_stream.shape[0]} rows: {n_init} initial, then --q {loop.config['q']} per step).",
     )
     _run(loop, steps)
     _finish(loop, plots, quiet)

@@ -112,6 +112,12 @@ class StreamingLoop(OnlineLoop):
                 f"n_init={n_init} leaves nothing to stream ({problem.X_stream.shape[0]} points)."
             )
         super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
+        rows_left, q = problem.X_stream.shape[0] - n_init, self.config["q"]
+        if rows_left < q:
+            raise ValueError(
+                f"q={q} points per step, but the stream has {rows_left} rows after the "
+                f"{n_init} initial ones: lower q or n_init."
+            )
         self.problem = problem
         self.classify = problem.task == "classification"
         if self.classify:  # the registry name's classifier; raises for regression-only models

@@ -157,3 +157,8 @@ def test_an_active_learning_run_larger_than_its_pool_is_refused_before_any_label
     with pytest.raises(ValueError, match="steps=4 exceeds the 3 steps the data hold"):
         loop.run(4)
     assert not out.exists() and not loop.initialized
+
+
+def test_a_stream_with_fewer_rows_than_one_step_is_refused():
+    with pytest.raises(ValueError, match="q=40 points per step, but the stream has 30 rows"):
+        StreamingLoop(_stream(), model="exact", n_init=10, q=40, quiet=True)
