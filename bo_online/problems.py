@@ -367,7 +367,7 @@ class CallableProblem(Problem):
             if error.objective is not None:  # already names its objective
                 raise
             raise ObjectiveError(f"Objective {self.name!r} {error}", self.name) from error
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit() in an objective is its failure
             raise ObjectiveError(
                 f"Objective {self.name!r} raised {type(error).__name__}: {error}"
                 f"{_user_frame(error)} on {X.shape[0]} point(s)",

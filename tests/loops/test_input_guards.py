@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -36,6 +37,10 @@ def _zeroes_its_input(X: torch.Tensor) -> torch.Tensor:
 
 def _returns_none(X: torch.Tensor) -> None:
     return None
+
+
+def _exits(X: torch.Tensor) -> None:
+    sys.exit(3)
 
 
 def _loop(fn, tmp_path=None, **kwargs) -> BayesOptLoop:
@@ -107,6 +112,9 @@ def test_problem_settings_and_an_objective_that_returns_none_are_reported():
         CallableProblem(_quadratic, bounds=BOUNDS, noise_std=math.nan)
     with pytest.raises(ValueError, match="optimal_value must be finite"):
         CallableProblem(_quadratic, bounds=BOUNDS, optimal_value=math.inf)
+    exits = CallableProblem(_exits, bounds=BOUNDS, name="exits")
+    with pytest.raises(ObjectiveError, match="'exits' raised SystemExit: 3"):
+        exits.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
     problem = CallableProblem(_returns_none, bounds=BOUNDS, name="none")
     with pytest.raises(ObjectiveError, match="'none' returned None instead of one value per point"):
         problem.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
