@@ -16,6 +16,7 @@ objectives that are minimised before the model sees them.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -206,10 +207,12 @@ def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]
             f"{sorted(DEFAULT_OPTIMIZER_OPTIONS)} and 'options' (a dict passed on)."
         )
     for name in ("num_restarts", "raw_samples", "maxiter", "batch_limit"):
-        if int(opts[name]) != opts[name] or opts[name] < 1:
-            raise ValueError(
-                f"optimize_acqf option {name} must be an integer >= 1, got {opts[name]}."
-            )
+        value = opts[name]
+        whole = isinstance(value, numbers.Integral) or (
+            isinstance(value, float) and value.is_integer()
+        )
+        if isinstance(value, bool) or not whole or value < 1:
+            raise ValueError(f"optimize_acqf option {name} must be an integer >= 1, got {value!r}.")
     if opts["raw_samples"] < opts["num_restarts"]:
         # optimize_acqf picks its restarts among the raw samples, so it would fail at the
         # first acquisition, after the initial design has been evaluated.

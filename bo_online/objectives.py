@@ -123,9 +123,12 @@ class _Vectorised:
         if n > 1 and n == d:  # the count cannot tell the kinds apart: stay undecided
             return torch.stack([self._one_of_either_kind(x) for x in X])
         try:  # not decided yet: try the batch
-            values = self._values(self.fn(X))
+            out = self.fn(X)
+            values = None if out is None else self._values(out)
         except Exception as error:  # a per-point function given a batch
             return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
+        if values is None:  # neither kind returns nothing: not a reason to go per-point
+            raise ObjectiveError(_NONE_MESSAGE)
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
             return self._decide_per_point(X, f"returned {values.shape[0]} value(s)")
         if n > 1:  # one point says nothing: both kinds return one value for 1 x d
@@ -170,6 +173,8 @@ class _Vectorised:
 
     @staticmethod
     def _values(out: Any) -> Tensor:
+        if out is None:
+            raise ObjectiveError(_NONE_MESSAGE)
         return torch.as_tensor(out, dtype=torch.float64).reshape(-1)
 
     def _one(self, x: Tensor) -> Tensor:
@@ -181,6 +186,9 @@ class _Vectorised:
                 f"point{since if self._why_per_point else ''}"
             )
         return values[0]
+
+
+_NONE_MESSAGE = "returned None instead of one value per point (is a `return` missing?)"
 
 
 def _count_message(got: int, n: int) -> str:

@@ -358,7 +358,7 @@ class CallableProblem(Problem):
             if result is None:
                 raise ObjectiveError(
                     f"Objective {self.name!r} returned None instead of one value per point "
-                    f"({X.shape[0]} point(s))",
+                    "(is a `return` missing?)",
                     self.name,
                 )
             # Detached: values computed with autograd (a torch model as objective) are data.
@@ -367,7 +367,13 @@ class CallableProblem(Problem):
             if error.objective is not None:  # already names its objective
                 raise
             raise ObjectiveError(f"Objective {self.name!r} {error}", self.name) from error
-        except (Exception, SystemExit) as error:  # sys.exit() in an objective is its failure
+        except SystemExit as error:  # sys.exit() in an objective is its failure
+            raise ObjectiveError(
+                f"Objective {self.name!r} called sys.exit({error.code!r}){_user_frame(error)} "
+                f"on {X.shape[0]} point(s)",
+                self.name,
+            ) from error
+        except Exception as error:
             raise ObjectiveError(
                 f"Objective {self.name!r} raised {type(error).__name__}: {error}"
                 f"{_user_frame(error)} on {X.shape[0]} point(s)",

@@ -259,6 +259,13 @@ def test_cli_active_pool_file(tmp_path, capsys):
     assert loop.problem.X_pool.shape == (90, 2) and loop.problem.X_test.shape == (30, 2)
     code, err = _run(["active", "--pool", str(path), "--inputs", "x0,nope", "-Q"], capsys)
     assert code == 2 and "no column 'nope'" in err
+    # more steps than the pool holds: refused before any label (it stopped mid-run)
+    more = tmp_path / "more"
+    argv = ["active", "--pool", str(path), "--test-fraction", "0.25", "--acq", "random"]
+    argv += ["--q", "40", "--n-init", "5", "--steps", "3", "--out", str(more), "-Q"]
+    code, err = _run(argv, capsys)
+    assert code == 2 and "--steps 3 exceeds the 2 steps the pool allows" in err, err
+    assert not more.exists()
 
 
 def test_renamed_shipped_set_refused_by_shape(tmp_path):

@@ -179,8 +179,12 @@ class ActiveLearningLoop(OnlineLoop):
         }
 
     def max_steps(self) -> int:
-        """Steps until fewer than ``q`` unlabelled pool points are left."""
-        return (self.problem.X_pool.shape[0] - self.config["n_init"]) // self.config["q"]
+        """Steps until fewer than ``q`` unlabelled pool points are left (counted from the
+        points still unlabelled once the loop has started: ``tell`` may label any number)."""
+        q = self.config["q"]
+        if not self.initialized:
+            return (self.problem.X_pool.shape[0] - self.config["n_init"]) // q
+        return self.step_count + int((~self.used).sum()) // q
 
     def ask(self) -> Tensor:
         r"""Row indices (``q``) of the pool points to label next."""

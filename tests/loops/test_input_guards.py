@@ -113,7 +113,7 @@ def test_problem_settings_and_an_objective_that_returns_none_are_reported():
     with pytest.raises(ValueError, match="optimal_value must be finite"):
         CallableProblem(_quadratic, bounds=BOUNDS, optimal_value=math.inf)
     exits = CallableProblem(_exits, bounds=BOUNDS, name="exits")
-    with pytest.raises(ObjectiveError, match="'exits' raised SystemExit: 3"):
+    with pytest.raises(ObjectiveError, match=r"'exits' called sys.exit\(3\)"):
         exits.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
     problem = CallableProblem(_returns_none, bounds=BOUNDS, name="none")
     with pytest.raises(ObjectiveError, match="'none' returned None instead of one value per point"):
@@ -170,3 +170,35 @@ def test_an_active_learning_run_larger_than_its_pool_is_refused_before_any_label
 def test_a_stream_with_fewer_rows_than_one_step_is_refused():
     with pytest.raises(ValueError, match="q=40 points per step, but the stream has 30 rows"):
         StreamingLoop(_stream(), model="exact", n_init=10, q=40, quiet=True)
+
+
+def test_a_cli_objective_that_returns_none_is_reported_not_retried_point_by_point(recwarn):
+    from bo_online.objectives import _Vectorised
+
+    problem = CallableProblem(_Vectorised(_returns_none), bounds=BOUNDS, name="none")
+    with pytest.raises(ObjectiveError, match="'none' returned None instead of one value"):
+        problem.evaluate_true(torch.rand(4, 2, dtype=torch.float64))
+    assert not [w for w in recwarn if "one point at a time" in str(w.message)]
+
+
+@pytest.mark.parametrize("bad", [None, math.inf, "20", True, 2.5])
+def test_optimizer_settings_that_are_not_positive_integers_are_value_errors(bad):
+    from bo_online.acquisition import optimizer_kwargs
+
+    with pytest.raises(ValueError, match="maxiter must be an integer >= 1"):
+        optimizer_kwargs({"maxiter": bad})
+    assert optimizer_kwargs({"maxiter": 20.0})["options"]["maxiter"] == 20
+
+
+def test_the_active_loops_step_limit_follows_the_points_tell_labelled(tmp_path):
+    s = _stream(n=20)
+    pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
+    loop = ActiveLearningLoop(pool, model="exact", n_init=5, q=5, acq="random", quiet=True)
+    assert loop.max_steps() == 3
+    loop.initialize()
+    for i in range(3):  # the user labels one point per step
+        free = int((~loop.used).nonzero()[0])
+        loop.tell(torch.tensor([free]))
+    assert loop.max_steps() == 5  # 3 steps done, 12 unlabelled points: two more of 5
+    loop.run(5)
+    assert loop.step_count == 5 and int((~loop.used).sum()) == 2
