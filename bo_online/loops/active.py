@@ -246,6 +246,8 @@ class ActiveLearningLoop(OnlineLoop):
         if not self.initialized:
             raise RuntimeError("Call ask() (or initialize()) before tell().")
         indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        if indices.numel() == 0:
+            raise ValueError("tell() got no pool indices: label at least one point per step.")
         if bool(self.used[indices].any()) or indices.unique().numel() != indices.numel():
             raise ValueError("tell() got pool points that are already labelled or repeated.")
         pending = self._pending or {}

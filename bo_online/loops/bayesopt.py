@@ -269,6 +269,8 @@ class BayesOptLoop(OnlineLoop):
                 f"got shape {tuple(X.shape)}."
             )
         q = X.shape[0]
+        if q == 0:  # would count as a step and trigger a scheduled refit on no new data
+            raise ValueError(f"tell() got no points: pass X of shape q x {d} with q >= 1.")
         values = {}
         for name, v in (("y", y), ("y_true", y if y_true is None else y_true)):
             v = torch.as_tensor(v, dtype=torch.float64).detach()

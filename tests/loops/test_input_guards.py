@@ -202,3 +202,18 @@ def test_the_active_loops_step_limit_follows_the_points_tell_labelled(tmp_path):
     assert loop.max_steps() == 5  # 3 steps done, 12 unlabelled points: two more of 5
     loop.run(5)
     assert loop.step_count == 5 and int((~loop.used).sum()) == 2
+
+
+def test_telling_no_points_is_refused_and_counts_no_step():
+    loop = _loop(_quadratic)
+    loop.initialize()
+    with pytest.raises(ValueError, match="tell\\(\\) got no points"):
+        loop.tell(torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))
+    assert loop.step_count == 0
+    s = _stream(n=20)
+    pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
+    active = ActiveLearningLoop(pool, model="exact", n_init=5, q=5, acq="random", quiet=True)
+    active.initialize()
+    with pytest.raises(ValueError, match="no pool indices"):
+        active.tell(torch.zeros(0, dtype=torch.long))
+    assert active.step_count == 0
