@@ -6,6 +6,10 @@ from __future__ import annotations
 __all__ = ["ObjectiveError"]
 
 
+#: What an objective that returned None is told (the objective's name is put before it).
+NONE_RESULT = "returned None instead of one value per point (is a `return` missing?)"
+
+
 class ObjectiveError(RuntimeError):
     r"""A user objective raised, or returned a wrong number of values or NaN/inf; the message
     names the objective, the exception and the innermost frame of the user's own code.

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from bo_online.errors import ObjectiveError
+from bo_online.errors import NONE_RESULT, ObjectiveError
 from bo_online.problems import CallableProblem
 
 __all__ = ["load_objective", "parse_bounds", "objective_problem", "check_resume"]
@@ -127,8 +127,8 @@ class _Vectorised:
             values = None if out is None else self._values(out)
         except Exception as error:  # a per-point function given a batch
             return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
-        if values is None:  # neither kind returns nothing: not a reason to go per-point
-            raise ObjectiveError(_NONE_MESSAGE)
+        if values is None:  # no kind of objective returns None: report, do not go per-point
+            raise ObjectiveError(NONE_RESULT)
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
             return self._decide_per_point(X, f"returned {values.shape[0]} value(s)")
         if n > 1:  # one point says nothing: both kinds return one value for 1 x d
@@ -174,7 +174,7 @@ class _Vectorised:
     @staticmethod
     def _values(out: Any) -> Tensor:
         if out is None:
-            raise ObjectiveError(_NONE_MESSAGE)
+            raise ObjectiveError(NONE_RESULT)
         return torch.as_tensor(out, dtype=torch.float64).reshape(-1)
 
     def _one(self, x: Tensor) -> Tensor:
@@ -186,9 +186,6 @@ class _Vectorised:
                 f"point{since if self._why_per_point else ''}"
             )
         return values[0]
-
-
-_NONE_MESSAGE = "returned None instead of one value per point (is a `return` missing?)"
 
 
 def _count_message(got: int, n: int) -> str:

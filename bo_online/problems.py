@@ -34,7 +34,7 @@ from botorch.utils.transforms import normalize, unnormalize
 from torch import Tensor
 
 from bo_online import datasets
-from bo_online.errors import ObjectiveError
+from bo_online.errors import NONE_RESULT, ObjectiveError
 
 __all__ = [
     "Problem",
@@ -356,11 +356,7 @@ class CallableProblem(Problem):
             # A copy: an objective that writes into its input must not change the loop's points.
             result = self.fn(X.detach().to(torch.float64).cpu().clone())
             if result is None:
-                raise ObjectiveError(
-                    f"Objective {self.name!r} returned None instead of one value per point "
-                    "(is a `return` missing?)",
-                    self.name,
-                )
+                raise ObjectiveError(NONE_RESULT)  # named below
             # Detached: values computed with autograd (a torch model as objective) are data.
             values = torch.as_tensor(result, dtype=torch.float64).detach()
         except ObjectiveError as error:  # from the wrapper that checks the values, or nested
