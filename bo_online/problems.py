@@ -35,6 +35,7 @@ from torch import Tensor
 
 from bo_online import datasets
 from bo_online.errors import NONE_RESULT, ObjectiveError
+from bo_online.models.validation import max_abs_output
 
 __all__ = [
     "Problem",
@@ -389,6 +390,19 @@ class CallableProblem(Problem):
                 f"Objective {self.name!r} returned {values[i].item()} at "
                 f"{[round(v, 6) for v in X[i].tolist()]} ({int(bad.sum())} of {X.shape[0]} "
                 "value(s) NaN/inf); it must return a finite value for every point",
+                self.name,
+            )
+        # Finite but too large for any model to standardise: refused here, where the objective
+        # can be named, not later by the model as "Y holds values ...".
+        limit = max_abs_output(torch.float64)
+        huge = values.abs() >= limit
+        if bool(huge.any()):
+            i = int(torch.nonzero(huge)[0])
+            raise ObjectiveError(
+                f"Objective {self.name!r} returned {values[i].item():.3g} at "
+                f"{[round(v, 6) for v in X[i].tolist()]} ({int(huge.sum())} of {X.shape[0]} "
+                f"value(s) of magnitude >= {limit:.3g}, beyond which a model's standardisation "
+                "overflows). Rescale the objective (e.g. divide it by a constant)",
                 self.name,
             )
         return values

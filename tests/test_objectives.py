@@ -196,6 +196,16 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
         pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"),
     ):
         problem.evaluate_true(X5)
+
+    def huge(X):  # finite, but beyond what a float64 model can standardise
+        out = X.sum(-1)
+        out[2] = 1e200
+        return out
+
+    problem = CallableProblem(huge, [[0, 0], [1, 1]], name="huge")
+    expected = r"^Objective 'huge' returned 1e\+200 at \[.*\] \(1 of 5 value.*Rescale"
+    with pytest.raises(ObjectiveError, match=expected):
+        problem.evaluate_true(X5)
     inner = CallableProblem(with_nan, [[0, 0], [1, 1]], name="sim")
     outer = CallableProblem(inner.evaluate_true, [[0, 0], [1, 1]], name="outer")
     with pytest.raises(ObjectiveError, match=r"^Objective 'sim' returned nan") as caught:
