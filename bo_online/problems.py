@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -105,7 +106,20 @@ class Problem:
         if self.optimal_value is None:
             return None
         gap = self.optimal_value - best_true if self.maximize else best_true - self.optimal_value
-        return float(gap)
+        # Beyond round-off, a negative gap means the stated optimum is wrong (a user's
+        # optimal_value): say so once, and report the regret of a value at the optimum.
+        tolerance = 1e-9 * max(1.0, abs(self.optimal_value))
+        if gap < -tolerance and not getattr(self, "_warned_optimum", False):
+            self._warned_optimum = True
+            warnings.warn(
+                f"{self.name}: found the value {best_true:.10g}, better than the stated "
+                f"optimal_value {self.optimal_value}; the optimum is wrong, so regret is "
+                "reported as 0 from here on. Pass the true optimum (or None) for a meaningful "
+                "regret.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return max(float(gap), 0.0)
 
     def __repr__(self) -> str:
         return (

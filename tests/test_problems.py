@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -170,6 +171,13 @@ def test_callable_problem():
         p.evaluate_true(torch.tensor([[1.0, 2.0]])), torch.tensor([3.0], dtype=torch.float64)
     )
     assert p.regret(2.5) == pytest.approx(0.5)
+    # A value better than the stated optimum: the optimum is wrong. Regret stays >= 0 (it is
+    # 0 there) and the user is told once, not on every step.
+    with pytest.warns(RuntimeWarning, match=r"better than the stated optimal_value 3.0"):
+        assert p.regret(3.5) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert p.regret(3.6) == 0.0 and p.regret(3.0 + 1e-13) == 0.0
     with pytest.raises(ValueError, match="lower < upper"):
         CallableProblem(lambda X: X.sum(-1), bounds=[[0, 1], [1, 1]])
     with pytest.raises(ValueError, match="finite"):
