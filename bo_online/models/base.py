@@ -327,13 +327,26 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     # ------------------------------------------------------------------ the BoTorch API
 
-    def _transform_and_check(self, X: Tensor) -> Tensor:
+    def _transform_and_check(self, X: Tensor, new_observations: bool = False) -> Tensor:
+        r"""``X`` (``... x d`` raw inputs) validated, cast to the model's dtype and device and
+        through the input transform: ``... x d'`` transformed inputs.
+
+        ``new_observations``: ``X`` are points to add to the training data (``update``,
+        ``condition_on_observations``). They go through the transform as training data without
+        learning from them (BoTorch's ``preprocess_transform``): a transform that learns its
+        coefficients (``Normalize`` without bounds) learns them from the data at construction
+        only, whatever mode the model is in.
+        """
         check_inputs(X, dim=self.dim if not hasattr(self, "input_transform") else X.shape[-1])
         # Cast to the model's dtype/device as BoTorch models do (float32 or int64 inputs into a
         # float64 model), before any arithmetic with the model's tensors.
         if X.dtype != self.outcome_mean.dtype or X.device != self.outcome_mean.device:
             X = X.to(**self._dtype_device)
-        X = self.transform_inputs(X)
+        transform = getattr(self, "input_transform", None)
+        if new_observations and transform is not None:
+            X = transform.to(X).preprocess_transform(X)
+        else:
+            X = self.transform_inputs(X)
         check_inputs(X, dim=self.dim, bounds=self.input_bounds)
         return X
 
@@ -443,7 +456,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             sharing this model's hyperparameter modules. Cost independent of n where the model
             allows it.
         """
-        X = self._transform_and_check(X)
+        X = self._transform_and_check(X, new_observations=True)
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
@@ -499,7 +512,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             noise = noise.unsqueeze(-1)
         if isinstance(X, Tensor) and X.dim() != 2:
             raise ValueError(f"{caller} takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
-        X = self._transform_and_check(X)
+        X = self._transform_and_check(X, new_observations=True)
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )

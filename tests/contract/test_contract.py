@@ -800,6 +800,32 @@ def test_input_transform_equals_model_on_transformed_inputs(s, case):
     assert_close(latent(model, raw(Ut))[1], latent(plain, seen(Ut))[1], s.tol, "updated covariance")
 
 
+@surrogates
+def test_learned_input_bounds_are_not_learned_again_from_new_observations(s):
+    """A ``Normalize`` that learns its bounds learns them from the training data at construction
+    and keeps them: ``condition_on_observations`` and ``update`` on a model still in training
+    mode (as built, or after ``train()``) leave the bounds as they were and give the same
+    posterior as on a model put in eval mode first (BoTorch's ``preprocess_transform``)."""
+    lo = torch.tensor([-1.0, 2.0], dtype=DT)
+    hi = torch.tensor([3.0, 2.5], dtype=DT)
+    U, Y, _ = s.data(N0, D, seed=0)
+    _, Yn, _ = s.data(Q, D, seed=1)
+    Un = 0.5 * (U[:Q] + U[Q : 2 * Q])  # inside the learned box, so WISKI's grid takes them
+    raw, Ut = (lambda V: lo + (hi - lo) * V), 0.5 * (U[-5:] + U[:5])
+    model = s.make(raw(U), Y, input_transform=Normalize(d=D)).train()
+    ref = s.make(raw(U), Y, input_transform=Normalize(d=D)).eval()
+    learned = model.input_transform.bounds.clone()
+    cond = model.condition_on_observations(raw(Un), Yn)
+    assert torch.equal(model.input_transform.bounds, learned), "conditioning re-learned bounds"
+    cond_ref = ref.condition_on_observations(raw(Un), Yn)
+    assert_close(latent(cond, raw(Ut))[0], latent(cond_ref, raw(Ut))[0], s.tol, "conditioned mean")
+    model.train().update(raw(Un), Yn)
+    assert torch.equal(model.input_transform.bounds, learned), "update re-learned bounds"
+    ref.update(raw(Un), Yn)
+    assert_close(latent(model, raw(Ut))[0], latent(ref, raw(Ut))[0], s.tol, "updated mean")
+    assert_close(latent(model, raw(Ut))[1], latent(ref, raw(Ut))[1], s.tol, "updated covariance")
+
+
 # ------------------------------------------------------------------ caches and fit
 
 

@@ -101,7 +101,9 @@ class WISKIDirichletClassifier(nn.Module):
         r"""Fold ``q`` labelled points into every class model, O(C m^2 q). Validates first."""
         targets, noise = dirichlet_targets(labels, self.num_classes, self.alpha_eps, dtype=X.dtype)
         first = self.models[0]
-        checked = first._transform_and_check(X) if isinstance(X, Tensor) else X
+        checked = (
+            first._transform_and_check(X, new_observations=True) if isinstance(X, Tensor) else X
+        )
         if checked.dim() != 2 or checked.shape[0] != targets.shape[0]:
             raise ValueError(
                 f"X must be q x {first.dim} with one row per label, got {tuple(X.shape)} and "
