@@ -24,6 +24,13 @@ from bo_online.linalg import (
 
 __all__ = ["QSGPConditioningMixin"]
 
+#: Why zero noise is refused (at construction and for new points without the Prop. 4
+#: augmentation, which keeps a point's variance positive).
+ZERO_NOISE = (
+    "QSGP weighs each observation by 1/noise, so the noise variances must be > 0 (got a "
+    "zero); pass a small positive noise instead."
+)
+
 
 class QSGPConditioningMixin:
     r"""Caches of the conditioned posterior, ``condition_on_observations`` (a child sharing the
@@ -75,7 +82,10 @@ class QSGPConditioningMixin:
                 "Exact conditioning (posterior as prior) needs a Gaussian likelihood; refit with "
                 "the new data instead (fit absorbs them)."
             )
-        return super()._noise_of_points(X, noise)
+        noise = super()._noise_of_points(X, noise)
+        if not self.augment_variance and bool((noise <= 0).any()):
+            raise ValueError(ZERO_NOISE)
+        return noise
 
     def _new_sites(
         self, X: Tensor, Y: Tensor, noise: Tensor | None

@@ -25,7 +25,7 @@ from torch import Tensor
 from bo_online.linalg import LowRankUpdatedCholesky, broadcast_shapes, solve_lower
 from bo_online.models.base import HeldDataMixin, OnlineModel
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis
-from bo_online.models.qsgp.conditioning import QSGPConditioningMixin
+from bo_online.models.qsgp.conditioning import ZERO_NOISE, QSGPConditioningMixin
 from bo_online.models.qsgp.evidence import QSGPEvidenceMixin
 from bo_online.models.qsgp.fitting import QSGPFitMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
@@ -33,6 +33,10 @@ from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
 from bo_online.models.validation import detached
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
+
+#: Largest basis whose closed-form posterior on the data is set at construction (an m x m
+#: Cholesky; beyond it the prior is kept until ``fit``).
+_CLOSED_FORM_AT_CONSTRUCTION = 2048
 
 __all__ = ["QSGP"]
 
@@ -136,6 +140,8 @@ class QSGP(
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
+        if train_Yvar is not None and bool((train_Yvar <= 0).any()):
+            raise ValueError(ZERO_NOISE)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         if likelihood not in ("gaussian", "laplace", "logistic"):
             raise ValueError(
@@ -240,6 +246,12 @@ class QSGP(
         self._cond_factor: LowRankUpdatedCholesky | None = None
         #: the trainable hyperparameters at construction (see ``reset_hyperparameters``)
         self._initial_hypers = {k: v.detach().clone() for k, v in self._trainable_hypers().items()}
+        if likelihood == "gaussian" and m <= _CLOSED_FORM_AT_CONSTRUCTION:
+            # The posterior on the data under the initial hyperparameters, as every other
+            # surrogate holds from construction (O(n m^2 + m^3)); larger bases keep the prior
+            # until fit(), which is what sets their state.
+            with torch.no_grad():
+                self.set_optimal_variational()
 
     # ------------------------------------------------------------------ basic properties
 

@@ -42,6 +42,15 @@ def _set_noise(model, value):
     model.likelihood.noise = torch.tensor([value], dtype=DT)
 
 
+def _prior_state(model):
+    """The variational state of the prior (mean 0, the prior's variances), which a model built
+    with at most 2,048 features leaves at construction for its posterior on the data."""
+    with torch.no_grad():
+        model.var_mean.zero_()
+        model.var_log_diag.copy_(-0.5 * model._prior_diag_all().log())
+        model.var_cols.zero_()
+
+
 def _is_lazy(post) -> bool:
     """Whether a posterior kept its covariance as a lazy operator (not a dense q x q matrix)."""
     from linear_operator.operators import DenseLinearOperator
@@ -656,6 +665,7 @@ def test_sgd_all_columns_without_replacement_approaches_optimum():
     def make():
         mdl = QSGP(X, Y, num_features=40, family="mean_field", kernel=_kernel(2))
         _set_noise(mdl, 0.1)
+        _prior_state(mdl)  # SGD from the prior (a built model holds its posterior)
         return mdl
 
     ref = make()
@@ -799,6 +809,7 @@ def test_sgd_approaches_family_optimum_and_freezes_hypers():
     def make():
         mdl = QSGP(X, Y, num_features=40, family="mean_field", kernel=_kernel(2))
         _set_noise(mdl, 0.1)
+        _prior_state(mdl)  # SGD from the prior (a built model holds its posterior)
         return mdl
 
     ref = make()
@@ -969,3 +980,45 @@ def test_unknown_option_is_refused_not_ignored():
         QSGP(X, X.sum(-1, keepdim=True), num_feature=64)
     model = QSGP(X, X.sum(-1, keepdim=True), num_rows=10, hyper_evidence="kernel")
     assert model.fit_options == {"num_rows": 10, "hyper_evidence": "kernel"}
+
+
+# ------------------------------------------------------------------------------ construction
+
+
+def test_a_built_model_holds_the_posterior_on_its_data_before_any_fit():
+    """Right after construction (no fit) QSGP's posterior is the Bayesian linear regression on
+    its features and data, computed here densely (n x n), not the prior; an update then adds the
+    new points to that posterior (the same as a model built on all points)."""
+    X, Y = _data(20, 4)
+    model = QSGP(X, Y, num_features=40, kernel=_kernel(4))
+    Phi = model.basis.features(model.train_X).detach()
+    y, noise = model.train_y, float(model.likelihood.noise)
+    Xt = torch.rand(6, 4, generator=torch.Generator().manual_seed(8), dtype=DT)
+    Phit = model.basis.features(Xt).detach()
+    # Weight space with S = I: mean(x) = phi_x^T Phi^T (Phi Phi^T + noise I)^-1 y.
+    G = Phi @ Phi.T + noise * torch.eye(20, dtype=DT)
+    ref_mean = Phit @ Phi.T @ torch.linalg.solve(G, y)
+    ref_var = (Phit * Phit).sum(-1) - ((Phit @ Phi.T) * torch.linalg.solve(G, Phi @ Phit.T).T).sum(
+        -1
+    )
+    post = model.posterior(Xt)
+    std = model.outcome_std.reshape(())
+    assert torch.allclose(post.mean.squeeze(-1), model.outcome_mean + std * ref_mean, atol=1e-9)
+    assert torch.allclose(post.variance.squeeze(-1), std**2 * ref_var, atol=1e-9)
+    # and at the training inputs it is near the data, not a constant
+    assert float((model.posterior(X).mean - Y).abs().max()) < 0.5 * float(Y.std())
+
+
+def test_zero_noise_is_refused_before_anything_changes():
+    """Known noise variances of zero (QSGP weighs each point by 1/noise) are refused at
+    construction and in update, with a message that says what to pass, and a refused update
+    leaves the model as it was."""
+    X, Y = _data(20, 2)
+    with pytest.raises(ValueError, match="noise variances must be > 0"):
+        QSGP(X, Y, torch.zeros_like(Y), num_features=40)
+    model = QSGP(X, Y, torch.full_like(Y, 0.01), num_features=40)
+    before = {k: v.clone() for k, v in model.state_dict().items() if v is not None}
+    with pytest.raises(ValueError, match="noise variances must be > 0"):
+        model.update(X[:2] * 0.5, Y[:2], noise=torch.zeros(2, 1, dtype=DT))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
