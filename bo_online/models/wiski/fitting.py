@@ -448,9 +448,14 @@ class WISKIFitMixin:
         noise_s = self._standardized_noise(noise, X, Y.shape)
         D = self._to_D(X, noise_s).expand(X.shape[:-1])
         params = [p for p in self.projection.parameters() if p.requires_grad]
-        with torch.enable_grad():
-            obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
-            grads = torch.autograd.grad(obj, params)
+        self.projection.eval()  # the map as the posterior uses it, with its gradients live
+        self._fitting_projection = True
+        try:
+            with torch.enable_grad():
+                obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
+                grads = torch.autograd.grad(obj, params)
+        finally:
+            self._fitting_projection = False
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.add_(lr * g)

@@ -199,3 +199,32 @@ def test_a_structure_named_by_the_user_gets_its_own_constructor_defaults():
         Xte = torch.rand(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
         a, b = built.posterior(Xte), direct.posterior(Xte)
         assert _rel(a.mean, b.mean) < 1e-10 and _rel(a.variance, b.variance) < 1e-10
+
+
+def test_posterior_of_a_projected_model_carries_no_gradient_of_the_projection():
+    """Above 6 inputs (learned projection): a posterior is not differentiated with respect to
+    the fixed map's parameters, so a plain ``posterior`` builds no autograd graph (before, it
+    recorded the interpolation of every point); gradients with respect to X still flow through
+    the map (acquisition optimisation), and equal those of the map called directly."""
+    d = 8
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, d, generator=g, dtype=torch.float64)
+    Y = (6 * X).sin().sum(-1, keepdim=True)
+    model = WISKI(X, Y, **WISKI.loop_default_options(d))
+    assert any(p.requires_grad for p in model.projection.parameters())
+    Xt = torch.rand(50, d, generator=g, dtype=torch.float64)
+    post = model.posterior(Xt)
+    assert not post.mean.requires_grad and not post.variance.requires_grad
+    Xg = Xt[:3].clone().requires_grad_(True)
+    model.posterior(Xg).mean.sum().backward()
+    assert all(p.grad is None for p in model.projection.parameters())
+    assert Xg.grad is not None and Xg.grad.abs().sum() > 0
+    # the X-gradient is the posterior mean's own (central differences, one coordinate each)
+    h = 1e-6
+    for i, j in ((0, 0), (1, 5), (2, 7)):
+        E = torch.zeros_like(Xt[:3])
+        E[i, j] = h
+        with torch.no_grad():
+            up = model.posterior(Xt[:3] + E).mean.sum()
+            down = model.posterior(Xt[:3] - E).mean.sum()
+        assert abs(float((up - down) / (2 * h)) - float(Xg.grad[i, j])) < 1e-5
