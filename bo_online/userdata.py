@@ -136,7 +136,7 @@ def _read_csv(path: Path, gz: bool) -> Table:
     # csv handles quoting; numpy.loadtxt cannot say which cell is bad, so cells are parsed here.
     opener = gzip.open if gz else open
     try:
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # Excel's BOM
             rows = [
                 (i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)
             ]
@@ -146,7 +146,9 @@ def _read_csv(path: Path, gz: bool) -> Table:
         raise DataFileError(f"{path}: the file holds no rows.")
     line0, first = rows[0]
     header = [c.strip() for c in first]
-    has_header = not all(_is_number(c) for c in header)
+    # A header has a cell that is not a number; an empty cell says nothing (a data row with a
+    # missing value is reported below, not taken for a header).
+    has_header = not all(_is_number(c) for c in header if c)
     columns = header if has_header else [str(j) for j in range(len(first))]
     body = rows[1:] if has_header else rows
     if not body:
@@ -258,6 +260,11 @@ def _test_mask(
     """The test rows (boolean ``n``) and the mask column used (excluded from the inputs)."""
     n = table.data.shape[0]
     if test_mask is not None:
+        if _names_a_missing_file(table, test_mask):
+            raise DataFileError(
+                f"{test_mask}: no such file (given as the test mask; it names no column of "
+                f"{table.path} either)."
+            )
         if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
             mask_table = read_table_any(Path(test_mask).expanduser())
             mask_table.require([mask_table.data.shape[1] - 1])
@@ -273,11 +280,9 @@ def _test_mask(
         else:
             column = table.column(test_mask, "the test mask")
             values = table.data[:, column]
-        if not np.isin(values, (0.0, 1.0)).all():
-            raise DataFileError(f"{table.path}: the test mask must hold 0/1 values (1 = test row).")
-        mask = values.astype(bool)
+        mask = _zero_one(values, table.path)
     elif table.mask is not None and test_fraction is None:
-        mask, column = table.mask.astype(bool), None
+        mask, column = _zero_one(table.mask, table.path), None
     else:
         fraction = 0.1 if test_fraction is None else float(test_fraction)
         if not 0.0 < fraction < 1.0:
@@ -294,6 +299,26 @@ def _test_mask(
     if mask.all() or not mask.any():
         raise DataFileError(f"{table.path}: the test mask must mark some but not all rows.")
     return mask, column
+
+
+def _zero_one(values: np.ndarray, path: Path) -> np.ndarray:
+    """A test mask's values (``n``) as booleans, refusing anything but 0/1 (and booleans)."""
+    if values.dtype != bool and not (
+        np.issubdtype(values.dtype, np.number) and np.isin(values, (0, 1)).all()
+    ):
+        raise DataFileError(f"{path}: the test mask must hold 0/1 values (1 = test row).")
+    return values.astype(bool)
+
+
+def _names_a_missing_file(table: Table, test_mask: str | int) -> bool:
+    """Whether ``test_mask`` reads as a file name (a path separator or a data-file suffix) that
+    names neither an existing file nor a column of ``table``."""
+    if not isinstance(test_mask, str) or test_mask in table.columns:
+        return False
+    looks_like_path = (
+        "/" in test_mask or os.sep in test_mask or test_mask.lower().endswith(SUFFIXES)
+    )
+    return looks_like_path and not Path(test_mask).expanduser().is_file()
 
 
 def read_table_any(path: Path) -> Table:
@@ -340,6 +365,7 @@ def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
     mask = options.get("test_mask")
     if isinstance(mask, str) and Path(mask).expanduser().is_file():  # resume from any directory
         options["test_mask"] = str(Path(mask).expanduser().resolve())
+        options["test_mask_sha256"] = file_sha256(Path(options["test_mask"]))
     return {
         "name": "file",
         "kind": kind,
@@ -361,6 +387,7 @@ def stream_from_file(
     max_stream: int | None = None,
     max_test: int | None = None,
     expected_sha256: str | None = None,
+    expected_mask_sha256: str | None = None,
 ) -> StreamProblem:
     r"""A :class:`~bo_online.problems.StreamProblem` from a file.
 
@@ -376,11 +403,12 @@ def stream_from_file(
         max_stream: keep only the first this many stream rows.
         max_test: keep only the first this many test rows.
         expected_sha256: refuse the file unless its hash is this (used on resume).
+        expected_mask_sha256: likewise for a test-mask file.
     """
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
     table, X, y, mask = _split_table(
-        path, target, inputs, test_fraction, test_mask, seed, expected_sha256
+        path, target, inputs, test_fraction, test_mask, seed, expected_sha256, expected_mask_sha256
     )
     if task == "classification":
         y = _labels(y, table.path)
@@ -420,12 +448,13 @@ def pool_from_file(
     seed: int = 0,
     pool_size: int | None = None,
     expected_sha256: str | None = None,
+    expected_mask_sha256: str | None = None,
 ) -> PoolProblem:
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
     seeded random subset of the pool)."""
     table, X, y, mask = _split_table(
-        path, target, inputs, test_fraction, test_mask, seed, expected_sha256
+        path, target, inputs, test_fraction, test_mask, seed, expected_sha256, expected_mask_sha256
     )
     pool = np.flatnonzero(~mask)
     if pool_size is not None:
@@ -461,6 +490,7 @@ def _split_table(
     test_mask: str | int | None,
     seed: int,
     expected_sha256: str | None,
+    expected_mask_sha256: str | None = None,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
@@ -468,8 +498,18 @@ def _split_table(
     if test_mask is not None and test_fraction is not None:
         raise DataFileError("give a test fraction or a test mask, not both.")
     table = _checked(path, expected_sha256)
-    t_col = table.column(-1 if target is None else target, "the target")
+    _check_mask_file(test_mask, expected_mask_sha256)
     mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
+    if target is None:  # the last column that is not the mask column
+        t_col = len(table.columns) - (2 if m_col == len(table.columns) - 1 else 1)
+        table.require([t_col])
+    else:
+        t_col = table.column(target, "the target")
+    if t_col == m_col:
+        raise DataFileError(
+            f"{table.path}: column {table.columns[t_col]!r} cannot be both the target and the "
+            "test mask."
+        )
     cols = _inputs(table, inputs, {t_col} | ({m_col} if m_col is not None else set()))
     return table, table.data[:, cols], table.data[:, t_col], mask
 
@@ -499,6 +539,24 @@ def _checked(path: str | os.PathLike, expected_sha256: str | None) -> Table:
     return read_table(path)
 
 
+def _check_mask_file(test_mask: str | int | None, expected_sha256: str | None) -> None:
+    """On resume: refuse a test-mask file that is gone or changed since the run started."""
+    if expected_sha256 is None or test_mask is None:
+        return
+    path = Path(str(test_mask)).expanduser()
+    if not path.is_file():
+        raise DataChangedError(
+            f"{path}: the run's test-mask file is gone; put it back to resume the run."
+        )
+    actual = file_sha256(path)
+    if actual != expected_sha256:
+        raise DataChangedError(
+            f"{path} has changed since the run started (SHA-256 {actual[:12]}... instead of "
+            f"{expected_sha256[:12]}...); restore the original test mask to resume, or start a "
+            "new run (--overwrite)."
+        )
+
+
 def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     r"""Rebuild a file problem from its ``spec`` (as stored in a checkpoint), refusing a file
     whose SHA-256 differs from the recorded one."""
@@ -506,5 +564,6 @@ def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     spec.pop("name", None)
     kind = spec.pop("kind")
     path, sha = spec.pop("path"), spec.pop("sha256")
+    mask_sha = spec.pop("test_mask_sha256", None)
     build = stream_from_file if kind == "stream" else pool_from_file
-    return build(path, expected_sha256=sha, **spec)
+    return build(path, expected_sha256=sha, expected_mask_sha256=mask_sha, **spec)

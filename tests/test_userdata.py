@@ -13,7 +13,7 @@ import torch
 from bo_online.cli import main
 from bo_online.loops import StreamingLoop, history, load_loop, read_records, without_timing
 from bo_online.problems import make_problem, to_unit
-from bo_online.userdata import DataFileError, pool_from_file, stream_from_file
+from bo_online.userdata import DataChangedError, DataFileError, pool_from_file, stream_from_file
 
 
 def _data(n: int = 160, d: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -399,3 +399,67 @@ def test_cli_stream_and_active_pass_their_shared_options_through(tmp_path, capsy
     config = json.loads((out / history.CONFIG_FILE).read_text())
     assert config["checkpoint_seconds"] == 7.5
     assert (config["q"], config["seed"], config["fit_max_iter"]) == (2, 3, 4)
+
+
+def test_a_mask_column_last_is_not_the_default_target(tmp_path):
+    """With the test-mask column last, the default target is the last other column (not the
+    mask), and naming the mask column as the target is refused."""
+    X, y = _data(n=40, d=2)
+    mask = (np.arange(40) % 4 == 0).astype(float)
+    path = tmp_path / "rows.csv"
+    rows = np.column_stack([X, y, mask])
+    path.write_text(
+        "x1,x2,y,is_test\n" + "\n".join(",".join(f"{v:.17g}" for v in r) for r in rows) + "\n"
+    )
+    prob = stream_from_file(path, test_mask="is_test", shuffle=False)
+    np.testing.assert_allclose(prob.X_stream.numpy(), X[mask == 0], atol=1e-12)
+    np.testing.assert_allclose(prob.y_stream.numpy(), y[mask == 0], atol=1e-12)
+    np.testing.assert_allclose(prob.y_test.numpy(), y[mask == 1], atol=1e-12)
+    with pytest.raises(
+        DataFileError, match="'is_test' cannot be both the target and the test mask"
+    ):
+        stream_from_file(path, target="is_test", test_mask="is_test")
+
+
+def test_mask_files_are_checked_like_mask_columns_and_on_resume(tmp_path):
+    """An .npz's own test_mask must hold 0/1 values; a mask file that is missing is named as a
+    missing file; a mask file that changed since the run started is refused on resume."""
+    X, y = _data(n=30, d=2)
+    for bad in (np.where(np.arange(30) % 3 == 0, np.nan, 0.0), np.where(np.arange(30) % 3, 0, 2.5)):
+        np.savez(tmp_path / "m.npz", X=X, y=y, test_mask=bad)
+        with pytest.raises(DataFileError, match="test mask must hold 0/1 values"):
+            stream_from_file(tmp_path / "m.npz")
+    plain, mask_file = tmp_path / "plain.csv", tmp_path / "mask.csv"
+    _write_csv(plain, X, y, header=False)
+    with pytest.raises(DataFileError, match=r"mask\.csv: no such file"):
+        stream_from_file(plain, test_mask=str(mask_file))
+    np.savetxt(mask_file, (np.arange(30) % 5 == 0).astype(int), fmt="%d")
+    prob = stream_from_file(plain, test_mask=str(mask_file))
+    assert len(prob.spec["test_mask_sha256"]) == 64
+    np.savetxt(mask_file, (np.arange(30) % 3 == 0).astype(int), fmt="%d")
+    with pytest.raises(DataChangedError, match=r"mask\.csv has changed since the run started"):
+        make_problem(prob.spec)
+
+
+def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
+    """A UTF-8 byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name or
+    value; a headerless file whose first row has an empty cell is data (the cell is reported),
+    not a header."""
+    X, y = _data(n=20, d=2)
+    path = tmp_path / "bom.csv"
+    _write_csv(path, X, y)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    prob = stream_from_file(path, inputs=["x0", "x1"], target="target", shuffle=False)
+    assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
+    nohdr = tmp_path / "bom_nohdr.csv"
+    _write_csv(nohdr, X, y, header=False)
+    nohdr.write_bytes(b"\xef\xbb\xbf" + nohdr.read_bytes())
+    prob = stream_from_file(nohdr, shuffle=False)
+    assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
+    empty = tmp_path / "firstempty.csv"
+    _write_csv(empty, X, y, header=False)
+    lines = empty.read_text().splitlines()
+    lines[0] = ",".join(["0.1", "", "0.3"])
+    empty.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError, match=r"line 1, column '1' \(no\. 2\) is empty"):
+        stream_from_file(empty)
