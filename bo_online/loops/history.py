@@ -348,12 +348,34 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _guard(path: Path) -> Iterator[None]:
+    r"""Hold an exclusive OS lock on ``path`` for the block (``fcntl.flock``, released by the
+    OS if the process dies, so it can never be left stale). The run lock itself stays a file
+    naming its holder's pid (what the error messages and a user can read); this guard makes
+    checking and taking it atomic between processes. Where ``fcntl`` is missing (Windows) the
+    block runs unguarded."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another process checks the lock
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 class RunLock:
     r"""An advisory lock on a run directory: the file ``.lock`` holding the holder's pid.
 
-    :meth:`acquire` creates it exclusively; if it exists and names a live process other than
-    this one, the directory is in use and :class:`RunFileError` is raised; a lock left by a dead
-    process (killed, crashed) is stale and taken over. Re-acquiring in the holder is a no-op.
+    :meth:`acquire` checks and takes it under a short OS-level guard (:func:`_guard`), so one
+    process of many racing wins; if it exists and names a live process other than this one, the
+    directory is in use and :class:`RunFileError` is raised; a lock left by a dead process
+    (killed, crashed), empty or unreadable, is stale and taken over. Re-acquiring in the holder
+    is a no-op.
     """
 
     def __init__(self, out_dir: Path) -> None:
@@ -364,35 +386,27 @@ class RunLock:
         if self.held:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = str(os.getpid())
-        for _ in range(3):
+        with _guard(self.path.with_name(LOCK_FILE + ".guard")):
+            # Under the guard, reading the lock and replacing a stale one is one step for every
+            # process that goes through here, so two cannot both take a stale lock.
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    holder = int(self.path.read_text().strip() or "0")
-                except (OSError, ValueError):
-                    holder = 0
-                if holder == os.getpid():
-                    self.held = True
-                    return
-                if _pid_alive(holder):
-                    raise RunFileError(
-                        f"The run directory {str(self.path.parent)!r} is in use by process "
-                        f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
-                        "If no such run is going on, delete the lock file."
-                    ) from None
-                # Stale: replace it atomically by a lock naming us, then check we won.
-                _atomic_write(self.path, lambda f: f.write(me), False)
-                if self.path.read_text().strip() == me:
-                    self._held()
-                    return
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-            self._held()
-            return
-        raise RunFileError(f"Could not take the lock {str(self.path)!r}; try again.")
+                holder = int(self.path.read_text().strip() or "0")
+            except FileNotFoundError:
+                holder = None
+            except (OSError, ValueError):
+                holder = 0  # unreadable or garbage: no live holder named
+            if holder == os.getpid():
+                self.held = True
+                return
+            if holder is not None and _pid_alive(holder):
+                raise RunFileError(
+                    f"The run directory {str(self.path.parent)!r} is in use by process "
+                    f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
+                    "If no such run is going on, delete the lock file."
+                )
+            # Absent, or stale (its process is gone): written whole (rename), never seen empty.
+            _atomic_write(self.path, lambda f: f.write(str(os.getpid())), False)
+        self._held()
 
     def _held(self) -> None:
         import atexit

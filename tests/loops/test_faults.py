@@ -314,6 +314,47 @@ def test_any_damaged_checkpoint_bytes_give_run_file_error(tmp_path):
 # ------------------------------------------------------------------------------ lock
 
 
+_RACE = r"""
+import os, sys, time
+from pathlib import Path
+from bo_online.loops import history
+out = Path(sys.argv[1])
+(out / f"ready.{os.getpid()}").touch()
+while not (out / "go").exists():  # all start together
+    time.sleep(0.001)
+try:
+    history.RunLock(out).acquire()
+except history.RunFileError:
+    sys.exit(0)
+(out / f"holder.{os.getpid()}").touch()  # took the lock
+time.sleep(2.0)  # hold it while the others try
+"""
+
+
+@pytest.mark.parametrize("stale", ["none", "dead pid", "empty"])
+def test_processes_racing_for_a_lock_get_one_holder(tmp_path, stale):
+    """Several processes acquiring the same run directory's lock at the same moment (none held,
+    a stale one left by a dead process, or an empty lock file): exactly one takes it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if stale == "dead pid":
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (out / history.LOCK_FILE).write_text(str(dead.pid))
+    elif stale == "empty":
+        (out / history.LOCK_FILE).write_text("")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    children = [
+        subprocess.Popen([sys.executable, "-c", _RACE, str(out)], env=env) for _ in range(4)
+    ]
+    deadline = time.time() + 120
+    while len(list(out.glob("ready.*"))) < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    (out / "go").touch()
+    assert all(c.wait(timeout=60) == 0 for c in children)
+    assert len(list(out.glob("holder.*"))) == 1
+
+
 def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     _small_run(out)
