@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import shutil
 import signal
 import time
@@ -138,9 +140,19 @@ class OnlineLoop:
             raise ValueError(f"Invalid device {device!r}: {e}") from e
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but CUDA is not available.")
-        self.out_dir = None if out_dir is None else Path(out_dir)
+        # Absolute from here on: an objective that changes the working directory must not send
+        # the checkpoint and records somewhere else than the lock.
+        self.out_dir = (
+            None if out_dir is None else Path(os.path.abspath(Path(out_dir).expanduser()))
+        )
         if self.out_dir is not None and self.out_dir.exists() and not self.out_dir.is_dir():
             raise RunDirectoryError(f"The output directory {str(self.out_dir)!r} is a file.")
+        if self.out_dir is not None and self._holds_other_files(self.out_dir):
+            raise RunDirectoryError(
+                f"{str(self.out_dir)!r} is not empty and holds no bo-online run (no "
+                f"{history.CHECKPOINT_FILE}, no {history.CONFIG_FILE} of a run); its files are "
+                "left as they are. Give a new or empty directory for the run."
+            )
         if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
             raise RunDirectoryError(
                 f"{str(self.out_dir)!r} already holds a run; resume it (CLI: "
@@ -644,6 +656,25 @@ class OnlineLoop:
         )
         history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records[:-1])
         self._files_started = True
+
+    @staticmethod
+    def _holds_other_files(out_dir: Path) -> bool:
+        r"""Whether ``out_dir`` exists, is not empty (bar the lock files) and holds neither a run
+        (its checkpoint) nor what a run leaves before its first checkpoint (a configuration
+        naming a loop kind): a user's folder, whose files a run would overwrite."""
+        if not out_dir.is_dir():
+            return False
+        names = {p.name for p in out_dir.iterdir()} - {
+            history.LOCK_FILE,
+            history.LOCK_FILE + ".guard",
+        }
+        if not names or history.CHECKPOINT_FILE in names:
+            return False
+        try:
+            config = json.loads((out_dir / history.CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            return True
+        return not (isinstance(config, dict) and "kind" in config and "model" in config)
 
     @staticmethod
     def _holds_run(out_dir: Path) -> bool:

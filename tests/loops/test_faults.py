@@ -801,3 +801,49 @@ def test_python_objects_in_model_options_are_refused_before_running(tmp_path):
             synthetic_problem("branin"), model_options={"x": os.system}, out_dir=tmp_path / "r"
         )
     assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------------------ the directory
+
+
+def test_a_directory_that_holds_other_files_but_no_run_is_refused_and_kept(tmp_path, capsys):
+    """A non-empty directory that holds no bo-online run (a user's project folder) is refused,
+    with or without --overwrite, and every file in it stays as it was; an empty directory, or
+    one holding a run, is used as before."""
+    out = tmp_path / "myproj"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "figure1.png").write_bytes(b"mine")
+    (out / "config.json").write_text('{"mine": 1}')
+    for extra in ([], ["--overwrite"]):
+        code, err = _cli(["bo", "--problem", "branin", "--out", out, *extra, *CLI_FAST], capsys)
+        _one_line_error(code, err)
+        assert "holds no bo-online run" in err
+        assert (out / "plots" / "figure1.png").read_bytes() == b"mine"
+        assert (out / "config.json").read_text() == '{"mine": 1}'
+        assert not (out / history.RECORDS_FILE).exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _small_run(empty)
+    assert (empty / history.CHECKPOINT_FILE).exists()
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=empty, overwrite=True, **FAST).run(1)
+
+
+def test_a_relative_run_directory_stays_put_when_the_objective_changes_directory(
+    tmp_path, monkeypatch
+):
+    """The run directory is fixed when the loop is made: an objective that calls os.chdir
+    does not send the checkpoint and records elsewhere."""
+    from bo_online.problems import CallableProblem
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    def wanders(X):
+        os.chdir(elsewhere)
+        return ((X - 0.3) ** 2).sum(-1)
+
+    problem = CallableProblem(wanders, [[0, 0], [1, 1]], name="wanders")
+    BayesOptLoop(problem, seed=0, out_dir="runs/cd", **FAST).run(2)
+    assert (tmp_path / "runs" / "cd" / history.CHECKPOINT_FILE).exists()
+    assert not (elsewhere / "runs").exists()
