@@ -11,9 +11,10 @@ arXiv:2103.01454, Sec. 4.3.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from gpytorch.kernels import ScaleKernel
@@ -420,6 +421,17 @@ class WISKIFitMixin:
         self.ensure_caches()
         return self
 
+    @contextlib.contextmanager
+    def projection_gradients(self) -> Iterator[None]:
+        r"""Within the block the projection's parameters carry gradients through the
+        interpolation (outside it the map is fixed and they do not: see ``_features``)."""
+        previous = getattr(self, "_fitting_projection", False)
+        self._fitting_projection = True
+        try:
+            yield
+        finally:
+            self._fitting_projection = previous
+
     def projection_step(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, lr: float = 1e-3
     ) -> Tensor:
@@ -449,13 +461,9 @@ class WISKIFitMixin:
         D = self._to_D(X, noise_s).expand(X.shape[:-1])
         params = [p for p in self.projection.parameters() if p.requires_grad]
         self.projection.eval()  # the map as the posterior uses it, with its gradients live
-        self._fitting_projection = True
-        try:
-            with torch.enable_grad():
-                obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
-                grads = torch.autograd.grad(obj, params)
-        finally:
-            self._fitting_projection = False
+        with self.projection_gradients(), torch.enable_grad():
+            obj = self._projection_objective(X, Y.to(X).squeeze(-1), D)
+            grads = torch.autograd.grad(obj, params)
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.add_(lr * g)

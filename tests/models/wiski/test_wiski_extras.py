@@ -114,7 +114,9 @@ def test_online_projection_step_matches_full_mll_gradient():
     from bo_online.models.wiski.statistics import _STAT_NAMES, _stats_with
 
     base = {k: getattr(model, k) for k in _STAT_NAMES}
-    idx, val = model._interp(Xn)
+    model.projection.eval()  # as projection_step uses it
+    with model.projection_gradients():
+        idx, val = model._interp(Xn)
     D = torch.ones(3, dtype=DT)
     full = model._mll_from_stats(
         _stats_with(base, idx, val, D, Yn.squeeze(-1), model.grid.num_points)
