@@ -84,10 +84,30 @@ def parse_bounds(raw: str | list) -> Tensor:
             f"--bounds must be a JSON list of [lo, hi] per dimension (e.g. '[[0, 1], [-5, 5]]') "
             f"or 'lo,hi' per dimension (e.g. '0,1 -5,5'), got {raw!r}."
         )
-    bounds = torch.tensor(pairs, dtype=torch.float64).T.contiguous()
-    if not bool(torch.isfinite(bounds).all()) or not bool((bounds[1] > bounds[0]).all()):
-        raise ValueError(f"--bounds need finite lo < hi in every dimension, got {raw!r}.")
+    try:
+        bounds = torch.tensor(pairs, dtype=torch.float64).T.contiguous()
+    except (TypeError, ValueError, RuntimeError) as e:  # null, strings, nested lists
+        raise ValueError(f"--bounds must hold numbers only, got {raw!r} ({e}).") from e
+    if (
+        not bool(torch.isfinite(bounds).all())
+        or not bool((bounds[1] > bounds[0]).all())
+        or not bool(torch.isfinite(bounds[1] - bounds[0]).all())
+    ):
+        raise ValueError(
+            f"--bounds need finite lo < hi in every dimension, with a finite width hi - lo, "
+            f"got {raw!r}."
+        )
     return bounds
+
+
+def canonical_spec(spec: str) -> str:
+    r"""``spec`` with a ``file.py`` part made absolute (``package.module:function`` as it is), so
+    a run can be resumed from any working directory and two spellings of one file compare
+    equal."""
+    target, sep, attribute = str(spec).rpartition(":")
+    if sep and target.endswith(".py"):
+        return f"{Path(target).expanduser().resolve()}:{attribute}"
+    return str(spec)
 
 
 class _Vectorised:
@@ -207,7 +227,7 @@ def objective_problem(
         _Vectorised(fn), box, maximize=maximize, noise_std=noise_std, name=name
     )
     problem.objective_spec = {
-        "objective": spec,
+        "objective": canonical_spec(spec),
         "bounds": box.T.tolist(),
         "maximize": bool(maximize),
         "noise_std": float(noise_std),
@@ -229,7 +249,7 @@ def check_resume(stored: dict[str, Any] | None, given: str | None) -> CallablePr
             f"--objective {shlex.quote(stored['objective'])} again to resume it (importing it "
             "runs its code)."
         )
-    if given != stored["objective"]:
+    if canonical_spec(given) != canonical_spec(stored["objective"]):
         raise ValueError(
             f"--objective {given!r} differs from the run's {stored['objective']!r}; a run resumes "
             "only with the objective it started with."

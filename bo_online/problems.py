@@ -346,9 +346,11 @@ class CallableProblem(Problem):
             or bounds.shape[0] != 2
             or not bool(torch.isfinite(bounds).all())
             or not bool((bounds[1] > bounds[0]).all())
+            or not bool(torch.isfinite(bounds[1] - bounds[0]).all())
         ):
             raise ValueError(
-                "bounds must be 2 x d, finite, with lower < upper in every column, got "
+                "bounds must be 2 x d, finite, with lower < upper and a finite width "
+                "upper - lower in every column, got "
                 f"{bounds.tolist()}."
             )
         if fn is not None and not callable(fn):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -316,3 +317,43 @@ def test_cli_prints_the_switch_to_per_point_calls_as_one_warning_line(tmp_path, 
         "bo-online: warning: The objective returned 2 value(s) on a 5 x 2 batch; calling it one "
         "point at a time from now on. (RuntimeWarning)"
     ], err
+
+
+def test_bounds_that_are_not_numbers_or_whose_width_overflows_are_refused():
+    from bo_online.objectives import parse_bounds
+
+    for raw in ("[[null, 1], [0, 1]]", '[["0", "1"], [0, 1]]', "[[-1e308, 1e308], [0, 1]]"):
+        with pytest.raises(ValueError, match="--bounds"):
+            parse_bounds(raw)
+    with pytest.raises(ValueError, match="lower < upper .* width"):
+        CallableProblem(lambda X: X.sum(-1), bounds=[[-1e308, 0], [1e308, 1]])
+
+
+def test_a_relative_objective_path_is_stored_absolute_and_resumes_from_anywhere(
+    tmp_path, monkeypatch, capsys
+):
+    """A run of `--objective obj/f.py:fn` (relative) resumes from another working directory with
+    the relative path from there, the absolute path, or what the run prints."""
+    (tmp_path / "obj").mkdir()
+    (tmp_path / "obj" / "f.py").write_text("def fn(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    common = ["-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"]
+    argv = ["bo", "--objective", "obj/f.py:fn", "--bounds", "0,1 0,1", "--steps", "1"]
+    assert _cli(argv + ["--out", str(run)] + common, capsys)[0] == 0
+    stored = json.loads((run / "config.json").read_text())
+    assert str(tmp_path / "obj" / "f.py") in json.dumps(stored)
+    monkeypatch.chdir(tmp_path / "obj")
+    for steps, spec in ((2, "f.py:fn"), (3, f"{tmp_path / 'obj' / 'f.py'}:fn")):
+        resume = [
+            "resume",
+            str(run),
+            "--steps",
+            str(steps),
+            "--objective",
+            spec,
+            "-Q",
+            "--no-plots",
+        ]
+        code, err = _cli(resume, capsys)
+        assert code == 0, err

@@ -582,6 +582,8 @@ class OnlineLoop:
             self._lock.release()
         if created and not self._files_started and self.out_dir is not None:
             with contextlib.suppress(OSError):
+                # This run made the directory and wrote nothing: it goes, guard file included.
+                (self.out_dir / history.GUARD_FILE).unlink(missing_ok=True)
                 self.out_dir.rmdir()  # only if still empty
 
     @contextlib.contextmanager
@@ -664,10 +666,7 @@ class OnlineLoop:
         naming a loop kind): a user's folder, whose files a run would overwrite."""
         if not out_dir.is_dir():
             return False
-        names = {p.name for p in out_dir.iterdir()} - {
-            history.LOCK_FILE,
-            history.LOCK_FILE + ".guard",
-        }
+        names = {p.name for p in out_dir.iterdir()} - {history.LOCK_FILE, history.GUARD_FILE}
         if not names or history.CHECKPOINT_FILE in names:
             return False
         try:

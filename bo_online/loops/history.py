@@ -66,6 +66,8 @@ RECORDS_FILE = "records.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"
+#: the OS-level guard around checking and taking ``LOCK_FILE`` (see ``RunLock``)
+GUARD_FILE = ".lock.guard"
 #: environment variable naming a fault point (see :func:`fault_point`) at which the process
 #: kills itself with SIGKILL: the fault-injection hook of the test-suite.
 FAULT_ENV = "BO_ONLINE_FAULT_POINT"
@@ -386,7 +388,7 @@ class RunLock:
         if self.held:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _guard(self.path.with_name(LOCK_FILE + ".guard")):
+        with _guard(self.path.with_name(GUARD_FILE)):
             # Under the guard, reading the lock and replacing a stale one is one step for every
             # process that goes through here, so two cannot both take a stale lock.
             try:
