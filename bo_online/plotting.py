@@ -47,10 +47,12 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
         if not records:
             raise ValueError(f"Run {str(p)!r} has no records yet.")
         label = p.name or str(p)
-        cfg_file = p / CONFIG_FILE
-        if cfg_file.is_file():
-            cfg = json.loads(cfg_file.read_text())
-            label = f"{p.name} ({cfg.get('model')}{'/' + cfg['acq'] if 'acq' in cfg else ''})"
+        try:  # the label's model/acquisition, where the run's configuration can be read
+            cfg = json.loads((p / CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            cfg = None
+        if isinstance(cfg, dict):
+            label = f"{p.name} ({cfg.get('model')}{'/' + str(cfg['acq']) if 'acq' in cfg else ''})"
         runs.append((label, records))
     return runs
 

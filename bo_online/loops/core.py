@@ -740,6 +740,12 @@ class OnlineLoop:
         if self.out_dir is not None:
             # Drop a record appended after the last checkpoint: that step is redone.
             history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records)
+            # The configuration file is derived from the checkpoint: written again, so a
+            # damaged or hand-edited copy cannot outlive a resume.
+            history.write_json(
+                self.out_dir / history.CONFIG_FILE,
+                {**self.config, "problem": self._problem_spec()},
+            )
             self._files_started = True
 
     # ------------------------------------------------------------------ progress bar

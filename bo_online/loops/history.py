@@ -208,6 +208,9 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise json.JSONDecodeError("not a JSON object", line, 0)
+            step = record.get("step")
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise json.JSONDecodeError("no integer 'step': not a record of a run", line, 0)
             records.append(record)
         except json.JSONDecodeError as e:
             if i == len(lines) - 1:  # a torn last line: the run was killed mid-write

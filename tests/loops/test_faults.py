@@ -847,3 +847,32 @@ def test_a_relative_run_directory_stays_put_when_the_objective_changes_directory
     BayesOptLoop(problem, seed=0, out_dir="runs/cd", **FAST).run(2)
     assert (tmp_path / "runs" / "cd" / history.CHECKPOINT_FILE).exists()
     assert not (elsewhere / "runs").exists()
+
+
+@pytest.mark.parametrize("config", ["[]", "{", '"text"'])
+def test_a_damaged_config_is_rewritten_on_resume_and_plot_still_works(tmp_path, capsys, config):
+    """config.json is derived from the checkpoint: a damaged one does not stop `resume` (which
+    writes it again) or `plot` (which then labels the run by its directory)."""
+    out = tmp_path / "run"
+    _small_run(out)
+    (out / history.CONFIG_FILE).write_text(config)
+    code, err = _cli(["plot", out, "--out", tmp_path / "plots"], capsys)
+    assert code == 0, err
+    code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
+    assert json.loads((out / history.CONFIG_FILE).read_text())["kind"] == "bo"
+
+
+@pytest.mark.parametrize("line", ["{}", '{"step": "x"}', "[1, 2]"])
+def test_records_that_are_not_a_runs_records_are_one_line_errors(tmp_path, capsys, line):
+    """A records line without an integer step (hand-edited) is named as damage, for `plot` as
+    for `resume` (which rewrites the records from the checkpoint)."""
+    out = tmp_path / "run"
+    _small_run(out)
+    records = (out / history.RECORDS_FILE).read_text().splitlines()
+    (out / history.RECORDS_FILE).write_text("\n".join([line] + records) + "\n")
+    code, err = _cli(["plot", out, "--out", tmp_path / "plots"], capsys)
+    _one_line_error(code, err)
+    assert "damaged at line 1" in err
+    code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
