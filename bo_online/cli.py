@@ -1261,9 +1261,16 @@ def resume(
     from bo_online.objectives import check_resume
 
     ckpt_path = run_dir / history.CHECKPOINT_FILE
+    if not ckpt_path.is_file() and (run_dir / history.RECORDS_FILE).is_file():
+        load_loop(run_dir)  # raises the advice for a run stopped before its first checkpoint
     _check(ckpt_path.is_file(), f"No checkpoint in {str(run_dir)!r}: nothing to resume.")
-    stored = history.load_checkpoint(ckpt_path)["config"].get("objective")
-    user_problem = check_resume(stored, objective)
+    ckpt = history.load_checkpoint(ckpt_path)
+    user_problem = check_resume(ckpt["config"].get("objective"), objective)
+    _check(
+        dask is None or ckpt.get("kind") == "bo_async",
+        f"{str(run_dir)!r} is not an asynchronous (Dask) run (its kind is {ckpt.get('kind')!r}); "
+        "resume it without --dask.",
+    )
     if dask is not None:  # an asynchronous run: continue on this cluster
         with _dask_client(dask) as client:
             loop = load_loop(

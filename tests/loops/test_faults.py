@@ -876,3 +876,21 @@ def test_records_that_are_not_a_runs_records_are_one_line_errors(tmp_path, capsy
     assert "damaged at line 1" in err
     code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
     assert code == 0, err
+
+
+def test_resume_with_dask_of_a_run_that_is_not_asynchronous_says_so(tmp_path, capsys):
+    """`resume --dask` on a plain run is refused before any cluster starts, saying to resume
+    without --dask (not that the checkpoint is damaged); a run whose checkpoint is gone but whose
+    records remain is told to start again with the same command."""
+    out = tmp_path / "run"
+    _small_run(out)
+    code, err = _cli(
+        ["resume", out, "--steps", "2", "-Q", "--no-plots", "--dask", "local:1"], capsys
+    )
+    _one_line_error(code, err)
+    assert "not an asynchronous (Dask) run" in err and "without --dask" in err
+    assert "--overwrite" not in err
+    (out / history.CHECKPOINT_FILE).unlink()
+    code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "Start it again with the same command" in err
