@@ -153,6 +153,16 @@ def _append_line(path: Path, line: str) -> None:
         f.flush()
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it; put back at once
+    os.umask(mask)
+    return mask
+
+
+#: the process's file-creation mask, read once at import (reading it means setting it)
+_UMASK = _read_umask()
+
+
 def _atomic_write(path: Path, write: Any, binary: bool) -> None:
     try:
         _atomic_write_io(path, write, binary)
@@ -164,6 +174,9 @@ def _atomic_write_io(path: Path, write: Any, binary: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        # mkstemp makes the file private (0600); a run's files get the permissions any file
+        # the user creates gets (0666 less the umask), so colleagues can read a shared run.
+        os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb" if binary else "w") as f:
             fault_point(f"{path.stem}:open")
             write(f)

@@ -894,3 +894,13 @@ def test_resume_with_dask_of_a_run_that_is_not_asynchronous_says_so(tmp_path, ca
     code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
     assert "Start it again with the same command" in err
+
+
+def test_run_files_get_the_permissions_of_any_file_the_user_creates(tmp_path):
+    """Checkpoint, records and configuration are written through private temporary files but
+    end with the usual permissions (0666 less the umask), not 0600."""
+    out = tmp_path / "run"
+    _small_run(out)
+    expected = 0o666 & ~history._UMASK
+    for name in (history.CHECKPOINT_FILE, history.RECORDS_FILE, history.CONFIG_FILE):
+        assert (out / name).stat().st_mode & 0o777 == expected, name
