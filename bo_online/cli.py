@@ -885,7 +885,12 @@ def active(
         typer.Option(help="Magnetometer tracks to use, comma separated (default: 1..9)."),
     ] = None,
     data_dir: DataDirOpt = None,
-    test_size: Annotated[int, typer.Option(help="Held-out test points (random, seeded).")] = 10_000,
+    test_size: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Held-out test points of the magnetometer pool (random, seeded; default 10,000)."
+        ),
+    ] = None,
     pool_size: Annotated[
         Optional[int],
         typer.Option(help="Keep a random subset of this many pool points (default: all)."),
@@ -978,6 +983,13 @@ def active(
     if pool is not None:
         from bo_online.userdata import pool_from_file
 
+        given = [flag for flag, v in (("--tracks", tracks), ("--test-size", test_size)) if v]
+        _check(
+            not given,
+            f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to the shipped "
+            "magnetometer pool; with --pool FILE use --test-fraction or --test-mask.",
+        )
+
         prob = pool_from_file(
             pool,
             target=target,
@@ -989,7 +1001,7 @@ def active(
         )
     else:
         prob = magnetometer_problem(
-            test_size=test_size,
+            test_size=10_000 if test_size is None else test_size,
             pool_size=pool_size,
             seed=seed,
             data_dir=data_dir,
@@ -1065,12 +1077,12 @@ def stream(
     ] = "regression",
     data_dir: DataDirOpt = None,
     split: Annotated[
-        int,
+        Optional[int],
         typer.Option(
-            help="Fixed 90/10 split (0..9) of a UCI set; its test rows are the test set (banana "
-            "has one fixed split)."
+            help="Fixed 90/10 split (0..9) of a UCI set (default 0); its test rows are the test "
+            "set (banana has one fixed split)."
         ),
-    ] = 0,
+    ] = None,
     shuffle: Annotated[
         bool, typer.Option(help="Stream the training rows in a seeded random order.")
     ] = True,
@@ -1165,6 +1177,15 @@ def stream(
         if value is not None:
             _positive(name, value)
     _check_model(model)
+    _check(
+        split is None or (data is None and key not in CLASSIFICATION_PROBLEMS),
+        "--split only applies to the shipped UCI sets; "
+        + (
+            "with --data FILE use --test-fraction or --test-mask."
+            if data is not None
+            else "banana has one fixed split."
+        ),
+    )
     if data is not None:
         from bo_online.userdata import stream_from_file
 
@@ -1195,7 +1216,7 @@ def stream(
     else:
         prob = uci_problem(
             problem,
-            split=split,
+            split=0 if split is None else split,
             shuffle=shuffle,
             seed=seed,
             max_stream=max_stream,

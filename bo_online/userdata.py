@@ -246,7 +246,8 @@ def read_table(path: str | os.PathLike) -> Table:
     if table.data.shape[1] < 2:
         raise DataFileError(
             f"{path}: needs at least one input column and one target column, got "
-            f"{table.data.shape[1]} column(s)."
+            f"{table.data.shape[1]} column(s) (fields must be separated by commas: save a "
+            "file that uses ';' or tabs as comma-separated CSV)."
         )
     return table
 

@@ -463,3 +463,21 @@ def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
     empty.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataFileError, match=r"line 1, column '1' \(no\. 2\) is empty"):
         stream_from_file(empty)
+
+
+def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
+    """--tracks / --test-size (the magnetometer pool) with --pool FILE, and --split (the UCI
+    sets) with --data FILE, were silently ignored: now one-line errors naming the way on."""
+    X, y = _data(n=40, d=2)
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    cases = [
+        (["active", "--pool", str(path), "--tracks", "1,2"], "--tracks only applies"),
+        (["active", "--pool", str(path), "--test-size", "5"], "--test-size only applies"),
+        (["stream", "--data", str(path), "--split", "3"], "--split only applies"),
+        (["stream", "--problem", "banana", "--split", "3"], "banana has one fixed split"),
+    ]
+    for argv, expected in cases:
+        code, err = _run(argv + ["--steps", "1", "--out", str(tmp_path / "run")], capsys)
+        assert code == 2 and expected in err, err
+        assert not (tmp_path / "run").exists()
