@@ -144,8 +144,10 @@ def check_inputs(
     check_finite(name, X)
     if bounds is not None and X.numel() > 0:
         lower, upper = bounds[0].to(X), bounds[1].to(X)
-        # A relative tolerance of a few ulps so points exactly on the boundary pass.
-        tol = 1e-9 * (upper - lower)
+        # Points on the boundary pass, and so do those a few ulps of X's own dtype beyond it
+        # (rounding in float32 is ~1e-7, far above the relative 1e-9).
+        eps = torch.finfo(X.dtype).eps
+        tol = torch.maximum(1e-9 * (upper - lower), 4 * eps * (lower.abs() + upper.abs()))
         # A NaN bound (lower - tol or upper + tol) limits nothing on its side, as it always has.
         low = torch.nan_to_num(lower - tol, nan=-math.inf)
         high = torch.nan_to_num(upper + tol, nan=math.inf)
@@ -154,8 +156,8 @@ def check_inputs(
             idx = outside.index
             raise ValueError(
                 f"{name} has {outside.count} point(s) outside the model's input "
-                f"bounds (first at index {idx}: value {float(X[tuple(idx)]):.6g}, allowed "
-                f"[{float(lower[idx[-1]]):.6g}, {float(upper[idx[-1]]):.6g}]). Map inputs to the "
+                f"bounds (first at index {idx}: value {float(X[tuple(idx)]):.10g}, allowed "
+                f"[{float(lower[idx[-1]]):.10g}, {float(upper[idx[-1]]):.10g}]). Map inputs to the "
                 "model's domain (loops use the unit cube) or build the model with wider bounds."
             )
 

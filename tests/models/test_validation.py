@@ -58,3 +58,16 @@ def test_check_inputs_names_the_first_point_outside() -> None:
     with pytest.raises(ValueError, match=r"2 point\(s\) outside .* index \[0, 1, 1\]: value 2\.5"):
         check_inputs(X, dim=2, bounds=bounds)
     check_inputs(X.clamp(0.0, 1.0), dim=2, bounds=bounds)  # inside (faces included): no error
+
+
+def test_a_point_an_ulp_outside_passes_in_float32_and_a_refusal_shows_the_digits() -> None:
+    """The boundary tolerance covers a few ulps of the inputs' own dtype (float32's ulp at 1 is
+    1.2e-7, above the 1e-9 relative tolerance), and a point refused is printed with enough
+    digits to tell it from the bound (it read "value 1, allowed [0, 1]")."""
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    one_up = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    check_inputs(torch.tensor([[0.5, float(one_up)]], dtype=torch.float32), dim=2, bounds=bounds)
+    with pytest.raises(ValueError, match=r"value 1\.00001\d*, allowed \[0, 1\]"):
+        check_inputs(torch.tensor([[0.5, 1.00001]], dtype=torch.float32), dim=2, bounds=bounds)
+    with pytest.raises(ValueError, match=r"value 1\.00000001\d*, allowed"):
+        check_inputs(torch.tensor([[0.5, 1.00000001]], dtype=torch.float64), dim=2, bounds=bounds)
