@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import json
 import os
 import shutil
@@ -200,7 +201,6 @@ class OnlineLoop:
     def _check_storable(self) -> None:
         """With ``out_dir``, the config must be JSON (it is written once the initial design has
         been evaluated): check now, before any evaluation, so a bad option costs nothing."""
-        import json
 
         try:
             json.dumps(history.to_jsonable(self.config))
@@ -582,8 +582,6 @@ class OnlineLoop:
             self._lock.release()
         if created and not self._files_started and self.out_dir is not None:
             with contextlib.suppress(OSError):
-                # This run made the directory and wrote nothing: it goes, guard file included.
-                (self.out_dir / history.GUARD_FILE).unlink(missing_ok=True)
                 self.out_dir.rmdir()  # only if still empty
 
     @contextlib.contextmanager
@@ -666,7 +664,12 @@ class OnlineLoop:
         naming a loop kind): a user's folder, whose files a run would overwrite."""
         if not out_dir.is_dir():
             return False
-        names = {p.name for p in out_dir.iterdir()} - {history.LOCK_FILE, history.GUARD_FILE}
+        names = {
+            p.name
+            for p in out_dir.iterdir()
+            if p.name != history.LOCK_FILE
+            and not any(fnmatch.fnmatchcase(p.name, o) for o in history.ORPHAN_PATTERNS)
+        }  # a run's own leftovers (lock, temp files of a write it was killed in) are not a user's
         if not names or history.CHECKPOINT_FILE in names:
             return False
         try:

@@ -33,6 +33,7 @@ import math
 import os
 import pickle
 import re
+import secrets
 import shlex
 import tempfile
 import warnings
@@ -66,8 +67,6 @@ RECORDS_FILE = "records.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"
-#: the OS-level guard around checking and taking ``LOCK_FILE`` (see ``RunLock``)
-GUARD_FILE = ".lock.guard"
 #: environment variable naming a fault point (see :func:`fault_point`) at which the process
 #: kills itself with SIGKILL: the fault-injection hook of the test-suite.
 FAULT_ENV = "BO_ONLINE_FAULT_POINT"
@@ -153,14 +152,17 @@ def _append_line(path: Path, line: str) -> None:
         f.flush()
 
 
-def _read_umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it; put back at once
-    os.umask(mask)
-    return mask
-
-
-#: the process's file-creation mask, read once at import (reading it means setting it)
-_UMASK = _read_umask()
+def _new_temp_file(path: Path) -> tuple[int, str]:
+    r"""A new, exclusively created temp file beside ``path`` (``.<name>.<random>``): its
+    descriptor and name. Created with mode 0666 so the kernel applies the user's umask, as for
+    any file the user creates (``tempfile.mkstemp`` would make it private, 0600)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}")
+        try:
+            return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), tmp
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
+    raise FileExistsError(f"No free temporary name beside {str(path)!r}.")  # pragma: no cover
 
 
 def _atomic_write(path: Path, write: Any, binary: bool) -> None:
@@ -172,11 +174,8 @@ def _atomic_write(path: Path, write: Any, binary: bool) -> None:
 
 def _atomic_write_io(path: Path, write: Any, binary: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = _new_temp_file(path)
     try:
-        # mkstemp makes the file private (0600); a run's files get the permissions any file
-        # the user creates gets (0666 less the umask), so colleagues can read a shared run.
-        os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb" if binary else "w") as f:
             fault_point(f"{path.stem}:open")
             write(f)
@@ -219,20 +218,24 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     for i, line in enumerate(lines):
         try:
             record = json.loads(line)
-            if not isinstance(record, dict):
-                raise json.JSONDecodeError("not a JSON object", line, 0)
-            step = record.get("step")
-            if not isinstance(step, int) or isinstance(step, bool):
-                raise json.JSONDecodeError("no integer 'step': not a record of a run", line, 0)
-            records.append(record)
         except json.JSONDecodeError as e:
             if i == len(lines) - 1:  # a torn last line: the run was killed mid-write
                 break
-            raise RunFileError(
-                f"The records file {str(path)!r} is damaged at line {i + 1} ({e.msg}); "
-                "`bo-online resume` rewrites it from the checkpoint, or restore it from a copy."
-            ) from e
+            raise _damaged_records(path, i, e.msg) from e
+        if not isinstance(record, dict):  # a whole line, but not a record
+            raise _damaged_records(path, i, "not a JSON object")
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise _damaged_records(path, i, "no integer 'step': not a record of a run")
+        records.append(record)
     return records
+
+
+def _damaged_records(path: Path, i: int, why: str) -> RunFileError:
+    return RunFileError(
+        f"The records file {str(path)!r} is damaged at line {i + 1} ({why}); "
+        "`bo-online resume` rewrites it from the checkpoint, or restore it from a copy."
+    )
 
 
 def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -318,15 +321,19 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return ckpt
 
 
+#: temp files an interrupted atomic write or write probe leaves in a run directory
+ORPHAN_PATTERNS = tuple(
+    f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)
+) + (".probe.*",)
+
+
 def remove_orphans(out_dir: Path) -> list[Path]:
     r"""Delete temp files left by an interrupted atomic write (``.checkpoint.pt.*``,
     ``.records.jsonl.*``, ``.config.json.*``, ``..lock.*``) or write probe (``.probe.*``) in
     ``out_dir``; returns what was removed. Only call while holding the directory's
     :class:`RunLock`."""
     removed = []
-    for pattern in [
-        f".{name}.*" for name in (CHECKPOINT_FILE, RECORDS_FILE, CONFIG_FILE, LOCK_FILE)
-    ] + [".probe.*"]:
+    for pattern in ORPHAN_PATTERNS:
         for tmp in out_dir.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
@@ -367,20 +374,24 @@ def _pid_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _guard(path: Path) -> Iterator[None]:
-    r"""Hold an exclusive OS lock on ``path`` for the block (``fcntl.flock``, released by the
-    OS if the process dies, so it can never be left stale). The run lock itself stays a file
-    naming its holder's pid (what the error messages and a user can read); this guard makes
-    checking and taking it atomic between processes. Where ``fcntl`` is missing (Windows) the
-    block runs unguarded."""
+def _guard(directory: Path) -> Iterator[None]:
+    r"""Hold an exclusive OS lock (``fcntl.flock``) on ``directory`` itself for the block: the
+    OS releases it if the process dies, so it is never left stale, and it needs no file of its
+    own (nothing to remove, no permission to write). The run lock stays a file naming its
+    holder's pid (what the messages and a user read); this guard makes checking and taking it
+    one step between processes. Where ``fcntl`` or ``flock`` is missing (Windows, some network
+    file systems) the block runs unguarded."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another process checks the lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another process checks the lock
+        except OSError:  # pragma: no cover - e.g. ENOLCK on NFS without a lock daemon
+            pass
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -404,7 +415,7 @@ class RunLock:
         if self.held:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _guard(self.path.with_name(GUARD_FILE)):
+        with _guard(self.path.parent):
             # Under the guard, reading the lock and replacing a stale one is one step for every
             # process that goes through here, so two cannot both take a stale lock.
             try:
