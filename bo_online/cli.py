@@ -983,11 +983,15 @@ def active(
     if pool is not None:
         from bo_online.userdata import pool_from_file
 
-        given = [flag for flag, v in (("--tracks", tracks), ("--test-size", test_size)) if v]
         _check(
-            not given,
-            f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to the shipped "
-            "magnetometer pool; with --pool FILE use --test-fraction or --test-mask.",
+            tracks is None,
+            "--tracks only applies to the shipped magnetometer pool; with --pool FILE the "
+            "pool is the file's rows (--inputs and --target name its columns).",
+        )
+        _check(
+            test_size is None,
+            "--test-size only applies to the shipped magnetometer pool; with --pool FILE use "
+            "--test-fraction or --test-mask.",
         )
 
         prob = pool_from_file(

@@ -147,8 +147,15 @@ def _read_csv(path: Path, gz: bool) -> Table:
     line0, first = rows[0]
     header = [c.strip() for c in first]
     # A header has a cell that is not a number; an empty cell says nothing (a data row with a
-    # missing value is reported below, not taken for a header).
-    has_header = not all(_is_number(c) for c in header if c)
+    # missing value is reported below, not taken for a header), except as the first cell of a
+    # row of whole numbers: pandas' to_csv header (unnamed index, default column names 0, 1, ...).
+    pandas_index_header = (
+        len(header) > 1
+        and header[0] == ""
+        and all(c.isdigit() for c in header[1:])
+        and [int(c) for c in header[1:]] == list(range(len(header) - 1))
+    )
+    has_header = pandas_index_header or not all(_is_number(c) for c in header if c)
     columns = header if has_header else [str(j) for j in range(len(first))]
     body = rows[1:] if has_header else rows
     if not body:

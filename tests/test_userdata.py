@@ -463,6 +463,15 @@ def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
     empty.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataFileError, match=r"line 1, column '1' \(no\. 2\) is empty"):
         stream_from_file(empty)
+    # pandas' to_csv with its index: the header's first cell is empty, the others are the
+    # default column names 0, 1, 2: a header all the same
+    pandas_like = tmp_path / "pandas.csv"
+    rows = [",0,1,2"] + [
+        f"{i},{a:.17g},{b:.17g},{c:.17g}" for i, (a, b, c) in enumerate(np.column_stack([X, y]))
+    ]
+    pandas_like.write_text("\n".join(rows) + "\n")
+    prob = stream_from_file(pandas_like, inputs=["0", "1"], target="2", shuffle=False)
+    assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
 
 
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
@@ -474,6 +483,8 @@ def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, ca
     cases = [
         (["active", "--pool", str(path), "--tracks", "1,2"], "--tracks only applies"),
         (["active", "--pool", str(path), "--test-size", "5"], "--test-size only applies"),
+        (["active", "--pool", str(path), "--test-size", "0"], "--test-size only applies"),
+        (["active", "--pool", str(path), "--tracks", ""], "--tracks only applies"),
         (["stream", "--data", str(path), "--split", "3"], "--split only applies"),
         (["stream", "--problem", "banana", "--split", "3"], "banana has one fixed split"),
     ]

@@ -24,8 +24,8 @@ from bo_online.linalg import (
 
 __all__ = ["QSGPConditioningMixin"]
 
-#: Why zero noise is refused (at construction and for new points without the Prop. 4
-#: augmentation, which keeps a point's variance positive).
+#: Why zero noise is refused (at construction and for new points: a refit weighs every held
+#: point by 1/noise, whatever the Prop. 4 augmentation adds in conditioning).
 ZERO_NOISE = (
     "QSGP weighs each observation by 1/noise, so the noise variances must be > 0 (got a "
     "zero); pass a small positive noise instead."
@@ -83,7 +83,7 @@ class QSGPConditioningMixin:
                 "the new data instead (fit absorbs them)."
             )
         noise = super()._noise_of_points(X, noise)
-        if not self.augment_variance and bool((noise <= 0).any()):
+        if bool((noise <= 0).any()):  # a refit weighs every held point by 1/noise
             raise ValueError(ZERO_NOISE)
         return noise
 

@@ -388,6 +388,8 @@ class QSGP(
     ) -> tuple[Tensor, Tensor]:
         r"""Marginal predictive mean and variance at many points, user units (``n* x d`` ->
         two ``n*`` tensors), in blocks of rows and basis columns: no ``n* x n*`` covariance."""
+        if self.training:  # as posterior: a fixed input transform (no bounds learned from X)
+            self.eval()
         means, variances = [], []
         for start in range(0, X.shape[-2], batch_size):
             Xb = self._transform_and_check(X[..., start : start + batch_size, :])

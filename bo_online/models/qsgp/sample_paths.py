@@ -85,6 +85,8 @@ class QSGPSamplePaths(nn.Module):
 
     def forward(self, X: Tensor) -> Tensor:
         model = self.model
+        if model.training:  # as posterior: a fixed input transform (no bounds learned from X)
+            model.eval()
         check_inputs(X, dim=X.shape[-1])
         Xt = model._transform_and_check(X)
         out = torch.zeros(self.num_samples, *Xt.shape[:-1], dtype=Xt.dtype, device=Xt.device)

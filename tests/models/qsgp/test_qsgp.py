@@ -1016,9 +1016,24 @@ def test_zero_noise_is_refused_before_anything_changes():
     X, Y = _data(20, 2)
     with pytest.raises(ValueError, match="noise variances must be > 0"):
         QSGP(X, Y, torch.zeros_like(Y), num_features=40)
-    model = QSGP(X, Y, torch.full_like(Y, 0.01), num_features=40)
-    before = {k: v.clone() for k, v in model.state_dict().items() if v is not None}
-    with pytest.raises(ValueError, match="noise variances must be > 0"):
-        model.update(X[:2] * 0.5, Y[:2], noise=torch.zeros(2, 1, dtype=DT))
-    after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
+    for basis in ("rff", "inducing"):  # with or without the Prop. 4 augmentation
+        model = QSGP(X, Y, torch.full_like(Y, 0.01), num_features=40, basis=basis)
+        before = {k: v.clone() for k, v in model.state_dict().items() if v is not None}
+        with pytest.raises(ValueError, match="noise variances must be > 0"):
+            model.update(X[:2] * 0.5, Y[:2], noise=torch.zeros(2, 1, dtype=DT))
+        after = model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_predict_and_sample_paths_keep_learned_input_bounds():
+    """On a model still in training mode, predict() and sample paths do not re-learn a
+    Normalize's bounds from the points asked about (they match posterior)."""
+    from botorch.models.transforms.input import Normalize
+
+    X, Y = _data(20, 2)
+    Xt = 0.25 + 0.5 * torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=DT)
+    model = QSGP(3 * X - 1, Y, num_features=40, input_transform=Normalize(d=2)).train()
+    learned = model.input_transform.bounds.clone()
+    mean, _ = model.predict(3 * Xt - 1)
+    assert torch.equal(model.input_transform.bounds, learned)
+    assert torch.allclose(mean, model.posterior(3 * Xt - 1).mean.squeeze(-1), atol=1e-10)
