@@ -149,11 +149,14 @@ def _read_csv(path: Path, gz: bool) -> Table:
     # A header has a cell that is not a number; an empty cell says nothing (a data row with a
     # missing value is reported below, not taken for a header), except as the first cell of a
     # row of whole numbers: pandas' to_csv header (unnamed index, default column names 0, 1, ...).
+    second = rows[1][1] if len(rows) > 1 else []
     pandas_index_header = (
-        len(header) > 1
+        len(header) > 2  # an index and at least two columns ("',0'" may be a data row)
         and header[0] == ""
-        and all(c.isdigit() for c in header[1:])
+        and all(c.isascii() and c.isdecimal() for c in header[1:])
         and [int(c) for c in header[1:]] == list(range(len(header) - 1))
+        and bool(second)
+        and second[0].strip() == "0"  # pandas' default index starts at 0
     )
     has_header = pandas_index_header or not all(_is_number(c) for c in header if c)
     columns = header if has_header else [str(j) for j in range(len(first))]

@@ -472,6 +472,16 @@ def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
     pandas_like.write_text("\n".join(rows) + "\n")
     prob = stream_from_file(pandas_like, inputs=["0", "1"], target="2", shuffle=False)
     assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
+    # look-alikes: a headerless two-column file whose first row misses its input is data, and
+    # a header of digits int() cannot read is a header, not a traceback
+    two = tmp_path / "two.csv"
+    two.write_text(",0\n" + "\n".join(f"{a:.6f},{b:.6f}" for a, b in X) + "\n")
+    with pytest.raises(DataFileError, match=r"line 1, column '0' \(no\. 1\) is empty"):
+        stream_from_file(two)
+    odd = tmp_path / "odd.csv"
+    odd.write_text(",0,\u00b2\n" + "\n".join(f"{i},{a:.6f},{b:.6f}" for i, (a, b) in enumerate(X)))
+    prob = stream_from_file(odd)  # a header with an odd name, read as one
+    assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
 
 
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):

@@ -159,7 +159,8 @@ def _new_temp_file(path: Path) -> tuple[int, str]:
     for _ in range(100):
         tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}")
         try:
-            return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), tmp
+            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_BINARY", 0)
+            return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:  # pragma: no cover - 48 random bits
             continue
     raise FileExistsError(f"No free temporary name beside {str(path)!r}.")  # pragma: no cover
@@ -219,7 +220,8 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) - 1:  # a torn last line: the run was killed mid-write
+            # A torn last line (a run killed mid-write) never ends in its newline.
+            if i == len(lines) - 1 and not line.endswith("\n"):
                 break
             raise _damaged_records(path, i, e.msg) from e
         if not isinstance(record, dict):  # a whole line, but not a record
@@ -386,7 +388,11 @@ def _guard(directory: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - a directory that can be written but not read
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another process checks the lock

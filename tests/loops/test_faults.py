@@ -887,6 +887,12 @@ def test_records_that_are_not_a_runs_records_are_one_line_errors(tmp_path, capsy
     (out / history.RECORDS_FILE).write_text((out / history.RECORDS_FILE).read_text() + line + "\n")
     with pytest.raises(history.RunFileError, match="damaged at line 4"):  # whole last line
         read_records(out)
+    text = (out / history.RECORDS_FILE).read_text().splitlines()[:3]
+    (out / history.RECORDS_FILE).write_text("\n".join(text + ['{"step": 3, "n"']) + "\n")
+    with pytest.raises(history.RunFileError, match="damaged at line 4"):  # ends in its newline
+        read_records(out)
+    (out / history.RECORDS_FILE).write_text("\n".join(text + ['{"step": 3, "n"']))
+    assert len(read_records(out)) == 3  # torn: no newline, the kill came mid-line
 
 
 def test_resume_with_dask_of_a_run_that_is_not_asynchronous_says_so(tmp_path, capsys):

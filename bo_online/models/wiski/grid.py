@@ -147,7 +147,10 @@ class RegularGrid:
         cache = self.__dict__.setdefault("_const_cache", {})
         if key not in cache:
             sizes = torch.tensor(self.sizes, device=X.device)
-            tol = 1e-9 * (sizes - 5).to(X.dtype)
+            # A few ulps of X's dtype at the box's far face (float32 rounds 97 + 1e-7 to 97),
+            # and never less than the relative 1e-9 of the box.
+            eps = torch.finfo(X.dtype).eps
+            tol = torch.maximum(1e-9 * (sizes - 5), 8 * eps * (sizes - 3)).to(X.dtype)
             cache[key] = (
                 self.lower.to(X),
                 self.spacing.to(X),
@@ -186,7 +189,7 @@ class RegularGrid:
             where = bad.index
             raise ValueError(
                 f"{bad.count} input(s) lie outside the interpolation grid's data box "
-                f"(first at index {where}, value {float(X[tuple(where)]):.6g}; box "
+                f"(first at index {where}, value {float(X[tuple(where)]):.10g}; box "
                 f"{self.bounds[0].tolist()} .. {self.bounds[1].tolist()}). Map inputs into the box "
                 "or build the model with larger `bounds`."
             )

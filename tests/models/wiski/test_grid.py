@@ -146,3 +146,23 @@ def test_gram_cell_blocked_path_matches_dense():
         G0 = torch.randn(grid.num_points, grid.num_points, dtype=DT)
         G = interp_gram(idx, val, w, grid.num_points, out=G0.clone())
         torch.testing.assert_close(G, G0 + W.T @ (w[:, None] * W), rtol=1e-12, atol=1e-12)
+
+
+def test_float32_points_on_the_upper_face_are_inside_the_box():
+    """float32 rounds the box's 1e-9 tolerance away in grid coordinates (97 + 9e-8 is 97): a
+    float32 WISKI with the default grid took x = 1 for outside the unit cube. Points on the
+    faces, and one float32 ulp beyond, are inside for every grid size; a point clearly outside
+    is refused with its value printed to 10 digits."""
+    from bo_online.models import WISKI
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(20, 2, generator=g, dtype=torch.float32)
+    Y = X.sum(-1, keepdim=True)
+    one_up = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)))
+    for size in (6, 30, 34, 64, 92):
+        model = WISKI(X, Y, grid_size=size)
+        for point in ([0.5, 1.0], [1.0, 0.0], [0.0, one_up]):
+            post = model.posterior(torch.tensor([point], dtype=torch.float32))
+            assert torch.isfinite(post.mean).all()
+    with pytest.raises(ValueError, match=r"value 1\.00100004"):
+        model.posterior(torch.tensor([[0.5, 1.001]], dtype=torch.float32))
