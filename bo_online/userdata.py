@@ -535,36 +535,29 @@ def _stem(path: Path) -> str:
 
 def _checked(path: str | os.PathLike, expected_sha256: str | None) -> Table:
     path = Path(path).expanduser()
-    if expected_sha256 is not None:
-        if not path.is_file():
-            raise DataChangedError(
-                f"{path}: the run's data file is gone; put it back to resume the run."
-            )
-        actual = file_sha256(path)
-        if actual != expected_sha256:
-            raise DataChangedError(
-                f"{path} has changed since the run started (SHA-256 {actual[:12]}... instead of "
-                f"{expected_sha256[:12]}...); restore the original file to resume, or start a new "
-                f"run (--overwrite)."
-            )
+    _require_unchanged(path, expected_sha256, "data file")
     return read_table(path)
 
 
 def _check_mask_file(test_mask: str | int | None, expected_sha256: str | None) -> None:
     """On resume: refuse a test-mask file that is gone or changed since the run started."""
-    if expected_sha256 is None or test_mask is None:
+    if test_mask is not None:
+        _require_unchanged(Path(str(test_mask)).expanduser(), expected_sha256, "test-mask file")
+
+
+def _require_unchanged(path: Path, expected_sha256: str | None, what: str) -> None:
+    """Where a hash was recorded (a resume), refuse ``path`` if it is gone or its SHA-256
+    differs: the run would go on with other data than it started with."""
+    if expected_sha256 is None:
         return
-    path = Path(str(test_mask)).expanduser()
     if not path.is_file():
-        raise DataChangedError(
-            f"{path}: the run's test-mask file is gone; put it back to resume the run."
-        )
+        raise DataChangedError(f"{path}: the run's {what} is gone; put it back to resume the run.")
     actual = file_sha256(path)
     if actual != expected_sha256:
         raise DataChangedError(
             f"{path} has changed since the run started (SHA-256 {actual[:12]}... instead of "
-            f"{expected_sha256[:12]}...); restore the original test mask to resume, or start a "
-            "new run (--overwrite)."
+            f"{expected_sha256[:12]}...); restore the original {what} to resume, or start a new "
+            "run (--overwrite)."
         )
 
 
