@@ -111,7 +111,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
-        if standardize and train_Y.shape[0] > 1:
+        if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)

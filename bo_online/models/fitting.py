@@ -110,7 +110,10 @@ def standardization(y: Tensor) -> tuple[Tensor, Tensor]:
     r"""Mean and standard deviation of ``y`` (``(m x) n``) over its last dimension, as BoTorch's
     ``Standardize`` computes them (unbiased; a zero deviation, from constant or single outcomes,
     becomes 1). Returns two tensors of shape ``(m,)`` (``(1,)`` for a 1-D ``y``)."""
-    return y.mean(-1).reshape(-1), nonzero_std(y.std(-1).reshape(-1))
+    mean = y.mean(-1).reshape(-1)
+    if y.shape[-1] < 2:  # one value: deviation 1 (an unbiased std of one value is undefined)
+        return mean, torch.ones_like(mean)
+    return mean, nonzero_std(y.std(-1).reshape(-1))
 
 
 def nonzero_std(std: Tensor) -> Tensor:

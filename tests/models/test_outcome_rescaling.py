@@ -220,3 +220,20 @@ def test_wiski_restandardization_leaves_its_posterior_unchanged() -> None:
     after = model.posterior(Xt, observation_noise=True)
     torch.testing.assert_close(after.mean, before.mean, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(after.variance, before.variance, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("cls", [OnlineExactGP, WISKI, TSVGP, DecoupledSVGP, QSGP])
+def test_a_model_on_one_point_is_centred_on_it_as_botorch_standardize(cls):
+    """One training point: the outcome scaling is BoTorch's ``Standardize`` on one value (mean
+    the value, deviation 1), so before any fit the model predicts the value everywhere, as
+    ``SingleTaskGP`` does (it kept mean 0: an exact GP on y = 102 predicted 20-50)."""
+    from botorch.models import SingleTaskGP
+
+    X = torch.tensor([[0.3, 0.6]], dtype=torch.float64)
+    Y = torch.tensor([[102.0]], dtype=torch.float64)
+    Xt = torch.tensor([[0.3, 0.6], [0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    reference = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1)).posterior(Xt).mean
+    model = cls(X, Y)
+    assert torch.equal(model.outcome_mean, torch.tensor([102.0], dtype=torch.float64))
+    assert torch.equal(model.outcome_std, torch.ones(1, dtype=torch.float64))
+    assert torch.allclose(model.posterior(Xt).mean, reference, atol=1e-6)

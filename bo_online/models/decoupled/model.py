@@ -137,7 +137,7 @@ class DecoupledSVGP(
             )
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
-        if standardize and gaussian and train_Y.shape[0] > 1:  # labels/counts stay as given
+        if standardize and gaussian:  # labels/counts stay as given; one point too, as Standardize
             self._set_outcome_scaling(train_Y, X)
         self.num_mean_bases = int(num_mean_bases)
         self.num_cov_bases = int(num_cov_bases)

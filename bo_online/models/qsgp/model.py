@@ -162,7 +162,7 @@ class QSGP(
                 raise ValueError("Logistic likelihood needs labels in {-1, 1} (or {0, 1}).")
             Y = torch.where(Y == 0, -torch.ones_like(Y), Y)
             standardize = False
-        if standardize and Y.shape[0] > 1:
+        if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(Y, X)
         self.standardize = standardize
         self.fixed_noise = train_Yvar is not None

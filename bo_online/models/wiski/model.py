@@ -242,7 +242,7 @@ class WISKI(
                 f"prior_variance must be 'interpolated' or 'exact', got {prior_variance!r}."
             )
         self.prior_variance = prior_variance
-        if standardize and train_Y.shape[0] > 1:
+        if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise and likelihood is not None:
