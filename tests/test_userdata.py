@@ -349,7 +349,7 @@ def test_checkpoint_by_time_resumes_to_identical_records(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
-def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, signame):
+def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, signame, capsys):
     import os
     import signal
 
@@ -372,6 +372,9 @@ def test_signal_checkpoints_after_the_step_and_resumes_identically(tmp_path, sig
     with pytest.raises(expected):
         run.run(15, callback=callback)
     assert signal.getsignal(sig) is before and run.step_count == 6
+    # the first signal is acknowledged at once (the step in progress may take long)
+    said = "Ctrl-C" if signame == "SIGINT" else signame
+    assert f"bo-online: {said} received: stopping after the step" in capsys.readouterr().err
     resumed = load_loop(tmp_path / "cut")
     assert resumed.step_count == 6  # the checkpoint holds step 6: written on the signal
     resumed.run()

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from concurrent.futures import Executor
 from pathlib import Path
@@ -601,6 +602,14 @@ class OnlineLoop:
             self._stop_signal = signum
             for s, h in previous.items():
                 signal.signal(s, h)
+            # Say so: the step in progress (an objective, a fit) can take long, and a first
+            # Ctrl-C that seems ignored invites a second one, which stops without a checkpoint.
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            sys.stderr.write(
+                f"bo-online: {name} received: stopping after the step in progress and saving "
+                "a checkpoint (send it again to stop at once).\n"
+            )
+            sys.stderr.flush()
 
         for s in previous:
             signal.signal(s, handler)
