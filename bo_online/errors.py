@@ -8,6 +8,10 @@ __all__ = ["ObjectiveError"]
 
 #: What an objective that returned None is told (the objective's name is put before it).
 NONE_RESULT = "returned None instead of one value per point (is a `return` missing?)"
+COMPLEX_RESULT = (
+    "returned complex values; it must return real numbers (take `.real` or `abs()` if the "
+    "imaginary part is round-off)"
+)
 
 
 class ObjectiveError(RuntimeError):

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from bo_online.errors import NONE_RESULT, ObjectiveError
-from bo_online.problems import CallableProblem
+from bo_online.problems import CallableProblem, objective_values
 
 __all__ = ["load_objective", "parse_bounds", "objective_problem", "check_resume"]
 
@@ -145,6 +145,8 @@ class _Vectorised:
         try:  # not decided yet: try the batch
             out = self.fn(X)
             values = None if out is None else self._values(out)
+        except ObjectiveError:  # values no call can fix (complex): not a reason to go per point
+            raise
         except Exception as error:  # a per-point function given a batch
             return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
         if values is None:  # no kind of objective returns None: report, do not go per-point
@@ -193,9 +195,7 @@ class _Vectorised:
 
     @staticmethod
     def _values(out: Any) -> Tensor:
-        if out is None:
-            raise ObjectiveError(NONE_RESULT)
-        return torch.as_tensor(out, dtype=torch.float64).reshape(-1)
+        return objective_values(out).reshape(-1)
 
     def _one(self, x: Tensor) -> Tensor:
         values = self._values(self.fn(x))

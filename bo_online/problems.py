@@ -35,8 +35,8 @@ from botorch.utils.transforms import normalize, unnormalize
 from torch import Tensor
 
 from bo_online import datasets
-from bo_online.errors import NONE_RESULT, ObjectiveError
-from bo_online.models.validation import max_abs_output
+from bo_online.errors import COMPLEX_RESULT, NONE_RESULT, ObjectiveError
+from bo_online.models.validation import is_complex, max_abs_output, real_float64
 
 __all__ = [
     "Problem",
@@ -316,6 +316,21 @@ def _user_frame(error: BaseException) -> str:
     return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
 
 
+def objective_values(result: Any) -> Tensor:
+    r"""What an objective returned as a float64 tensor (detached: values computed with autograd,
+    a torch model as objective, are data).
+
+    Raises:
+        ObjectiveError: (not yet naming the objective) for None or complex values, which
+            ``torch.as_tensor(..., dtype=float64)`` would pass on or cut to their real part.
+    """
+    if result is None:
+        raise ObjectiveError(NONE_RESULT)
+    if is_complex(result):
+        raise ObjectiveError(COMPLEX_RESULT)
+    return torch.as_tensor(result, dtype=torch.float64).detach()
+
+
 class CallableProblem(Problem):
     r"""Any user objective on a box.
 
@@ -372,10 +387,7 @@ class CallableProblem(Problem):
         try:
             # A copy: an objective that writes into its input must not change the loop's points.
             result = self.fn(X.detach().to(torch.float64).cpu().clone())
-            if result is None:
-                raise ObjectiveError(NONE_RESULT)  # named below
-            # Detached: values computed with autograd (a torch model as objective) are data.
-            values = torch.as_tensor(result, dtype=torch.float64).detach()
+            values = objective_values(result)
         except ObjectiveError as error:  # from the wrapper that checks the values, or nested
             if error.objective is not None:  # already names its objective
                 raise
@@ -473,8 +485,7 @@ def _check_labelled_sets(name: str, bounds: Any, sets: tuple) -> None:
     d = bounds.shape[-1]
     tol = 1e-9 * (bounds[1] - bounds[0])
     for x_name, X, y_name, y in sets:
-        X = torch.as_tensor(X, dtype=torch.float64)
-        y = torch.as_tensor(y, dtype=torch.float64)
+        X, y = real_float64(X, f"{name}: {x_name}"), real_float64(y, f"{name}: {y_name}")
         if X.dim() != 2 or X.shape[-1] != d:
             raise ValueError(f"{name}: {x_name} must be N x {d}, got shape {tuple(X.shape)}.")
         if y.shape[:1] != X.shape[:1] or y.numel() != X.shape[0]:

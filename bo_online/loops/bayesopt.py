@@ -29,6 +29,7 @@ from bo_online.acquisition import (
     thompson_sample,
 )
 from bo_online.loops.core import OnlineLoop, _shared_kwargs
+from bo_online.models.validation import real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
 __all__ = ["BayesOptLoop"]
@@ -119,8 +120,8 @@ class BayesOptLoop(OnlineLoop):
         except (TypeError, ValueError) as e:
             raise ValueError("initial_data must be a pair (X, y).") from e
         # Detached copies: the user's tensors may carry autograd graphs or be changed later.
-        X = torch.as_tensor(X, dtype=torch.float64).detach().clone()
-        y = torch.as_tensor(y, dtype=torch.float64).detach().clone().reshape(-1)
+        X = real_float64(X, "initial_data X").clone()
+        y = real_float64(y, "initial_data y").clone().reshape(-1)
         if X.dim() != 2 or X.shape[-1] != problem.dim or X.shape[0] != y.shape[0] or not len(y):
             raise ValueError(
                 f"initial_data must be X of shape m x {problem.dim} and y of m values (m >= 1), "
@@ -258,7 +259,7 @@ class BayesOptLoop(OnlineLoop):
         was expected. No reshaping across dimensions: a transposed ``d x q`` batch is refused,
         not silently reinterpreted."""
         d = self.problem.dim
-        X = torch.as_tensor(X, dtype=torch.float64).detach()  # data, not part of a graph
+        X = real_float64(X, "tell() X")  # detached: data, not part of a graph
         if X.dim() == 1 and d == 1:  # one input: q values are q points
             X = X.unsqueeze(-1)
         elif X.dim() == 1 and X.shape[0] == d:
@@ -273,7 +274,7 @@ class BayesOptLoop(OnlineLoop):
             raise ValueError(f"tell() got no points: pass X of shape q x {d} with q >= 1.")
         values = {}
         for name, v in (("y", y), ("y_true", y if y_true is None else y_true)):
-            v = torch.as_tensor(v, dtype=torch.float64).detach()
+            v = real_float64(v, f"tell() {name}")
             if v.dim() == 2 and v.shape[-1] == 1:
                 v = v.squeeze(-1)
             elif v.dim() == 0:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,6 +29,23 @@ def detached(*values):
     graph again and fail.
     """
     return tuple(v.detach() if isinstance(v, Tensor) else v for v in values)
+
+
+def is_complex(value: Any) -> bool:
+    r"""Whether ``value`` (a tensor, an array, a number or a nested list) holds complex numbers,
+    which ``torch.as_tensor(value, dtype=float64)`` cuts to their real part with only a warning."""
+    return value.is_complex() if isinstance(value, Tensor) else bool(np.iscomplexobj(value))
+
+
+def real_float64(value: Any, what: str) -> Tensor:
+    r"""``value`` as a detached float64 tensor (a new one only where a conversion needs it).
+
+    Raises:
+        ValueError: naming ``what`` if ``value`` holds complex numbers.
+    """
+    if is_complex(value):
+        raise ValueError(f"{what} holds complex values; pass real numbers.")
+    return torch.as_tensor(value, dtype=torch.float64).detach()
 
 
 def max_abs_output(dtype: torch.dtype) -> float:

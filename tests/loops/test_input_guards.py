@@ -217,3 +217,53 @@ def test_telling_no_points_is_refused_and_counts_no_step():
     with pytest.raises(ValueError, match="no pool indices"):
         active.tell(torch.zeros(0, dtype=torch.long))
     assert active.step_count == 0
+
+
+def _complex_numpy(X):
+    return X.sum(-1).numpy() + 1e-3j
+
+
+def _complex_tensor(X):
+    return torch.complex(X.sum(-1), X[:, 0])
+
+
+def _complex_list(X):
+    return [complex(v, 1.0) for v in X.sum(-1).tolist()]
+
+
+@pytest.mark.parametrize("fn", [_complex_numpy, _complex_tensor, _complex_list])
+def test_an_objective_that_returns_complex_values_is_reported_not_cut_to_its_real_part(fn, recwarn):
+    """``torch.as_tensor(complex, dtype=float64)`` drops the imaginary part with a warning; the
+    loop then optimised the real part silently. Also through the CLI's wrapper, which must not
+    take it for a per-point function."""
+    from bo_online.objectives import _Vectorised
+
+    for wrapped in (fn, _Vectorised(fn)):
+        problem = CallableProblem(wrapped, bounds=BOUNDS, name="cplx")
+        with pytest.raises(ObjectiveError, match="'cplx' returned complex values; it must"):
+            problem.evaluate_true(torch.rand(4, 2, dtype=torch.float64))
+    assert not [w for w in recwarn if "one point at a time" in str(w.message)]
+    assert not [w for w in recwarn if "imaginary" in str(w.message)]
+
+
+def test_complex_data_from_the_user_is_refused_not_cut_to_its_real_part(tmp_path, recwarn):
+    X = torch.tensor([[0.1, 0.0], [0.5, 2.0], [0.9, -3.0]], dtype=torch.float64)
+    y = _quadratic(X)
+    with pytest.raises(ValueError, match="initial_data y holds complex values"):
+        _loop(None, initial_data=(X, y.numpy() + 1j), n_init=0)
+    with pytest.raises(ValueError, match="initial_data X holds complex values"):
+        _loop(None, initial_data=(X.to(torch.complex128), y), n_init=0)
+    loop = _loop(None, tmp_path, initial_data=(X, y), n_init=0)
+    loop.initialize()
+    x = loop.ask()
+    before = (loop.X.clone(), loop.y.clone(), loop.step_count)
+    with pytest.raises(ValueError, match=r"tell\(\) y holds complex values"):
+        loop.tell(x, [complex(1.0, 2.0)] * x.shape[0])
+    with pytest.raises(ValueError, match=r"tell\(\) y_true holds complex values"):
+        loop.tell(x, _quadratic(x), y_true=_quadratic(x).numpy() * 1j)
+    assert torch.equal(loop.X, before[0]) and torch.equal(loop.y, before[1])
+    assert loop.step_count == before[2]
+    s = _stream()
+    with pytest.raises(ValueError, match="pool: y_pool holds complex values"):
+        PoolProblem("pool", s.X_stream, s.y_stream.numpy() + 0j, s.X_test, s.y_test, s.bounds)
+    assert not [w for w in recwarn if "imaginary" in str(w.message)]
