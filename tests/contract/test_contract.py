@@ -685,6 +685,29 @@ def test_no_autograd_graph_kept_in_caches(s):
 
 
 @surrogates
+def test_gradient_does_not_depend_on_a_no_grad_evaluation_of_the_same_points(s):
+    """A user who looks at a value under ``torch.no_grad()`` and then differentiates at the same
+    X tensor (``requires_grad_()`` does not change X's version) gets the gradient a fresh tensor
+    gets: a cache filled without a graph must not be served to the differentiable call."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    model.update(*s.data(2, D, seed=1))
+    model.eval()
+    for batch in ((), (3,)):
+        x = _test_points(2, seed=8, batch=batch)
+        fresh = x.clone().requires_grad_(True)
+        post = model.posterior(fresh)
+        (post.mean.sum() + post.variance.sum()).backward()
+        with torch.no_grad():
+            model.posterior(x).variance
+        x.requires_grad_(True)
+        post = model.posterior(x)
+        (post.mean.sum() + post.variance.sum()).backward()
+        assert x.grad is not None, s.name
+        torch.testing.assert_close(x.grad, fresh.grad, rtol=1e-10, atol=1e-12)
+
+
+@surrogates
 def test_float32_matches_float64(s):
     """A float32 model (float32 data) gives the float64 posterior within float32 accuracy, also
     after conditioning and updates; float64 inputs to it are cast, not rejected."""

@@ -157,18 +157,33 @@ class TSVGPCachesMixin:
 
         Without autograd the last result is memoised on ``(L_K, X)`` by identity and X's version
         counter: ``fantasize`` whitens the same X for the posterior it samples from and for the
-        conditioning. (``L_K`` is a new tensor whenever the hyperparameters change.)
+        conditioning. (``L_K`` is a new tensor whenever the hyperparameters change.) With
+        autograd the memo is not read: made without a graph, it would give no gradient.
+
+        A single-output model folds the batch of ``X`` into columns (one ``m x (batch q)``
+        cross-covariance and solve), so a ``b x 1 x d`` request costs the memory of a ``b x d``
+        one rather than the kernel's ``b`` copies of the inducing inputs.
         """
         memo = self.__dict__.get("_whiten_memo")
-        if memo is not None and memo[0] is L_K and memo[1] is X and memo[2] == X._version:
+        if (
+            memo is not None
+            and not torch.is_grad_enabled()
+            and memo[0] is L_K
+            and memo[1] is X
+            and memo[2] == X._version
+        ):
             return memo[3]
         Z = self.inducing_points
         Xk = self._kx(X)
-        if Xk.dim() > 2:
-            Z = Z.expand(*Xk.shape[:-2], *Z.shape)
         with gpytorch.settings.lazily_evaluate_kernels(False):  # dense at once: no lazy wrapper
-            K_uX = self.covar_module(Z, Xk).to_dense()
-        A = solve_lower(L_K, K_uX)
+            if Xk.dim() > 2 and Z.dim() == 2 and L_K.dim() == 2:
+                rows = Xk.reshape(-1, Xk.shape[-1])  # (batch q) x d
+                A = solve_lower(L_K, self.covar_module(Z, rows).to_dense())  # m x (batch q)
+                A = A.reshape(A.shape[0], *Xk.shape[:-1]).movedim(0, -2)  # batch x m x q
+            else:
+                if Xk.dim() > 2:
+                    Z = Z.expand(*Xk.shape[:-2], *Z.shape)
+                A = solve_lower(L_K, self.covar_module(Z, Xk).to_dense())
         if not torch.is_grad_enabled():  # never reuse a graph: a second backward would fail
             self.__dict__["_whiten_memo"] = (L_K, X, X._version, A)
         return A
