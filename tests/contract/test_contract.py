@@ -229,6 +229,24 @@ def test_long_stream_of_updates_matches_dense_reference(s):
 
 
 @surrogates
+def test_data_botorch_reads_follow_updates(s):
+    """``num_data`` and, where the model holds its data, ``train_inputs`` and ``train_targets``
+    (what ``get_X_baseline``, proximal acquisition and ``sample_around_best`` read) hold every
+    point added by ``update``, in order, before any refit."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    batches = [s.data(k, D, seed=20 + k) for k in (1, 3, 2)]
+    for Xb, Yb, _ in batches:
+        model.update(Xb, Yb)
+    X_all = torch.cat([X] + [b[0] for b in batches])
+    Y_all = torch.cat([Y] + [b[1] for b in batches]).reshape(-1)
+    assert model.num_data == X_all.shape[0], s.name
+    if hasattr(model, "train_inputs"):  # not WISKI: it keeps statistics, not the points
+        torch.testing.assert_close(model.train_inputs[0], X_all, rtol=0, atol=1e-12)
+        torch.testing.assert_close(model.train_targets, Y_all, rtol=0, atol=1e-9)
+
+
+@surrogates
 def test_explicit_noise_on_an_inferred_noise_model(s):
     """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
     noise (standardised), the dense reference with those per-point noises, and kept by the

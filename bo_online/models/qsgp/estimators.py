@@ -449,7 +449,7 @@ def control_variate_gradient_variance(
         ``(variance_without, variance_with)``.
     """
     gen = torch.Generator(device=model.train_X.device).manual_seed(seed)
-    n, m = model.num_data, model.num_features
+    n, m = model.train_X.shape[-2], model.num_features
     p, Xp, frozen, a = model.control_variate_state(cv_rank, gen)
     wp = 1.0 / model._row_noise(p).detach()
     G0 = torch.zeros(reps, m, dtype=model.train_X.dtype)

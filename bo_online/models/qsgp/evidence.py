@@ -114,7 +114,7 @@ class QSGPEvidenceMixin:
         )
         if include_priors:
             obj = obj + self.log_prior()
-        return obj / self.num_data
+        return obj / self._num_train_rows
 
     def _fits_constant_mean(self) -> bool:
         return self.constant_mean and self.likelihood_name == "gaussian" and self.standardize
@@ -135,7 +135,7 @@ class QSGPEvidenceMixin:
         instead), differentiable in the hyperparameters."""
         G, logdet = self._kernel_gram()
         quad = self._best_constant(G)[1] if constant_mean else G[0, 0]
-        return -0.5 * (quad + logdet + self.num_data * math.log(2 * math.pi))
+        return -0.5 * (quad + logdet + self._num_train_rows * math.log(2 * math.pi))
 
     def log_prior(self) -> Tensor:
         r"""Log priors of the hyperparameters the fit moves: the kernel's and, unless the noise is
@@ -150,6 +150,6 @@ class QSGPEvidenceMixin:
             )
         if evidence == "auto":
             rff = isinstance(self.basis, RFFBasis)
-            small = self.num_data <= KERNEL_EVIDENCE_MAX_N_PER_FEATURE * self.num_features
+            small = self._num_train_rows <= KERNEL_EVIDENCE_MAX_N_PER_FEATURE * self.num_features
             return "kernel" if rff and small else "basis"
         return evidence

@@ -281,10 +281,10 @@ class QSGPFitMixin:
         self._absorb(restandardize=settings.restandardize)
         method = settings.method
         if method == "auto":
-            small = self.num_features <= 4096 and self.num_data * self.num_features <= 4e7
+            small = self.num_features <= 4096 and self._num_train_rows * self.num_features <= 4e7
             method = "closed_form" if small and self.likelihood_name == "gaussian" else "sgd"
         if method == "closed_form":
-            if self.num_data <= int(settings.fit_from_defaults_n):
+            if self._num_train_rows <= int(settings.fit_from_defaults_n):
                 self.reset_hyperparameters()
             self.fit_closed_form(settings.closed_form_settings())
         else:
@@ -314,7 +314,7 @@ class QSGPFitMixin:
             self.cond_X = self.cond_y = self.cond_noise = None
             self.cond_L = self.cond_r = self.cond_u = None
             self._cond_factor = None
-        if restandardize and self.standardize and self.num_data > 1:
+        if restandardize and self.standardize and self._num_train_rows > 1:
             self._restandardize()
         self.invalidate_caches()
 
@@ -374,10 +374,14 @@ class QSGPFitMixin:
         params, bounds = self._trainable_hypers_and_bounds()
         if params and max_iter > 0:
             rows = None
-            if evidence != "kernel" and hyper_rows is not None and self.num_data > hyper_rows:
-                gen = torch.Generator().manual_seed(self.seed + 7919 * self.num_data)
-                rows = torch.randperm(self.num_data, generator=gen)[:hyper_rows]
-            size = self.num_data if rows is None else rows.numel()
+            if (
+                evidence != "kernel"
+                and hyper_rows is not None
+                and self._num_train_rows > hyper_rows
+            ):
+                gen = torch.Generator().manual_seed(self.seed + 7919 * self._num_train_rows)
+                rows = torch.randperm(self._num_train_rows, generator=gen)[:hyper_rows]
+            size = self._num_train_rows if rows is None else rows.numel()
             cm = self._fits_constant_mean()
 
             def objective() -> Tensor:

@@ -96,8 +96,9 @@ class QSGP(
     #: a BO loop's refit at small n also fits a model rebuilt from its defaults and keeps the
     #: one with the higher ``marginal_log_likelihood`` (see ``OnlineLoop._restart_due``)
     restart_fit_from_defaults = True
-    #: ``condition_on_observations`` adds the new rows to ``q(w)`` only (the held data, which
-    #: ``num_data`` counts and ``fit`` reads, stay the parent's); ``update`` also keeps them
+    #: ``condition_on_observations`` and ``update`` keep the new rows apart from the training
+    #: rows (``cond_X``, conditioned on in closed form through ``q(w)``); ``num_data`` and
+    #: ``train_inputs`` count them, and ``fit`` absorbs them into the training rows
     conditioned_rows_held = False
 
     def __init__(
@@ -259,6 +260,37 @@ class QSGP(
     def num_features(self) -> int:
         return self.basis.num_features
 
+    # What BoTorch and Ax read about the data (``get_X_baseline``, proximal acquisition,
+    # ``sample_around_best``, the loops' refit schedule): the training rows plus the rows
+    # conditioned on since the last fit (``cond_X``, which ``fit`` absorbs). The fits work on
+    # the training rows alone (``_num_train_rows``), after absorbing.
+
+    @property
+    def _num_train_rows(self) -> int:
+        return int(self.train_X.shape[-2])
+
+    @property
+    def num_data(self) -> int:
+        held = 0 if self.cond_X is None else int(self.cond_X.shape[-2])
+        return self._num_train_rows + held
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        r"""``(batch x n x d,)``: the (transformed) training inputs, then the conditioned ones."""
+        if self.cond_X is None:
+            return (self.train_X,)
+        batch = self.cond_X.shape[:-2]
+        return (torch.cat([self.train_X.expand(*batch, *self.train_X.shape), self.cond_X], -2),)
+
+    @property
+    def train_targets(self) -> Tensor:
+        r"""``sample x batch x n`` targets in the user's units, in the order of
+        :attr:`train_inputs`."""
+        y = self.train_y
+        if self.cond_y is not None:
+            y = torch.cat([y.expand(*self.cond_y.shape[:-1], y.shape[-1]), self.cond_y], -1)
+        return y * self.outcome_std + self.outcome_mean
+
     def hyperparameters(self):
         r"""Tensors the caches depend on: hyperparameters and the variational parameters."""
         for name, p in self.named_parameters():
@@ -286,7 +318,7 @@ class QSGP(
         # Not OnlineModel._noise_of_points: held rows, whose fixed noise is stored (no error).
         if self.fixed_noise:
             return self.train_noise if rows is None else self.train_noise[rows]
-        size = self.num_data if rows is None else rows.numel()
+        size = self._num_train_rows if rows is None else rows.numel()
         return self._gauss_noise().expand(size)
 
     def _noise_variance(self, X: Tensor) -> Tensor:

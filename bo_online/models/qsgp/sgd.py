@@ -56,7 +56,7 @@ class QSGPSGDMixin:
         train_hypers, use_priors = settings.train_hypers, settings.use_priors
         seed, callback, replace_cols = settings.seed, settings.callback, settings.replace_cols
         deadline = None if settings.timeout_sec is None else time.monotonic() + settings.timeout_sec
-        n, m, k = self.num_data, self.num_features, self.num_dense
+        n, m, k = self._num_train_rows, self.num_features, self.num_dense
         dd = self._dtype_device
         dev = dd["device"]
         gen = torch.Generator(device=dev).manual_seed(self.seed if seed is None else seed)
@@ -142,7 +142,7 @@ class QSGPSGDMixin:
         one ``O(n_bar m)`` pass unless ``q(w)`` is still at its zero-mean initialisation), as a
         :class:`~bo_online.models.qsgp.sgd_inputs.ControlVariateState` (a tuple
         ``(p, X_p, frozen, a)``)."""
-        n, k = self.num_data, self.num_dense
+        n, k = self._num_train_rows, self.num_dense
         dd = self._dtype_device
         p = torch.randperm(n, generator=generator, device=dd["device"])[: min(cv_rank, n)]
         frozen = self.basis.frozen_state()
@@ -277,7 +277,7 @@ class QSGPSGDMixin:
             Fpi, Fpj = Fp_U[:, inv_i], Fp_U[:, inv_j]
             cvs = control_variate(
                 s,
-                self.num_data / p.numel(),
+                self._num_train_rows / p.numel(),
                 Fpi,
                 Fpj,
                 wp,

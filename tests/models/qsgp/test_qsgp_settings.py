@@ -118,7 +118,7 @@ def test_bad_fit_option_raises_before_anything_changes(call):
     assert before.keys() == after.keys()
     for key in before:
         assert torch.equal(before[key], after[key]), key
-    assert model.cond_X is not None and model.num_data == 15
+    assert model.cond_X is not None and model.train_X.shape[0] == 15 and model.num_data == 20
 
 
 def test_unknown_fit_option_names_the_accepted_ones():
