@@ -5,6 +5,7 @@ refits on a schedule."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import numbers
@@ -130,6 +131,7 @@ class AxOnlineMixin:
         **options: Any,
     ) -> None:
         t0 = time.perf_counter()
+        input_transform = _bounds_covering_the_box(input_transform, train_X.dtype)
         if covar_module is not None:
             options["covar_module"] = covar_module
         if likelihood is not None:
@@ -295,6 +297,37 @@ class AxOnlineMixin:
         # cross-validated the loaded hyperparameters instead of the folds' own).
         self._ax_pending = None  # a fold or a warm start: not the experiment's model
         return None
+
+
+def _bounds_covering_the_box(input_transform: Any, dtype: torch.dtype) -> Any:
+    r"""A ``Normalize`` with fixed bounds stored in a coarser dtype than the data (Ax builds it
+    from the search space in float32), as a ``dtype`` copy whose bounds are widened by a few
+    ulps of that coarse dtype; anything else unchanged.
+
+    Rounded to float32, a bound such as 0.9 moves inside the box (0.89999998), so a trial on
+    it maps 6e-8 outside the unit cube, and a model that checks its domain (WISKI's grid)
+    refuses it at every later trial. Widened by the bounds' own rounding error, every point of
+    the box maps inside ``[0, 1]`` (the map moves by about 1e-7 of the range, far below any
+    lengthscale). Deterministic, so the stored model's fingerprint stays the same each trial.
+    """
+    from botorch.models.transforms.input import Normalize
+
+    if (
+        not isinstance(input_transform, Normalize)
+        or input_transform.learn_bounds
+        or input_transform.center != 0.5
+        or not input_transform._offset.dtype.is_floating_point
+        or torch.finfo(input_transform._offset.dtype).eps <= torch.finfo(dtype).eps
+    ):
+        return input_transform
+    coarse = torch.finfo(input_transform._offset.dtype).eps
+    lower = input_transform._offset.to(dtype)
+    upper = lower + input_transform._coefficient.to(dtype)
+    margin = 4 * coarse * (lower.abs() + upper.abs())  # rounding of both bounds and their range
+    widened = copy.deepcopy(input_transform).to(dtype)
+    widened._offset = lower - margin
+    widened._coefficient = (upper + margin) - (lower - margin)
+    return widened
 
 
 def _checked_refit_every(refit_every: Any) -> int | str | None:

@@ -486,6 +486,31 @@ def test_state_dict_round_trip_restores_caches_without_refactorisation(s, fixed)
 
 
 @surrogates
+def test_a_conditioned_model_updates_and_round_trips_like_an_updated_one(s):
+    """A child of ``condition_on_observations`` then updated in place equals the model updated
+    twice, and its ``state_dict`` loaded into a fresh model gives its posterior (QSGP's child
+    kept its parent's factor in the saved state and extended that one in ``update``)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    (X1, Y1, _), (X2, Y2, _) = s.data(Q, D, seed=1), s.data(2, D, seed=2)
+    Xt = _test_points()
+    child = s.make(X, Y).condition_on_observations(X1, Y1)
+    m_child, C_child = latent(child, Xt)
+    fresh = s.make(X, Y)
+    fresh.load_state_dict({k: v.clone() for k, v in child.state_dict().items()})
+    m_loaded, C_loaded = latent(fresh, Xt)
+    assert_close(m_loaded, m_child, s.tol, "mean of the loaded conditioned model")
+    assert_close(C_loaded, C_child, s.tol, "covariance of the loaded conditioned model")
+    twice = s.make(X, Y)
+    twice.update(X1, Y1)
+    twice.update(X2, Y2)
+    child.update(X2, Y2)
+    m_ref, C_ref = latent(twice, Xt)
+    m, C = latent(child, Xt)
+    assert_close(m, m_ref, s.tol, "mean: condition, then update")
+    assert_close(C, C_ref, s.tol, "covariance: condition, then update")
+
+
+@surrogates
 def test_load_state_dict_failure_leaves_state_unchanged(s):
     """A state that does not fit (a key missing, or another surrogate's) raises and leaves every
     buffer and parameter of the model as it was."""

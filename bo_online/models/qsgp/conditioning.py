@@ -146,8 +146,18 @@ class QSGPConditioningMixin:
         new._batch_shape = torch.broadcast_shapes(new.cond_y.shape[:-1], new.cond_X.shape[:-2])
         return new
 
+    def _materialize_cond_factor(self) -> None:
+        r"""Fold a conditioned model's pending low-rank term into ``cond_L`` (O(m^2 q)), the
+        factor ``update`` extends and ``state_dict`` saves: until then a child of
+        ``condition_on_observations`` holds its parent's factor there plus ``_cond_factor``."""
+        factor = self._cond_factor
+        if factor is not None and factor.has_low_rank:
+            self.cond_L = factor.cholesky()
+        self._cond_factor = None
+
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
         U, dr, point_noise = self._new_sites(X, Y, noise)  # raises before any state changes
+        self._materialize_cond_factor()
         L = self.cond_L
         if L is None:
             L = torch.eye(self.num_features, **self._dtype_device)

@@ -98,7 +98,9 @@ class QSGP(
     restart_fit_from_defaults = True
     #: ``condition_on_observations`` and ``update`` keep the new rows apart from the training
     #: rows (``cond_X``, conditioned on in closed form through ``q(w)``); ``num_data`` and
-    #: ``train_inputs`` count them, and ``fit`` absorbs them into the training rows
+    #: ``train_inputs`` count them, and ``fit`` absorbs them into the training rows. False all
+    #: the same, so an incremental Ax model takes ``update`` (one dense factor): a chain of
+    #: conditioned children would grow a low-rank term with every trial until the next fit
     conditioned_rows_held = False
 
     def __init__(
@@ -440,6 +442,12 @@ class QSGP(
         return torch.cat(means, -1), torch.cat(variances, -1)
 
     # ------------------------------------------------------------------ state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The state with a conditioned model's factor whole (``cond_L``; see
+        :meth:`_materialize_cond_factor`), so a load restores its covariance."""
+        self._materialize_cond_factor()
+        return super().state_dict(*args, **kwargs)
 
     def _after_load(self) -> None:
         self.num_dense = int(self.var_cols.shape[-1])
