@@ -52,6 +52,12 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
         except Exception as e:
             del sys.modules[name]
             raise ValueError(f"Importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
+        # Dask ships tasks with cloudpickle, which would name the module, and a worker process
+        # cannot import a module that only this process made up: ship its code instead (without
+        # this every worker died unpickling the task and the run waited forever).
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
     else:
         try:
             module = importlib.import_module(target)
@@ -147,8 +153,13 @@ class _Vectorised:
             values = None if out is None else self._values(out)
         except ObjectiveError:  # values no call can fix (complex): not a reason to go per point
             raise
-        except Exception as error:  # a per-point function given a batch
-            return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
+        except Exception as error:  # a per-point function given a batch, or a real failure
+            try:
+                return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
+            except Exception:
+                # Neither kind of call worked: report the objective's own failure, not what a
+                # batch function does with a single point.
+                raise error from None
         if values is None:  # no kind of objective returns None: report, do not go per-point
             raise ObjectiveError(NONE_RESULT)
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
@@ -158,14 +169,21 @@ class _Vectorised:
         return values
 
     def _decide_per_point(self, X: Tensor, why: str) -> Tensor:
+        r"""The values of ``X`` point by point; from then on the objective is called so, with a
+        warning, if that works (else it stays undecided and the error propagates)."""
         self._why_per_point = f"{why} on a {X.shape[0]} x {X.shape[-1]} batch"
+        self.per_point = True
+        try:
+            values = self(X)
+        except BaseException:
+            self.per_point, self._why_per_point = None, ""
+            raise
         warnings.warn(
             f"The objective {self._why_per_point}; calling it one point at a time from now on.",
             RuntimeWarning,
             stacklevel=3,
         )
-        self.per_point = True
-        return self(X)
+        return values
 
     def _one_of_either_kind(self, x: Tensor) -> Tensor:
         r"""The value at one point ``x`` (``d``) while the kind is undecided: ``fn(x)`` if that

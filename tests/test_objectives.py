@@ -161,12 +161,14 @@ def test_at_n_equal_to_d_a_batch_function_evaluates_each_point_once():
 
 def test_wrong_number_of_values_is_an_objective_error():
     two_outputs = _Vectorised(lambda X: torch.stack([X.sum(-1), X.prod(-1)], -1))
-    with pytest.warns(RuntimeWarning, match="returned 10 value"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "one point at a time from now on": neither worked
         with pytest.raises(
             ObjectiveError,
             match=r"returned 2 values for one point.*it returned 10 value\(s\) on a 5 x 2 batch",
         ):
             two_outputs(X5)  # neither a batch nor a per-point function: both counts said
+    assert two_outputs.per_point is None
     v = _Vectorised(lambda X: ((X - 0.3) ** 2).sum(-1))
     v(X5)
     v.fn = lambda X: X.sum()
@@ -192,10 +194,7 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
         problem.evaluate_true(X5)
 
     problem = CallableProblem(_Vectorised(lambda X: X), [[0, 0], [1, 1]], name="identity")
-    with (
-        pytest.warns(RuntimeWarning),
-        pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"),
-    ):
+    with pytest.raises(ObjectiveError, match="^Objective 'identity' returned 2 values for one"):
         problem.evaluate_true(X5)
 
     def huge(X):  # finite, but beyond what a float64 model can standardise
@@ -357,3 +356,54 @@ def test_a_relative_objective_path_is_stored_absolute_and_resumes_from_anywhere(
         ]
         code, err = _cli(resume, capsys)
         assert code == 0, err
+
+
+def test_a_file_objective_reaches_processes_that_cannot_import_its_file(tmp_path):
+    """``--objective path/f.py:fn`` with ``--dask``: the workers unpickle the task in a fresh
+    process, where the module name the file was loaded under does not exist. Its code must
+    travel with the function (before, every worker died unpickling it and the run hung)."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from bo_online.objectives import load_objective
+
+    (tmp_path / "my_objective.py").write_text(
+        "import torch\nOFFSET = 0.25\ndef f(X):\n    return ((X - OFFSET) ** 2).sum(-1)\n"
+    )
+    fn = load_objective(f"{tmp_path / 'my_objective.py'}:f")
+    payload = tmp_path / "task.pkl"
+    payload.write_bytes(cloudpickle.dumps(fn))
+    code = (
+        "import pickle, sys, torch\n"
+        "fn = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "print(float(fn(torch.tensor([[0.5, 1.25]], dtype=torch.float64))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(payload)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip()) == pytest.approx(0.25**2 + 1.0**2)
+
+
+def test_a_failing_batch_objective_reports_its_own_error_once_undecided():
+    """Asked for one point before its kind is known (every async evaluation is a fresh copy of
+    the wrapper), a batch objective that fails is tried per point as well; the error reported
+    is its own, not what it does with a d-vector, and no per-point warning is given."""
+    calls = []
+
+    def diverges(X):
+        calls.append(tuple(X.shape))
+        if bool((X[:, 0] > 0.5).any()):
+            raise RuntimeError("simulation diverged")
+        return X.sum(-1)
+
+    wrapped = _Vectorised(diverges)
+    problem = CallableProblem(wrapped, [[0, 0], [1, 1]], name="sim")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ObjectiveError, match="'sim' raised RuntimeError: simulation diverged"):
+            problem.evaluate_true(torch.tensor([[0.9, 0.1]], dtype=torch.float64))
+    assert calls == [(1, 2), (2,)] and wrapped.per_point is None
+    assert float(problem.evaluate_true(torch.tensor([[0.25, 0.5]], dtype=torch.float64))) == 0.75

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -145,6 +145,11 @@ class AsyncBayesOptLoop(BayesOptLoop):
     """
 
     kind = "bo_async"
+
+    #: Dask reports ``KilledWorker`` once the workers running a task have died several times
+    #: (``distributed.scheduler.allowed-failures``); the point is then submitted once more (a
+    #: worker lost to something else) and after that counted as a failed evaluation.
+    WORKER_DEATH_ATTEMPTS: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -280,9 +285,17 @@ class AsyncBayesOptLoop(BayesOptLoop):
         }
         if future.status == "error":
             exc = future.exception()
-            if isinstance(exc, KilledWorker):  # Dask gave up after worker deaths: resubmit
-                entry["attempts"] = entry.get("attempts", 1) + 1
-                return None
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, KilledWorker):  # Dask gave up after worker deaths
+                attempts = entry.get("attempts", 1)
+                if attempts < self.WORKER_DEATH_ATTEMPTS:  # a worker lost to something else
+                    entry["attempts"] = attempts + 1
+                    return None
+                error = (
+                    f"{error} (the workers evaluating this point died {attempts} times over: "
+                    "the objective may crash its process, e.g. a segfault, os._exit or running "
+                    "out of memory)"
+                )
             del self.in_flight[pid]
             self.failures += 1
             record = {
@@ -291,7 +304,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 **self._summary_fields(),
                 **meta,
                 "failed": True,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": error,
                 "refit": False,
                 "time_acquisition": entry["time_acquisition"],
             }

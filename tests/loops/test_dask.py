@@ -234,6 +234,36 @@ def test_worker_killed_and_objective_raising(client, tmp_path):
     assert loop.failures == 2
 
 
+class _Crashing(_Flaky):
+    """Branin whose every evaluation, once armed, kills its worker process."""
+
+    def evaluate_true(self, X):
+        if os.path.exists(os.path.join(self.root, "armed")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner.evaluate_true(X)
+
+
+def test_an_objective_that_always_kills_its_worker_is_a_failure_not_an_endless_retry(tmp_path):
+    """Dask reports ``KilledWorker`` once its own retries are spent; the loop submitted the
+    point again without limit (a run with a segfaulting objective never ended)."""
+    import dask
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        with cluster, distributed.Client(cluster) as client:
+            problem = _Crashing(tmp_path, kill_at=-1, raise_at=())
+            loop = AsyncBayesOptLoop(
+                problem, client, model="exact", acq="qucb", max_failures=0, max_in_flight=1, **FAST
+            )
+            loop.initialize()
+            (tmp_path / "armed").touch()
+            with pytest.raises(TooManyFailures, match="died 2 times over"):
+                loop.run(steps=3)
+    assert loop.failures == 1 and loop.step_count == 0
+
+
 def _spec(path: Path, seeds: list[int]) -> Path:
     path.write_text(
         "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb', 'ts']\n"
