@@ -352,19 +352,16 @@ class AsyncBayesOptLoop(BayesOptLoop):
     def run(
         self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
     ) -> list[dict[str, Any]]:
-        r"""Evaluate until ``steps`` evaluations after the initial design have been folded in."""
+        r"""Evaluate until ``steps`` evaluations after the initial design have been folded in
+        (as :meth:`OnlineLoop.run`: the run directory is locked while it runs, SIGINT / SIGTERM
+        stop it after the result being folded in and write the checkpoint, with the points
+        still in flight, which a resume submits again)."""
+        self._run_t0, self._wall0 = time.perf_counter(), self.wall_time
+        return super().run(steps, callback)
+
+    def _run_steps(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
         from distributed import as_completed
 
-        if steps is None:
-            steps = self.target_steps
-        if steps is None or int(steps) != steps or steps < 0:
-            raise ValueError(f"steps must be an integer >= 0, got {steps}.")
-        self.target_steps = int(steps)
-        self._run_t0, self._wall0 = time.perf_counter(), self.wall_time
-        if not self.initialized:
-            record = self.initialize()
-            if callback is not None:
-                callback(record)
         completed = as_completed()
         for pid in sorted(self.in_flight):  # points in flight when the run was interrupted
             completed.add(self._submit(pid))
@@ -377,11 +374,12 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 for batch in completed.batches():
                     for future in batch:
                         self._fold(future, completed, advance, callback)
-                    last = self.step_count >= self.target_steps
-                    if last:
+                    if self.step_count >= self.target_steps:
                         if self.out_dir is not None:
                             self.save_checkpoint()
                         break
+                    if self._stop_signal is not None:
+                        break  # run() writes the checkpoint, with the points in flight
                     self._fill(completed)
                     if self.out_dir is not None and self._checkpoint_due():
                         self.save_checkpoint()  # with the new in-flight set
@@ -389,7 +387,6 @@ class AsyncBayesOptLoop(BayesOptLoop):
             for future in list(self._futures):
                 future.cancel()
             self._futures.clear()
-        return self.records
 
     def _fold(self, future: Any, completed: Any, advance: Any, callback: Any) -> None:
         """Handle one finished future: fold it in, record a failure, or resubmit its point."""

@@ -544,12 +544,7 @@ class OnlineLoop:
                     record = self.initialize()
                     if callback is not None:
                         callback(record)
-                with self._progress() as advance:
-                    while self.step_count < self.target_steps and self._stop_signal is None:
-                        record = self.step()
-                        advance()
-                        if callback is not None:
-                            callback(record)
+                self._run_steps(callback)
                 if self._stop_signal is not None and self.out_dir is not None and self.initialized:
                     self.save_checkpoint()  # the state after the last whole step
         finally:
@@ -562,6 +557,17 @@ class OnlineLoop:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
         return self.records
+
+    def _run_steps(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
+        r"""The steps of :meth:`run` after the initial design, until ``target_steps`` or a stop
+        signal (``_stop_signal``); :meth:`run` claims the directory, handles the signals and
+        writes the checkpoint around it."""
+        with self._progress() as advance:
+            while self.step_count < self.target_steps and self._stop_signal is None:
+                record = self.step()
+                advance()
+                if callback is not None:
+                    callback(record)
 
     def _claim_directory(self) -> bool:
         r"""Lock ``out_dir`` (refused if another live process holds it), remove temp files of an

@@ -184,6 +184,36 @@ def test_resume_after_driver_killed(client, tmp_path):
         assert r["y"][0] == pytest.approx(r["y_true"][0] + noise, abs=1e-12)
 
 
+def test_async_run_releases_its_directory_counts_elapsed_and_checkpoints_on_a_signal(
+    client, tmp_path
+):
+    """The async loop's run is OnlineLoop.run's: the run directory's lock is released when it
+    returns (a later resume from another process was refused as "in use"), the elapsed time is
+    kept, and SIGINT stops it with a checkpoint that holds every step recorded so far."""
+    out = tmp_path / "run"
+    problem = synthetic_problem("branin")
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", out_dir=out, **FAST)
+    loop.run(steps=2)
+    assert not (out / history.LOCK_FILE).exists()
+    assert (
+        loop.elapsed > 0 and history.load_checkpoint(out / history.CHECKPOINT_FILE)["elapsed"] > 0
+    )
+
+    def interrupt(record):
+        if record["step"] == 3 and not record.get("failed"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(steps=30, callback=interrupt)
+    assert not (out / history.LOCK_FILE).exists()
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert ckpt["step_count"] == loop.step_count >= 3  # not the last periodic checkpoint's
+    resumed = load_loop(out, client=client)
+    assert resumed.step_count == loop.step_count
+    resumed.run(steps=loop.step_count + 1)
+    assert resumed.step_count == loop.step_count + 1
+
+
 class _Flaky(Problem):
     """Branin whose evaluations, counted across workers through files in ``root``, kill their
     worker process on call ``kill_at`` and raise on the calls in ``raise_at``."""

@@ -545,8 +545,9 @@ def test_workers_end_with_the_driver(tmp_path, sig):
             time.sleep(0.1)
         assert not any(_alive(p) for p in workers)
         if sig == signal.SIGTERM:
-            err = driver.stderr.read()
-            assert err.strip().startswith("bo-online: error: terminated") and "resume" in err
+            lines = driver.stderr.read().strip().splitlines()
+            assert lines[0].startswith("bo-online: SIGTERM received: stopping after the step")
+            assert lines[-1].startswith("bo-online: error: terminated") and "resume" in lines[-1]
             assert not (out / history.LOCK_FILE).exists()
     finally:
         if driver.poll() is None:
