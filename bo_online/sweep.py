@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import os
 import tomllib
@@ -101,8 +102,8 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     steps = spec.get("steps")
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"{path}: 'steps' must be an integer >= 0, got {steps!r}.")
-    if not all(isinstance(s, int) for s in spec["seeds"]):
-        raise ValueError(f"{path}: 'seeds' must be integers.")
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec["seeds"]):
+        raise ValueError(f"{path}: 'seeds' must be integers >= 0, got {spec['seeds']!r}.")
     if not isinstance(spec.get("options", {}), dict):
         raise ValueError(f"{path}: [options] must be a table of BayesOptLoop options.")
     return spec
@@ -135,10 +136,53 @@ def campaigns(spec: dict[str, Any]) -> list[Campaign]:
         if a not in ACQUISITIONS or a == "qnipv":
             raise ValueError(f"Unknown acquisition {a!r} in the sweep spec.")
     options = dict(spec.get("options", {}))
-    return [
+    reserved = sorted(set(options) & _SET_PER_CAMPAIGN)
+    if reserved:
+        raise ValueError(
+            f"[options] sets {reserved}, which the sweep sets per campaign (from problems, "
+            "models, acqs, seeds, steps and the output folder); list them there instead."
+        )
+    runs = [
         Campaign(p, m, a, int(s), int(spec["steps"]), options)
         for p, m, a, s in itertools.product(problems, spec["models"], spec["acqs"], spec["seeds"])
     ]
+    names = [c.name for c in runs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # they would share one run directory
+        raise ValueError(
+            f"The spec lists the same campaign more than once ({', '.join(twice[:3])}): "
+            "remove repeated seeds, models, acquisitions or problems."
+        )
+    for c in {(json.dumps(c.problem, sort_keys=True), c.model, c.acq): c for c in runs}.values():
+        _check_options(c)
+    return runs
+
+
+#: BayesOptLoop arguments a campaign sets itself
+_SET_PER_CAMPAIGN = {"problem", "model", "acq", "seed", "out_dir", "overwrite", "quiet", "steps"}
+
+
+def _check_options(campaign: Campaign) -> None:
+    r"""Build (not run) the campaign's loop, so bad ``[options]`` fail before a cluster starts
+    (the loop validates and serialises its options at construction; nothing is evaluated)."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    p = campaign.problem
+    problem = synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])
+    try:
+        BayesOptLoop(
+            problem,
+            model=campaign.model,
+            acq=campaign.acq,
+            seed=campaign.seed,
+            quiet=True,
+            **campaign.options,
+        )
+    except TypeError as e:  # an unknown keyword
+        raise ValueError(f"[options] of the sweep spec: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"[options] of the sweep spec ({campaign.name}): {e}") from e
 
 
 def _done_steps(run_dir: Path) -> int | None:
@@ -320,15 +364,21 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
     for problem in dict.fromkeys(s["problem"] for s in summaries):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         rows = [s for s in summaries if s["problem"] == problem]
+        # Regret where the problem has a known optimum, else the best value found.
+        by_regret = any(s.get("regret") is not None for s in rows)
+        key = "regret" if by_regret else "best_true_value"
         for method in dict.fromkeys((s["model"], s["acq"]) for s in rows):
             by_n, by_t = [], []
             for s in rows:
                 if (s["model"], s["acq"]) != method:
                     continue
-                recs = [r for r in read_records(out / s["campaign"]) if r.get("regret") is not None]
+                recs = [r for r in read_records(out / s["campaign"]) if r.get(key) is not None]
+                if not recs:
+                    continue
                 n = np.array([r["n"] for r in recs], float)
                 t = np.array([r["wall_time"] for r in recs], float)
-                y = np.minimum.accumulate(np.array([r["regret"] for r in recs], float))
+                y = np.array([r[key] for r in recs], float)
+                y = np.minimum.accumulate(y) if by_regret else y  # best_true_value is the best
                 by_n.append((n, y))
                 by_t.append((t, y))
             if not by_n:
@@ -342,17 +392,13 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
                     )
                     mean, band = _band(curves, grid)
                     (line,) = ax.plot(grid, mean, label=label)
-                    ax.fill_between(
-                        grid,
-                        np.maximum(mean - band, 1e-12),
-                        mean + band,
-                        color=line.get_color(),
-                        alpha=0.2,
-                    )
+                    low = np.maximum(mean - band, 1e-12) if by_regret else mean - band
+                    ax.fill_between(grid, low, mean + band, color=line.get_color(), alpha=0.2)
         for ax, xlabel in zip(axes, ("evaluations", "wall time (s)")):
-            ax.set_yscale("log")
+            if by_regret:
+                ax.set_yscale("log")
             ax.set_xlabel(xlabel)
-            ax.set_ylabel("simple regret (mean, 2 SE)")
+            ax.set_ylabel(f"{'simple regret' if by_regret else 'best value'} (mean, 2 SE)")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         fig.suptitle(problem)

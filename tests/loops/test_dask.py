@@ -384,6 +384,54 @@ def test_sweep_spec_errors(tmp_path):
         "hartmann3d-exact-qucb-s0",
         "hartmann3d-exact-qucb-s1",
     ]
+    base = "steps = 3\nmodels = ['exact']\nacqs = ['qucb']\n"
+    for body, message in [
+        # two campaigns in one run directory: they raced and failed as "in use by process N"
+        ("problems = ['branin']\nseeds = [0, 0]\n", "the same campaign more than once"),
+        ("problems = ['branin', {name = 'branin', noise = 0.0}]\nseeds = [0]\n", "more than"),
+        ("problems = ['branin']\nseeds = [-1]\n", "integers >= 0"),
+        # bad [options] failed inside a worker, or as a raw TypeError
+        ("problems = ['branin']\nseeds = [0]\n[options]\nbogus = 3\n", "bogus"),
+        ("problems = ['branin']\nseeds = [0]\n[options]\nseed = 4\n", r"sets \['seed'\]"),
+        (
+            "problems = ['branin']\nseeds = [0]\n[options]\n"
+            "optimizer_options = {num_restarts = 4, raw_samples = 2}\n",
+            "raw_samples",
+        ),
+    ]:
+        bad.write_text(base + body)
+        with pytest.raises(ValueError, match=message):
+            campaigns(load_spec(bad))
+
+
+def test_sweep_plot_of_a_problem_without_a_known_optimum_shows_the_best_value(tmp_path):
+    """hartmann at 4 inputs has no known optimum, so no record has a regret: the plot crashed
+    with an IndexError after every campaign had run (and on every rerun)."""
+    from bo_online.sweep import plot_sweep
+
+    out = tmp_path / "sweep"
+    summaries = []
+    for seed in (0, 1):
+        problem = synthetic_problem("hartmann", dim=4)
+        assert problem.optimal_value is None
+        name = f"hartmann4d-exact-qucb-s{seed}"
+        loop = BayesOptLoop(
+            problem, model="exact", acq="qucb", seed=seed, out_dir=out / name, quiet=True, **FAST
+        )
+        records = loop.run(steps=2)
+        assert all(r.get("regret") is None for r in records)
+        summaries.append(
+            {
+                "campaign": name,
+                "problem": "hartmann4d",
+                "model": "exact",
+                "acq": "qucb",
+                "seed": seed,
+                "regret": None,
+            }
+        )
+    (written,) = plot_sweep(summaries, out)
+    assert written.is_file() and written.stat().st_size > 0
 
 
 def _square_or_raise(x: int) -> int:
