@@ -461,10 +461,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
         self.ensure_caches()
-        Ys = self._to_internal(self._standardize(Y.to(X)))
-        if noise is not None:
-            noise = self._to_internal(floor_noise(noise.to(X)).expand(Y.shape))
-        return self._condition(X, Ys, noise)
+        # The child's caches keep a graph to X / Y where those need gradients (qKG differentiates
+        # fantasies in X), but none to the hyperparameters: such a graph made a second backward
+        # through the child fail, deepcopy refuse it, and a chain of conditionings (an Ax
+        # experiment's trials) grow it until the next fit.
+        wanted = any(t is not None and t.requires_grad for t in (X, Y, noise))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and wanted):
+            Ys = self._to_internal(self._standardize(Y.to(X)))
+            if noise is not None:
+                noise = self._to_internal(floor_noise(noise.to(X)).expand(Y.shape))
+            return self._condition(X, Ys, noise)
 
     def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
         r"""Fold ``q`` new observations into this model in place and return it.

@@ -751,6 +751,27 @@ def test_gradient_does_not_depend_on_a_no_grad_evaluation_of_the_same_points(s):
 
 
 @surrogates
+def test_a_model_conditioned_on_plain_data_keeps_no_graph(s):
+    """Conditioned on data that need no gradient (an Ax trial, a user's new points), the child
+    holds no autograd graph to the hyperparameters: it can be differentiated in its inputs
+    twice and deep-copied, as a ``SingleTaskGP`` can."""
+    import copy
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    child = model.condition_on_observations(*s.data(Q, D, seed=1)[:2])
+    assert _tensors_with_graph(child) == []
+    for _ in range(2):
+        x = _test_points(3, seed=4, batch=(2,)).requires_grad_(True)
+        child.posterior(x).mean.sum().backward()
+        assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    twin = copy.deepcopy(child)
+    m0, _ = latent(child, _test_points())
+    m1, _ = latent(twin, _test_points())
+    assert torch.equal(m0, m1)
+
+
+@surrogates
 def test_float32_matches_float64(s):
     """A float32 model (float32 data) gives the float64 posterior within float32 accuracy, also
     after conditioning and updates; float64 inputs to it are cast, not rejected."""
