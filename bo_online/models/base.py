@@ -128,7 +128,18 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         converts tensors that are not parameters, gradients or buffers."""
         if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
             return self
-        return super()._apply(fn, recurse)
+        self._before_apply()
+        super()._apply(fn, recurse)
+        self._after_apply()
+        return self
+
+    def _before_apply(self) -> None:
+        r"""Hook: fold caches held outside buffers into buffers before a conversion (``.to``,
+        ``.double()``, ...) actually moves them."""
+
+    def _after_apply(self) -> None:
+        r"""Hook: drop caches held outside buffers after a conversion (they would keep the old
+        dtype or device; they are rebuilt from the converted buffers on demand)."""
 
     def _tensors_apply_converts(self) -> Iterator[Tensor]:
         """Every parameter, its gradient if any, and every buffer: what ``Module._apply``

@@ -443,6 +443,12 @@ class QSGP(
 
     # ------------------------------------------------------------------ state
 
+    def _before_apply(self) -> None:
+        # A conditioned model's low-rank term is not a buffer, so .to() would skip it. (The
+        # constructor converts before the attribute exists.)
+        if getattr(self, "_cond_factor", None) is not None:
+            self._materialize_cond_factor()
+
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The state with a conditioned model's factor whole (``cond_L``; see
         :meth:`_materialize_cond_factor`), so a load restores its covariance."""

@@ -472,6 +472,11 @@ class WISKI(
             state_dict[key] = torch.zeros(())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _after_apply(self) -> None:
+        # The lazy caches in ``_shared`` (S, M, K) are plain tensors in a dict: after ``.to``
+        # they kept the old dtype (a float32 model made float64 again failed in an einsum).
+        self._shared = {}
+
     def _after_load(self) -> None:
         self._shared = {}
         self._stats_shared = False

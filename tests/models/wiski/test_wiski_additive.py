@@ -189,3 +189,21 @@ def test_hartmann6_default_structure_is_accurate_and_calibrated():
     assert rmse < float(Y[:200].std()), rmse
     assert coverage >= 0.8, coverage
     assert math.isfinite(float(model.marginal_log_likelihood()))
+
+
+def test_a_float32_model_converted_back_to_float64_predicts_as_before():
+    """The lazy caches of the all-pairs structure (held outside buffers) kept float32 after
+    ``.double()``: the posterior failed in an einsum ("expected scalar type Double")."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(60, 5, generator=g, dtype=torch.float64)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    Xt = torch.rand(7, 5, generator=g, dtype=torch.float64)
+    model = WISKI(X, Y, **WISKI.loop_default_options(5))
+    before = model.posterior(Xt)
+    single = model.float()
+    single.posterior(Xt.float()).variance  # fills the lazy caches in float32
+    back = single.double()
+    after = back.posterior(Xt)
+    assert after.mean.dtype == torch.float64
+    torch.testing.assert_close(after.mean, before.mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(after.variance, before.variance, rtol=0, atol=1e-4)
