@@ -267,3 +267,23 @@ def test_complex_data_from_the_user_is_refused_not_cut_to_its_real_part(tmp_path
     with pytest.raises(ValueError, match="pool: y_pool holds complex values"):
         PoolProblem("pool", s.X_stream, s.y_stream.numpy() + 0j, s.X_test, s.y_test, s.bounds)
     assert not [w for w in recwarn if "imaginary" in str(w.message)]
+
+
+def test_a_wiski_classification_stream_above_three_inputs_gets_wiski_loop_defaults():
+    """The regression WISKI's structure for 4-6 inputs (all pairs) was not given to the class
+    models of a classification stream: it failed with the message naming that default."""
+    from bo_online.models import WISKI
+
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(70, 4, generator=g, dtype=torch.float64)
+    labels = (X[:, 0] + X[:, 1] * X[:, 2] > 0.8).double()
+    bounds = torch.tensor([[0.0] * 4, [1.0] * 4], dtype=torch.float64)
+    problem = StreamProblem(
+        "cls4", X[:60], labels[:60], X[60:], labels[60:], bounds, task="classification"
+    )
+    loop = StreamingLoop(problem, model="wiski", n_init=20, eval_every=5, quiet=True)
+    records = loop.run(10)
+    assert records[-1]["step"] == 10
+    regression = WISKI(X, labels.unsqueeze(-1), **WISKI.loop_default_options(4))
+    for class_model in loop.model.models:
+        assert class_model.num_grid_points == regression.num_grid_points  # all 6 pairs

@@ -14,7 +14,7 @@ shared by none of the classes here: give each class model its own via ``projecti
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from botorch.models.model import ModelList
@@ -92,6 +92,15 @@ class WISKIDirichletClassifier(nn.Module):
                 opts["covar_module"] = covar_factory()
             models.append(WISKI(train_X, targets[:, c : c + 1], noise[:, c : c + 1], **opts))
         self.models = nn.ModuleList(models)
+
+    @classmethod
+    def loop_default_options(
+        cls, dim: int, user_options: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        r"""The class models' structure above 3 inputs, as the loops give :class:`WISKI`
+        (:meth:`WISKI.loop_default_options`): a classification stream of 4 inputs failed with
+        the message that names that default."""
+        return WISKI.loop_default_options(dim, user_options)
 
     def as_model_list(self) -> ModelList:
         """The class models as a BoTorch ``ModelList`` (for acquisition functions)."""
