@@ -1274,6 +1274,13 @@ def resume(
     plots: PlotsOpt = True,
     threads: ThreadsOpt = None,
     dask: DaskOpt = None,
+    max_failures: Annotated[
+        Optional[int],
+        typer.Option(
+            help="With --dask: a new limit on failed evaluations, counted over the whole run "
+            "(a run stopped by the limit stops again at its next failure unless raised)."
+        ),
+    ] = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -1281,6 +1288,9 @@ def resume(
     _setup(threads)
     if steps is not None:
         _nonneg("--steps", steps)
+    if max_failures is not None:
+        _nonneg("--max-failures", max_failures)
+        _check(dask is not None, "--max-failures applies to asynchronous runs: add --dask.")
     _check(run_dir.is_dir(), f"No run directory {str(run_dir)!r}.")
     from bo_online.loops import history
     from bo_online.objectives import check_resume
@@ -1302,6 +1312,8 @@ def resume(
                 run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, client=client
             )
             _check_resume_steps(loop, steps)
+            if max_failures is not None:
+                loop.config["max_failures"] = int(max_failures)
             _run_async(loop, steps)
         _finish(loop, plots, quiet)
         return

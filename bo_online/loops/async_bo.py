@@ -362,6 +362,8 @@ class AsyncBayesOptLoop(BayesOptLoop):
     def _run_steps(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
         from distributed import as_completed
 
+        if self.step_count >= self.target_steps:
+            return  # nothing to do: the points still in flight stay in the checkpoint
         completed = as_completed()
         for pid in sorted(self.in_flight):  # points in flight when the run was interrupted
             completed.add(self._submit(pid))

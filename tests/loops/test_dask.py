@@ -210,6 +210,9 @@ def test_async_run_releases_its_directory_counts_elapsed_and_checkpoints_on_a_si
     assert ckpt["step_count"] == loop.step_count >= 3  # not the last periodic checkpoint's
     resumed = load_loop(out, client=client)
     assert resumed.step_count == loop.step_count
+    records, in_flight = history.read_records(out), dict(resumed.in_flight)
+    resumed.run(steps=resumed.step_count)  # already there: nothing is submitted or recorded
+    assert history.read_records(out) == records and resumed.in_flight.keys() == in_flight.keys()
     resumed.run(steps=loop.step_count + 1)
     assert resumed.step_count == loop.step_count + 1
 
@@ -455,3 +458,17 @@ def test_map_on_cluster_keeps_job_order_and_stops_on_the_first_error(client):
     assert sorted(seen) == [(0, 0), (1, 1), (2, 4), (4, 16)]
     with pytest.raises(RuntimeError, match="job 3 failed"):
         map_on_cluster(client, _square_or_raise, [(1,), (3,), (2,)])
+
+
+def test_resume_max_failures_needs_an_asynchronous_run(tmp_path, capsys):
+    from bo_online.cli import main
+
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), model="exact", out_dir=out, quiet=True, **FAST).run(
+        steps=1
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["resume", str(out), "--max-failures", "3", "--quiet"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-failures applies to asynchronous runs: add --dask" in err and err.count("\n") == 1
