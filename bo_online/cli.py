@@ -587,6 +587,8 @@ def _dask_client(address: str) -> Any:
 #: the run directory and resume command of the loop now running, named in the
 #: interrupted/terminated message
 _ACTIVE_RUN: list[tuple[Path, str]] = []
+#: set while a sweep runs: its campaigns continue when the same sweep command runs again
+_ACTIVE_SWEEP: list[bool] = []
 
 
 def _resume_command(loop: Any) -> str:
@@ -608,6 +610,11 @@ def _run(loop: Any, steps: int | None) -> None:
 def _resume_hint() -> str:
     from bo_online.loops import history
 
+    if _ACTIVE_SWEEP:
+        return (
+            "run the same `bo-online sweep` command again (finished campaigns are skipped, "
+            "interrupted ones resumed)"
+        )
     if not _ACTIVE_RUN:
         return "continue a run that has an --out directory with `bo-online resume DIR`"
     out, command = _ACTIVE_RUN[0]
@@ -1353,6 +1360,7 @@ def sweep(
     from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
 
     campaigns(load_spec(spec))  # bad specs fail before a cluster starts
+    _ACTIVE_SWEEP[:] = [True]  # the message on Ctrl-C / SIGTERM
     with _dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
         summaries = run_sweep(spec, out, client)
     written = plot_sweep(summaries, out) if plots else []
@@ -1403,6 +1411,10 @@ def plot(
 
     for d in run_dirs:
         _check(d.is_dir(), f"No run directory {str(d)!r}.")
+    _check(
+        out is None or not out.exists() or out.is_dir(),
+        f"--out {str(out)!r} is a file; --out names the directory the PNGs are written into.",
+    )
     written = plot_runs(run_dirs, out or run_dirs[0] / "plots")
     for path in written:
         typer.echo(f"plot: {path}")

@@ -251,6 +251,12 @@ def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     code, stdout, _ = _run(["plot", str(out), str(other), "--out", str(tmp_path / "cmp")], capsys)
     assert code == 0 and (tmp_path / "cmp" / "progress.png").is_file()
     assert stdout.count("plot: ") == 2
+    # --out naming an existing file: said so (it printed "File exists ... free space")
+    png = tmp_path / "cmp" / "progress.png"
+    before = png.read_bytes()
+    code, _, err = _run(["plot", str(out), "--out", str(png)], capsys)
+    assert code == 2 and "is a file; --out names the directory" in err
+    assert png.read_bytes() == before
 
 
 @pytest.mark.skipif(not _has_data(), reason="real data not available")

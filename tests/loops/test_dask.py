@@ -472,3 +472,23 @@ def test_resume_max_failures_needs_an_asynchronous_run(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--max-failures applies to asynchronous runs: add --dask" in err and err.count("\n") == 1
+
+
+def test_an_interrupted_sweep_says_to_run_the_sweep_again(tmp_path, capsys, monkeypatch):
+    """It advised `bo-online resume DIR`, which is for single runs."""
+    import contextlib
+
+    import bo_online.cli as cli
+    import bo_online.sweep as sweep
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(None))
+    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    monkeypatch.setattr(cli, "_ACTIVE_SWEEP", [])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(tmp_path / "o")])
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert "interrupted; run the same `bo-online sweep` command again" in err
