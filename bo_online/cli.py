@@ -602,6 +602,7 @@ def _resume_command(loop: Any) -> str:
 
 def _run(loop: Any, steps: int | None) -> None:
     """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM."""
+    _ACTIVE_SWEEP.clear()
     if getattr(loop, "out_dir", None) is not None:
         _ACTIVE_RUN[:] = [(Path(loop.out_dir), _resume_command(loop))]
     loop.run(steps)

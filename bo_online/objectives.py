@@ -156,10 +156,18 @@ class _Vectorised:
         except Exception as error:  # a per-point function given a batch, or a real failure
             try:
                 return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
-            except Exception:
-                # Neither kind of call worked: report the objective's own failure, not what a
-                # batch function does with a single point.
-                raise error from None
+            except Exception as per_point_error:
+                if self.per_point:  # some points worked one at a time: its own error
+                    raise
+                if (type(per_point_error), str(per_point_error)) == (type(error), str(error)):
+                    raise error from None  # the same failure either way (with its frame)
+                # Neither kind of call worked on any point, so which is the objective's own
+                # failure is unknown: report both.
+                raise ObjectiveError(
+                    f"raised {type(error).__name__}: {error} when called on the "
+                    f"{n} x {d} batch, and {type(per_point_error).__name__}: "
+                    f"{per_point_error} when called one point at a time"
+                ) from error
         if values is None:  # no kind of objective returns None: report, do not go per-point
             raise ObjectiveError(NONE_RESULT)
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
@@ -169,21 +177,30 @@ class _Vectorised:
         return values
 
     def _decide_per_point(self, X: Tensor, why: str) -> Tensor:
-        r"""The values of ``X`` point by point; from then on the objective is called so, with a
-        warning, if that works (else it stays undecided and the error propagates)."""
+        r"""The values of ``X`` point by point. Once one point works so, the objective is called
+        one point at a time from then on, with a warning; if none does, it stays undecided and
+        the error propagates."""
         self._why_per_point = f"{why} on a {X.shape[0]} x {X.shape[-1]} batch"
         self.per_point = True
+        values: list[Tensor] = []
         try:
-            values = self(X)
+            for x in X:
+                values.append(self._one(x))
         except BaseException:
-            self.per_point, self._why_per_point = None, ""
+            if not values:
+                self.per_point, self._why_per_point = None, ""
+                raise
+            self._warn_per_point()
             raise
+        self._warn_per_point()
+        return torch.stack(values)
+
+    def _warn_per_point(self) -> None:
         warnings.warn(
             f"The objective {self._why_per_point}; calling it one point at a time from now on.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        return values
 
     def _one_of_either_kind(self, x: Tensor) -> Tensor:
         r"""The value at one point ``x`` (``d``) while the kind is undecided: ``fn(x)`` if that

@@ -165,20 +165,27 @@ _SET_PER_CAMPAIGN = {"problem", "model", "acq", "seed", "out_dir", "overwrite", 
 def _check_options(campaign: Campaign) -> None:
     r"""Build (not run) the campaign's loop, so bad ``[options]`` fail before a cluster starts
     (the loop validates and serialises its options at construction; nothing is evaluated)."""
+    import torch
+
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
     p = campaign.problem
     problem = synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])
+    # On the CPU: the workers may have a device this machine lacks ("cuda" is checked there).
+    options = {**campaign.options, "device": "cpu"}
     try:
-        BayesOptLoop(
+        loop = BayesOptLoop(
             problem,
             model=campaign.model,
             acq=campaign.acq,
             seed=campaign.seed,
             quiet=True,
-            **campaign.options,
+            **options,
         )
+        # Model options reach the model only when it is built: build one on a few points.
+        X = torch.rand(4, problem.dim, generator=torch.Generator().manual_seed(0))
+        loop._build_model(X.to(torch.float64), X.sum(-1, keepdim=True).to(torch.float64))
     except TypeError as e:  # an unknown keyword
         raise ValueError(f"[options] of the sweep spec: {e}") from e
     except ValueError as e:

@@ -407,3 +407,37 @@ def test_a_failing_batch_objective_reports_its_own_error_once_undecided():
             problem.evaluate_true(torch.tensor([[0.9, 0.1]], dtype=torch.float64))
     assert calls == [(1, 2), (2,)] and wrapped.per_point is None
     assert float(problem.evaluate_true(torch.tensor([[0.25, 0.5]], dtype=torch.float64))) == 0.75
+
+
+def test_an_undecided_per_point_objective_that_fails_reports_its_own_error_too():
+    """Review finding: with the batch error alone, a per-point objective that fails on a single
+    point was reported as the batch call's unpacking error; both are named now, and once one
+    point worked per point, the per-point error alone (a missing return)."""
+
+    def crashes(x):
+        a, b = x
+        raise RuntimeError("simulator crashed")
+
+    problem = CallableProblem(_Vectorised(crashes), [[0, 0], [1, 1]], name="sim")
+    with pytest.raises(ObjectiveError, match="simulator crashed") as info:
+        problem.evaluate_true(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+    assert "ValueError" in str(info.value)  # the batch call's error, named as such
+
+    def forgets_a_return(x):
+        a, b = x
+        if float(a) < 0.5:
+            return float(a + b)
+
+    problem = CallableProblem(_Vectorised(forgets_a_return), [[0, 0], [1, 1]], name="f")
+    X = torch.tensor([[0.1, 0.2], [0.9, 0.2], [0.3, 0.3]], dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="one point at a time"):
+        with pytest.raises(ObjectiveError, match="returned None instead of one value"):
+            problem.evaluate_true(X)
+
+
+def test_values_as_a_list_of_tensors_with_autograd_are_accepted():
+    """The complex-value check must not call numpy() on tensors that carry a graph."""
+    w = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    problem = CallableProblem(lambda X: [(x * w).sum() ** 2 for x in X], [[0, 0], [1, 1]])
+    values = problem.evaluate_true(torch.tensor([[0.5, 0.25], [1.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(values, torch.tensor([2.25, 4.0], dtype=torch.float64))

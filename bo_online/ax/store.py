@@ -206,9 +206,10 @@ def _extended_model(
     if getattr(previous, "conditioned_rows_held", True):
         return model.condition_on_observations(X_new, Y_new, noise=noise)
     # The model keeps conditioned rows apart from the data it holds (WISKI's Woodbury caches,
-    # t-SVGP's fantasy sites, QSGP's q(w): none of them reach ``fit``), so later refits would
-    # ignore them: fold them in with the in-place ``update`` on a copy instead (Ax units in, as
-    # ``update`` takes them). The copy costs about what the update does (the model's state).
+    # t-SVGP's fantasy sites: neither reaches ``fit``), so later refits would ignore them, or
+    # a chain of conditionings grows a low-rank term every trial (QSGP's): fold them in with
+    # the in-place ``update`` on a copy instead (Ax units in, as ``update`` takes them). The
+    # copy costs about what the update does (the model's state).
     model = copy.deepcopy(model)
     model.update(X_new, Y_new, Yvar_new)
     return model

@@ -306,9 +306,10 @@ def _bounds_covering_the_box(input_transform: Any, dtype: torch.dtype) -> Any:
 
     Rounded to float32, a bound such as 0.9 moves inside the box (0.89999998), so a trial on
     it maps 6e-8 outside the unit cube, and a model that checks its domain (WISKI's grid)
-    refuses it at every later trial. Widened by the bounds' own rounding error, every point of
-    the box maps inside ``[0, 1]`` (the map moves by about 1e-7 of the range, far below any
-    lengthscale). Deterministic, so the stored model's fingerprint stays the same each trial.
+    refuses it at every later trial. Widened by one rounding step of each bound (and of the
+    range), every point of the box maps inside ``[0, 1]``; the map moves by that step relative
+    to the range (1e-7 for a box of unit size, 0.15% for [1.7e9, 1.7e9 + 86400]).
+    Deterministic, so the stored model's fingerprint stays the same each trial.
     """
     from botorch.models.transforms.input import Normalize
 
@@ -320,14 +321,21 @@ def _bounds_covering_the_box(input_transform: Any, dtype: torch.dtype) -> Any:
         or torch.finfo(input_transform._offset.dtype).eps <= torch.finfo(dtype).eps
     ):
         return input_transform
-    coarse = torch.finfo(input_transform._offset.dtype).eps
-    lower = input_transform._offset.to(dtype)
-    upper = lower + input_transform._coefficient.to(dtype)
-    margin = 4 * coarse * (lower.abs() + upper.abs())  # rounding of both bounds and their range
+    offset, coefficient = input_transform._offset, input_transform._coefficient
+    lower = offset.to(dtype)
+    upper = lower + coefficient.to(dtype)
+    # Each bound may sit up to one spacing of its coarse dtype inside the true one, and the
+    # upper bound is offset + range, whose range was rounded too.
     widened = copy.deepcopy(input_transform).to(dtype)
-    widened._offset = lower - margin
-    widened._coefficient = (upper + margin) - (lower - margin)
+    widened._offset = lower - _spacing(offset).to(dtype)
+    top = upper + _spacing(offset + coefficient).to(dtype) + _spacing(coefficient).to(dtype)
+    widened._coefficient = top - widened._offset
     return widened
+
+
+def _spacing(x: Tensor) -> Tensor:
+    r"""The gap from ``|x|`` to the next larger number of ``x``'s dtype (its rounding step)."""
+    return torch.nextafter(x.abs(), torch.full_like(x, math.inf)) - x.abs()
 
 
 def _checked_refit_every(refit_every: Any) -> int | str | None:

@@ -150,6 +150,8 @@ class AsyncBayesOptLoop(BayesOptLoop):
     #: (``distributed.scheduler.allowed-failures``); the point is then submitted once more (a
     #: worker lost to something else) and after that counted as a failed evaluation.
     WORKER_DEATH_ATTEMPTS: ClassVar[int] = 2
+    #: how often the driver looks for finished evaluations (and for a stop signal)
+    POLL_SECONDS: ClassVar[float] = 0.02
 
     def __init__(
         self,
@@ -292,9 +294,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
                     entry["attempts"] = attempts + 1
                     return None
                 error = (
-                    f"{error} (the workers evaluating this point died {attempts} times over: "
-                    "the objective may crash its process, e.g. a segfault, os._exit or running "
-                    "out of memory)"
+                    f"{error} (Dask gave up on this point {attempts} times, each after its "
+                    "workers died repeatedly: the objective may crash its process, e.g. a "
+                    "segfault, os._exit or running out of memory)"
                 )
             del self.in_flight[pid]
             self.failures += 1
@@ -372,8 +374,13 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 if self.step_count < self.target_steps:
                     self._fill(completed)
                 # Fold in every result that has arrived (in arrival order), then fill the free
-                # slots with one joint proposal.
-                for batch in completed.batches():
+                # slots with one joint proposal. Polled, not blocking: a stop signal acts while
+                # evaluations run (the points in flight go into the checkpoint run() writes).
+                while not completed.is_empty() and self._stop_signal is None:
+                    batch = completed.next_batch(block=False)
+                    if not batch:
+                        time.sleep(self.POLL_SECONDS)
+                        continue
                     for future in batch:
                         self._fold(future, completed, advance, callback)
                     if self.step_count >= self.target_steps:
@@ -381,7 +388,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                             self.save_checkpoint()
                         break
                     if self._stop_signal is not None:
-                        break  # run() writes the checkpoint, with the points in flight
+                        break
                     self._fill(completed)
                     if self.out_dir is not None and self._checkpoint_due():
                         self.save_checkpoint()  # with the new in-flight set

@@ -611,9 +611,10 @@ class OnlineLoop:
             # Say so: the step in progress (an objective, a fit) can take long, and a first
             # Ctrl-C that seems ignored invites a second one, which stops without a checkpoint.
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            saving = " and saving a checkpoint" if self.out_dir is not None else ""
             sys.stderr.write(
-                f"bo-online: {name} received: stopping after the step in progress and saving "
-                "a checkpoint (send it again to stop at once).\n"
+                f"bo-online: {name} received: stopping after the step in progress{saving} "
+                "(send it again to stop at once).\n"
             )
             sys.stderr.flush()
 

@@ -472,10 +472,11 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
         self.ensure_caches()
-        # The child's caches keep a graph to X / Y where those need gradients (qKG differentiates
-        # fantasies in X), but none to the hyperparameters: such a graph made a second backward
-        # through the child fail, deepcopy refuse it, and a chain of conditionings (an Ax
-        # experiment's trials) grow it until the next fit.
+        # Conditioned on data that need no gradient (new observations, an Ax trial), the child's
+        # caches hold no graph at all: one to the hyperparameters made a second backward through
+        # the child fail, deepcopy refuse it, and a chain of conditionings (an Ax experiment's
+        # trials) grow it until the next fit. Where X / Y need gradients (qKG differentiates
+        # fantasies in X) the graph is kept, hyperparameters included, as before.
         wanted = any(t is not None and t.requires_grad for t in (X, Y, noise))
         with torch.set_grad_enabled(torch.is_grad_enabled() and wanted):
             Ys = self._to_internal(self._standardize(Y.to(X)))

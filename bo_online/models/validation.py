@@ -34,7 +34,11 @@ def detached(*values):
 def is_complex(value: Any) -> bool:
     r"""Whether ``value`` (a tensor, an array, a number or a nested list) holds complex numbers,
     which ``torch.as_tensor(value, dtype=float64)`` cuts to their real part with only a warning."""
-    return value.is_complex() if isinstance(value, Tensor) else bool(np.iscomplexobj(value))
+    if isinstance(value, Tensor):
+        return value.is_complex()
+    if isinstance(value, (list, tuple)):  # may hold tensors (with autograd, on a GPU)
+        return any(is_complex(v) for v in value)
+    return bool(np.iscomplexobj(value))
 
 
 def real_float64(value: Any, what: str) -> Tensor:

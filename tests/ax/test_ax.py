@@ -666,3 +666,23 @@ def test_wiski_takes_trials_on_bounds_that_float32_cannot_hold():
             assert all(0.1 <= v <= 0.9 for v in p.values())
             client.complete_trial(index, raw_data={"y": sum(p.values())})
     assert boax.session_stats().rebuilds >= 1  # WISKI was built, and generated 2 trials
+
+
+@pytest.mark.parametrize(
+    "lower, upper", [(0.1, 0.9), (-5.0, 10.0), (1e6, 1e6 + 100), (1.7e9, 1.7e9 + 86400)]
+)
+def test_float32_bounds_are_widened_by_their_own_rounding_only(lower, upper):
+    """Every point of the float64 box maps into [0, 1], and the cube loses no more than a few
+    float32 rounding steps of the bounds (a first version widened by 8-16 steps: 1.9% of the
+    cube at [1e6, 1e6 + 100], 4% for a range of timestamps)."""
+    from botorch.models.transforms.input import Normalize
+
+    box = torch.tensor([[lower], [upper]], dtype=torch.float64)
+    as_ax_builds_it = Normalize(1, bounds=box.float())
+    widened = ax_surrogate._bounds_covering_the_box(as_ax_builds_it, torch.float64)
+    assert widened is not as_ax_builds_it and widened._offset.dtype == torch.float64
+    image = widened.transform(box)
+    assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
+    top = torch.tensor(max(abs(lower), abs(upper)), dtype=torch.float32)
+    step = float(torch.nextafter(top, torch.tensor(math.inf)) - top)  # float32 step there
+    assert 1.0 - float(image.max() - image.min()) <= 4 * step / (upper - lower)

@@ -217,6 +217,46 @@ def test_async_run_releases_its_directory_counts_elapsed_and_checkpoints_on_a_si
     assert resumed.step_count == loop.step_count + 1
 
 
+class _Sleepy(Problem):
+    """Branin whose evaluations, once armed, take 15 s."""
+
+    def __init__(self, root: Path) -> None:
+        inner = synthetic_problem("branin")
+        self.inner, self.root = inner, str(root)
+        self.bounds, self.noise_std, self.maximize = inner.bounds, 0.0, False
+        self.optimal_value, self.name, self.spec = inner.optimal_value, "sleepy", None
+
+    def evaluate_true(self, X):
+        if os.path.exists(os.path.join(self.root, "armed")):
+            time.sleep(15)
+        return self.inner.evaluate_true(X)
+
+
+def test_a_stop_signal_acts_while_evaluations_run(client, tmp_path):
+    """Review finding: the async loop waited for the next evaluation to finish before it looked
+    at the stop flag (past a batch scheduler's grace period); it now stops at once, with the
+    points in flight in the checkpoint."""
+    import threading
+
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(
+        _Sleepy(tmp_path), client, model="exact", acq="qucb", out_dir=out, **FAST
+    )
+    loop.run(steps=0)
+    (tmp_path / "armed").touch()
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(steps=5)
+    finally:
+        timer.cancel()
+    assert time.perf_counter() - start < 10  # not the 15 s of an evaluation
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert ckpt["state"]["in_flight"] and ckpt["step_count"] == 0
+
+
 class _Flaky(Problem):
     """Branin whose evaluations, counted across workers through files in ``root``, kill their
     worker process on call ``kill_at`` and raise on the calls in ``raise_at``."""
@@ -292,7 +332,7 @@ def test_an_objective_that_always_kills_its_worker_is_a_failure_not_an_endless_r
             )
             loop.initialize()
             (tmp_path / "armed").touch()
-            with pytest.raises(TooManyFailures, match="died 2 times over"):
+            with pytest.raises(TooManyFailures, match="Dask gave up on this point 2 times"):
                 loop.run(steps=3)
     assert loop.failures == 1 and loop.step_count == 0
 
@@ -405,6 +445,16 @@ def test_sweep_spec_errors(tmp_path):
         bad.write_text(base + body)
         with pytest.raises(ValueError, match=message):
             campaigns(load_spec(bad))
+    # model options reach the model only when it is built: checked on a model of a few points
+    bad.write_text(
+        base + "problems = ['branin']\nseeds = [0]\n[options.model_options]\nbogus = 1\n"
+    )
+    with pytest.raises(ValueError, match="bogus"):
+        campaigns(load_spec(bad))
+    # the workers' device is theirs: a machine without one still submits the sweep
+    good = base + "problems = ['branin']\nseeds = [0]\n[options]\ndevice = 'cuda'\n"
+    bad.write_text(good)
+    assert [c.options["device"] for c in campaigns(load_spec(bad))] == ["cuda"]
 
 
 def test_sweep_plot_of_a_problem_without_a_known_optimum_shows_the_best_value(tmp_path):
@@ -492,3 +542,12 @@ def test_an_interrupted_sweep_says_to_run_the_sweep_again(tmp_path, capsys, monk
     assert e.value.code == 130
     err = capsys.readouterr().err
     assert "interrupted; run the same `bo-online sweep` command again" in err
+
+    class _Run:  # a later single run in the same process gets the single-run advice again
+        out_dir = None
+
+        def run(self, steps):
+            pass
+
+    cli._run(_Run(), 1)
+    assert cli._ACTIVE_SWEEP == []

@@ -456,6 +456,7 @@ class QSGP(
         return super().state_dict(*args, **kwargs)
 
     def _after_load(self) -> None:
+        self._cond_factor = None  # the loaded cond_L is whole (state_dict folds the term in)
         self.num_dense = int(self.var_cols.shape[-1])
         if self.mean_constant is None:  # a state saved before the constant mean existed
             self.mean_constant = torch.zeros((), **self._dtype_device)
