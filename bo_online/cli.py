@@ -80,6 +80,17 @@ RefitOpt = Annotated[
         "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never."
     ),
 ]
+RefitFromOpt = Annotated[
+    str,
+    typer.Option(
+        help="Where a refit starts. auto: from the current hyperparameters, except that the "
+        "exact GP (and t-SVGP / the decoupled SVGP while every point is a basis) is rebuilt "
+        "from the defaults, small-n refits of t-SVGP, the decoupled SVGP and QSGP also try the "
+        "defaults, and WISKI's learned projection is re-derived from the data. current: every "
+        "refit continues from the current values (with --refit-every 1 --fit-max-iter 1: one "
+        "optimisation step per step, as in the WISKI paper's streams)."
+    ),
+]
 FitIterOpt = Annotated[
     int, typer.Option(help="Optimiser iterations per refit (L-BFGS by default).")
 ]
@@ -360,6 +371,7 @@ def _shared(
     refit_every: int,
     fit_max_iter: int,
     checkpoint_every: int | None,
+    refit_from: str = "auto",
     out: Path,
     overwrite: bool,
     quiet: bool,
@@ -372,6 +384,12 @@ def _shared(
     if refit_every != "auto":
         _nonneg("--refit-every", refit_every)
     _nonneg("--fit-max-iter", fit_max_iter)
+    from bo_online.loops.core import REFIT_FROM
+
+    _check(
+        refit_from in REFIT_FROM,
+        f"--refit-from must be one of {', '.join(REFIT_FROM)}, got {refit_from!r}.",
+    )
     if checkpoint_every is not None:
         _positive("--checkpoint-every", checkpoint_every)
     _check(
@@ -390,6 +408,7 @@ def _shared(
         "seed": seed,
         "refit_every": refit_every,
         "fit_max_iter": fit_max_iter,
+        "refit_from": refit_from,
         "checkpoint_every": checkpoint_every,
         "checkpoint_seconds": checkpoint_seconds,
         "out_dir": out,
@@ -735,6 +754,7 @@ def bo(
         ),
     ] = None,
     fit_max_iter: FitIterOpt = 50,
+    refit_from: RefitFromOpt = "auto",
     num_restarts: RestartsOpt = 10,
     raw_samples: RawOpt = 512,
     acqf_maxiter: AcqIterOpt = 200,
@@ -825,6 +845,7 @@ def bo(
         seed=seed,
         refit_every=refit,
         fit_max_iter=fit_max_iter,
+        refit_from=refit_from,
         checkpoint_every=checkpoint_every,
         out=out,
         overwrite=overwrite,
@@ -939,6 +960,7 @@ def active(
     seed: SeedOpt = 0,
     refit_every: RefitOpt = 10,
     fit_max_iter: FitIterOpt = 50,
+    refit_from: RefitFromOpt = "auto",
     num_restarts: RestartsOpt = 10,
     raw_samples: RawOpt = 512,
     acqf_maxiter: AcqIterOpt = 200,
@@ -1027,6 +1049,7 @@ def active(
         seed=seed,
         refit_every=refit_every,
         fit_max_iter=fit_max_iter,
+        refit_from=refit_from,
         checkpoint_every=checkpoint_every,
         out=out,
         overwrite=overwrite,
@@ -1129,6 +1152,7 @@ def stream(
         ),
     ] = None,
     fit_max_iter: FitIterOpt = 50,
+    refit_from: RefitFromOpt = "auto",
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     checkpoint_every: CkptOpt = None,
@@ -1243,6 +1267,7 @@ def stream(
         seed=seed,
         refit_every=refit,
         fit_max_iter=fit_max_iter,
+        refit_from=refit_from,
         checkpoint_every=checkpoint_every,
         out=out,
         overwrite=overwrite,

@@ -505,3 +505,29 @@ def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, ca
         code, err = _run(argv + ["--steps", "1", "--out", str(tmp_path / "run")], capsys)
         assert code == 2 and expected in err, err
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["exact", "tsvgp"])
+def test_stream_refit_from_current_resumes_as_it_ran(tmp_path, capsys, model):
+    """``--refit-from current`` (one warm optimisation step per point, the WISKI paper's
+    stream schedule) is stored with the run: a resumed run refits as the unbroken one did, and a
+    value outside {auto, current} is refused before anything runs."""
+    X, y = _data(n=70, d=4)
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    base = [
+        "stream", "--data", str(path), "--model", model, "--n-init", "10", "--eval-every", "10",
+        "--refit-every", "1", "--fit-max-iter", "1", "--refit-from", "current", "-Q",
+        "--no-plots",
+    ]  # fmt: skip
+    full, part = tmp_path / "full", tmp_path / "part"
+    main(base + ["--out", str(full)])
+    main(base + ["--out", str(part), "--steps", "20"])
+    assert json.loads((part / history.CONFIG_FILE).read_text())["refit_from"] == "current"
+    main(["resume", str(part), "--steps", str(len(read_records(full)) - 1), "-Q", "--no-plots"])
+    assert without_timing(read_records(part)) == without_timing(read_records(full))
+    assert all(r["refit"] for r in read_records(full))
+    bad = [("warm" if a == "current" else a) for a in base]
+    code, err = _run(bad + ["--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and "--refit-from must be one of auto, current" in err
+    assert not (tmp_path / "bad").exists()

@@ -44,6 +44,8 @@ from bo_online.problems import make_problem
 __all__ = ["OnlineLoop", "RunDirectoryError", "instantiate"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
+#: where a refit starts (see OnlineLoop's ``refit_from``)
+REFIT_FROM = ("auto", "current")
 
 
 class RunDirectoryError(ValueError):
@@ -71,6 +73,16 @@ class OnlineLoop:
             ``max(fit_max_iter, init_fit_max_iter)``).
         init_fit_max_iter: iteration cap of the fit on the initial design (default:
             ``4 * fit_max_iter``).
+        refit_from: where a refit starts. ``"auto"`` (default): from the current
+            hyperparameters, except that the exact GP (and t-SVGP and the decoupled SVGP while
+            they are the exact GP on their data) is rebuilt and fit from the defaults, as
+            BoTorch's loop refits, that t-SVGP, the decoupled SVGP and QSGP also try a fit from
+            the defaults while n <= ``AUTO_REFIT_SMALL_N`` (:meth:`_restart_due`), and that a
+            learned input projection is re-derived from the data (WISKI above 6 inputs).
+            ``"current"``: every refit continues from the current hyperparameters and
+            projection (fitted jointly with them), at most ``fit_max_iter`` iterations, on
+            every surrogate: with ``refit_every=1, fit_max_iter=1`` the one optimisation step
+            per point of the WISKI paper's streaming experiments.
         fit_options: other keyword options of ``model.fit``.
         out_dir: run directory for records and checkpoints (None: keep everything in memory).
         checkpoint_every: write the checkpoint every this many steps (1: every step); None
@@ -103,6 +115,7 @@ class OnlineLoop:
         fit_max_iter: int = 50,
         init_fit_max_iter: int | None = None,
         fit_options: dict[str, Any] | None = None,
+        refit_from: str = "auto",
         out_dir: str | Path | None = None,
         checkpoint_every: int | None = None,
         checkpoint_seconds: float = 30.0,
@@ -127,6 +140,8 @@ class OnlineLoop:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value}.")
         if not checkpoint_seconds >= 0:  # also rejects NaN
             raise ValueError(f"checkpoint_seconds must be >= 0, got {checkpoint_seconds}.")
+        if refit_from not in REFIT_FROM:
+            raise ValueError(f"refit_from must be one of {list(REFIT_FROM)}, got {refit_from!r}.")
         if init_fit_max_iter is not None and init_fit_max_iter < 0:
             raise ValueError(f"init_fit_max_iter must be >= 0, got {init_fit_max_iter}.")
         self.model_cls = get_model_class(model)  # raises for unknown / unavailable models
@@ -176,6 +191,7 @@ class OnlineLoop:
                 4 * int(fit_max_iter) if init_fit_max_iter is None else int(init_fit_max_iter)
             ),
             "fit_options": dict(fit_options or {}),
+            "refit_from": refit_from,
             "checkpoint_every": None if checkpoint_every is None else int(checkpoint_every),
             "checkpoint_seconds": float(checkpoint_seconds),
             "device": str(self.device),
@@ -328,6 +344,7 @@ class OnlineLoop:
         t0 = self._now()
         fit_projection = getattr(self.model, "fit_projection", None)
         data = self._training_data()
+        from_current = self.config.get("refit_from", "auto") == "current"
         if self._refits_projection() and data is not None:
             import inspect
 
@@ -335,14 +352,21 @@ class OnlineLoop:
             settings_class = getattr(self.model, "fit_projection_settings_class", None)
             if settings_class is not None:  # fit_projection(X, Y, Yvar, settings, **overrides)
                 accepted |= {f.name for f in dataclasses.fields(settings_class)}
-            options = {"method": "lbfgs", **self.config["fit_options"]}
+            # from the current map: the joint gradient fit (re-deriving the map from the data
+            # fits an exact GP on up to 400 points, seconds per refit whatever max_iter says)
+            options = {"method": "lbfgs", "joint": from_current, **self.config["fit_options"]}
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)
-        elif data is not None and self.step_count > 0 and self._rebuild_due():
+        elif data is not None and self.step_count > 0 and not from_current and self._rebuild_due():
             self._refit_from_defaults(data, max_iter)  # (the initial fit starts there anyway)
         else:
             self.model.fit(max_iter=max_iter, **self.config["fit_options"])
-            if data is not None and self.step_count > 0 and self._restart_due(data[0].shape[0]):
+            if (
+                data is not None
+                and self.step_count > 0
+                and not from_current
+                and self._restart_due(data[0].shape[0])
+            ):
                 self._restart_from_defaults(data)
         return self._now() - t0
 
@@ -839,5 +863,6 @@ def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
         "dtype",
     )
     kwargs = {k: cfg[k] for k in keys}
+    kwargs["refit_from"] = cfg.get("refit_from", "auto")  # older checkpoints: absent
     kwargs["checkpoint_seconds"] = cfg.get("checkpoint_seconds", 30.0)  # older checkpoints: absent
     return kwargs

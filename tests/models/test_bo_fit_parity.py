@@ -335,3 +335,117 @@ def test_qsgp_small_n_posterior_against_exact_gp():
     rnd_mean, rnd_sd = _qsgp_posterior_error("random")
     assert qmc_mean < 0.1 and qmc_sd < 0.02
     assert qmc_mean < 0.7 * rnd_mean and qmc_sd < rnd_sd
+
+
+def test_refit_from_current_continues_from_the_current_values(monkeypatch):
+    """``refit_from="current"``: every refit is a warm fit of at most ``fit_max_iter``
+    iterations from the current hyperparameters, on every surrogate -- no rebuild from the
+    defaults (the exact GP; t-SVGP while it is the exact GP on its data), no comparison with a
+    fit from the defaults (t-SVGP with fewer inducing inputs than points). Each refit equals
+    the same model fitted by hand for one iteration; under ``"auto"`` the same calls rebuild."""
+    import copy
+
+    from botorch.test_functions import Levy
+
+    levy = Levy(dim=3)
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(30, 3, generator=g, dtype=DT)
+    fx = levy(levy.bounds[0] + (levy.bounds[1] - levy.bounds[0]) * X)
+    Y = -(fx + torch.randn(30, generator=g, dtype=DT)).unsqueeze(-1)
+    cases = {
+        "exact": OnlineExactGP(X, Y),
+        "tsvgp": TSVGP(X, Y),  # every point an inducing input: the exact GP on its data
+        "tsvgp, m = 8": TSVGP(X, Y, inducing_points=8),
+    }
+    for case, model in cases.items():
+        model.covar_module.lengthscale = torch.tensor([0.05, 0.3, 5.0], dtype=DT)
+        by_hand = copy.deepcopy(model).fit(max_iter=1)
+        for refit_from, kept in (("current", True), ("auto", False)):
+            loop = BayesOptLoop(
+                synthetic_problem("hartmann3"),
+                model=case.split(",")[0],
+                model_options={"inducing_points": 8} if "m = 8" in case else None,
+                acq="logei",
+                seed=0,
+                refit_from=refit_from,
+            )
+            loop._training_data = lambda: (X, Y)
+            loop.model, loop.step_count = copy.deepcopy(model), 5
+            start = loop.model
+            loop._fit(1)
+            if kept:
+                assert loop.model is start, case
+                assert torch.allclose(
+                    loop.model.covar_module.lengthscale,
+                    by_hand.covar_module.lengthscale,
+                    rtol=1e-10,
+                ), case
+            elif case != "tsvgp, m = 8":  # (there "auto" keeps whichever fits better)
+                assert loop.model is not start, case
+        # the one iteration moved the hyperparameters (the test compares something)
+        assert not torch.allclose(
+            by_hand.covar_module.lengthscale, model.covar_module.lengthscale
+        ), case
+
+    # t-SVGP with fewer inducing inputs than points: "auto" tries a fit from the defaults at
+    # this n, "current" never does
+    calls = []
+    monkeypatch.setattr(BayesOptLoop, "_restart_from_defaults", lambda self, data: calls.append(1))
+    for refit_from, expected in (("current", []), ("auto", [1])):
+        calls.clear()
+        loop = BayesOptLoop(
+            synthetic_problem("hartmann3"),
+            model="tsvgp",
+            model_options={"inducing_points": 8},
+            acq="logei",
+            seed=0,
+            refit_from=refit_from,
+        )
+        loop._training_data = lambda: (X, Y)
+        loop.model, loop.step_count = copy.deepcopy(cases["tsvgp, m = 8"]), 5
+        loop._fit(1)
+        assert calls == expected, refit_from
+
+
+def test_refit_from_current_fits_wiskis_projection_from_the_current_map(monkeypatch):
+    """Above 6 inputs WISKI learns a projection. Under ``"auto"`` a refit re-derives it from the
+    data (an exact GP fitted on up to 400 points: seconds, whatever ``fit_max_iter``); under
+    ``"current"`` it continues the joint fit of map and kernel from the current map (the WISKI
+    paper's online step), equal to ``fit_projection(..., joint=True)`` by hand."""
+    import copy
+
+    from bo_online.models.wiski import WISKI
+    from bo_online.models.wiski.projection import TanhProjection
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 8, generator=g, dtype=DT)
+    Y = (torch.sin(4 * X[:, :2]).sum(-1) + X[:, 2:].sum(-1)).unsqueeze(-1)
+    loop = BayesOptLoop(
+        synthetic_problem("levy", dim=8), model="wiski", acq="logei", seed=0,
+        refit_every=1, fit_max_iter=1, refit_from="current",
+    )
+    loop._training_data = lambda: (X, Y)
+    loop.model = WISKI(X, Y, **WISKI.loop_default_options(8))
+    loop._fit(20)  # the initial fit: the map from the data, then joint
+    assert loop._refits_projection()
+    by_hand = copy.deepcopy(loop.model)
+    by_hand.fit_projection(X, Y, max_iter=1, method="lbfgs", joint=True)
+
+    def no_rederivation(*args, **kwargs):
+        raise AssertionError("the map was re-derived from the data")
+
+    monkeypatch.setattr(TanhProjection, "init_from_data", no_rederivation)
+    loop.step_count = 5
+    before = loop.model.projection.linear.weight.detach().clone()
+    loop._fit(1)
+    after = loop.model.projection.linear.weight.detach()
+    assert not torch.allclose(after, before)  # the step moved the map
+    assert torch.allclose(after, by_hand.projection.linear.weight, rtol=1e-10, atol=1e-12)
+    Xt = torch.rand(7, 8, generator=g, dtype=DT)
+    assert torch.allclose(
+        loop.model.posterior(Xt).mean, by_hand.posterior(Xt).mean, rtol=1e-9, atol=1e-12
+    )
+
+    loop.config["refit_from"] = "auto"
+    with pytest.raises(AssertionError, match="re-derived"):
+        loop._fit(1)
