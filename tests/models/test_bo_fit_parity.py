@@ -421,8 +421,13 @@ def test_refit_from_current_fits_wiskis_projection_from_the_current_map(monkeypa
     X = torch.rand(60, 8, generator=g, dtype=DT)
     Y = (torch.sin(4 * X[:, :2]).sum(-1) + X[:, 2:].sum(-1)).unsqueeze(-1)
     loop = BayesOptLoop(
-        synthetic_problem("levy", dim=8), model="wiski", acq="logei", seed=0,
-        refit_every=1, fit_max_iter=1, refit_from="current",
+        synthetic_problem("levy", dim=8),
+        model="wiski",
+        acq="logei",
+        seed=0,
+        refit_every=1,
+        fit_max_iter=1,
+        refit_from="current",
     )
     loop._training_data = lambda: (X, Y)
     loop.model = WISKI(X, Y, **WISKI.loop_default_options(8))
