@@ -257,6 +257,14 @@ def propose_from_pool(
     ``optimize_acqf_discrete``, sequential, without repeats). Returns the points (``q x d``) and
     their row indices in ``choices``."""
     X, _ = optimize_acqf_discrete(acq, q=q, choices=choices, max_batch_size=max_batch_size)
-    # optimize_acqf_discrete returns points, not indices: recover the rows (exact copies).
-    idx = torch.cdist(X.to(choices), choices).argmin(-1)
+    # optimize_acqf_discrete returns points, not indices: recover the rows (exact copies),
+    # each row at most once (a pool may hold repeated inputs: repeated readings at one place)
+    dist = torch.cdist(X.to(choices), choices)  # q x N
+    rows: list[int] = []
+    for row in dist:
+        if rows:
+            row = row.clone()
+            row[torch.tensor(rows, device=row.device)] = math.inf
+        rows.append(int(row.argmin()))
+    idx = torch.tensor(rows, dtype=torch.long, device=choices.device)
     return choices[idx], idx

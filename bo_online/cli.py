@@ -443,6 +443,10 @@ def _tracks(raw: str | None) -> tuple[int, ...]:
         bool(tracks) and all(t in MAGNETOMETER_TRACKS for t in tracks),
         f"--tracks expects comma-separated track numbers 1..9, got {raw!r}.",
     )
+    _check(
+        len(set(tracks)) == len(tracks),
+        f"--tracks lists a track more than once ({raw!r}): name each track once.",
+    )
     return tracks
 
 
@@ -1369,7 +1373,7 @@ def sweep(
     spec: Annotated[
         Path,
         typer.Argument(
-            help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, [options]."
+            help="Sweep spec (TOML, or YAML): steps, problems, models, acqs, seeds, \\[options]."
         ),
     ],
     out: Annotated[

@@ -186,6 +186,12 @@ def load_magnetometer(
     """
     root = resolve_data_dir(data_dir)
     xs, ys = [], []
+    repeated = sorted({k for k in tracks if list(tracks).count(k) > 1})
+    if repeated:
+        raise ValueError(
+            f"Magnetometer track(s) {repeated} requested more than once: each track is loaded "
+            "once (a repeated track would put the same rows in the pool and the test set)."
+        )
     for k in tracks:
         if k not in MAGNETOMETER_TRACKS:
             raise ValueError(f"Magnetometer tracks are numbered 1..9, got {k}.")

@@ -111,6 +111,11 @@ class ActiveLearningLoop(OnlineLoop):
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
+        if selection == "pool" and num_pool_candidates < kwargs.get("q", 1):
+            raise ValueError(
+                f"num_pool_candidates ({num_pool_candidates}) must be at least q "
+                f"({kwargs.get('q', 1)}): each step labels q of the scored candidates."
+            )
         optimizer_kwargs(optimizer_options)
         if n_init > problem.X_pool.shape[0]:
             raise ValueError(f"n_init={n_init} exceeds the pool size {problem.X_pool.shape[0]}.")
@@ -245,9 +250,21 @@ class ActiveLearningLoop(OnlineLoop):
         r"""Label pool rows ``indices`` (``q``) and fold them into the surrogate."""
         if not self.initialized:
             raise RuntimeError("Call ask() (or initialize()) before tell().")
-        indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        raw = torch.as_tensor(indices)
+        if raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool:
+            raise ValueError(
+                f"tell() takes integer pool row indices, got a {raw.dtype} tensor (ask() "
+                "returns them)."
+            )
+        indices = raw.to(torch.long).reshape(-1)
         if indices.numel() == 0:
             raise ValueError("tell() got no pool indices: label at least one point per step.")
+        size = self.used.shape[0]
+        if bool(((indices < 0) | (indices >= size)).any()):
+            raise ValueError(
+                f"tell() got pool indices outside [0, {size}): {indices.tolist()} (the pool "
+                f"has {size} rows; negative indices are not accepted)."
+            )
         if bool(self.used[indices].any()) or indices.unique().numel() != indices.numel():
             raise ValueError("tell() got pool points that are already labelled or repeated.")
         pending = self._pending or {}

@@ -82,13 +82,15 @@ for _ in range(TRIALS):
         client.complete_trial(index, raw_data={"loss": loss})
         losses.append(loss)
 
+print("session stats:", boax.session_stats())  # before Ax's cross-validation, below
 best_parameters, best_prediction, best_index, _ = client.get_best_parameterization()
 print("best parameters:", {k: round(v, 3) for k, v in best_parameters.items()})
-print("session stats:", boax.session_stats())
 
 # %% [markdown]
 # `session_stats()` counts how the surrogate was obtained across trials: one build, then
-# incremental updates, with a warm-started refit at each of them.
+# incremental updates, with a warm-started refit at each of them. (Printed after
+# `get_best_parameterization()` it would also count the models Ax builds for its
+# cross-validation folds, each a rebuild.)
 #
 # ## Save and load
 #

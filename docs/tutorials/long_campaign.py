@@ -121,10 +121,10 @@ fig.savefig(FIGURES / "long_campaign_update.png", dpi=110)
 # ![Time per update and per prediction against n](figures/long_campaign_update.png)
 #
 # The exact GP's update grows with `n` (its Cholesky factor is `n x n`); WISKI's stays flat at the
-# cost of its `m x m` grid solve (`m = 32^2` here). Where the curves cross depends on the grid
-# size and the machine (in the run shown, near n = 1,000); the point is that one of them keeps
-# growing. The figure was measured on a shared, loaded machine: isolated spikes, in the
-# prediction panel especially, are other processes, not the models.
+# cost of its `m x m` grid solve (`grid_size=32`: `m = 30^2` active points here). Where the
+# curves cross depends on the grid size and the machine (in the run shown, near n = 1,000); the
+# point is that one of them keeps growing. The figure was measured on a shared, loaded machine:
+# isolated spikes, in the prediction panel especially, are other processes, not the models.
 #
 # ## Inside a BO loop
 #

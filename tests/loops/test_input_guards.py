@@ -287,3 +287,59 @@ def test_a_wiski_classification_stream_above_three_inputs_gets_wiski_loop_defaul
     regression = WISKI(X, labels.unsqueeze(-1), **WISKI.loop_default_options(4))
     for class_model in loop.model.models:
         assert class_model.num_grid_points == regression.num_grid_points  # all 6 pairs
+
+
+def _pool_with_repeated_readings():
+    from bo_online.problems import PoolProblem
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(6, 2, generator=g, dtype=torch.float64)
+    X = base.repeat_interleave(20, 0)  # 6 places, 20 readings at each
+    y = torch.sin(4 * X[:, 0]) + X[:, 1] + 0.1 * torch.randn(120, generator=g, dtype=torch.float64)
+    Xt = torch.rand(50, 2, generator=g, dtype=torch.float64)
+    yt = torch.sin(4 * Xt[:, 0]) + Xt[:, 1]
+    box = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    return PoolProblem("repeats", X, y, Xt, yt, box)
+
+
+def test_pool_selection_with_repeated_inputs_labels_q_distinct_rows():
+    """Repeated readings at one place are common in real pools: ``selection="pool"`` mapped
+    both copies BoTorch picked to the first one, and ``tell`` refused the repeated row."""
+    from bo_online.loops import ActiveLearningLoop
+
+    loop = ActiveLearningLoop(
+        _pool_with_repeated_readings(), model="exact", q=6, n_init=4, seed=0, selection="pool"
+    )
+    for _ in range(3):
+        idx = loop.ask()
+        assert idx.unique().numel() == 6
+        loop.tell(idx)
+    assert loop.chosen.unique().numel() == 4 + 18
+
+
+def test_pool_candidates_fewer_than_q_and_bad_tell_indices_are_refused():
+    from bo_online.loops import ActiveLearningLoop
+
+    problem = _pool_with_repeated_readings()
+    with pytest.raises(ValueError, match=r"num_pool_candidates \(2\) must be at least q \(4\)"):
+        ActiveLearningLoop(problem, q=4, selection="pool", num_pool_candidates=2)
+    loop = ActiveLearningLoop(problem, model="exact", q=2, n_init=4, seed=0)
+    loop.initialize()
+    free = (~loop.used).nonzero().reshape(-1)
+    size = loop.used.shape[0]
+    for bad, match in (
+        ([int(free[0]), int(free[0]) - size], "outside"),  # one row twice, through -k
+        ([size], "outside"),
+        (torch.tensor([float(free[0]), float(free[1])]), "integer pool row indices"),
+    ):
+        before = loop.used.clone()
+        with pytest.raises(ValueError, match=match):
+            loop.tell(bad)
+        assert torch.equal(loop.used, before) and loop.step_count == 0
+
+
+def test_a_magnetometer_track_named_twice_is_refused(tmp_path):
+    from bo_online.datasets import load_magnetometer
+
+    with pytest.raises(ValueError, match="more than once"):
+        load_magnetometer(tracks=(1, 1), data_dir=tmp_path)  # refused before any file is read

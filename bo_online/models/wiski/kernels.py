@@ -56,7 +56,9 @@ def _default_additive_kernel(k: int, floors: Sequence[float], sizes: Sequence[in
 
 
 def default_grid_size(k: int) -> int:
-    """Default points per dimension: 30 for k <= 2 (m = 900), 10 for k = 3 (m = 1000)."""
+    """Default points per dimension: 30 for k <= 2, 10 for k = 3. The outer ring of points
+    carries no weight (the grid pads the box), so the active grid has ``(g - 2)^k`` points:
+    m = 784 in 2-D, 512 in 3-D."""
     if k <= 2:
         return 30
     if k == 3:
