@@ -343,3 +343,23 @@ def test_a_magnetometer_track_named_twice_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="more than once"):
         load_magnetometer(tracks=(1, 1), data_dir=tmp_path)  # refused before any file is read
+
+
+def test_test_nll_of_targets_on_a_tiny_scale_is_the_unit_scale_nll_plus_log_scale():
+    """The surrogate standardises its targets, so scaling them by c moves the Gaussian NLL by
+    exactly log c. GPyTorch's variance floor (1e-10 in the user's units) used to cut it: at
+    c = 1e-9 the reported NLL was -10.6 where it is -21.3."""
+    from bo_online.loops.active import predictive_metrics
+    from bo_online.models import OnlineExactGP
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(5 * X[:, 0]) + X[:, 1] + 0.05 * torch.randn(40, generator=g, dtype=torch.float64)
+    Xt = torch.rand(30, 2, generator=g, dtype=torch.float64)
+    yt = torch.sin(5 * Xt[:, 0]) + Xt[:, 1]
+    unit = predictive_metrics(OnlineExactGP(X, y.unsqueeze(-1)).fit(max_iter=50), Xt, yt)
+    for scale in (1e-3, 1e-9):
+        model = OnlineExactGP(X, scale * y.unsqueeze(-1)).fit(max_iter=50)
+        scaled = predictive_metrics(model, Xt, scale * yt)
+        assert scaled["nll"] == pytest.approx(unit["nll"] + math.log(scale), abs=1e-5), scale
+        assert scaled["rmse"] == pytest.approx(scale * unit["rmse"], rel=1e-5), scale
