@@ -52,12 +52,14 @@ def predictive_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) -> d
     with torch.no_grad(), floor:
         for i in range(0, X.shape[0], chunk):
             Xi = X[i : i + chunk].unsqueeze(-2)
-            yi = y[i : i + chunk].to(Xi)
+            # scored in float64 against the targets as given: cast to a float32 model's dtype,
+            # targets 1e8 + O(1) all equal the float32 prediction and scored RMSE 0
+            yi = y[i : i + chunk].to(device=Xi.device, dtype=torch.float64)
             post_f = model.posterior(Xi)
             post_y = model.posterior(Xi, observation_noise=True)
-            mean = post_f.mean.reshape(-1)
-            vf = post_f.variance.reshape(-1)
-            vy = post_y.variance.reshape(-1).clamp_min(tiny[Xi.dtype])
+            mean = post_f.mean.reshape(-1).double()
+            vf = post_f.variance.reshape(-1).double()
+            vy = post_y.variance.reshape(-1).double().clamp_min(tiny[Xi.dtype])
             sq.append((mean - yi).pow(2))
             var_f.append(vf)
             nll.append(0.5 * (torch.log(2 * math.pi * vy) + (yi - mean).pow(2) / vy))
@@ -261,6 +263,8 @@ class ActiveLearningLoop(OnlineLoop):
         if not self.initialized:
             raise RuntimeError("Call ask() (or initialize()) before tell().")
         raw = torch.as_tensor(indices)
+        if raw.numel() == 0:
+            raise ValueError("tell() got no pool indices: label at least one point per step.")
         if raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool:
             raise ValueError(
                 f"tell() takes integer pool row indices, got a {raw.dtype} tensor (ask() "

@@ -354,7 +354,9 @@ class OnlineLoop:
                 accepted |= {f.name for f in dataclasses.fields(settings_class)}
             # from the current map: the joint gradient fit (re-deriving the map from the data
             # fits an exact GP on up to 400 points, seconds per refit whatever max_iter says)
-            options = {"method": "lbfgs", "joint": from_current, **self.config["fit_options"]}
+            # (the initial fit derives the map from the data either way)
+            joint = from_current and self.step_count > 0
+            options = {"method": "lbfgs", "joint": joint, **self.config["fit_options"]}
             options = {k: v for k, v in options.items() if k in accepted}
             fit_projection(*data, max_iter=max_iter, **options)
         elif data is not None and self.step_count > 0 and not from_current and self._rebuild_due():

@@ -325,6 +325,8 @@ def test_pool_candidates_fewer_than_q_and_bad_tell_indices_are_refused():
         ActiveLearningLoop(problem, q=4, selection="pool", num_pool_candidates=2)
     loop = ActiveLearningLoop(problem, model="exact", q=2, n_init=4, seed=0)
     loop.initialize()
+    with pytest.raises(ValueError, match="no pool indices"):
+        loop.tell([])  # (an empty list is a float tensor to torch: the empty check comes first)
     free = (~loop.used).nonzero().reshape(-1)
     size = loop.used.shape[0]
     for bad, match in (
@@ -363,3 +365,23 @@ def test_test_nll_of_targets_on_a_tiny_scale_is_the_unit_scale_nll_plus_log_scal
         scaled = predictive_metrics(model, Xt, scale * yt)
         assert scaled["nll"] == pytest.approx(unit["nll"] + math.log(scale), abs=1e-5), scale
         assert scaled["rmse"] == pytest.approx(scale * unit["rmse"], rel=1e-5), scale
+
+
+def test_a_float32_models_metrics_are_scored_against_the_targets_as_given():
+    """Targets 1e8 + O(1) collapse to one float32 value (the float32 spacing there is 8): the
+    metrics cast the test targets to the model's dtype too and reported RMSE 0 for a model
+    that learned nothing. They are scored in float64 against the targets as given."""
+    from bo_online.loops.active import predictive_metrics
+    from bo_online.models import OnlineExactGP
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 2, generator=g, dtype=torch.float64)
+    Xt = torch.rand(20, 2, generator=g, dtype=torch.float64)
+    yt = 1e8 + torch.sin(5 * Xt[:, 0])
+    model = OnlineExactGP(X.float(), (1e8 + torch.sin(5 * X[:, :1])).float())
+    metrics = predictive_metrics(model, Xt.float(), yt)
+    with torch.no_grad():
+        mean = model.posterior(Xt.float().unsqueeze(-2)).mean.reshape(-1).double()
+    expected = float((mean - yt).pow(2).mean().sqrt())
+    assert expected > 0.1  # the premise: float32 cannot hold these targets' spread
+    assert metrics["rmse"] == pytest.approx(expected, rel=1e-9)

@@ -431,7 +431,7 @@ def test_refit_from_current_fits_wiskis_projection_from_the_current_map(monkeypa
     )
     loop._training_data = lambda: (X, Y)
     loop.model = WISKI(X, Y, **WISKI.loop_default_options(8))
-    loop._fit(20)  # the initial fit: the map from the data, then joint
+    loop._fit(20)  # the initial fit: the map from the data, then the kernel
     assert loop._refits_projection()
     by_hand = copy.deepcopy(loop.model)
     by_hand.fit_projection(X, Y, max_iter=1, method="lbfgs", joint=True)

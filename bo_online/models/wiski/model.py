@@ -481,3 +481,9 @@ class WISKI(
     def _after_load(self) -> None:
         self._shared = {}
         self._stats_shared = False
+        projection = getattr(self, "projection", None)
+        if projection is not None and self.num_data >= self.dim + 2:
+            # a loaded map is the saved model's, which had it from the data by this n (a model
+            # rebuilt on fewer than d + 2 points to load into still asks for it; a resumed
+            # loop would otherwise re-derive the map at its next refit)
+            projection.needs_data_init = False
