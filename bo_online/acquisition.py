@@ -259,12 +259,19 @@ def propose_from_pool(
     X, _ = optimize_acqf_discrete(acq, q=q, choices=choices, max_batch_size=max_batch_size)
     # optimize_acqf_discrete returns points, not indices: recover the rows (exact copies),
     # each row at most once (a pool may hold repeated inputs: repeated readings at one place)
-    dist = torch.cdist(X.to(choices), choices)  # q x N
+    idx = nearest_distinct_rows(X, choices)
+    return choices[idx], idx
+
+
+def nearest_distinct_rows(points: Tensor, choices: Tensor) -> Tensor:
+    r"""For each of ``points`` (``q x d``), in order, the index of the nearest row of
+    ``choices`` (``N x d``) not taken by an earlier point: ``q`` distinct indices (``q <= N``)
+    on ``choices``' device."""
+    dist = torch.cdist(points.to(choices), choices)  # q x N
     rows: list[int] = []
     for row in dist:
         if rows:
             row = row.clone()
             row[torch.tensor(rows, device=row.device)] = math.inf
         rows.append(int(row.argmin()))
-    idx = torch.tensor(rows, dtype=torch.long, device=choices.device)
-    return choices[idx], idx
+    return torch.tensor(rows, dtype=torch.long, device=choices.device)

@@ -25,7 +25,13 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from bo_online.acquisition import build_acquisition, optimizer_kwargs, propose, propose_from_pool
+from bo_online.acquisition import (
+    build_acquisition,
+    nearest_distinct_rows,
+    optimizer_kwargs,
+    propose,
+    propose_from_pool,
+)
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, problem_from_checkpoint
 from bo_online.problems import PoolProblem, to_unit
 
@@ -245,14 +251,7 @@ class ActiveLearningLoop(OnlineLoop):
 
     def _snap(self, U: Tensor, free: Tensor) -> Tensor:
         r"""Nearest unused pool point to each candidate, distinct, in candidate order."""
-        dist = torch.cdist(U.to(self.U_pool), self.U_pool[free])  # q x |free|
-        picked: list[int] = []
-        for row in dist:
-            if picked:
-                row = row.clone()
-                row[torch.tensor(picked)] = math.inf
-            picked.append(int(row.argmin()))
-        return free[torch.tensor(picked)]
+        return free[nearest_distinct_rows(U, self.U_pool[free]).to(free.device)]
 
     def _evaluate_pending(self) -> dict[str, Any]:
         assert self._pending is not None
