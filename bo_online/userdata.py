@@ -20,6 +20,7 @@ import csv
 import gzip
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -340,9 +341,27 @@ def read_table_any(path: Path) -> Table:
     return _read_csv(path, gz=suffix == ".csv.gz")
 
 
+def _is_row_index(table: Table) -> bool:
+    """Whether the first column is an unnamed ``0, 1, 2, ...`` (a pandas index written by
+    ``to_csv``): a row number says nothing about the target, so it is no default input."""
+    if table.columns[0] != "" or table.first_line < 2:  # unnamed in a header
+        return False
+    return bool(np.array_equal(table.data[:, 0], np.arange(table.data.shape[0])))
+
+
 def _inputs(table: Table, inputs: Sequence[str | int] | None, exclude: set[int]) -> list[int]:
     if inputs is None:
         cols = [j for j in range(len(table.columns)) if j not in exclude]
+        if cols and cols[0] == 0 and _is_row_index(table):
+            cols = cols[1:]
+            warnings.warn(
+                f"{table.path}: the first column has no name and holds the row numbers 0, 1, "
+                "2, ... (the index pandas' to_csv writes), so it is not used as an input; "
+                "write the file with index=False, or name the inputs with --inputs to choose "
+                "them yourself.",
+                UserWarning,
+                stacklevel=2,
+            )
         table.require(cols)
     else:
         cols = [table.column(c, "an input") for c in inputs]

@@ -487,6 +487,38 @@ def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
     assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
 
 
+def test_a_pandas_index_column_is_no_default_input(tmp_path):
+    """A frame written by pandas' to_csv keeps its index as an unnamed first column of row
+    numbers; by default it was read as an input (a d + 1 model on row numbers). It is now left
+    out with a warning, the problem equals the one from the file without it, and --inputs still
+    reaches it."""
+    X, y = _data(n=30, d=3)
+    plain = tmp_path / "plain.csv"
+    _write_csv(plain, X, y)
+    indexed = tmp_path / "indexed.csv"
+    lines = plain.read_text().splitlines()
+    indexed.write_text(
+        "\n".join(["," + lines[0]] + [f"{i},{row}" for i, row in enumerate(lines[1:])]) + "\n"
+    )
+    want = stream_from_file(plain, seed=3)
+    with pytest.warns(UserWarning, match="row numbers 0, 1, 2, .*index=False"):
+        got = stream_from_file(indexed, seed=3)
+    assert got.X_stream.shape[1] == 3
+    for name in ("X_stream", "y_stream", "X_test", "y_test"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    with pytest.warns(UserWarning, match="row numbers"):
+        pool = pool_from_file(indexed, test_fraction=0.2)
+    assert pool.X_pool.shape[-1] == 3
+    chosen = stream_from_file(indexed, inputs=["", "x0"], seed=3)  # named: used as asked
+    assert chosen.X_stream.shape[1] == 2
+    # an unnamed first column that is not 0, 1, 2, ... is data, kept as an input
+    shifted = tmp_path / "shifted.csv"
+    shifted.write_text(
+        "\n".join(["," + lines[0]] + [f"{i + 1},{row}" for i, row in enumerate(lines[1:])]) + "\n"
+    )
+    assert stream_from_file(shifted, seed=3).X_stream.shape[1] == 4
+
+
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
     """--tracks / --test-size (the magnetometer pool) with --pool FILE, and --split (the UCI
     sets) with --data FILE, were silently ignored: now one-line errors naming the way on."""
