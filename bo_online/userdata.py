@@ -145,6 +145,9 @@ def _read_csv(path: Path, gz: bool) -> Table:
         raise DataFileError(f"{path}: cannot be read as CSV ({e}).") from e
     if not rows:
         raise DataFileError(f"{path}: the file holds no rows.")
+    # A comma at the end of every line (as some spreadsheet exports write) is no empty column.
+    while all(len(row) > 1 and not row[-1].strip() for _, row in rows):
+        rows = [(line, row[:-1]) for line, row in rows]
     line0, first = rows[0]
     header = [c.strip() for c in first]
     # A header has a cell that is not a number; an empty cell says nothing (a data row with a

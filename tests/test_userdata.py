@@ -519,6 +519,25 @@ def test_a_pandas_index_column_is_no_default_input(tmp_path):
     assert stream_from_file(shifted, seed=3).X_stream.shape[1] == 4
 
 
+def test_a_comma_at_the_end_of_every_line_is_no_column(tmp_path):
+    """A file whose lines all end in a comma read as one more, empty, column: the default
+    target was that column and the run stopped with 'column '' (no. 4) is empty'. It now reads
+    as the file without the commas; a comma missing from one line is still a short row."""
+    X, y = _data(n=30, d=3)
+    plain = tmp_path / "plain.csv"
+    _write_csv(plain, X, y)
+    lines = plain.read_text().splitlines()
+    trailing = tmp_path / "trailing.csv"
+    trailing.write_text("\n".join(line + "," for line in lines) + "\n")
+    want, got = stream_from_file(plain, seed=1), stream_from_file(trailing, seed=1)
+    for name in ("X_stream", "y_stream", "X_test", "y_test"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("\n".join(line + ("," if i != 5 else "") for i, line in enumerate(lines)))
+    with pytest.raises(DataFileError, match="line 6 has 4 fields, expected 5"):
+        stream_from_file(ragged)
+
+
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
     """--tracks / --test-size (the magnetometer pool) with --pool FILE, and --split (the UCI
     sets) with --data FILE, were silently ignored: now one-line errors naming the way on."""
