@@ -52,6 +52,10 @@ class DataChangedError(ValueError):
     """A run's data file differs from the one the run started on."""
 
 
+#: how the message of a non-numeric cell ends; :meth:`Table.require` adds advice for its role
+_NOT_A_NUMBER = " is not a number;"
+
+
 @dataclass
 class Table:
     r"""A numeric table read from a file.
@@ -73,16 +77,27 @@ class Table:
     #: only for the columns a run uses (:meth:`require`), so an unused ID column does no harm
     problems: dict[int, tuple[int, str]] = field(default_factory=dict)
 
-    def require(self, columns: Sequence[int]) -> None:
-        """Raise for the first bad cell (in file order) of the given columns."""
+    def require(self, columns: Sequence[int], what: str = "an input") -> None:
+        """Raise for the first bad cell (in file order) of the given columns, used as ``what``."""
         found = [self.problems[j] for j in set(columns) if j in self.problems]
         if found:
-            raise DataFileError(min(found)[1])
+            message = min(found)[1]
+            if message.endswith(_NOT_A_NUMBER):
+                message += {
+                    "the target": " the target must be numeric (for classification, encode the "
+                    "two classes as 0 and 1).",
+                    "the test mask": " the test mask must hold 0 or 1 in every row.",
+                }.get(
+                    what,
+                    " only numeric columns can be used (encode this column, or leave it out "
+                    "with --inputs).",
+                )
+            raise DataFileError(message)
 
     def column(self, key: str | int, what: str) -> int:
         """Index of a column given by name or (possibly negative) position."""
         index = self._index(key, what)
-        self.require([index])
+        self.require([index], what)
         return index
 
     def _index(self, key: str | int, what: str) -> int:
@@ -187,10 +202,7 @@ def _read_csv(path: Path, gz: bool) -> Table:
                         line,
                         (
                             f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): "
-                            f"{text!r} is not a "
-                            f"number; only numeric columns can be used (encode this column, or "
-                            f"leave it "
-                            f"out with --inputs)."
+                            f"{text!r}{_NOT_A_NUMBER}"
                         ),
                     ),
                 )
@@ -282,7 +294,7 @@ def _test_mask(
             )
         if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
             mask_table = read_table_any(Path(test_mask).expanduser())
-            mask_table.require([mask_table.data.shape[1] - 1])
+            mask_table.require([mask_table.data.shape[1] - 1], "the test mask")
             values = (
                 mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
             )
@@ -535,7 +547,7 @@ def _split_table(
     mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
     if target is None:  # the last column that is not the mask column
         t_col = len(table.columns) - (2 if m_col == len(table.columns) - 1 else 1)
-        table.require([t_col])
+        table.require([t_col], "the target")
     else:
         t_col = table.column(target, "the target")
     if t_col == m_col:

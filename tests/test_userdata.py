@@ -483,7 +483,8 @@ def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
         stream_from_file(two)
     odd = tmp_path / "odd.csv"
     odd.write_text(",0,\u00b2\n" + "\n".join(f"{i},{a:.6f},{b:.6f}" for i, (a, b) in enumerate(X)))
-    prob = stream_from_file(odd)  # a header with an odd name, read as one
+    with pytest.warns(UserWarning, match="row numbers"):  # its first column is an index
+        prob = stream_from_file(odd)  # a header with an odd name, read as one
     assert prob.X_stream.shape[0] + prob.X_test.shape[0] == 20
 
 
@@ -536,6 +537,31 @@ def test_a_comma_at_the_end_of_every_line_is_no_column(tmp_path):
     ragged.write_text("\n".join(line + ("," if i != 5 else "") for i, line in enumerate(lines)))
     with pytest.raises(DataFileError, match="line 6 has 4 fields, expected 5"):
         stream_from_file(ragged)
+
+
+def test_a_text_cell_is_reported_with_advice_for_its_columns_role(tmp_path):
+    """Text in the target (class labels such as 'yes'/'no') was answered with advice for an
+    input ('leave it out with --inputs'), which cannot help; the advice now fits the role."""
+    X, y = _data(n=20, d=2)
+    labels = tmp_path / "labels.csv"
+    labels.write_text(
+        "x0,x1,label\n"
+        + "\n".join(f"{a:.6f},{b:.6f},{'yes' if t > 0 else 'no'}" for (a, b), t in zip(X, y))
+    )
+    for target in (None, "label"):
+        with pytest.raises(DataFileError) as err:
+            stream_from_file(labels, target=target, task="classification")
+        assert "line 2, column 'label' (no. 3)" in str(err.value)
+        assert "encode the two classes as 0 and 1" in str(err.value)
+        assert "--inputs" not in str(err.value)
+    with pytest.raises(DataFileError, match=r"'(yes|no)' is not a number; only numeric columns .*"):
+        stream_from_file(labels, inputs=["x0", "label"], target="x1")
+    mask = tmp_path / "mask.csv"
+    mask.write_text("\n".join(["1", "0", "x"] + ["0"] * 17))
+    plain = tmp_path / "plain.csv"
+    _write_csv(plain, X, y)
+    with pytest.raises(DataFileError, match=r"'x' is not a number; the test mask must hold 0 or"):
+        stream_from_file(plain, test_mask=str(mask))
 
 
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
