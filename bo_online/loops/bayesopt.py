@@ -28,7 +28,7 @@ from bo_online.acquisition import (
     propose,
     thompson_sample,
 )
-from bo_online.loops.core import OnlineLoop, _shared_kwargs
+from bo_online.loops.core import OnlineLoop, _shared_kwargs, check_resumed_problem
 from bo_online.models.validation import real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
@@ -367,6 +367,8 @@ class BayesOptLoop(OnlineLoop):
                     "This run's objective is a user callable: pass problem= to resume it."
                 )
             problem = make_problem(ckpt["problem"])
+        else:
+            check_resumed_problem(ckpt, problem)
         initial = None
         if cfg.get("n_initial_data", 0):
             k = cfg["n_initial_data"]

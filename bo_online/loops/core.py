@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +42,7 @@ from bo_online.loops.options import check_options, instantiate
 from bo_online.loops.refit_rules import growth_refit_due, refits_from_defaults
 from bo_online.models.registry import get_model_class
 from bo_online.problems import make_problem
+from bo_online.userdata import DataChangedError
 
 __all__ = ["OnlineLoop", "RunDirectoryError", "instantiate"]
 
@@ -255,6 +258,11 @@ class OnlineLoop:
 
     def _problem_spec(self) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    @functools.cached_property
+    def _problem_digest(self) -> str:
+        """:func:`problem_digest` of this run's problem (hashed once: pools can be large)."""
+        return problem_digest(self.problem)
 
     def _status(self) -> str:
         """One short phrase for the progress bar (e.g. the best value so far)."""
@@ -735,6 +743,7 @@ class OnlineLoop:
             "kind": self.kind,
             "config": self.config,
             "problem": self._problem_spec(),
+            "problem_digest": self._problem_digest,
             "step_count": self.step_count,
             "target_steps": self.target_steps,
             "wall_time": self.wall_time,
@@ -835,13 +844,44 @@ class OnlineLoop:
             yield advance
 
 
+#: the tensors that define a problem for :func:`problem_digest` (those it has)
+_PROBLEM_TENSORS = ("bounds", "X_pool", "y_pool", "X_stream", "y_stream", "X_test", "y_test")
+
+
+def problem_digest(problem: Any) -> str:
+    r"""SHA-256 of what defines a problem: its box, direction and, for pool and stream problems,
+    every row (in float64), so that a run resumed with ``problem=`` can refuse other data. A
+    user callable's code is not hashed (only its box and direction)."""
+    digest = hashlib.sha256(f"maximize={bool(getattr(problem, 'maximize', False))}".encode())
+    for name in _PROBLEM_TENSORS:
+        value = getattr(problem, name, None)
+        if torch.is_tensor(value):
+            values = value.detach().to(device="cpu", dtype=torch.float64).contiguous()
+            digest.update(f"{name}{tuple(values.shape)}".encode())
+            digest.update(values.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_resumed_problem(ckpt: dict[str, Any], problem: Any) -> None:
+    r"""Refuse a problem passed to a resume whose data differ from the run's (checkpoints from
+    before the digest was stored are not checked)."""
+    expected = ckpt.get("problem_digest")
+    if expected is not None and problem_digest(problem) != expected:
+        raise DataChangedError(
+            "The problem passed to resume is not the one this run started on (its box, "
+            "direction or data rows differ); pass the same problem, or start a new run in "
+            "another directory."
+        )
+
+
 def problem_from_checkpoint(
     ckpt: dict[str, Any], problem: Any, kind: str, data_dir: str | None = None
 ) -> Any:
-    r"""The problem a checkpointed run resumes on: ``problem`` if given, else rebuilt from the
-    spec the checkpoint holds; a ``kind`` (pool, stream) built by hand has none, so it must be
-    passed again."""
+    r"""The problem a checkpointed run resumes on: ``problem`` if given (and holding the run's
+    data), else rebuilt from the spec the checkpoint holds; a ``kind`` (pool, stream) built by
+    hand has none, so it must be passed again."""
     if problem is not None:
+        check_resumed_problem(ckpt, problem)
         return problem
     if ckpt["problem"] is None:
         raise ValueError(f"This run's {kind} was built by hand: pass problem= to resume it.")

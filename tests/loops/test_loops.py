@@ -42,6 +42,7 @@ from bo_online.problems import (
     to_unit,
     uci_problem,
 )
+from bo_online.userdata import DataChangedError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -807,3 +808,38 @@ def test_auto_schedule_spaces_refits_that_visit_every_point_but_keeps_them_warm(
         if model == "tsvgp":
             assert not loop._rebuild_due()
             assert all(m is objects[0] for m in objects)  # warm-started in place, never rebuilt
+
+
+def test_resume_refuses_a_problem_with_other_data_and_leaves_the_run_as_it_was(tmp_path):
+    r"""``load_loop(dir, problem=...)`` took any problem: a stream resumed on other rows, or a
+    user objective on another box, went on silently from the run's checkpoint. The checkpoint
+    now holds a digest of the problem's box, direction and rows; another problem is refused
+    before anything is written, and the same problem (rebuilt) still resumes identically."""
+    stream = _synthetic_stream(80)
+    kw = dict(model="exact", q=4, n_init=20, eval_every=4, refit_every=4, fit_max_iter=3, seed=0)
+    reference = StreamingLoop(stream, **kw).run(6)
+    StreamingLoop(stream, out_dir=tmp_path / "s", **kw).run(3)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()}
+    y_changed = stream.y_stream.clone()
+    y_changed[7] += 1e-9
+    other_rows = dataclasses.replace(stream, y_stream=y_changed)
+    other_test = dataclasses.replace(stream, X_test=stream.X_test.flip(0))
+    for other in (other_rows, other_test, _synthetic_stream(80, seed=1)):
+        with pytest.raises(DataChangedError, match="not the one this run started on"):
+            load_loop(tmp_path / "s", problem=other)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()} == files
+    resumed = load_loop(tmp_path / "s", problem=_synthetic_stream(80)).run(6)
+    assert without_timing(resumed) == without_timing(reference)
+
+    def bowl(X):
+        return (X - 0.3).pow(2).sum(-1)
+
+    problem = CallableProblem(bowl, bounds=[[0.0, 0.0], [1.0, 2.0]], name="bowl")
+    BayesOptLoop(problem, acq="logei", seed=0, n_init=4, out_dir=tmp_path / "b", **FAST).run(1)
+    wider = CallableProblem(bowl, bounds=[[0.0, 0.0], [1.0, 3.0]], name="bowl")
+    flipped = CallableProblem(bowl, bounds=[[0.0, 0.0], [1.0, 2.0]], maximize=True, name="bowl")
+    for other in (wider, flipped):
+        with pytest.raises(DataChangedError, match="not the one this run started on"):
+            load_loop(tmp_path / "b", problem=other)
+    same = CallableProblem(bowl, bounds=[[0.0, 0.0], [1.0, 2.0]], name="bowl")
+    assert load_loop(tmp_path / "b", problem=same).run(2)[-1]["step"] == 2
