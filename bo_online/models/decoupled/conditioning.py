@@ -126,15 +126,17 @@ class DecoupledConditioningMixin:
         of the number of updates."""
         N = self._noise_of_points(X, noise)  # q, > 0 (raises before any change)
         Rb, RA, RC = self._fold_factors()
-        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2)
-        K = self.covar_module(Z, X).to_dense()  # M x q
-        w = N.reciprocal()
+        # Sites and factors in their own dtype (float64 for a float32 model: see site_dtype).
+        wd = RA.dtype
+        Z = torch.cat([self.beta_points, self.alpha_points], dim=-2).to(wd)
+        K = self.covar_module(Z, X.to(wd)).to_dense()  # M x q
+        w = N.to(wd).reciprocal()
         Kw = K * w.sqrt()  # Q' = Q + Kw Kw^T
-        Q = torch.addmm(self.site_Q, Kw, Kw.transpose(-1, -2))
-        s = self.site_s + K @ (w * (Y - self.mean_module.constant.detach()))
+        Q = torch.addmm(self.site_Q.to(wd), Kw, Kw.transpose(-1, -2))
+        s = self.site_s.to(wd) + K @ (w * (Y.to(wd) - self.mean_module.constant.detach().to(wd)))
         RA = cholesky_update(RA, Kw)
         RC = cholesky_update(RC, Kw[: self.beta_points.shape[-2]])
-        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
+        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1).to(self.beta_points.dtype)
         train_noise = self.train_noise
         if self.fixed_noise:
             train_noise = torch.cat([self.train_noise, noise], dim=-1)

@@ -42,8 +42,9 @@ class DecoupledPredictionMixin:
         of ``L`` and ``chol_H`` per update. Otherwise ``V = chol_H^{-1} L^T K_{beta,X}``."""
         K_bX = self.covar_module(self.beta_points, X).to_dense()
         if self._in_fold_mode():
-            Rb, _, RC = self._fold_factors()
-            return solve_lower(Rb, K_bX), solve_lower(RC, K_bX)
+            Rb, _, RC = self._fold_factors()  # float64 for a float32 model (see site_dtype)
+            K = K_bX.to(Rb.dtype)
+            return solve_lower(Rb, K).to(K_bX.dtype), solve_lower(RC, K).to(K_bX.dtype)
         return solve_lower(self.chol_H, self.L.transpose(-1, -2) @ K_bX), None
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:

@@ -19,6 +19,21 @@ _K_JITTER = 1e-8
 _P_JITTER = 1e-6
 
 
+def site_dtype(dtype: torch.dtype) -> torch.dtype:
+    r"""The dtype the site statistics and their ``M x M`` factors are held and solved in: float64
+    for a model of lower precision, else the model's own (so a float64 model is unchanged).
+
+    Why: these matrices are far beyond single precision. ``K_beta`` of 128 bases in 6 inputs has
+    condition ~1e10 at fitted lengthscales (a smooth function), ``K_Z + Q`` ~1e11, while float32
+    resolves ~1e-7 of the diagonal: the jitters 1e-8 and 1e-6 vanish in the rounding (1 + 1e-8 ==
+    1 in float32), ``L = K_j^{-1} chol(P~)`` carries entries ~1e8 times ``chol(P~)``, and ``H = I +
+    L^T K_j L`` formed from it lost all its digits (indefinite: ``NotPositiveDefiniteError`` from
+    every fit beyond ``num_cov_bases`` points), while the folds' ``a = (K_Z + Q)^{-1} s`` were off
+    by 0.3 of the outcome's standard deviation. In float64 they are ``O(M^3)`` once per fit and
+    ``O(M^2 q)`` per update, small next to the kernel evaluations (kept in the model's dtype)."""
+    return torch.float64 if dtype.is_floating_point and torch.finfo(dtype).bits < 64 else dtype
+
+
 class DecoupledStatisticsMixin:
     r"""Variational state, site statistics and caches of
     :class:`~bo_online.models.decoupled.DecoupledSVGP` (docs/math.md §3)."""
@@ -108,14 +123,16 @@ class DecoupledStatisticsMixin:
         held data (rows ``idx``, default all), accumulated in chunks of 4,096 rows."""
         idx = torch.arange(self.num_data) if idx is None else idx
         M = Z.shape[-2]
-        Q = torch.zeros(M, M, **self._dtype_device)
-        s = torch.zeros(M, **self._dtype_device)
-        c = self.mean_module.constant.detach()
+        wd = site_dtype(Z.dtype)  # summed in float64 for a float32 model (see site_dtype)
+        Q = torch.zeros(M, M, dtype=wd, device=Z.device)
+        s = torch.zeros(M, dtype=wd, device=Z.device)
+        c = self.mean_module.constant.detach().to(wd)
+        Z = Z.to(wd)
         for chunk in idx.split(4096):
-            K = self.covar_module(Z, self.train_X[chunk]).to_dense()  # M x chunk
-            w = self._train_noise_diag(chunk).reciprocal()
+            K = self.covar_module(Z, self.train_X[chunk].to(wd)).to_dense()  # M x chunk
+            w = self._train_noise_diag(chunk).to(wd).reciprocal()
             Q = Q + (K * w) @ K.transpose(-1, -2)
-            s = s + K @ (w * (self.train_y[chunk] - c))
+            s = s + K @ (w * (self.train_y[chunk].to(wd) - c))
         return Q, s
 
     def _closed_form(
@@ -125,7 +142,7 @@ class DecoupledStatisticsMixin:
         Q: Tensor,
         s: Tensor,
         factors: tuple[Tensor, Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
         r"""Set ``a, L`` to the Gaussian ELBO optimum for bases ``beta, alpha`` given the site
         statistics ``Q, s`` on ``Z = [beta; alpha]`` (see :meth:`_site_statistics`):
         ``a = (K_Z + Q)^{-1} s`` and ``B = L L^T = K_j^{-1} P~ K_j^{-1}`` with ``P~ = Q_{beta,beta}
@@ -133,22 +150,27 @@ class DecoupledStatisticsMixin:
         factors defined).
 
         ``factors``: :meth:`_fold_factorisations` of these bases and ``Q`` where already known;
-        returns them (fold mode keeps them, :meth:`_set_sites`)."""
+        returns them (fold mode keeps them, :meth:`_set_sites`) and ``L`` in their dtype
+        (:func:`site_dtype`; the buffer ``L`` holds it rounded to the model's)."""
         if factors is None:
             factors = self._fold_factorisations(beta, alpha, Q)
         Rb, RA, _ = factors
         mb = beta.shape[-2]
-        a = cholesky_solve(RA, s.unsqueeze(-1)).squeeze(-1)
-        self.set_variational_parameters(beta, self._covariance_factor(Rb, Q), a[:mb], alpha, a[mb:])
-        return factors
+        a = cholesky_solve(RA, s.to(RA.dtype).unsqueeze(-1)).squeeze(-1)
+        L = self._covariance_factor(Rb, Q)
+        self.set_variational_parameters(beta, L, a[:mb], alpha, a[mb:])
+        return factors, L
 
     def _fold_factorisations(
         self, beta: Tensor, alpha: Tensor, Q: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         r"""``(chol(K_j), chol(K_Z + Q), chol(K_j + P~))`` for bases ``beta, alpha`` and site
-        statistics ``Q`` (O(M_alpha^3)): what the closed form and fold mode's prediction use."""
+        statistics ``Q`` (O(M_alpha^3)): what the closed form and fold mode's prediction use, in
+        :func:`site_dtype` (float64 for a float32 model)."""
         mb = beta.shape[-2]
-        eye = torch.eye(mb, dtype=Q.dtype, device=Q.device)
+        wd = site_dtype(beta.dtype)
+        beta, alpha, Q = beta.to(wd), alpha.to(wd), Q.to(wd)
+        eye = torch.eye(mb, dtype=wd, device=Q.device)
         Kj = self.covar_module(beta).to_dense() + _K_JITTER * eye
         KZ = self.covar_module(torch.cat([beta, alpha], dim=-2)).to_dense()
         RA = psd_cholesky(KZ + Q, jitter=1e-8)
@@ -159,16 +181,18 @@ class DecoupledStatisticsMixin:
         r"""``L = K_j^{-1} chol(P~)`` (``M_beta x M_beta``) from ``Rb = chol(K_j)`` and ``Q``."""
         mb = Rb.shape[-1]
         eye = torch.eye(mb, dtype=Rb.dtype, device=Rb.device)
-        return cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb] + _P_JITTER * eye))
+        return cholesky_solve(Rb, psd_cholesky(Q[:mb, :mb].to(Rb.dtype) + _P_JITTER * eye))
 
     def _set_sites(self, beta: Tensor, alpha: Tensor) -> None:
         r"""Closed-form optimum of ``a, B`` on all held data for the given bases, keeping the site
         statistics so that later updates fold into the fixed bases (:meth:`_fold`)."""
         Q, s = self._site_statistics(torch.cat([beta, alpha], dim=-2))
-        factors = self._closed_form(beta, alpha, Q, s)
+        factors, L = self._closed_form(beta, alpha, Q, s)
         self.site_Q, self.site_s = Q, s
         self._kept_fold_factors = (Q, *factors)
-        self.chol_H = self._chol_H(self.beta_points, self.L, self._state_jitter())
+        # From L as solved (float64 for a float32 model), not the buffer rounded to the model's
+        # dtype: its entries are ~cond(K_j) times chol(P~)'s, and H = I + L^T K_j L cancels them.
+        self.chol_H = self._chol_H(self.beta_points, L, self._state_jitter())
         self._cache_key = self._current_key()
 
     def _fold_factors(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -191,9 +215,9 @@ class DecoupledStatisticsMixin:
         self.__dict__["_covariance_pending"] = False
         Q, Rb = self._kept_fold_factors[:2]
         with torch.no_grad():  # buffers: no graph to the hyperparameters, whoever reads them
-            L = self._covariance_factor(Rb, Q)
-            self._buffers["L"] = L
+            L = self._covariance_factor(Rb, Q)  # in site_dtype, for chol_H (see _set_sites)
             self._buffers["chol_H"] = self._chol_H(self.beta_points, L, _K_JITTER)
+            self._buffers["L"] = L.to(self.beta_points.dtype)
 
     def _state_jitter(self) -> float:
         r"""The jitter on ``K_beta`` in this state's ``H``: ``1e-8`` in fold mode, else 0."""
@@ -206,13 +230,18 @@ class DecoupledStatisticsMixin:
 
     def _chol_H(self, beta: Tensor, L: Tensor, jitter: float = 0.0) -> Tensor:
         r"""Lower factor of ``H = I + L^T (K_beta + jitter I) L``; fold mode's state uses
-        ``jitter = 1e-8`` (``K_j``, see :meth:`_whitened`), every other state none."""
-        K = self.covar_module(beta).to_dense()
+        ``jitter = 1e-8`` (``K_j``, see :meth:`_whitened`), every other state none. Formed and
+        factorised in :func:`site_dtype` (float64 for a float32 model: ``L^T K L`` cancels
+        ``cond(K_beta)``-sized terms), returned in ``beta``'s dtype."""
+        dtype = beta.dtype
+        wd = site_dtype(dtype)
+        K = self.covar_module(beta.to(wd)).to_dense()
         if jitter:
             K = K + jitter * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        L = L.to(wd)
         H = L.transpose(-1, -2) @ K @ L
         H = H + torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
-        return psd_cholesky(H)
+        return psd_cholesky(H).to(dtype)
 
     def _chol_K(self, beta: Tensor) -> Tensor:
         r"""Lower factor of ``K_beta + 1e-8 I`` (the whitening map used in training)."""
