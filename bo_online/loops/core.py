@@ -557,7 +557,14 @@ class OnlineLoop:
         and checkpoint are written. Returns all records."""
         if steps is None:
             steps = self.target_steps if self.target_steps is not None else self.default_steps()
-        if steps is None or int(steps) != steps or steps < 0:
+        if steps is None:
+            limit = self.max_steps()
+            raise ValueError(
+                f"{type(self).__name__}.run() needs the number of steps, e.g. run(30)"
+                + ("" if limit is None else f" (the data allow at most {limit})")
+                + "; only a stream runs to its end by default."
+            )
+        if int(steps) != steps or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
         limit = self.max_steps()
         if limit is not None and steps > limit:  # refused before anything is evaluated

@@ -165,6 +165,12 @@ def test_an_active_learning_run_larger_than_its_pool_is_refused_before_any_label
     with pytest.raises(ValueError, match="steps=4 exceeds the 3 steps the data hold"):
         loop.run(4)
     assert not out.exists() and not loop.initialized
+    # no steps given: say how many are needed (and allowed), not "got None"
+    with pytest.raises(ValueError, match=r"run\(\) needs the number of steps.*at most 3\)"):
+        loop.run()
+    assert not out.exists() and not loop.initialized
+    with pytest.raises(ValueError, match=r"BayesOptLoop.run\(\) needs the number of steps"):
+        _loop(_quadratic).run()
 
 
 def test_a_stream_with_fewer_rows_than_one_step_is_refused():
