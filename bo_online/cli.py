@@ -524,15 +524,12 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
             ("simple regret", _fmt(last.get("regret"))),
         ]
     elif loop.kind == "active":
-        first = records[0]
-        last_rmse = next((r["rmse"] for r in reversed(records) if r.get("rmse") is not None), None)
+        # test metrics come every --eval-every steps: report the last evaluated, with its step
+        label, final = _last_metric(records, "rmse", "test RMSE")
         rows += [
-            (
-                "test RMSE: initial -> final",
-                f"{_fmt(first.get('rmse'), 4)} -> {_fmt(last_rmse, 4)}",
-            ),
-            ("mean predictive variance", _fmt(last.get("mean_var"), 4)),
-            ("test NLL", _fmt(last.get("nll"), 4)),
+            (f"{label}, initial -> final", f"{_fmt(records[0].get('rmse'), 4)} -> {final}"),
+            _last_metric(records, "mean_var", "mean predictive variance"),
+            _last_metric(records, "nll", "test NLL"),
         ]
     elif getattr(loop, "classify", False):
         rows += [

@@ -284,7 +284,7 @@ def test_active_and_stream_commands(tmp_path, capsys):
         capsys,
     )
     assert code == 0, err
-    assert "test RMSE: initial -> final" in stdout
+    assert "test RMSE (step 2), initial -> final" in stdout
     assert (out / "plots" / "rmse.png").is_file()
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["n"] for r in records] == [8, 14, 20]
@@ -408,3 +408,31 @@ def test_resume_command_quotes_what_a_shell_would_split(tmp_path):
     loop = SimpleNamespace(out_dir=out, problem=SimpleNamespace(objective_spec={"objective": spec}))
     words = shlex.split(_resume_command(loop))
     assert words == ["bo-online", "resume", str(out), "--objective", spec]
+
+
+def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_path, capsys):
+    """With --eval-every 2 and 3 steps the last record has no test metrics: the summary printed
+    '-' for the variance and NLL. It now shows the step-2 values, labelled, equal to the
+    records'."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(120, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(4 * X[:, 0]) + X[:, 1]
+    path = tmp_path / "field.csv"
+    path.write_text(
+        "a,b,f\n" + "\n".join(f"{a:.17g},{b:.17g},{v:.17g}" for (a, b), v in zip(X, y)) + "\n"
+    )
+    out = tmp_path / "run"
+    argv = ["active", "--pool", str(path), "--test-fraction", "0.2", "--model", "exact"]
+    argv += ["--q", "2", "--steps", "3", "--n-init", "6", "--eval-every", "2", "--out", str(out)]
+    code, stdout, err = _run([*argv, *SMALL], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert records[-1]["nll"] is None and records[2]["step"] == 2
+    lines = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in stdout.splitlines()
+        if line.count("│") == 3
+    }
+    assert lines["test NLL (step 2)"] == f"{records[2]['nll']:.4g}"
+    assert lines["mean predictive variance (step 2)"] == f"{records[2]['mean_var']:.4g}"
+    assert lines["test RMSE (step 2), initial -> final"].endswith(f"-> {records[2]['rmse']:.4g}")
