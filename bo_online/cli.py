@@ -636,8 +636,8 @@ def _resume_hint() -> str:
             "run the same `bo-online sweep` command again (finished campaigns are skipped, "
             "interrupted ones resumed)"
         )
-    if not _ACTIVE_RUN:
-        return "continue a run that has an --out directory with `bo-online resume DIR`"
+    if not _ACTIVE_RUN:  # stopped while reading data or building the loop
+        return "the run had not started; run the same command again"
     out, command = _ACTIVE_RUN[0]
     if not (out / history.CHECKPOINT_FILE).exists():  # stopped before its first checkpoint
         return "run the same command again (nothing was kept)"
@@ -1507,6 +1507,8 @@ def _main(argv: list[str] | None) -> None:
 
     from bo_online.errors import ObjectiveError
 
+    _ACTIVE_RUN.clear()  # a run of an earlier command in this process is not this one's
+    _ACTIVE_SWEEP.clear()
     try:
         code = app(args=argv, prog_name="bo-online", standalone_mode=False)
     except click_exc.UsageError as e:

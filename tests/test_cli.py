@@ -436,3 +436,25 @@ def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_p
     assert lines["test NLL (step 2)"] == f"{records[2]['nll']:.4g}"
     assert lines["mean predictive variance (step 2)"] == f"{records[2]['mean_var']:.4g}"
     assert lines["test RMSE (step 2), initial -> final"].endswith(f"-> {records[2]['rmse']:.4g}")
+
+
+def test_ctrl_c_before_the_run_starts_says_to_run_the_command_again(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the loop was being built advised `bo-online resume DIR`, or named the run
+    directory of an earlier command in the same process; neither can continue anything."""
+    from bo_online import loops
+
+    out = tmp_path / "first"
+    code, _, err = _run(
+        ["bo", "--problem", "branin", "--steps", "1", "--out", str(out), *SMALL], capsys
+    )
+    assert code == 0, err
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loops.BayesOptLoop, "__init__", interrupted)
+    second = tmp_path / "second"
+    code, _, err = _run(["bo", "--problem", "branin", "--steps", "1", "--out", str(second)], capsys)
+    assert code == 130
+    assert "interrupted; the run had not started; run the same command again" in err
+    assert "resume" not in err and not second.exists()
