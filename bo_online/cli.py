@@ -131,7 +131,8 @@ CkptSecondsOpt = Annotated[
 TargetOpt = Annotated[
     Optional[str],
     typer.Option(
-        help="With a data file: the target column, by header name or index (default: the last)."
+        help="With a data file: the target column, by header name or index (default: the last "
+        "column that is not the --test-mask column)."
     ),
 ]
 TestFractionOpt = Annotated[
