@@ -53,6 +53,40 @@ __all__ = [
 ACQUISITIONS = ("qucb", "ucb", "logei", "ei", "qlognei", "qnipv", "ts")
 BETA_SCHEDULES = ("constant", "kandasamy", "srinivas")
 
+#: the ``acq_options`` each acquisition reads (see :func:`build_acquisition`,
+#: :func:`thompson_sample`); anything else is refused, not silently ignored
+ACQ_OPTIONS: dict[str, tuple[str, ...]] = {
+    "qucb": ("beta", "beta_schedule", "delta", "num_mc_samples"),
+    "ucb": ("beta", "beta_schedule", "delta", "num_mc_samples"),
+    "logei": ("num_mc_samples",),
+    "ei": ("num_mc_samples",),
+    "qlognei": ("num_mc_samples", "prune_baseline"),
+    "qnipv": ("num_mc_points", "num_fantasies"),
+    "ts": ("num_candidates",),
+}
+
+
+def known_acq_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` that acquisition ``name`` reads (all, for a name without a
+    list)."""
+    known = ACQ_OPTIONS.get(name.lower())
+    return dict(options) if known is None else {k: v for k, v in options.items() if k in known}
+
+
+def check_acq_options(name: str, options: dict[str, Any]) -> None:
+    r"""Raise ``ValueError`` for an ``acq_options`` key that acquisition ``name`` does not read
+    (a misspelt ``beta`` would otherwise leave the default in force without a word)."""
+    known = ACQ_OPTIONS.get(name.lower())
+    if known is None:
+        return  # an unknown acquisition is reported where it is built
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"acq_options {', '.join(map(repr, unknown))} are not read by {name}; its options "
+            f"are {', '.join(known)}."
+        )
+
+
 #: BoTorch's ``optimize_acqf`` settings the loops use unless told otherwise.
 DEFAULT_OPTIMIZER_OPTIONS: dict[str, Any] = {
     "num_restarts": 10,

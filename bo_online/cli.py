@@ -797,7 +797,7 @@ def bo(
         _check(1 <= dim <= MAX_DIM, f"--dim must be between 1 and {MAX_DIM}, got {dim}.")
     _check_seed(seed)
     _check_out(out)
-    from bo_online.acquisition import ACQUISITIONS, BETA_SCHEDULES
+    from bo_online.acquisition import ACQUISITIONS, BETA_SCHEDULES, known_acq_options
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
@@ -859,12 +859,15 @@ def bo(
     )
     bo_options = dict(
         acq=acq,
-        acq_options={
-            "beta": beta,
-            "beta_schedule": beta_schedule,
-            "num_mc_samples": num_mc_samples,
-            "num_candidates": num_candidates,
-        },
+        acq_options=known_acq_options(  # the CLI has flags for every acquisition's
+            acq,
+            {
+                "beta": beta,
+                "beta_schedule": beta_schedule,
+                "num_mc_samples": num_mc_samples,
+                "num_candidates": num_candidates,
+            },
+        ),
         optimizer_options=_optimizer_options(
             num_restarts, raw_samples, acqf_maxiter, batch_limit, sequential
         ),

@@ -27,6 +27,8 @@ from torch import Tensor
 
 from bo_online.acquisition import (
     build_acquisition,
+    check_acq_options,
+    known_acq_options,
     nearest_distinct_rows,
     optimizer_kwargs,
     propose,
@@ -135,6 +137,7 @@ class ActiveLearningLoop(OnlineLoop):
                 f"({kwargs.get('q', 1)}): each step labels q of the scored candidates."
             )
         optimizer_kwargs(optimizer_options)
+        check_acq_options(acq, dict(acq_options or {}))
         if n_init > problem.X_pool.shape[0]:
             raise ValueError(f"n_init={n_init} exceeds the pool size {problem.X_pool.shape[0]}.")
         super().__init__(n_init=n_init, **kwargs)
@@ -331,7 +334,8 @@ class ActiveLearningLoop(OnlineLoop):
             num_mc_points=cfg["num_mc_points"],
             integrate_over=cfg.get("integrate_over", "test"),
             num_pool_candidates=cfg["num_pool_candidates"],
-            acq_options=cfg["acq_options"],
+            # runs from before unread options were refused kept every CLI flag's value
+            acq_options=known_acq_options(cfg["acq"], cfg["acq_options"]),
             optimizer_options=cfg["optimizer_options"],
             eval_every=cfg["eval_every"],
             **_shared_kwargs(cfg),

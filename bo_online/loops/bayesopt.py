@@ -24,6 +24,8 @@ from torch.quasirandom import SobolEngine
 from bo_online.acquisition import (
     ACQUISITIONS,
     build_acquisition,
+    check_acq_options,
+    known_acq_options,
     optimizer_kwargs,
     propose,
     thompson_sample,
@@ -42,8 +44,8 @@ class BayesOptLoop(OnlineLoop):
         problem: the objective (bounds, noise level, direction, optimum).
         acq: one of ``qucb``, ``ucb``, ``logei``, ``ei``, ``qlognei``, ``ts``.
         acq_options: acquisition options (``beta``, ``beta_schedule``, ``num_mc_samples``,
-            ``num_candidates`` for ``ts``, ...; see
-            :func:`bo_online.acquisition.build_acquisition`).
+            ``num_candidates`` for ``ts``, ...; each acquisition's are listed in
+            :data:`bo_online.acquisition.ACQ_OPTIONS`, and any other is refused).
         optimizer_options: ``optimize_acqf`` settings (``num_restarts``, ``raw_samples``,
             ``maxiter``, ``batch_limit``, ``sequential``).
         n_init: initial Sobol points (default ``max(5, 2 d)``, or 0 with ``initial_data``).
@@ -84,6 +86,7 @@ class BayesOptLoop(OnlineLoop):
                 f"{', '.join(a for a in ACQUISITIONS if a != 'qnipv')}."
             )
         optimizer_kwargs(optimizer_options)  # validate the names now
+        check_acq_options(acq, dict(acq_options or {}))
         data = self._check_initial_data(problem, initial_data)
         if n_init is None:
             n_init = 0 if data is not None else max(5, 2 * problem.dim)
@@ -377,7 +380,8 @@ class BayesOptLoop(OnlineLoop):
             problem,
             initial_data=initial,
             acq=cfg["acq"],
-            acq_options=cfg["acq_options"],
+            # runs from before unread options were refused kept every CLI flag's value
+            acq_options=known_acq_options(cfg["acq"], cfg["acq_options"]),
             optimizer_options=cfg["optimizer_options"],
             **_shared_kwargs(cfg),
             out_dir=out_dir,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bo_online.errors import ObjectiveError
-from bo_online.loops import ActiveLearningLoop, BayesOptLoop, StreamingLoop, load_loop
+from bo_online.loops import ActiveLearningLoop, BayesOptLoop, StreamingLoop, history, load_loop
 from bo_online.models.registry import get_model_class
 from bo_online.problems import CallableProblem, PoolProblem, StreamProblem, stream_arrays
 
@@ -391,3 +391,41 @@ def test_a_float32_models_metrics_are_scored_against_the_targets_as_given():
     expected = float((mean - yt).pow(2).mean().sqrt())
     assert expected > 0.1  # the premise: float32 cannot hold these targets' spread
     assert metrics["rmse"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_acquisition_options_an_acquisition_does_not_read_are_refused(tmp_path):
+    """A misspelt ``beta`` (or an option of another acquisition) was silently ignored: the run
+    went on with the default. Now refused when the loop (or a sweep spec) is built; a run saved
+    before, whose config kept every CLI flag's option, still resumes."""
+    from bo_online.sweep import campaigns
+
+    with pytest.raises(ValueError, match=r"'betaa' are not read by qucb; .* beta, beta_schedule"):
+        _loop(_quadratic, acq="qucb", acq_options={"betaa": 0.5})
+    with pytest.raises(ValueError, match="'num_candidates' are not read by logei"):
+        _loop(_quadratic, acq="logei", acq_options={"num_candidates": 64})
+    _loop(_quadratic, acq="ts", acq_options={"num_candidates": 64})  # read by ts: accepted
+    s = _stream(n=36)
+    pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
+    with pytest.raises(ValueError, match="'beta' are not read by qnipv"):
+        ActiveLearningLoop(pool, acq="qnipv", acq_options={"beta": 1.0}, quiet=True)
+    spec = {
+        "steps": 1,
+        "problems": ["branin"],
+        "models": ["exact"],
+        "acqs": ["qucb"],
+        "seeds": [0],
+        "options": {"acq_options": {"betaa": 0.5}},
+    }
+    with pytest.raises(ValueError, match="'betaa' are not read by qucb"):
+        campaigns(spec)
+
+    kw = dict(acq="logei", acq_options={"num_mc_samples": 64})
+    reference = _loop(_quadratic, **kw).run(2)
+    _loop(_quadratic, tmp_path=tmp_path, **kw).run(1)
+    ckpt_path = tmp_path / "run" / history.CHECKPOINT_FILE
+    ckpt = history.load_checkpoint(ckpt_path)
+    ckpt["config"]["acq_options"].update(beta=2.0, beta_schedule="constant", num_candidates=9)
+    history.save_checkpoint(ckpt_path, ckpt)
+    problem = CallableProblem(_quadratic, bounds=BOUNDS, name="quad")
+    resumed = load_loop(tmp_path / "run", problem=problem).run(2)
+    assert [r["best_value"] for r in resumed] == [r["best_value"] for r in reference]
