@@ -40,13 +40,24 @@ from bo_online.problems import PoolProblem, to_unit
 __all__ = ["ActiveLearningLoop", "predictive_metrics"]
 
 
-def predictive_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) -> dict[str, float]:
+def predictive_metrics(
+    model: Any,
+    X: Tensor,
+    y: Tensor,
+    chunk: int = 2048,
+    target_shift: float = 0.0,
+    target_scale: float = 1.0,
+) -> dict[str, float]:
     r"""Test metrics of ``model`` at ``X`` (``m x d``, model space) against ``y`` (``m``).
 
     Returns ``rmse`` (of the predictive mean), ``mean_var`` (mean latent predictive variance,
     the quantity qNIPV reduces) and ``nll`` (mean Gaussian negative log predictive density with
     observation noise). Marginals only: points are evaluated as ``m x 1 x d`` batches.
+    ``target_shift``, ``target_scale``: the model was given ``(y - shift) / scale`` (a loop's
+    target scaling, :meth:`bo_online.loops.core.OnlineLoop._set_target_scaling`); its
+    predictions are mapped back to ``y``'s units in float64 before they are scored.
     """
+    scaled = target_shift != 0.0 or target_scale != 1.0
     sq, var_f, nll = [], [], []
     # GPyTorch floors posterior variances at 1e-10 (float64) / 1e-6 (float32) in the user's
     # units, which cut the NLL of targets on a small scale (sd 1e-6: -10.6 for -14.4); floor them
@@ -68,6 +79,9 @@ def predictive_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) -> d
             mean = post_f.mean.reshape(-1).double()
             vf = post_f.variance.reshape(-1).double()
             vy = post_y.variance.reshape(-1).double().clamp_min(tiny[Xi.dtype])
+            if scaled:  # back to the targets' units, in float64
+                mean = mean * target_scale + target_shift
+                vf, vy = vf * target_scale**2, vy * target_scale**2
             sq.append((mean - yi).pow(2))
             var_f.append(vf)
             nll.append(0.5 * (torch.log(2 * math.pi * vy) + (yi - mean).pow(2) / vy))
@@ -172,12 +186,16 @@ class ActiveLearningLoop(OnlineLoop):
         # steps a run was asked for, or a run extended by resume would differ from a long one.
         if self.step_count % self.config["eval_every"] != 0:
             return {"rmse": None, "mean_var": None, "nll": None}
-        return predictive_metrics(self.model, self.U_test, self.problem.y_test)
+        return predictive_metrics(
+            self.model,
+            self.U_test,
+            self.problem.y_test,
+            target_shift=self.target_shift,
+            target_scale=self.target_scale,
+        )
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
-        return self.U_pool[self.chosen], self.problem.y_pool[self.chosen].reshape(-1, 1).to(
-            **self.tkwargs
-        )
+        return self.U_pool[self.chosen], self._model_targets(self.problem.y_pool[self.chosen])
 
     def _take(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         self.used[idx] = True
@@ -191,7 +209,8 @@ class ActiveLearningLoop(OnlineLoop):
         X0, y0 = self._take(idx)
         t_eval = self._now() - t0
         t0 = self._now()
-        self.model = self._build_model(self.U_pool[idx], y0.reshape(-1, 1))
+        self._set_target_scaling(y0)
+        self.model = self._build_model(self.U_pool[idx], self._model_targets(y0))
         t_update = self._now() - t0
         t_fit = self._fit(self.config["init_fit_max_iter"])
         return {
@@ -289,7 +308,7 @@ class ActiveLearningLoop(OnlineLoop):
         X, y = self._take(indices)  # the "evaluation" of a pool problem is a lookup
         t_eval = self._now() - t0
         t0 = self._now()
-        self.model.update(self.U_pool[indices], y.reshape(-1, 1).to(**self.tkwargs))
+        self.model.update(self.U_pool[indices], self._model_targets(y))
         t_update = self._now() - t0
         self.step_count += 1
         refit = self._refit_due()
@@ -345,5 +364,5 @@ class ActiveLearningLoop(OnlineLoop):
         )
         loop._restore_state(ckpt["state"])
         idx0 = loop.chosen[: cfg["n_init"]]
-        loop._restore(ckpt, loop.U_pool[idx0], problem.y_pool[idx0].reshape(-1, 1))
+        loop._restore(ckpt, loop.U_pool[idx0], problem.y_pool[idx0])
         return loop

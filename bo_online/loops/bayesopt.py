@@ -145,7 +145,9 @@ class BayesOptLoop(OnlineLoop):
         return to_unit(X.to(torch.float64), self.problem.bounds).to(**self.tkwargs)
 
     def _model_y(self, y: Tensor) -> Tensor:
-        return (self.sign * y).reshape(-1, 1).to(**self.tkwargs)
+        r"""Observed values (problem sense) as the surrogate takes them: maximisation sense,
+        ``n x 1``, through the run's target scaling (:meth:`_model_targets`)."""
+        return self._model_targets(self.sign * y)
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
         return self._unit(self.X), self._model_y(self.y)
@@ -195,6 +197,7 @@ class BayesOptLoop(OnlineLoop):
             Xu, yu = self._initial_data
             X0, y0, y0_true = torch.cat([Xu, X0]), torch.cat([yu, y0]), torch.cat([yu, y0_true])
         self.X, self.y, self.y_true = X0, y0, y0_true
+        self._set_target_scaling(self.sign * y0)
         t0 = self._now()
         self.model = self._build_model(self._unit(X0), self._model_y(y0))
         t_update = self._now() - t0
@@ -390,5 +393,5 @@ class BayesOptLoop(OnlineLoop):
         )
         loop._restore_state(ckpt["state"])
         n0 = cfg["n_init"] + cfg.get("n_initial_data", 0)
-        loop._restore(ckpt, loop._unit(loop.X[:n0]), loop._model_y(loop.y[:n0]))
+        loop._restore(ckpt, loop._unit(loop.X[:n0]), loop.sign * loop.y[:n0])
         return loop

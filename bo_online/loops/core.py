@@ -40,6 +40,7 @@ from torch import Tensor
 from bo_online.loops import history
 from bo_online.loops.options import check_options, instantiate
 from bo_online.loops.refit_rules import growth_refit_due, refits_from_defaults
+from bo_online.models.fitting import standardization
 from bo_online.models.registry import get_model_class
 from bo_online.problems import make_problem
 from bo_online.userdata import DataChangedError
@@ -217,6 +218,9 @@ class OnlineLoop:
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
+        # targets the surrogate sees: (y - shift) / scale, in float64, then cast to its dtype
+        # (see _set_target_scaling); identity unless the surrogate runs below float64
+        self.target_shift, self.target_scale = 0.0, 1.0
 
     def _check_storable(self) -> None:
         """With ``out_dir``, the config must be JSON (it is written once the initial design has
@@ -305,6 +309,53 @@ class OnlineLoop:
             options.setdefault("refit_max_iter", self.config["fit_max_iter"])
         return options
 
+    def _scales_targets(self) -> bool:
+        r"""Whether the loop centres and scales targets before they reach the surrogate
+        (:meth:`_set_target_scaling`): where the surrogate runs below float64 and standardises
+        real-valued targets itself (not with ``standardize=False`` or a likelihood on labels or
+        counts, whose targets must arrive as given)."""
+        if self.dtype == torch.float64:
+            return False
+        options = self._model_options()
+        if options.get("standardize", True) is False:
+            return False
+        likelihood = options.get("likelihood")
+        if likelihood is None:
+            return True
+        if isinstance(likelihood, str):  # QSGP's names: only "logistic" takes labels
+            return likelihood.lower() != "logistic"
+        if hasattr(likelihood, "standardizable"):
+            return bool(likelihood.standardizable)
+        from gpytorch.likelihoods import GaussianLikelihood
+
+        return isinstance(likelihood, GaussianLikelihood)
+
+    def _set_target_scaling(self, y: Tensor) -> None:
+        r"""Fix, from the initial targets ``y`` (the model's sense, any shape), the affine map
+        :meth:`_model_targets` applies for the whole run: ``(y - mean) / std`` computed in
+        float64 (as the surrogates' own standardisation, a zero or undefined deviation being
+        1), where :meth:`_scales_targets`; the identity otherwise (float64 runs are unchanged).
+
+        The surrogates standardise targets themselves, but in their own dtype: cast to float32
+        first, targets 1e8 + O(1) (the float32 spacing there is 8) arrive as one constant and
+        the model learns nothing. Centred and scaled in float64 first, they reach it as O(1)
+        values, and its own standardisation is then close to the identity. Kept in the
+        checkpoint (``target_scaling``), so a resumed run feeds its model the same numbers."""
+        if not self._scales_targets():
+            self.target_shift, self.target_scale = 0.0, 1.0
+            return
+        mean, std = standardization(y.detach().to(device="cpu", dtype=torch.float64).reshape(-1))
+        self.target_shift, self.target_scale = float(mean), float(std)
+
+    def _model_targets(self, y: Tensor) -> Tensor:
+        r"""Targets ``y`` (``n`` or ``n x 1``, the model's sense, user units) as the surrogate
+        takes them: ``n x 1`` in its dtype and device, through the run's target scaling
+        (centred and scaled in float64 before the cast; see :meth:`_set_target_scaling`)."""
+        Y = y.reshape(-1, 1)
+        if self.target_shift != 0.0 or self.target_scale != 1.0:
+            Y = (Y.to(dtype=torch.float64) - self.target_shift) / self.target_scale
+        return Y.to(**self.tkwargs)
+
     def _build_model(self, X: Tensor, Y: Tensor) -> Any:
         r"""The surrogate on ``X`` (``n x d``, unit cube) and ``Y`` (``n x 1``)."""
         options = self._model_options()
@@ -322,7 +373,8 @@ class OnlineLoop:
 
     def _training_data(self) -> tuple[Tensor, Tensor] | None:
         r"""Every observation the surrogate holds: ``n x d`` inputs in its space (the unit cube)
-        and ``n x 1`` outcomes as it sees them; None where the loop keeps no raw data."""
+        and ``n x 1`` outcomes as it sees them (:meth:`_model_targets`); None where the loop
+        keeps no raw data."""
         return None
 
     def _initial_costs(self, t_fit: float, t_eval: float, t_update: float) -> dict[str, Any]:
@@ -761,6 +813,7 @@ class OnlineLoop:
                 for k, v in self.model.state_dict().items()
             },
             "state": self._state(),
+            "target_scaling": [self.target_shift, self.target_scale],
         }
 
     def _elapsed_now(self) -> float:
@@ -776,9 +829,14 @@ class OnlineLoop:
         history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
         self._last_checkpoint = time.perf_counter()
 
-    def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_Y: Tensor) -> None:
-        r"""Rebuild the model on the initial data, load its saved state, restore the rest."""
-        self.model = self._build_model(init_X, init_Y)
+    def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_y: Tensor) -> None:
+        r"""Rebuild the model on the initial data (``init_y``: targets in the model's sense, user
+        units), load its saved state, restore the rest."""
+        # a checkpoint written before the loops scaled targets fed its model the raw targets
+        self.target_shift, self.target_scale = (
+            float(v) for v in ckpt.get("target_scaling", (0.0, 1.0))
+        )
+        self.model = self._build_model(init_X, self._model_targets(init_y))
         try:
             self.model.load_state_dict(
                 {

@@ -184,13 +184,16 @@ class StreamingLoop(OnlineLoop):
         r"""The task's metrics of the current surrogate at ``U`` (unit cube) against ``y``."""
         if self.classify:
             return classification_metrics(self.model, U, y)
-        return predictive_metrics(self.model, U, y)
+        return predictive_metrics(
+            self.model, U, y, target_shift=self.target_shift, target_scale=self.target_scale
+        )
 
     def _initial_design(self) -> dict[str, Any]:
         n0 = self.config["n_init"]
         t0 = self._now()
+        self._set_target_scaling(self.problem.y_stream[:n0])
         self.model = self._build_model(
-            self.U_stream[:n0], self.problem.y_stream[:n0].reshape(-1, 1)
+            self.U_stream[:n0], self._model_targets(self.problem.y_stream[:n0])
         )
         t_update = self._now() - t0
         self.position = n0
@@ -204,7 +207,7 @@ class StreamingLoop(OnlineLoop):
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
         rows = slice(0, self.position)
-        return self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs)
+        return self.U_stream[rows], self._model_targets(self.problem.y_stream[rows])
 
     def ask(self) -> Tensor:
         r"""The next ``q`` stream rows (indices); also predicts them (prequential)."""
@@ -218,6 +221,10 @@ class StreamingLoop(OnlineLoop):
         pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows])
         self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
         return rows
+
+    def _scales_targets(self) -> bool:
+        r"""Labels of a classification stream reach the classifier as given."""
+        return not self.classify and super()._scales_targets()
 
     def _model_options(self) -> dict[str, Any]:
         r"""The user's options, plus the run's ``stream_model_defaults`` (see ``__init__``)
@@ -270,9 +277,7 @@ class StreamingLoop(OnlineLoop):
         rows = pending["rows"]
         q = rows.numel()
         t0 = self._now()
-        self.model.update(
-            self.U_stream[rows], self.problem.y_stream[rows].reshape(-1, 1).to(**self.tkwargs)
-        )
+        self.model.update(self.U_stream[rows], self._model_targets(self.problem.y_stream[rows]))
         t_update = self._now() - t0
         self.position += q
         self.step_count += 1
@@ -356,5 +361,5 @@ class StreamingLoop(OnlineLoop):
         )
         loop._restore_state(ckpt["state"])
         n0 = cfg["n_init"]
-        loop._restore(ckpt, loop.U_stream[:n0], problem.y_stream[:n0].reshape(-1, 1))
+        loop._restore(ckpt, loop.U_stream[:n0], problem.y_stream[:n0])
         return loop
