@@ -23,14 +23,6 @@ OFFSET = 1e8
 UNIT = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _offset_data(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``n`` points of the unit square and targets 1e8 + a smooth O(1) signal (sd about 1)."""
     X = torch.rand(n, 2, generator=g, dtype=torch.float64)
