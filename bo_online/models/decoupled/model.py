@@ -22,13 +22,15 @@ from bo_online.models.decoupled.conditioning import DecoupledConditioningMixin
 from bo_online.models.decoupled.fitting import DecoupledFitMixin
 from bo_online.models.decoupled.objectives import DecoupledObjectivesMixin
 from bo_online.models.decoupled.prediction import DecoupledPredictionMixin
-from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin
+from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin, site_dtype
 from bo_online.models.validation import detached
 
 __all__ = ["DecoupledSVGP"]
 
 _FOLD_FACTOR_BUFFERS = ("fold_chol_K", "fold_chol_A", "fold_chol_C")
 _SAVED_ONLY_BUFFERS = ("generator_state", *_FOLD_FACTOR_BUFFERS)
+#: held in ``site_dtype`` of the model's dtype (float64 for a float32 model), see ``_apply``
+_SITE_BUFFERS = ("site_Q", "site_s")
 
 
 class DecoupledSVGP(
@@ -275,13 +277,35 @@ class DecoupledSVGP(
             self._buffers[name] = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        r"""As ``Module._apply``, except that the site statistics (and the fold factors kept for
+        them) follow the model's device but stay in :func:`site_dtype` of its new dtype:
+        converted with the rest, a float32 model's float64 sites would be rounded, which the
+        folds cannot afford (``statistics.site_dtype``)."""
+        sites = {name: self._buffers.get(name) for name in _SITE_BUFFERS}
+        others = (
+            t for t in self._tensors_apply_converts() if all(t is not s for s in sites.values())
+        )
         # BoTorch calls ``to`` on every analytic acquisition evaluation: form nothing when
-        # ``fn`` leaves every tensor as it is (``OnlineModel._apply``'s own check).
-        if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
+        # ``fn`` leaves every other tensor as it is (the sites are kept in step with them).
+        if recurse and all(fn(t) is t for t in others):
             return self
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()
-        return super()._apply(fn, recurse)
+        if all(t is None for t in sites.values()):  # no sites (and no fold factors) held
+            return super()._apply(fn, recurse)
+        kept = self.__dict__.get("_kept_fold_factors")
+        for name in _SITE_BUFFERS:
+            self._buffers[name] = None
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            where = dict(device=self.beta_points.device, dtype=site_dtype(self.beta_points.dtype))
+            moved = {n: None if t is None else t.to(**where) for n, t in sites.items()}
+            self._buffers.update(moved)
+            if kept is not None and kept[0] is sites["site_Q"]:
+                factors = tuple(f.to(**where) for f in kept[1:])
+                self.__dict__["_kept_fold_factors"] = (moved["site_Q"], *factors)
+        return self
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in

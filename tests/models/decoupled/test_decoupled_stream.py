@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import torch
+from botorch.acquisition import UpperConfidenceBound
 from botorch.test_functions import Branin, Hartmann
 
 from bo_online.models import DecoupledSVGP, OnlineExactGP
@@ -451,9 +452,14 @@ def test_float32_long_stream_in_six_dimensions_matches_float64():
     # The same bases for both (pivoted Cholesky may pick differently in float32).
     with torch.no_grad():
         m32._set_sites(m64.beta_points.float(), m64.alpha_points.float())
+    ucb = UpperConfidenceBound(m32, beta=2.0)
     for i in range(n0, n):
         m64.update(X[i : i + 1], Y[i : i + 1])
         m32.update(X[i : i + 1].float(), Y[i : i + 1].float())
+        if i % 50 == 0:  # an analytic acquisition calls m32.to(X) on each evaluation, and
+            ucb(Xt[:4].float().unsqueeze(-2))  # a user may: neither may round the sites
+            m32.to(torch.float32)
+    assert m32.site_Q.dtype == m32.site_s.dtype == torch.float64
     assert m32._in_fold_mode() and m32.num_beta == 128 and m32.num_data == n
     std, var = float(Y.std()), float(Y.var())
 
