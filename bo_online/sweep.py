@@ -123,7 +123,7 @@ def _problem(entry: Any) -> dict[str, Any]:
 
 def campaigns(spec: dict[str, Any]) -> list[Campaign]:
     r"""Every campaign of a spec (problems x models x acqs x seeds); checks names up front."""
-    from bo_online.acquisition import ACQUISITIONS
+    from bo_online.acquisition import ACQ_OPTIONS, ACQUISITIONS, known_acq_options
     from bo_online.models.registry import get_model_class
     from bo_online.problems import synthetic_problem
 
@@ -142,8 +142,26 @@ def campaigns(spec: dict[str, Any]) -> list[Campaign]:
             f"[options] sets {reserved}, which the sweep sets per campaign (from problems, "
             "models, acqs, seeds, steps and the output folder); list them there instead."
         )
+    # [options] is shared by every campaign: each acquisition takes the acq_options it reads,
+    # and a key that none of the spec's acquisitions reads (a misspelling) is refused.
+    acq_options = dict(options.get("acq_options", {}))
+    read = {k for a in spec["acqs"] for k in known_acq_options(a, acq_options)}
+    unread = sorted(set(acq_options) - read)
+    if unread:
+        raise ValueError(
+            f"[options] acq_options {', '.join(map(repr, unread))}: read by none of the "
+            f"acquisitions {', '.join(spec['acqs'])}; their options: "
+            + "; ".join(f"{a}: {', '.join(ACQ_OPTIONS[a])}" for a in spec["acqs"])
+            + "."
+        )
+
+    def own(acq: str) -> dict[str, Any]:
+        if "acq_options" not in options:
+            return options
+        return {**options, "acq_options": known_acq_options(acq, acq_options)}
+
     runs = [
-        Campaign(p, m, a, int(s), int(spec["steps"]), options)
+        Campaign(p, m, a, int(s), int(spec["steps"]), own(a))
         for p, m, a, s in itertools.product(problems, spec["models"], spec["acqs"], spec["seeds"])
     ]
     names = [c.name for c in runs]

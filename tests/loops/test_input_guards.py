@@ -416,8 +416,13 @@ def test_acquisition_options_an_acquisition_does_not_read_are_refused(tmp_path):
         "seeds": [0],
         "options": {"acq_options": {"betaa": 0.5}},
     }
-    with pytest.raises(ValueError, match="'betaa' are not read by qucb"):
+    with pytest.raises(ValueError, match="'betaa': read by none of the acquisitions qucb"):
         campaigns(spec)
+    # [options] is shared: each acquisition of the sweep takes the options it reads
+    spec["acqs"] = ["qucb", "ts"]
+    spec["options"] = {"acq_options": {"beta": 0.5, "num_candidates": 64}}
+    runs = {c.acq: c.options["acq_options"] for c in campaigns(spec)}
+    assert runs == {"qucb": {"beta": 0.5}, "ts": {"num_candidates": 64}}
 
     kw = dict(acq="logei", acq_options={"num_mc_samples": 64})
     reference = _loop(_quadratic, **kw).run(2)
