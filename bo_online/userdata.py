@@ -357,25 +357,33 @@ def read_table_any(path: Path) -> Table:
 
 
 def _is_row_index(table: Table) -> bool:
-    """Whether the first column is an unnamed ``0, 1, 2, ...`` (a pandas index written by
-    ``to_csv``): a row number says nothing about the target, so it is no default input."""
-    if table.columns[0] != "" or table.first_line < 2:  # unnamed in a header
+    """Whether the first column is a row index that a data frame library wrote: named ``""``
+    in a header (pandas' ``to_csv``, R's ``write.csv``) or ``"Unnamed: 0"`` (such a file read
+    by pandas and written again), holding ``0, 1, 2, ...`` or ``1, 2, 3, ...``. A row number
+    says nothing about the target, so it is no default input."""
+    if table.columns[0] not in ("", "Unnamed: 0") or table.first_line < 2:  # a header's name
         return False
-    return bool(np.array_equal(table.data[:, 0], np.arange(table.data.shape[0])))
+    rows = np.arange(table.data.shape[0])
+    return any(np.array_equal(table.data[:, 0], rows + start) for start in (0, 1))
 
 
-def _inputs(table: Table, inputs: Sequence[str | int] | None, exclude: set[int]) -> list[int]:
+def _inputs(
+    table: Table,
+    inputs: Sequence[str | int] | None,
+    exclude: set[int],
+    drop_row_index: bool = True,
+) -> list[int]:
     if inputs is None:
         cols = [j for j in range(len(table.columns)) if j not in exclude]
-        if cols and cols[0] == 0 and _is_row_index(table):
+        if drop_row_index and len(cols) > 1 and cols[0] == 0 and _is_row_index(table):
             cols = cols[1:]
             warnings.warn(
-                f"{table.path}: the first column has no name and holds the row numbers 0, 1, "
-                "2, ... (the index pandas' to_csv writes), so it is not used as an input; "
-                "write the file with index=False, or name the inputs with --inputs to choose "
-                "them yourself.",
+                f"{table.path}: the first column ({table.columns[0]!r}) holds the row numbers "
+                "(the index pandas' or R's CSV writers add), so it is not used as an input; "
+                "write the file without it (pandas: index=False), or name the inputs with "
+                "--inputs to choose them yourself.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=4,  # the caller of stream_from_file / pool_from_file
             )
         table.require(cols)
     else:
@@ -433,6 +441,7 @@ def stream_from_file(
     max_test: int | None = None,
     expected_sha256: str | None = None,
     expected_mask_sha256: str | None = None,
+    drop_row_index: bool = True,
 ) -> StreamProblem:
     r"""A :class:`~bo_online.problems.StreamProblem` from a file.
 
@@ -449,11 +458,22 @@ def stream_from_file(
         max_test: keep only the first this many test rows.
         expected_sha256: refuse the file unless its hash is this (used on resume).
         expected_mask_sha256: likewise for a test-mask file.
+        drop_row_index: leave out of the default inputs a first column of row numbers that a
+            data frame library wrote (unnamed or ``Unnamed: 0``, holding ``0, 1, ...`` or
+            ``1, 2, ...``), with a warning, where other inputs remain.
     """
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
     table, X, y, mask = _split_table(
-        path, target, inputs, test_fraction, test_mask, seed, expected_sha256, expected_mask_sha256
+        path,
+        target,
+        inputs,
+        test_fraction,
+        test_mask,
+        seed,
+        expected_sha256,
+        expected_mask_sha256,
+        drop_row_index,
     )
     if task == "classification":
         y = _labels(y, table.path)
@@ -472,6 +492,7 @@ def stream_from_file(
             table,
             target=target,
             inputs=None if inputs is None else list(inputs),
+            drop_row_index=drop_row_index,
             test_fraction=test_fraction,
             test_mask=test_mask,
             task=task,
@@ -494,12 +515,21 @@ def pool_from_file(
     pool_size: int | None = None,
     expected_sha256: str | None = None,
     expected_mask_sha256: str | None = None,
+    drop_row_index: bool = True,
 ) -> PoolProblem:
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
     seeded random subset of the pool)."""
     table, X, y, mask = _split_table(
-        path, target, inputs, test_fraction, test_mask, seed, expected_sha256, expected_mask_sha256
+        path,
+        target,
+        inputs,
+        test_fraction,
+        test_mask,
+        seed,
+        expected_sha256,
+        expected_mask_sha256,
+        drop_row_index,
     )
     pool = np.flatnonzero(~mask)
     if pool_size is not None:
@@ -519,6 +549,7 @@ def pool_from_file(
             table,
             target=target,
             inputs=None if inputs is None else list(inputs),
+            drop_row_index=drop_row_index,
             test_fraction=test_fraction,
             test_mask=test_mask,
             seed=seed,
@@ -536,6 +567,7 @@ def _split_table(
     seed: int,
     expected_sha256: str | None,
     expected_mask_sha256: str | None = None,
+    drop_row_index: bool = True,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
@@ -555,7 +587,9 @@ def _split_table(
             f"{table.path}: column {table.columns[t_col]!r} cannot be both the target and the "
             "test mask."
         )
-    cols = _inputs(table, inputs, {t_col} | ({m_col} if m_col is not None else set()))
+    cols = _inputs(
+        table, inputs, {t_col} | ({m_col} if m_col is not None else set()), drop_row_index
+    )
     return table, table.data[:, cols], table.data[:, t_col], mask
 
 
@@ -604,4 +638,5 @@ def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     path, sha = spec.pop("path"), spec.pop("sha256")
     mask_sha = spec.pop("test_mask_sha256", None)
     build = stream_from_file if kind == "stream" else pool_from_file
+    spec.setdefault("drop_row_index", False)  # a run from before the rule kept the column
     return build(path, expected_sha256=sha, expected_mask_sha256=mask_sha, **spec)

@@ -13,7 +13,13 @@ import torch
 from bo_online.cli import main
 from bo_online.loops import StreamingLoop, history, load_loop, read_records, without_timing
 from bo_online.problems import make_problem, to_unit
-from bo_online.userdata import DataChangedError, DataFileError, pool_from_file, stream_from_file
+from bo_online.userdata import (
+    DataChangedError,
+    DataFileError,
+    pool_from_file,
+    problem_from_spec,
+    stream_from_file,
+)
 
 
 def _data(n: int = 160, d: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -502,8 +508,9 @@ def test_a_pandas_index_column_is_no_default_input(tmp_path):
         "\n".join(["," + lines[0]] + [f"{i},{row}" for i, row in enumerate(lines[1:])]) + "\n"
     )
     want = stream_from_file(plain, seed=3)
-    with pytest.warns(UserWarning, match="row numbers 0, 1, 2, .*index=False"):
+    with pytest.warns(UserWarning, match="holds the row numbers .*index=False") as caught:
         got = stream_from_file(indexed, seed=3)
+    assert caught[0].filename == __file__  # points at the caller's line
     assert got.X_stream.shape[1] == 3
     for name in ("X_stream", "y_stream", "X_test", "y_test"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -512,12 +519,30 @@ def test_a_pandas_index_column_is_no_default_input(tmp_path):
     assert pool.X_pool.shape[-1] == 3
     chosen = stream_from_file(indexed, inputs=["", "x0"], seed=3)  # named: used as asked
     assert chosen.X_stream.shape[1] == 2
-    # an unnamed first column that is not 0, 1, 2, ... is data, kept as an input
+    # an unnamed first column that is not 0, 1, 2, ... or 1, 2, 3, ... is data, kept as an input
     shifted = tmp_path / "shifted.csv"
     shifted.write_text(
-        "\n".join(["," + lines[0]] + [f"{i + 1},{row}" for i, row in enumerate(lines[1:])]) + "\n"
+        "\n".join(["," + lines[0]] + [f"{i + 2},{row}" for i, row in enumerate(lines[1:])]) + "\n"
     )
     assert stream_from_file(shifted, seed=3).X_stream.shape[1] == 4
+    # R's write.csv numbers rows from 1; pandas names an index it read back "Unnamed: 0"
+    r_style = tmp_path / "r.csv"
+    r_style.write_text(
+        "\n".join(["," + lines[0]] + [f"{i + 1},{row}" for i, row in enumerate(lines[1:])]) + "\n"
+    )
+    again = tmp_path / "again.csv"
+    again.write_text(indexed.read_text().replace(",x0", "Unnamed: 0,x0", 1))
+    for path in (r_style, again):
+        with pytest.warns(UserWarning, match="holds the row numbers"):
+            assert stream_from_file(path, seed=3).X_stream.shape[1] == 3
+    # a series written with its index (t, y): the index is the only input, so it stays
+    series = tmp_path / "series.csv"
+    series.write_text(",y\n" + "\n".join(f"{i},{v:.6f}" for i, v in enumerate(y)) + "\n")
+    assert stream_from_file(series).X_stream.shape[1] == 1
+    # a run saved before the rule (its spec has no drop_row_index) is rebuilt as it ran
+    spec = dict(got.spec)
+    assert spec.pop("drop_row_index") is True
+    assert problem_from_spec(spec).X_stream.shape[1] == 4
 
 
 def test_a_comma_at_the_end_of_every_line_is_no_column(tmp_path):
