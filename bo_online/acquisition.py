@@ -61,8 +61,9 @@ ACQ_OPTIONS: dict[str, tuple[str, ...]] = {
     "logei": ("num_mc_samples",),
     "ei": ("num_mc_samples",),
     "qlognei": ("num_mc_samples", "prune_baseline"),
-    "qnipv": ("num_mc_points", "num_fantasies"),
+    "qnipv": ("num_fantasies",),  # its integration points are the loop's (num_mc_points)
     "ts": ("num_candidates",),
+    "random": (),
 }
 
 
@@ -82,8 +83,9 @@ def check_acq_options(name: str, options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(
-            f"acq_options {', '.join(map(repr, unknown))} are not read by {name}; its options "
-            f"are {', '.join(known)}."
+            f"acq_options {', '.join(map(repr, unknown))} "
+            f"{'is' if len(unknown) == 1 else 'are'} not read by {name}; its options: "
+            f"{', '.join(known) or 'none'}."
         )
 
 

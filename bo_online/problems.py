@@ -466,10 +466,22 @@ class PoolProblem:
                 ("X_test", self.X_test, "y_test", self.y_test),
             ),
         )
+        _normalise_labelled_sets(self, ("y_pool", "y_test"))
 
     @property
     def dim(self) -> int:
         return int(self.bounds.shape[-1])
+
+
+def _normalise_labelled_sets(problem: Any, targets: tuple[str, ...]) -> None:
+    r"""After :func:`_check_labelled_sets`: targets given ``N x 1`` become ``N`` (the loops
+    index, score and record ``N``: an ``N x 1`` stream broadcast its prequential errors to
+    ``q x q``) and a box given as a list becomes a float64 tensor."""
+    problem.bounds = torch.as_tensor(problem.bounds, dtype=torch.float64)
+    for name in targets:
+        y = getattr(problem, name)
+        if torch.is_tensor(y) and y.dim() > 1:
+            setattr(problem, name, y.reshape(-1))
 
 
 def _check_labelled_sets(name: str, bounds: Any, sets: tuple) -> None:
@@ -544,6 +556,7 @@ class StreamProblem:
                 ("X_test", self.X_test, "y_test", self.y_test),
             ),
         )
+        _normalise_labelled_sets(self, ("y_stream", "y_test"))
         for rows_name, rows in (("X_stream", self.X_stream), ("X_test", self.X_test)):
             if len(rows) < 1:  # the loop scores every step on the test rows
                 raise ValueError(

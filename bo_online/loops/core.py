@@ -917,13 +917,18 @@ def problem_digest(problem: Any) -> str:
     r"""SHA-256 of what defines a problem: its box, direction and, for pool and stream problems,
     every row (in float64), so that a run resumed with ``problem=`` can refuse other data. A
     user callable's code is not hashed (only its box and direction)."""
-    digest = hashlib.sha256(f"maximize={bool(getattr(problem, 'maximize', False))}".encode())
+    header = {k: getattr(problem, k, None) for k in ("maximize", "noise_std", "task")}
+    digest = hashlib.sha256(repr(sorted(header.items())).encode())
     for name in _PROBLEM_TENSORS:
         value = getattr(problem, name, None)
-        if torch.is_tensor(value):
-            values = value.detach().to(device="cpu", dtype=torch.float64).contiguous()
-            digest.update(f"{name}{tuple(values.shape)}".encode())
-            digest.update(values.numpy().tobytes())
+        if value is None:
+            continue
+        # flattened: y as n or n x 1, bounds as a tensor or a list, are the same problem
+        values = torch.as_tensor(value).detach().to(device="cpu", dtype=torch.float64)
+        width = values.shape[-1] if name.startswith("X") and values.dim() > 1 else 1
+        values = values.reshape(-1).contiguous()
+        digest.update(f"{name}:{values.numel()}x{width}".encode())
+        digest.update(values.numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -399,15 +399,20 @@ def test_acquisition_options_an_acquisition_does_not_read_are_refused(tmp_path):
     before, whose config kept every CLI flag's option, still resumes."""
     from bo_online.sweep import campaigns
 
-    with pytest.raises(ValueError, match=r"'betaa' are not read by qucb; .* beta, beta_schedule"):
+    with pytest.raises(ValueError, match=r"'betaa' is not read by qucb; .* beta, beta_schedule"):
         _loop(_quadratic, acq="qucb", acq_options={"betaa": 0.5})
-    with pytest.raises(ValueError, match="'num_candidates' are not read by logei"):
+    with pytest.raises(ValueError, match="'num_candidates' is not read by logei"):
         _loop(_quadratic, acq="logei", acq_options={"num_candidates": 64})
     _loop(_quadratic, acq="ts", acq_options={"num_candidates": 64})  # read by ts: accepted
     s = _stream(n=36)
     pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
-    with pytest.raises(ValueError, match="'beta' are not read by qnipv"):
+    with pytest.raises(ValueError, match="'beta' is not read by qnipv"):
         ActiveLearningLoop(pool, acq="qnipv", acq_options={"beta": 1.0}, quiet=True)
+    # the integration points are the loop's num_mc_points, not an acquisition option
+    with pytest.raises(ValueError, match="'num_mc_points' is not read by qnipv"):
+        ActiveLearningLoop(pool, acq="qnipv", acq_options={"num_mc_points": 100}, quiet=True)
+    with pytest.raises(ValueError, match="'betaa' is not read by random; its options: none"):
+        ActiveLearningLoop(pool, acq="random", acq_options={"betaa": 1.0}, quiet=True)
     spec = {
         "steps": 1,
         "problems": ["branin"],
@@ -434,3 +439,28 @@ def test_acquisition_options_an_acquisition_does_not_read_are_refused(tmp_path):
     problem = CallableProblem(_quadratic, bounds=BOUNDS, name="quad")
     resumed = load_loop(tmp_path / "run", problem=problem).run(2)
     assert [r["best_value"] for r in resumed] == [r["best_value"] for r in reference]
+
+
+def test_targets_given_n_by_1_and_a_box_given_as_a_list_are_the_same_problem():
+    """A stream or pool with y given N x 1 (accepted by the problem's checks) broadcast the
+    loop's prequential errors to q x q: other pred_rmse/NLL than the same data with y given N,
+    and records holding [[y]]. A box given as a list was accepted and then failed in the loop.
+    Both are now normalised when the problem is built."""
+    s = _stream(n=40, n_test=8)
+    column = StreamProblem(
+        "s",
+        s.X_stream,
+        s.y_stream.unsqueeze(-1),
+        s.X_test,
+        s.y_test.unsqueeze(-1),
+        s.bounds.tolist(),
+    )
+    assert column.y_stream.shape == s.y_stream.shape and torch.is_tensor(column.bounds)
+    kw = dict(model="exact", n_init=10, q=5, eval_every=2, seed=0, quiet=True)
+    want, got = StreamingLoop(s, **kw).run(4), StreamingLoop(column, **kw).run(4)
+    assert [r.get("pred_rmse") for r in got] == [r.get("pred_rmse") for r in want]
+    assert got[-1]["y"] == want[-1]["y"] and got[-1]["test_nll"] == want[-1]["test_nll"]
+    pool = PoolProblem(
+        "p", s.X_stream, s.y_stream.unsqueeze(-1), s.X_test, s.y_test, s.bounds.tolist()
+    )
+    assert pool.y_pool.shape == (40,) and pool.bounds.dtype == torch.float64

@@ -828,7 +828,11 @@ def test_resume_refuses_a_problem_with_other_data_and_leaves_the_run_as_it_was(t
         with pytest.raises(DataChangedError, match="not the one this run started on"):
             load_loop(tmp_path / "s", problem=other)
     assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()} == files
-    resumed = load_loop(tmp_path / "s", problem=_synthetic_stream(80)).run(6)
+    same = _synthetic_stream(80)  # rebuilt, y as n x 1 and the box a list: the same data
+    same = dataclasses.replace(
+        same, y_stream=same.y_stream.unsqueeze(-1), bounds=same.bounds.tolist()
+    )
+    resumed = load_loop(tmp_path / "s", problem=same).run(6)
     assert without_timing(resumed) == without_timing(reference)
 
     def bowl(X):
