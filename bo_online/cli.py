@@ -638,7 +638,7 @@ def _resume_hint() -> str:
             "interrupted ones resumed)"
         )
     if not _ACTIVE_RUN:  # stopped while reading data or building the loop
-        return "the run had not started; run the same command again"
+        return "stopped before the loop started (nothing was written); run the same command again"
     out, command = _ACTIVE_RUN[0]
     if not (out / history.CHECKPOINT_FILE).exists():  # stopped before its first checkpoint
         return "run the same command again (nothing was kept)"

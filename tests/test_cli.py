@@ -456,5 +456,5 @@ def test_ctrl_c_before_the_run_starts_says_to_run_the_command_again(tmp_path, ca
     second = tmp_path / "second"
     code, _, err = _run(["bo", "--problem", "branin", "--steps", "1", "--out", str(second)], capsys)
     assert code == 130
-    assert "interrupted; the run had not started; run the same command again" in err
+    assert "interrupted; stopped before the loop started (nothing was written); run the same" in err
     assert "resume" not in err and not second.exists()
