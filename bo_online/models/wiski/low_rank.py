@@ -36,6 +36,9 @@ __all__ = ["LowRankStatistics", "low_rank_statistics", "low_rank_log_likelihood"
 #: Relative accuracy asked of the factor: the pivoted Cholesky stops when the residual's trace is
 #: below this fraction of the largest diagonal entry of ``G``.
 _FACTOR_TOL = 1e-12
+#: For ``G`` accumulated below float64: the tolerance per observation in units of the dtype's
+#: machine epsilon (each row of ``W^T D^-1 W`` adds its rounding).
+_SINGLE_TOL_PER_ROW = 4.0
 
 
 class LowRankStatistics:
@@ -50,17 +53,28 @@ class LowRankStatistics:
         return self.L.shape[-1]
 
 
-def low_rank_statistics(G: Tensor, z: Tensor, h: Tensor, max_rank: int) -> LowRankStatistics | None:
+def low_rank_statistics(
+    G: Tensor, z: Tensor, h: Tensor, max_rank: int, tol: float = _FACTOR_TOL
+) -> LowRankStatistics | None:
     r"""The rank-``r`` factor of ``G`` (``m x m``, PSD, no gradient) with ``r <= max_rank``, and
     the coordinates of ``z`` and ``h`` (``m``) in it with their remainders; None when ``G``
-    needs a larger rank (then the caller uses the ``m x m`` path) or in single precision (the
-    factor's rounding would show in the fit)."""
-    if G.dtype != torch.float64 or max_rank < 1 or G.requires_grad:
+    needs a larger rank (then the caller uses the ``m x m`` path). Below float64 the factor and
+    coordinates are computed in float64 and returned in ``G``'s dtype: single precision cannot
+    reach the factor's tolerance (the ``m x m`` path would take over, several times slower)."""
+    if max_rank < 1 or G.requires_grad:
         return None
-    L = pivoted_cholesky(G, rank=max_rank, error_tol=_FACTOR_TOL)
+    if G.dtype != torch.float64:
+        # G summed in single precision is low rank only to its rounding: ask that of the factor
+        tol = max(tol, _SINGLE_TOL_PER_ROW * max_rank * torch.finfo(G.dtype).eps)
+        low = low_rank_statistics(G.double(), z.double(), h.double(), max_rank, tol)
+        if low is None:
+            return None
+        parts = (low.L, low.u_z, low.u_h, low.e_z, low.e_h)
+        return LowRankStatistics(*(t.to(G.dtype) for t in parts))
+    L = pivoted_cholesky(G, rank=max_rank, error_tol=tol)
     r = L.shape[-1]
     residual = torch.diagonal(G).sum() - L.pow(2).sum()
-    if r >= G.shape[-1] or residual > _FACTOR_TOL * G.shape[-1] * torch.diagonal(G).max():
+    if r >= G.shape[-1] or residual > tol * G.shape[-1] * torch.diagonal(G).max():
         return None
     targets = torch.stack([z, h], -1)
     # least squares by Householder QR (LAPACK's default least-squares driver here gave results

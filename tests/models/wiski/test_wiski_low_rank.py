@@ -71,7 +71,10 @@ def test_factor_reproduces_the_statistics_and_declines_when_it_cannot_help():
     assert torch.allclose(low.L @ low.L.mT, G, rtol=0, atol=1e-10 * float(G.abs().max()))
     assert torch.allclose(low.L @ low.u_z, z, rtol=0, atol=1e-9 * float(z.abs().max()))
     assert low_rank_statistics(G, z, h, max_rank=10) is None  # G has rank 30 > 10
-    assert low_rank_statistics(G.float(), z.float(), h.float(), max_rank=30) is None
+    # single precision: factored in float64, returned in float32 (the fit's fast path)
+    low32 = low_rank_statistics(G.float(), z.float(), h.float(), max_rank=30)
+    assert low32 is not None and low32.L.dtype == torch.float32 and low32.rank == low.rank
+    assert torch.allclose(low32.L.double(), low.L, rtol=0, atol=1e-6 * float(low.L.abs().max()))
     # more observations than half the active grid points: the m x m path
     Xb, Yb, _ = _data(120, 2, False, seed=1)
     big = WISKI(Xb, Yb, grid_size=10)
@@ -131,3 +134,26 @@ def test_clustered_observations_keep_the_factored_form_exact():
     assert float((g_fac - g_full).abs().max()) < 1e-8 * float(g_full.abs().max())
     ref = dense_mll(model, X, Y)
     assert float((fac - ref.detach()).abs()) < 1e-9 * abs(float(ref.detach()))
+
+
+def test_a_float32_model_takes_the_factored_path_and_matches_float64():
+    """In float32 the factor was refused, so every likelihood evaluation took the m x m path
+    (a 6-D all-pairs fit on 12 points: 0.47 s against 0.07 s per evaluation in float64). The
+    factor is now computed in float64 and cast; the float32 likelihood and its gradient match
+    the float64 model's at the same hyperparameters to single precision."""
+    X, Y, _ = _data(20, 4, False)
+    m64 = WISKI(X, Y, projection="all-pairs")
+    m64.fit(max_iter=8)
+    m32 = WISKI(X.float(), Y.float(), projection="all-pairs")
+    m32.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in m64.state_dict().items()}
+    )
+    active = torch.nonzero(torch.diagonal(m32.G) > 0)[:, 0]
+    assert m32._low_rank(m32.statistics(), active, False) is not None
+    mll64, g64 = _mll_and_grad(m64, low_rank=True)
+    # single precision's own error: the m x m path it replaces, measured 1.4e-5 (MLL,
+    # relative) and 7e-4 (gradient) here; the factored path 1.5e-5 and 1e-3
+    for low_rank in (True, False):
+        mll32, g32 = _mll_and_grad(m32, low_rank=low_rank)
+        assert abs(float(mll32) - float(mll64)) < 5e-5 * abs(float(mll64))
+        assert float((g32.double() - g64).abs().max()) < 5e-3 * float(g64.abs().max())
