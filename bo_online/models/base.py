@@ -49,6 +49,7 @@ from bo_online.models.validation import (
     check_observations,
     floor_noise,
     train_noise_floor,
+    warn_if_offset_hides_signal,
 )
 
 __all__ = ["OnlineModel", "HeldDataMixin"]
@@ -280,6 +281,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         ``Standardize``: ``outcome_mean`` and ``outcome_std`` of shape ``(m,)``, on ``like``'s
         dtype and device."""
         mean, std = standardization(train_Y.transpose(-1, -2))
+        warn_if_offset_hides_signal(train_Y.to(like.dtype))
         self.outcome_mean, self.outcome_std = mean.to(like), std.to(like)
 
     def _change_outcome_scaling(self, mean: Tensor, std: Tensor) -> None:

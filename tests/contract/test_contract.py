@@ -6,6 +6,7 @@ A new surrogate is covered by adding it to that one list.
 
 from __future__ import annotations
 
+import warnings
 from unittest import mock
 
 import pytest
@@ -808,6 +809,23 @@ def test_float32_matches_float64(s):
     mean, _ = latent(m64, Xt.float())  # and float32 inputs to a float64 model
     assert mean.dtype == torch.float64
     assert_close(mean, latent(m64, Xt)[0], 1e-6 * float(m64.outcome_std), "float32 inputs")
+
+
+@surrogates
+def test_float32_targets_whose_offset_hides_their_signal_are_reported(s):
+    """Targets 1e8 + O(1) cast to float32 (spacing 8 there) reach the model as a coarse copy or a
+    constant: the model learned nothing, without a word. It now warns where the rounding at the
+    targets' level is a sizeable part of their spread; float64, and float32 targets of ordinary
+    scale, are not reported."""
+    if s.name == "tsvgp-bernoulli":
+        pytest.skip("class labels reach the likelihood as given: no outcome scaling")
+    X, Y, _ = s.data(N0, D, seed=0)
+    with pytest.warns(UserWarning, match=r"where float32 resolves steps of 11\.9"):
+        s.make(X.float(), (Y + 1e8).float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        s.make(X.float(), (100 + 3 * Y).float())
+        s.make(X, Y + 1e8)
 
 
 @surrogates
