@@ -346,12 +346,17 @@ class ActiveLearningLoop(OnlineLoop):
     ) -> "ActiveLearningLoop":
         cfg = ckpt["config"]
         problem = problem_from_checkpoint(ckpt, problem, "pool", data_dir)
+        integrate_over = cfg.get("integrate_over", "test")
+        num_mc_points = cfg["num_mc_points"]
+        if integrate_over == "sobol" and "num_mc_points" in cfg["acq_options"]:
+            # runs from before it was refused as an acquisition option drew this many points
+            num_mc_points = cfg["acq_options"]["num_mc_points"]
         loop = cls(
             problem,
             acq=cfg["acq"],
             selection=cfg["selection"],
-            num_mc_points=cfg["num_mc_points"],
-            integrate_over=cfg.get("integrate_over", "test"),
+            num_mc_points=num_mc_points,
+            integrate_over=integrate_over,
             num_pool_candidates=cfg["num_pool_candidates"],
             # runs from before unread options were refused kept every CLI flag's value
             acq_options=known_acq_options(cfg["acq"], cfg["acq_options"]),

@@ -281,7 +281,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         ``Standardize``: ``outcome_mean`` and ``outcome_std`` of shape ``(m,)``, on ``like``'s
         dtype and device."""
         mean, std = standardization(train_Y.transpose(-1, -2))
-        warn_if_offset_hides_signal(train_Y.to(like.dtype))
+        warn_if_offset_hides_signal(train_Y, like.dtype)
         self.outcome_mean, self.outcome_std = mean.to(like), std.to(like)
 
     def _change_outcome_scaling(self, mean: Tensor, std: Tensor) -> None:

@@ -74,27 +74,32 @@ def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:
 _MIN_STEPS_PER_SPREAD = 1e3
 
 
-def warn_if_offset_hides_signal(train_Y: Tensor) -> None:
-    r"""Warn when ``train_Y`` (``n x m``, below float64) varies so little around its level that
-    the dtype's rounding there is a sizeable part of the variation (``1e8 + O(1)`` in float32,
-    where the spacing is 8): the model cannot learn what the cast removed. Nothing is changed."""
-    if train_Y.dtype == torch.float64 or train_Y.shape[-2] < 2:
+def warn_if_offset_hides_signal(train_Y: Tensor, dtype: torch.dtype) -> None:
+    r"""Warn when ``train_Y`` (``n x m``) cast to ``dtype`` (below float64) varies so little
+    around its level that the rounding there is a sizeable part of the variation (``1e8 + O(1)``
+    in float32, where the spacing is 8), or not at all where ``train_Y`` did: the model cannot
+    learn what the cast removed. Targets that are constant as given are not reported. Nothing
+    is changed."""
+    if dtype == torch.float64 or train_Y.shape[-2] < 2:
         return
-    Y = train_Y.detach()
+    given = train_Y.detach()
+    Y = given.to(dtype)
     level = Y.mean(dim=-2).abs()
     spread = Y.std(dim=-2)
-    step = torch.finfo(Y.dtype).eps * level
-    hidden = (level > 0) & (spread < _MIN_STEPS_PER_SPREAD * step)
+    step = torch.finfo(dtype).eps * level
+    coarse = (spread > 0) & (spread < _MIN_STEPS_PER_SPREAD * step)
+    lost = (spread == 0) & (given.std(dim=-2) > 0)
+    hidden = coarse | lost
     if bool(hidden.any()):
         j = int(torch.nonzero(hidden.reshape(-1))[0])
-        dtype = str(Y.dtype).replace("torch.", "")
+        name = str(dtype).replace("torch.", "")
         centre = float(Y.mean(dim=-2).reshape(-1)[j])
         warnings.warn(
             f"train_Y varies by {float(spread.reshape(-1)[j]):.3g} around {centre:.6g}, where "
-            f"{dtype} resolves steps of {float(step.reshape(-1)[j]):.3g}: little of the signal "
+            f"{name} resolves steps of {float(step.reshape(-1)[j]):.3g}: little of the signal "
             "survives the cast. Subtract the offset (e.g. y - y.mean()) in float64 before "
-            "casting, or use "
-            "float64 (bo_online's loops centre and scale targets before the cast themselves).",
+            "casting, or use float64 (bo_online's loops centre and scale targets before the "
+            "cast themselves).",
             UserWarning,
             stacklevel=4,
         )

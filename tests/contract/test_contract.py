@@ -821,11 +821,12 @@ def test_float32_targets_whose_offset_hides_their_signal_are_reported(s):
         pytest.skip("class labels reach the likelihood as given: no outcome scaling")
     X, Y, _ = s.data(N0, D, seed=0)
     with pytest.warns(UserWarning, match=r"where float32 resolves steps of 11\.9"):
-        s.make(X.float(), (Y + 1e8).float())
+        s.make(X.float(), (10 * Y + 1e8).float())
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         s.make(X.float(), (100 + 3 * Y).float())
         s.make(X, Y + 1e8)
+        s.make(X.float(), torch.full_like(Y, 5.0).float())  # constant as given: nothing lost
 
 
 @surrogates

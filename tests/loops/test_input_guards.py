@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from bo_online.errors import ObjectiveError
-from bo_online.loops import ActiveLearningLoop, BayesOptLoop, StreamingLoop, history, load_loop
+from bo_online.loops import (
+    ActiveLearningLoop,
+    BayesOptLoop,
+    StreamingLoop,
+    history,
+    load_loop,
+    without_timing,
+)
 from bo_online.models.registry import get_model_class
 from bo_online.problems import CallableProblem, PoolProblem, StreamProblem, stream_arrays
 
@@ -464,3 +471,33 @@ def test_targets_given_n_by_1_and_a_box_given_as_a_list_are_the_same_problem():
         "p", s.X_stream, s.y_stream.unsqueeze(-1), s.X_test, s.y_test, s.bounds.tolist()
     )
     assert pool.y_pool.shape == (40,) and pool.bounds.dtype == torch.float64
+
+
+def test_a_qnipv_run_saved_with_num_mc_points_as_an_acquisition_option_resumes_as_it_ran(
+    tmp_path,
+):
+    """Before unread acquisition options were refused, ``acq_options={"num_mc_points": k}``
+    set the Sobol integration points of a qNIPV run (``integrate_over="sobol"``); such a
+    checkpoint resumes with k points, as its run drew them."""
+    s = _stream(n=60, n_test=10)
+    pool = PoolProblem("pool", s.X_stream, s.y_stream, s.X_test, s.y_test, s.bounds)
+    kw = dict(
+        model="exact",
+        acq="qnipv",
+        integrate_over="sobol",
+        n_init=6,
+        q=2,
+        seed=1,
+        quiet=True,
+        optimizer_options=SMALL_OPT,
+    )
+    reference = ActiveLearningLoop(pool, num_mc_points=32, **kw).run(3)
+    out = tmp_path / "run"
+    ActiveLearningLoop(pool, num_mc_points=32, out_dir=out, **kw).run(1)
+    path = out / history.CHECKPOINT_FILE
+    ckpt = history.load_checkpoint(path)  # as the older code stored it
+    ckpt["config"]["num_mc_points"] = 256
+    ckpt["config"]["acq_options"] = {"num_mc_points": 32}
+    history.save_checkpoint(path, ckpt)
+    resumed = load_loop(out, problem=pool).run(3)
+    assert without_timing(resumed) == without_timing(reference)

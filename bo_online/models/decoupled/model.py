@@ -286,8 +286,12 @@ class DecoupledSVGP(
             t for t in self._tensors_apply_converts() if all(t is not s for s in sites.values())
         )
         # BoTorch calls ``to`` on every analytic acquisition evaluation: form nothing when
-        # ``fn`` leaves every other tensor as it is (the sites are kept in step with them).
-        if recurse and all(fn(t) is t for t in others):
+        # ``fn`` leaves every other tensor as it is and the sites are in their dtype already.
+        if (
+            recurse
+            and all(fn(t) is t for t in others)
+            and all(t is None or t.dtype == self._site_dtype() for t in sites.values())
+        ):
             return self
         if self.__dict__.get("_covariance_pending", False):
             self._materialise_covariance()
@@ -299,13 +303,22 @@ class DecoupledSVGP(
         try:
             super()._apply(fn, recurse)
         finally:
-            where = dict(device=self.beta_points.device, dtype=site_dtype(self.beta_points.dtype))
+            where = dict(device=self._reference_tensor().device, dtype=self._site_dtype())
             moved = {n: None if t is None else t.to(**where) for n, t in sites.items()}
             self._buffers.update(moved)
             if kept is not None and kept[0] is sites["site_Q"]:
                 factors = tuple(f.to(**where) for f in kept[1:])
                 self.__dict__["_kept_fold_factors"] = (moved["site_Q"], *factors)
         return self
+
+    def _site_dtype(self) -> torch.dtype:
+        """The dtype the site statistics are held in (:func:`site_dtype` of the model's)."""
+        return site_dtype(self._reference_tensor().dtype)
+
+    def _reference_tensor(self) -> Tensor:
+        """A tensor in the model's dtype and on its device (the bases, or a parameter where a
+        failed load left none)."""
+        return self.beta_points if self.beta_points is not None else next(self.parameters())
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         r"""As :meth:`OnlineModel.load_state_dict`; a saved state without site statistics (not in
@@ -348,7 +361,15 @@ class DecoupledSVGP(
         # where their shapes fit them (a mismatched set is dropped: refactorised on demand).
         if loaded["generator_state"] is not None:
             self._generator.set_state(loaded["generator_state"].to("cpu", torch.uint8))
-        factors = [loaded[name] for name in _FOLD_FACTOR_BUFFERS]
+        # Sites saved in the model's float32 (a state cast by hand, or saved before they were
+        # held in float64) are held in site_dtype from here on, like every later fold.
+        wd = self._site_dtype()
+        for name in _SITE_BUFFERS:
+            if self._buffers.get(name) is not None:
+                self._buffers[name] = self._buffers[name].to(wd)
+        factors = [
+            None if f is None else f.to(wd) for f in (loaded[n] for n in _FOLD_FACTOR_BUFFERS)
+        ]
         self.__dict__["_kept_fold_factors"] = None
         if self.site_Q is not None and all(f is not None for f in factors):
             mb, m = self.beta_points.shape[-2], self.site_Q.shape[-1]

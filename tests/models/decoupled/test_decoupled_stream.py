@@ -479,3 +479,10 @@ def test_float32_long_stream_in_six_dimensions_matches_float64():
     assert_close(f32, m64.condition_on_observations(Xq, Yq), mean_tol=3e-3)
     m32.fit(train_hyperparameters=False)  # a refit on all 450 points
     assert m32._in_fold_mode()
+    # a state cast to float32 by hand (or saved before the sites were held in float64) loads
+    # with its sites in float64 again, so later folds do not go on in float32
+    state = {k: v.float() if v.is_floating_point() else v for k, v in m32.state_dict().items()}
+    assert state["site_Q"].dtype == torch.float32
+    m32.load_state_dict(state)
+    assert m32.site_Q.dtype == m32.site_s.dtype == torch.float64
+    assert m32._fold_factors()[0].dtype == torch.float64
