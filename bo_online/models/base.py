@@ -50,6 +50,7 @@ from bo_online.models.validation import (
     floor_noise,
     train_noise_floor,
     warn_if_offset_hides_signal,
+    warn_if_rounding_hides_new_targets,
 )
 
 __all__ = ["OnlineModel", "HeldDataMixin"]
@@ -473,6 +474,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
+        warn_if_rounding_hides_new_targets(Y, X.dtype, self.outcome_std)
         self.ensure_caches()
         # Conditioned on data that need no gradient (new observations, an Ax trial), the child's
         # caches hold no graph at all: one to the hyperparameters made a second backward through
@@ -536,6 +538,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
+        warn_if_rounding_hides_new_targets(Y, X.dtype, self.outcome_std)
         if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
             raise ValueError(f"{caller} takes Y and noise of shape q x m (no batch dimensions).")
         return X, Y, noise

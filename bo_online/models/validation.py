@@ -105,6 +105,25 @@ def warn_if_offset_hides_signal(train_Y: Tensor, dtype: torch.dtype) -> None:
         )
 
 
+def warn_if_rounding_hides_new_targets(Y: Tensor, dtype: torch.dtype, outcome_std: Tensor) -> None:
+    r"""Warn when new targets ``Y`` (``... x q x m``) in ``dtype`` (below float64) lie at a level
+    where its rounding steps exceed a thousandth of the model's outcome standard deviation
+    (``(m,)``): 1e8-level targets given to a float32 model built on O(1) ones lose their
+    variation in the cast, as at construction (:func:`warn_if_offset_hides_signal`)."""
+    if dtype == torch.float64 or Y.numel() == 0:
+        return
+    step = torch.finfo(dtype).eps * Y.detach().abs().amax(dim=tuple(range(Y.dim() - 1)))
+    if bool((step > outcome_std.detach().to(step) / _MIN_STEPS_PER_SPREAD).any()):
+        warnings.warn(
+            f"new targets reach {float(Y.detach().abs().max()):.6g}, where "
+            f"{str(dtype).replace('torch.', '')} resolves steps of {float(step.max()):.3g} "
+            f"against the model's outcome sd {float(outcome_std.min()):.3g}: little of their "
+            "variation survives the cast. Subtract the offset in float64 first, or use float64.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def floor_noise(
     noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised"
 ) -> Tensor:

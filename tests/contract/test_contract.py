@@ -827,6 +827,16 @@ def test_float32_targets_whose_offset_hides_their_signal_are_reported(s):
         s.make(X.float(), (100 + 3 * Y).float())
         s.make(X, Y + 1e8)
         s.make(X.float(), torch.full_like(Y, 5.0).float())  # constant as given: nothing lost
+    # new targets at such a level, given to a model built on O(1) targets, as they arrive
+    model = s.make(X.float(), Y.float())
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    with pytest.warns(UserWarning, match="new targets reach 1e\\+08"):
+        model.condition_on_observations(Xn.float(), (Yn + 1e8).float())
+    with pytest.warns(UserWarning, match="new targets reach 1e\\+08"):
+        model.update(Xn.float(), (Yn + 1e8).float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        s.make(X.float(), Y.float()).update(Xn.float(), Yn.float())
 
 
 @surrogates
