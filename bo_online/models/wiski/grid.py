@@ -230,7 +230,7 @@ def interp_vector(idx: Tensor, val: Tensor, a: Tensor) -> Tensor:
     batch = torch.broadcast_shapes(idx.shape[:-2], a.shape[:-1])
     n, K = idx.shape[-2:]
     ab = a.expand(*batch, a.shape[-1]).reshape(-1, a.shape[-1])
-    flat_idx = idx.expand(*batch, n, K).reshape(-1, n * K)
+    flat_idx = idx.expand(*batch, n, K).reshape(ab.shape[0], n * K)  # n = 0 allowed
     gathered = torch.gather(ab, -1, flat_idx).reshape(*batch, n, K)
     return (gathered * val).sum(-1)
 
@@ -253,6 +253,8 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     if not needs_grad and fi.shape[0] * K * c > 2**16:
         # Sparse product (CSR rows of K non-zeros): fast and light for many rows without grad.
         return _csr_matmul(fi, fv, M).reshape(*batch, n, c)
+    if fi.shape[0] == 0:  # no rows (conditioning on zero points)
+        return M.new_zeros(*batch, n, c)
     rows_per = max(1, chunk // max(1, K * c))
     out = []
     for start in range(0, fi.shape[0], rows_per):

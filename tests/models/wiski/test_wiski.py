@@ -310,3 +310,20 @@ def test_add_observations_equals_updates_and_validates_first():
         a.add_observations(bad, Y[:50], Yvar[:50], chunk_size=10)
     after = a.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_condition_on_zero_points_is_the_model_itself():
+    # As every other surrogate (and update() with no points): conditioning on q = 0 points,
+    # batched or not, gives the same posterior instead of failing inside the grid interpolation.
+    X, Y, _ = _data(30, 2, 5, False)
+    model = _model(X, Y, None, 16)
+    Xt = torch.rand(9, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    before = model.posterior(Xt)
+    for batch in [(), (4,)]:
+        child = model.condition_on_observations(
+            torch.zeros(*batch, 0, 2, dtype=DT), torch.zeros(*batch, 0, 1, dtype=DT)
+        )
+        assert child.batch_shape == torch.Size(batch)
+        post = child.posterior(Xt)
+        assert torch.allclose(post.mean, before.mean.expand(post.mean.shape), atol=1e-12)
+        assert torch.allclose(post.variance, before.variance.expand(post.mean.shape), atol=1e-12)
