@@ -5,13 +5,15 @@ refits on a schedule."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import math
 import numbers
 import sys
 import time
-from typing import Any, Mapping
+import warnings
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -25,6 +27,7 @@ from bo_online.ax.store import (
     _Session,
 )
 from bo_online.models.base import OnlineModel
+from bo_online.models.validation import train_noise_floor
 
 #: Default refit schedule on the incremental path: ``"auto"`` (see :class:`AxOnlineMixin`).
 DEFAULT_REFIT_EVERY: int | str | None = "auto"
@@ -143,37 +146,41 @@ class AxOnlineMixin:
         if session is not None:
             plan = _plan_reuse(session, train_X, train_Y, train_Yvar, fingerprint)
         extended = None
-        if isinstance(plan, tuple):
-            n_old = session.X.shape[0]
-            new_yvar = None if train_Yvar is None else train_Yvar[n_old:]
-            try:
-                extended = _extended_model(
-                    session.model, *plan, train_X[n_old:], train_Y[n_old:], new_yvar
+        # The stored session keeps Ax's variances as given (so zeros compare as zeros); the model
+        # gets noise-free observations at the noise floor.
+        model_Yvar = _noise_free_at_floor(train_Yvar, train_Y)
+        with _floor_warnings_silenced(model_Yvar is not train_Yvar):
+            if isinstance(plan, tuple):
+                n_old = session.X.shape[0]
+                new_yvar = None if model_Yvar is None else model_Yvar[n_old:]
+                try:
+                    extended = _extended_model(
+                        session.model, *plan, train_X[n_old:], train_Y[n_old:], new_yvar
+                    )
+                except Exception as err:  # e.g. a factor update that lost definiteness
+                    # A rebuild is always correct; input that is truly bad fails there as well.
+                    plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
+            if extended is not None and ax_refit_every == "auto":
+                since = session.model._ax_obs_since_fit
+                since = None if since is None else since + train_X.shape[0] - n_old
+                due = _auto_refit_due(extended, train_X.shape[0], session.model._ax_n_at_fit, since)
+                if due and _refits_from_defaults(extended):
+                    extended = None
+                    plan = "refit from the defaults due (refit_every='auto')"
+            if extended is not None:
+                # Become that model: the same thing ``copy.copy`` does to a fresh instance.
+                self.__dict__.update(extended.__dict__)
+                since = session.model._ax_obs_since_fit  # None: never fitted, so still due
+                self._ax_obs_since_fit = None if since is None else since + train_X.shape[0] - n_old
+                _SESSIONS.stats.incremental += 1
+            else:
+                super().__init__(  # type: ignore[call-arg]
+                    train_X, train_Y, model_Yvar, input_transform=input_transform, **options
                 )
-            except Exception as err:  # e.g. a factor update that lost definiteness
-                # A rebuild is always correct; input that is truly bad fails there as well.
-                plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
-        if extended is not None and ax_refit_every == "auto":
-            since = session.model._ax_obs_since_fit
-            since = None if since is None else since + train_X.shape[0] - n_old
-            due = _auto_refit_due(extended, train_X.shape[0], session.model._ax_n_at_fit, since)
-            if due and _refits_from_defaults(extended):
-                extended = None
-                plan = "refit from the defaults due (refit_every='auto')"
-        if extended is not None:
-            # Become that model: the same thing ``copy.copy`` does to a fresh instance.
-            self.__dict__.update(extended.__dict__)
-            since = session.model._ax_obs_since_fit  # None: never fitted, so still due
-            self._ax_obs_since_fit = None if since is None else since + train_X.shape[0] - n_old
-            _SESSIONS.stats.incremental += 1
-        else:
-            super().__init__(  # type: ignore[call-arg]
-                train_X, train_Y, train_Yvar, input_transform=input_transform, **options
-            )
-            self._ax_obs_since_fit = None  # never fitted
-            self._ax_n_at_fit = None
-            _SESSIONS.stats.rebuilds += 1
-            _SESSIONS.stats.reasons.append(plan)
+                self._ax_obs_since_fit = None  # never fitted
+                self._ax_n_at_fit = None
+                _SESSIONS.stats.rebuilds += 1
+                _SESSIONS.stats.reasons.append(plan)
         self._ax_refit_every = ax_refit_every
         self._ax_num_obs = int(train_X.shape[0])
         self._ax_fit_options = dict(ax_fit_options or {})
@@ -297,6 +304,34 @@ class AxOnlineMixin:
         # cross-validated the loaded hyperparameters instead of the folds' own).
         self._ax_pending = None  # a fold or a warm start: not the experiment's model
         return None
+
+
+@contextlib.contextmanager
+def _floor_warnings_silenced(silence: bool) -> Iterator[None]:
+    r"""Where noise-free observations were raised to the floor (said once, by
+    :func:`_noise_free_at_floor`), the models' own floor warnings would say it again, with the
+    rounding of their units; other warnings pass."""
+    with warnings.catch_warnings():
+        if silence:
+            warnings.filterwarnings("ignore", message=".*below the floor of")
+        yield
+
+
+def _noise_free_at_floor(Yvar: Tensor | None, Y: Tensor) -> Tensor | None:
+    r"""``Yvar`` with exact zeros (Ax's ``sem = 0``: a noise-free observation) raised to the
+    noise floor in the units of ``Y``, as GPyTorch raises Ax's own fixed-noise models' variances
+    to its minimum: WISKI, the decoupled SVGP and QSGP weigh observations by 1/noise and refuse a
+    zero variance."""
+    if Yvar is None or not bool((Yvar == 0).any()):
+        return Yvar
+    floor = train_noise_floor(Y.detach()).to(Yvar)
+    warnings.warn(
+        f"{int((Yvar == 0).sum())} noise-free observation(s) (sem = 0) are given to the model "
+        f"with the noise floor as their variance ({float(floor.min()):.3g} in Ax's units).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return torch.where(Yvar == 0, floor.expand_as(Yvar), Yvar)
 
 
 def _bounds_covering_the_box(input_transform: Any, dtype: torch.dtype) -> Any:

@@ -603,6 +603,28 @@ def test_bad_input():
     assert boax.session_stats().rebuilds == 0  # nothing was stored
 
 
+@pytest.mark.parametrize("model_name", ["WISKI", "DecoupledSVGP", "QSGP"])
+def test_noise_free_observations_reach_the_model_at_the_noise_floor(model_name):
+    # Ax reports sem = 0 (noise-free) as Yvar = 0; the models that weigh points by 1/noise
+    # refuse a zero variance, which made every model-based trial of such an experiment fail.
+    ax_cls = boax.available_models()[model_name]
+    X = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    Y = (Y - Y.mean()) / Y.std()
+    Yvar = torch.zeros_like(Y)
+    opts = {"refit_every": 1, "fit_options": {"max_iter": 5}}
+    with pytest.warns(RuntimeWarning, match="8 noise-free observation"):
+        first = _build(ax_cls, X[:8], Y[:8], Yvar[:8], **opts)
+    assert torch.isfinite(first.posterior(X).mean).all()
+    with pytest.warns(RuntimeWarning, match="noise-free"):
+        second = _build(ax_cls, X, Y, Yvar, **opts)  # the two new rows: noise-free as well
+    stats = boax.session_stats()
+    assert (stats.rebuilds, stats.incremental) == (1, 1)
+    assert second.num_data == 10
+    # nearly noise-free: the posterior mean interpolates the observations
+    assert float((second.posterior(X).mean.detach() - Y).abs().max()) < 0.05
+
+
 def test_failed_update_falls_back_to_rebuild(monkeypatch):
     ax_cls = boax.AxOnlineExactGP
     X = torch.rand(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
