@@ -630,6 +630,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         # Restored if loading fails (torch copies what matches before reporting what does not).
         saved_buffers = [(module, dict(module._buffers)) for module in self.modules()]
         saved_params = [(p, p.detach().clone()) for p in self.parameters()]
+        like = self._floating_tensor()
         try:
             for name, value in state_dict.items():
                 module, _, leaf = self._locate(name)
@@ -637,7 +638,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
                     # Always a fresh buffer (not only when it grew): models made by
                     # condition_on_observations share this model's buffers, and loading into
                     # them in place would silently change those models too.
-                    module._buffers[leaf] = torch.empty_like(value)
+                    module._buffers[leaf] = _fresh_buffer(module._buffers[leaf], value, like)
             if strict:
                 # torch's state_dict leaves out None buffers (a cache or pending conditioning
                 # the saved model did not have): clear them, so that an earlier state loads into
@@ -673,10 +674,20 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for name in self._buffers:
             key = prefix + name
             if key in state_dict and isinstance(state_dict[key], Tensor):
-                self._buffers[name] = torch.empty_like(state_dict[key])
+                self._buffers[name] = _fresh_buffer(
+                    self._buffers[name], state_dict[key], self._floating_tensor()
+                )
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _floating_tensor(self) -> Tensor | None:
+        r"""A floating-point parameter (or buffer) of this model: its dtype and device are the
+        model's (``None`` if it has none)."""
+        for t in (*self.parameters(), *self.buffers()):
+            if t.is_floating_point():
+                return t
+        return None
 
     def _after_load(self) -> None:
         """Hook: derive any non-buffer attributes from freshly loaded buffers."""
@@ -687,6 +698,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+def _fresh_buffer(current: Tensor | None, value: Tensor, model: Tensor | None) -> Tensor:
+    r"""An uninitialised tensor of the saved ``value``'s shape to load it into, of the
+    ``current`` buffer's dtype (floating point) and device -- the model's (``model``: one of its
+    floating tensors) where the buffer is None here --, as torch's ``load_state_dict`` keeps a
+    module's own: a float64 state loads into a float32 model as float32."""
+    like = current if isinstance(current, Tensor) else model
+    if like is None:
+        return torch.empty_like(value)
+    floating = like.is_floating_point() and value.is_floating_point()
+    dtype = like.dtype if floating else value.dtype
+    return torch.empty_like(value, dtype=dtype, device=like.device)
 
 
 class HeldDataMixin:

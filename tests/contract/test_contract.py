@@ -812,6 +812,29 @@ def test_float32_matches_float64(s):
 
 
 @surrogates
+def test_float64_state_loads_into_a_float32_model_as_float32(s):
+    """As torch's load_state_dict keeps a module's own dtype: a float64 state (a float64 run's
+    checkpoint) loaded into a float32 model leaves every floating tensor float32, also the
+    caches that model had not built yet, and it predicts as the float64 model within float32
+    accuracy (the buffers took the state's float64 and broke or mixed the dtypes before)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    m64 = s.make(X, Y)
+    m64.update(*s.data(Q, D, seed=1))
+    Xt = _test_points()
+    mean64, cov64 = latent(m64, Xt)
+    m32 = s.make(X.float(), Y.float())  # its caches not built yet
+    m32.load_state_dict(m64.state_dict())
+    site = getattr(m32, "_site_dtype", lambda: torch.float32)()  # the decoupled model's sites
+    dtypes = {v.dtype for v in m32.state_dict().values() if v.is_floating_point()}
+    assert dtypes <= {torch.float32, site}
+    mean32, cov32 = latent(m32, Xt.float())
+    assert mean32.dtype == torch.float32
+    scale = float(m64.outcome_std)
+    assert_close(mean32, mean64, 2e-3 * scale, "mean")
+    assert_close(cov32, cov64, 2e-3 * scale**2, "covariance")
+
+
+@surrogates
 def test_float32_targets_whose_offset_hides_their_signal_are_reported(s):
     """Targets 1e8 + O(1) cast to float32 (spacing 8 there) reach the model as a coarse copy or a
     constant: the model learned nothing, without a word. It now warns where the rounding at the
