@@ -124,6 +124,10 @@ def warn_if_rounding_hides_new_targets(Y: Tensor, dtype: torch.dtype, outcome_st
         )
 
 
+#: Relative distance below the floor that counts as rounding, not as a smaller noise.
+_FLOOR_ROUNDING = 1e-6
+
+
 def floor_noise(
     noise: Tensor, floor: Tensor | float = NOISE_FLOOR, units: str = "standardised"
 ) -> Tensor:
@@ -136,12 +140,17 @@ def floor_noise(
         return noise
     from gpytorch.utils.warnings import NumericalWarning
 
-    warnings.warn(
-        f"{int(low.sum())} observation-noise variance(s) below the floor of {NOISE_FLOOR:g} "
-        f"({units} units) were raised to it (smallest given: {float(noise.min()):.3g}).",
-        NumericalWarning,
-        stacklevel=3,
-    )
+    # Values at the floor but for rounding (a noise set to the floor in other units, then
+    # rescaled, e.g. by a refit's re-standardisation) are raised without a word: the message
+    # would report the floor itself as "below the floor" on every refit.
+    if bool(((noise < floor * (1 - _FLOOR_ROUNDING)) & (noise > 0)).any()):
+        warnings.warn(
+            f"{int(low.sum())} observation-noise variance(s) below the floor of "
+            f"{NOISE_FLOOR:g} ({units} units) were raised to it (smallest given: "
+            f"{float(noise.min()):.3g}).",
+            NumericalWarning,
+            stacklevel=3,
+        )
     return torch.where(low, floor.expand_as(noise) if floor.dim() else floor, noise)
 
 

@@ -71,3 +71,28 @@ def test_a_point_an_ulp_outside_passes_in_float32_and_a_refusal_shows_the_digits
         check_inputs(torch.tensor([[0.5, 1.00001]], dtype=torch.float32), dim=2, bounds=bounds)
     with pytest.raises(ValueError, match=r"value 1\.00000001\d*, allowed"):
         check_inputs(torch.tensor([[0.5, 1.00000001]], dtype=torch.float64), dim=2, bounds=bounds)
+
+
+@pytest.mark.parametrize("model_cls", ["DecoupledSVGP", "OnlineExactGP", "WISKI", "TSVGP"])
+def test_noise_at_the_floor_in_user_units_is_not_reported_as_below_it(model_cls):
+    """A fixed noise set to the floor in the user's units lands a rounding step below it in the
+    model's standardised units (as rescaled at a refit); that is raised silently, while a noise
+    truly below is reported."""
+    import warnings
+
+    from gpytorch.utils.warnings import NumericalWarning
+
+    import bo_online.models as models
+    from bo_online.models.validation import train_noise_floor
+
+    cls = getattr(models, model_cls)
+    for seed in range(6):  # which data round below the floor is a matter of chance
+        g = torch.Generator().manual_seed(seed)
+        X = torch.rand(30, 3, generator=g, dtype=torch.float64)
+        Y = (X.sum(-1, keepdim=True) * 7.3).sin() * 3.1 + 11
+        at_floor = train_noise_floor(Y).expand_as(Y).clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", NumericalWarning)
+            cls(X, Y, at_floor).fit(max_iter=3)
+    with pytest.warns(NumericalWarning, match="below the floor"):
+        cls(X, Y, at_floor / 2)
