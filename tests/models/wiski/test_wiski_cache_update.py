@@ -118,3 +118,48 @@ def test_in_place_root_updates_leave_conditioned_models_and_shallow_copies_uncha
     assert _rel(model._shared["M"], rebuilt._factor_gram()) < 1e-9
     S = model._shared["S"]
     assert _rel(S @ S.mT, rebuilt._factor_gram()) < 1e-9
+
+
+def test_float32_updates_refactorise_on_a_fixed_schedule_of_n():
+    """Below float64 the rank-one chain drifts from the factor of the same statistics (the
+    statistics are exact sums), so ``update`` refactorises whenever n passes a multiple of
+    ``REFACTOR_EVERY``: there the streamed model is the model rebuilt from its statistics, bit for
+    bit, and close to a float64 model of the same data. Float64 chains never refactorise."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(2 * WISKI.REFACTOR_EVERY, 2, generator=g, dtype=DT)
+    Y = _f(X, g)
+    models = {}
+    for dtype in (torch.float32, DT):
+        covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=2))
+        model = WISKI(X[:20].to(dtype), Y[:20].to(dtype), grid_size=14, covar_module=covar)
+        covar.outputscale = 1.7
+        covar.base_kernel.lengthscale = torch.tensor([0.25, 0.35])
+        model.likelihood.noise = 0.07
+        model.eval()
+        model.ensure_caches()  # for these hyperparameters, before the stream
+        models[dtype] = model
+    factorised = []
+    for dtype, model in models.items():
+        original = type(model)._rebuild_caches
+
+        def counting(self, original=original, dtype=dtype):
+            factorised.append(dtype)
+            return original(self)
+
+        model._rebuild_caches = counting.__get__(model)
+        for i in range(20, X.shape[0]):
+            model.update(X[i : i + 1].to(dtype), Y[i : i + 1].to(dtype))
+    # n went 20 -> 2K: past K and 2K once each (float32); float64: no refactorisation.
+    assert factorised.count(torch.float32) == 2
+    assert torch.float64 not in factorised
+    streamed = models[torch.float32]
+    assert streamed.num_data % WISKI.REFACTOR_EVERY == 0
+    fresh = copy.deepcopy(streamed)
+    fresh.invalidate_caches()
+    fresh.ensure_caches()
+    assert torch.equal(streamed.chol_A, fresh.chol_A)
+    Xt = torch.rand(50, 2, generator=g, dtype=DT)
+    with torch.no_grad():
+        mean32 = streamed.posterior(Xt.float()).mean.double()
+        mean64 = models[DT].posterior(Xt).mean
+    assert _rel(mean32, mean64) < 1e-4
