@@ -709,3 +709,27 @@ def test_one_dimensional_targets_get_a_shape_hint():
         ValueError, match=r"train_Y must be n x m .*got shape \(30,\); use train_Y.unsqueeze\(-1\)"
     ):
         TSVGP(X, X.sum(-1))
+
+
+def test_a_chain_of_conditionings_keeps_its_pending_rank_bounded_and_equals_updates():
+    """Conditioning a conditioned model again and again folds the pending low-rank sites into a
+    new factor once their rank passes 32 (or a quarter of m), so a step's cost does not grow
+    with the chain; the chain's end is the model with the same points added by ``update``."""
+    X, Y = _data(n=20 + 40 * 3, d=2, seed=4)
+    model = _set_hypers(TSVGP(X[:20], Y[:20], inducing_points=16))
+    model.eval()
+    updated = _set_hypers(TSVGP(X[:20], Y[:20], inducing_points=16))
+    updated.load_state_dict(model.state_dict())
+    child, ranks = model, []
+    for i in range(20, X.shape[0], 3):
+        child = child.condition_on_observations(X[i : i + 3], Y[i : i + 3])
+        updated.update(X[i : i + 3], Y[i : i + 3])
+        ranks.append(0 if child._lr_U is None else child._lr_U.shape[-1])
+    assert max(ranks) <= 32 + 3
+    Xt = torch.rand(25, 2, generator=torch.Generator().manual_seed(9), dtype=DT)
+    with torch.no_grad():
+        pc, pu = child.posterior(Xt), updated.posterior(Xt)
+    assert torch.allclose(pc.mean, pu.mean, atol=1e-10)
+    assert torch.allclose(pc.variance, pu.variance, rtol=1e-9, atol=1e-12)
+    # the root model is untouched by its descendants
+    assert model._lr_U is None and model.num_data == 20
