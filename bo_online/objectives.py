@@ -140,6 +140,25 @@ class _Vectorised:
         self.per_point: bool | None = None  # None: not decided yet
         self._why_per_point = ""  # what the deciding batch call did, for later error messages
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Dask pickles a task with plain pickle first, which names a function by its module;
+        # the module made up for a file.py objective exists only in this process, so every
+        # worker failed to unpickle the task and the run waited forever. cloudpickle ships
+        # such a function by value (its module is registered so in load_objective).
+        import cloudpickle
+
+        state = (self.fn, self.per_point, self._why_per_point)
+        return (_Vectorised._from_bytes, (cloudpickle.dumps(state),))
+
+    @staticmethod
+    def _from_bytes(data: bytes) -> _Vectorised:
+        import cloudpickle
+
+        fn, per_point, why = cloudpickle.loads(data)
+        out = _Vectorised(fn)
+        out.per_point, out._why_per_point = per_point, why
+        return out
+
     def __call__(self, X: Tensor) -> Tensor:
         n, d = X.shape[0], X.shape[-1]
         if self.per_point:

@@ -337,6 +337,23 @@ def test_an_objective_that_always_kills_its_worker_is_a_failure_not_an_endless_r
     assert loop.failures == 1 and loop.step_count == 0
 
 
+def test_an_objective_from_a_file_runs_on_the_workers(client, tmp_path):
+    """``--objective file.py:f`` with ``--dask``: the module made up for the file exists only in
+    the driver; Dask pickled the task by reference to it, every worker failed to unpickle it and
+    the run waited forever."""
+    from bo_online.loops.async_bo import _evaluate_point
+    from bo_online.objectives import objective_problem
+
+    (tmp_path / "obj_on_workers.py").write_text("def f(X):\n    return (X ** 2).sum(-1) + 1.0\n")
+    problem = objective_problem(f"{tmp_path / 'obj_on_workers.py'}:f", "[[0, 1], [0, 1]]")
+    X = torch.tensor([[0.5, 0.25]], dtype=torch.float64)
+    future = client.submit(_evaluate_point, problem, X, pure=False)
+    assert future.result(timeout=30)["y_true"] == pytest.approx(1.3125)
+    # the initial design's tasks: the problem's bound method
+    future = client.submit(problem.evaluate_true, X, pure=False)
+    assert float(future.result(timeout=30)[0]) == pytest.approx(1.3125)
+
+
 def _spec(path: Path, seeds: list[int]) -> Path:
     path.write_text(
         "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb', 'ts']\n"
