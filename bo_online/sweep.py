@@ -220,6 +220,38 @@ def _done_steps(run_dir: Path) -> int | None:
     return max((r["step"] for r in records), default=0)
 
 
+#: configuration keys that do not change a campaign's results (or may differ by machine)
+_RUNTIME_KEYS = {"checkpoint_every", "checkpoint_seconds", "device"}
+
+
+def _changed_settings(campaign: Campaign, run_dir: Path) -> list[str]:
+    r"""The settings in which the run already in ``run_dir`` differs from ``campaign`` (a
+    resumed or skipped run keeps the settings it started with, whatever the spec says now)."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.loops.history import CONFIG_FILE, to_jsonable
+    from bo_online.problems import synthetic_problem
+
+    try:
+        stored = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # unreadable: resuming it reports the damaged run
+    if not isinstance(stored, dict):
+        return []
+    p = campaign.problem
+    problem = synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])
+    loop = BayesOptLoop(
+        problem,
+        model=campaign.model,
+        acq=campaign.acq,
+        seed=campaign.seed,
+        quiet=True,
+        **{**campaign.options, "device": "cpu"},
+    )
+    wanted = json.loads(json.dumps(to_jsonable({**loop.config, "problem": problem.spec})))
+    keys = sorted((set(wanted) | set(stored)) - _RUNTIME_KEYS)
+    return [k for k in keys if wanted.get(k) != stored.get(k)]
+
+
 def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, Any]:
     r"""Run (or resume) one campaign in ``run_dir``; a Dask task. Returns its summary."""
     import torch
@@ -278,6 +310,20 @@ def run_sweep(
     todo = campaigns(load_spec(spec_path))
     summaries: list[dict[str, Any]] = []
     futures = {}
+    changed = {}
+    for c in todo:
+        if _done_steps(out / c.name) is not None:
+            keys = _changed_settings(c, out / c.name)
+            if keys:
+                changed[c.name] = keys
+    if changed:
+        first = next(iter(changed))
+        raise ValueError(
+            f"{len(changed)} campaign(s) of the spec already ran in {str(out)!r} with other "
+            f"settings ({first}: {', '.join(changed[first])}); a run keeps the settings it started "
+            "with, so the sweep would skip or resume them unchanged. Give the sweep another --out, "
+            "or delete those campaigns' directories to run them again."
+        )
     for c in todo:
         run_dir = out / c.name
         done = _done_steps(run_dir)

@@ -395,6 +395,23 @@ def test_sweep_skips_finished_and_extends(client, tmp_path):
     assert history.without_timing(swept) == history.without_timing(direct)
 
 
+def test_sweep_refuses_campaigns_that_ran_with_other_options(tmp_path):
+    """A campaign directory keeps the settings its run started with; a spec whose [options]
+    changed (q = 1 -> 2) was skipped or resumed with the old ones, reported as the new."""
+    from bo_online.sweep import _changed_settings, campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 0").replace("'ts'", ""))
+    (first,) = campaigns(load_spec(spec))
+    run_campaign(first, out / first.name)  # in-process: the initial design only
+    stamp = (out / first.name / "checkpoint.pt").stat().st_mtime_ns
+    assert _changed_settings(first, out / first.name) == []  # the same spec: reused
+    spec.write_text(spec.read_text().replace("[options]", "[options]\nq = 2"))
+    with pytest.raises(ValueError, match=r"other settings \(branin-exact-qucb-s0: q\)"):
+        run_sweep(spec, out, client=None)
+    assert (out / first.name / "checkpoint.pt").stat().st_mtime_ns == stamp
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
