@@ -290,6 +290,7 @@ def _summary(campaign: Campaign, records: list[dict[str, Any]], status: str) -> 
         "model": campaign.model,
         "acq": campaign.acq,
         "seed": campaign.seed,
+        "steps": campaign.steps,
         "evaluations": last["n"],
         "regret": last.get("regret"),
         "wall_time": last.get("wall_time"),
@@ -328,7 +329,10 @@ def run_sweep(
         run_dir = out / c.name
         done = _done_steps(run_dir)
         if done is not None and done >= c.steps:
-            summaries.append(_summary(c, read_records(run_dir), "skipped"))
+            # a run that went further (the spec's steps lowered since) is read at c.steps, so
+            # that every campaign of the table and plots has the spec's budget
+            records = [r for r in read_records(run_dir) if r["step"] <= c.steps]
+            summaries.append(_summary(c, records, "skipped"))
             continue
         futures[client.submit(run_campaign, c, run_dir, pure=False)] = c
     for future in as_completed(futures):
@@ -443,7 +447,11 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
             for s in rows:
                 if (s["model"], s["acq"]) != method:
                     continue
-                recs = [r for r in read_records(out / s["campaign"]) if r.get(key) is not None]
+                recs = [
+                    r
+                    for r in read_records(out / s["campaign"])
+                    if r.get(key) is not None and r["step"] <= s.get("steps", math.inf)
+                ]
                 if not recs:
                     continue
                 n = np.array([r["n"] for r in recs], float)

@@ -412,6 +412,25 @@ def test_sweep_refuses_campaigns_that_ran_with_other_options(tmp_path):
     assert (out / first.name / "checkpoint.pt").stat().st_mtime_ns == stamp
 
 
+def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
+    """A campaign that ran further than the spec's steps (lowered since, or seeds added with
+    fewer steps) was tabulated at its last step: the mean over seeds mixed budgets."""
+    import dataclasses
+
+    from bo_online.sweep import campaigns, load_spec, plot_sweep, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    longer = run_campaign(dataclasses.replace(c, steps=3), out / c.name)  # in-process
+    assert longer["evaluations"] == 8
+    (summary,) = run_sweep(spec, out, client)
+    assert (summary["status"], summary["evaluations"]) == ("skipped", 6)
+    at_1 = [r for r in history.read_records(out / c.name) if r["step"] == 1][0]
+    assert summary["regret"] == at_1["regret"]
+    assert plot_sweep([summary], out)[0].is_file()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
