@@ -638,7 +638,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
                     # Always a fresh buffer (not only when it grew): models made by
                     # condition_on_observations share this model's buffers, and loading into
                     # them in place would silently change those models too.
-                    module._buffers[leaf] = _fresh_buffer(module._buffers[leaf], value, like)
+                    module._buffers[leaf] = _fresh_buffer(
+                        module._buffers[leaf], value, like, _held_dtype(module, leaf)
+                    )
             if strict:
                 # torch's state_dict leaves out None buffers (a cache or pending conditioning
                 # the saved model did not have): clear them, so that an earlier state loads into
@@ -671,15 +673,22 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         # Also when a parent module's load reaches this one (torch's recursion, not
         # ``load_state_dict`` above): a fresh tensor for every saved buffer, so that buffers that
         # grew, or are None here (a cache this model has not built), take the saved values.
+        like = self._floating_tensor()
         for name in self._buffers:
             key = prefix + name
             if key in state_dict and isinstance(state_dict[key], Tensor):
                 self._buffers[name] = _fresh_buffer(
-                    self._buffers[name], state_dict[key], self._floating_tensor()
+                    self._buffers[name], state_dict[key], like, self._held_buffer_dtype(name)
                 )
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _held_buffer_dtype(self, name: str) -> torch.dtype | None:
+        r"""The dtype the buffer ``name`` is held in where it differs from the model's (e.g. a
+        float32 model's statistics kept in float64), so that a load does not round it; ``None``:
+        the model's dtype."""
+        return None
 
     def _floating_tensor(self) -> Tensor | None:
         r"""A floating-point parameter (or buffer) of this model: its dtype and device are the
@@ -700,16 +709,27 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         return module, ".".join(parts[:-1]), parts[-1]
 
 
-def _fresh_buffer(current: Tensor | None, value: Tensor, model: Tensor | None) -> Tensor:
+def _held_dtype(module: torch.nn.Module, name: str) -> torch.dtype | None:
+    r""":meth:`OnlineModel._held_buffer_dtype` of ``module`` (``None`` for other modules)."""
+    held = getattr(module, "_held_buffer_dtype", None)
+    return held(name) if held is not None else None
+
+
+def _fresh_buffer(
+    current: Tensor | None, value: Tensor, model: Tensor | None, held: torch.dtype | None = None
+) -> Tensor:
     r"""An uninitialised tensor of the saved ``value``'s shape to load it into, of the
-    ``current`` buffer's dtype (floating point) and device -- the model's (``model``: one of its
-    floating tensors) where the buffer is None here --, as torch's ``load_state_dict`` keeps a
-    module's own: a float64 state loads into a float32 model as float32."""
+    ``current`` buffer's dtype (floating point) and device -- where the buffer is None here, the
+    dtype the model holds it in (``held``) or the model's (``model``: one of its floating
+    tensors) --, as torch's ``load_state_dict`` keeps a module's own: a float64 state loads into
+    a float32 model as float32, except buffers the model keeps in float64."""
     like = current if isinstance(current, Tensor) else model
     if like is None:
         return torch.empty_like(value)
     floating = like.is_floating_point() and value.is_floating_point()
     dtype = like.dtype if floating else value.dtype
+    if floating and not isinstance(current, Tensor) and held is not None:
+        dtype = held
     return torch.empty_like(value, dtype=dtype, device=like.device)
 
 

@@ -315,6 +315,11 @@ class DecoupledSVGP(
         """The dtype the site statistics are held in (:func:`site_dtype` of the model's)."""
         return site_dtype(self._reference_tensor().dtype)
 
+    def _held_buffer_dtype(self, name: str) -> torch.dtype | None:
+        r"""The site statistics and their saved factors are held in :meth:`_site_dtype` (float64
+        for a float32 model), so a load into a model that has none yet does not round them."""
+        return self._site_dtype() if name in (*_SITE_BUFFERS, *_FOLD_FACTOR_BUFFERS) else None
+
     def _reference_tensor(self) -> Tensor:
         """A tensor in the model's dtype and on its device (the bases, or a parameter where a
         failed load left none)."""

@@ -486,3 +486,28 @@ def test_float32_long_stream_in_six_dimensions_matches_float64():
     m32.load_state_dict(state)
     assert m32.site_Q.dtype == m32.site_s.dtype == torch.float64
     assert m32._fold_factors()[0].dtype == torch.float64
+
+
+def test_a_float32_model_loaded_into_a_fresh_one_keeps_its_float64_sites_bit_for_bit():
+    # A resumed float32 stream rebuilds the model on the initial design (no sites yet) and loads
+    # the state of a folded one: its float64 sites and fold factors must load as float64, not be
+    # rounded through the model's float32 on the way.
+    X, Y = _stream(700)
+    X, Y = X.float(), Y.float()
+    m = DecoupledSVGP(X[:600], Y[:600], num_mean_bases=40, num_cov_bases=16, exact_fit_points=64)
+    m.fit(max_iter=5)
+    for i in range(600, 630):
+        m.update(X[i : i + 1], Y[i : i + 1])
+    r = DecoupledSVGP(X[:10], Y[:10], num_mean_bases=40, num_cov_bases=16, exact_fit_points=64)
+    assert r.site_Q is None  # not in fold mode: nothing to load the sites into
+    r.load_state_dict(m.state_dict())
+    assert r.site_Q.dtype == torch.float64 and torch.equal(r.site_Q, m.site_Q)
+    assert torch.equal(r.site_s, m.site_s)
+    for model in (m, r):
+        for i in range(630, 660):
+            model.update(X[i : i + 1], Y[i : i + 1])
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(15)).float()
+    pm, pr = m.posterior(Xt), r.posterior(Xt)
+    assert pm.mean.dtype == torch.float32
+    assert torch.equal(pm.mean, pr.mean)
+    assert torch.equal(pm.variance, pr.variance)
