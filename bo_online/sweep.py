@@ -226,7 +226,10 @@ _RUNTIME_KEYS = {"checkpoint_every", "checkpoint_seconds", "device"}
 
 def _changed_settings(campaign: Campaign, run_dir: Path) -> list[str]:
     r"""The settings in which the run already in ``run_dir`` differs from ``campaign`` (a
-    resumed or skipped run keeps the settings it started with, whatever the spec says now)."""
+    resumed or skipped run keeps the settings it started with, whatever the spec says now), as
+    ``"key: stored -> spec"``. Only keys both configurations hold are compared: a run saved by
+    an earlier version lacks the settings added since, which its resume fills with their
+    defaults."""
     from bo_online.loops import BayesOptLoop
     from bo_online.loops.history import CONFIG_FILE, to_jsonable
     from bo_online.problems import synthetic_problem
@@ -248,8 +251,8 @@ def _changed_settings(campaign: Campaign, run_dir: Path) -> list[str]:
         **{**campaign.options, "device": "cpu"},
     )
     wanted = json.loads(json.dumps(to_jsonable({**loop.config, "problem": problem.spec})))
-    keys = sorted((set(wanted) | set(stored)) - _RUNTIME_KEYS)
-    return [k for k in keys if wanted.get(k) != stored.get(k)]
+    keys = sorted((set(wanted) & set(stored)) - _RUNTIME_KEYS)
+    return [f"{k}: {stored[k]!r} -> {wanted[k]!r}" for k in keys if wanted[k] != stored[k]]
 
 
 def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -311,7 +314,7 @@ def run_sweep(
     todo = campaigns(load_spec(spec_path))
     summaries: list[dict[str, Any]] = []
     futures = {}
-    changed = {}
+    changed: dict[str, list[str]] = {}
     for c in todo:
         if _done_steps(out / c.name) is not None:
             keys = _changed_settings(c, out / c.name)
@@ -321,7 +324,7 @@ def run_sweep(
         first = next(iter(changed))
         raise ValueError(
             f"{len(changed)} campaign(s) of the spec already ran in {str(out)!r} with other "
-            f"settings ({first}: {', '.join(changed[first])}); a run keeps the settings it started "
+            f"settings ({first}: {'; '.join(changed[first])}); a run keeps the settings it started "
             "with, so the sweep would skip or resume them unchanged. Give the sweep another --out, "
             "or delete those campaigns' directories to run them again."
         )

@@ -3,6 +3,7 @@ processes, shared by the module's tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -406,8 +407,16 @@ def test_sweep_refuses_campaigns_that_ran_with_other_options(tmp_path):
     run_campaign(first, out / first.name)  # in-process: the initial design only
     stamp = (out / first.name / "checkpoint.pt").stat().st_mtime_ns
     assert _changed_settings(first, out / first.name) == []  # the same spec: reused
+    # a run saved by an earlier version lacks the settings added since (its resume fills them
+    # with their defaults): not a change
+    config_path = out / first.name / "config.json"
+    config = json.loads(config_path.read_text())
+    older = {k: v for k, v in config.items() if k not in ("refit_from", "n_initial_data")}
+    config_path.write_text(json.dumps(older))
+    assert _changed_settings(first, out / first.name) == []
+    config_path.write_text(json.dumps(config))
     spec.write_text(spec.read_text().replace("[options]", "[options]\nq = 2"))
-    with pytest.raises(ValueError, match=r"other settings \(branin-exact-qucb-s0: q\)"):
+    with pytest.raises(ValueError, match=r"other settings \(branin-exact-qucb-s0: q: 1 -> 2\)"):
         run_sweep(spec, out, client=None)
     assert (out / first.name / "checkpoint.pt").stat().st_mtime_ns == stamp
 
