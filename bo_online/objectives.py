@@ -52,9 +52,9 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
         except Exception as e:
             del sys.modules[name]
             raise ValueError(f"Importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
-        # Dask ships tasks with cloudpickle, which would name the module, and a worker process
-        # cannot import a module that only this process made up: ship its code instead (without
-        # this every worker died unpickling the task and the run waited forever).
+        # A worker process cannot import a module that only this process made up: cloudpickle
+        # ships its code instead (what _Vectorised.__reduce__ uses, since Dask tries plain
+        # pickle first).
         import cloudpickle
 
         cloudpickle.register_pickle_by_value(module)
@@ -149,6 +149,12 @@ class _Vectorised:
 
         state = (self.fn, self.per_point, self._why_per_point)
         return (_Vectorised._from_bytes, (cloudpickle.dumps(state),))
+
+    def __copy__(self) -> _Vectorised:
+        # A shallow copy, as before __reduce__ (which copy.copy would otherwise go through).
+        out = _Vectorised.__new__(_Vectorised)
+        out.__dict__.update(self.__dict__)
+        return out
 
     @staticmethod
     def _from_bytes(data: bytes) -> _Vectorised:

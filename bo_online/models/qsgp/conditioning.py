@@ -141,7 +141,7 @@ class QSGPConditioningMixin:
         new = self._shallow_copy()
         new.cond_X, new.cond_y, new.cond_noise = self._appended_data(X, Y, point_noise)
         new._cond_factor = factor
-        new.cond_L = parent.L
+        new.cond_L = factor.L  # the parent's, or a new one where a long chain folded (linalg)
         new.cond_r, new.cond_u = r, factor.solve(r)
         new._batch_shape = torch.broadcast_shapes(new.cond_y.shape[:-1], new.cond_X.shape[:-2])
         return new

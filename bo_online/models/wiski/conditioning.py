@@ -103,7 +103,7 @@ class WISKIConditioningMixin:
             stats = self._stats_added(idx, val, D, y)
             # A refactorisation is cheaper than q rank-one updates when q is large; below float64
             # it is also due every REFACTOR_EVERY points, since the factor's rounding accumulates
-            # over a chain of updates while the statistics are exact sums.
+            # over a chain of updates while the statistics are plain sums.
             if 3 * q >= m or self._refactor_due(int(self.n), int(stats["n"])):
                 for name, value in stats.items():
                     setattr(self, name, value)
@@ -131,8 +131,8 @@ class WISKIConditioningMixin:
 
     #: Below float64, ``update`` refactorises ``L_A`` from the statistics (O(m^3)) whenever n
     #: passes a multiple of this, instead of updating it (see :meth:`_refactor_due`). On n, not
-    #: on a count since the last factorisation, so a resumed run (whose factor is built afresh
-    #: on loading) is back in step with an uninterrupted one at the next multiple.
+    #: on a count since the last factorisation, which a saved state does not hold: a resumed
+    #: run refactorises where an uninterrupted one does.
     REFACTOR_EVERY: int = 64
 
     def _refactor_due(self, n_before: int, n_after: int) -> bool:
@@ -140,13 +140,13 @@ class WISKIConditioningMixin:
         ``n_after`` (see :attr:`REFACTOR_EVERY`). Never in float64, whose drift over a chain is
         at round-off level (docs/math.md, section 1).
 
-        In float32 the statistics are exact sums but a chain of rank-one updates of ``L_A``
-        drifts from their factor like a random walk. Measured (2-D, 784 grid points, fixed
-        hyperparameters, posterior mean in standardised units against a float64 model of the
-        same points): 2.9e-5 for a float32 factor built afresh; after 30 / 100 / 300 / 3,000
-        updates without a refactorisation 4.6e-5 / 9.9e-5 / 1.4e-4 / 3.0e-4. A rebuild costs
-        about 4-6 updates (37 ms against 9.7 ms at m = 784, 83 ms against 16 ms at m = 1,500,
-        one thread), so refactorising every 64 points adds 3-8% to the time of an update."""
+        In float32 the statistics are sums (each new point adds its terms once), but a chain of
+        rank-one updates of ``L_A`` drifts from their factor like a random walk. Measured (2-D, 784
+        grid points, fixed hyperparameters, posterior mean in standardised units against a float64
+        model of the same points): 2.9e-5 for a float32 factor built afresh; after 30 / 100 / 300 /
+        3,000 updates without a refactorisation 4.6e-5 / 9.9e-5 / 1.4e-4 / 3.0e-4. A rebuild costs
+        about 4-6 updates (37 ms against 9.7 ms at m = 784, 83 ms against 16 ms at m = 1,500, one
+        thread), so refactorising every 64 points adds 3-8% to the time of an update."""
         if self.chol_A.dtype == torch.float64:
             return False
         return n_before // self.REFACTOR_EVERY != n_after // self.REFACTOR_EVERY
