@@ -180,29 +180,33 @@ def campaigns(spec: dict[str, Any]) -> list[Campaign]:
 _SET_PER_CAMPAIGN = {"problem", "model", "acq", "seed", "out_dir", "overwrite", "quiet", "steps"}
 
 
-def _check_options(campaign: Campaign) -> None:
-    r"""Build (not run) the campaign's loop, so bad ``[options]`` fail before a cluster starts
-    (the loop validates and serialises its options at construction; nothing is evaluated)."""
-    import torch
-
+def _campaign_loop(campaign: Campaign) -> Any:
+    r"""The campaign's ``BayesOptLoop``, built (not run) on the CPU: the workers may have a
+    device this machine lacks ("cuda" is checked there). Nothing is evaluated."""
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
     p = campaign.problem
     problem = synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])
-    # On the CPU: the workers may have a device this machine lacks ("cuda" is checked there).
-    options = {**campaign.options, "device": "cpu"}
+    return BayesOptLoop(
+        problem,
+        model=campaign.model,
+        acq=campaign.acq,
+        seed=campaign.seed,
+        quiet=True,
+        **{**campaign.options, "device": "cpu"},
+    )
+
+
+def _check_options(campaign: Campaign) -> None:
+    r"""Build (not run) the campaign's loop, so bad ``[options]`` fail before a cluster starts
+    (the loop validates and serialises its options at construction; nothing is evaluated)."""
+    import torch
+
     try:
-        loop = BayesOptLoop(
-            problem,
-            model=campaign.model,
-            acq=campaign.acq,
-            seed=campaign.seed,
-            quiet=True,
-            **options,
-        )
+        loop = _campaign_loop(campaign)
         # Model options reach the model only when it is built: build one on a few points.
-        X = torch.rand(4, problem.dim, generator=torch.Generator().manual_seed(0))
+        X = torch.rand(4, loop.problem.dim, generator=torch.Generator().manual_seed(0))
         loop._build_model(X.to(torch.float64), X.sum(-1, keepdim=True).to(torch.float64))
     except TypeError as e:  # an unknown keyword
         raise ValueError(f"[options] of the sweep spec: {e}") from e
@@ -230,9 +234,7 @@ def _changed_settings(campaign: Campaign, run_dir: Path) -> list[str]:
     ``"key: stored -> spec"``. Only keys both configurations hold are compared: a run saved by
     an earlier version lacks the settings added since, which its resume fills with their
     defaults."""
-    from bo_online.loops import BayesOptLoop
     from bo_online.loops.history import CONFIG_FILE, to_jsonable
-    from bo_online.problems import synthetic_problem
 
     try:
         stored = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -240,17 +242,8 @@ def _changed_settings(campaign: Campaign, run_dir: Path) -> list[str]:
         return []  # unreadable: resuming it reports the damaged run
     if not isinstance(stored, dict):
         return []
-    p = campaign.problem
-    problem = synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"])
-    loop = BayesOptLoop(
-        problem,
-        model=campaign.model,
-        acq=campaign.acq,
-        seed=campaign.seed,
-        quiet=True,
-        **{**campaign.options, "device": "cpu"},
-    )
-    wanted = json.loads(json.dumps(to_jsonable({**loop.config, "problem": problem.spec})))
+    loop = _campaign_loop(campaign)
+    wanted = json.loads(json.dumps(to_jsonable({**loop.config, "problem": loop.problem.spec})))
     keys = sorted((set(wanted) & set(stored)) - _RUNTIME_KEYS)
     return [f"{k}: {stored[k]!r} -> {wanted[k]!r}" for k in keys if wanted[k] != stored[k]]
 
