@@ -224,10 +224,18 @@ def merge(args: argparse.Namespace) -> dict:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         per_model: dict[str, Any] = {}
         for i, model in enumerate(sorted({r["model"] for r in rows})):
-            online = [r for r in rows if r["model"] == model and r["kind"] == "online"]
-            hind = [r for r in rows if r["model"] == model and r["kind"] == "hindsight"]
+            online = sorted(
+                (r for r in rows if r["model"] == model and r["kind"] == "online"),
+                key=lambda r: r["trial"],
+            )
             if not online:
                 continue
+            # The hindsight models of the same trials as the online runs (a trial whose online
+            # run has not finished must not move the hindsight line or the excess).
+            hind_of = {
+                r["trial"]: r for r in rows if r["model"] == model and r["kind"] == "hindsight"
+            }
+            hind = [hind_of[r["trial"]] for r in online if r["trial"] in hind_of]
             length = min(len(r["curve"]) for r in online)
             ns = np.array([c[0] for c in online[0]["curve"][:length]])
             colour = f"C{i}"
@@ -247,7 +255,9 @@ def merge(args: argparse.Namespace) -> dict:
                 if col == 2:
                     early = vals[:, : max(1, length // 4)].mean(axis=1)
                     if hind:
-                        excess = early - entry["hindsight_nll"]
+                        # each trial against its own hindsight model where every trial has one
+                        own = [r["curve"][-1][2] for r in hind]
+                        excess = early - (np.array(own) if len(own) == len(early) else np.mean(own))
                         entry["early_excess_nll"] = float(excess.mean())
                         entry["early_excess_nll_se"] = float(
                             excess.std(ddof=1) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0

@@ -111,3 +111,35 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     assert summary["sets"]["skillcraft"]["models"]["wiski"]["early_excess_nll"] == pytest.approx(
         early - hs
     )
+
+
+def test_merge_compares_each_online_trial_with_its_own_hindsight_model(tmp_path):
+    """Where a model's online run finished for fewer trials than its hindsight fits, the other
+    trials' hindsight models moved its hindsight line and early excess (a mix of trials)."""
+    import argparse
+
+    module = _load_experiment()
+
+    def result(model, kind, trial, nlls):
+        curve = [[10 * (i + 1), 0.5, v] for i, v in enumerate(nlls)]
+        return {"set": "elevators", "model": model, "trial": trial, "kind": kind,
+                "task": "regression", "metric": "test_rmse", "curve": curve}  # fmt: skip
+
+    rows = [
+        result("exact", "online", 0, [1.0, 0.8, 0.6, 0.5]),
+        result("exact", "hindsight", 0, [0.4]),
+        result("exact", "hindsight", 1, [2.0]),  # its online run never finished
+        result("tsvgp", "online", 0, [1.2, 0.9, 0.7, 0.6]),
+        result("tsvgp", "online", 1, [1.1, 0.9, 0.7, 0.6]),
+        result("tsvgp", "hindsight", 0, [0.5]),
+        result("tsvgp", "hindsight", 1, [0.3]),
+    ]
+    for i, r in enumerate(rows):
+        (tmp_path / f"r{i}.json").write_text(json.dumps(r))
+    summary = module.merge(argparse.Namespace(out=tmp_path))
+    models = summary["sets"]["elevators"]["models"]
+    assert models["exact"]["hindsight_nll"] == pytest.approx(0.4)
+    assert models["exact"]["early_excess_nll"] == pytest.approx(1.0 - 0.4)
+    # per trial: (1.2 - 0.5) and (1.1 - 0.3), not each against the mean hindsight 0.4
+    assert models["tsvgp"]["early_excess_nll"] == pytest.approx(0.75)
+    assert models["tsvgp"]["early_excess_nll_se"] == pytest.approx(0.05)
