@@ -104,7 +104,7 @@ class WISKIConditioningMixin:
             # A refactorisation is cheaper than q rank-one updates when q is large; below float64
             # it is also due every REFACTOR_EVERY points, since the factor's rounding accumulates
             # over a chain of updates while the statistics are plain sums.
-            if 3 * q >= m or self._refactor_due(int(self.n), int(stats["n"])):
+            if 3 * q >= m or self._refactor_due(y.numel()):
                 for name, value in stats.items():
                     setattr(self, name, value)
                 for name in _DELTA_NAMES:
@@ -135,10 +135,11 @@ class WISKIConditioningMixin:
     #: run refactorises where an uninterrupted one does.
     REFACTOR_EVERY: int = 64
 
-    def _refactor_due(self, n_before: int, n_after: int) -> bool:
-        r"""Whether the factor is rebuilt rather than updated as n goes from ``n_before`` to
-        ``n_after`` (see :attr:`REFACTOR_EVERY`). Never in float64, whose drift over a chain is
-        at round-off level (docs/math.md, section 1).
+    def _refactor_due(self, added: int) -> bool:
+        r"""Whether the factor is rebuilt rather than updated as ``added`` points join the
+        statistics (see :attr:`REFACTOR_EVERY`). Never in float64, whose drift over a chain is
+        at round-off level (docs/math.md, section 1); decided there before n is read, which
+        costs a device sync on a GPU.
 
         In float32 the statistics are sums (each new point adds its terms once), but a chain of
         rank-one updates of ``L_A`` drifts from their factor like a random walk. Measured (2-D, 784
@@ -149,7 +150,8 @@ class WISKIConditioningMixin:
         thread), so refactorising every 64 points adds 3-8% to the time of an update."""
         if self.chol_A.dtype == torch.float64:
             return False
-        return n_before // self.REFACTOR_EVERY != n_after // self.REFACTOR_EVERY
+        n_before = self.num_data
+        return n_before // self.REFACTOR_EVERY != (n_before + added) // self.REFACTOR_EVERY
 
     def add_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, chunk_size: int = 65536
