@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 
 import pytest
@@ -385,6 +386,42 @@ def test_a_file_objective_reaches_processes_that_cannot_import_its_file(tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip()) == pytest.approx(0.25**2 + 1.0**2)
+
+
+def test_an_objective_that_cannot_be_pickled_is_refused_before_anything_runs(tmp_path):
+    """An objective holding a lock (or an open file, a connection) cannot reach worker
+    processes. Before, the run started and its first evaluation failed inside the executor with
+    a serialisation traceback (Dask's: ``Could not serialize object of type LLGExpr``); now the
+    loop refuses it at construction, says what to do, evaluates nothing and writes nothing."""
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    from distributed import Client
+
+    calls = []
+    lock = threading.Lock()
+
+    def f(X):
+        calls.append(X.shape[0])
+        with lock:
+            return ((X - 0.3) ** 2).sum(-1)
+
+    problem = CallableProblem(_Vectorised(f), torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    process_pool = ProcessPoolExecutor(max_workers=1)  # starts no process until a submit
+    client = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
+    try:
+        for executor, where in ((process_pool, "worker processes"), (client, "Dask workers")):
+            out = tmp_path / where.replace(" ", "_")
+            with pytest.raises(ValueError, match=f"cannot be sent to the {where}.*_thread.lock"):
+                BayesOptLoop(problem, executor=executor, out_dir=out, n_init=3)
+            assert not out.exists() and not calls
+    finally:
+        client.close()
+        process_pool.shutdown()
+    # A thread pool shares the process: the same objective runs there.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        loop = BayesOptLoop(problem, executor=pool, n_init=3, model="exact")
+        loop.initialize()
+    assert sum(calls) == 3
 
 
 def test_a_failing_batch_objective_reports_its_own_error_once_undecided():

@@ -14,6 +14,9 @@ Examples:
 
 from __future__ import annotations
 
+import logging
+import pickle
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,40 @@ from bo_online.models.validation import real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
 __all__ = ["BayesOptLoop"]
+
+
+def check_sendable(problem: Problem, executor: Any) -> None:
+    r"""Raise a ``ValueError`` before anything is evaluated or written when ``problem`` (which
+    every evaluation task carries, objective included) cannot be sent to the worker processes
+    of ``executor``: a ``concurrent.futures.ProcessPoolExecutor`` pickles it, a Dask
+    ``distributed.Client`` pickles it with a cloudpickle fallback. Otherwise the first
+    evaluation fails deep inside the executor with a serialisation traceback. A thread pool
+    (or no executor) shares this process and needs nothing."""
+    if executor is None:
+        return
+    if isinstance(executor, ProcessPoolExecutor):
+        dumps, where = pickle.dumps, "worker processes (--workers)"
+    elif type(executor).__module__.split(".")[0] == "distributed":
+        from distributed.protocol.pickle import dumps
+
+        where = "Dask workers (--dask)"
+    else:
+        return
+    # Dask's serialiser also logs the failure with a traceback; the error below says it all.
+    dask_log = logging.getLogger("distributed.protocol.pickle")
+    level = dask_log.level
+    dask_log.setLevel(logging.CRITICAL)
+    try:
+        dumps(problem)
+    except Exception as e:  # pickling raises TypeError, AttributeError, PicklingError, ...
+        raise ValueError(
+            f"The objective cannot be sent to the {where}: pickling it failed with "
+            f"{type(e).__name__}: {e}. Create what cannot be pickled (locks, open files, "
+            "connections, ...) inside the function rather than at module level, or evaluate "
+            "in this process (no --dask, --workers 0; executor=None in Python)."
+        ) from e
+    finally:
+        dask_log.setLevel(level)
 
 
 class BayesOptLoop(OnlineLoop):
@@ -92,6 +129,7 @@ class BayesOptLoop(OnlineLoop):
             n_init = 0 if data is not None else max(5, 2 * problem.dim)
         if data is None and n_init == 0:
             raise ValueError("n_init=0 needs initial_data=(X, y) to start from.")
+        check_sendable(problem, kwargs.get("executor"))
         super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
         self.problem = problem
         self.sign = 1.0 if problem.maximize else -1.0  # the model always maximises
