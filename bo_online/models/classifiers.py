@@ -27,7 +27,7 @@ from torch import Tensor
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models.tsvgp import TSVGP
-from bo_online.models.wiski.classification import WISKIDirichletClassifier
+from bo_online.models.wiski.classification import WISKIDirichletClassifier, check_num_samples
 
 __all__ = ["TSVGPClassifier", "WISKIBinaryClassifier", "CLASSIFIERS", "classifier_class"]
 
@@ -73,8 +73,9 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
     def __init__(
         self, train_X: Tensor, train_Y: Tensor, num_samples: int = 256, **options: Any
     ) -> None:
+        num_samples = check_num_samples(num_samples)  # before the class models are built
         super().__init__(train_X, _labels(train_Y), num_classes=2, **options)
-        self.num_samples = int(num_samples)
+        self.num_samples = num_samples
 
     def update(self, X: Tensor, Y: Tensor) -> "WISKIBinaryClassifier":
         return super().update(X, _labels(Y))

@@ -148,3 +148,25 @@ def test_classifier_class_names_the_classifying_surrogates():
     assert set(CLASSIFIERS) == {"tsvgp", "wiski"}
     with pytest.raises(ValueError, match="cannot classify.*tsvgp, wiski"):
         classifier_class("exact")
+
+
+@pytest.mark.parametrize("num_samples", [0, -3, 2.5, True])
+def test_wiski_binary_refuses_a_sample_count_that_is_not_a_positive_integer(num_samples):
+    r"""``num_samples=0`` averaged no samples (NaN probabilities: a stream recorded null log
+    losses and counted every point wrong); a negative count failed in ``torch.randn`` after the
+    initial fit. Both are refused when the classifier is built."""
+    X, y = _data(30)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
+        WISKIBinaryClassifier(X, y, num_samples=num_samples, grid_size=8)
+    clf = WISKIDirichletClassifier(X, y.reshape(-1).long(), 2, grid_size=8)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
+        clf.predict_proba(X[:3], num_samples=num_samples)
+
+
+@pytest.mark.parametrize("alpha_eps", [0.0, -1.0, float("nan"), float("inf")])
+def test_wiski_dirichlet_refuses_a_concentration_that_is_not_positive(alpha_eps):
+    r"""``alpha_eps = 0`` made the wrong classes' targets ``log 0 = -inf`` and the error said
+    "Y contains ... NaN/inf value(s); remove or impute them" about labels that had none."""
+    X, y = _data(30)
+    with pytest.raises(ValueError, match="alpha_eps must be a finite number > 0"):
+        WISKIBinaryClassifier(X, y, alpha_eps=alpha_eps, grid_size=8)

@@ -14,6 +14,7 @@ shared by none of the classes here: give each class model its own via ``projecti
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import torch
@@ -33,11 +34,12 @@ def dirichlet_targets(
     Args:
         labels: ``n`` integer class labels in ``[0, num_classes)``.
         num_classes: C.
-        alpha_eps: the Dirichlet concentration of the wrong classes.
+        alpha_eps: the Dirichlet concentration of the wrong classes (finite, > 0).
 
     Returns:
         ``(targets, noise)``, both ``n x C``.
     """
+    _check_alpha_eps(alpha_eps)
     if not isinstance(labels, Tensor) or labels.dim() != 1:
         raise ValueError(
             f"labels must be a 1-D tensor of class indices, got {getattr(labels, 'shape', labels)}."
@@ -54,6 +56,31 @@ def dirichlet_targets(
     alpha = torch.nn.functional.one_hot(labels, num_classes).to(dtype) + alpha_eps
     noise = torch.log1p(1.0 / alpha)
     return alpha.log() - noise / 2, noise
+
+
+def _check_alpha_eps(alpha_eps: float) -> None:
+    # alpha_eps = 0 makes the wrong classes' targets log(0) = -inf (reported downstream as
+    # non-finite Y, which the user never passed); a negative one makes them NaN.
+    if not (isinstance(alpha_eps, (int, float)) and math.isfinite(alpha_eps) and alpha_eps > 0):
+        raise ValueError(
+            f"alpha_eps must be a finite number > 0 (the Dirichlet concentration of the wrong "
+            f"classes; 0.01 as in the paper), got {alpha_eps!r}."
+        )
+
+
+def check_num_samples(num_samples: int) -> int:
+    r"""``num_samples`` as an int >= 1 (Monte-Carlo samples of :meth:`predict_proba`), else a
+    ValueError: no samples would average to NaN probabilities."""
+    if (
+        isinstance(num_samples, bool)
+        or not (
+            isinstance(num_samples, int)
+            or (isinstance(num_samples, float) and num_samples.is_integer())
+        )
+        or num_samples < 1
+    ):
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
+    return int(num_samples)
 
 
 class WISKIDirichletClassifier(nn.Module):
@@ -139,7 +166,9 @@ class WISKIDirichletClassifier(nn.Module):
         return torch.stack(means, -1), torch.stack(variances, -1)
 
     def predict_proba(self, X: Tensor, num_samples: int = 256, seed: int | None = 0) -> Tensor:
-        r"""Class probabilities ``... x n x C``: MC average of softmax over latent samples."""
+        r"""Class probabilities ``... x n x C``: MC average of softmax over ``num_samples`` (>= 1)
+        latent samples."""
+        num_samples = check_num_samples(num_samples)
         mean, var = self.latent(X)
         g = None if seed is None else torch.Generator(device=mean.device).manual_seed(seed)
         eps = torch.randn(
