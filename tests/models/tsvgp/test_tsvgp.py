@@ -703,6 +703,20 @@ def test_bernoulli_condition_steps_reach_the_new_sites_fixed_point():
     assert torch.equal(many.sites[0], model.sites[0])
 
 
+@pytest.mark.parametrize(
+    "option", [{"condition_steps": -1}, {"num_init_e_steps": -1}, {"condition_steps": 1.5}]
+)
+def test_negative_or_fractional_step_counts_are_refused_at_construction(option):
+    r"""``condition_steps=-1`` (``--model-option condition_steps=-1``) was accepted and left no
+    conditioning step: every later ``update`` of a Bernoulli model failed with an
+    UnboundLocalError (after a stream run had written its first checkpoint)."""
+    X, _ = _data(n=20)
+    Y = (X.sum(-1, keepdim=True) > 1.0).to(DT)
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=f"{name} must be an integer >= 0"):
+        TSVGP(X, Y, inducing_points=5, likelihood=Bernoulli(), **option)
+
+
 def test_one_dimensional_targets_get_a_shape_hint():
     X = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(
