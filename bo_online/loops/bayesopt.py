@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.quasirandom import SobolEngine
@@ -72,6 +73,27 @@ def check_sendable(problem: Problem, executor: Any) -> None:
         ) from e
     finally:
         dask_log.setLevel(level)
+
+
+def _in_box(X: Tensor, given: Any, bounds: Tensor) -> Tensor | None:
+    r"""``X`` (``n x d``, float64, problem units) clamped to ``bounds`` (``2 x d``), or None if
+    a point lies outside it by more than rounding: 1e-9 of the box's width, or a few rounding
+    steps of the dtype the user ``given`` it in (a point ``ask`` proposed on the boundary and
+    passed back in float32 lies up to ~1e-7 relative beyond it)."""
+    lo, hi = bounds
+    dtype = getattr(given, "dtype", None)
+    if isinstance(given, np.ndarray):
+        eps = float(np.finfo(dtype).eps) if dtype.kind == "f" else 0.0
+    else:
+        eps = (
+            torch.finfo(dtype).eps
+            if isinstance(dtype, torch.dtype) and dtype.is_floating_point
+            else 0.0
+        )
+    tol = torch.maximum(1e-9 * (hi - lo), 4 * eps * (lo.abs() + hi.abs()))
+    if bool(((X < lo - tol) | (X > hi + tol)).any()):
+        return None
+    return torch.minimum(torch.maximum(X, lo), hi)  # the surrogate covers the box only
 
 
 class BayesOptLoop(OnlineLoop):
@@ -161,6 +183,7 @@ class BayesOptLoop(OnlineLoop):
         except (TypeError, ValueError) as e:
             raise ValueError("initial_data must be a pair (X, y).") from e
         # Detached copies: the user's tensors may carry autograd graphs or be changed later.
+        given = X
         X = real_float64(X, "initial_data X").clone()
         y = real_float64(y, "initial_data y").clone().reshape(-1)
         if X.dim() != 2 or X.shape[-1] != problem.dim or X.shape[0] != y.shape[0] or not len(y):
@@ -170,9 +193,8 @@ class BayesOptLoop(OnlineLoop):
             )
         if not (bool(torch.isfinite(X).all()) and bool(torch.isfinite(y).all())):
             raise ValueError("initial_data holds NaN/inf.")
-        lo, hi = problem.bounds
-        tol = 1e-9 * (hi - lo)
-        if bool(((X < lo - tol) | (X > hi + tol)).any()):
+        X = _in_box(X, given, problem.bounds)
+        if X is None:
             raise ValueError(f"initial_data X lies outside the bounds {problem.bounds.tolist()}.")
         return X, y
 
@@ -342,10 +364,10 @@ class BayesOptLoop(OnlineLoop):
         problem's sense), optional noiseless ``y_true`` (for regret; defaults to ``y``)."""
         if not self.initialized:
             raise RuntimeError("Call ask() (or initialize()) before tell().")
+        given = X
         X, y, y_true = self._checked_observations(X, y, y_true)
-        lo, hi = self.problem.bounds
-        tol = 1e-9 * (hi - lo)
-        if bool(((X < lo - tol) | (X > hi + tol)).any()):
+        X = _in_box(X, given, self.problem.bounds)
+        if X is None:
             raise ValueError(
                 "tell() got points outside the problem's bounds "
                 f"{self.problem.bounds.tolist()}; the surrogate only covers that box."

@@ -501,3 +501,21 @@ def test_a_qnipv_run_saved_with_num_mc_points_as_an_acquisition_option_resumes_a
     history.save_checkpoint(path, ckpt)
     resumed = load_loop(out, problem=pool).run(3)
     assert without_timing(resumed) == without_timing(reference)
+
+
+def test_points_on_the_boundary_given_in_float32_are_accepted_and_clamped_to_the_box():
+    # 1e-3 in float32 is 1.0000000475e-3: past the box by float32 rounding, not by 1e-9 of it
+    bounds = torch.tensor([[0.0, -5.0], [1e-3, 5.0]], dtype=torch.float64)
+    X0 = torch.tensor([[0.0, 0.0], [5e-4, 1.0], [1e-4, -2.0], [1e-3, 4.0]])  # float32
+    y0 = torch.tensor([1.0, 2.0, 0.5, 3.0])
+    problem = CallableProblem(None, bounds=bounds, name="thin")
+    loop = BayesOptLoop(problem, initial_data=(X0, y0), n_init=0, acq="logei", quiet=True)
+    loop.initialize()
+    loop.tell(torch.tensor([[1e-3, 0.3]]), torch.tensor([0.1]))  # a float32 copy of ask()'s
+    assert loop.X.dtype == torch.float64 and bool((loop.X[:, 0] <= 1e-3).all())
+    assert loop.X[-1, 0] == 1e-3 and loop.y.shape == (5,)
+    with pytest.raises(ValueError, match="outside the problem's bounds"):  # truly outside
+        loop.tell(torch.tensor([[1.001e-3, 0.3]]), torch.tensor([0.1]))
+    with pytest.raises(ValueError, match="outside the problem's bounds"):  # float64: 1e-9 only
+        loop.tell(torch.tensor([[1e-3 * (1 + 1e-7), 0.3]], dtype=torch.float64), [0.1])
+    assert loop.X.shape == (5, 2) and loop.step_count == 1
