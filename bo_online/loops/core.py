@@ -95,7 +95,9 @@ class OnlineLoop:
             when at least this many seconds have passed since the last one (0: every step).
             Always written after the initial design, at the end of ``run`` and when ``run`` is
             stopped by SIGINT / SIGTERM (after the step in progress). Records appended after the
-            last checkpoint are redone on resume, so records are identical either way.
+            last checkpoint are redone on resume, so records are identical either way. (Both
+            pace the steps of ``run`` and ``step``; a ``tell`` called directly, with values the
+            loop did not evaluate and a resume could not redo, is checkpointed every time.)
         overwrite: replace an existing run in ``out_dir``.
         quiet: no progress bar.
         device: where the surrogate and acquisition run.
@@ -213,6 +215,7 @@ class OnlineLoop:
         self.elapsed = 0.0  # true wall time in run(), writing included (continues across resume)
         self._last_checkpoint = time.perf_counter()
         self._stop_signal: int | None = None
+        self._driving = False  # run() or step() tells, a resume can redo them (see _checkpoint_due)
         self._elapsed_from: tuple[float, float] | None = None
         self._files_started = False
         self._pending: dict[str, Any] | None = None
@@ -599,7 +602,11 @@ class OnlineLoop:
         if not self.initialized:
             self.initialize()
         self.ask()
-        return self.tell(**self._evaluate_pending())
+        driving, self._driving = self._driving, True
+        try:
+            return self.tell(**self._evaluate_pending())
+        finally:
+            self._driving = driving
 
     def run(
         self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
@@ -629,6 +636,7 @@ class OnlineLoop:
         start, base = time.perf_counter(), self.elapsed
         self._last_checkpoint = start
         self._elapsed_from = (start, base)
+        driving, self._driving = self._driving, True
         try:
             with self._stop_on_signals():
                 if not self.initialized:
@@ -643,6 +651,7 @@ class OnlineLoop:
         finally:
             self.elapsed = base + time.perf_counter() - start
             self._elapsed_from = None
+            self._driving = driving
             self._release_directory(created)
         if self._stop_signal is not None:
             signum, self._stop_signal = self._stop_signal, None
@@ -744,7 +753,12 @@ class OnlineLoop:
 
     def _checkpoint_due(self) -> bool:
         r"""Every ``checkpoint_every`` steps when set; otherwise by elapsed time (at most every
-        ``checkpoint_seconds``), and always after the initial design."""
+        ``checkpoint_seconds``), and always after the initial design and after a ``tell`` the
+        user called (not through :meth:`run` or :meth:`step`): its values (a lab measurement,
+        a pool row of the user's choice) may exist nowhere else, and a resume, which drops the
+        records after the checkpoint to redo them, could not redo it."""
+        if not self._driving:
+            return True
         every = self.config["checkpoint_every"]
         if every is not None:
             return self.step_count % every == 0

@@ -519,3 +519,33 @@ def test_points_on_the_boundary_given_in_float32_are_accepted_and_clamped_to_the
     with pytest.raises(ValueError, match="outside the problem's bounds"):  # float64: 1e-9 only
         loop.tell(torch.tensor([[1e-3 * (1 + 1e-7), 0.3]], dtype=torch.float64), [0.1])
     assert loop.X.shape == (5, 2) and loop.step_count == 1
+
+
+def test_values_told_by_the_user_survive_a_resume(tmp_path):
+    # A tell() the user calls brings values the loop cannot evaluate again: a resume used to
+    # drop every record after the last (time-paced) checkpoint, deleting them from the file.
+    problem = CallableProblem(None, bounds=BOUNDS, name="lab")
+    X0 = torch.tensor([[0.1, 0.0], [0.5, 2.0], [0.9, -3.0]], dtype=torch.float64)
+    out = tmp_path / "run"
+    opts = {"n_init": 0, "acq": "logei", "optimizer_options": SMALL_OPT, "fit_max_iter": 5}
+    loop = BayesOptLoop(problem, initial_data=(X0, _quadratic(X0)), out_dir=out, **opts)
+    for _ in range(2):
+        X = loop.ask()
+        loop.tell(X, _quadratic(X))  # "measured in the lab"
+    loop.tell(torch.tensor([0.3, 1.0]), torch.tensor([0.0]))  # a point of the user's own
+    resumed = load_loop(out, problem=problem)
+    assert resumed.step_count == 3 and len(history.read_records(out)) == 4
+    torch.testing.assert_close(resumed.X, loop.X, rtol=0, atol=0)
+    assert resumed.records[-1]["best_value"] == 0.0
+    resumed._lock.release()
+
+    X, y = torch.rand(40, 2, dtype=torch.float64), torch.rand(40, dtype=torch.float64)
+    pool = PoolProblem("mine", X[:30], y[:30], X[30:], y[30:], torch.tensor([[0.0, 0], [1, 1]]))
+    active = ActiveLearningLoop(pool, n_init=4, q=2, out_dir=tmp_path / "pool", fit_max_iter=5)
+    active.initialize()
+    free = (~active.used).nonzero().reshape(-1)
+    active.tell(free[:3])  # rows the user chose, not ask()'s
+    back = load_loop(tmp_path / "pool", problem=pool)
+    assert back.step_count == 1 and back.chosen.tolist() == active.chosen.tolist()
+    assert len(history.read_records(tmp_path / "pool")) == 2
+    back._lock.release()
