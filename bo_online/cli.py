@@ -518,10 +518,11 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
     if loop.kind in ("bo", "bo_async"):
+        # 10 digits: an objective's values on an offset (1e6 + O(1)) differ after the 5th
         rows += [
-            ("best observed value", _fmt(last["best_value"])),
-            ("best true value", _fmt(last.get("best_true_value"))),
-            ("optimum", _fmt(loop.problem.optimal_value)),
+            ("best observed value", _fmt(last["best_value"], 10)),
+            ("best true value", _fmt(last.get("best_true_value"), 10)),
+            ("optimum", _fmt(loop.problem.optimal_value, 10)),
             ("simple regret", _fmt(last.get("regret"))),
         ]
     elif loop.kind == "active":

@@ -458,3 +458,15 @@ def test_ctrl_c_before_the_run_starts_says_to_run_the_command_again(tmp_path, ca
     assert code == 130
     assert "interrupted; stopped before the loop started (nothing was written); run the same" in err
     assert "resume" not in err and not second.exists()
+
+
+def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_path, capsys):
+    # with 5 digits the best of 1e6 + ((x - 0.3)^2).sum() read "1e+06" whatever the run found
+    obj = tmp_path / "obj.py"
+    obj.write_text("def f(X):\n    return 1e6 + ((X - 0.3) ** 2).sum(-1)\n")
+    argv = ["bo", "--objective", f"{obj}:f", "--bounds", "0,1 0,1", "--steps", "0"]
+    code, out, _ = _run(
+        [*argv, "--n-init", "3", "--no-plots", "--out", str(tmp_path / "r"), *SMALL], capsys
+    )
+    best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
+    assert code == 0 and f"{best['best_value']:.10g}" in out and "1e+06" not in out
