@@ -95,9 +95,12 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
         # the grown statistics buffers), so hand every class model its part of the state.
         parts: list[dict[str, Any]] = [{} for _ in self.models]
         for key, value in state_dict.items():
-            head, c, rest = key.split(".", 2)
-            if head != "models":
-                raise KeyError(f"Unexpected key {key!r} in a WISKIBinaryClassifier state.")
+            head, c, rest = (key.split(".", 2) + ["", ""])[:3]
+            if head != "models" or not c.isdigit() or int(c) >= len(parts) or not rest:
+                raise KeyError(
+                    f"Unexpected key {key!r} in a WISKIBinaryClassifier state (keys are "
+                    f"'models.<class 0..{len(parts) - 1}>.<name>')."
+                )
             parts[int(c)][rest] = value
         for model, part in zip(self.models, parts):
             model.load_state_dict(part, strict=strict, assign=assign)

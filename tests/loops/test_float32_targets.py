@@ -128,3 +128,23 @@ def test_a_float32_run_on_offset_targets_resumes_to_identical_records(kind, tmp_
     assert abs(shift) > 0.5 * OFFSET and 0 < scale < 10  # centred and scaled in float64
     resumed = load_loop(tmp_path, problem=problem).run(4)
     assert without_timing(resumed) == without_timing(reference)
+
+
+def test_classification_metrics_of_a_float32_model_are_computed_in_float64():
+    r"""A float32 classifier's test accuracy was a float32 mean (9 of 10 right recorded as
+    0.8999999761581421) and its log loss a float32 mean. Both are now computed in float64 from
+    the model's probabilities (a wrong, certain prediction still costs -log 1e-12)."""
+    from bo_online.loops.streaming import classification_metrics
+
+    probs = torch.tensor([0.9] * 9 + [1.0], dtype=torch.float32)
+
+    class Fixed:
+        def predict_proba(self, X: torch.Tensor) -> torch.Tensor:
+            return probs[: X.shape[0]]
+
+    y = torch.tensor([1.0] * 9 + [0.0], dtype=torch.float32)
+    m = classification_metrics(Fixed(), torch.zeros(10, 2, dtype=torch.float32), y)
+    assert m["accuracy"] == 0.9
+    p_y = probs.double().clone()
+    p_y[-1] = 1e-12  # the wrong, certain prediction: 1 - p = 0, clamped
+    assert m["nll"] == pytest.approx(float(-p_y.log().mean()), rel=1e-12)
