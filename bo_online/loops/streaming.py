@@ -44,8 +44,9 @@ def classification_metrics(model: Any, X: Tensor, y: Tensor, chunk: int = 2048) 
         [model.predict_proba(X[i : i + chunk]).reshape(-1) for i in range(0, X.shape[0], chunk)]
     )
     # The metrics in float64 whatever the model's dtype: a float32 mean reported an accuracy of
-    # 9 / 10 as 0.8999999761581421 (and 1 - 1e-12 is 1 in float32: no clamp at the top).
-    p64, y = probs.double(), y.double()
+    # 9 / 10 as 0.8999999761581421 (and 1 - 1e-12 is 1 in float32: no clamp at the top). The
+    # labels (on the CPU) go to the model's device.
+    p64, y = probs.double(), y.to(device=probs.device, dtype=torch.float64)
     p_y = torch.where(y > 0.5, p64, 1.0 - p64).clamp(1e-12, 1.0 - 1e-12)
     return {
         "prob": probs,

@@ -79,3 +79,24 @@ def test_bo_loop_runs_on_cuda_at_its_defaults(model, dtype, tmp_path):
     assert resumed.device.type == "cuda" and resumed.dtype == loop.dtype
     resumed.run(4)
     assert resumed.step_count == 4 and not _on(resumed.model, CUDA)
+
+
+@pytest.mark.parametrize("model", ["tsvgp", "wiski"])
+def test_a_classification_stream_scores_its_test_set_on_cuda(model):
+    """The test labels stay on the CPU with the problem while the classifier predicts on the
+    device: the metrics move them there (a float64 cast alone left them behind, and the first
+    evaluation failed with a device mismatch)."""
+    from bo_online.loops import StreamingLoop
+    from bo_online.problems import StreamProblem
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(90, 2, generator=g, dtype=DT)
+    y = (X.sum(-1) > 1.0).to(DT)
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+    stream = StreamProblem("halves", X[:60], y[:60], X[60:], y[60:], bounds, task="classification")
+    options = {"tsvgp": {"inducing_points": 12}, "wiski": {"grid_size": 8}}[model]
+    loop = StreamingLoop(
+        stream, model=model, model_options=options, q=5, n_init=20, eval_every=2, device="cuda"
+    )
+    records = loop.run(4)
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in records if r["step"] % 2 == 0)
