@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import integrate, special, stats
@@ -174,3 +175,13 @@ def test_wiski_dirichlet_refuses_a_concentration_that_is_not_positive(alpha_eps)
     X, y = _data(30)
     with pytest.raises(ValueError, match="alpha_eps must be a finite number > 0"):
         WISKIBinaryClassifier(X, y, alpha_eps=alpha_eps, grid_size=8)
+
+
+def test_wiski_binary_takes_numpy_numbers_for_its_options():
+    # the checks above took only Python int / float: np.int64(16) (accepted before) was refused
+    X, y = _data(30)
+    clf = WISKIBinaryClassifier(
+        X, y, num_samples=np.int64(16), alpha_eps=np.float32(0.01), grid_size=8
+    )
+    assert clf.num_samples == 16 and type(clf.num_samples) is int
+    assert clf.predict_proba(X[:3]).shape == (3,)

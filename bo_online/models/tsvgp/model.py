@@ -7,6 +7,7 @@ r"""The t-SVGP model class: constructor, data layout, posterior and state.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import gpytorch
@@ -107,14 +108,17 @@ class TSVGP(
         num_init_e_steps: int = 5,
         condition_steps: int = 0,
     ) -> None:
+        # A negative condition_steps left no conditioning step (a crash in every update).
         for name, value in (
             ("num_init_e_steps", num_init_e_steps),
             ("condition_steps", condition_steps),
-        ):  # a negative condition_steps left no conditioning step (a crash in every update)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        ):
+            whole = isinstance(value, numbers.Integral) or (
+                isinstance(value, float) and value.is_integer()
+            )
+            if isinstance(value, bool) or not whole or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
-            if int(value) != value:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+        num_init_e_steps, condition_steps = int(num_init_e_steps), int(condition_steps)
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(

@@ -15,6 +15,7 @@ shared by none of the classes here: give each class model its own via ``projecti
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Mapping
 
 import torch
@@ -61,7 +62,7 @@ def dirichlet_targets(
 def _check_alpha_eps(alpha_eps: float) -> None:
     # alpha_eps = 0 makes the wrong classes' targets log(0) = -inf (reported downstream as
     # non-finite Y, which the user never passed); a negative one makes them NaN.
-    if not (isinstance(alpha_eps, (int, float)) and math.isfinite(alpha_eps) and alpha_eps > 0):
+    if not (isinstance(alpha_eps, numbers.Real) and math.isfinite(alpha_eps) and alpha_eps > 0):
         raise ValueError(
             f"alpha_eps must be a finite number > 0 (the Dirichlet concentration of the wrong "
             f"classes; 0.01 as in the paper), got {alpha_eps!r}."
@@ -74,7 +75,7 @@ def check_num_samples(num_samples: int) -> int:
     if (
         isinstance(num_samples, bool)
         or not (
-            isinstance(num_samples, int)
+            isinstance(num_samples, numbers.Integral)
             or (isinstance(num_samples, float) and num_samples.is_integer())
         )
         or num_samples < 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from botorch.sampling.normal import SobolQMCNormalSampler
@@ -715,6 +716,36 @@ def test_negative_or_fractional_step_counts_are_refused_at_construction(option):
     name = next(iter(option))
     with pytest.raises(ValueError, match=f"{name} must be an integer >= 0"):
         TSVGP(X, Y, inducing_points=5, likelihood=Bernoulli(), **option)
+
+
+@pytest.mark.parametrize(
+    "option", [{"condition_steps": float("nan")}, {"num_init_e_steps": float("inf")}]
+)
+def test_non_finite_step_counts_are_refused_with_the_same_message(option):
+    # int() of them raised "cannot convert float NaN to integer" (inf: an OverflowError)
+    X, _ = _data(n=20)
+    Y = (X.sum(-1, keepdim=True) > 1.0).to(DT)
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=f"{name} must be an integer >= 0"):
+        TSVGP(X, Y, inducing_points=5, likelihood=Bernoulli(), **option)
+
+
+def test_whole_step_counts_of_any_number_type_are_accepted():
+    r"""NumPy integers (as before the check) and whole floats (as the check says) build and
+    update a Bernoulli model: 2.0 passed the check, then ``range(2.0)`` failed."""
+    X, _ = _data(n=20)
+    Y = (X.sum(-1, keepdim=True) > 1.0).to(DT)
+    for steps in (np.int64(2), 2.0):
+        model = TSVGP(
+            X[:15],
+            Y[:15],
+            inducing_points=5,
+            likelihood=Bernoulli(),
+            num_init_e_steps=steps,
+            condition_steps=steps,
+        )
+        assert model.condition_steps == 2
+        model.update(X[15:], Y[15:])
 
 
 def test_one_dimensional_targets_get_a_shape_hint():
