@@ -79,7 +79,7 @@ def _in_box(X: Tensor, given: Any, bounds: Tensor) -> Tensor | None:
     r"""``X`` (``n x d``, float64, problem units) clamped to ``bounds`` (``2 x d``), or None if
     a point lies outside it by more than rounding: 1e-9 of the box's width, or a few rounding
     steps of the dtype the user ``given`` it in (a point ``ask`` proposed on the boundary and
-    passed back in float32 lies up to ~1e-7 relative beyond it)."""
+    passed back in float32 lies up to ~1e-7 relative beyond it), at most 1e-3 of the width."""
     lo, hi = bounds
     dtype = getattr(given, "dtype", None)
     if isinstance(given, np.ndarray):
@@ -90,7 +90,9 @@ def _in_box(X: Tensor, given: Any, bounds: Tensor) -> Tensor | None:
             if isinstance(dtype, torch.dtype) and dtype.is_floating_point
             else 0.0
         )
-    tol = torch.maximum(1e-9 * (hi - lo), 4 * eps * (lo.abs() + hi.abs()))
+    # Capped: on a box far from 0 (1e6 + [0, 1]) float32's steps span most of the box.
+    rounding = torch.minimum(4 * eps * (lo.abs() + hi.abs()), 1e-3 * (hi - lo))
+    tol = torch.maximum(1e-9 * (hi - lo), rounding)
     if bool(((X < lo - tol) | (X > hi + tol)).any()):
         return None
     return torch.minimum(torch.maximum(X, lo), hi)  # the surrogate covers the box only

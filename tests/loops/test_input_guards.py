@@ -521,6 +521,21 @@ def test_points_on_the_boundary_given_in_float32_are_accepted_and_clamped_to_the
     assert loop.X.shape == (5, 2) and loop.step_count == 1
 
 
+def test_float32_rounding_never_accepts_points_far_outside_a_box_far_from_zero():
+    # On 1e6 + [0, 1] a few float32 steps (0.0625 each) are ~0.95 of the box: 1e6 + 1.875 was
+    # accepted and recorded at 1e6 + 1. The rounding tolerance is capped at 1e-3 of the width.
+    for offset, inside in ((1e6, 1.0), (1e4 + 0.4, 1.0)):  # fl32(1e4 + 1.4) is 4e-4 beyond
+        bounds = torch.tensor([[offset, 0.0], [offset + 1, 1.0]], dtype=torch.float64)
+        X0 = bounds[0] + torch.tensor([[0.1, 0.1], [0.5, 0.5], [0.9, 0.9]], dtype=torch.float64)
+        problem = CallableProblem(None, bounds=bounds, name="offset")
+        loop = BayesOptLoop(problem, initial_data=(X0, torch.tensor([1.0, 2, 3])), n_init=0)
+        loop.initialize()
+        with pytest.raises(ValueError, match="outside the problem's bounds"):
+            loop.tell(torch.tensor([[offset + 1.875, 0.5]]), torch.tensor([0.1]))
+        loop.tell(torch.tensor([[offset + inside, 0.5]]), torch.tensor([0.1]))  # float32
+        assert loop.X[-1, 0] == offset + 1 and loop.X.shape == (4, 2)
+
+
 def test_values_told_by_the_user_survive_a_resume(tmp_path):
     # A tell() the user calls brings values the loop cannot evaluate again: a resume used to
     # drop every record after the last (time-paced) checkpoint, deleting them from the file.
