@@ -69,7 +69,8 @@ def check_sendable(problem: Problem, executor: Any) -> None:
             f"The objective cannot be sent to the {where}: pickling it failed with "
             f"{type(e).__name__}: {e}. Create what cannot be pickled (locks, open files, "
             "connections, ...) inside the function rather than at module level, or evaluate "
-            "in this process (no --dask, --workers 0; executor=None in Python)."
+            "in this process (no --dask, --workers 0; in Python, a BayesOptLoop without an "
+            "executor)."
         ) from e
     finally:
         dask_log.setLevel(level)
