@@ -36,6 +36,7 @@ __all__ = [
     "solve_bordered_transpose",
     "solve_lower",
     "solve_lower_transpose",
+    "matmul_folded",
     "cholesky_solve",
     "cholesky_logdet",
     "logdet_and_inverse_quad",
@@ -85,15 +86,40 @@ def _solve_triangular_folded(L: Tensor, B: Tensor, transpose: bool) -> Tensor:
     system with one ``n x (b k)`` right-hand side instead; memory is linear in b.
     """
     Lt = L.transpose(-1, -2) if transpose else L
-    extra = B.dim() - L.dim()
-    if extra <= 0 or B.shape[extra:-2] != L.shape[:-2]:
-        return torch.linalg.solve_triangular(Lt, B, upper=transpose)
-    lead, rest = B.shape[:extra], B.shape[extra:]  # rest = L-batch x n x k
-    # E x Lb x n x k -> Lb x n x k x E -> Lb x n x (k E)
+    return _fold_extra_batch(lambda F: torch.linalg.solve_triangular(Lt, F, upper=transpose), L, B)
+
+
+def matmul_folded(A: Tensor, B: Tensor) -> Tensor:
+    r"""``A @ B`` with the batch dims that ``B`` has beyond ``A``'s folded into columns.
+
+    ``torch.matmul`` broadcasts a batched ``A`` against ``B`` by materialising ``A`` once per
+    extra batch element of ``B`` (a fantasy model's ``b x m x m`` factor against ``sample x b x
+    m x k`` right-hand sides copies it ``sample`` times); folding computes the same product with
+    memory linear in ``B``.
+
+    Args:
+        A: ``... x p x n``.
+        B: ``... x n x k`` (batch dims broadcast).
+
+    Returns:
+        ``... x p x k``.
+    """
+    return _fold_extra_batch(lambda F: A @ F, A, B)
+
+
+def _fold_extra_batch(op, A: Tensor, B: Tensor) -> Tensor:
+    r"""``op(B)`` for an ``op`` acting on the columns of ``B`` (``... x n x k`` -> ``... x p x
+    k``, batched like ``A``), with ``B``'s batch dims beyond ``A``'s moved into the columns so
+    that ``op`` never broadcasts ``A`` over them."""
+    extra = B.dim() - A.dim()
+    if extra <= 0 or B.shape[extra:-2] != A.shape[:-2]:
+        return op(B)
+    lead, rest = B.shape[:extra], B.shape[extra:]  # rest = A-batch x n x k
+    # E x Ab x n x k -> Ab x n x k x E -> Ab x n x (k E)
     perm = list(range(extra, B.dim())) + list(range(extra))
     folded = B.permute(*perm).reshape(*rest[:-1], -1)
-    X = torch.linalg.solve_triangular(Lt, folded, upper=transpose)
-    X = X.reshape(*rest, *lead)
+    X = op(folded)
+    X = X.reshape(*X.shape[:-1], rest[-1], *lead)
     inverse = list(range(len(rest), len(rest) + extra)) + list(range(len(rest)))
     return X.permute(*inverse)
 

@@ -11,6 +11,7 @@ from bo_online.linalg import (
     cholesky_solve,
     cholesky_update,
     logdet_and_inverse_quad,
+    matmul_folded,
     psd_cholesky,
     solve_lower,
     solve_lower_transpose,
@@ -109,6 +110,22 @@ def test_solves_and_logdet():
     assert _rel(L.transpose(-1, -2) @ solve_lower_transpose(L, B), B) < 1e-12
     assert _rel(cholesky_solve(L, B), torch.linalg.solve(A, B)) < 1e-10
     assert _rel(cholesky_logdet(L), torch.logdet(A)) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((3, 4, 5), (2, 3, 5, 2)),
+        ((4, 5), (2, 3, 5, 1)),
+        ((3, 4, 5), (3, 5, 2)),
+        ((1, 4, 5), (2, 3, 5, 2)),
+    ],
+)
+def test_matmul_folded_equals_broadcast_matmul(a_shape, b_shape):
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(a_shape, generator=g, dtype=DT)
+    B = torch.randn(b_shape, generator=g, dtype=DT)
+    torch.testing.assert_close(matmul_folded(A, B), A @ B, atol=1e-13, rtol=0)
 
 
 def test_psd_cholesky_adds_jitter_for_singular_matrix():

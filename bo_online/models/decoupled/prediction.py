@@ -10,7 +10,7 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from torch import Tensor
 
-from bo_online.linalg import solve_lower
+from bo_online.linalg import matmul_folded, solve_lower
 
 __all__ = ["DecoupledPredictionMixin"]
 
@@ -45,7 +45,9 @@ class DecoupledPredictionMixin:
             Rb, _, RC = self._fold_factors()  # float64 for a float32 model (see site_dtype)
             K = K_bX.to(Rb.dtype)
             return solve_lower(Rb, K).to(K_bX.dtype), solve_lower(RC, K).to(K_bX.dtype)
-        return solve_lower(self.chol_H, self.L.transpose(-1, -2) @ K_bX), None
+        # Folded: a fantasy model's ``L`` (``b x M_b x M_b``) against ``sample x b`` points is
+        # not copied per sample (``torch.matmul`` broadcasting would).
+        return solve_lower(self.chol_H, matmul_folded(self.L.transpose(-1, -2), K_bX)), None
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         if self.beta_points.dim() == 2 and self.a_beta.dim() == 1:

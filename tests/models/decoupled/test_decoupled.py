@@ -13,6 +13,7 @@ from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import LinearKernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bo_online.models import DecoupledSVGP, OnlineExactGP
 
@@ -237,6 +238,46 @@ def test_fantasize_shares_covariance_and_matches_conditioning():
         mean_ref, cov_ref = _dense_condition(m, Xf, Yf[s], noise_user.expand(3, 2), Xt)
         assert torch.allclose(pf.mean[s].squeeze(-1), mean_ref, atol=1e-9)
         assert torch.allclose(pf.covariance_matrix[s], cov_ref, atol=1e-9)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the number of elements of the largest tensor any op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def test_fantasy_posterior_does_not_copy_the_covariance_factor_per_sample():
+    r"""qKG's pattern: a fantasy model (``S x b`` batch, ``L``/``chol_H`` shared by the S samples,
+    ``b x M x M``) asked for its posterior at ``S x b x 1 x d``. ``torch.matmul`` broadcasting
+    copied ``L`` once per sample (``S x b x M x M``: 260 MB for qKG at 32 fantasies, 64 raw
+    samples, M_beta = 128); the product is now folded into columns (linear in S)."""
+    m = _generic_model(mb=24, ma=30)
+    S, b = 16, 8
+    g = torch.Generator().manual_seed(3)
+    Xf = torch.rand(b, 1, 2, generator=g, dtype=DT)
+    with torch.no_grad():
+        f = m.fantasize(Xf, SobolQMCNormalSampler(torch.Size([S]), seed=0))
+        M = f.L.shape[-1]
+        assert f.L.shape == (b, M, M) and f.batch_shape == (S, b)
+        Xt = torch.rand(S, b, 1, 2, generator=g, dtype=DT)
+        f.posterior(Xt[:1, :1])  # caches built outside the measurement
+        with _LargestTensor() as largest:
+            p = f.posterior(Xt)
+            mean, var = p.mean, p.variance
+        assert largest.numel < S * b * M * M // 4, (largest.numel, S * b * M * M)
+        for s in (0, S - 1):  # the same values as one sample at a time
+            ps = f.posterior(Xt[s])
+            torch.testing.assert_close(mean[s], ps.mean[s], atol=1e-12, rtol=0)
+            torch.testing.assert_close(var[s], ps.variance[s], atol=1e-12, rtol=0)
 
 
 def test_bad_input_raises_and_leaves_state_unchanged():
