@@ -22,6 +22,8 @@ elementwise passes, with no Python loop over the m columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -107,7 +109,7 @@ def matmul_folded(A: Tensor, B: Tensor) -> Tensor:
     return _fold_extra_batch(lambda F: A @ F, A, B)
 
 
-def _fold_extra_batch(op, A: Tensor, B: Tensor) -> Tensor:
+def _fold_extra_batch(op: Callable[[Tensor], Tensor], A: Tensor, B: Tensor) -> Tensor:
     r"""``op(B)`` for an ``op`` acting on the columns of ``B`` (``... x n x k`` -> ``... x p x
     k``, batched like ``A``), with ``B``'s batch dims beyond ``A``'s moved into the columns so
     that ``op`` never broadcasts ``A`` over them."""
