@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from bo_online.acquisition import (
     thompson_sample,
 )
 from bo_online.loops.core import OnlineLoop, _shared_kwargs, check_resumed_problem
-from bo_online.models.validation import real_float64
+from bo_online.models.validation import max_abs_output, real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
 __all__ = ["BayesOptLoop"]
@@ -378,15 +379,21 @@ class BayesOptLoop(OnlineLoop):
         pending = self._pending or {}
         self._pending = None
         t0 = self._now()
-        self.model.update(self._unit(X), self._model_y(y))  # validates before changing anything
+        rescaled = self._outgrows_target_scaling(y)
+        if rescaled:
+            self._rebuild_rescaled(X, y)
+        else:
+            self.model.update(self._unit(X), self._model_y(y))  # validates before any change
         t_update = self._now() - t0
         self.X = torch.cat([self.X, X])
         self.y = torch.cat([self.y, y])
         self.y_true = torch.cat([self.y_true, y_true])
         self.step_count += 1
-        refit = self._refit_due()
+        refit = rescaled or self._refit_due()
+        # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
+        budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):
-            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+            t_fit = self._fit(budget) if refit else 0.0
         if getattr(self.model_cls, "refits_on_update", False):
             # its update is a rebuild and refit from scratch (e.g. the SingleTaskGP baseline):
             # record it as the refit it is, so fit times compare with the online models'
@@ -404,6 +411,40 @@ class BayesOptLoop(OnlineLoop):
             "time_update": t_update,
         }
         return self._finish_record(record)
+
+    def _outgrows_target_scaling(self, y: Tensor) -> bool:
+        r"""Whether new values ``y`` (``q``, problem sense), through the run's target scaling
+        (fixed from the initial design: :meth:`_set_target_scaling`), reach the magnitude a
+        surrogate below float64 refuses. That happens when the initial values barely vary and a
+        later one lies very far away (spread 1e-6, then a value 1e10 away: 1.4e16 after the
+        scaling, beyond float32's 1.8e15); the model's advice to rescale Y would not help the
+        user, since the loop did the scaling."""
+        if not self._scales_targets():
+            return False
+        return bool(self._model_y(y).abs().max() >= max_abs_output(self.dtype))
+
+    def _rebuild_rescaled(self, X: Tensor, y: Tensor) -> None:
+        r"""Re-derive the target scaling from every value so far and the new ones (``X``:
+        ``q x d``, ``y``: ``q``, problem units and sense) and rebuild the surrogate on all data
+        (fit by the caller, from the defaults). Nothing changes if the build fails."""
+        old = (self.target_shift, self.target_scale)
+        X_all, y_all = torch.cat([self.X, X]), torch.cat([self.y, y])
+        self._set_target_scaling(self.sign * y_all)
+        try:
+            model = self._build_model(self._unit(X_all), self._model_y(y_all))
+        except BaseException:
+            self.target_shift, self.target_scale = old
+            raise
+        far = float((self.sign * y - old[0]).abs().max()) / old[1]
+        dtype = str(self.dtype).replace("torch.", "")
+        warnings.warn(
+            f"Step {self.step_count + 1}'s values lie {far:.3g} initial-design standard "
+            f"deviations away; the loop's {dtype} target scaling was re-derived from all "
+            f"{y_all.numel()} values and the surrogate rebuilt and refit.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.model = model
 
     # ------------------------------------------------------------------ checkpoint / resume
 

@@ -148,3 +148,38 @@ def test_classification_metrics_of_a_float32_model_are_computed_in_float64():
     p_y = probs.double().clone()
     p_y[-1] = 1e-12  # the wrong, certain prediction: 1 - p = 0, clamped
     assert m["nll"] == pytest.approx(float(-p_y.log().mean()), rel=1e-12)
+
+
+def test_a_float32_bo_loop_rescales_when_a_value_outgrows_its_target_scaling():
+    r"""Initial values that barely vary (sd 1e-6) fix the loop's float32 target scaling; a
+    later value 1e10 away then reached the surrogate as 1.4e16, past float32's limit, and every
+    model refused it with advice to rescale Y, which the user cannot follow (the loop scaled).
+    The loop now re-derives the scaling from all values and rebuilds and refits the surrogate:
+    the same model as a loop started from all those values."""
+    g = torch.Generator().manual_seed(0)
+    X0 = torch.rand(8, 2, generator=g, dtype=torch.float64)
+    y0 = 1.0 + 1e-6 * torch.randn(8, generator=g, dtype=torch.float64)
+    problem = CallableProblem(None, UNIT)
+    loop = BayesOptLoop(
+        problem, initial_data=(X0, y0), n_init=0, model="exact", dtype="float32", acq="qucb"
+    )
+    loop.initialize()
+    X_new = torch.tensor([[0.3, 0.7]], dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="target scaling was re-derived from all 9 values"):
+        record = loop.tell(X_new, torch.tensor([1e10], dtype=torch.float64))
+    assert record["refit"] and loop.step_count == 1 and loop.target_scale > 1e9
+    X_all, y_all = torch.cat([X0, X_new]), torch.cat([y0, torch.tensor([1e10])])
+    fresh = BayesOptLoop(
+        problem,
+        initial_data=(X_all, y_all),
+        n_init=0,
+        model="exact",
+        dtype="float32",
+        acq="qucb",
+    )
+    fresh.initialize()
+    assert (loop.target_shift, loop.target_scale) == (fresh.target_shift, fresh.target_scale)
+    U = torch.rand(20, 2, generator=g, dtype=torch.float32)
+    with torch.no_grad():
+        mean, ref = loop.model.posterior(U).mean, fresh.model.posterior(U).mean
+    torch.testing.assert_close(mean, ref, rtol=1e-5, atol=1e-5)
