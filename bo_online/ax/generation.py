@@ -96,7 +96,9 @@ def make_generation_strategy(
         botorch_acqf_class: BoTorch acquisition function class; default
             ``qLogNoisyExpectedImprovement`` (Ax's choice for single objectives).
         num_initial_trials: Sobol trials before the model takes over (at least 2).
-        model_options: constructor options of the model (``ModelConfig.model_options``).
+        model_options: constructor options of the model (``ModelConfig.model_options``); a
+            ``refit_every`` here is used where the ``refit_every`` argument is left at its
+            default.
         acquisition_options: keyword arguments for the acquisition function (Ax's
             ``acquisition_options``), e.g. ``{"beta": 2.0}`` for UCB.
         optimizer_options: keyword arguments for ``optimize_acqf`` (e.g. ``num_restarts``,
@@ -133,7 +135,18 @@ def make_generation_strategy(
 
     ax_cls = register_model_class(model)
     options = dict(model_options or {})
-    options["refit_every"] = _checked_refit_every(refit_every)  # now, not after the Sobol trials
+    every = _checked_refit_every(refit_every)  # now, not after the Sobol trials
+    if "refit_every" in options:
+        # Given in model_options (where ModelConfig takes it): it wins over the default argument
+        # (it was silently replaced by "auto"); two different explicit values are an error.
+        own = _checked_refit_every(options["refit_every"])
+        if every != DEFAULT_REFIT_EVERY and every != own:
+            raise ValueError(
+                f"refit_every given twice: {refit_every!r} and model_options['refit_every'] = "
+                f"{options['refit_every']!r}; give one."
+            )
+        every = own
+    options["refit_every"] = every
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.
     options.setdefault("experiment_key", uuid.uuid4().hex)

@@ -715,3 +715,21 @@ def test_float32_bounds_are_widened_by_their_own_rounding_only(lower, upper):
     top = torch.tensor(max(abs(lower), abs(upper)), dtype=torch.float32)
     step = float(torch.nextafter(top, torch.tensor(math.inf)) - top)  # float32 step there
     assert 1.0 - float(image.max() - image.min()) <= 4 * step / (upper - lower)
+
+
+def test_refit_every_in_model_options_is_not_replaced_by_the_default():
+    # make_generation_strategy(model_options={"refit_every": 3}) silently stored "auto".
+    def stored(**kwargs):
+        gs = boax.make_generation_strategy("OnlineExactGP", **kwargs)
+        spec = gs._nodes[1].generator_specs[0].generator_kwargs["surrogate_spec"]
+        return spec.model_configs[0].model_options["refit_every"]
+
+    assert stored(model_options={"refit_every": 3}) == 3
+    assert stored(model_options={"refit_every": None}) is None
+    assert stored(model_options={"refit_every": 3}, refit_every=3) == 3
+    assert stored(refit_every=4) == 4
+    assert stored() == "auto"
+    with pytest.raises(ValueError, match="refit_every given twice"):
+        stored(model_options={"refit_every": 3}, refit_every=5)
+    with pytest.raises(ValueError, match="'auto', a positive integer or None"):
+        stored(model_options={"refit_every": "often"})
