@@ -419,8 +419,8 @@ class BayesOptLoop(OnlineLoop):
         later one lies very far away (spread 1e-6, then a value 1e10 away: 1.4e16 after the
         scaling, beyond float32's 1.8e15); the model's advice to rescale Y would not help the
         user, since the loop did the scaling."""
-        if not self._scales_targets():
-            return False
+        if self.target_shift == 0.0 and self.target_scale == 1.0:  # no scaling (float64 runs)
+            return False  # (then the model's own advice to rescale Y is right)
         return bool(self._model_y(y).abs().max() >= max_abs_output(self.dtype))
 
     def _rebuild_rescaled(self, X: Tensor, y: Tensor) -> None:
