@@ -7,6 +7,7 @@ bad input raises a clear ``ValueError`` and the model is left exactly as it was.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Any, NamedTuple
 
@@ -56,6 +57,15 @@ def max_abs_output(dtype: torch.dtype) -> float:
     r"""Largest |y| accepted: 1e-4 x sqrt(largest float), so sums of squares over many points and
     standardisation cannot overflow (float64: ~1.3e150; float32: ~1.8e15)."""
     return 1e-4 * math.sqrt(torch.finfo(dtype).max)
+
+
+def whole_number(name: str, value: Any, low: int) -> int:
+    r"""``value`` as an ``int >= low`` (any integral number, or a float with a whole value),
+    else a ``ValueError`` naming ``name``; booleans, NaN and inf are refused."""
+    whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+    return int(value)
 
 
 def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:

@@ -7,7 +7,6 @@ r"""The t-SVGP model class: constructor, data layout, posterior and state.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import gpytorch
@@ -31,7 +30,12 @@ from bo_online.models.tsvgp.conditioning import TSVGPConditioningMixin
 from bo_online.models.tsvgp.fitting import TSVGPFitMixin
 from bo_online.models.tsvgp.inducing import select_inducing_points
 from bo_online.models.tsvgp.sites import TSVGPSitesMixin
-from bo_online.models.validation import check_finite, check_observations, detached
+from bo_online.models.validation import (
+    check_finite,
+    check_observations,
+    detached,
+    whole_number,
+)
 
 __all__ = ["DEFAULT_NUM_INDUCING", "TSVGP"]
 
@@ -109,16 +113,8 @@ class TSVGP(
         condition_steps: int = 0,
     ) -> None:
         # A negative condition_steps left no conditioning step (a crash in every update).
-        for name, value in (
-            ("num_init_e_steps", num_init_e_steps),
-            ("condition_steps", condition_steps),
-        ):
-            whole = isinstance(value, numbers.Integral) or (
-                isinstance(value, float) and value.is_integer()
-            )
-            if isinstance(value, bool) or not whole or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
-        num_init_e_steps, condition_steps = int(num_init_e_steps), int(condition_steps)
+        num_init_e_steps = whole_number("num_init_e_steps", num_init_e_steps, 0)
+        condition_steps = whole_number("condition_steps", condition_steps, 0)
         dtype, device = train_X.dtype, train_X.device
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(

@@ -22,6 +22,7 @@ import torch
 from botorch.models.model import ModelList
 from torch import Tensor, nn
 
+from bo_online.models.validation import whole_number
 from bo_online.models.wiski.model import WISKI
 
 __all__ = ["dirichlet_targets", "WISKIDirichletClassifier"]
@@ -72,16 +73,7 @@ def _check_alpha_eps(alpha_eps: float) -> None:
 def check_num_samples(num_samples: int) -> int:
     r"""``num_samples`` as an int >= 1 (Monte-Carlo samples of :meth:`predict_proba`), else a
     ValueError: no samples would average to NaN probabilities."""
-    if (
-        isinstance(num_samples, bool)
-        or not (
-            isinstance(num_samples, numbers.Integral)
-            or (isinstance(num_samples, float) and num_samples.is_integer())
-        )
-        or num_samples < 1
-    ):
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}.")
-    return int(num_samples)
+    return whole_number("num_samples", num_samples, 1)
 
 
 class WISKIDirichletClassifier(nn.Module):
