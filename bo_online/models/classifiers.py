@@ -51,11 +51,12 @@ class TSVGPClassifier(TSVGP):
         super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
 
     def predict_proba(self, X: Tensor) -> Tensor:
-        r"""``p(y = 1 | x)`` for each row of ``X`` (``n x d``) -> ``n``: the latent marginal
-        ``N(mu, s^2)`` pushed through the link."""
+        r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``... x n``: the latent
+        marginal ``N(mu, s^2)`` pushed through the link."""
         with torch.no_grad():
-            post = self.posterior(X.unsqueeze(-2))  # n x 1 x d: marginals only
-            mean, var = post.mean.reshape(-1), post.variance.reshape(-1).clamp_min(0.0)
+            post = self.posterior(X.unsqueeze(-2))  # ... x n x 1 x d: marginals only
+            mean = post.mean.reshape(X.shape[:-1])
+            var = post.variance.reshape(X.shape[:-1]).clamp_min(0.0)
             if self.likelihood.link == "probit":
                 return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
             return self.likelihood._expect(self.likelihood.prob, mean, var)
@@ -81,12 +82,10 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
         return super().update(X, _labels(Y))
 
     def predict_proba(self, X: Tensor) -> Tensor:
-        r"""``p(y = 1 | x)`` for each row of ``X`` (``n x d``) -> ``n``."""
-        return (
-            super()
-            .predict_proba(X.unsqueeze(-2), num_samples=self.num_samples, seed=0)
-            .reshape(-1, 2)[:, 1]
-        )
+        r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``... x n``."""
+        # ... x n x 1 x d: each row on its own (marginals), so no joint n x n covariance.
+        p = super().predict_proba(X.unsqueeze(-2), num_samples=self.num_samples, seed=0)
+        return p[..., 0, 1]
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False

@@ -185,3 +185,20 @@ def test_wiski_binary_takes_numpy_numbers_for_its_options():
     )
     assert clf.num_samples == 16 and type(clf.num_samples) is int
     assert clf.predict_proba(X[:3]).shape == (3,)
+
+
+@pytest.mark.parametrize("name", ["tsvgp", "wiski"])
+def test_binary_probability_keeps_the_batch_shape_of_its_inputs(name):
+    r"""``predict_proba`` on ``b x n x d`` points (a grid of a decision surface, say) gives
+    ``b x n`` probabilities equal to the flat call's; it returned ``b n`` flattened ones."""
+    X, y = _data(40)
+    options = {"inducing_points": 12} if name == "tsvgp" else {"grid_size": 8}
+    clf = CLASSIFIERS[name](X, y, **options)
+    Xt = torch.rand(3, 5, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    p = clf.predict_proba(Xt)
+    assert p.shape == (3, 5)
+    torch.testing.assert_close(p, clf.predict_proba(Xt.reshape(15, 2)).reshape(3, 5))
+    if name == "tsvgp":  # deterministic: each probability is that point's one-row call
+        torch.testing.assert_close(p[1, 2], clf.predict_proba(Xt[1, 2:3])[0])
+    # (WISKI's Monte-Carlo draws depend on the call's shape; with the flat call's shape they
+    # are the same draws, so the equality above also checks that no rows were permuted.)
