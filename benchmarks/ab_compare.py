@@ -24,10 +24,10 @@ ratios. Quantities (``--task``):
   (``first_cond``, split into ``first_condition_only`` and ``first_posterior50``), a second one
   (``second_cond``), and the same after the caches are dropped and rebuilt (``rebuild_cond``);
   ``rel_err``: the first conditioned posterior against the rebuilt one.
-* ``chol``: rank-3 Cholesky update of an m x m factor (``cholesky_update``, the factor as
-  ``torch.linalg.cholesky`` returns it), q rank-one sweeps (``linalg._sweeps``) and the floor,
-  one read plus one write of the factor (``L.clone()``); each sample is the best of ``--inner``
-  calls.
+* ``chol``: rank-3 Cholesky update of an m x m factor (``cholesky_update``, whatever path the
+  tree takes by default, labelled ``blocked``; the factor as ``torch.linalg.cholesky`` returns
+  it), q rank-one sweeps (``linalg._sweeps``) and the floor, one read plus one write of the
+  factor (``L.clone()``); each sample is the best of ``--inner`` calls.
 
     OMP_NUM_THREADS=1 python benchmarks/ab_compare.py --a OLD_TREE --b . --task acq --n 100
     OMP_NUM_THREADS=1 python benchmarks/ab_compare.py --a OLD_TREE --b . --task cond --reps 7

@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from bo_online.linalg_compiled import compiled_low_rank, compiled_low_rank_available
+
 __all__ = [
     "NotPositiveDefiniteError",
     "cholesky_update",
@@ -384,6 +386,18 @@ def _low_rank(L: Tensor, U: Tensor, sign: float) -> Tensor:
     batch = broadcast_shapes(L.shape[:-2], U.shape[:-2])
     L = L.expand(*batch, *L.shape[-2:])
     U = U.expand(*batch, *U.shape[-2:])
+    compiled = compiled_low_rank(L, U, sign) if compiled_low_rank_available(L, U) else None
+    if compiled is not None:  # one pass of rotations (bo_online.linalg_compiled)
+        out, failed = compiled
+        if failed:
+            raise NotPositiveDefiniteError(
+                "Cholesky downdate would make the matrix not positive definite; the factor was "
+                "left unchanged."
+                if sign < 0
+                else "Cholesky update met a non-finite value (NaN or inf in the factor or the "
+                "update columns); the factor was left unchanged."
+            )
+        return out
     # Below two blocks the Python loop's overhead outweighs the memory traffic saved.
     if L.shape[-1] <= 2 * _BLOCK:
         return _sweeps(L, U, sign)
@@ -401,8 +415,10 @@ def _column_major_path(L: Tensor, U: Tensor) -> bool:
 def cholesky_update(L: Tensor, U: Tensor) -> Tensor:
     r"""Lower factor of ``L L^T + U U^T`` (rank-q update), O(m^2 q).
 
-    Small factors use q vectorised rank-one sweeps; larger ones the blocked form
-    (:func:`_blocked_low_rank`), which reads and writes the factor about once for all q columns.
+    On the CPU (float32/float64, no autograd) one compiled pass of plane rotations
+    (:mod:`bo_online.linalg_compiled`); otherwise, small factors use q vectorised rank-one sweeps
+    and larger ones the blocked form (:func:`_blocked_low_rank`), which reads and writes the
+    factor about once for all q columns.
 
     Args:
         L: ``... x m x m`` lower Cholesky factor.
