@@ -470,3 +470,40 @@ def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_
     )
     best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
     assert code == 0 and f"{best['best_value']:.10g}" in out and "1e+06" not in out
+
+
+def test_resume_of_a_python_callable_run_says_how_to_resume_it(tmp_path, capsys):
+    """`bo-online resume` of a run whose objective is a Python callable said only "pass
+    problem= to resume it", which no command-line option does. It now names the Python call
+    that resumes the run, and that call, made as written, finishes the run."""
+    from bo_online.loops import BayesOptLoop, read_records, resume
+    from bo_online.problems import CallableProblem
+
+    def bowl(X):
+        return ((X - 0.25) ** 2).sum(-1)
+
+    def problem():
+        return CallableProblem(bowl, bounds=[[-1.0, -1.0], [1.0, 1.0]], name="bowl")
+
+    out = tmp_path / "bowl"
+    small = {"num_restarts": 2, "raw_samples": 16}
+    loop = BayesOptLoop(
+        problem(),
+        model="exact",
+        seed=0,
+        n_init=3,
+        fit_max_iter=5,
+        optimizer_options=small,
+        out_dir=out,
+        quiet=True,
+    )
+    loop.run(steps=1)
+    code, _, err = _run(["resume", str(out), "--steps", "2", "--quiet"], capsys)
+    assert code == 2
+    assert f"bo_online.loops.resume({str(out)!r}, problem=problem)" in err, err
+    assert "bo-online resume" in err and "cannot" in err, err
+    assert len(read_records(out)) == 2  # the refused resume left the run as it was
+    # the advice, followed: the same problem made again in Python
+    records = resume(str(out), steps=2, problem=problem())
+    assert [r["step"] for r in records][-1] == 2
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2]

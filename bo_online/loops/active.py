@@ -345,7 +345,7 @@ class ActiveLearningLoop(OnlineLoop):
         **overrides: Any,
     ) -> "ActiveLearningLoop":
         cfg = ckpt["config"]
-        problem = problem_from_checkpoint(ckpt, problem, "pool", data_dir)
+        problem = problem_from_checkpoint(ckpt, problem, "pool", data_dir, out_dir)
         integrate_over = cfg.get("integrate_over", "test")
         num_mc_points = cfg["num_mc_points"]
         if integrate_over == "sobol" and "num_mc_points" in cfg["acq_options"]:

@@ -35,7 +35,12 @@ from bo_online.acquisition import (
     propose,
     thompson_sample,
 )
-from bo_online.loops.core import OnlineLoop, _shared_kwargs, check_resumed_problem
+from bo_online.loops.core import (
+    OnlineLoop,
+    _shared_kwargs,
+    check_resumed_problem,
+    resume_in_python_advice,
+)
 from bo_online.models.validation import max_abs_output, real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
@@ -474,7 +479,9 @@ class BayesOptLoop(OnlineLoop):
         if problem is None:
             if ckpt["problem"] is None:
                 raise ValueError(
-                    "This run's objective is a user callable: pass problem= to resume it."
+                    resume_in_python_advice(
+                        "objective is a Python callable", out_dir, ckpt.get("kind")
+                    )
                 )
             problem = make_problem(ckpt["problem"])
         else:

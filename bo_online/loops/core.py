@@ -958,8 +958,27 @@ def check_resumed_problem(ckpt: dict[str, Any], problem: Any) -> None:
         )
 
 
+def resume_in_python_advice(what: str, out_dir: str | Path | None, kind: str | None) -> str:
+    r"""Why a run whose problem was made in Python (``what``: "objective is a Python callable",
+    "pool was built in Python", ...) cannot be resumed without it, and the Python call that
+    resumes it (:func:`bo_online.loops.resume` with ``problem=``; an asynchronous run also
+    needs its ``client=``)."""
+    where = repr(str(out_dir)) if out_dir is not None else "RUN_DIR"
+    client = ", client=client" if kind == "bo_async" else ""
+    return (
+        f"This run's {what}, which its directory does not hold, so `bo-online resume` (or a "
+        "resume without problem=) cannot rebuild it. Resume it from Python with the problem "
+        f"it started with: bo_online.loops.resume({where}, problem=problem{client}) "
+        f"(or bo_online.loops.load_loop({where}, problem=problem{client}) to step it yourself)."
+    )
+
+
 def problem_from_checkpoint(
-    ckpt: dict[str, Any], problem: Any, kind: str, data_dir: str | None = None
+    ckpt: dict[str, Any],
+    problem: Any,
+    kind: str,
+    data_dir: str | None = None,
+    out_dir: str | Path | None = None,
 ) -> Any:
     r"""The problem a checkpointed run resumes on: ``problem`` if given (and holding the run's
     data), else rebuilt from the spec the checkpoint holds; a ``kind`` (pool, stream) built by
@@ -968,7 +987,9 @@ def problem_from_checkpoint(
         check_resumed_problem(ckpt, problem)
         return problem
     if ckpt["problem"] is None:
-        raise ValueError(f"This run's {kind} was built by hand: pass problem= to resume it.")
+        raise ValueError(
+            resume_in_python_advice(f"{kind} was built in Python", out_dir, ckpt.get("kind"))
+        )
     return make_problem(ckpt["problem"], data_dir=data_dir)
 
 

@@ -351,7 +351,7 @@ class StreamingLoop(OnlineLoop):
         **overrides: Any,
     ) -> "StreamingLoop":
         cfg = ckpt["config"]
-        problem = problem_from_checkpoint(ckpt, problem, "stream", data_dir)
+        problem = problem_from_checkpoint(ckpt, problem, "stream", data_dir, out_dir)
         loop = cls(
             problem,
             eval_every=cfg["eval_every"],
