@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from bo_online.loops import BayesOptLoop, read_records
+from bo_online.loops import BayesOptLoop, read_records, resume
 from bo_online.plotting import plot_runs
 from bo_online.problems import CallableProblem
 
@@ -59,7 +59,7 @@ problem = CallableProblem(
 # The loop starts from a scrambled Sobol design (`n_init`, default `max(5, 2 d)` points), then
 # each step maximises the acquisition with BoTorch's `optimize_acqf`, evaluates the batch and folds
 # it into the surrogate in place. `out_dir` makes the run durable: one JSON record per step in
-# `records.jsonl` and a checkpoint, so `bo-online resume DIR` continues a killed run.
+# `records.jsonl` and a checkpoint, from which a killed run continues (see *Resuming* below).
 
 # %%
 loop = BayesOptLoop(
@@ -86,20 +86,44 @@ print(
 print(sorted(last))
 
 # %% [markdown]
+# ## Resuming the run
+#
+# The objective here is a Python function, which the run directory does not hold, so
+# `bo-online resume runs/bowl_exact` cannot rebuild it (it stops with an error that says so).
+# Resume such a run from Python, passing the same problem again:
+# `bo_online.loops.resume("runs/bowl_exact", problem=problem)` continues a killed run to its
+# target, and `steps=` sets a new target (a problem whose box or direction differs from the
+# run's is refused). A run started on the command line with `--objective file.py:function`
+# resumes there, with `bo-online resume DIR --objective file.py:function`.
+
+# %%
+records = resume("runs/bowl_exact", steps=STEPS + 2, problem=problem)
+print(f"resumed to step {records[-1]['step']}: best observed {records[-1]['best_value']:.4f}")
+
+# %% [markdown]
 # ## `ask` / `tell`: you do the evaluation
 #
 # `ask()` returns the next batch (`q x d`, problem units); you evaluate it however you like and
 # hand the values back with `tell(X, y)`. The surrogate is updated in place, and the record of the
 # step comes back. The initial design is run by `initialize()` (with the problem's own function).
+#
+# `y` is what you observed (noise included); it is what the surrogate learns from and what
+# `best_value` reports. When you also know the noise-free values, pass them as
+# `tell(X, y, y_true=f)`: `best_true_value` and `regret` are computed from them (without
+# `y_true` they are computed from the noisy `y`).
 
 # %%
 manual = BayesOptLoop(problem, model="exact", acq="qucb", q=2, seed=1)
 manual.initialize()
 for _ in range(STEPS // 2):
     X = manual.ask()  # 2 x 4
-    y = my_objective(X) + 0.01 * torch.randn(X.shape[0], dtype=torch.float64)
-    record = manual.tell(X, y)
-print(f"ask/tell: n = {record['n']}, best observed {record['best_value']:.4f}")
+    f = my_objective(X)  # noise-free
+    y = f + 0.01 * torch.randn(X.shape[0], dtype=torch.float64)  # what a measurement gives
+    record = manual.tell(X, y, y_true=f)
+print(
+    f"ask/tell: n = {record['n']}, best observed {record['best_value']:.4f}, "
+    f"regret {record['regret']:.4f}"
+)
 
 # %% [markdown]
 # ## Starting from data you already have
