@@ -37,11 +37,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dataset", default="protein")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     torch.set_num_threads(1)
     problem = uci_problem(args.dataset, max_stream=args.steps + 100, max_test=1000)
     results: dict[str, list[tuple[float, float]]] = {"every step": [], "default (30 s)": []}
     with tempfile.TemporaryDirectory() as tmp:
-        one_run(problem, f"{tmp}/warm", None, 50)  # warm-up
+        # Warm-up: 50 steps, or all of them if fewer (the problem holds only --steps steps).
+        one_run(problem, f"{tmp}/warm", None, min(50, args.steps))
         for r in range(args.repeats):  # interleaved
             for name, every in (("every step", 1), ("default (30 s)", None)):
                 results[name].append(one_run(problem, f"{tmp}/{r}-{every}", every, args.steps))

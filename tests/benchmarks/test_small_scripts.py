@@ -1,0 +1,64 @@
+r"""Small benchmark scripts at tiny sizes or at argument parsing: arguments the measure cannot use
+are refused with a parser error that states the minimum, and small sizes that still make sense
+run."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from benchmark_scripts import load_benchmark
+
+
+def _yacht_data_dir(root: Path) -> Path:
+    r"""A synthetic stand-in for ``uci/yacht`` of its real shape (308 rows x 6 inputs, every 6th
+    row a test row), so ``uci_problem("yacht")`` loads it."""
+    rng = np.random.default_rng(0)
+    n, d = 308, 6
+    X = rng.uniform(-1, 1, (n, d))
+    y = np.sin(2 * X[:, 0]) + X[:, 1] + 0.1 * rng.standard_normal(n)
+    folder = root / "uci" / "yacht"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "data.csv.gz", "wt") as f:
+        f.write("\n".join(",".join(f"{v:.10g}" for v in r) for r in np.column_stack([X, y])))
+    mask = np.zeros((n, 10), int)
+    mask[np.arange(n) % 6 == 0, :] = 1
+    with gzip.open(folder / "test_mask.csv.gz", "wt") as f:
+        f.write("\n".join(",".join(map(str, r)) for r in mask))
+    return root
+
+
+def _refused(module, argv: list[str], monkeypatch, capsys) -> str:
+    r"""Run ``module.main()`` with ``argv``; assert a parser error (exit status 2), return its
+    message."""
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        module.main()
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+# bench_checkpoint.py ------------------------------------------------------------------------------
+
+
+def test_checkpoint_runs_fewer_steps_than_its_warm_up(tmp_path, monkeypatch, capsys):
+    # The warm-up ran 50 steps on a problem that holds only --steps of them: below 50 it raised
+    # "steps=50 exceeds the 3 steps the data hold".
+    monkeypatch.setenv("BO_ONLINE_DATA_DIR", str(_yacht_data_dir(tmp_path / "data")))
+    argv = ["bench_checkpoint.py", "--steps", "3", "--repeats", "1", "--dataset", "yacht"]
+    monkeypatch.setattr(sys, "argv", argv)
+    load_benchmark("bench_checkpoint").main()
+    out = capsys.readouterr().out
+    assert "3 steps" in out and "ratio every-step / default" in out
+
+
+def test_checkpoint_refuses_zero_steps(tmp_path, monkeypatch, capsys):
+    # Before: a ValueError from the loop (no stream past the 100 initial points), not a parser
+    # error.
+    monkeypatch.setenv("BO_ONLINE_DATA_DIR", str(_yacht_data_dir(tmp_path / "data")))
+    argv = ["bench_checkpoint.py", "--steps", "0", "--dataset", "yacht"]
+    err = _refused(load_benchmark("bench_checkpoint"), argv, monkeypatch, capsys)
+    assert "--steps must be at least 1" in err
