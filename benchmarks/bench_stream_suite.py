@@ -299,7 +299,13 @@ def main() -> None:
         action="store_true",
         help="20,000-point streams for wiski and tsvgp: peak RSS at 20,000 vs 2,000",
     )
-    p.add_argument("--memory-stream", type=int, default=20000)
+    p.add_argument(
+        "--memory-stream",
+        type=int,
+        default=20000,
+        help="stream rows of the memory check (above 2000: its peak RSS is compared with that "
+        "at 2,000)",
+    )
     p.add_argument("--memory-set", default="protein")
     p.add_argument(
         "--memory-models",
@@ -327,6 +333,12 @@ def main() -> None:
     )
     p.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.memory_check and args.memory_stream <= 2000:
+        p.error(
+            f"--memory-stream must be above 2000 with --memory-check (at least 2001, got "
+            f"{args.memory_stream}): the check compares the peak RSS at 2,000 points with that "
+            "at the end of the stream"
+        )
     torch.set_num_threads(args.threads)
 
     if args.child is not None:

@@ -62,3 +62,34 @@ def test_checkpoint_refuses_zero_steps(tmp_path, monkeypatch, capsys):
     argv = ["bench_checkpoint.py", "--steps", "0", "--dataset", "yacht"]
     err = _refused(load_benchmark("bench_checkpoint"), argv, monkeypatch, capsys)
     assert "--steps must be at least 1" in err
+
+
+# bench_stream_suite.py ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [1000, 2000])
+def test_stream_suite_memory_check_refuses_a_stream_not_past_2000(
+    stream, tmp_path, monkeypatch, capsys
+):
+    # Before: a stream of 1,000 never reached the 2,000-point mark (KeyError '2000' after the
+    # child's run); one of 2,000 compared the peak RSS at 2,000 with itself (ratio 1, PASS).
+    suite = load_benchmark("bench_stream_suite")
+    monkeypatch.setattr(suite, "_child", lambda *a: pytest.fail("a stream ran"))
+    argv = ["x", "--memory-check", "--memory-stream", str(stream), "--out", str(tmp_path)]
+    err = _refused(suite, argv, monkeypatch, capsys)
+    assert "--memory-stream must be above 2000" in err and "at least 2001" in err
+
+
+def test_stream_suite_memory_check_accepts_a_stream_past_2000(tmp_path, monkeypatch, capsys):
+    suite = load_benchmark("bench_stream_suite")
+    ran = []
+
+    def child(kind, model, name, path, args):
+        ran.append((model, args.stream, args.rss_marks))
+        return {"model": model, "set": name, "error": "not run in this test"}
+
+    monkeypatch.setattr(suite, "_child", child)
+    argv = ["x", "--memory-check", "--memory-stream", "2001", "--memory-models", "tsvgp"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path)])
+    suite.main()
+    assert ran == [("tsvgp", 2001, [2000, 2001])]
