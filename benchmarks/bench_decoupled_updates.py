@@ -53,13 +53,18 @@ def _block(ts: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=5000, help="updates in the stream")
+    ap.add_argument("--n", type=int, default=5000, help="updates in the stream (at least 200)")
     ap.add_argument("--dim", type=int, default=4)
     ap.add_argument("--n-init", type=int, default=300)
     ap.add_argument("--grow", action="store_true", help="also time the growing (pre-cap) path")
     ap.add_argument("--mean-bases", type=int, default=256, help="num_mean_bases (model default)")
     ap.add_argument("--cov-bases", type=int, default=128, help="num_cov_bases (model default)")
     args = ap.parse_args()
+    if args.n < 200:
+        ap.error(
+            f"--n must be at least 200 (got {args.n}): the check compares updates 1-100 with the "
+            "last 100, two disjoint blocks"
+        )
     torch.set_num_threads(1)
     X0, Y0 = _stream(args.n_init, args.dim)
     Xs, Ys = _stream(args.n, args.dim, seed=1)

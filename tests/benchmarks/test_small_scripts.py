@@ -93,3 +93,25 @@ def test_stream_suite_memory_check_accepts_a_stream_past_2000(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path)])
     suite.main()
     assert ran == [("tsvgp", 2001, [2000, 2001])]
+
+
+# bench_decoupled_updates.py -----------------------------------------------------------------------
+
+DECOUPLED_TINY = ["--n-init", "20", "--mean-bases", "8", "--cov-bases", "4"]
+
+
+@pytest.mark.parametrize("n", [0, 150, 199])
+def test_decoupled_updates_refuses_fewer_than_200_updates(n, monkeypatch, capsys):
+    # Before: below 200 the blocks "updates 1-100" and "the last 100" overlapped (at 100 they
+    # were the same block: ratio 1.00, PASS), and --n 0 crashed in statistics.mean.
+    bench = load_benchmark("bench_decoupled_updates")
+    monkeypatch.setattr(bench, "DecoupledSVGP", lambda *a, **k: pytest.fail("a model was built"))
+    err = _refused(bench, ["x", "--n", str(n), *DECOUPLED_TINY], monkeypatch, capsys)
+    assert "--n must be at least 200" in err
+
+
+def test_decoupled_updates_runs_200_updates(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["x", "--n", "200", *DECOUPLED_TINY])
+    load_benchmark("bench_decoupled_updates").main()
+    out = capsys.readouterr().out
+    assert "updates 1-100:" in out and "updates 101-200:" in out
