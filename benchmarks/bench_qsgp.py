@@ -213,13 +213,20 @@ def main() -> None:
         type=int,
         nargs="+",
         default=[100, 2000],
-        help="points conditioned on since the last fit, for the conditioning table",
+        help="points conditioned on since the last fit, for the conditioning table (at least 2 "
+        "distinct values; sorted, duplicates dropped)",
     )
     ap.add_argument("--skip-cv", action="store_true")
     ap.add_argument("--skip-cond", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args()
+    args.cond_ks = sorted(set(args.cond_ks))  # the check compares the largest k with the smallest
+    if not args.skip_cond and len(args.cond_ks) < 2:
+        ap.error(
+            f"--cond-ks needs at least 2 distinct values (got {args.cond_ks}): the check "
+            "compares the costs at the largest k with those at the smallest"
+        )
     torch.set_num_threads(args.threads)
     out = {
         "env": _env(),

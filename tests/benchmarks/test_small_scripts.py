@@ -5,8 +5,10 @@ run."""
 from __future__ import annotations
 
 import gzip
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -115,3 +117,41 @@ def test_decoupled_updates_runs_200_updates(monkeypatch, capsys):
     load_benchmark("bench_decoupled_updates").main()
     out = capsys.readouterr().out
     assert "updates 1-100:" in out and "updates 101-200:" in out
+
+
+# bench_qsgp.py ------------------------------------------------------------------------------------
+
+QSGP_COND_ONLY = ["--skip-steps", "--skip-cv", "--reps", "1"]
+
+
+@pytest.mark.parametrize("ks", [["100"], ["100", "100"]])
+def test_qsgp_refuses_fewer_than_two_distinct_cond_ks(ks, tmp_path, monkeypatch, capsys):
+    # Before: the check compared k = 100 with itself (ratios 1.00, PASS).
+    bench = load_benchmark("bench_qsgp")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)  # where the results would be written
+    monkeypatch.setattr(bench, "conditioning_times", lambda *a: pytest.fail("the table ran"))
+    err = _refused(bench, ["x", *QSGP_COND_ONLY, "--cond-ks", *ks], monkeypatch, capsys)
+    assert "--cond-ks needs at least 2 distinct values" in err
+
+
+def test_qsgp_cond_ks_sorted_and_deduplicated(tmp_path, monkeypatch, capsys):
+    # Before: the table ran k = 300, 100, 100 in that order, and the check compared the last
+    # (100) with the first (300): a cost that grows with k passed as a ratio below 1.
+    bench = load_benchmark("bench_qsgp")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    seen = []
+
+    def conditioning_times(ks, reps):
+        seen.append(list(ks))
+        t = lambda k: SimpleNamespace(median=1e-6 * k, min=1e-6 * k, max=1e-6 * k)  # noqa: E731
+        return [{"k": k, "update": t(k), "posterior": t(k)} for k in ks]
+
+    monkeypatch.setattr(bench, "conditioning_times", conditioning_times)
+    argv = ["x", *QSGP_COND_ONLY, "--cond-ks", "300", "100", "300", "100"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    assert seen == [[100, 300]]
+    out = capsys.readouterr().out
+    assert "k = 300 vs 100" in out and "update 3.00x" in out and "all checks FAIL" in out
+    written = json.loads((tmp_path / "benchmarks" / "results" / "bench_qsgp.json").read_text())
+    assert written["args"]["cond_ks"] == [100, 300]
