@@ -155,3 +155,20 @@ def test_qsgp_cond_ks_sorted_and_deduplicated(tmp_path, monkeypatch, capsys):
     assert "k = 300 vs 100" in out and "update 3.00x" in out and "all checks FAIL" in out
     written = json.loads((tmp_path / "benchmarks" / "results" / "bench_qsgp.json").read_text())
     assert written["args"]["cond_ks"] == [100, 300]
+
+
+# bench_tsvgp.py -----------------------------------------------------------------------------------
+
+
+def test_tsvgp_ns_sorted_and_deduplicated(tmp_path, monkeypatch, capsys):
+    # Before: the update table ran n = 60, 40, 60 in that order, with a row per repeat, and the
+    # flatness check compared the last row (60) with the first (60).
+    bench = load_benchmark("bench_tsvgp")
+    monkeypatch.setattr(bench, "fantasy_table", lambda args: [])  # only the update table
+    out = tmp_path / "tsvgp.json"
+    argv = ["x", "--ns", "60", "40", "60", "--update-m", "4", "--dim", "2", "--reps", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out)])
+    bench.main()
+    written = json.loads(out.read_text())
+    assert [r["n"] for r in written["update"]] == [40, 60]
+    assert written["settings"]["ns"] == [40, 60]
