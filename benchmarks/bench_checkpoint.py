@@ -39,6 +39,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (the median of the runs), got {args.repeats}")
     torch.set_num_threads(1)
     problem = uci_problem(args.dataset, max_stream=args.steps + 100, max_test=1000)
     results: dict[str, list[tuple[float, float]]] = {"every step": [], "default (30 s)": []}

@@ -65,6 +65,11 @@ def main() -> None:
             f"--n must be at least 200 (got {args.n}): the check compares updates 1-100 with the "
             "last 100, two disjoint blocks"
         )
+    if args.grow and args.n < 800:
+        ap.error(
+            f"--grow times the first 800 updates (blocks 1-100 and 701-800); --n must then be "
+            f"at least 800, got {args.n}"
+        )
     torch.set_num_threads(1)
     X0, Y0 = _stream(args.n_init, args.dim)
     Xs, Ys = _stream(args.n, args.dim, seed=1)

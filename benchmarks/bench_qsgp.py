@@ -222,6 +222,8 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args()
     args.cond_ks = sorted(set(args.cond_ks))  # the check compares the largest k with the smallest
+    if not args.skip_cond and args.cond_ks and args.cond_ks[0] < 1:
+        ap.error(f"--cond-ks must be positive numbers of points, got {args.cond_ks}")
     if not args.skip_cond and len(args.cond_ks) < 2:
         ap.error(
             f"--cond-ks needs at least 2 distinct values (got {args.cond_ks}): the check "

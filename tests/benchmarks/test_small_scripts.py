@@ -66,6 +66,14 @@ def test_checkpoint_refuses_zero_steps(tmp_path, monkeypatch, capsys):
     assert "--steps must be at least 1" in err
 
 
+def test_checkpoint_refuses_zero_repeats(tmp_path, monkeypatch, capsys):
+    # Before: both schedules ran no run and statistics.median failed on the empty lists.
+    monkeypatch.setenv("BO_ONLINE_DATA_DIR", str(_yacht_data_dir(tmp_path / "data")))
+    argv = ["bench_checkpoint.py", "--steps", "3", "--repeats", "0", "--dataset", "yacht"]
+    err = _refused(load_benchmark("bench_checkpoint"), argv, monkeypatch, capsys)
+    assert "--repeats must be at least 1" in err
+
+
 # bench_stream_suite.py ----------------------------------------------------------------------------
 
 
@@ -112,6 +120,15 @@ def test_decoupled_updates_refuses_fewer_than_200_updates(n, monkeypatch, capsys
     assert "--n must be at least 200" in err
 
 
+def test_decoupled_updates_refuses_grow_below_800_updates(monkeypatch, capsys):
+    # Before: --grow timed Xs[:800] whatever --n was, so with --n 300 it timed 300 updates and
+    # labelled its second block "701-800".
+    bench = load_benchmark("bench_decoupled_updates")
+    monkeypatch.setattr(bench, "DecoupledSVGP", lambda *a, **k: pytest.fail("a model was built"))
+    err = _refused(bench, ["x", "--n", "300", "--grow", *DECOUPLED_TINY], monkeypatch, capsys)
+    assert "--n must then be at least 800" in err
+
+
 def test_decoupled_updates_runs_200_updates(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["x", "--n", "200", *DECOUPLED_TINY])
     load_benchmark("bench_decoupled_updates").main()
@@ -132,6 +149,15 @@ def test_qsgp_refuses_fewer_than_two_distinct_cond_ks(ks, tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "conditioning_times", lambda *a: pytest.fail("the table ran"))
     err = _refused(bench, ["x", *QSGP_COND_ONLY, "--cond-ks", *ks], monkeypatch, capsys)
     assert "--cond-ks needs at least 2 distinct values" in err
+
+
+def test_qsgp_refuses_a_non_positive_cond_k(tmp_path, monkeypatch, capsys):
+    # Before: a negative k failed inside torch.rand with an unrelated message.
+    bench = load_benchmark("bench_qsgp")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    monkeypatch.setattr(bench, "conditioning_times", lambda *a: pytest.fail("the table ran"))
+    err = _refused(bench, ["x", *QSGP_COND_ONLY, "--cond-ks", "-5", "100"], monkeypatch, capsys)
+    assert "--cond-ks must be positive" in err
 
 
 def test_qsgp_cond_ks_sorted_and_deduplicated(tmp_path, monkeypatch, capsys):
