@@ -624,8 +624,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         r"""Load a state, resizing buffers that grew (data, factors) to the saved shapes.
 
         The loaded caches are trusted to match the loaded hyperparameters (``state_dict`` always
-        saves fresh caches), so no refactorisation happens here. A state that does not fit raises
-        torch's ``RuntimeError`` and leaves the model as it was.
+        saves fresh caches), so no refactorisation happens here. A partial state (keys missing,
+        ``strict=False``: say only some hyperparameters) carries no caches for what it changed,
+        so the caches are rebuilt at the next use, as after setting those values directly. A
+        state that does not fit raises torch's ``RuntimeError`` and leaves the model as it was.
         """
         # Restored if loading fails (torch copies what matches before reporting what does not).
         saved_buffers = [(module, dict(module._buffers)) for module in self.modules()]
@@ -664,7 +666,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
                     p.copy_(value)
             raise
         self._after_load()
-        self._cache_key = self._current_key()
+        # A complete state brought its own caches; a partial one left this model's, which were
+        # built for the hyperparameters it had before (and may not hold the ones it loaded).
+        self._cache_key = None if result.missing_keys else self._current_key()
         return result
 
     def _load_from_state_dict(

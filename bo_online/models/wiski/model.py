@@ -466,9 +466,11 @@ class WISKI(
 
     def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
         key = prefix + "jitter_per_factor"
-        if key not in state_dict and any(k.startswith(prefix) for k in state_dict):
+        if key not in state_dict and prefix + "G" in state_dict:
             # A state saved before the per-factor jitter: the model keeps the scalar jitter its
-            # statistics, caches and hyperparameters were made with.
+            # statistics, caches and hyperparameters were made with. Only a saved model's state
+            # (it holds the statistic G): a partial one (strict=False, say a few hyperparameters)
+            # leaves the jitter scheme as it is.
             state_dict[key] = torch.zeros(())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
