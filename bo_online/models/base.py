@@ -76,7 +76,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     Args:
         dim: input dimension d.
         bounds: optional ``2 x d`` box the (transformed) inputs must lie in.
-        input_transform: optional BoTorch ``InputTransform`` applied to every X.
+        input_transform: optional BoTorch ``InputTransform`` applied to every X. It must be
+            fixed: one with trainable parameters (``Warp``) raises ``ValueError``.
     """
 
     _num_outputs: int = 1
@@ -113,6 +114,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self.register_buffer("outcome_mean", torch.zeros(1, dtype=dtype, device=device))
         self.register_buffer("outcome_std", torch.ones(1, dtype=dtype, device=device))
         if input_transform is not None:
+            _check_fixed_transform(input_transform)
             self.input_transform = input_transform
         self._batch_shape = torch.Size()
         self._cache_key: list[Tensor] | None = None
@@ -711,6 +713,28 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+def _check_fixed_transform(input_transform: Any) -> None:
+    r"""Refuse an input transform with trainable parameters (any that requires a gradient, such
+    as the concentrations of BoTorch's ``Warp``) with a ``ValueError``.
+
+    The surrogates transform inputs once, as they arrive, and keep them (or statistics and caches
+    of them) in that form, so a transform whose parameters a fit moves would leave the model
+    describing the old one, silently; and ``fit`` works from those statistics, so it cannot learn
+    the transform either. Transforms with fixed coefficients (``Normalize``, whose bounds are
+    buffers, or a ``Warp`` frozen with ``requires_grad_(False)``) are taken."""
+    if not isinstance(input_transform, torch.nn.Module):
+        return
+    trainable = [name for name, p in input_transform.named_parameters() if p.requires_grad]
+    if trainable:
+        raise ValueError(
+            f"The input transform {type(input_transform).__name__} has trainable parameters "
+            f"({', '.join(trainable)}), which online surrogates cannot learn from their data: "
+            "they hold their inputs transformed once, as they arrive. Freeze it with "
+            "`input_transform.requires_grad_(False)` (its parameters fixed at the values you "
+            "want), or use BoTorch's SingleTaskGP for a learned transform (a learned warping)."
+        )
 
 
 def _held_dtype(module: torch.nn.Module, name: str) -> torch.dtype | None:

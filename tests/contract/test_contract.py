@@ -13,7 +13,7 @@ import pytest
 import torch
 from botorch.acquisition.objective import ScalarizedPosteriorTransform
 from botorch.fit import fit_gpytorch_mll
-from botorch.models.transforms.input import FilterFeatures, InteractionFeatures, Normalize
+from botorch.models.transforms.input import FilterFeatures, InteractionFeatures, Normalize, Warp
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
 from linear_operator.operators import DenseLinearOperator
@@ -1012,6 +1012,43 @@ def test_learned_input_bounds_are_not_learned_again_from_new_observations(s):
     ref.update(raw(Un), Yn)
     assert_close(latent(model, raw(Ut))[0], latent(ref, raw(Ut))[0], s.tol, "updated mean")
     assert_close(latent(model, raw(Ut))[1], latent(ref, raw(Ut))[1], s.tol, "updated covariance")
+
+
+def _warp() -> Warp:
+    """BoTorch's learned input warping (Kumaraswamy CDFs) on every input of the unit cube (fixed
+    bounds: none would be learned from the first data), away from the identity."""
+    unit = torch.stack([torch.zeros(D, dtype=DT), torch.ones(D, dtype=DT)])
+    warp = Warp(d=D, indices=list(range(D)), bounds=unit).to(DT)
+    with torch.no_grad():
+        warp.concentration0.copy_(torch.tensor([0.7, 1.5], dtype=DT))
+        warp.concentration1.copy_(torch.tensor([1.3, 0.8], dtype=DT))
+    return warp
+
+
+@surrogates
+def test_an_input_transform_with_trainable_parameters_is_refused(s):
+    """An input transform with trainable parameters (``Warp``, whose concentrations are meant to
+    be learned) is refused at construction with a ``ValueError`` saying to freeze it or to use
+    ``SingleTaskGP``: the models hold their inputs transformed once (or statistics of them), so
+    a transform that changes would leave them stale. The same transform frozen is taken, and the
+    model equals the one built on the warped inputs."""
+    U, Y, _ = s.data(N0, D, seed=0)
+    Un, Yn, _ = s.data(Q, D, seed=1)
+    Ut = _test_points()
+    with pytest.raises(
+        ValueError, match=r"(?s)concentration0.*requires_grad_\(False\).*SingleTaskGP"
+    ):
+        s.make(U, Y, input_transform=_warp())
+    model = s.make(U, Y, input_transform=_warp().requires_grad_(False))
+    seen = _warp().requires_grad_(False).eval()  # the warped inputs the model sees
+    plain = s.make(seen(U), Y)
+    m_ref, C_ref = latent(plain, seen(Ut))
+    m, C = latent(model, Ut)
+    assert_close(m, m_ref, s.tol, "posterior mean with a frozen Warp")
+    assert_close(C, C_ref, s.tol, "posterior covariance with a frozen Warp")
+    plain.update(seen(Un), Yn)
+    model.update(Un, Yn)
+    assert_close(latent(model, Ut)[0], latent(plain, seen(Ut))[0], s.tol, "updated mean")
 
 
 # ------------------------------------------------------------------ caches and fit
