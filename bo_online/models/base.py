@@ -89,8 +89,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         input_transform: Any | None = None,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
+        outcome_transform: Any | None = None,
     ) -> None:
         super().__init__()
+        _check_outcome_transform(outcome_transform)
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
         if not dtype.is_floating_point:
@@ -713,6 +715,31 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+def _check_outcome_transform(outcome_transform: Any) -> None:
+    r"""Take ``outcome_transform=Standardize(m=1)`` (what BoTorch's ``SingleTaskGP`` applies by
+    default) as a no-op, since every surrogate standardises its outcomes itself (``outcome_mean``,
+    ``outcome_std``), and refuse any other outcome transform with a ``ValueError`` saying what to
+    do instead."""
+    if outcome_transform is None:
+        return
+    from botorch.models.transforms.outcome import Standardize
+
+    if (
+        type(outcome_transform) is Standardize
+        and outcome_transform._m == 1
+        and not outcome_transform._batch_shape
+        and not outcome_transform._outputs
+    ):
+        return
+    raise ValueError(
+        f"outcome_transform={type(outcome_transform).__name__}(...) is not supported: the online "
+        "surrogates standardise their outcomes themselves (as Standardize(m=1) would; passing "
+        "that is accepted and changes nothing), and keep statistics of the standardised values, "
+        "so no other outcome transform can be applied inside the model. Transform Y before "
+        "passing it (e.g. Y.log()) and map predictions back, or use BoTorch's SingleTaskGP."
+    )
 
 
 def _check_fixed_transform(input_transform: Any) -> None:

@@ -78,6 +78,8 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         bounds: optional ``2 x d`` input box that every input must lie in.
         standardize: standardise outcomes with the initial data's mean and std (``Standardize``).
         input_transform: optional BoTorch input transform.
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
 
     Example:
         >>> model = OnlineExactGP(train_X, train_Y)
@@ -100,13 +102,19 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         bounds: Tensor | None = None,
         standardize: bool = True,
         input_transform: Any | None = None,
+        outcome_transform: Any | None = None,
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if train_X.dim() != 2:
             raise ValueError(f"train_X must be n x d, got shape {tuple(train_X.shape)}.")
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
-            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+            dim=dim,
+            bounds=bounds,
+            input_transform=input_transform,
+            dtype=dtype,
+            device=device,
+            outcome_transform=outcome_transform,
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)

@@ -14,6 +14,7 @@ import torch
 from botorch.acquisition.objective import ScalarizedPosteriorTransform
 from botorch.fit import fit_gpytorch_mll
 from botorch.models.transforms.input import FilterFeatures, InteractionFeatures, Normalize, Warp
+from botorch.models.transforms.outcome import Log, Standardize
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
 from linear_operator.operators import DenseLinearOperator
@@ -1049,6 +1050,26 @@ def test_an_input_transform_with_trainable_parameters_is_refused(s):
     plain.update(seen(Un), Yn)
     model.update(Un, Yn)
     assert_close(latent(model, Ut)[0], latent(plain, seen(Ut))[0], s.tol, "updated mean")
+
+
+@surrogates
+def test_outcome_transform_standardize_is_accepted_and_others_are_refused(s):
+    """``outcome_transform=Standardize(m=1)``, which a BoTorch user passes out of habit, is taken
+    and changes nothing (outcomes are standardised internally); any other outcome transform is
+    refused at construction with a ``ValueError`` that says what to do instead."""
+    U, Y, _ = s.data(N0, D, seed=0)
+    Ut = _test_points()
+    model = s.make(U, Y, outcome_transform=Standardize(m=1))
+    plain = s.make(U, Y)
+    m, C = latent(model, Ut)
+    m_ref, C_ref = latent(plain, Ut)
+    assert_close(m, m_ref, s.tol, "posterior mean with Standardize(m=1)")
+    assert_close(C, C_ref, s.tol, "posterior covariance with Standardize(m=1)")
+    for other in (Log(), Standardize(m=2)):
+        with pytest.raises(
+            ValueError, match=r"(?s)not supported.*Transform Y before.*SingleTaskGP"
+        ):
+            s.make(U, Y, outcome_transform=other)
 
 
 # ------------------------------------------------------------------ caches and fit

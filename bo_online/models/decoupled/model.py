@@ -64,6 +64,8 @@ class DecoupledSVGP(
         standardize: standardise outcomes with the initial data's mean and std (Gaussian
             likelihoods only; labels or counts for other likelihoods are used as given).
         input_transform: optional BoTorch input transform.
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
         seed: seed for the random choices (basis seeding, minibatches).
         lengthscale_init: starting lengthscales of the default kernel. ``"prior"`` (default):
             BoTorch's (the mode of the dimension-scaled prior), where ``SingleTaskGP`` and
@@ -107,6 +109,7 @@ class DecoupledSVGP(
         bounds: Tensor | None = None,
         standardize: bool = True,
         input_transform: Any | None = None,
+        outcome_transform: Any | None = None,
         seed: int = 0,
         warm_start_points: int = 1024,
         max_basis_growth: int = 128,
@@ -128,7 +131,12 @@ class DecoupledSVGP(
             )
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
-            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+            dim=dim,
+            bounds=bounds,
+            input_transform=input_transform,
+            dtype=dtype,
+            device=device,
+            outcome_transform=outcome_transform,
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)

@@ -74,6 +74,8 @@ class QSGP(
         seed: seed of the RFF dictionary, of the SGD samplers (when the SGD settings' ``seed``
             is None) and of the closed-form fit's random row subset (``hyper_rows``).
         input_transform: optional BoTorch input transform.
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
         constant_mean: the closed-form fit (Gaussian likelihood, standardised targets) also
             chooses a constant prior mean ``f(x) = c + phi(x)^T w`` (its evidence maximised over
             ``c``, as ``SingleTaskGP``'s ``ConstantMean``), kept in the buffer ``mean_constant``
@@ -119,6 +121,7 @@ class QSGP(
         augment_variance: bool | None = None,
         seed: int = 0,
         input_transform: Any | None = None,
+        outcome_transform: Any | None = None,
         constant_mean: bool = True,
         **fit_options: Any,
     ) -> None:
@@ -139,7 +142,12 @@ class QSGP(
                     d=dim, bounds=torch.stack([lo, torch.where(hi > lo, hi, lo + 1)]).to(train_X)
                 )
         super().__init__(
-            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+            dim=dim,
+            bounds=bounds,
+            input_transform=input_transform,
+            dtype=dtype,
+            device=device,
+            outcome_transform=outcome_transform,
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)

@@ -73,6 +73,8 @@ class TSVGP(
         bounds: optional ``2 x d`` input box; inputs outside it are rejected.
         standardize: standardise outcomes (only for likelihoods on real-valued targets).
         input_transform: optional BoTorch input transform.
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
         num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods
             (the first from the prior marginals).
         condition_steps: further fixed-point steps on the new sites when conditioning with a
@@ -109,6 +111,7 @@ class TSVGP(
         bounds: Tensor | None = None,
         standardize: bool = True,
         input_transform: Any | None = None,
+        outcome_transform: Any | None = None,
         num_init_e_steps: int = 5,
         condition_steps: int = 0,
     ) -> None:
@@ -122,7 +125,12 @@ class TSVGP(
             )
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
         super().__init__(
-            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+            dim=dim,
+            bounds=bounds,
+            input_transform=input_transform,
+            dtype=dtype,
+            device=device,
+            outcome_transform=outcome_transform,
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._transform_and_check(train_X)

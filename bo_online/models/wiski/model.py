@@ -120,6 +120,8 @@ class WISKI(
             ``"none"``/``None``; one of them is needed when d > 3 (see
             :meth:`loop_default_options` for the loops' choice).
         input_transform: optional BoTorch input transform.
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
         lengthscale_floor: lower bound on the default kernel's lengthscales (grid coordinates):
             ``"grid"`` (default) one grid spacing (at least BoTorch's 0.025), ``None`` BoTorch's
             0.025, or a number. Not used with a user's ``covar_module``.
@@ -160,6 +162,7 @@ class WISKI(
         grid_jitter: float = 1e-6,
         projection: torch.nn.Module | str | None = None,
         input_transform: Any | None = None,
+        outcome_transform: Any | None = None,
         lengthscale_floor: float | str | None = "grid",
         additive: str | Sequence[Sequence[int]] | None = None,
         prior_variance: str = "interpolated",
@@ -173,7 +176,12 @@ class WISKI(
         if bounds is None:
             bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(dtype=dtype, device=device)
         super().__init__(
-            dim=dim, bounds=bounds, input_transform=input_transform, dtype=dtype, device=device
+            dim=dim,
+            bounds=bounds,
+            input_transform=input_transform,
+            dtype=dtype,
+            device=device,
+            outcome_transform=outcome_transform,
         )
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
