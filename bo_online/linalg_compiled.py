@@ -48,12 +48,11 @@ def _build_kernel() -> Callable | None:
     try:
         import numba
         import numpy as np
-    except ImportError:  # the torch routines remain
+    except Exception:  # ImportError, or OSError from a broken llvmlite: the torch routines remain
         return None
 
     # Unsigned indices: Numba's wrap-around handling of signed indices keeps LLVM from
     # vectorising the row loops (measured: no packed FMAs with signed indices).
-    @numba.njit(cache=True, fastmath=False, boundscheck=False, error_model="numpy")
     def rotate_rows(Lt, Vt, out, sign):  # pragma: no cover - compiled
         nb, m, q = Lt.shape[0], Lt.shape[1], Vt.shape[1]
         one = np.uint64(1)
@@ -89,7 +88,16 @@ def _build_kernel() -> Callable | None:
                 row[k] = d
         return 0
 
-    return rotate_rows
+    options = dict(fastmath=False, boundscheck=False, error_model="numpy")
+    try:
+        return numba.njit(cache=True, **options)(rotate_rows)
+    except Exception:
+        # No writable cache directory (neither __pycache__ beside this module nor the user's
+        # cache: Numba raises RuntimeError "no locator available"): compile in each process.
+        try:
+            return numba.njit(cache=False, **options)(rotate_rows)
+        except Exception:
+            return None
 
 
 def _get_kernel() -> Callable | None:

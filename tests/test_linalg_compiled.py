@@ -130,3 +130,51 @@ def test_autograd_takes_the_torch_routine_and_gives_gradients():
     assert not linalg_compiled.compiled_low_rank_available(L, U)
     cholesky_update(L, U).diagonal().log().sum().backward()
     assert U.grad is not None and bool(torch.isfinite(U.grad).all())
+
+
+def _fresh_build(monkeypatch):
+    """Forget the process's kernel so that the next call builds it again."""
+    monkeypatch.setattr(linalg_compiled, "_tried", False)
+    monkeypatch.setattr(linalg_compiled, "_kernel", None)
+
+
+def test_no_writable_cache_directory_still_compiles_the_kernel(monkeypatch):
+    # Numba finds no cache directory when neither __pycache__ beside the module nor the user's
+    # cache directory is writable (a read-only install, a worker whose HOME is read-only):
+    # njit(cache=True) then raises RuntimeError at decoration. That must not reach the caller.
+    import numba.core.caching
+
+    def unwritable(self):
+        raise PermissionError(13, "Permission denied", self.get_cache_path())
+
+    monkeypatch.setattr(numba.core.caching._CacheLocator, "ensure_cache_path", unwritable)
+    _fresh_build(monkeypatch)
+    m = 9
+    A = _spd(m, seed=16)
+    L = torch.linalg.cholesky(A)
+    U = 0.3 * torch.randn(m, 2, generator=torch.Generator().manual_seed(17), dtype=DT)
+    out = cholesky_update(L, U)
+    assert linalg_compiled._kernel is not None  # compiled, only not cached
+    assert _rel(out, torch.linalg.cholesky(A + U @ U.mT)) < 1e-12
+
+
+def test_a_numba_that_fails_to_load_leaves_the_torch_routines(monkeypatch):
+    # A broken llvmlite raises OSError ("Could not find/load shared object file") on import,
+    # not ImportError.
+    import sys
+
+    class Broken:
+        def find_spec(self, name, path=None, target=None):
+            if name == "numba":
+                raise OSError("Could not find/load shared object file 'libllvmlite.so'")
+            return None
+
+    monkeypatch.delitem(sys.modules, "numba")
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    _fresh_build(monkeypatch)
+    m = 9
+    A = _spd(m, seed=18)
+    L = torch.linalg.cholesky(A)
+    U = 0.3 * torch.randn(m, 2, generator=torch.Generator().manual_seed(19), dtype=DT)
+    assert not linalg_compiled.compiled_low_rank_available(L, U)
+    assert _rel(cholesky_update(L, U), torch.linalg.cholesky(A + U @ U.mT)) < 1e-12
