@@ -5,7 +5,7 @@ Python-level step per column panel: at m = 1,000 and q = 3 that is about 3 ms, t
 copy of the factor, and most of it is dense panel products and per-panel overhead rather
 than memory traffic. The classical algorithm instead applies, column by column, q plane
 rotations (hyperbolic ones for a downdate) that fold the update columns into the factor: about
-``2 q m^2`` flops with no temporaries, so it runs near the speed of a copy once compiled. Neither
+``3 q m^2`` flops with no temporaries, so it runs near the speed of a copy once compiled. Neither
 PyTorch, SciPy nor linear_operator provides it, so it is written here and compiled with Numba
 (lazily, on first use; the compiled code is cached on disk).
 
