@@ -143,7 +143,7 @@ def compiled_low_rank(L: Tensor, U: Tensor, sign: float) -> tuple[Tensor, int] |
         return None
     batch, m, q = L.shape[:-2], L.shape[-1], U.shape[-1]
     Lt = L.reshape(-1, m, m).mT  # a view where L's batch dims fold (expanded L: strides 0)
-    Vt = U.reshape(-1, m, q).mT.contiguous().clone()  # rotated in place: a private copy
+    Vt = U.reshape(-1, m, q).mT.clone(memory_format=torch.contiguous_format)  # rotated in place
     if Vt.shape[0] != Lt.shape[0]:
         Lt = Lt.expand(Vt.shape[0], m, m)
     out_t = torch.empty(Lt.shape[0], m, m, dtype=L.dtype)
