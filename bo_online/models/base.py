@@ -47,6 +47,7 @@ from bo_online.models.validation import (
     check_inputs,
     check_noise,
     check_observations,
+    detached,
     floor_noise,
     train_noise_floor,
     warn_if_offset_hides_signal,
@@ -500,6 +501,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             Y: ``q x m`` (or ``q`` for one output) observations, user's units.
             noise: optional ``q x m`` (or ``q``) observation-noise variances, user's units.
         """
+        X, Y, noise = detached(X, Y, noise)  # data: no graph to keep (standardised below)
         X, Y, noise = self._checked_observations(X, Y, noise, "update()")
         if X.shape[-2] == 0:  # nothing to fold in (every surrogate treats it alike)
             return self

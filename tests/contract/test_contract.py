@@ -779,6 +779,28 @@ def test_no_autograd_graph_kept_in_caches(s):
 
 
 @surrogates
+def test_update_holds_its_own_copy_of_the_new_points(s):
+    """``update`` keeps what it is given, not the caller's tensors: changing them in place
+    afterwards (a buffer the caller reuses) leaves the model as it was, and inputs that require
+    grad leave no graph in it (it deep-copies)."""
+    import copy
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    Xn, Yn, _ = s.data(2, D, seed=1)
+    Xn.requires_grad_(True)
+    Yn.requires_grad_(True)
+    model.update(Xn, Yn)
+    before = tensor_state(model)
+    assert _tensors_with_graph(model) == []
+    copy.deepcopy(model)
+    with torch.no_grad():
+        Xn.fill_(0.5)
+        Yn.fill_(0.0)
+    assert same_state(before, tensor_state(model)) == []
+
+
+@surrogates
 def test_gradient_does_not_depend_on_a_no_grad_evaluation_of_the_same_points(s):
     """A user who looks at a value under ``torch.no_grad()`` and then differentiates at the same
     X tensor (``requires_grad_()`` does not change X's version) gets the gradient a fresh tensor

@@ -164,5 +164,8 @@ class QSGPConditioningMixin:
         L = cholesky_update(L, U)  # O(m^2 q), whatever the number of points held
         r = dr if self.cond_r is None else self.cond_r + dr
         u = cholesky_solve(L, r.unsqueeze(-1)).squeeze(-1)
+        # A copy of X: the first points appended would otherwise be a view of the caller's
+        # tensor (which a reused buffer changes, and which may carry an autograd graph).
+        X = X.detach().clone()
         self.cond_X, self.cond_y, self.cond_noise = self._appended_data(X, Y, point_noise)
         self.cond_L, self.cond_r, self.cond_u = L, r, u
