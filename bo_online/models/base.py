@@ -538,6 +538,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             Y = Y.unsqueeze(-1)
         if isinstance(noise, Tensor) and noise.dim() == 1:
             noise = noise.unsqueeze(-1)
+        if isinstance(noise, Tensor) and noise.dim() == 0 and isinstance(Y, Tensor):
+            noise = noise.expand(Y.shape)  # one variance for every new observation
         if isinstance(X, Tensor) and X.dim() != 2:
             raise ValueError(f"{caller} takes X of shape q x {self.dim}, got {tuple(X.shape)}.")
         X = self._transform_and_check(X, new_observations=True)
@@ -546,7 +548,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         )
         warn_if_rounding_hides_new_targets(Y, X.dtype, self.outcome_std)
         if Y.dim() != 2 or (noise is not None and noise.dim() != 2):
-            raise ValueError(f"{caller} takes Y and noise of shape q x m (no batch dimensions).")
+            raise ValueError(
+                f"{caller} takes Y and noise of shape q x m (no batch dimensions), got Y "
+                f"{tuple(Y.shape)}"
+                + ("" if noise is None else f" and noise {tuple(noise.shape)}")
+                + "."
+            )
         return X, Y, noise
 
     def _standardized_noise(

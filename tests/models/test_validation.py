@@ -96,3 +96,24 @@ def test_noise_at_the_floor_in_user_units_is_not_reported_as_below_it(model_cls)
             cls(X, Y, at_floor).fit(max_iter=3)
     with pytest.warns(NumericalWarning, match="below the floor"):
         cls(X, Y, at_floor / 2)
+
+
+def test_a_scalar_noise_at_update_is_the_same_variance_for_every_new_point() -> None:
+    """``update(X, Y, noise=torch.tensor(v))`` on a fixed-noise model equals passing ``v`` for each
+    new point (before: refused as if it had batch dimensions)."""
+    from bo_online.models import OnlineExactGP
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(12, 2, generator=g, dtype=torch.float64)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    Yvar = torch.full_like(Y, 0.05)
+    Xn = torch.rand(3, 2, generator=g, dtype=torch.float64)
+    Yn = torch.sin(4 * Xn).sum(-1, keepdim=True)
+    scalar = OnlineExactGP(X, Y, train_Yvar=Yvar)
+    full = OnlineExactGP(X, Y, train_Yvar=Yvar)
+    scalar.update(Xn, Yn, noise=torch.tensor(0.2, dtype=torch.float64))
+    full.update(Xn, Yn, noise=torch.full_like(Yn, 0.2))
+    Xt = torch.rand(5, 2, generator=g, dtype=torch.float64)
+    a, b = scalar.posterior(Xt), full.posterior(Xt)
+    assert torch.allclose(a.mean, b.mean, rtol=0, atol=1e-12)
+    assert torch.allclose(a.variance, b.variance, rtol=0, atol=1e-12)
