@@ -108,14 +108,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         if train_X.dim() != 2:
             raise ValueError(f"train_X must be n x d, got shape {tuple(train_X.shape)}.")
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
-        super().__init__(
-            dim=dim,
-            bounds=bounds,
-            input_transform=input_transform,
-            dtype=dtype,
-            device=device,
-            outcome_transform=outcome_transform,
-        )
+        super().__init__(dim, bounds, input_transform, dtype, device, outcome_transform)
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning

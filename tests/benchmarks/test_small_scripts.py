@@ -4,33 +4,19 @@ run."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from benchmark_scripts import load_benchmark
+from synthetic_uci import write_uci_like
 
 
 def _yacht_data_dir(root: Path) -> Path:
-    r"""A synthetic stand-in for ``uci/yacht`` of its real shape (308 rows x 6 inputs, every 6th
-    row a test row), so ``uci_problem("yacht")`` loads it."""
-    rng = np.random.default_rng(0)
-    n, d = 308, 6
-    X = rng.uniform(-1, 1, (n, d))
-    y = np.sin(2 * X[:, 0]) + X[:, 1] + 0.1 * rng.standard_normal(n)
-    folder = root / "uci" / "yacht"
-    folder.mkdir(parents=True)
-    with gzip.open(folder / "data.csv.gz", "wt") as f:
-        f.write("\n".join(",".join(f"{v:.10g}" for v in r) for r in np.column_stack([X, y])))
-    mask = np.zeros((n, 10), int)
-    mask[np.arange(n) % 6 == 0, :] = 1
-    with gzip.open(folder / "test_mask.csv.gz", "wt") as f:
-        f.write("\n".join(",".join(map(str, r)) for r in mask))
-    return root
+    r"""A synthetic stand-in for ``uci/yacht`` of its real shape (308 rows x 6 inputs)."""
+    return write_uci_like(root, "yacht", n=308, d=6)
 
 
 def _refused(module, argv: list[str], monkeypatch, capsys) -> str:

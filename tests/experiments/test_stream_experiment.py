@@ -3,7 +3,6 @@ split over parts, are reused on a second call, and --merge writes plots and the 
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic_uci import write_uci_like
 
 from bo_online import datasets
 
@@ -27,17 +27,8 @@ def _load_experiment():
 
 
 def _data_dir(root: Path) -> None:
+    write_uci_like(root, "skillcraft", n=60, d=4)
     rng = np.random.default_rng(0)
-    n, d = 60, 4
-    X = rng.uniform(-1, 1, (n, d))
-    y = np.sin(2 * X[:, 0]) + X[:, 1] + 0.1 * rng.standard_normal(n)
-    (root / "uci" / "skillcraft").mkdir(parents=True)
-    with gzip.open(root / "uci/skillcraft/data.csv.gz", "wt") as f:
-        f.write("\n".join(",".join(f"{v:.10g}" for v in r) for r in np.column_stack([X, y])))
-    mask = np.zeros((n, 10), int)
-    mask[np.arange(n) % 6 == 0, :] = 1
-    with gzip.open(root / "uci/skillcraft/test_mask.csv.gz", "wt") as f:
-        f.write("\n".join(",".join(map(str, r)) for r in mask))
     (root / "banana").mkdir()
     for split, m in (("train", 40), ("test", 30)):
         Xb = rng.uniform(-2, 2, (m, 2))

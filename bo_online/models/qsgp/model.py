@@ -141,14 +141,7 @@ class QSGP(
                 input_transform = Normalize(
                     d=dim, bounds=torch.stack([lo, torch.where(hi > lo, hi, lo + 1)]).to(train_X)
                 )
-        super().__init__(
-            dim=dim,
-            bounds=bounds,
-            input_transform=input_transform,
-            dtype=dtype,
-            device=device,
-            outcome_transform=outcome_transform,
-        )
+        super().__init__(dim, bounds, input_transform, dtype, device, outcome_transform)
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         if train_Yvar is not None and bool((train_Yvar <= 0).any()):

@@ -124,14 +124,7 @@ class TSVGP(
                 f"train_X must be an n x d tensor, got {getattr(train_X, 'shape', train_X)}."
             )
         dim = OnlineModel.transformed_dim(train_X, input_transform)  # after the transform
-        super().__init__(
-            dim=dim,
-            bounds=bounds,
-            input_transform=input_transform,
-            dtype=dtype,
-            device=device,
-            outcome_transform=outcome_transform,
-        )
+        super().__init__(dim, bounds, input_transform, dtype, device, outcome_transform)
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._transform_and_check(train_X)
         if isinstance(train_Y, Tensor) and train_Y.dim() < 2:
