@@ -251,15 +251,24 @@ def _read_npz(path: Path) -> Table:
         columns = [str(j) for j in range(data.shape[1])]
     if not np.issubdtype(data.dtype, np.number):
         raise DataFileError(f"{path}: arrays must be numeric, got dtype {data.dtype}.")
-    data = data.astype(np.float64)
-    bad = np.argwhere(~np.isfinite(data))
-    if bad.size:
-        r, j = bad[0]
+    if np.iscomplexobj(data):  # astype(float64) would keep the real part, with a warning only
         raise DataFileError(
-            f"{path}: row {r} (0-based), column {columns[j]!r} is {data[r, j]}; drop or fill the "
-            f"rows with missing values."
+            f"{path}: arrays must be real, got dtype {data.dtype}; save the real part (or the "
+            "absolute value) instead."
         )
-    return Table(data, columns, path, 0, mask)
+    data = data.astype(np.float64)
+    # Like a CSV's cells: a missing value counts only in a column the run uses (Table.require).
+    problems: dict[int, tuple[int, str]] = {}
+    for r, j in np.argwhere(~np.isfinite(data)):
+        problems.setdefault(
+            int(j),
+            (
+                int(r),
+                f"{path}: row {r} (0-based), column {columns[j]!r} is {data[r, j]}; drop or "
+                "fill the rows with missing values.",
+            ),
+        )
+    return Table(data, columns, path, 0, mask, problems=problems)
 
 
 def read_table(path: str | os.PathLike) -> Table:

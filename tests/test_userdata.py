@@ -633,3 +633,22 @@ def test_stream_refit_from_current_resumes_as_it_ran(tmp_path, capsys, model):
     code, err = _run(bad + ["--out", str(tmp_path / "bad")], capsys)
     assert code == 2 and "--refit-from must be one of auto, current" in err
     assert not (tmp_path / "bad").exists()
+
+
+def test_npz_missing_values_count_only_in_used_columns_and_complex_is_refused(tmp_path):
+    """As for a CSV, a NaN in a column of an .npz 'data' array that the run leaves out does no
+    harm, and one in a used column is refused naming row and column; complex arrays are refused
+    (casting them kept the real part silently)."""
+    X, y = _data(n=30)
+    data = np.column_stack([X[:, :2], np.full(30, np.nan), X[:, 2:], y])
+    data[4, 2] = 1.0
+    np.savez(tmp_path / "d.npz", data=data)
+    problem = stream_from_file(tmp_path / "d.npz", inputs=[0, 1, 3, 4])
+    reference = stream_from_file(_write_plain(tmp_path, X, y))
+    torch.testing.assert_close(problem.X_stream, reference.X_stream)
+    torch.testing.assert_close(problem.y_test, reference.y_test)
+    with pytest.raises(DataFileError, match=r"row 0 \(0-based\), column '2' is nan"):
+        stream_from_file(tmp_path / "d.npz")
+    np.savez(tmp_path / "c.npz", X=X * (1 + 1j), y=y)
+    with pytest.raises(DataFileError, match="arrays must be real, got dtype complex128"):
+        stream_from_file(tmp_path / "c.npz")
