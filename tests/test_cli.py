@@ -66,6 +66,17 @@ BAD = {
         ["bo", "--problem", "branin", "--steps", "1", "--model-option", "no_such_option=3", *SMALL],
         "no_such_option",
     ),
+    # a likelihood by name failed in the model with an AttributeError traceback
+    "likelihood by name (tsvgp)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "tsvgp", *SMALL]
+        + ["--model-option", "likelihood=poisson"],
+        "TSVGP's likelihood must be a bo_online.likelihoods.SiteLikelihood",
+    ),
+    "likelihood by name (decoupled)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "decoupled", *SMALL]
+        + ["--model-option", "likelihood=bernoulli"],
+        "DecoupledSVGP's likelihood must be a GPyTorch Likelihood",
+    ),
     "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
     "bad refit schedule (bo)": (
         ["bo", "--problem", "levy", "--refit-every", "often"],

@@ -139,6 +139,13 @@ class DecoupledSVGP(
                 "precisions 1/noise, so zero noise is not representable."
             )
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        if likelihood is not None and not isinstance(likelihood, Likelihood):
+            # a name from --model-option likelihood=... failed later with an AttributeError
+            raise ValueError(
+                "DecoupledSVGP's likelihood must be a GPyTorch Likelihood (e.g. "
+                f"gpytorch.likelihoods.BernoulliLikelihood()), got {likelihood!r}; build it in "
+                "Python."
+            )
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
         if standardize and gaussian:  # labels/counts stay as given; one point too, as Standardize
             self._set_outcome_scaling(train_Y, X)

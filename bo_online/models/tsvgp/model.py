@@ -142,6 +142,13 @@ class TSVGP(
         )
         if train_Y.dim() != 2 or train_X.shape[0] < 1:
             raise ValueError("train_Y must be n x m with n >= 1.")
+        if likelihood is not None and not isinstance(likelihood, SiteLikelihood):
+            # a name from --model-option likelihood=... failed later with an AttributeError
+            raise ValueError(
+                "TSVGP's likelihood must be a bo_online.likelihoods.SiteLikelihood (Gaussian(), "
+                f"Bernoulli(), Poisson(), StudentT()), got {likelihood!r}; build it in Python "
+                "(for a classification stream, --task classification gives Bernoulli)."
+            )
         num_out = train_Y.shape[-1]
         self._num_outputs = num_out
         #: the output batch dims of every per-output tensor: [] for one output, [m] for m > 1
