@@ -77,6 +77,17 @@ BAD = {
         + ["--model-option", "likelihood=bernoulli"],
         "DecoupledSVGP's likelihood must be a GPyTorch Likelihood",
     ),
+    # the exact GP kept a name and failed in its first fit with a TypeError traceback
+    "kernel by name (exact)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
+        + ["--model-option", "covar_module=rbf"],
+        "covar_module must be a GPyTorch Kernel, got 'rbf'",
+    ),
+    "likelihood by name (exact)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
+        + ["--model-option", "likelihood=gaussian"],
+        "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",
+    ),
     "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
     "bad refit schedule (bo)": (
         ["bo", "--problem", "levy", "--refit-every", "often"],
