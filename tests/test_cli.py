@@ -83,6 +83,16 @@ BAD = {
         + ["--model-option", "covar_module=rbf"],
         "covar_module must be a GPyTorch Kernel, got 'rbf'",
     ),
+    "kernel by name (wiski)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "wiski", *SMALL]
+        + ["--model-option", "covar_module=rbf"],
+        "covar_module must be a GPyTorch Kernel, got 'rbf'",
+    ),
+    "likelihood by name (singletaskgp)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "singletaskgp", *SMALL]
+        + ["--model-option", "likelihood=gaussian"],
+        "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",
+    ),
     "likelihood by name (exact)": (
         ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
         + ["--model-option", "likelihood=gaussian"],

@@ -25,7 +25,7 @@ from botorch.models.utils.gpytorch_modules import (
 )
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
-from gpytorch.likelihoods import GaussianLikelihood, Likelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
@@ -48,7 +48,7 @@ from bo_online.models.fitting import (
     trainable_parameters_and_bounds,
     training_mode,
 )
-from bo_online.models.validation import detached
+from bo_online.models.validation import detached, require_modules
 
 __all__ = ["OnlineExactGP"]
 
@@ -115,17 +115,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
-        # A name from --model-option (covar_module=rbf) failed only in the first fit, with a
-        # traceback; a TypeError here is reported as an option the model rejects.
-        if covar_module is not None and not isinstance(covar_module, Kernel):
-            raise TypeError(
-                f"covar_module must be a GPyTorch Kernel, got {covar_module!r} (e.g. "
-                "covar_module='gpytorch.kernels.MaternKernel(nu=2.5)')."
-            )
-        if likelihood is not None and not isinstance(likelihood, Likelihood):
-            raise TypeError(
-                f"likelihood must be a GPyTorch GaussianLikelihood, got {likelihood!r}."
-            )
+        require_modules(covar_module, likelihood)  # not names from --model-option
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")

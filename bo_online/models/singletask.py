@@ -22,6 +22,8 @@ from botorch.posteriors import Posterior
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 
+from bo_online.models.validation import require_modules
+
 __all__ = ["RefitSingleTaskGP"]
 
 
@@ -54,6 +56,9 @@ class RefitSingleTaskGP(Model):
         self.register_buffer("train_X", train_X)
         self.register_buffer("train_Y", train_Y)
         self.register_buffer("train_Yvar", train_Yvar)
+        require_modules(  # not names from --model-option
+            singletaskgp_kwargs.get("covar_module"), singletaskgp_kwargs.get("likelihood")
+        )
         self.refit_max_iter = refit_max_iter
         self._kwargs = singletaskgp_kwargs
         self.model = self._build()

@@ -32,6 +32,23 @@ def detached(*values):
     return tuple(v.detach() if isinstance(v, Tensor) else v for v in values)
 
 
+def require_modules(covar_module: Any = None, likelihood: Any = None) -> None:
+    r"""Refuse a ``covar_module`` that is no GPyTorch ``Kernel`` or a ``likelihood`` that is no
+    GPyTorch ``Likelihood`` (a name from ``--model-option covar_module=rbf`` was kept and failed
+    in the first fit, with a traceback). A ``TypeError``, which the loops report as an option
+    the model rejects."""
+    from gpytorch.kernels import Kernel
+    from gpytorch.likelihoods import Likelihood
+
+    if covar_module is not None and not isinstance(covar_module, Kernel):
+        raise TypeError(
+            f"covar_module must be a GPyTorch Kernel, got {covar_module!r} (e.g. "
+            "covar_module='gpytorch.kernels.MaternKernel(nu=2.5)')."
+        )
+    if likelihood is not None and not isinstance(likelihood, Likelihood):
+        raise TypeError(f"likelihood must be a GPyTorch GaussianLikelihood, got {likelihood!r}.")
+
+
 def is_complex(value: Any) -> bool:
     r"""Whether ``value`` (a tensor, an array, a number or a nested list) holds complex numbers,
     which ``torch.as_tensor(value, dtype=float64)`` cuts to their real part with only a warning."""

@@ -60,7 +60,7 @@ from gpytorch.means import ConstantMean
 from torch import Tensor
 
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import detached
+from bo_online.models.validation import detached, require_modules
 from bo_online.models.wiski.additive import StackedGrid, additive_grid_size, input_groups
 from bo_online.models.wiski.caches import WISKICacheMixin
 from bo_online.models.wiski.conditioning import WISKIConditioningMixin
@@ -248,6 +248,7 @@ class WISKI(
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
+        require_modules(covar_module, likelihood)  # not names from --model-option
         self.lengthscale_floor = self._lengthscale_floor(lengthscale_floor, covar_module)
         if covar_module is None and self.input_groups is not None:
             floors = [
