@@ -93,6 +93,12 @@ BAD = {
         + ["--model-option", "likelihood=gaussian"],
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",
     ),
+    # a non-Gaussian likelihood, now nameable, failed in the exact GP's first fit
+    "non-Gaussian likelihood (exact)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
+        + ["--model-option", "likelihood=gpytorch.likelihoods.BernoulliLikelihood()"],
+        "needs the tsvgp model",
+    ),
     "likelihood by name (exact)": (
         ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
         + ["--model-option", "likelihood=gaussian"],

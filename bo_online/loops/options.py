@@ -7,8 +7,9 @@ been received from someone else, so nothing is imported or called unless it pass
 :func:`check_options` first:
 
 * ``module`` must be one of :data:`ALLOWED_MODULES` (public modules of bo_online and GPyTorch
-  holding projections, kernels, means, priors and constraints), and ``Class`` a class there that
-  subclasses the module's base class (e.g. ``gpytorch.kernels.Kernel``) -- never a function;
+  holding projections, kernels, means, priors, constraints and likelihoods), and ``Class`` a
+  class there that subclasses the module's base class (e.g. ``gpytorch.kernels.Kernel``) --
+  never a function;
 * the arguments are JSON literals (numbers, strings, booleans, None, lists, dicts), tensors, or
   nested allowed objects;
 * a dict with ``__class__`` has no keys other than ``__class__``, ``args`` and ``kwargs``.
@@ -34,6 +35,9 @@ ALLOWED_MODULES: dict[str, tuple[str, str]] = {
     "gpytorch.means": ("gpytorch.means", "Mean"),
     "gpytorch.priors": ("gpytorch.priors", "Prior"),
     "gpytorch.constraints": ("gpytorch.constraints", "Interval"),
+    "gpytorch.likelihoods": ("gpytorch.likelihoods", "Likelihood"),
+    # t-SVGP's site likelihoods (Gaussian, Bernoulli, Poisson, Student-t)
+    "bo_online.likelihoods": ("bo_online.likelihoods", "SiteLikelihood"),
 }
 _KEYS = {"__class__", "args", "kwargs"}
 

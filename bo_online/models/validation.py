@@ -34,19 +34,24 @@ def detached(*values):
 
 def require_modules(covar_module: Any = None, likelihood: Any = None) -> None:
     r"""Refuse a ``covar_module`` that is no GPyTorch ``Kernel`` or a ``likelihood`` that is no
-    GPyTorch ``Likelihood`` (a name from ``--model-option covar_module=rbf`` was kept and failed
-    in the first fit, with a traceback). A ``TypeError``, which the loops report as an option
-    the model rejects."""
+    GPyTorch Gaussian likelihood, the only kind the exact-regression models take (a name from
+    ``--model-option covar_module=rbf`` was kept and failed in the first fit, with a traceback).
+    A ``TypeError``, which the loops report as an option the model rejects."""
     from gpytorch.kernels import Kernel
-    from gpytorch.likelihoods import Likelihood
+    from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 
     if covar_module is not None and not isinstance(covar_module, Kernel):
         raise TypeError(
             f"covar_module must be a GPyTorch Kernel, got {covar_module!r} (e.g. "
             "covar_module='gpytorch.kernels.MaternKernel(nu=2.5)')."
         )
-    if likelihood is not None and not isinstance(likelihood, Likelihood):
-        raise TypeError(f"likelihood must be a GPyTorch GaussianLikelihood, got {likelihood!r}.")
+    gaussian = (GaussianLikelihood, FixedNoiseGaussianLikelihood)
+    if likelihood is not None and not isinstance(likelihood, gaussian):
+        raise TypeError(
+            f"likelihood must be a GPyTorch GaussianLikelihood, got {likelihood!r} (a "
+            "non-Gaussian likelihood needs the tsvgp model, e.g. likelihood="
+            "'bo_online.likelihoods.StudentT()')."
+        )
 
 
 def is_complex(value: Any) -> bool:

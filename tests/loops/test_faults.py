@@ -212,6 +212,38 @@ def test_allowed_objects_still_build():
         instantiate({"__class__": "gpytorch.kernels.RBFKernel", "__reduce__": 1})
 
 
+def test_likelihoods_build_from_the_allow_list():
+    """t-SVGP's site likelihoods (the README's Poisson and Student-t) and GPyTorch's likelihoods
+    can be named in model options (before: refused, so no CLI run could use them)."""
+    from gpytorch.likelihoods import GaussianLikelihood
+
+    from bo_online.likelihoods import StudentT
+    from bo_online.loops.options import UnsafeOptionError, instantiate
+
+    built = instantiate(
+        {
+            "site": {"__class__": "bo_online.likelihoods.StudentT"},
+            "gauss": {
+                "__class__": "gpytorch.likelihoods.GaussianLikelihood",
+                "kwargs": {
+                    "noise_constraint": {
+                        "__class__": "gpytorch.constraints.GreaterThan",
+                        "args": [1e-3],
+                    }
+                },
+            },
+        }
+    )
+    assert isinstance(built["site"], StudentT) and isinstance(built["gauss"], GaussianLikelihood)
+    assert float(built["gauss"].noise_covar.raw_noise_constraint.lower_bound) == pytest.approx(1e-3)
+    # what the module merely imports (a GPyTorch class, a module) is not a site likelihood
+    for name in ("GaussianLikelihood", "np"):
+        with pytest.raises(
+            UnsafeOptionError, match="is not a bo_online.likelihoods.SiteLikelihood"
+        ):
+            instantiate({"x": {"__class__": f"bo_online.likelihoods.{name}"}})
+
+
 # ------------------------------------------------------------------------------ kills and resume
 
 
