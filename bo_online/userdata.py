@@ -275,6 +275,10 @@ def read_table(path: str | os.PathLike) -> Table:
     r"""Read and check a ``.csv`` / ``.csv.gz`` / ``.npz`` file (see the module docstring)."""
     path = Path(path).expanduser()
     suffix = _suffix(path)
+    if path.is_dir():
+        raise DataFileError(
+            f"{path} is a directory; name the data file in it (.csv, .csv.gz or .npz)."
+        )
     if not path.is_file():
         raise DataFileError(f"{path}: no such file.")
     table = _read_npz(path) if suffix == ".npz" else _read_csv(path, gz=suffix == ".csv.gz")

@@ -185,6 +185,11 @@ def test_cli_bad_file_one_line_and_nothing_written(tmp_path, capsys):
     assert code == 2 and "--target only applies" in err
     code, err = _run(["stream", "--data", str(tmp_path / "x.xlsx"), "-Q"], capsys)
     assert code == 2 and "unsupported file type" in err
+    # a directory was reported as "no such file"
+    (tmp_path / "folder.csv").mkdir()
+    code, err = _run(["stream", "--data", str(tmp_path / "folder.csv"), "--out", str(out)], capsys)
+    assert code == 2 and "is a directory; name the data file in it" in err
+    assert not out.exists()
 
 
 def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path, capsys):
