@@ -99,6 +99,12 @@ BAD = {
         + ["--model-option", "likelihood=gpytorch.likelihoods.BernoulliLikelihood()"],
         "needs the tsvgp model",
     ),
+    # a string was read as true
+    "standardize not a bool (tsvgp)": (
+        ["bo", "--problem", "branin", "--steps", "1", "--model", "tsvgp", *SMALL]
+        + ["--model-option", "standardize=maybe"],
+        "standardize must be True or False, got 'maybe'",
+    ),
     "likelihood by name (exact)": (
         ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
         + ["--model-option", "likelihood=gaussian"],

@@ -48,7 +48,7 @@ from bo_online.models.fitting import (
     trainable_parameters_and_bounds,
     training_mode,
 )
-from bo_online.models.validation import detached, require_modules
+from bo_online.models.validation import detached, require_bool, require_modules
 
 __all__ = ["OnlineExactGP"]
 
@@ -112,7 +112,8 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
-        if standardize:  # one point too: centred on it, as BoTorch's Standardize
+        # one point too: centred on it, as BoTorch's Standardize
+        if require_bool(standardize, "standardize"):
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         require_modules(covar_module, likelihood)  # not names from --model-option

@@ -54,6 +54,14 @@ def require_modules(covar_module: Any = None, likelihood: Any = None) -> None:
         )
 
 
+def require_bool(value: Any, name: str) -> bool:
+    r"""``value`` if it is a boolean (Python or NumPy), else a ``TypeError``: a string such as
+    ``--model-option standardize=maybe`` would otherwise be read as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def is_complex(value: Any) -> bool:
     r"""Whether ``value`` (a tensor, an array, a number or a nested list) holds complex numbers,
     which ``torch.as_tensor(value, dtype=float64)`` cuts to their real part with only a warning."""

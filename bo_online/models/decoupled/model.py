@@ -23,7 +23,7 @@ from bo_online.models.decoupled.fitting import DecoupledFitMixin
 from bo_online.models.decoupled.objectives import DecoupledObjectivesMixin
 from bo_online.models.decoupled.prediction import DecoupledPredictionMixin
 from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin, site_dtype
-from bo_online.models.validation import detached
+from bo_online.models.validation import detached, require_bool
 
 __all__ = ["DecoupledSVGP"]
 
@@ -147,7 +147,8 @@ class DecoupledSVGP(
                 "Python."
             )
         gaussian = likelihood is None or isinstance(likelihood, GaussianLikelihood)
-        if standardize and gaussian:  # labels/counts stay as given; one point too, as Standardize
+        # labels/counts stay as given; one point too, as Standardize
+        if require_bool(standardize, "standardize") and gaussian:
             self._set_outcome_scaling(train_Y, X)
         self.num_mean_bases = int(num_mean_bases)
         self.num_cov_bases = int(num_cov_bases)

@@ -34,6 +34,7 @@ from bo_online.models.validation import (
     check_finite,
     check_observations,
     detached,
+    require_bool,
     whole_number,
 )
 
@@ -177,7 +178,8 @@ class TSVGP(
         if self._out:  # outcome scaling per output
             self.outcome_mean = torch.zeros(num_out).to(X)
             self.outcome_std = torch.ones(num_out).to(X)
-        if standardize and self.likelihood.standardizable:  # one point too, as Standardize
+        # one point too, as Standardize
+        if require_bool(standardize, "standardize") and self.likelihood.standardizable:
             self._set_outcome_scaling(train_Y, X)
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
             ard_num_dims=dim, batch_shape=self._out
