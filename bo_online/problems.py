@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import reprlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -328,7 +329,13 @@ def objective_values(result: Any) -> Tensor:
         raise ObjectiveError(NONE_RESULT)
     if is_complex(result):
         raise ObjectiveError(COMPLEX_RESULT)
-    return torch.as_tensor(result, dtype=torch.float64).detach()
+    try:
+        return torch.as_tensor(result, dtype=torch.float64).detach()
+    except (TypeError, ValueError, RuntimeError) as error:  # a string, a dict, ragged lists
+        raise ObjectiveError(
+            f"returned {type(result).__name__} {reprlib.repr(result)}, which is not numbers "
+            f"({error}); it must return one real number per point (a tensor, array or list)"
+        ) from error
 
 
 class CallableProblem(Problem):

@@ -125,6 +125,14 @@ def test_problem_settings_and_an_objective_that_returns_none_are_reported():
     problem = CallableProblem(_returns_none, bounds=BOUNDS, name="none")
     with pytest.raises(ObjectiveError, match="'none' returned None instead of one value per point"):
         problem.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
+    # a string was reported as "Objective raised TypeError", as if the objective had raised
+    text = CallableProblem(_returns_text, bounds=BOUNDS, name="text")
+    with pytest.raises(ObjectiveError, match=r"'text' returned str 'ok', which is not numbers"):
+        text.evaluate_true(torch.zeros(2, 2, dtype=torch.float64))
+
+
+def _returns_text(X):
+    return "ok"
 
 
 def _stream(n: int = 40, n_test: int = 5) -> StreamProblem:
