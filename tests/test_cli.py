@@ -51,6 +51,12 @@ def _has_data() -> bool:
     return (datasets.resolve_data_dir() / "magnetometer" / "1-loc.csv").is_file()
 
 
+def _bo_option(model: str, option: str) -> list[str]:
+    r"""A one-step Branin run of ``model`` with one ``--model-option``."""
+    steps = ["bo", "--problem", "branin", "--steps", "1", "--model", model, *SMALL]
+    return [*steps, "--model-option", option]
+
+
 BAD = {
     "unknown problem": (["bo", "--problem", "nope"], "Unknown problem 'nope'"),
     "unsupported dim": (["bo", "--problem", "branin", "--dim", "3"], "dim in [2]"),
@@ -68,46 +74,38 @@ BAD = {
     ),
     # a likelihood by name failed in the model with an AttributeError traceback
     "likelihood by name (tsvgp)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "tsvgp", *SMALL]
-        + ["--model-option", "likelihood=poisson"],
+        _bo_option("tsvgp", "likelihood=poisson"),
         "TSVGP's likelihood must be a bo_online.likelihoods.SiteLikelihood",
     ),
     "likelihood by name (decoupled)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "decoupled", *SMALL]
-        + ["--model-option", "likelihood=bernoulli"],
+        _bo_option("decoupled", "likelihood=bernoulli"),
         "DecoupledSVGP's likelihood must be a GPyTorch Likelihood",
     ),
     # the exact GP kept a name and failed in its first fit with a TypeError traceback
     "kernel by name (exact)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
-        + ["--model-option", "covar_module=rbf"],
+        _bo_option("exact", "covar_module=rbf"),
         "covar_module must be a GPyTorch Kernel, got 'rbf'",
     ),
     "kernel by name (wiski)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "wiski", *SMALL]
-        + ["--model-option", "covar_module=rbf"],
+        _bo_option("wiski", "covar_module=rbf"),
         "covar_module must be a GPyTorch Kernel, got 'rbf'",
     ),
     "likelihood by name (singletaskgp)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "singletaskgp", *SMALL]
-        + ["--model-option", "likelihood=gaussian"],
+        _bo_option("singletaskgp", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",
     ),
     # a non-Gaussian likelihood, now nameable, failed in the exact GP's first fit
     "non-Gaussian likelihood (exact)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
-        + ["--model-option", "likelihood=gpytorch.likelihoods.BernoulliLikelihood()"],
+        _bo_option("exact", "likelihood=gpytorch.likelihoods.BernoulliLikelihood()"),
         "needs the tsvgp model",
     ),
     # a string was read as true
     "standardize not a bool (tsvgp)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "tsvgp", *SMALL]
-        + ["--model-option", "standardize=maybe"],
+        _bo_option("tsvgp", "standardize=maybe"),
         "standardize must be True or False, got 'maybe'",
     ),
     "likelihood by name (exact)": (
-        ["bo", "--problem", "branin", "--steps", "1", "--model", "exact", *SMALL]
-        + ["--model-option", "likelihood=gaussian"],
+        _bo_option("exact", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",
     ),
     "zero batch": (["bo", "--problem", "levy", "--q", "0"], "--q must be >= 1"),
