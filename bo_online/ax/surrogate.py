@@ -272,7 +272,12 @@ class AxOnlineMixin:
         then remember this model for the next trial's construction."""
         if self.refit_due:
             t0 = time.perf_counter()
-            self.fit(**self._ax_fit_options)  # type: ignore[attr-defined]
+            from bo_online.loops.refit_rules import WARM_REFIT_MAX_ITER
+
+            options = dict(self._ax_fit_options)
+            if self._ax_obs_since_fit is not None:  # fitted before: warm-started, as in the loops
+                options.setdefault("max_iter", WARM_REFIT_MAX_ITER)
+            self.fit(**options)  # type: ignore[attr-defined]
             self._ax_obs_since_fit = 0
             self._ax_n_at_fit = self._ax_num_obs
             _SESSIONS.stats.refits += 1

@@ -39,7 +39,11 @@ from torch import Tensor
 
 from bo_online.loops import history
 from bo_online.loops.options import check_options, instantiate
-from bo_online.loops.refit_rules import growth_refit_due, refits_from_defaults
+from bo_online.loops.refit_rules import (
+    WARM_REFIT_MAX_ITER,
+    growth_refit_due,
+    refits_from_defaults,
+)
 from bo_online.models.fitting import standardization
 from bo_online.models.registry import get_model_class
 from bo_online.problems import make_problem
@@ -118,7 +122,7 @@ class OnlineLoop:
         n_init: int = 10,
         seed: int = 0,
         refit_every: int | str = 10,
-        fit_max_iter: int = 50,
+        fit_max_iter: int = WARM_REFIT_MAX_ITER,
         init_fit_max_iter: int | None = None,
         fit_options: dict[str, Any] | None = None,
         refit_from: str = "auto",
