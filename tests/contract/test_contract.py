@@ -212,6 +212,40 @@ def test_condition_equals_update_equals_rebuild_equals_dense(s, fixed, d):
 
 
 @surrogates
+def test_observation_noise_of_a_conditioned_fixed_noise_model_counts_the_new_points(s):
+    """With fixed noise, ``observation_noise=True`` adds the mean noise of every point the model
+    holds (BoTorch's convention): after conditioning (one batch of points, or ``b`` candidate
+    sets at once) that mean includes the conditioned points, as after ``update`` with them. So
+    the noisy posterior is the dense latent posterior on all data plus that mean, computed from
+    the data by hand."""
+    _skip_unsupported(s, True)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=True)
+    Xn, Yn, _ = s.data(Q, D, seed=1, fixed=True)
+    Nn = torch.full((Q, 1), 0.3, dtype=DT)  # user units, well above the training noise
+    Xt = _test_points()
+    parent = s.make(X, Y, Yvar)
+    std2 = parent.outcome_std**2
+    mean_ref, cov_ref = reference_conditioned(s, parent, X, Y, Yvar, [(Xn, Yn, Nn)], Xt)
+    noisy_ref = cov_ref + torch.diag(torch.cat([Yvar, Nn]).mean().expand(Xt.shape[0]))
+    cond = parent.condition_on_observations(Xn, Yn, noise=Nn / std2)
+    batched = parent.condition_on_observations(
+        Xn.expand(2, *Xn.shape), Yn.expand(2, *Yn.shape), noise=(Nn / std2).expand(2, Q, 1)
+    )
+    upd = s.make(X, Y, Yvar)
+    upd.update(Xn, Yn, Nn)
+    for name, mdl, Xq in (
+        ("update", upd, Xt),
+        ("condition", cond, Xt),
+        ("batched condition", batched, Xt.expand(2, *Xt.shape)),
+    ):
+        m, C = latent(mdl, Xq, observation_noise=True)
+        for j in range(2) if m.dim() > 1 else [None]:
+            mj, Cj = (m, C) if j is None else (m[j], C[j])
+            assert_close(mj, mean_ref, s.tol, f"{name} {j} mean")
+            assert_close(Cj, noisy_ref, s.tol, f"{name} {j} covariance with observation noise")
+
+
+@surrogates
 def test_long_stream_of_updates_matches_dense_reference(s):
     """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
     drift of the incrementally updated factors."""

@@ -233,8 +233,9 @@ class DecoupledSVGP(
         return noise
 
     def _noise_variance(self, X: Tensor) -> Tensor:
-        if self.fixed_noise:
-            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+        if self.fixed_noise:  # batch x 1 (a fantasy model's noise has its own batch)
+            mean = self.train_noise.mean(-1, keepdim=True)
+            return mean.expand(*torch.broadcast_shapes(X.shape[:-2], mean.shape[:-1]), X.shape[-2])
         if not isinstance(self.likelihood, GaussianLikelihood):
             raise ValueError("observation_noise=True needs a Gaussian likelihood.")
         return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])

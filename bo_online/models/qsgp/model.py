@@ -325,14 +325,25 @@ class QSGP(
         return self._gauss_noise().expand(size)
 
     def _noise_variance(self, X: Tensor) -> Tensor:
-        if self.fixed_noise:
-            return self.train_noise.mean(-1, keepdim=True).expand(X.shape[:-1])
+        if self.fixed_noise:  # as BoTorch: the mean training noise at new points
+            mean = self._mean_fixed_noise()  # batch x 1
+            return mean.expand(*torch.broadcast_shapes(X.shape[:-2], mean.shape[:-1]), X.shape[-2])
         return self._gauss_noise().expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:
         if self.fixed_noise:
-            return self.train_noise.mean().reshape(1, 1)
+            return self._mean_fixed_noise().unsqueeze(-1)  # batch x 1 x 1
         return None
+
+    def _mean_fixed_noise(self) -> Tensor:
+        r"""The mean per-point noise (standardised) of a fixed-noise model over all the points it
+        holds: the fitted rows and those conditioned on or added since the last fit
+        (``cond_noise``), as BoTorch's conditioned models have it: ``batch x 1``."""
+        total, count = self.train_noise.sum(-1, keepdim=True), self.train_noise.shape[-1]
+        if self.cond_noise is not None:
+            total = total + self.cond_noise.sum(-1, keepdim=True)
+            count = count + self.cond_noise.shape[-1]
+        return total / count
 
     def _augmentation(self, X: Tensor) -> Tensor:
         r"""Prop. 4: ``sigma^2 k(x,x)^2 / (k(x)^T k(x) + sigma^2 k(x,x))`` per point

@@ -371,18 +371,33 @@ class TSVGP(
     def _noise_variance(self, X: Tensor) -> Tensor:
         lik = self.likelihood
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            return self.train_noise.mean(-1, keepdim=True).expand(
-                *X.shape[:-2], *self._out, X.shape[-2]
+            mean = self._mean_fixed_noise()  # batch x (m x) 1
+            batch = torch.broadcast_shapes(
+                X.shape[:-2], mean.shape[: mean.dim() - 1 - len(self._out)]
             )
+            return mean.expand(*batch, *self._out, X.shape[-2])
         if lik.conjugate:
             return lik.noise.expand(*X.shape[:-2], *self._out, X.shape[-2])
         # Non-Gaussian: Var[y | f] at the posterior mean of f (see the module docstring).
         return lik.noise_variance(self._latent_mean(X))
 
     def _default_fantasy_noise(self) -> Tensor | None:
-        if self.fixed_noise:
-            return self.train_noise.mean(-1).reshape(1, -1)
+        if self.fixed_noise:  # batch x 1 x m, as the observations it goes with
+            mean = self._mean_fixed_noise()
+            return mean.transpose(-1, -2) if self._out else mean.unsqueeze(-1)
         return None
+
+    def _mean_fixed_noise(self) -> Tensor:
+        r"""The mean per-point noise (standardised) of a fixed-noise model over all the points it
+        holds, those of a conditioned model's added chunk (``_cnoise``) included, as a model
+        updated with them (and BoTorch's conditioned models) has it: ``batch x (m x) 1``."""
+        total, count = self.train_noise.sum(-1, keepdim=True), self.train_noise.shape[-1]
+        if self._cnoise is not None:
+            total, count = (
+                total + self._cnoise.sum(-1, keepdim=True),
+                count + self._cnoise.shape[-1],
+            )
+        return total / count
 
     # ------------------------------------------------------------------ state
 

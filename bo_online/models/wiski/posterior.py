@@ -103,14 +103,24 @@ class WISKIPosteriorMixin:
 
     def _noise_variance(self, X: Tensor) -> Tensor:
         if self.fixed_noise:  # as BoTorch: the mean training noise at new points
-            mean_D = self.sum_D / self.n.clamp_min(1)
-            return (mean_D / self.outcome_std.pow(2)).reshape(1).expand(X.shape[:-1])
+            mean = self._mean_fixed_noise()  # batch x 1
+            return mean.expand(*torch.broadcast_shapes(X.shape[:-2], mean.shape[:-1]), X.shape[-2])
         return self.likelihood.noise.reshape(1).expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:
         if self.fixed_noise:
-            return (self.sum_D / self.n.clamp_min(1) / self.outcome_std.pow(2)).reshape(1, 1)
+            return self._mean_fixed_noise().unsqueeze(-1)  # batch x 1 x 1
         return None
+
+    def _mean_fixed_noise(self) -> Tensor:
+        r"""The mean per-point noise (standardised) of a fixed-noise model over all the points
+        it holds, a conditioned model's pending points (``d_D``, user units) included, as a
+        model updated with them (and BoTorch's conditioned models) has it: ``batch x 1``."""
+        total, count = self.sum_D, self.n
+        if self.d_D is not None:
+            total, count = total + self.d_D.sum(-1), count + self.d_D.shape[-1]
+        mean_D = total / torch.as_tensor(count).clamp_min(1)
+        return (mean_D / self.outcome_std.pow(2).reshape(())).unsqueeze(-1)
 
     def _use_gram_block(self, idx: Tensor, val: Tensor) -> bool:
         r"""Whether the covariance at these points is read from the cached ``M = R A^-1 R^T``
