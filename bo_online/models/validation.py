@@ -301,6 +301,11 @@ def check_observations(
     check_inputs(X, dim=dim, bounds=bounds)
     if not isinstance(Y, Tensor):
         raise ValueError(f"Y must be a torch.Tensor, got {type(Y).__name__}.")
+    if Y.dtype == torch.bool or Y.is_complex():
+        raise ValueError(
+            f"Y must hold real numbers, got a {str(Y.dtype).replace('torch.', '')} tensor; "
+            "convert it first (e.g. Y.double(): labels True/False become 1.0/0.0)."
+        )
     if Y.dim() < 2 or Y.shape[-1] != num_outputs:
         raise ValueError(
             f"Y must have shape ... x q x {num_outputs} (one column per output), got "

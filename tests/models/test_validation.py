@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from bo_online.likelihoods import Bernoulli
+from bo_online.models import TSVGP, OnlineExactGP
 from bo_online.models.validation import check_inputs, first_outside
 
 
@@ -117,3 +119,27 @@ def test_a_scalar_noise_at_update_is_the_same_variance_for_every_new_point() -> 
     a, b = scalar.posterior(Xt), full.posterior(Xt)
     assert torch.allclose(a.mean, b.mean, rtol=0, atol=1e-12)
     assert torch.allclose(a.variance, b.variance, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex128], ids=["bool", "complex"])
+def test_targets_that_are_not_real_numbers_are_refused_with_a_value_error(dtype) -> None:
+    """Boolean labels (natural for a Bernoulli t-SVGP) or complex targets, at construction,
+    update and conditioning, raise a ValueError that says to convert them (before: torch's
+    NotImplementedError for ``abs`` of a bool tensor from deep inside the checks), and the model
+    is left as it was; the converted labels are taken."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(10, 2, generator=g, dtype=torch.float64)
+    labels = torch.rand(10, 1, generator=g, dtype=torch.float64) > 0.5
+    bad = labels if dtype == torch.bool else labels.to(dtype)
+    for make in (lambda Y: OnlineExactGP(X, Y), lambda Y: TSVGP(X, Y, likelihood=Bernoulli())):
+        with pytest.raises(ValueError, match="real numbers"):
+            make(bad)
+        model = make(labels.double())
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(ValueError, match="real numbers"):
+            model.update(X[:2], bad[:2])
+        with pytest.raises(ValueError, match="real numbers"):
+            model.condition_on_observations(X[:2], bad[:2])
+        after = model.state_dict()
+        assert before.keys() == after.keys()
+        assert all(torch.equal(before[k], after[k]) for k in before)
