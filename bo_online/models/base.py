@@ -285,7 +285,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     def _set_outcome_scaling(self, train_Y: Tensor, like: Tensor) -> None:
         r"""Outcome scaling from the initial targets ``train_Y`` (``n x m``), as BoTorch's
         ``Standardize``: ``outcome_mean`` and ``outcome_std`` of shape ``(m,)``, on ``like``'s
-        dtype and device."""
+        dtype and device. Integer targets (counts) are taken as numbers of ``like``'s dtype, as
+        ``update`` takes them."""
+        if not train_Y.is_floating_point():
+            train_Y = train_Y.to(like)
         mean, std = standardization(train_Y.transpose(-1, -2))
         warn_if_offset_hides_signal(train_Y, like.dtype)
         self.outcome_mean, self.outcome_std = mean.to(like), std.to(like)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bo_online.likelihoods import Bernoulli
-from bo_online.models import TSVGP, OnlineExactGP
+from bo_online.models import QSGP, TSVGP, WISKI, DecoupledSVGP, OnlineExactGP
 from bo_online.models.validation import check_inputs, first_outside
 
 
@@ -143,3 +143,26 @@ def test_targets_that_are_not_real_numbers_are_refused_with_a_value_error(dtype)
         after = model.state_dict()
         assert before.keys() == after.keys()
         assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    "model_cls", [OnlineExactGP, TSVGP, DecoupledSVGP, WISKI, QSGP], ids=lambda c: c.__name__
+)
+def test_integer_targets_build_the_model_of_the_same_numbers_as_floats(model_cls) -> None:
+    """Integer targets (counts) at construction are the numbers they hold, as ``update`` takes
+    them (before: torch's RuntimeError from the outcome mean of an integer tensor in every model
+    but QSGP): the posterior equals the one of the model built on the same values as float64,
+    and the outcome scaling is the data's mean and unbiased standard deviation."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(12, 2, generator=g, dtype=torch.float64)
+    Y = torch.randint(0, 5, (12, 1), generator=g)
+    Xt = torch.rand(3, 2, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    counts = model_cls(X, Y)
+    torch.manual_seed(0)
+    floats = model_cls(X, Y.double())
+    Yd = Y.double().reshape(-1)
+    torch.testing.assert_close(counts.outcome_mean, Yd.mean().reshape(1))
+    torch.testing.assert_close(counts.outcome_std, Yd.std().reshape(1))
+    torch.testing.assert_close(counts.posterior(Xt).mean, floats.posterior(Xt).mean)
+    torch.testing.assert_close(counts.posterior(Xt).variance, floats.posterior(Xt).variance)
