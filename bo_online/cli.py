@@ -606,9 +606,9 @@ def _dask_client(address: str) -> Any:
     return dask_client(address)
 
 
-#: the run directory and resume command of the loop now running, named in the
+#: the loop now running, its run directory and resume command, named in the
 #: interrupted/terminated message
-_ACTIVE_RUN: list[tuple[Path, str]] = []
+_ACTIVE_RUN: list[tuple[Any, Path, str]] = []
 #: set while a sweep runs: its campaigns continue when the same sweep command runs again
 _ACTIVE_SWEEP: list[bool] = []
 
@@ -626,7 +626,7 @@ def _run(loop: Any, steps: int | None) -> None:
     """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM."""
     _ACTIVE_SWEEP.clear()
     if getattr(loop, "out_dir", None) is not None:
-        _ACTIVE_RUN[:] = [(Path(loop.out_dir), _resume_command(loop))]
+        _ACTIVE_RUN[:] = [(loop, Path(loop.out_dir), _resume_command(loop))]
     loop.run(steps)
 
 
@@ -640,9 +640,14 @@ def _resume_hint() -> str:
         )
     if not _ACTIVE_RUN:  # stopped while reading data or building the loop
         return "stopped before the loop started (nothing was written); run the same command again"
-    out, command = _ACTIVE_RUN[0]
+    loop, out, command = _ACTIVE_RUN[0]
     if not (out / history.CHECKPOINT_FILE).exists():  # stopped before its first checkpoint
         return "run the same command again (nothing was kept)"
+    if not getattr(loop, "wrote_run_files", True):  # the checkpoint is an older run's
+        return (
+            f"run the same command again (nothing was kept; the run already in {str(out)!r} "
+            "is left as it was)"
+        )
     return f"continue the run with `{command}`"
 
 

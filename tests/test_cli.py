@@ -549,3 +549,25 @@ def test_resume_of_a_python_callable_run_says_how_to_resume_it(tmp_path, capsys)
     records = resume(str(out), steps=2, problem=problem())
     assert [r["step"] for r in records][-1] == 2
     assert [r["step"] for r in read_records(out)] == [0, 1, 2]
+
+
+def test_overwrite_failing_in_the_initial_design_does_not_advise_resuming(tmp_path, capsys):
+    """`--overwrite` onto a run, with an objective that fails in its initial design, kept the
+    old run (nothing new was written) but advised `bo-online resume DIR --objective NEW`, which
+    that run (of another objective) refuses. The advice is now to run the command again, and
+    the old run is left as it was."""
+    objectives = tmp_path / "obj.py"
+    objectives.write_text(
+        "def good(X):\n    return ((X - 0.3) ** 2).sum(-1)\n\n"
+        "def bad(X):\n    raise RuntimeError('broken')\n"
+    )
+    out = tmp_path / "run"
+    argv = ["bo", "--bounds", "0,1 0,1", "--steps", "0", "--n-init", "3", "--no-plots", "-Q"]
+    argv += ["--out", str(out), *SMALL]
+    code, _, err = _run([*argv, "--objective", f"{objectives}:good"], capsys)
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = _run([*argv, "--objective", f"{objectives}:bad", "--overwrite"], capsys)
+    assert code == 1, err
+    assert "run the same command again" in err and "resume" not in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

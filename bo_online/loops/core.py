@@ -298,6 +298,13 @@ class OnlineLoop:
     def initialized(self) -> bool:
         return self.model is not None
 
+    @property
+    def wrote_run_files(self) -> bool:
+        r"""Whether this loop has written its run files into ``out_dir`` (its first record, or
+        a resumed run's): before that, a checkpoint found there belongs to another run (one
+        that ``overwrite`` would have replaced), which nothing of this loop can continue."""
+        return self._files_started
+
     def initialize(self) -> dict[str, Any]:
         """Run the initial design (once); writes the first record and checkpoint."""
         if self.initialized:
