@@ -104,6 +104,11 @@ BAD = {
         _bo_option("tsvgp", "standardize=maybe"),
         "standardize must be True or False, got 'maybe'",
     ),
+    # an allow-listed class that raised AttributeError on its arguments: a traceback
+    "kernel of a number (exact)": (
+        _bo_option("exact", "covar_module=gpytorch.kernels.ScaleKernel(3)"),
+        "Cannot build the model option gpytorch.kernels.ScaleKernel",
+    ),
     "likelihood by name (exact)": (
         _bo_option("exact", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",

@@ -126,7 +126,8 @@ def _build(value: Any) -> Any:
         kwargs = {k: _build(v) for k, v in value.get("kwargs", {}).items()}
         try:
             return cls(*args, **kwargs)
-        except (TypeError, ValueError, RuntimeError) as e:
+        # an allow-listed class given unfit arguments (ScaleKernel(3) raises AttributeError)
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, KeyError) as e:
             raise ValueError(f"Cannot build the model option {value['__class__']}: {e}") from e
     if isinstance(value, dict):
         return {k: _build(v) for k, v in value.items()}
