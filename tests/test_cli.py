@@ -109,6 +109,15 @@ BAD = {
         _bo_option("exact", "covar_module=gpytorch.kernels.ScaleKernel(3)"),
         "Cannot build the model option gpytorch.kernels.ScaleKernel",
     ),
+    # a kernel for another number of inputs failed in the first fit with a traceback
+    "kernel for 5 inputs on 2 (exact)": (
+        _bo_option("exact", "covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=5)"),
+        "failed on the initial design with its option(s) covar_module",
+    ),
+    "kernel for 5 inputs on 2 (tsvgp)": (
+        _bo_option("tsvgp", "covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=5)"),
+        "Expected the input to have 5 dimensionality",
+    ),
     "likelihood by name (exact)": (
         _bo_option("exact", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",

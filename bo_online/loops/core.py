@@ -310,12 +310,38 @@ class OnlineLoop:
         if self.initialized:
             raise RuntimeError("The loop is already initialised.")
         t0 = time.perf_counter()
-        with self._seeded("init"):
-            record = self._initial_design()
+        try:
+            with self._seeded("init"):
+                record = self._initial_design()
+        except (RuntimeError, IndexError) as e:
+            raise self._option_error(e) from e
         record.setdefault("time_step", time.perf_counter() - t0)
         self.wall_time += record["time_step"]
         record["wall_time"] = self.wall_time
         return self._commit(record)
+
+    def _option_error(self, error: Exception) -> Exception:
+        r"""What a failure of the initial design (building and first fit of the surrogate)
+        becomes: where model options build objects (a kernel, a likelihood), a ``ValueError``
+        naming them, since GPyTorch reports an object unfit for the data (a kernel with
+        ``ard_num_dims`` for another number of inputs) only when first evaluated; anything
+        else (no such options, a failing objective) as it was."""
+        from bo_online.errors import ObjectiveError
+
+        built = [
+            key
+            for key, value in self.config["model_options"].items()
+            if isinstance(value, dict) and "__class__" in value
+        ]
+        if not built or isinstance(error, ObjectiveError):
+            return error
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return ValueError(
+            f"Model {self.config['model']!r} failed on the initial design with its option(s) "
+            f"{', '.join(built)} ({type(error).__name__}: {first}); check that they fit the "
+            f"inputs the model gives them (the problem has {self.problem.dim}; e.g. "
+            "ard_num_dims, active_dims)."
+        )
 
     def _model_options(self) -> dict[str, Any]:
         options = instantiate(self.config["model_options"])
