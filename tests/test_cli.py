@@ -118,6 +118,11 @@ BAD = {
         _bo_option("tsvgp", "covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=5)"),
         "Expected the input to have 5 dimensionality",
     ),
+    # a device torch knows but the loops cannot run on: a traceback from the first fit
+    "meta device": (
+        ["bo", "--problem", "branin", "--steps", "1", "--device", "meta", *SMALL],
+        "--device must be cpu or cuda",
+    ),
     "likelihood by name (exact)": (
         _bo_option("exact", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",

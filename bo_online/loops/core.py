@@ -165,8 +165,19 @@ class OnlineLoop:
             self.device = torch.device(device)
         except RuntimeError as e:
             raise ValueError(f"Invalid device {device!r}: {e}") from e
+        if self.device.type not in ("cpu", "cuda"):  # e.g. meta: no values to compute with
+            raise ValueError(
+                f"--device must be cpu or cuda (cuda:N), got {device!r} (device={device!r} in "
+                "Python)."
+            )
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but CUDA is not available.")
+        if self.device.type == "cuda" and (self.device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r} requested but this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
+                f"cuda:{torch.cuda.device_count() - 1})."
+            )
         # Absolute from here on: an objective that changes the working directory must not send
         # the checkpoint and records somewhere else than the lock.
         self.out_dir = (
