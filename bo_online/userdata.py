@@ -603,7 +603,25 @@ def _split_table(
     cols = _inputs(
         table, inputs, {t_col} | ({m_col} if m_col is not None else set()), drop_row_index
     )
+    _require_finite_widths(table, cols)
     return table, table.data[:, cols], table.data[:, t_col], mask
+
+
+def _require_finite_widths(table: Table, cols: Sequence[int]) -> None:
+    r"""Refuse an input column whose range (max - min) overflows float64: every cell is finite,
+    but the scaling to the unit cube divides by that width (it made NaN inputs, reported as
+    missing values of no named file or column)."""
+    X = table.data[:, list(cols)]
+    with np.errstate(over="ignore"):
+        widths = X.max(0) - X.min(0)
+    for j, width in zip(cols, widths):
+        if not np.isfinite(width):
+            column = table.data[:, j]
+            raise DataFileError(
+                f"{table.path}: input column {table.columns[j]!r} spans {column.min():.3g} .. "
+                f"{column.max():.3g}, a range that overflows float64 when the inputs are scaled "
+                "to the unit cube; rescale the column (e.g. divide it by 1e10)."
+            )
 
 
 def _stem(path: Path) -> str:

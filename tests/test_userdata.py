@@ -657,3 +657,21 @@ def test_npz_missing_values_count_only_in_used_columns_and_complex_is_refused(tm
     np.savez(tmp_path / "c.npz", X=X * (1 + 1j), y=y)
     with pytest.raises(DataFileError, match="arrays must be real, got dtype complex128"):
         stream_from_file(tmp_path / "c.npz")
+
+
+def test_an_input_whose_range_overflows_is_named_not_called_missing(tmp_path, capsys):
+    """An input column spanning -1e308 .. 1e308 (every cell finite) was reported as "X contains
+    NaN/inf value(s); remove or impute them", naming neither the file nor the column, when
+    only its width overflows float64 in the scaling to the unit cube."""
+    X, y = _data(n=30, d=2)
+    X[:, 1] = np.linspace(-1.5, 1.5, 30) * 1e308
+    path = tmp_path / "wide.csv"
+    _write_csv(path, X, y)
+    with pytest.raises(DataFileError, match=r"wide.csv: input column 'x1' spans .* overflows"):
+        stream_from_file(path)
+    with pytest.raises(DataFileError, match="'x1'"):
+        pool_from_file(path)
+    out = tmp_path / "run"
+    code, err = _run(["stream", "--data", str(path), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "rescale" in err, err
+    assert not out.exists()
