@@ -419,9 +419,11 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         mvn = self._latent_posterior(X)
         if observation_noise is not False:
             if isinstance(observation_noise, Tensor):
-                check_noise(observation_noise, X.shape[:-1] + torch.Size([m]))
-                noise = floor_noise(observation_noise.to(X))
-                noise = self._to_internal(noise.expand(*X.shape[:-1], m))
+                # Per model batch too (a fantasy model's, e.g. its mean noise in fantasize).
+                batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
+                shape = batch + X.shape[-2:-1] + torch.Size([m])
+                check_noise(observation_noise, shape)
+                noise = self._to_internal(floor_noise(observation_noise.to(X)).expand(shape))
             else:
                 noise = self._noise_variance(X)
             noise = noise.expand(mvn.mean.shape)

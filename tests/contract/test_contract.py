@@ -246,6 +246,33 @@ def test_observation_noise_of_a_conditioned_fixed_noise_model_counts_the_new_poi
 
 
 @surrogates
+def test_fixed_noise_fantasies_of_a_batched_model_take_x_without_its_batch(s):
+    """BoTorch's ``fantasize`` takes ``X`` whose batch only broadcasts with the model's (one
+    ``q x d`` set for every batch of a model conditioned on ``b`` candidate sets; before, a
+    fixed-noise model's default noise, now per batch, was refused by ``posterior`` or failed in
+    conditioning). The fantasy model adds, with ``observation_noise=True``, the mean noise of
+    every point it holds: the data's and the conditioned points' (the fantasised points carry
+    that mean)."""
+    _skip_unsupported(s, True)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=True)
+    Xn, Yn, _ = s.data(Q, D, seed=1, fixed=True)
+    parent = s.make(X, Y, Yvar)
+    std2 = parent.outcome_std**2
+    Nn = torch.full((2, Q, 1), 0.3, dtype=DT)  # user units, well above the training noise
+    cond = parent.condition_on_observations(
+        torch.stack([Xn, Xn.flip(0)]), Yn.expand(2, *Yn.shape), noise=Nn / std2
+    )
+    fant = cond.fantasize(_test_points(2, seed=5), SobolQMCNormalSampler(torch.Size([3]), seed=0))
+    assert fant.batch_shape == torch.Size([3, 2])
+    Xt = _test_points()
+    _, C = latent(fant, Xt)
+    _, C_noisy = latent(fant, Xt, observation_noise=True)
+    mean_noise = (Yvar.sum() + Nn[:, :, 0].sum(-1)) / (N0 + Q)  # per batch
+    added = (C_noisy - C).diagonal(dim1=-2, dim2=-1)
+    assert_close(added, mean_noise.reshape(1, 2, 1).expand(3, 2, Xt.shape[0]), s.tol, "noise")
+
+
+@surrogates
 def test_long_stream_of_updates_matches_dense_reference(s):
     """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
     drift of the incrementally updated factors."""

@@ -82,8 +82,9 @@ class DecoupledConditioningMixin:
         new.site_Q, new.site_s = None, None  # grown bases: exact conditioning, no sites
         new._batch_shape = torch.broadcast_shapes(a_beta.shape[:-1], beta.shape[:-2])
         if self.fixed_noise:  # the noise of every point held: its mean is observation_noise's
-            old = self.train_noise.expand(*X.shape[:-2], self.train_noise.shape[-1])
-            new.train_noise = torch.cat([old, noise.expand(X.shape[:-1])], dim=-1)
+            batch = torch.broadcast_shapes(X.shape[:-2], self.train_noise.shape[:-1])
+            old = self.train_noise.expand(*batch, self.train_noise.shape[-1])
+            new.train_noise = torch.cat([old, noise.expand(*batch, X.shape[-2])], dim=-1)
         if new._batch_shape == torch.Size():  # a plain (non-fantasy) model keeps the data
             new.train_X = torch.cat([self.train_X, X], dim=-2)
             new.train_y = torch.cat([self.train_y, Y], dim=-1)
