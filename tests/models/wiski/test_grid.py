@@ -4,6 +4,7 @@ polynomials."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -174,14 +175,15 @@ def test_float32_points_on_the_upper_face_are_inside_the_box():
         ([9, 8, 7], 5, 504),  # a few rows: gathered rows of M
         ([9, 8, 7], 40, 3),  # K c <= m: gathered rows of M, in blocks
         ([9, 8, 7], 40, 504),  # coarse grid (m <= 48 K): dense W blocks times M
-        ([48, 40], 40, 60),  # fine grid (m > 48 K): the sparse CSR product
+        ([48, 40], 40, 120),  # fine grid (m > 48 K, K c > m): the sparse CSR product
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_interp_matmul_routes_equal_the_dense_product_and_its_gradient(sizes, rows, c, dtype):
     """Each route of ``W M`` (chosen by rows, K, c and m) equals the product with the dense
     interpolation matrix, for a row-major and a transposed ``M``, and its gradient in the
-    inputs equals autograd through the dense ``W``."""
+    inputs equals autograd through the dense ``W``. The fine grid's case goes through the
+    sparse CSR product, and only that one."""
     torch.manual_seed(3)
     grid = RegularGrid(sizes)
     m = grid.num_points
@@ -190,9 +192,11 @@ def test_interp_matmul_routes_equal_the_dense_product_and_its_gradient(sizes, ro
     tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {}
     for M in (torch.randn(m, c, dtype=DT), torch.randn(c, m, dtype=DT).mT):
         idx, val = grid.interpolate(X)
-        torch.testing.assert_close(
-            interp_matmul(idx, val.to(dtype), M.to(dtype)), (W @ M).to(dtype), **tol
-        )
+        with mock.patch("torch.sparse_csr_tensor", wraps=torch.sparse_csr_tensor) as csr:
+            out = interp_matmul(idx, val.to(dtype), M.to(dtype))
+        K = idx.shape[-1]
+        assert csr.called == (rows > 8 and K * c > m and m > 48 * K), (sizes, rows, c)
+        torch.testing.assert_close(out, (W @ M).to(dtype), **tol)
         G = torch.randn(rows, c, dtype=DT)
         Xg = X.clone().requires_grad_(True)
         idx_g, val_g = grid.interpolate(Xg)
