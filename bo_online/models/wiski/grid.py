@@ -248,6 +248,9 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
         ``... x n x c``. Differentiable in ``val`` (hence in the inputs) and in ``M``.
     """
     batch, (n, K), c = idx.shape[:-2], idx.shape[-2:], M.shape[-1]
+    if val.dtype != M.dtype:  # in the wider dtype, as their product (the routes need one)
+        dtype = torch.promote_types(val.dtype, M.dtype)
+        val, M = val.to(dtype), M.to(dtype)
     fi, fv = idx.reshape(-1, K), val.reshape(-1, K)
     if fi.shape[0] == 0:  # no rows (conditioning on zero points)
         return M.new_zeros(*batch, n, c)

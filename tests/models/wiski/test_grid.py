@@ -208,6 +208,36 @@ def test_interp_matmul_routes_equal_the_dense_product_and_its_gradient(sizes, ro
         torch.testing.assert_close(Xg.grad, Xd.grad)
 
 
+@pytest.mark.parametrize(
+    "sizes, rows, c",
+    [([9, 8, 7], 5, 504), ([9, 8, 7], 40, 3), ([9, 8, 7], 40, 504), ([48, 40], 40, 120)],
+    ids=["few rows", "K c <= m", "dense W", "CSR"],
+)
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_interp_matmul_of_weights_and_m_of_two_dtypes_is_in_the_wider_one(sizes, rows, c, grad):
+    """Weights and ``M`` of different dtypes (float32 weights, float64 ``M`` or the reverse)
+    give the product in the wider dtype on every route, with the gradient in the weights, as
+    the gathered product did before the routes (which raised torch's dtype errors)."""
+    torch.manual_seed(5)
+    grid = RegularGrid(sizes)
+    X = torch.rand(rows, len(sizes), dtype=DT)
+    idx, val = grid.interpolate(X)
+    M = torch.randn(grid.num_points, c, dtype=DT)
+    G = torch.randn(rows, c, dtype=DT)
+    for v_dtype, m_dtype in ((torch.float32, DT), (DT, torch.float32)):
+        v = val.to(v_dtype).requires_grad_(grad)
+        Mx = M.to(m_dtype)
+        out = interp_matmul(idx, v, Mx)
+        W = torch.zeros(rows, grid.num_points, dtype=DT).scatter_add(-1, idx, v.double())
+        assert out.dtype == DT
+        torch.testing.assert_close(out, W @ Mx.double())
+        if grad:
+            (dv,) = torch.autograd.grad((out * G).sum(), v)
+            (ref,) = torch.autograd.grad(((W @ Mx.double()) * G).sum(), v)
+            assert dv.dtype == v_dtype
+            torch.testing.assert_close(dv, ref.to(v_dtype))
+
+
 def test_interp_matmul_gradient_keeps_no_gathered_rows():
     """With a gradient in the weights, ``W M`` for many rows of a wide ``M`` holds no ``rows x
     K x c`` gather for the backward pass (512 rows, K = 64, c = m = 1,000: 262 MB that autograd
