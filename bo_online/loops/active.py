@@ -305,10 +305,13 @@ class ActiveLearningLoop(OnlineLoop):
         pending = self._pending or {}
         self._pending = None
         t0 = self._now()
-        X, y = self._take(indices)  # the "evaluation" of a pool problem is a lookup
+        # the "evaluation" of a pool problem is a lookup
+        X, y = self.problem.X_pool[indices], self.problem.y_pool[indices]
         t_eval = self._now() - t0
         t0 = self._now()
+        # validates before any change; the rows count as labelled only once the model has them
         self.model.update(self.U_pool[indices], self._model_targets(y))
+        self._take(indices)
         t_update = self._now() - t0
         self.step_count += 1
         refit = self._refit_due()

@@ -361,6 +361,42 @@ def test_pool_candidates_fewer_than_q_and_bad_tell_indices_are_refused():
         assert torch.equal(loop.used, before) and loop.step_count == 0
 
 
+def test_an_update_the_model_refuses_leaves_the_pool_rows_unlabelled(monkeypatch):
+    """The active loop marked the told rows labelled before the surrogate took them: when the
+    model refused the update (a ValueError that says what to change), the rows stayed marked,
+    a second tell of them was refused as "already labelled" and the loop's n counted rows the
+    model never held. The rows are now marked only once the model has them."""
+    from bo_online.loops import ActiveLearningLoop
+
+    problem = _pool_with_repeated_readings()
+    kw = dict(model="exact", acq="random", q=2, n_init=4, seed=0, fit_max_iter=0)
+    loop = ActiveLearningLoop(problem, **kw)
+    loop.initialize()
+    reference = ActiveLearningLoop(problem, **kw)
+    reference.initialize()
+    rows = (~loop.used).nonzero().reshape(-1)[:2]
+    used, chosen = loop.used.clone(), loop.chosen.clone()
+    update = loop.model.update
+
+    def refuse(*args, **kwargs):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(loop.model, "update", refuse)
+    with pytest.raises(ValueError, match="refused"):
+        loop.tell(rows)
+    assert torch.equal(loop.used, used) and torch.equal(loop.chosen, chosen)
+    assert loop.step_count == 0 and loop.model.train_X.shape[0] == 4
+    monkeypatch.setattr(loop.model, "update", update)
+    record = loop.tell(rows)  # the same rows again, now taken
+    expected = reference.tell(rows)
+    assert record["n"] == expected["n"] == 6 and loop.model.train_X.shape[0] == 6
+    U = torch.rand(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loop.model.posterior(U).mean, reference.model.posterior(U).mean, rtol=0, atol=0
+        )
+
+
 def test_a_magnetometer_track_named_twice_is_refused(tmp_path):
     from bo_online.datasets import load_magnetometer
 
