@@ -309,14 +309,20 @@ class ActiveLearningLoop(OnlineLoop):
         X, y = self.problem.X_pool[indices], self.problem.y_pool[indices]
         t_eval = self._now() - t0
         t0 = self._now()
-        # validates before any change; the rows count as labelled only once the model has them
-        self.model.update(self.U_pool[indices], self._model_targets(y))
-        self._take(indices)
+        rescaled = self._outgrows_target_scaling(y)
+        if rescaled:  # a value far beyond the initial design's: rebuilt on all labelled rows
+            rows = torch.cat([self.chosen, indices])
+            self._rebuild_rescaled(self.U_pool[rows], self.problem.y_pool[rows], indices.numel())
+        else:  # validates before any change
+            self.model.update(self.U_pool[indices], self._model_targets(y))
+        self._take(indices)  # the rows count as labelled only once the model has them
         t_update = self._now() - t0
         self.step_count += 1
-        refit = self._refit_due()
+        refit = rescaled or self._refit_due()
+        # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
+        budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):
-            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+            t_fit = self._fit(budget) if refit else 0.0
         record = {
             "step": self.step_count,
             "n": int(self.chosen.shape[0]),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from bo_online.loops.core import (
     check_resumed_problem,
     resume_in_python_advice,
 )
-from bo_online.models.validation import max_abs_output, real_float64
+from bo_online.models.validation import real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
 __all__ = ["BayesOptLoop"]
@@ -384,9 +383,10 @@ class BayesOptLoop(OnlineLoop):
         pending = self._pending or {}
         self._pending = None
         t0 = self._now()
-        rescaled = self._outgrows_target_scaling(y)
+        rescaled = self._outgrows_target_scaling(self.sign * y)
         if rescaled:
-            self._rebuild_rescaled(X, y)
+            X_all, y_all = torch.cat([self.X, X]), torch.cat([self.y, y])
+            self._rebuild_rescaled(self._unit(X_all), self.sign * y_all, y.numel())
         else:
             self.model.update(self._unit(X), self._model_y(y))  # validates before any change
         t_update = self._now() - t0
@@ -416,40 +416,6 @@ class BayesOptLoop(OnlineLoop):
             "time_update": t_update,
         }
         return self._finish_record(record)
-
-    def _outgrows_target_scaling(self, y: Tensor) -> bool:
-        r"""Whether new values ``y`` (``q``, problem sense), through the run's target scaling
-        (fixed from the initial design: :meth:`_set_target_scaling`), reach the magnitude a
-        surrogate below float64 refuses. That happens when the initial values barely vary and a
-        later one lies very far away (spread 1e-6, then a value 1e10 away: 1.4e16 after the
-        scaling, beyond float32's 1.8e15); the model's advice to rescale Y would not help the
-        user, since the loop did the scaling."""
-        if self.target_shift == 0.0 and self.target_scale == 1.0:  # no scaling (float64 runs)
-            return False  # (then the model's own advice to rescale Y is right)
-        return bool(self._model_y(y).abs().max() >= max_abs_output(self.dtype))
-
-    def _rebuild_rescaled(self, X: Tensor, y: Tensor) -> None:
-        r"""Re-derive the target scaling from every value so far and the new ones (``X``:
-        ``q x d``, ``y``: ``q``, problem units and sense) and rebuild the surrogate on all data
-        (fit by the caller, from the defaults). Nothing changes if the build fails."""
-        old = (self.target_shift, self.target_scale)
-        X_all, y_all = torch.cat([self.X, X]), torch.cat([self.y, y])
-        self._set_target_scaling(self.sign * y_all)
-        try:
-            model = self._build_model(self._unit(X_all), self._model_y(y_all))
-        except BaseException:
-            self.target_shift, self.target_scale = old
-            raise
-        far = float((self.sign * y - old[0]).abs().max()) / old[1]
-        dtype = str(self.dtype).replace("torch.", "")
-        warnings.warn(
-            f"Step {self.step_count + 1}'s values lie {far:.3g} initial-design standard "
-            f"deviations away; the loop's {dtype} target scaling was re-derived from all "
-            f"{y_all.numel()} values and the surrogate rebuilt and refit.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        self.model = model
 
     # ------------------------------------------------------------------ checkpoint / resume
 

@@ -30,6 +30,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -46,6 +47,7 @@ from bo_online.loops.refit_rules import (
 )
 from bo_online.models.fitting import standardization
 from bo_online.models.registry import get_model_class
+from bo_online.models.validation import max_abs_output
 from bo_online.problems import make_problem
 from bo_online.userdata import DataChangedError
 
@@ -406,6 +408,41 @@ class OnlineLoop:
         if self.target_shift != 0.0 or self.target_scale != 1.0:
             Y = (Y.to(dtype=torch.float64) - self.target_shift) / self.target_scale
         return Y.to(**self.tkwargs)
+
+    def _outgrows_target_scaling(self, y: Tensor) -> bool:
+        r"""Whether new targets ``y`` (the model's sense, user units), through the run's target
+        scaling (fixed from the initial design: :meth:`_set_target_scaling`), reach the
+        magnitude a surrogate below float64 refuses. That happens when the initial values barely
+        vary and a later one lies very far away (spread 1e-6, then a value 1e10 away: 1.4e16
+        after the scaling, beyond float32's 1.8e15); the model's advice to rescale Y would not
+        help the user, since the loop did the scaling."""
+        if self.target_shift == 0.0 and self.target_scale == 1.0:  # no scaling (float64 runs)
+            return False  # (then the model's own advice to rescale Y is right)
+        return bool(self._model_targets(y).abs().max() >= max_abs_output(self.dtype))
+
+    def _rebuild_rescaled(self, X: Tensor, y: Tensor, num_new: int) -> None:
+        r"""Re-derive the target scaling from every target so far and the new ones (``y``:
+        the model's sense, user units, the last ``num_new`` new; ``X``: their inputs, unit
+        cube) and rebuild the surrogate on all of them (fit by the caller, from the defaults).
+        Nothing changes if the build fails."""
+        old = (self.target_shift, self.target_scale)
+        y = y.detach().to(device="cpu", dtype=torch.float64).reshape(-1)
+        self._set_target_scaling(y)
+        try:
+            model = self._build_model(X, self._model_targets(y))
+        except BaseException:
+            self.target_shift, self.target_scale = old
+            raise
+        far = float((y[-num_new:] - old[0]).abs().max()) / old[1]
+        dtype = str(self.dtype).replace("torch.", "")
+        warnings.warn(
+            f"Step {self.step_count + 1}'s values lie {far:.3g} initial-design standard "
+            f"deviations away; the loop's {dtype} target scaling was re-derived from all "
+            f"{y.numel()} values and the surrogate rebuilt and refit.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.model = model
 
     def _build_model(self, X: Tensor, Y: Tensor) -> Any:
         r"""The surrogate on ``X`` (``n x d``, unit cube) and ``Y`` (``n x 1``)."""

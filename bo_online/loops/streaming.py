@@ -280,7 +280,13 @@ class StreamingLoop(OnlineLoop):
         rows = pending["rows"]
         q = rows.numel()
         t0 = self._now()
-        self.model.update(self.U_stream[rows], self._model_targets(self.problem.y_stream[rows]))
+        y = self.problem.y_stream[rows]
+        rescaled = self._outgrows_target_scaling(y)
+        if rescaled:  # a value far beyond the initial design's: rebuilt on the stream so far
+            end = self.position + q
+            self._rebuild_rescaled(self.U_stream[:end], self.problem.y_stream[:end], q)
+        else:
+            self.model.update(self.U_stream[rows], self._model_targets(y))
         t_update = self._now() - t0
         self.position += q
         self.step_count += 1
@@ -291,9 +297,11 @@ class StreamingLoop(OnlineLoop):
             self.sq_err_sum += pred["rmse"] ** 2 * q
         self.nll_sum += pred["nll"] * q
         self.num_predicted += q
-        refit = self._refit_due()
+        refit = rescaled or self._refit_due()
+        # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
+        budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):
-            t_fit = self._fit(self.config["fit_max_iter"]) if refit else 0.0
+            t_fit = self._fit(budget) if refit else 0.0
         record = {
             "step": self.step_count,
             "n": self.position,

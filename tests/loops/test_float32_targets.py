@@ -183,3 +183,69 @@ def test_a_float32_bo_loop_rescales_when_a_value_outgrows_its_target_scaling():
     with torch.no_grad():
         mean, ref = loop.model.posterior(U).mean, fresh.model.posterior(U).mean
     torch.testing.assert_close(mean, ref, rtol=1e-5, atol=1e-5)
+
+
+def _barely_varying_then_far(n: int, far: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``n`` points of the unit square whose targets vary by 1e-6 about 1, except row ``far``
+    (1e10): through a float32 target scaling fixed from the others it is 1.4e16, beyond 1.8e15."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    y = 1.0 + 1e-6 * torch.randn(n, generator=g, dtype=torch.float64)
+    y[far] = 1e10
+    return X, y
+
+
+NO_FIT = dict(model="exact", dtype="float32", seed=0, fit_max_iter=0, init_fit_max_iter=0)
+
+
+def test_a_float32_active_loop_rescales_when_a_label_outgrows_its_target_scaling():
+    r"""As the BO loop: a pool value far beyond the initial design's reached the float32
+    surrogate past its limit, which refused it with advice to rescale Y, which the user cannot
+    follow (the loop scaled), so the row could never be labelled. The loop now re-derives the
+    scaling from every labelled value and rebuilds the surrogate: the same model as a loop
+    started from those rows."""
+    X, y = _barely_varying_then_far(30, far=29)
+    Xt, yt = X[:5], y[:5]
+    loop = ActiveLearningLoop(
+        PoolProblem("far", X, y, Xt, yt, UNIT), n_init=8, acq="random", **NO_FIT
+    )
+    loop.initialize()
+    assert 29 not in loop.chosen.tolist()
+    with pytest.warns(RuntimeWarning, match="target scaling was re-derived from all 10 values"):
+        record = loop.tell(torch.tensor([29, int((~loop.used).nonzero()[0])]))
+    assert record["refit"] and loop.step_count == 1 and loop.target_scale > 1e9
+    rows = loop.chosen
+    fresh = ActiveLearningLoop(
+        PoolProblem("far", X[rows], y[rows], Xt, yt, UNIT), n_init=10, acq="random", **NO_FIT
+    )
+    fresh.initialize()
+    assert loop.target_shift == pytest.approx(fresh.target_shift, rel=1e-12)
+    assert loop.target_scale == pytest.approx(fresh.target_scale, rel=1e-12)
+    U = torch.rand(20, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float32)
+    with torch.no_grad():
+        mean, ref = loop.model.posterior(U).mean, fresh.model.posterior(U).mean
+    torch.testing.assert_close(mean, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float32_stream_rescales_when_a_value_outgrows_its_target_scaling():
+    r"""The same for a stream: the far row stopped the stream for good (each tell of it was
+    refused by the surrogate). It is now taken, with the scaling re-derived from the stream so
+    far: the same model as a stream started from those rows."""
+    X, y = _barely_varying_then_far(30, far=11)
+    Xt, yt = X[20:], y[20:]
+    loop = StreamingLoop(StreamProblem("far", X, y, Xt, yt, UNIT), n_init=10, q=2, **NO_FIT)
+    loop.initialize()
+    with pytest.warns(RuntimeWarning, match="target scaling was re-derived from all 12 values"):
+        record = loop.tell(loop.ask())
+    assert record["refit"] and record["n"] == 12 and loop.target_scale > 1e9
+    loop.tell(loop.ask())  # and the stream goes on
+    problem = StreamProblem("far", X, y, Xt, yt, UNIT)
+    fresh = StreamingLoop(problem, n_init=12, q=2, **NO_FIT)
+    fresh.initialize()
+    fresh.tell(fresh.ask())
+    assert loop.target_shift == pytest.approx(fresh.target_shift, rel=1e-12)
+    assert loop.target_scale == pytest.approx(fresh.target_scale, rel=1e-12)
+    U = torch.rand(20, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float32)
+    with torch.no_grad():
+        mean, ref = loop.model.posterior(U).mean, fresh.model.posterior(U).mean
+    torch.testing.assert_close(mean, ref, rtol=1e-5, atol=1e-5)
