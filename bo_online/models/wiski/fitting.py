@@ -17,7 +17,7 @@ import math
 from typing import Any, Iterator
 
 import torch
-from gpytorch.kernels import ScaleKernel
+from gpytorch.kernels import RBFKernel, ScaleKernel
 from torch import Tensor
 from typing_extensions import Self
 
@@ -228,6 +228,15 @@ class WISKIFitMixin:
             K = self._grid_kernel()
             K = _restrict(K, active) if active.numel() < K.shape[-1] else K
             return L.mT @ K @ L
+        stacked = self._stacked_rbf_blocks()
+        if stacked is not None:
+            # Zero rows of L at the inactive grid points contribute nothing, so L padded to the
+            # whole stacked grid gives sum_j L_j^T K_j L_j as one batched product.
+            K, outputscales = stacked  # J x m_j x m_j, J
+            J, mj = K.shape[0], K.shape[-1]
+            L_full = L.new_zeros(J * mj, L.shape[-1]).index_copy(0, active, L).view(J, mj, -1)
+            jitter = self.grid_jitter * outputscales.mean()  # equal sizes, diagonals os_j
+            return jitter * (L.mT @ L) + (L_full.mT @ K @ L_full).sum(0)
         # The active points are sorted, and each component's grid points are consecutive, so
         # each component's rows of L and of the points are one contiguous slice.
         active_sizes = self._block_sizes(active)
@@ -246,6 +255,41 @@ class WISKIFitMixin:
         for Lj, Kj in blocks:
             M = M + Lj.mT @ Kj @ Lj
         return M
+
+    def _stacked_rbf_blocks(self) -> tuple[Tensor, Tensor] | None:
+        r"""The component kernels of an additive model as one ``J x m_j x m_j`` tensor on the whole
+        of each component's grid, and their outputscales (``J``), where every component is a
+        ``ScaleKernel(RBFKernel)`` on one and the same grid (the loops' all-pairs default);
+        else None. Differentiable in the lengthscales and outputscales.
+
+        Written out (``s_j exp(-|(p - p') / l_j|^2 / 2)``) instead of ``J`` GPyTorch kernel
+        calls, whose per-call overhead (forward and backward) was most of a marginal-likelihood
+        evaluation at these sizes: 15 components of 100 points at 6 inputs. Equal to GPyTorch's
+        ``RBFKernel`` to round-off (it forms distances through inner products)."""
+        grid = self.grid
+        if self.input_groups is None or not grid.__dict__.get("_identical", False):
+            return None
+        kernels = self.covar_module.kernels
+        for kernel in kernels:
+            base = getattr(kernel, "base_kernel", None)
+            if (
+                type(kernel) is not ScaleKernel
+                or type(base) is not RBFKernel
+                or kernel.active_dims is not None
+                or base.active_dims is not None
+                or kernel.batch_shape != torch.Size()
+                or base.lengthscale.shape[-2:] != torch.Size([1, grid.component_dim])
+            ):
+                return None
+        mj = grid.sizes_per_grid[0]
+        P = self.grid_points[:mj]  # m_j x k: every component's grid
+        diff2 = (P.unsqueeze(-2) - P.unsqueeze(-3)).pow(2)  # m_j x m_j x k
+        inv_ls2 = torch.cat([k.base_kernel.lengthscale for k in kernels], 0).pow(-2)  # J x k
+        outputscales = torch.stack([k.outputscale.reshape(()) for k in kernels])  # J
+        K = outputscales.view(-1, 1, 1) * torch.exp(
+            -0.5 * torch.einsum("abk,jk->jab", diff2, inv_ls2)
+        )
+        return K, outputscales
 
     def log_prior(self) -> Tensor:
         r"""Sum of the hyperparameter priors' log densities (kernel, mean, and the likelihood's

@@ -157,3 +157,30 @@ def test_a_float32_model_takes_the_factored_path_and_matches_float64():
         mll32, g32 = _mll_and_grad(m32, low_rank=low_rank)
         assert abs(float(mll32) - float(mll64)) < 5e-5 * abs(float(mll64))
         assert float((g32.double() - g64).abs().max()) < 5e-3 * float(g64.abs().max())
+
+
+@pytest.mark.parametrize("d", [4, 6])
+def test_all_pairs_components_in_one_batched_kernel_equal_gpytorchs_per_component(d):
+    r"""The loops' all-pairs structure evaluates its ``d (d - 1) / 2`` RBF components as one
+    batched tensor in the factored likelihood; the likelihood with priors and its gradient in
+    every hyperparameter equal those from GPyTorch's kernel called per component."""
+    X, Y, _ = _data(20, d, False, seed=d)
+    model = WISKI(X, Y, **WISKI.loop_default_options(d))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # every component different, away from the defaults
+        for kernel in model.covar_module.kernels:
+            kernel.base_kernel.lengthscale = 0.2 + torch.rand(1, 2, generator=g, dtype=DT)
+            kernel.outputscale = 0.1 + torch.rand((), generator=g, dtype=DT)
+    assert model._stacked_rbf_blocks() is not None  # the batched path applies
+
+    def mll_and_grad():
+        model.zero_grad()
+        mll = model.marginal_log_likelihood(include_priors=True)
+        mll.backward()
+        return mll.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+    batched, g_batched = mll_and_grad()
+    model._stacked_rbf_blocks = lambda: None  # instance attribute: GPyTorch per component
+    per_component, g_per = mll_and_grad()
+    assert float((batched - per_component).abs()) < 1e-12 * abs(float(per_component))
+    assert float((g_batched - g_per).abs().max()) < 1e-9 * float(g_per.abs().max())
