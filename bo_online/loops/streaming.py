@@ -276,7 +276,7 @@ class StreamingLoop(OnlineLoop):
         r"""Fold stream rows ``rows`` (the ones ``ask`` returned) into the surrogate."""
         if self._pending is None or not torch.equal(torch.as_tensor(rows), self._pending["rows"]):
             raise ValueError("tell() must receive the rows the last ask() returned, in order.")
-        pending, self._pending = self._pending, None
+        pending = self._pending
         rows = pending["rows"]
         q = rows.numel()
         t0 = self._now()
@@ -287,6 +287,9 @@ class StreamingLoop(OnlineLoop):
             self._rebuild_rescaled(self.U_stream[:end], self.problem.y_stream[:end], q)
         else:
             self.model.update(self.U_stream[rows], self._model_targets(y))
+        # Only now are the asked rows told: where the surrogate refused them (an error that says
+        # what to change), the loop is as before and the same tell() can be tried again.
+        self._pending = None
         t_update = self._now() - t0
         self.position += q
         self.step_count += 1

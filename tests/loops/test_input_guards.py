@@ -397,6 +397,36 @@ def test_an_update_the_model_refuses_leaves_the_pool_rows_unlabelled(monkeypatch
         )
 
 
+def test_a_stream_update_the_model_refuses_can_be_told_again(monkeypatch):
+    """A stream's tell() forgot the asked rows before the surrogate took them: when the model
+    refused the update, the loop was unchanged but a second tell() of the same rows was refused
+    ("must receive the rows the last ask() returned"). Now the rows stay asked until the model
+    has them, and the retried step equals the step of a loop that never failed."""
+    from bo_online.loops import StreamingLoop
+
+    kw = dict(model="exact", q=2, n_init=6, seed=0, fit_max_iter=0)
+    loop, reference = StreamingLoop(_stream(), **kw), StreamingLoop(_stream(), **kw)
+    rows, expected_rows = loop.ask(), reference.ask()
+    update = loop.model.update
+
+    def refuse(*args, **kwargs):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(loop.model, "update", refuse)
+    with pytest.raises(ValueError, match="refused"):
+        loop.tell(rows)
+    assert loop.position == 6 and loop.step_count == 0 and loop.model.train_X.shape[0] == 6
+    monkeypatch.setattr(loop.model, "update", update)
+    record, expected = loop.tell(rows), reference.tell(expected_rows)
+    assert record["n"] == expected["n"] == 8 and loop.model.train_X.shape[0] == 8
+    assert record["prequential_nll"] == expected["prequential_nll"]
+    U = torch.rand(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loop.model.posterior(U).mean, reference.model.posterior(U).mean, rtol=0, atol=0
+        )
+
+
 def test_a_magnetometer_track_named_twice_is_refused(tmp_path):
     from bo_online.datasets import load_magnetometer
 
