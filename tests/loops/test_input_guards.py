@@ -361,6 +361,18 @@ def test_pool_candidates_fewer_than_q_and_bad_tell_indices_are_refused():
         assert torch.equal(loop.used, before) and loop.step_count == 0
 
 
+def _refuse(*args, **kwargs):
+    raise ValueError("refused")
+
+
+def _assert_same_posterior(model, reference) -> None:
+    U = torch.rand(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.posterior(U).mean, reference.posterior(U).mean, rtol=0, atol=0
+        )
+
+
 def test_an_update_the_model_refuses_leaves_the_pool_rows_unlabelled(monkeypatch):
     """The active loop marked the told rows labelled before the surrogate took them: when the
     model refused the update (a ValueError that says what to change), the rows stayed marked,
@@ -378,10 +390,7 @@ def test_an_update_the_model_refuses_leaves_the_pool_rows_unlabelled(monkeypatch
     used, chosen = loop.used.clone(), loop.chosen.clone()
     update = loop.model.update
 
-    def refuse(*args, **kwargs):
-        raise ValueError("refused")
-
-    monkeypatch.setattr(loop.model, "update", refuse)
+    monkeypatch.setattr(loop.model, "update", _refuse)
     with pytest.raises(ValueError, match="refused"):
         loop.tell(rows)
     assert torch.equal(loop.used, used) and torch.equal(loop.chosen, chosen)
@@ -390,11 +399,7 @@ def test_an_update_the_model_refuses_leaves_the_pool_rows_unlabelled(monkeypatch
     record = loop.tell(rows)  # the same rows again, now taken
     expected = reference.tell(rows)
     assert record["n"] == expected["n"] == 6 and loop.model.train_X.shape[0] == 6
-    U = torch.rand(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            loop.model.posterior(U).mean, reference.model.posterior(U).mean, rtol=0, atol=0
-        )
+    _assert_same_posterior(loop.model, reference.model)
 
 
 def test_a_stream_update_the_model_refuses_can_be_told_again(monkeypatch):
@@ -409,10 +414,7 @@ def test_a_stream_update_the_model_refuses_can_be_told_again(monkeypatch):
     rows, expected_rows = loop.ask(), reference.ask()
     update = loop.model.update
 
-    def refuse(*args, **kwargs):
-        raise ValueError("refused")
-
-    monkeypatch.setattr(loop.model, "update", refuse)
+    monkeypatch.setattr(loop.model, "update", _refuse)
     with pytest.raises(ValueError, match="refused"):
         loop.tell(rows)
     assert loop.position == 6 and loop.step_count == 0 and loop.model.train_X.shape[0] == 6
@@ -420,11 +422,7 @@ def test_a_stream_update_the_model_refuses_can_be_told_again(monkeypatch):
     record, expected = loop.tell(rows), reference.tell(expected_rows)
     assert record["n"] == expected["n"] == 8 and loop.model.train_X.shape[0] == 8
     assert record["prequential_nll"] == expected["prequential_nll"]
-    U = torch.rand(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            loop.model.posterior(U).mean, reference.model.posterior(U).mean, rtol=0, atol=0
-        )
+    _assert_same_posterior(loop.model, reference.model)
 
 
 def test_a_magnetometer_track_named_twice_is_refused(tmp_path):
