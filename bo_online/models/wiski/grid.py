@@ -258,7 +258,7 @@ def interp_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Te
     if not (grad_on and M.requires_grad):
         if grad_on and val.requires_grad:
             return _InterpMatmul.apply(fi, fv, M, chunk).reshape(*batch, n, c)
-        return _csr_matmul(fi, fv, M, chunk).reshape(*batch, n, c)
+        return _weights_matmul(fi, fv, M, chunk).reshape(*batch, n, c)
     # A gradient in M too (a fit through the factors): autograd through gathered rows.
     rows_per = max(1, chunk // max(1, K * c))
     out = []
@@ -341,7 +341,7 @@ class _InterpQuad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, idx: Tensor, val: Tensor, M: Tensor) -> Tensor:  # type: ignore[override]
         B, N, K = idx.shape
-        Y = _csr_matmul(idx.reshape(B * N, K), val.reshape(B * N, K), M).view(B, N, -1)
+        Y = _weights_matmul(idx.reshape(B * N, K), val.reshape(B * N, K), M).view(B, N, -1)
         Z = torch.gather(Y, -1, idx.reshape(B, 1, N * K).expand(B, N, N * K))  # B x N x NK
         # [b, j, i] = out[b, i, j]
         out = _contract(Z.view(B, N, N, K), val, "bjik,bik->bji", -3, -1)
@@ -377,7 +377,12 @@ _DENSE_W_MAX_RATIO = 48
 _GATHER_MAX_ROWS = 8
 
 
-def _csr_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tensor:
+def _stencil_rows(M: Tensor, idx: Tensor) -> Tensor:
+    r"""The rows of ``M`` (``m x c``) each of ``rows x K`` indices reads: ``rows x K x c``."""
+    return M.index_select(0, idx.reshape(-1)).view(*idx.shape, M.shape[-1])
+
+
+def _weights_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tensor:
     r"""``W M`` for ``rows x K`` weights and a dense ``m x c`` ``M`` (no autograd), ``rows x c``.
 
     Three routes to the same product, by cost: a gather of the ``K`` rows of ``M`` that each
@@ -392,9 +397,8 @@ def _csr_matmul(idx: Tensor, val: Tensor, M: Tensor, chunk: int = 2**22) -> Tens
         per = max(1, chunk // max(1, K * c))
         out = M.new_empty(rows, c)
         for start in range(0, rows, per):
-            ii, vv = idx[start : start + per], val[start : start + per]
-            picked = M.index_select(0, ii.reshape(-1)).view(ii.shape[0], K, c)
-            out[start : start + per] = (vv.unsqueeze(-2) @ picked).squeeze(-2)
+            picked = _stencil_rows(M, idx[start : start + per])
+            out[start : start + per] = (val[start : start + per].unsqueeze(-2) @ picked).squeeze(-2)
         return out
     if m <= _DENSE_W_MAX_RATIO * K:
         per = max(1, chunk // m)
@@ -428,7 +432,7 @@ class _InterpMatmul(torch.autograd.Function):
     def forward(ctx, idx: Tensor, val: Tensor, M: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(idx, M)
         ctx.chunk = chunk
-        return _csr_matmul(idx, val, M, chunk)
+        return _weights_matmul(idx, val, M, chunk)
 
     @staticmethod
     @once_differentiable
@@ -445,8 +449,7 @@ class _InterpMatmul(torch.autograd.Function):
             return None, dval, None, None
         per = max(1, ctx.chunk // max(1, K * c))
         for start in range(0, rows, per):
-            ii = idx[start : start + per]
-            picked = M.index_select(0, ii.reshape(-1)).view(ii.shape[0], K, c)
+            picked = _stencil_rows(M, idx[start : start + per])
             dval[start : start + per] = (picked @ grad[start : start + per].unsqueeze(-1)).squeeze(
                 -1
             )
