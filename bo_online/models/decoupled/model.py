@@ -4,6 +4,7 @@ conditioning, objectives, fitting)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -67,6 +68,20 @@ class DecoupledSVGP(
         outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
             standardised internally); any other outcome transform is refused.
         seed: seed for the random choices (basis seeding, minibatches).
+        warm_start_points: data points the closed-form warm start of ``a, B`` uses.
+        max_basis_growth: covariance bases conditioning may add beyond the cap before a fit
+            compresses them.
+        exact_fit_points: size of the random subset whose exact marginal likelihood the default
+            fit maximises (all held points when n is smaller); beyond it the hyperparameters
+            are refined on the collapsed bound of the bases while the mean bases are fewer than
+            this many (see :meth:`~bo_online.models.decoupled.DecoupledSVGP.fit`).
+        hyperparameter_refit_growth: once the default fit's objective sees a random subset of
+            fixed size (n above ``exact_fit_points``, or above 2,048 when it refines on the
+            bound), retrain the hyperparameters only when n has grown by this factor since they
+            were last trained; the fits in between keep them, re-select the bases and re-solve
+            ``a, B`` on all held data. 1 (default): retrain at every fit. A long stream's
+            default is 2 (``StreamingLoop.STREAM_MODEL_DEFAULTS``): a fresh subset of the same
+            size adds no information on an unchanging stream.
         lengthscale_init: starting lengthscales of the default kernel. ``"prior"`` (default):
             BoTorch's (the mode of the dimension-scaled prior), where ``SingleTaskGP`` and
             :class:`~bo_online.models.exact.OnlineExactGP` start, so the default fit on small
@@ -115,6 +130,7 @@ class DecoupledSVGP(
         max_basis_growth: int = 128,
         exact_fit_points: int = 512,
         lengthscale_init: Literal["prior", "median"] = "prior",
+        hyperparameter_refit_growth: float = 1.0,
     ) -> None:
         dtype, device = train_X.dtype, train_X.device
         if lengthscale_init not in ("prior", "median"):
@@ -158,6 +174,15 @@ class DecoupledSVGP(
                 f"Need max_basis_growth >= 0 and exact_fit_points >= 1, got {max_basis_growth} "
                 f"and {exact_fit_points}."
             )
+        growth = hyperparameter_refit_growth
+        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not growth >= 1:
+            raise ValueError(
+                f"hyperparameter_refit_growth must be a number >= 1 (1: retrain the "
+                f"hyperparameters at every fit), got {growth!r}."
+            )
+        if not math.isfinite(growth):
+            raise ValueError(f"hyperparameter_refit_growth must be finite, got {growth!r}.")
+        self.hyperparameter_refit_growth = float(growth)
         self.max_basis_growth = int(max_basis_growth)
         self.exact_fit_points = int(exact_fit_points)
         self.seed = int(seed)
@@ -192,6 +217,8 @@ class DecoupledSVGP(
         # _fold): Q = K_ZX N^{-1} K_XZ (M_alpha x M_alpha), s = K_ZX N^{-1} (y - c) (M_alpha).
         # Set once the hyperparameters were refined on the collapsed bound (see _fit_auto).
         self.register_buffer("collapsed_fit", None)
+        # n when the default fit last trained the hyperparameters (see _hyperparameters_due)
+        self.register_buffer("hyperparameters_fit_n", None)
         self.register_buffer("site_Q", None)
         self.register_buffer("site_s", None)
         # Set only while state_dict or load_state_dict runs (see _save_to_state_dict):
@@ -343,7 +370,7 @@ class DecoupledSVGP(
             # Formed now: a pending formation would overwrite the loaded L and chol_H, and a
             # failed load restores a complete state.
             self._materialise_covariance()
-        names = ("site_Q", "site_s", "collapsed_fit")
+        names = ("site_Q", "site_s", "collapsed_fit", "hyperparameters_fit_n")
         before = {name: self._buffers[name] for name in names}
         generator = self._generator.get_state()
         kept = self.__dict__.get("_kept_fold_factors")
