@@ -1075,7 +1075,20 @@ def problem_from_checkpoint(
         raise ValueError(
             resume_in_python_advice(f"{kind} was built in Python", out_dir, ckpt.get("kind"))
         )
-    return make_problem(ckpt["problem"], data_dir=data_dir)
+    rebuilt = make_problem(ckpt["problem"], data_dir=data_dir)
+    # A shared data set is read again from the data directory, which may hold another version
+    # of it (another --data-dir, a replaced file): its rows must be the run's.
+    expected = ckpt.get("problem_digest")
+    if expected is not None and problem_digest(rebuilt) != expected:
+        from bo_online.datasets import resolve_data_dir
+
+        raise DataChangedError(
+            f"The {getattr(rebuilt, 'name', kind)!r} data read from the data directory "
+            f"{str(resolve_data_dir(data_dir))!r} differ from the rows this run started on; "
+            "point --data-dir (or $BO_ONLINE_DATA_DIR) at the data the run started with, or "
+            "start a new run (--overwrite)."
+        )
+    return rebuilt
 
 
 def _shared_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -847,3 +847,40 @@ def test_resume_refuses_a_problem_with_other_data_and_leaves_the_run_as_it_was(t
             load_loop(tmp_path / "b", problem=other)
     same = CallableProblem(bowl, bounds=[[0.0, 0.0], [1.0, 2.0]], name="bowl")
     assert load_loop(tmp_path / "b", problem=same).run(2)[-1]["step"] == 2
+
+
+def _yacht_like(data_dir: Path, shift: float = 0.0) -> Path:
+    """A synthetic stand-in for the shared ``uci/yacht`` set (308 rows, 6 inputs, 10 splits)
+    under ``data_dir``; ``shift``: added to every target (another version of the set)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(308, 6))
+    y = np.sin(3 * X).sum(-1) + shift
+    mask = (np.arange(308)[:, None] % 10 == np.arange(10)[None, :]).astype(float)
+    folder = data_dir / "uci" / "yacht"
+    folder.mkdir(parents=True)
+    np.savetxt(folder / "data.csv.gz", np.c_[X, y], delimiter=",")
+    np.savetxt(folder / "test_mask.csv.gz", mask, delimiter=",", fmt="%d")
+    return data_dir
+
+
+def test_resume_refuses_a_shared_data_set_that_changed_since_the_run_started(tmp_path):
+    r"""A run on a shared data set (a UCI stream, the magnetometer pool) rebuilds its problem on
+    resume from the data directory; the checkpoint's digest of the rows was compared only with
+    a problem passed by hand, so a resume on another version of the set (another --data-dir,
+    or the file replaced) went on silently with other rows than the run's. Now refused, with
+    the run's files untouched; the same data still resume exactly."""
+    original = _yacht_like(tmp_path / "a")
+    other = _yacht_like(tmp_path / "b", shift=1e-6)
+    kw = dict(model="exact", n_init=10, eval_every=2, refit_every=0, init_fit_max_iter=5)
+    stream = uci_problem("yacht", max_stream=20, max_test=10, data_dir=original)
+    reference = StreamingLoop(stream, **kw).run(4)
+    StreamingLoop(stream, out_dir=tmp_path / "run", **kw).run(2)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    with pytest.raises(DataChangedError, match=r"differ from the rows this run started on"):
+        load_loop(tmp_path / "run", data_dir=other)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == files
+    assert not (tmp_path / "run" / ".lock").exists()
+    resumed = load_loop(tmp_path / "run", data_dir=original).run(4)
+    assert without_timing(resumed) == without_timing(reference)
