@@ -253,13 +253,17 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
     import torch
 
     from bo_online.loops import BayesOptLoop, load_loop
+    from bo_online.loops.history import RunFileError
     from bo_online.problems import synthetic_problem
 
     torch.set_num_threads(1)  # one campaign per worker thread
     run_dir = Path(run_dir)
     done = _done_steps(run_dir)
     if done is not None:
-        loop = load_loop(run_dir, quiet=True)
+        try:
+            loop = load_loop(run_dir, quiet=True)
+        except RunFileError as e:
+            raise _sweep_advice(e, run_dir) from e
         status = "resumed"
     else:
         p = campaign.problem
@@ -276,6 +280,21 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
         status = "ran"
     records = loop.run(campaign.steps)
     return _summary(campaign, records, status)
+
+
+#: the advice of a run that cannot be resumed (bo-online resume), for an option the sweep lacks
+_RESUME_ADVICE = "start the run again with --overwrite"
+
+
+def _sweep_advice(error: Exception, run_dir: Path) -> Exception:
+    r"""``error`` (a campaign's run that cannot be resumed) with its advice to start the run again
+    with ``--overwrite``, an option of ``bo-online bo`` that the sweep lacks, replaced by what
+    does it for a sweep: deleting the campaign's directory and running the sweep again."""
+    message = str(error)
+    if _RESUME_ADVICE not in message:
+        return error
+    advice = f"delete {str(run_dir)!r} and run the sweep again to start this campaign afresh"
+    return type(error)(message.replace(_RESUME_ADVICE, advice))
 
 
 def _summary(campaign: Campaign, records: list[dict[str, Any]], status: str) -> dict[str, Any]:

@@ -421,6 +421,32 @@ def test_sweep_refuses_campaigns_that_ran_with_other_options(tmp_path):
     assert (out / first.name / "checkpoint.pt").stat().st_mtime_ns == stamp
 
 
+def test_a_damaged_campaign_says_how_to_run_it_again_with_the_sweep(tmp_path):
+    """A campaign whose checkpoint is damaged (or does not match its configuration) stopped
+    the sweep with the advice of `bo-online resume`, "start the run again with --overwrite":
+    the sweep has no such option. It now says to delete the campaign's directory and run the
+    sweep again, which then runs that campaign afresh."""
+    import dataclasses
+    import shutil
+
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 0").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    run_dir = out / c.name
+    run_campaign(c, run_dir)  # in-process: the initial design only
+    checkpoint = run_dir / history.CHECKPOINT_FILE
+    checkpoint.write_bytes(checkpoint.read_bytes()[:3000])
+    with pytest.raises(history.RunFileError, match="damaged or truncated") as e:
+        run_campaign(dataclasses.replace(c, steps=1), run_dir)
+    message = str(e.value)
+    assert "--overwrite" not in message
+    assert f"delete {str(run_dir)!r} and run the sweep again" in message
+    shutil.rmtree(run_dir)  # as the message says
+    assert run_campaign(dataclasses.replace(c, steps=1), run_dir)["status"] == "ran"
+
+
 def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
     """A campaign that ran further than the spec's steps (lowered since, or seeds added with
     fewer steps) was tabulated at its last step: the mean over seeds mixed budgets."""
