@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -70,8 +71,15 @@ def connect(address: str) -> Any:
         n = address.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"--dask local:N needs a worker count N >= 1, got {address!r}.")
+        # Its workers print on this terminal: below CRITICAL, Dask logs every task that raised
+        # (a failing objective, a campaign that cannot resume) as a "Compute Failed" report with
+        # a raw traceback, on top of the failure record or one-line error the loop gives for it.
         cluster = LocalCluster(
-            n_workers=int(n), threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=int(n),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.CRITICAL,
         )
         return Client(cluster)
     if "://" not in address:

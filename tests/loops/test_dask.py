@@ -639,3 +639,23 @@ def test_an_interrupted_sweep_says_to_run_the_sweep_again(tmp_path, capsys, monk
 
     cli._run(_Run(), 1)
     assert cli._ACTIVE_SWEEP == []
+
+
+def test_a_task_that_raises_on_a_local_cluster_prints_no_dask_traceback(capfd):
+    """On the CLI's LocalCluster (--dask local:N, and bo-online sweep), every task that raised
+    (an objective failing, a campaign that cannot be resumed) made its worker log Dask's
+    multi-line "Compute Failed" report with a raw traceback on the terminal, around the
+    one-line error or failure record the loop gives for it."""
+    from bo_online.loops.async_bo import connect
+
+    client = connect("local:1")
+    cluster = client.cluster
+    try:
+        future = client.submit(_square_or_raise, 3, pure=False)
+        assert str(future.exception(timeout=60)) == "job 3 failed"
+        assert client.submit(_square_or_raise, 2, pure=False).result(timeout=60) == 4
+    finally:
+        client.close()
+        cluster.close()
+    err = capfd.readouterr().err
+    assert "Compute Failed" not in err and "Traceback" not in err
