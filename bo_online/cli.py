@@ -651,13 +651,24 @@ def _resume_hint() -> str:
     return f"continue the run with `{command}`"
 
 
-def _run_async(loop: Any, steps: int | None) -> None:
+def _run_async(loop: Any, steps: int | None, address: str) -> None:
+    r"""``loop.run(steps)`` on the cluster at ``address``; stopped by ``--max-failures``, one line
+    with the command that continues the run: with ``--dask`` and a limit that allows as many
+    failures again (the count runs over the whole run, so the old one stops it at once)."""
+    import shlex
+
     from bo_online.loops.async_bo import TooManyFailures
 
     try:
         _run(loop, steps)
     except TooManyFailures as e:
-        _fail(str(e), 1)
+        limit = loop.failures + loop.config["max_failures"]
+        command = f"{_resume_command(loop)} --dask {shlex.quote(address)} --max-failures {limit}"
+        _fail(
+            f"{str(e).removesuffix(TooManyFailures.ADVICE)}Fix the objective, then continue the "
+            f"run with `{command}` (failures count over the whole run: {loop.failures} so far).",
+            1,
+        )
 
 
 def _executor(workers: int) -> Executor | None:
@@ -892,7 +903,7 @@ def bo(
         )
         with _dask_client(dask) as client:
             loop = AsyncBayesOptLoop(prob, client, max_failures=max_failures, **bo_options)
-            _run_async(loop, steps)
+            _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return
     executor = _executor(workers)
@@ -1358,7 +1369,7 @@ def resume(
             _check_resume_steps(loop, steps)
             if max_failures is not None:
                 loop.config["max_failures"] = int(max_failures)
-            _run_async(loop, steps)
+            _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return
     loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)

@@ -61,6 +61,9 @@ ASYNC_ACQUISITIONS = ("qucb", "qlognei", "ts")
 class TooManyFailures(RuntimeError):
     """More objective evaluations failed than the loop's ``max_failures`` allows."""
 
+    #: the advice that ends the message (the CLI replaces it by the command that resumes)
+    ADVICE = "Fix the objective, then resume the run."
+
 
 def connect(address: str) -> Any:
     r"""A ``distributed.Client`` for ``local:N`` (a new ``LocalCluster`` of ``N`` single-threaded
@@ -421,7 +424,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             raise TooManyFailures(
                 f"{self.failures} objective evaluations failed (more than "
                 f"max_failures={self.config['max_failures']}); last error: "
-                f"{record['error']}. Fix the objective, then resume the run."
+                f"{record['error']}. {TooManyFailures.ADVICE}"
             )
         if not record.get("failed"):
             advance()

@@ -659,3 +659,67 @@ def test_a_task_that_raises_on_a_local_cluster_prints_no_dask_traceback(capfd):
         cluster.close()
     err = capfd.readouterr().err
     assert "Compute Failed" not in err and "Traceback" not in err
+
+
+def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_path, capsys):
+    """`bo-online bo --dask ...` stopped by --max-failures ended with "Fix the objective, then
+    resume the run.": no command, while resuming it needs --objective, --dask and a higher
+    --max-failures (the count runs over the whole run, so the old limit stops it again at its
+    next failure). The message now gives that command, which continues the run."""
+    import contextlib
+    import shlex
+
+    import bo_online.cli as cli
+
+    flag = tmp_path / "broken"
+    objective = tmp_path / "sometimes.py"
+    objective.write_text(
+        "import os\n\n"
+        "def f(X):\n"
+        f"    if os.path.exists({str(flag)!r}):\n"
+        "        raise RuntimeError('sensor offline')\n"
+        "    return (X ** 2).sum(-1)\n"
+    )
+    spec, out = f"{objective}:f", tmp_path / "run"
+    fast = ["--n-init", "3", "--fit-max-iter", "5", "--num-restarts", "2", "--raw-samples", "32"]
+    fast += ["--acqf-maxiter", "20", "--acq", "ts", "--quiet", "--no-plots"]
+    first = ["bo", "--objective", spec, "--bounds", "0,1 0,1", "--steps", "2", "--out", str(out)]
+    # the CLI's cluster is the module's (started once): local:2 names it
+    cli_client = lambda address: contextlib.nullcontext(client)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_dask_client", cli_client)
+        cli.main([*first, "--dask", "local:2", "--checkpoint-seconds", "0", *fast])
+        flag.touch()  # every evaluation after the first two steps fails
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            cli.main(
+                [
+                    "resume",
+                    str(out),
+                    "--objective",
+                    spec,
+                    "--steps",
+                    "4",
+                    "--dask",
+                    "local:2",
+                    "--max-failures",
+                    "1",
+                    "--quiet",
+                    "--no-plots",
+                ]
+            )
+        assert e.value.code == 1
+        line = capsys.readouterr().err.strip().splitlines()[-1]  # (after any warnings)
+        assert line.startswith("bo-online: error:") and "more than max_failures=1" in line
+        assert line.count("`") == 2
+        command = line.split("`")[1]
+        failures = history.load_checkpoint(out / history.CHECKPOINT_FILE)["state"]["failures"]
+        assert command == (
+            f"bo-online resume {shlex.quote(str(out))} --objective {shlex.quote(spec)} "
+            f"--dask local:2 --max-failures {failures + 1}"
+        )
+        flag.unlink()  # the objective fixed: the command continues the run
+        argv = shlex.split(command)[1:]
+        cli.main([*argv, "--steps", "4", "--quiet", "--no-plots"])
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert (ckpt["step_count"], ckpt["state"]["failures"]) == (4, failures)
