@@ -1355,6 +1355,8 @@ def resume(
         load_loop(run_dir)  # raises the advice for a run stopped before its first checkpoint
     _check(ckpt_path.is_file(), f"No checkpoint in {str(run_dir)!r}: nothing to resume.")
     ckpt = history.load_checkpoint(ckpt_path)
+    # before the run is loaded, which rewrites its records from the checkpoint
+    _check_resume_steps(int(ckpt.get("step_count", 0)), steps)
     user_problem = check_resume(ckpt["config"].get("objective"), objective)
     _check(
         dask is None or ckpt.get("kind") == "bo_async",
@@ -1366,22 +1368,21 @@ def resume(
             loop = load_loop(
                 run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, client=client
             )
-            _check_resume_steps(loop, steps)
             if max_failures is not None:
                 loop.config["max_failures"] = int(max_failures)
             _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return
     loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
-    _check_resume_steps(loop, steps)
     _run(loop, steps)
     _finish(loop, plots, quiet)
 
 
-def _check_resume_steps(loop: Any, steps: int | None) -> None:
+def _check_resume_steps(done: int, steps: int | None) -> None:
+    r"""Refuse a ``--steps`` below the ``done`` steps of the run's checkpoint."""
     _check(
-        steps is None or steps >= loop.step_count,
-        f"--steps {steps} is below the {loop.step_count} steps this run has already done; "
+        steps is None or steps >= done,
+        f"--steps {steps} is below the {done} steps this run has already done; "
         "pass a larger --steps to extend it, or leave it out to finish the original target.",
     )
 

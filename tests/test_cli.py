@@ -590,3 +590,39 @@ def test_overwrite_failing_in_the_initial_design_does_not_advise_resuming(tmp_pa
     assert code == 1, err
     assert "run the same command again" in err and "resume" not in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_resume_with_too_few_steps_leaves_the_run_files_as_they_were(tmp_path, capsys):
+    """`bo-online resume DIR --steps N` with N below the steps done was refused only after the
+    run had been loaded, which rewrites records.jsonl from the checkpoint: the records of the
+    steps after the last checkpoint (a run killed between checkpoints) were gone though the
+    command did nothing. It is now refused before the run is loaded."""
+    from bo_online.loops import BayesOptLoop, read_records
+    from bo_online.problems import synthetic_problem
+
+    out = tmp_path / "run"
+    small = {"num_restarts": 2, "raw_samples": 16, "maxiter": 20}
+    loop = BayesOptLoop(
+        synthetic_problem("branin"),
+        model="exact",
+        n_init=3,
+        fit_max_iter=5,
+        optimizer_options=small,
+        checkpoint_every=2,
+        out_dir=out,
+    )
+
+    def killed_after_step_3(record):  # checkpointed at step 2, step 3 recorded only
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(steps=4, callback=killed_after_step_3)
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = _run(["resume", str(out), "--steps", "1", "--quiet", "--no-plots"], capsys)
+    assert code == 2
+    assert (
+        err.startswith("bo-online: error: --steps 1 is below the 2 steps") and err.count("\n") == 1
+    ), err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
