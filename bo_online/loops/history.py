@@ -118,12 +118,24 @@ def resume_command(out_dir: Path | str, objective: str | None = None) -> str:
     return f"bo-online resume {shlex.quote(str(out_dir))}{given}"
 
 
+def _objective_of(out_dir: Path) -> str | None:
+    r"""The ``--objective`` spec of the run in ``out_dir`` (from its configuration), which its
+    resume needs; None for a run of a shipped problem, or where the configuration is unreadable."""
+    try:
+        config = json.loads((out_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        spec = config["objective"]["objective"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return spec if isinstance(spec, str) else None
+
+
 def _write_error(path: Path, e: OSError) -> RunFileError:
     r"""One line for a failed write into a run directory (full disk, permissions): what to do,
     and whether the run can be resumed (a checkpoint exists) or must be started again."""
     out_dir = path.parent
     then = (
-        f"then continue from the last checkpoint with `{resume_command(out_dir)}`"
+        f"then continue from the last checkpoint with "
+        f"`{resume_command(out_dir, _objective_of(out_dir))}`"
         if (out_dir / CHECKPOINT_FILE).is_file()
         else "then start the run again (no checkpoint was written yet)"
     )

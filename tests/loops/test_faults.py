@@ -457,6 +457,37 @@ def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
     assert without_timing(read_records(out)) == _reference(4)
 
 
+def test_full_disk_in_a_run_of_a_user_objective_names_its_resume_command(tmp_path, monkeypatch):
+    """A failed write into the run directory (full disk) advised `bo-online resume DIR`, which a
+    run of a user objective refuses without its --objective. The advice now names it, and the
+    command, run as written, finishes the run."""
+    import shlex
+
+    from bo_online.cli import main
+    from bo_online.objectives import objective_problem
+
+    (tmp_path / "obj.py").write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    spec, out = f"{tmp_path / 'obj.py'}:f", tmp_path / "run"
+    loop = BayesOptLoop(objective_problem(spec, "0,1 0,1"), seed=3, out_dir=out, **FAST)
+    real = history._append_line
+    calls = {"n": 0}
+
+    def flaky(path, line):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real(path, line)
+
+    monkeypatch.setattr(history, "_append_line", flaky)
+    with pytest.raises(history.RunFileError, match="No space left") as e:
+        loop.run(4)
+    monkeypatch.setattr(history, "_append_line", real)
+    command = str(e.value).split("`")[1]
+    assert command == f"bo-online resume {shlex.quote(str(out))} --objective {shlex.quote(spec)}"
+    main([*shlex.split(command)[1:], "--quiet", "--no-plots"])
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]
+
+
 # ------------------------------------------------------------------------------ CLI values
 
 
