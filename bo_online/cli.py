@@ -613,20 +613,25 @@ _ACTIVE_RUN: list[tuple[Any, Path, str]] = []
 _ACTIVE_SWEEP: list[bool] = []
 
 
-def _resume_command(loop: Any) -> str:
+def _resume_command(loop: Any, address: str | None = None) -> str:
     r"""``bo-online resume DIR`` for ``loop``'s run, with the ``--objective`` that a run of a
-    user objective must be given again."""
+    user objective must be given again, and ``--dask address`` (the cluster it ran on) for an
+    asynchronous run, which resumes only on a cluster."""
+    import shlex
+
     from bo_online.loops.history import resume_command
 
     spec = getattr(getattr(loop, "problem", None), "objective_spec", None)
-    return resume_command(loop.out_dir, spec["objective"] if spec else None)
+    command = resume_command(loop.out_dir, spec["objective"] if spec else None)
+    return command if address is None else f"{command} --dask {shlex.quote(address)}"
 
 
-def _run(loop: Any, steps: int | None) -> None:
-    """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM."""
+def _run(loop: Any, steps: int | None, address: str | None = None) -> None:
+    """``loop.run(steps)``, remembering its run directory for the message on Ctrl-C/SIGTERM
+    (``address``: the Dask cluster of an asynchronous run)."""
     _ACTIVE_SWEEP.clear()
     if getattr(loop, "out_dir", None) is not None:
-        _ACTIVE_RUN[:] = [(loop, Path(loop.out_dir), _resume_command(loop))]
+        _ACTIVE_RUN[:] = [(loop, Path(loop.out_dir), _resume_command(loop, address))]
     loop.run(steps)
 
 
@@ -655,15 +660,13 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
     r"""``loop.run(steps)`` on the cluster at ``address``; stopped by ``--max-failures``, one line
     with the command that continues the run: with ``--dask`` and a limit that allows as many
     failures again (the count runs over the whole run, so the old one stops it at once)."""
-    import shlex
-
     from bo_online.loops.async_bo import TooManyFailures
 
     try:
-        _run(loop, steps)
+        _run(loop, steps, address)
     except TooManyFailures as e:
         limit = loop.failures + loop.config["max_failures"]
-        command = f"{_resume_command(loop)} --dask {shlex.quote(address)} --max-failures {limit}"
+        command = f"{_resume_command(loop, address)} --max-failures {limit}"
         _fail(
             f"{str(e).removesuffix(TooManyFailures.ADVICE)}Fix the objective, then continue the "
             f"run with `{command}` (failures count over the whole run: {loop.failures} so far).",

@@ -723,3 +723,39 @@ def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_pat
         cli.main([*argv, "--steps", "4", "--quiet", "--no-plots"])
     ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
     assert (ckpt["step_count"], ckpt["state"]["failures"]) == (4, failures)
+
+
+def test_an_interrupted_asynchronous_run_says_to_resume_it_on_a_cluster(client, tmp_path, capsys):
+    """Ctrl-C on `bo-online bo --dask ...` advised `bo-online resume DIR`, which an asynchronous
+    run refuses without --dask. The advice now gives the cluster, and the command, run as
+    written, finishes the run."""
+    import contextlib
+    import shlex
+
+    import bo_online.cli as cli
+
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--steps", "3", "--n-init", "3", "--acq", "ts"]
+    argv += ["--fit-max-iter", "5", "--out", str(out), "--quiet", "--no-plots"]
+    real_run = AsyncBayesOptLoop.run
+
+    def interrupted_after_step_1(self, steps=None, callback=None):
+        def stop(record):
+            if record["step"] == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: a checkpoint, then stop
+
+        return real_run(self, steps, callback=stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(client))
+        mp.setattr(AsyncBayesOptLoop, "run", interrupted_after_step_1)
+        with pytest.raises(SystemExit) as e:
+            cli.main([*argv, "--dask", "local:2"])
+        assert e.value.code == 130
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith("bo-online: error: interrupted; continue the run with `"), line
+        command = line.split("`")[1]
+        assert command == f"bo-online resume {shlex.quote(str(out))} --dask local:2"
+        mp.setattr(AsyncBayesOptLoop, "run", real_run)
+        cli.main([*shlex.split(command)[1:], "--quiet", "--no-plots"])
+    assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 3
