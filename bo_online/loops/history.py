@@ -118,15 +118,20 @@ def resume_command(out_dir: Path | str, objective: str | None = None) -> str:
     return f"bo-online resume {shlex.quote(str(out_dir))}{given}"
 
 
-def _objective_of(out_dir: Path) -> str | None:
-    r"""The ``--objective`` spec of the run in ``out_dir`` (from its configuration), which its
-    resume needs; None for a run of a shipped problem, or where the configuration is unreadable."""
+def _resume_command_of(out_dir: Path) -> str:
+    r"""The command that resumes the run in ``out_dir``, from its configuration: with the
+    ``--objective`` of a run of a user objective, and ``--dask`` for an asynchronous run (both
+    refused without); plain where the configuration is unreadable."""
     try:
         config = json.loads((out_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-        spec = config["objective"]["objective"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return spec if isinstance(spec, str) else None
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        return resume_command(out_dir)
+    objective = config.get("objective")
+    spec = objective.get("objective") if isinstance(objective, dict) else None
+    command = resume_command(out_dir, spec if isinstance(spec, str) else None)
+    return command + (" --dask local:N" if config.get("kind") == "bo_async" else "")
 
 
 def _write_error(path: Path, e: OSError) -> RunFileError:
@@ -134,8 +139,7 @@ def _write_error(path: Path, e: OSError) -> RunFileError:
     and whether the run can be resumed (a checkpoint exists) or must be started again."""
     out_dir = path.parent
     then = (
-        f"then continue from the last checkpoint with "
-        f"`{resume_command(out_dir, _objective_of(out_dir))}`"
+        f"then continue from the last checkpoint with `{_resume_command_of(out_dir)}`"
         if (out_dir / CHECKPOINT_FILE).is_file()
         else "then start the run again (no checkpoint was written yet)"
     )

@@ -488,6 +488,24 @@ def test_full_disk_in_a_run_of_a_user_objective_names_its_resume_command(tmp_pat
     assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]
 
 
+def test_full_disk_in_an_asynchronous_run_names_its_cluster_option(tmp_path, monkeypatch):
+    """The advice after a failed write in an asynchronous (Dask) run was `bo-online resume DIR`,
+    which such a run refuses without --dask."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / history.CHECKPOINT_FILE).write_bytes(b"")  # (a checkpoint exists: resumable)
+    history.write_json(out / history.CONFIG_FILE, {"kind": "bo_async", "objective": None})
+
+    def full(path, line):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(history, "_append_line", full)
+    with pytest.raises(history.RunFileError) as e:
+        history.append_record(out / history.RECORDS_FILE, {"step": 1})
+    command = str(e.value).split("`")[1]
+    assert command == f"bo-online resume {out} --dask local:N"
+
+
 # ------------------------------------------------------------------------------ CLI values
 
 
