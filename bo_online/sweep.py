@@ -136,6 +136,12 @@ def campaigns(spec: dict[str, Any]) -> list[Campaign]:
         if a not in ACQUISITIONS or a == "qnipv":
             raise ValueError(f"Unknown acquisition {a!r} in the sweep spec.")
     options = dict(spec.get("options", {}))
+    for key in sorted(_TABLE_OPTIONS & set(options)):
+        if not isinstance(options[key], dict):
+            raise ValueError(
+                f"[options] {key} must be a table ({key} = {{name = value, ...}}), "
+                f"got {options[key]!r}."
+            )
     reserved = sorted(set(options) & _SET_PER_CAMPAIGN)
     if reserved:
         raise ValueError(
@@ -176,6 +182,8 @@ def campaigns(spec: dict[str, Any]) -> list[Campaign]:
     return runs
 
 
+#: BayesOptLoop options that are tables of named values
+_TABLE_OPTIONS = {"acq_options", "optimizer_options", "model_options", "fit_options"}
 #: BayesOptLoop arguments a campaign sets itself
 _SET_PER_CAMPAIGN = {"problem", "model", "acq", "seed", "out_dir", "overwrite", "quiet", "steps"}
 

@@ -529,6 +529,10 @@ def test_sweep_spec_errors(tmp_path):
             "optimizer_options = {num_restarts = 4, raw_samples = 2}\n",
             "raw_samples",
         ),
+        # an option that must be a table, given a number or a list: a raw TypeError
+        ("problems = ['branin']\nseeds = [0]\n[options]\nacq_options = 3\n", "a table"),
+        ("problems = ['branin']\nseeds = [0]\n[options]\nacq_options = [1]\n", "a table"),
+        ("problems = ['branin']\nseeds = [0]\n[options]\nmodel_options = 3\n", "a table"),
     ]:
         bad.write_text(base + body)
         with pytest.raises(ValueError, match=message):
