@@ -113,6 +113,12 @@ def _problem(entry: Any) -> dict[str, Any]:
     if isinstance(entry, str):
         return {"name": entry, "dim": None, "noise": 0.0}
     if isinstance(entry, dict) and "name" in entry and set(entry) <= {"name", "dim", "noise"}:
+        dim = entry.get("dim")
+        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
+            raise ValueError(
+                f"Problem {entry['name']!r}: give an integer 'dim' (the number of inputs), "
+                f"got {dim!r}."
+            )
         return {
             "name": entry["name"],
             "dim": entry.get("dim"),

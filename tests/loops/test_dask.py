@@ -529,6 +529,11 @@ def test_sweep_spec_errors(tmp_path):
             "optimizer_options = {num_restarts = 4, raw_samples = 2}\n",
             "raw_samples",
         ),
+        # a dimension that is not an integer: the problem was built with int(dim) (3), the
+        # campaign named for 3.5
+        ("problems = [{name = 'levy', dim = 3.5}]\nseeds = [0]\n", "integer 'dim'"),
+        ("problems = [{name = 'levy', dim = '3'}]\nseeds = [0]\n", "integer 'dim'"),
+        ("problems = [{name = 'levy', dim = true}]\nseeds = [0]\n", "integer 'dim'"),
         # an option that must be a table, given a number or a list: a raw TypeError
         ("problems = ['branin']\nseeds = [0]\n[options]\nacq_options = 3\n", "a table"),
         ("problems = ['branin']\nseeds = [0]\n[options]\nacq_options = [1]\n", "a table"),
