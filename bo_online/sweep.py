@@ -100,7 +100,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(spec.get(key), list) or not spec[key]:
             raise ValueError(f"{path}: {key!r} must be a non-empty list.")
     steps = spec.get("steps")
-    if not isinstance(steps, int) or steps < 0:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"{path}: 'steps' must be an integer >= 0, got {steps!r}.")
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec["seeds"]):
         raise ValueError(f"{path}: 'seeds' must be integers >= 0, got {spec['seeds']!r}.")

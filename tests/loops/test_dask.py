@@ -542,6 +542,12 @@ def test_sweep_spec_errors(tmp_path):
         bad.write_text(base + body)
         with pytest.raises(ValueError, match=message):
             campaigns(load_spec(bad))
+    # a boolean is no number of steps (TOML's true was taken as steps = 1)
+    bad.write_text(
+        base.replace("steps = 3", "steps = true") + "problems = ['branin']\nseeds = [0]\n"
+    )
+    with pytest.raises(ValueError, match="'steps' must be an integer"):
+        load_spec(bad)
     # model options reach the model only when it is built: checked on a model of a few points
     bad.write_text(
         base + "problems = ['branin']\nseeds = [0]\n[options.model_options]\nbogus = 1\n"
