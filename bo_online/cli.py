@@ -1412,6 +1412,11 @@ def sweep(
     from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
 
     campaigns(load_spec(spec))  # bad specs fail before a cluster starts
+    _check(
+        not out.exists() or out.is_dir(),
+        f"--out {str(out)!r} is a file; --out names the directory that holds one run "
+        "directory per campaign.",
+    )
     _ACTIVE_SWEEP[:] = [True]  # the message on Ctrl-C / SIGTERM
     with _dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
         summaries = run_sweep(spec, out, client)

@@ -774,3 +774,21 @@ def test_an_interrupted_asynchronous_run_says_to_resume_it_on_a_cluster(client, 
         mp.setattr(AsyncBayesOptLoop, "run", real_run)
         cli.main([*shlex.split(command)[1:], "--quiet", "--no-plots"])
     assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 3
+
+
+def test_sweep_out_naming_a_file_is_refused_before_a_cluster_starts(tmp_path, capsys):
+    """`bo-online sweep SPEC --out FILE` started its cluster and submitted every campaign, each
+    of which then failed on a worker ("Cannot write to the run directory FILE/<campaign>")."""
+    import bo_online.cli as cli
+
+    out = tmp_path / "results.txt"
+    out.write_text("mine")
+    started = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(out)])
+    assert e.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert err.startswith("bo-online: error: --out") and "is a file" in err, err
+    assert err.count("\n") == 1 and out.read_text() == "mine"
