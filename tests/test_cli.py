@@ -626,3 +626,51 @@ def test_resume_with_too_few_steps_leaves_the_run_files_as_they_were(tmp_path, c
         err.startswith("bo-online: error: --steps 1 is below the 2 steps") and err.count("\n") == 1
     ), err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_resume_of_a_stream_with_more_steps_than_rows_leaves_the_run_files_as_they_were(
+    tmp_path, capsys
+):
+    """`bo-online resume DIR --steps N` with N beyond what a stream (or pool) holds was refused
+    by the loop once loaded, and loading had rewritten records.jsonl from the checkpoint: the
+    records of the steps after the last checkpoint were dropped by a command that did nothing.
+    The files are now rewritten only once the resumed run goes on."""
+    import numpy as np
+
+    from bo_online.loops import read_records
+    from bo_online.loops.streaming import StreamingLoop
+    from bo_online.userdata import stream_from_file
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(40, 2))
+    data = tmp_path / "rows.csv"
+    np.savetxt(data, np.c_[X, np.sin(3 * X).sum(-1)], delimiter=",")
+    out = tmp_path / "run"
+    loop = StreamingLoop(
+        stream_from_file(data, test_fraction=0.25),
+        model="exact",
+        n_init=10,
+        eval_every=2,
+        refit_every=0,
+        init_fit_max_iter=5,
+        checkpoint_every=2,
+        out_dir=out,
+    )
+
+    def killed_after_step_3(record):  # checkpointed at step 2, step 3 recorded only
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(steps=4, callback=killed_after_step_3)
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = _run(["resume", str(out), "--steps", "1000", "--quiet", "--no-plots"], capsys)
+    assert code == 2 and "exceeds the 20 steps the data hold" in err and err.count("\n") == 1
+    # (the lock of the loaded run is this process's until it exits, as the command's is)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+    assert after == before
+    # the run goes on as before: the step after the checkpoint is redone
+    code, _, err = _run(["resume", str(out), "--steps", "4", "--quiet", "--no-plots"], capsys)
+    assert code == 0, err
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]

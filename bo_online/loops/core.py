@@ -235,6 +235,7 @@ class OnlineLoop:
         self._driving = False  # run() or step() tells, a resume can redo them (see _checkpoint_due)
         self._elapsed_from: tuple[float, float] | None = None
         self._files_started = False
+        self._resumed_files_due = False  # see _restore
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
@@ -766,6 +767,7 @@ class OnlineLoop:
         try:
             self._lock.acquire()
             history.remove_orphans(self.out_dir)
+            self._sync_resumed_files()
         except BaseException:
             self._release_directory(created)
             raise
@@ -830,6 +832,7 @@ class OnlineLoop:
             return record
         if not self._files_started:
             self._start_files()
+        self._sync_resumed_files()  # (the records before this one, if resumed)
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
         if self._checkpoint_due() or last:
@@ -956,15 +959,24 @@ class OnlineLoop:
         self.elapsed = float(ckpt.get("elapsed", self.wall_time))  # absent in older checkpoints
         self.records = list(ckpt["records"])
         if self.out_dir is not None:
-            # Drop a record appended after the last checkpoint: that step is redone.
-            history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records)
-            # The configuration file is derived from the checkpoint: written again, so a
-            # damaged or hand-edited copy cannot outlive a resume.
-            history.write_json(
-                self.out_dir / history.CONFIG_FILE,
-                {**self.config, "problem": self._problem_spec()},
-            )
             self._files_started = True
+            # written once the run goes on (_sync_resumed_files): a resume refused before
+            # (steps beyond the data) leaves the files as they were
+            self._resumed_files_due = True
+
+    def _sync_resumed_files(self) -> None:
+        r"""Once a resumed run goes on (:meth:`run`, or its next record): rewrite the records
+        file from the checkpoint, dropping records appended after it (those steps are redone),
+        and the configuration file, derived from the checkpoint (a damaged or hand-edited copy
+        cannot outlive a resume)."""
+        if not self._resumed_files_due or self.out_dir is None:
+            return
+        history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records)
+        history.write_json(
+            self.out_dir / history.CONFIG_FILE,
+            {**self.config, "problem": self._problem_spec()},
+        )
+        self._resumed_files_due = False
 
     # ------------------------------------------------------------------ progress bar
 
