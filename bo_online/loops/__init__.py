@@ -92,7 +92,13 @@ def resume(
 ) -> list[dict[str, Any]]:
     r"""Continue the run in ``out_dir`` to its target number of steps (or ``steps``)."""
     loop = load_loop(out_dir, problem=problem, **overrides)
-    return loop.run(steps)
+    try:
+        return loop.run(steps)
+    finally:
+        # load_loop's lock is held to exit for a loop the caller steps; this one is done (run
+        # releases it too, but not when it refuses its steps before taking the directory)
+        if loop._lock is not None:
+            loop._lock.release()
 
 
 def __getattr__(name: str) -> Any:

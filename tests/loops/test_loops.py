@@ -884,3 +884,19 @@ def test_resume_refuses_a_shared_data_set_that_changed_since_the_run_started(tmp
     assert not (tmp_path / "run" / ".lock").exists()
     resumed = load_loop(tmp_path / "run", data_dir=original).run(4)
     assert without_timing(resumed) == without_timing(reference)
+
+
+def test_a_refused_resume_releases_the_run_directory(tmp_path):
+    r"""``resume(dir, steps=...)`` with steps the loop refuses (negative, beyond a stream's
+    rows) raised, but the directory stayed locked by this process until it exited: from a
+    notebook, every other process (`bo-online resume`) was refused as "in use"."""
+    from bo_online.loops import resume
+
+    stream = _synthetic_stream(40)
+    kw = dict(model="exact", n_init=10, eval_every=2, refit_every=0, init_fit_max_iter=5)
+    StreamingLoop(stream, out_dir=tmp_path / "run", **kw).run(1)
+    for steps in (-1, 10**6):
+        with pytest.raises(ValueError, match="steps"):
+            resume(tmp_path / "run", steps=steps, problem=stream)
+        assert not (tmp_path / "run" / ".lock").exists()
+    assert resume(tmp_path / "run", steps=2, problem=stream)[-1]["step"] == 2
