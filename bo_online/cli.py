@@ -904,6 +904,14 @@ def bo(
             acq in ("qucb", "qlognei", "ts"),
             f"--dask needs --acq qucb, qlognei or ts, got {acq!r}.",
         )
+        # Every option and the run directory checked before the cluster starts (which takes
+        # seconds to minutes): the synchronous loop's constructor checks them, writing nothing,
+        # and the model options reach a model built on a few points (as for a sweep).
+        import torch
+
+        check = BayesOptLoop(prob, **bo_options)
+        U = torch.rand(4, prob.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        check._build_model(U, U.sum(-1, keepdim=True))
         with _dask_client(dask) as client:
             loop = AsyncBayesOptLoop(prob, client, max_failures=max_failures, **bo_options)
             _run_async(loop, steps, dask)

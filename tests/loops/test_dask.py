@@ -792,3 +792,31 @@ def test_sweep_out_naming_a_file_is_refused_before_a_cluster_starts(tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith("bo-online: error: --out") and "is a file" in err, err
     assert err.count("\n") == 1 and out.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "already holds a run"),  # --out names an existing run, no --overwrite
+        (["--overwrite", "--model-option", "bogus=1"], "bogus"),
+    ],
+)
+def test_bo_dask_options_are_checked_before_the_cluster_starts(tmp_path, capsys, args, message):
+    """`bo-online bo --dask ...` built its loop, which checks the options and the run
+    directory, only once the cluster had started (seconds to minutes): a user mistake was
+    reported after that wait, and with a LocalCluster started for nothing."""
+    import bo_online.cli as cli
+
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), out_dir=out, quiet=True, **FAST).run(steps=0)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    started = []
+    argv = ["bo", "--problem", "branin", "--dask", "local:2", "--out", str(out), "-Q", *args]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+    assert e.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert err.startswith("bo-online: error:") and message in err and err.count("\n") == 1, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
