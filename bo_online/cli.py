@@ -1198,7 +1198,8 @@ def stream(
 ) -> None:
     """Streaming regression (UCI set) or binary classification (banana): predict each arriving
     point, then update. In a regression stream of 2,000 rows or more t-SVGP has 512 inducing
-    inputs unless --model-option inducing_points=... says otherwise."""
+    inputs and the decoupled SVGP 2,048 mean / 1,024 covariance bases unless --model-option
+    says otherwise."""
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)

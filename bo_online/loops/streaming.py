@@ -85,13 +85,21 @@ class StreamingLoop(OnlineLoop):
     #: are enough for a few hundred BO evaluations but not for thousands of points of strongly
     #: coupled inputs: on 5,000-point kin40k and pol streams it ended 1.40x and 1.29x above the
     #: RMSE of an exact GP fitted in hindsight on 2,000 rows, and 1.00x and 0.97x with 512
-    #: (docs/results.md, "Streaming at size"). The decoupled SVGP is not given larger bases:
-    #: with 2,048 mean / 1,024 covariance bases its kin40k stream passes every target and an
-    #: update costs about 50 ms, but its refits fit on all 2,048 bases (O(n M_alpha^2) per
-    #: iteration): the stream took an hour against under two minutes at 256 / 128, and one such
-    #: fit on pol took 29 min (docs/results.md).
+    #: (docs/results.md, "Streaming at size"). The decoupled SVGP at 256 / 128 bases ended
+    #: 1.89x and 1.51x above it on kin40k and pol; with 2,048 mean / 1,024 covariance bases
+    #: it gets there, and its hyperparameters come from the exact marginal likelihood of a
+    #: 2,048-point random subset, retrained once n has doubled (a refit in between re-selects
+    #: the bases and re-solves the coefficients): refining them on the bound of all 2,048
+    #: bases at every refit made one kin40k stream take an hour (DecoupledSVGP's
+    #: ``exact_fit_points`` and ``hyperparameter_refit_growth``).
     STREAM_MODEL_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {
         "tsvgp": {"inducing_points": 512},
+        "decoupled": {
+            "num_mean_bases": 2048,
+            "num_cov_bases": 1024,
+            "exact_fit_points": 2048,
+            "hyperparameter_refit_growth": 2.0,
+        },
     }
     #: Below this many stream rows the larger model buys little and its refits cost much: on
     #: concrete (927 rows) each refit above n = 512 took about 70 s with 512 inducing inputs.

@@ -611,7 +611,8 @@ def test_streaming_auto_schedule_without_fits_records_none_and_counts_from_n_ini
 def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_sets_them():
     r"""The stream's capacity default (``StreamingLoop.STREAM_MODEL_DEFAULTS``) reaches the
     model of a stream of ``LONG_STREAM_POINTS`` rows; the user's option wins; a shorter stream
-    and the BO loop keep the model's own default (128)."""
+    and the BO loop keep the model's own default (128). The decoupled SVGP gets its larger
+    bases and sparser hyperparameter refits the same way."""
     kw = dict(model="tsvgp", n_init=100, fit_max_iter=0, init_fit_max_iter=0, seed=0)
     long_stream = _synthetic_stream(StreamingLoop.LONG_STREAM_POINTS)
     loop = StreamingLoop(long_stream, **kw)
@@ -635,6 +636,14 @@ def test_long_regression_streams_give_tsvgp_512_inducing_inputs_unless_the_user_
     bo = BayesOptLoop(synthetic_problem("branin"), **kw)
     bo.initialize()
     assert bo.model.num_inducing == 128
+    loop = StreamingLoop(long_stream, **dict(kw, model="decoupled"))
+    loop.initialize()
+    got = loop.model
+    assert (got.num_mean_bases, got.num_cov_bases, got.exact_fit_points) == (2048, 1024, 2048)
+    assert got.hyperparameter_refit_growth == 2.0
+    bo = BayesOptLoop(synthetic_problem("branin"), **dict(kw, model="decoupled"))
+    bo.initialize()
+    assert (bo.model.num_mean_bases, bo.model.hyperparameter_refit_growth) == (256, 1.0)
 
 
 def test_a_resumed_stream_rebuilds_the_model_it_checkpointed(tmp_path):
