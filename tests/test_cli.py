@@ -592,12 +592,27 @@ def test_overwrite_failing_in_the_initial_design_does_not_advise_resuming(tmp_pa
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def _files_of_a_run_stopped_after_step_3(loop, out) -> dict[str, bytes]:
+    """Run ``loop`` towards 4 steps, interrupted after step 3 (checkpointed at step 2, step 3
+    recorded only); the run directory's files, by name."""
+    from bo_online.loops import read_records
+
+    def killed_after_step_3(record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(steps=4, callback=killed_after_step_3)
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3]
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
 def test_resume_with_too_few_steps_leaves_the_run_files_as_they_were(tmp_path, capsys):
     """`bo-online resume DIR --steps N` with N below the steps done was refused only after the
     run had been loaded, which rewrites records.jsonl from the checkpoint: the records of the
     steps after the last checkpoint (a run killed between checkpoints) were gone though the
     command did nothing. It is now refused before the run is loaded."""
-    from bo_online.loops import BayesOptLoop, read_records
+    from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
     out = tmp_path / "run"
@@ -612,14 +627,7 @@ def test_resume_with_too_few_steps_leaves_the_run_files_as_they_were(tmp_path, c
         out_dir=out,
     )
 
-    def killed_after_step_3(record):  # checkpointed at step 2, step 3 recorded only
-        if record["step"] == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        loop.run(steps=4, callback=killed_after_step_3)
-    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3]
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = _files_of_a_run_stopped_after_step_3(loop, out)
     code, _, err = _run(["resume", str(out), "--steps", "1", "--quiet", "--no-plots"], capsys)
     assert code == 2
     assert (
@@ -657,14 +665,7 @@ def test_resume_of_a_stream_with_more_steps_than_rows_leaves_the_run_files_as_th
         out_dir=out,
     )
 
-    def killed_after_step_3(record):  # checkpointed at step 2, step 3 recorded only
-        if record["step"] == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        loop.run(steps=4, callback=killed_after_step_3)
-    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3]
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = _files_of_a_run_stopped_after_step_3(loop, out)
     code, _, err = _run(["resume", str(out), "--steps", "1000", "--quiet", "--no-plots"], capsys)
     assert code == 2 and "exceeds the 20 steps the data hold" in err and err.count("\n") == 1
     # (the lock of the loaded run is this process's until it exits, as the command's is)

@@ -434,9 +434,8 @@ def test_unwritable_directory_is_refused_before_any_evaluation(tmp_path):
     assert calls == []
 
 
-def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
-    out = tmp_path / "run"
-    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
+def _disk_full_at_third_line(monkeypatch):
+    """Make the third line appended to a run file fail as on a full disk; the real appender."""
     real = history._append_line
     calls = {"n": 0}
 
@@ -447,6 +446,13 @@ def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
         real(path, line)
 
     monkeypatch.setattr(history, "_append_line", flaky)
+    return real
+
+
+def test_full_disk_mid_run_is_one_line_and_resumable(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
+    real = _disk_full_at_third_line(monkeypatch)
     with pytest.raises(
         history.RunFileError, match="records.jsonl.*No space left.*bo-online resume"
     ):
@@ -469,16 +475,7 @@ def test_full_disk_in_a_run_of_a_user_objective_names_its_resume_command(tmp_pat
     (tmp_path / "obj.py").write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
     spec, out = f"{tmp_path / 'obj.py'}:f", tmp_path / "run"
     loop = BayesOptLoop(objective_problem(spec, "0,1 0,1"), seed=3, out_dir=out, **FAST)
-    real = history._append_line
-    calls = {"n": 0}
-
-    def flaky(path, line):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(28, "No space left on device")
-        real(path, line)
-
-    monkeypatch.setattr(history, "_append_line", flaky)
+    real = _disk_full_at_third_line(monkeypatch)
     with pytest.raises(history.RunFileError, match="No space left") as e:
         loop.run(4)
     monkeypatch.setattr(history, "_append_line", real)

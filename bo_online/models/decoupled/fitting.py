@@ -105,9 +105,9 @@ class DecoupledFitMixin:
         optimum on all held data (fold mode). With ``hyperparameter_refit_growth`` above 1 the
         hyperparameters are kept, once that subset is full, until n has grown by that factor.
         Plain Adam from the median heuristic barely moves the hyperparameters in a BO loop's few
-        steps. ``"auto"`` uses
-        ``max_iter`` (L-BFGS iterations), ``train_hyperparameters``, ``restandardize`` and
-        ``timeout_sec``; the other options belong to ``"adam"``/``"lbfgs"``.
+        steps. ``"auto"`` uses ``max_iter`` (L-BFGS iterations), ``train_hyperparameters``,
+        ``restandardize`` and ``timeout_sec``; the other options belong to
+        ``"adam"``/``"lbfgs"``.
 
         Options (the fields of :class:`DecoupledFitSettings`, given as ``settings`` or as
         keywords):
