@@ -83,6 +83,21 @@ def test_exact_loop_follows_the_botorch_reference_under_common_random_numbers(fu
     assert ours == pytest.approx(reference, rel=1e-4, abs=1e-6)
 
 
+def test_functions_beyond_the_seven_run_only_when_named(tmp_path):
+    """ackley10 / levy10 / rosenbrock8 are problems of that many inputs, run by name (one Sobol
+    step here, to the same regret bookkeeping as the seven), and never by default."""
+    bench = _bench()
+    assert [bench.make_problem(f).dim for f in ("ackley10", "levy10", "rosenbrock8")] == [10, 10, 8]
+    assert not set(bench.EXTRA_FUNCTIONS) & set(bench.FUNCTIONS)
+    argv = ["--functions", "ackley10", "--methods", "sobol", "--seeds", "1", "--steps", "1"]
+    result = bench.main(argv + ["--out", str(tmp_path), "--no-plot"])
+    assert list(result["table"]) == ["ackley10"]
+    record = json.loads((tmp_path / "q1" / "ackley10" / "sobol_seed0.json").read_text())
+    assert len(record["regret"]) == bench.n_init_of(bench.make_problem("ackley10")) + 1
+    with pytest.raises(SystemExit, match="ackley10"):
+        bench.main(["--functions", "ackley12", "--out", str(tmp_path)])
+
+
 def test_merge_from_an_earlier_run_keeps_each_time_ratio_in_its_own_process(tmp_path):
     """A rerun of one method (with its own BoTorch reference) in ``new`` merged with an earlier
     run's other methods in ``old``: each result comes from the first folder that has it, each
