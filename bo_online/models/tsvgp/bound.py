@@ -46,7 +46,8 @@ class TSVGPBoundMixin:
         differentiable in them, O(n m^2 + m^3) time; its memory (with the autograd graph) grows
         with n only through the per-point sites, the sums running over row blocks. For a
         Gaussian likelihood the sites are re-derived in closed form (exact E-step), so this is
-        the collapsed SGPR bound.
+        the collapsed SGPR bound, computed in one pass over the points
+        (:meth:`_collapsed_bound`).
 
         Returns:
             scalar ``sum_i E_q[log p(y_i | f_i)] - KL[q(u) || p(u)]`` (standardised units).
@@ -56,9 +57,8 @@ class TSVGPBoundMixin:
         X, y, noise = self.train_X, self.train_y, self.train_noise
         L_K = self._kuu_chol()
         if self.likelihood.conjugate:
-            g1, beta = self._exact_sites(y, noise)
-        else:
-            g1, beta = self.sites
+            return self._collapsed_bound(L_K, X, y, noise)
+        g1, beta = self.sites
         blocks = self._row_blocks(X.shape[-2])
         if len(blocks) == 1:  # all rows at once: the whitened A is shared by both sums
             A = self._whiten(L_K, X)
@@ -89,6 +89,40 @@ class TSVGPBoundMixin:
                 for s in blocks
             )
         return ell - self._kl(L_B, v).sum()  # summed over independent outputs
+
+    def _collapsed_bound(self, L_K: Tensor, X: Tensor, y: Tensor, noise: Tensor | None) -> Tensor:
+        r"""The ELBO for a Gaussian likelihood in one pass over the points: Titsias' collapsed
+        bound written with the whitened summaries (docs/math.md §2).
+
+        With exact sites ``beta_i = 1 / s2_i``, ``g1_i = r_i / s2_i`` (``r = y - c``), ``A`` the
+        whitened cross-covariances, ``P = A diag(beta) A^T``, ``lam_w = A g1``, ``B = I + P`` and
+        ``v = B^-1 lam_w``, the matrix determinant lemma and Woodbury give
+        ``log N(r | 0, A^T A + S) = -1/2 (n log 2 pi + sum log s2_i + log det B + r^T S^-1 r
+        - lam_w^T v)`` and the trace term is ``-1/2 (sum_i beta_i k_ii - tr P)``. Only ``P`` and
+        ``lam_w`` need ``A``, so each row block is whitened once (and once more when the backward
+        pass recomputes it), where the expected log-likelihood of :meth:`elbo`'s general path
+        needs a second pass over ``A`` after ``B`` is known: half the work of an M-step
+        evaluation.
+
+        Args:
+            L_K: ``(out x) m x m`` Cholesky factor of ``K_uu``.
+            X: ``n x d`` inputs, ``y``: ``(out x) n`` targets (standardised), ``noise``: optional
+                ``(out x) n`` per-point noise variances.
+
+        Returns:
+            the scalar bound, summed over independent outputs.
+        """
+        g1, beta = self._exact_sites(y, noise)
+        lam_w, P = self._site_summaries(L_K, X, g1, beta)
+        L_B, v = self._factor(P, lam_w)
+        r = y - self._const()
+        s2 = self.likelihood._var(self._point_noise(y.shape, noise)).expand(y.shape)
+        kdiag = self.covar_module(self._kx(X), diag=True)
+        quad = (r * g1).sum(-1) - (lam_w * v).sum(-1)
+        trace = (beta * kdiag).sum(-1) - torch.diagonal(P, dim1=-2, dim2=-1).sum(-1)
+        log_2pi = y.shape[-1] * math.log(2 * math.pi)
+        logdets = s2.log().sum(-1) + cholesky_logdet(L_B)
+        return -0.5 * (log_2pi + logdets + quad + trace).sum()
 
     def _expected_log_lik(
         self, A: Tensor, L_B: Tensor, v: Tensor, X: Tensor, y: Tensor, noise: Tensor | None

@@ -7,6 +7,7 @@ its gradient) runs; the sites themselves (O(n) floats) are the only part allowed
 
 from __future__ import annotations
 
+import pytest
 import torch
 from memory_profile import peak_allocated_bytes
 
@@ -80,6 +81,63 @@ def test_blocked_caches_and_fit_equal_all_rows() -> None:
     pb, pw = blocked.posterior(Xt), whole.posterior(Xt)
     torch.testing.assert_close(pb.mean, pw.mean, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(pb.variance, pw.variance, rtol=1e-8, atol=1e-10)
+
+
+def _dense_bound_per_output(model: TSVGP) -> torch.Tensor:
+    r"""Titsias' collapsed bound with per-point noise, densely and differentiably, summed over
+    outputs: ``sum_j log N(y_j | c_j, Q_j + S_j) - 1/2 sum_i (K_j,ii - Q_j,ii) / s2_ji``."""
+    X, Z, y = model._kx(model.train_X), model.inducing_points, model.train_y
+    s2 = model.likelihood._var(model._point_noise(y.shape, model.train_noise)).expand(y.shape)
+    k = model.covar_module
+    Kuu, Kuf, kdiag = k(Z).to_dense(), k(Z, X).to_dense(), k(X, diag=True)
+    Q = Kuf.transpose(-1, -2) @ torch.linalg.solve(Kuu, Kuf)
+    mean = model._const()  # (out x 1) or a scalar
+    mvn = torch.distributions.MultivariateNormal(mean.expand(y.shape), Q + torch.diag_embed(s2))
+    trace = ((kdiag - torch.diagonal(Q, dim1=-2, dim2=-1)) / s2).sum(-1)
+    return (mvn.log_prob(y) - 0.5 * trace).sum()
+
+
+@pytest.mark.parametrize("outputs, fixed_noise", [(1, True), (2, False), (2, True)])
+def test_one_pass_gaussian_bound_and_gradients_equal_dense_sgpr(outputs, fixed_noise) -> None:
+    r"""The Gaussian bound in one pass over the row blocks (:meth:`TSVGP._collapsed_bound`)
+    against Titsias' bound written densely, with per-point noise and independent outputs: the
+    value and the gradients in every hyperparameter and the inducing inputs."""
+    X, Y = _data(300)
+    g = torch.Generator().manual_seed(5)
+    Y = torch.cat([Y, torch.cos(4 * X[:, :1]) + 0.05 * torch.randn(300, 1, generator=g)], -1)
+    Y = Y[:, :outputs]
+    Yvar = 0.01 + 0.02 * torch.rand(300, outputs, generator=g, dtype=DT) if fixed_noise else None
+    model = _with_blocks(TSVGP(X, Y, train_Yvar=Yvar, inducing_points=24), 70)
+    model.fit(max_iter=3)  # hyperparameters away from their defaults
+    model.inducing_points.requires_grad_(True)
+    assert len(model._row_blocks(300)) >= 5  # the blocked path (narrower with two outputs)
+    bound, grads = _bound_and_grads(model)
+    model.zero_grad()
+    dense = _dense_bound_per_output(model)
+    dense.backward()
+    torch.testing.assert_close(bound, dense.detach(), rtol=1e-9, atol=1e-9)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-7, atol=1e-8, msg=name)
+    assert "inducing_points" in grads and (fixed_noise or any("noise" in k for k in grads))
+
+
+def test_gaussian_bound_whitens_each_row_block_once_per_pass() -> None:
+    r"""An M-step evaluation (bound and gradient) of a Gaussian model whitens each row block
+    once forward and once in the backward recomputation; the general path (a second pass for
+    the expected log-likelihood once q is known) whitened each block twice as often."""
+    X, Y = _data(400)
+    model = _with_blocks(TSVGP(X, Y, inducing_points=M), 100)
+    calls = []
+    whiten = model._whiten
+
+    def counting(L_K: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
+        calls.append(Xb.shape[-2])
+        return whiten(L_K, Xb)
+
+    model._whiten = counting
+    _bound_and_grads(model)
+    assert calls == [100] * 8  # four blocks, forward then recomputed in the backward pass
 
 
 def test_blocked_e_step_and_bernoulli_bound_equal_all_rows() -> None:
