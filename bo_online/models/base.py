@@ -496,7 +496,26 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             Ys = self._to_internal(self._standardize(Y.to(X)))
             if noise is not None:
                 noise = self._to_internal(floor_noise(noise.to(X)).expand(Y.shape))
+                X = self._expand_to_varying_noise(X, noise)
             return self._condition(X, Ys, noise)
+
+    def _expand_to_varying_noise(self, X: Tensor, noise: Tensor) -> Tensor:
+        r"""``X`` (``batch x q x d``) expanded to the leading dims of ``noise`` (internal layout,
+        ``lead x batch x q``, or ``lead x batch x m x q``) that it lacks, where the noise differs
+        along them.
+
+        ``_condition`` builds the Y-independent factors once over ``X``'s batch and takes the
+        noise along dims ``X`` lacks (fantasy samples; the batch of a conditioned model) to be
+        the same for all, using the first. Noise that differs along them (each fantasy sample,
+        or each candidate set of a conditioned model, its own) needs a factor per element: ``X``
+        carrying those dims gives it one."""
+        lead = noise.dim() - (1 if self.num_outputs == 1 else 2) - (X.dim() - 2)
+        if lead <= 0:
+            return X
+        flat = noise.reshape(-1, *noise.shape[lead:])
+        if bool((flat == flat[:1]).all()):
+            return X  # the same for every element: one factor, shared
+        return X.expand(*noise.shape[:lead], *X.shape)
 
     def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
         r"""Fold ``q`` new observations into this model in place and return it.

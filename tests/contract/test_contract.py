@@ -273,6 +273,42 @@ def test_fixed_noise_fantasies_of_a_batched_model_take_x_without_its_batch(s):
 
 
 @surrogates
+def test_noise_varying_along_dims_x_lacks_conditions_each_element_on_its_own(s):
+    """``condition_on_observations`` with noise that differs along leading dims of ``Y`` that
+    ``X`` lacks -- fantasy sample dims (``X``: ``q x d``, ``Y`` and noise ``2 x q x 1``), or the
+    batch of a model conditioned on candidate sets (``X``: ``q x d`` for both) -- conditions each
+    element on its own noise: each equals the dense reference of the parent conditioned on its
+    own data. (Before, every element silently took the noise of the first.)"""
+    _skip_unsupported(s, True)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=True)
+    Xn, Yn, _ = s.data(Q, D, seed=1, fixed=True)
+    Xm, Ym, _ = s.data(2, D, seed=2, fixed=True)
+    Xt = _test_points()
+    parent = s.make(X, Y, Yvar)
+    std2 = parent.outcome_std**2
+    Nn = torch.stack([torch.full((Q, 1), 0.02, dtype=DT), torch.full((Q, 1), 0.5, dtype=DT)])
+    Ys = torch.stack([Yn, Yn.flip(0)])
+    samples = parent.condition_on_observations(Xn, Ys, noise=Nn / std2)
+    assert samples.batch_shape == torch.Size([2])
+    m, C = latent(samples, Xt)
+    for j in range(2):
+        mean_j, cov_j = reference_conditioned(s, parent, X, Y, Yvar, [(Xn, Ys[j], Nn[j])], Xt)
+        assert_close(m[j], mean_j, s.tol, f"sample {j} mean")
+        assert_close(C[j], cov_j, s.tol, f"sample {j} covariance")
+    # a model conditioned on 2 candidate sets, then on Xm for both, with noise per batch
+    Xs = torch.stack([Xn, Xn.flip(0) * 0.9])
+    cond = parent.condition_on_observations(Xs, Ys, noise=Nn / std2)
+    Nm = torch.stack([torch.full((2, 1), 0.5, dtype=DT), torch.full((2, 1), 0.02, dtype=DT)])
+    chained = cond.condition_on_observations(Xm, Ym.expand(2, 2, 1), noise=Nm / std2)
+    m, C = latent(chained, Xt)
+    for j in range(2):
+        batches = [(Xs[j], Ys[j], Nn[j]), (Xm, Ym, Nm[j])]
+        mean_j, cov_j = reference_conditioned(s, parent, X, Y, Yvar, batches, Xt)
+        assert_close(m[j], mean_j, s.tol, f"chained batch {j} mean")
+        assert_close(C[j], cov_j, s.tol, f"chained batch {j} covariance")
+
+
+@surrogates
 def test_long_stream_of_updates_matches_dense_reference(s):
     """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
     drift of the incrementally updated factors."""
