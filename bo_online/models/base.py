@@ -500,22 +500,28 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             return self._condition(X, Ys, noise)
 
     def _expand_to_varying_noise(self, X: Tensor, noise: Tensor) -> Tensor:
-        r"""``X`` (``batch x q x d``) expanded to the leading dims of ``noise`` (internal layout,
-        ``lead x batch x q``, or ``lead x batch x m x q``) that it lacks, where the noise differs
-        along them.
+        r"""``X`` (``batch x q x d``) expanded to the batch dims of ``noise`` (internal layout,
+        ``lead x batch' x q``, or ``lead x batch' x m x q``) that it lacks or has as size 1,
+        where the noise differs along them.
 
         ``_condition`` builds the Y-independent factors once over ``X``'s batch and takes the
-        noise along dims ``X`` lacks (fantasy samples; the batch of a conditioned model) to be
-        the same for all, using the first. Noise that differs along them (each fantasy sample,
-        or each candidate set of a conditioned model, its own) needs a factor per element: ``X``
+        noise along other dims (fantasy samples; the batch of a conditioned model) to be the
+        same for all, using the first. Noise that differs along them (each fantasy sample, or
+        each candidate set of a conditioned model, its own) needs a factor per element: ``X``
         carrying those dims gives it one."""
-        lead = noise.dim() - (1 if self.num_outputs == 1 else 2) - (X.dim() - 2)
-        if lead <= 0:
-            return X
-        flat = noise.reshape(-1, *noise.shape[lead:])
-        if bool((flat == flat[:1]).all()):
+        tail = 1 if self.num_outputs == 1 else 2
+        batch = torch.broadcast_shapes(noise.shape[:-tail], X.shape[:-2])
+        # both batches right-aligned to `batch`: narrow the noise to its first element along
+        # every dim X lacks or has as size 1
+        noise = noise.reshape(*(1,) * (len(batch) + tail - noise.dim()), *noise.shape)
+        x_batch = (1,) * (len(batch) + 2 - X.dim()) + tuple(X.shape[:-2])
+        first = noise
+        for i, (nx, nn) in enumerate(zip(x_batch, noise.shape)):
+            if nx == 1 and nn > 1:
+                first = first.narrow(i, 0, 1)
+        if first.shape == noise.shape or bool((noise == first).all()):
             return X  # the same for every element: one factor, shared
-        return X.expand(*noise.shape[:lead], *X.shape)
+        return X.expand(*batch, *X.shape[-2:])
 
     def update(self, X: Tensor, Y: Tensor, noise: Tensor | None = None) -> Self:
         r"""Fold ``q`` new observations into this model in place and return it.

@@ -309,6 +309,28 @@ def test_noise_varying_along_dims_x_lacks_conditions_each_element_on_its_own(s):
 
 
 @surrogates
+def test_noise_per_batch_with_x_of_batch_one_conditions_each_batch_on_its_own(s):
+    """``X`` of batch size 1 (``1 x q x d``) broadcasts against ``Y`` and noise of batch ``b``
+    (``b x q x 1``) with a different noise per batch: each batch equals the dense reference of
+    the parent conditioned on its own data. (Before, the exact GP, WISKI and the decoupled SVGP
+    failed with torch's RuntimeError, and t-SVGP used the first batch's noise for all.)"""
+    _skip_unsupported(s, True)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=True)
+    Xn, Yn, _ = s.data(Q, D, seed=1, fixed=True)
+    Xt = _test_points()
+    parent = s.make(X, Y, Yvar)
+    Nn = torch.tensor([0.02, 0.5, 0.1], dtype=DT).reshape(3, 1, 1).expand(3, Q, 1)
+    Ys = torch.stack([Yn, Yn.flip(0), Yn + 0.3])
+    cond = parent.condition_on_observations(Xn.unsqueeze(0), Ys, noise=Nn / parent.outcome_std**2)
+    assert cond.batch_shape == torch.Size([3])
+    m, C = latent(cond, Xt)
+    for j in range(3):
+        mean_j, cov_j = reference_conditioned(s, parent, X, Y, Yvar, [(Xn, Ys[j], Nn[j])], Xt)
+        assert_close(m[j], mean_j, s.tol, f"batch {j} mean")
+        assert_close(C[j], cov_j, s.tol, f"batch {j} covariance")
+
+
+@surrogates
 def test_long_stream_of_updates_matches_dense_reference(s):
     """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
     drift of the incrementally updated factors."""
