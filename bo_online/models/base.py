@@ -231,8 +231,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         return self.likelihood.noise.squeeze(-1).expand(X.shape[:-1])
 
     def _default_fantasy_noise(self) -> Tensor | None:
-        r"""Noise for ``fantasize`` when none is given (standardised, ``1 x 1``); None means the
-        likelihood's own noise. Fixed-noise models return the mean training noise, as BoTorch."""
+        r"""Noise for ``fantasize`` when none is given (standardised, ``batch x 1 x 1``); None
+        means the likelihood's own noise. Fixed-noise models return each batch's mean training
+        noise, as BoTorch."""
         return None
 
     def hyperparameters(self) -> Iterator[Tensor]:

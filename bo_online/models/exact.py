@@ -164,7 +164,9 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
 
     def _default_fantasy_noise(self) -> Tensor | None:
         if self.fixed_noise:
-            return self.train_noise.mean().reshape(1, 1)
+            # batch x 1 x 1: each batch's own mean (a model conditioned on candidate sets with
+            # their own noise), as BoTorch's fantasize takes it
+            return self.train_noise.mean(-1, keepdim=True).unsqueeze(-1)
         return None
 
     # ------------------------------------------------------------------ caches

@@ -273,6 +273,41 @@ def test_fixed_noise_fantasies_of_a_batched_model_take_x_without_its_batch(s):
 
 
 @surrogates
+def test_fixed_noise_fantasies_of_a_batched_model_take_each_batch_mean_noise(s):
+    """A fixed-noise model conditioned on candidate sets with a different noise each fantasises,
+    as BoTorch, with each batch's own mean noise (``batch x 1 x 1``): the fantasised points
+    carry it, so the fantasy covariance of batch ``j`` is the dense one of the parent
+    conditioned on its candidate set and then on the fantasy points with that noise, and
+    ``observation_noise=True`` still adds that batch's mean. (Before, the exact GP and the
+    decoupled SVGP fantasised every batch with the mean over all batches.)"""
+    _skip_unsupported(s, True)
+    if not s.fantasy_covariance_independent_of_Y:
+        pytest.skip(s.reasons["fantasy_covariance_independent_of_Y"])
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=True)
+    Xn, Yn, _ = s.data(Q, D, seed=1, fixed=True)
+    parent = s.make(X, Y, Yvar)
+    std2 = parent.outcome_std**2
+    Nn = torch.stack([torch.full((Q, 1), 0.05, dtype=DT), torch.full((Q, 1), 0.8, dtype=DT)])
+    Xs = torch.stack([Xn, Xn.flip(0) * 0.9])
+    cond = parent.condition_on_observations(Xs, Yn.expand(2, *Yn.shape), noise=Nn / std2)
+    Xf = _test_points(2, seed=5)
+    fant = cond.fantasize(Xf, SobolQMCNormalSampler(torch.Size([3]), seed=0))
+    assert fant.batch_shape == torch.Size([3, 2])
+    Xt = _test_points()
+    _, C = latent(fant, Xt)
+    _, C_noisy = latent(fant, Xt, observation_noise=True)
+    mean_noise = (Yvar.sum() + Nn[:, :, 0].sum(-1)) / (N0 + Q)  # per batch, user units
+    added = (C_noisy - C).diagonal(dim1=-2, dim2=-1)
+    assert_close(added, mean_noise.reshape(1, 2, 1).expand(3, 2, Xt.shape[0]), s.tol, "noise")
+    for j in range(2):  # the covariance does not depend on the fantasised values
+        Nf = mean_noise[j].expand(2, 1)
+        batches = [(Xs[j], Yn, Nn[j]), (Xf, torch.zeros(2, 1, dtype=DT), Nf)]
+        _, cov_j = reference_conditioned(s, parent, X, Y, Yvar, batches, Xt)
+        for i in range(3):
+            assert_close(C[i, j], cov_j, s.tol, f"fantasy {i}, batch {j} covariance")
+
+
+@surrogates
 def test_noise_varying_along_dims_x_lacks_conditions_each_element_on_its_own(s):
     """``condition_on_observations`` with noise that differs along leading dims of ``Y`` that
     ``X`` lacks -- fantasy sample dims (``X``: ``q x d``, ``Y`` and noise ``2 x q x 1``), or the

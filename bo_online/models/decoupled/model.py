@@ -269,7 +269,9 @@ class DecoupledSVGP(
 
     def _default_fantasy_noise(self) -> Tensor | None:
         if self.fixed_noise:
-            return self.train_noise.mean().reshape(1, 1)
+            # batch x 1 x 1: each batch's own mean (a model conditioned on candidate sets with
+            # their own noise), as BoTorch's fantasize takes it
+            return self.train_noise.mean(-1, keepdim=True).unsqueeze(-1)
         return None
 
     def _train_noise_diag(self, idx: Tensor | None = None) -> Tensor:
