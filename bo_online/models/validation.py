@@ -260,6 +260,11 @@ def check_inputs(
     """
     if not isinstance(X, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(X).__name__}.")
+    if X.is_complex():  # a cast to the model's dtype would keep only the real part
+        raise ValueError(
+            f"{name} must hold real numbers, got a {X.dtype} tensor ({name}.real if the "
+            "imaginary parts are zero)."
+        )
     if X.dim() < 2:
         raise ValueError(f"{name} must have shape ... x q x {dim}, got {tuple(X.shape)}.")
     if X.shape[-1] != dim:
@@ -332,6 +337,8 @@ def check_noise(noise: Tensor, shape: torch.Size) -> None:
     """Noise variances: finite, >= 0, broadcastable to ``shape`` without enlarging it."""
     if not isinstance(noise, Tensor):
         raise ValueError(f"noise must be a torch.Tensor, got {type(noise).__name__}.")
+    if noise.is_complex():
+        raise ValueError(f"noise must hold real numbers (variances), got a {noise.dtype} tensor.")
     check_finite("noise", noise)
     if bool((noise < 0).any()):
         raise ValueError(

@@ -148,6 +148,37 @@ def test_targets_that_are_not_real_numbers_are_refused_with_a_value_error(dtype)
 @pytest.mark.parametrize(
     "model_cls", [OnlineExactGP, TSVGP, DecoupledSVGP, WISKI, QSGP], ids=lambda c: c.__name__
 )
+def test_complex_inputs_and_noise_are_refused_with_a_value_error(model_cls) -> None:
+    """Complex X at update, conditioning and the posterior, and complex noise, raise a ValueError
+    that says to pass real numbers, and the model is left as it was. (Before, complex X was cast
+    to the model's dtype, keeping only its real part with torch's warning, and the points were
+    added; complex noise failed with torch's NotImplementedError.)"""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(10, 2, generator=g, dtype=torch.float64)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    Yvar = torch.full_like(Y, 0.01)
+    model = model_cls(X, Y, Yvar)
+    model.posterior(X[:2])  # caches built before the snapshot
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Xc = X[:2].to(torch.complex128)
+    noise_c = Yvar[:2].to(torch.complex128)
+    for call in (
+        lambda: model.update(Xc, Y[:2], Yvar[:2]),
+        lambda: model.condition_on_observations(Xc, Y[:2], noise=Yvar[:2]),
+        lambda: model.posterior(Xc),
+        lambda: model.update(X[:2], Y[:2], noise_c),
+        lambda: model.condition_on_observations(X[:2], Y[:2], noise=noise_c),
+    ):
+        with pytest.raises(ValueError, match="real numbers"):
+            call()
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    "model_cls", [OnlineExactGP, TSVGP, DecoupledSVGP, WISKI, QSGP], ids=lambda c: c.__name__
+)
 def test_integer_targets_build_the_model_of_the_same_numbers_as_floats(model_cls) -> None:
     """Integer targets (counts) at construction are the numbers they hold, as ``update`` takes
     them (before: torch's RuntimeError from the outcome mean of an integer tensor in every model
