@@ -22,6 +22,7 @@ elementwise passes, with no Python loop over the m columns.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -121,7 +122,7 @@ def _fold_extra_batch(op: Callable[[Tensor], Tensor], A: Tensor, B: Tensor) -> T
     lead, rest = B.shape[:extra], B.shape[extra:]  # rest = A-batch x n x k
     # E x Ab x n x k -> Ab x n x k x E -> Ab x n x (k E)
     perm = list(range(extra, B.dim())) + list(range(extra))
-    folded = B.permute(*perm).reshape(*rest[:-1], -1)
+    folded = B.permute(*perm).reshape(*rest[:-1], rest[-1] * math.prod(lead))
     X = op(folded)
     X = X.reshape(*X.shape[:-1], rest[-1], *lead)
     inverse = list(range(len(rest), len(rest) + extra)) + list(range(len(rest)))
@@ -640,5 +641,5 @@ def _solve_columns(solve, L: Tensor, b: Tensor) -> Tensor:
     if b.dim() - 1 <= len(lb) or b.shape[b.dim() - 1 - len(lb) : -1] != lb:
         return solve(L, b.unsqueeze(-1)).squeeze(-1)
     extra = b.shape[: b.dim() - 1 - len(lb)]
-    cols = b.reshape(-1, *lb, L.shape[-1]).movedim(0, -1)  # batch_L x m x E
+    cols = b.reshape(math.prod(extra), *lb, L.shape[-1]).movedim(0, -1)  # batch_L x m x E
     return solve(L, cols).movedim(-1, 0).reshape(*extra, *lb, L.shape[-1])

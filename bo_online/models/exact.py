@@ -261,7 +261,7 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         # The factor does not depend on Y: with fantasies (Y: sample x batch x q) it is built once.
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
+            noise = noise[(0,) * (noise.dim() - X.dim() + 1)]  # (reshape fails for q = 0)
         S_t, L22, new_X, new_noise = self._new_rows(X, noise)
         # Y's batch dims broadcast against X's (a batch of q-point sets with one shared Y)
         batch_y = torch.broadcast_shapes(self.train_y.shape[:-1], Y.shape[:-1], X.shape[:-2])

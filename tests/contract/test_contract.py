@@ -366,6 +366,31 @@ def test_noise_per_batch_with_x_of_batch_one_conditions_each_batch_on_its_own(s)
 
 
 @surrogates
+@noise_kinds
+def test_fantasies_at_no_points_leave_the_posterior_as_it_was(s, fixed):
+    """``fantasize`` at ``b x 0 x d`` (BoTorch conditions on empty ``sample x b x 0 x 1``
+    observations) gives a ``sample x b`` batch of models each equal to the parent, as does
+    fantasising a batched model at no points. (Before, every surrogate but WISKI with inferred
+    noise failed with torch's RuntimeError from a reshape of the empty noise or of the empty
+    right-hand sides of a solve; the Bernoulli t-SVGP's sampler refused 0 dimensions.)"""
+    _skip_unsupported(s, fixed)
+    X, Y, Yvar = s.data(N0, D, seed=0, fixed=fixed)
+    parent = s.make(X, Y, Yvar)
+    Xt = _test_points()
+    m0, C0 = latent(parent, Xt)
+    fant = parent.fantasize(torch.empty(3, 0, D, dtype=DT), SobolQMCNormalSampler(torch.Size([2])))
+    assert fant.batch_shape == torch.Size([2, 3])
+    m, C = latent(fant, Xt)
+    assert_close(m, m0.expand(2, 3, -1), s.tol, "mean")
+    assert_close(C, C0.expand(2, 3, -1, -1), s.tol, "covariance")
+    again = fant.fantasize(torch.empty(0, D, dtype=DT), SobolQMCNormalSampler(torch.Size([2])))
+    assert again.batch_shape == torch.Size([2, 2, 3])
+    m, C = latent(again, Xt)
+    assert_close(m, m0.expand(2, 2, 3, -1), s.tol, "mean of the fantasy's fantasy")
+    assert_close(C, C0.expand(2, 2, 3, -1, -1), s.tol, "covariance of the fantasy's fantasy")
+
+
+@surrogates
 def test_long_stream_of_updates_matches_dense_reference(s):
     """40 single-point updates in place (as a loop makes them) stay on the dense reference: no
     drift of the incrementally updated factors."""

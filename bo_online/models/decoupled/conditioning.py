@@ -74,7 +74,7 @@ class DecoupledConditioningMixin:
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
+            noise = noise[(0,) * (noise.dim() - X.dim() + 1)]  # (reshape fails for q = 0)
         beta, L, chol_H, R_S, corr = self._conditioned_state(X, noise)
         a_beta = self._conditioned_a(X, Y, R_S, corr)
         new = self._shallow_copy()

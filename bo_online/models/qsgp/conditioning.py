@@ -128,7 +128,7 @@ class QSGPConditioningMixin:
 
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
+            noise = noise[(0,) * (noise.dim() - X.dim() + 1)]  # (reshape fails for q = 0)
         U, dr, point_noise = self._new_sites(X, Y, noise)
         if self._cond_factor is not None:
             parent = self._cond_factor

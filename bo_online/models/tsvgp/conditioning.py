@@ -46,7 +46,7 @@ class TSVGPConditioningMixin:
                     self._point_noise(torch.Size([*self._out, X.shape[-2]]), None)
                 )
             elif noise is not None:  # noise is the same for every sample
-                beta = beta.reshape(-1, *X.shape[:-2], *self._out, X.shape[-2])[0]
+                beta = beta[(0,) * (beta.dim() - X.dim() + 1 - len(self._out))]
             parent = self._B_factor()
             B = parent.add(A * beta.sqrt().unsqueeze(-2))
             lam_w = self.lam_w + (A @ g1.unsqueeze(-1)).squeeze(-1)
@@ -156,6 +156,11 @@ class TSVGPConditioningMixin:
             return super().fantasize(X, sampler, observation_noise=observation_noise, **kwargs)
         if observation_noise is not None:
             raise ValueError("observation_noise only applies to Gaussian likelihoods.")
+        if isinstance(X, Tensor) and X.dim() >= 2 and X.shape[-2] == 0:
+            # no points, nothing to sample (the sampler refuses 0 dims): empty observations
+            batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
+            Y = X.new_empty(*sampler.sample_shape, *batch, 0, self.num_outputs)
+            return self.condition_on_observations(X, Y)
         post = self.posterior(X)
         F = sampler(post)  # sample x batch x q x 1, user units
         Fs = self._standardize(F)

@@ -64,7 +64,7 @@ class WISKIConditioningMixin:
     def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Self:
         if noise is not None and noise.dim() > X.dim() - 1:
             # Noise carries fantasy sample dims; it is the same for every sample.
-            noise = noise.reshape(-1, *noise.shape[-(X.dim() - 1) :])[0]
+            noise = noise[(0,) * (noise.dim() - X.dim() + 1)]  # (reshape fails for q = 0)
         idx, val = self._interp(X)
         D = self._to_D(X, noise).expand(X.shape[:-1])
         y = Y * self.outcome_std.reshape(()) + self.outcome_mean.reshape(())  # user units
