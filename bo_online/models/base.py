@@ -371,7 +371,21 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         else:
             X = self.transform_inputs(X)
         check_inputs(X, dim=self.dim, bounds=self.input_bounds)
+        self._check_batch_broadcasts(X.shape[:-2], "X")
         return X
+
+    def _check_batch_broadcasts(self, batch: torch.Size, name: str) -> None:
+        r"""Raise ``ValueError`` unless the batch shape ``batch`` of ``name`` (``X``: ``batch x q x
+        d``, ``Y``: ``batch x q x m``) broadcasts with this model's :attr:`batch_shape`."""
+        try:
+            torch.broadcast_shapes(batch, self.batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name} has batch shape {tuple(batch)}, which does not broadcast with this "
+                f"batched model's {tuple(self.batch_shape)} (a fantasy or conditioned model): give "
+                f"{name} batch dims that do (e.g. {' x '.join(map(str, self.batch_shape))} x q x "
+                "..., or none)."
+            ) from None
 
     def _checked_training_data(
         self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None
@@ -485,6 +499,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         check_observations(
             X, Y, noise, dim=self.dim, num_outputs=self.num_outputs, bounds=self.input_bounds
         )
+        self._check_batch_broadcasts(Y.shape[:-2], "Y")
         warn_if_rounding_hides_new_targets(Y, X.dtype, self.outcome_std)
         self.ensure_caches()
         # Conditioned on data that need no gradient (new observations, an Ax trial), the child's

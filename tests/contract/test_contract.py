@@ -832,6 +832,28 @@ def test_bad_input_raises_value_error_and_leaves_state_unchanged(s, fixed):
 
 
 @surrogates
+def test_batches_that_do_not_broadcast_with_a_batched_model_are_refused(s):
+    """A batched model (here a ``2 x 3`` fantasy model) refuses, with a ValueError naming both
+    batch shapes, points whose batch does not broadcast with its own, at ``posterior`` and
+    ``condition_on_observations`` (before: torch's RuntimeError from inside each model's
+    algebra); batches that broadcast are taken."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    parent = s.make(X, Y)
+    fant = parent.fantasize(_test_points(2, batch=(3,)), SobolQMCNormalSampler(torch.Size([2])))
+    assert fant.batch_shape == torch.Size([2, 3])
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        fant.posterior(_test_points(batch=(4,)))
+    Xn, Yn, _ = s.data(1, D, seed=1)
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        fant.condition_on_observations(Xn.expand(4, 1, D), Yn.expand(4, 1, 1))
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        fant.condition_on_observations(Xn, Yn.expand(4, 1, 1))
+    assert fant.posterior(_test_points(batch=(1, 3))).mean.shape == torch.Size([2, 3, 5, 1])
+    both = fant.condition_on_observations(Xn.expand(3, 1, D), Yn.expand(2, 3, 1, 1))
+    assert both.batch_shape == torch.Size([2, 3])
+
+
+@surrogates
 def test_constructor_refuses_bad_data(s):
     """The constructor validates its data like every other entry point."""
     X, Y, Yvar = s.data(N0, D, seed=0, fixed=s.fixed_noise)
