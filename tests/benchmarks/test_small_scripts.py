@@ -10,8 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from benchmark_scripts import load_benchmark
 from synthetic_uci import write_uci_like
+
+from bo_online.models.tsvgp import TSVGP
 
 
 def _yacht_data_dir(root: Path) -> Path:
@@ -184,3 +187,52 @@ def test_tsvgp_ns_sorted_and_deduplicated(tmp_path, monkeypatch, capsys):
     written = json.loads(out.read_text())
     assert [r["n"] for r in written["update"]] == [40, 60]
     assert written["settings"]["ns"] == [40, 60]
+
+
+# bench_tsvgp_bound.py -----------------------------------------------------------------------------
+
+
+def test_tsvgp_bound_script_times_two_equal_bounds(tmp_path, capsys):
+    """The script's two-pass reference is the general ELBO path with the exact sites: equal to
+    the one-pass Gaussian bound in value and gradient (several row blocks), and the two timed
+    fits from one state land on the same model."""
+    bench = load_benchmark("bench_tsvgp_bound")
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(300, 3, generator=g, dtype=torch.float64)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(300, 1, generator=g).double()
+    model = TSVGP(X, Y, inducing_points=16)
+    model.summary_block_elements = 70 * 16
+    model.fit(max_iter=3)
+    grads = []
+    for bound in (
+        model.elbo,
+        lambda: bench.two_pass_bound(model)(
+            model._kuu_chol(), model.train_X, model.train_y, model.train_noise
+        ),
+    ):
+        model.zero_grad()
+        value = bound()
+        value.backward()
+        grads.append((value.item(), [p.grad.clone() for p in model.parameters()]))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12)
+    for a, b in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    root = _yacht_data_dir(tmp_path)
+    argv = [
+        "--dataset",
+        "yacht",
+        "--rows",
+        "150",
+        "--test-rows",
+        "30",
+        "--m",
+        "12",
+        "--iters",
+        "4",
+        "--reps",
+        "1",
+    ]
+    times = bench.main([*argv, "--data-dir", str(root)])
+    assert len(times["one-pass"]) == len(times["two-pass"]) == 1
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ": fit " in ln]
+    assert len(lines) == 2 and lines[0].split("test ")[1] == lines[1].split("test ")[1]
