@@ -28,38 +28,16 @@ from torch import Tensor
 
 from bo_online.loops.active import predictive_metrics
 from bo_online.models.tsvgp import TSVGP
-from bo_online.models.tsvgp.caches import blockwise
 from bo_online.problems import to_unit, uci_problem
 
 
 def two_pass_bound(model: TSVGP) -> Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]:
-    """The general ELBO path of ``TSVGP.elbo`` with the exact Gaussian sites: the summaries in
-    one pass over the row blocks, then ``sum_i E_q[log p(y_i | f_i)]`` in a second, minus the
-    KL. A drop-in for ``model._collapsed_bound``."""
+    """The general ELBO path of ``TSVGP.elbo`` (``_sites_elbo``) with the exact Gaussian sites:
+    the summaries in one pass over the row blocks, ``sum_i E_q[log p(y_i | f_i)]`` in a second,
+    minus the KL. A drop-in for ``model._collapsed_bound``."""
 
     def bound(L_K: Tensor, X: Tensor, y: Tensor, noise: Tensor | None) -> Tensor:
-        g1, beta = model._exact_sites(y, noise)
-        lam_w, P = model._site_summaries(L_K, X, g1, beta)
-        L_B, v = model._factor(P, lam_w)
-
-        def block(L_K, L_B, v, Xb, yb, nb):
-            return model._expected_log_lik(model._whiten(L_K, Xb), L_B, v, Xb, yb, nb)
-
-        params = [p for p in model.parameters() if p.requires_grad]
-        ell = sum(
-            blockwise(
-                block,
-                params,
-                L_K,
-                L_B,
-                v,
-                X[s],
-                y[..., s],
-                None if noise is None else noise[..., s],
-            )
-            for s in model._row_blocks(X.shape[-2])
-        )
-        return ell - model._kl(L_B, v).sum()
+        return model._sites_elbo(L_K, X, y, noise, *model._exact_sites(y, noise))
 
     return bound
 

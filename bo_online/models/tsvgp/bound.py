@@ -58,7 +58,14 @@ class TSVGPBoundMixin:
         L_K = self._kuu_chol()
         if self.likelihood.conjugate:
             return self._collapsed_bound(L_K, X, y, noise)
-        g1, beta = self.sites
+        return self._sites_elbo(L_K, X, y, noise, *self.sites)
+
+    def _sites_elbo(
+        self, L_K: Tensor, X: Tensor, y: Tensor, noise: Tensor | None, g1: Tensor, beta: Tensor
+    ) -> Tensor:
+        r"""The ELBO of q built from the sites ``g1, beta`` (``(out x) n``) at the points ``X``
+        (``n x d``, targets ``y``): the summaries in one pass over the row blocks, then the
+        expected log-likelihood under the marginals in a second, minus the KL."""
         blocks = self._row_blocks(X.shape[-2])
         if len(blocks) == 1:  # all rows at once: the whitened A is shared by both sums
             A = self._whiten(L_K, X)
