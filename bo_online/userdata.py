@@ -1,6 +1,6 @@
 r"""A user's own data as a stream (streaming loop) or a pool (active learning).
 
-Files: ``.csv`` / ``.csv.gz`` (comma separated; a first row with any non-numeric cell is a
+Files: ``.csv`` / ``.csv.gz`` (UTF-8, comma separated; a first row with any non-numeric cell is a
 header of column names) or ``.npz`` (either arrays ``X`` (``n x d``) and ``y`` (``n``), with an
 optional ``test_mask`` (``n``), or one ``n x k`` array, named ``data`` or the only array).
 
@@ -156,7 +156,9 @@ def _read_csv(path: Path, gz: bool) -> Table:
             rows = [
                 (i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)
             ]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+    except UnicodeDecodeError as e:  # its position is in a read buffer: find the line
+        raise DataFileError(_not_utf8(path, opener)) from e
+    except (OSError, csv.Error) as e:
         raise DataFileError(f"{path}: cannot be read as CSV ({e}).") from e
     if not rows:
         raise DataFileError(f"{path}: the file holds no rows.")
@@ -217,6 +219,25 @@ def _read_csv(path: Path, gz: bool) -> Table:
                 )
             data[r, j] = value
     return Table(data, columns, path, body[0][0], problems=problems)
+
+
+def _not_utf8(path: Path, opener: Any) -> str:
+    """The message for a CSV that is not UTF-8 text (Latin-1, Windows-1252, ...), naming the
+    first line that does not decode and the byte."""
+    with opener(path, "rb") as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = f"line {number} is not UTF-8 text (byte 0x{line[e.start]:02x})"
+            break
+    else:
+        where = "is not UTF-8 text"
+    return (
+        f"{path}: {where}; save the file as UTF-8 (Excel: 'CSV UTF-8'; or iconv -f latin1 -t "
+        "utf-8)."
+    )
 
 
 def _read_npz(path: Path) -> Table:

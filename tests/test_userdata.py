@@ -677,3 +677,31 @@ def test_an_input_whose_range_overflows_is_named_not_called_missing(tmp_path, ca
     code, err = _run(["stream", "--data", str(path), "--out", str(out), "-Q"], capsys)
     assert code == 2 and err.count("\n") == 1 and "rescale" in err, err
     assert not out.exists()
+
+
+def test_a_file_not_in_utf8_is_named_with_its_line_and_what_to_do(tmp_path, capsys):
+    """A CSV saved in Latin-1 / Windows-1252 (Excel's plain "CSV" on Windows), an accented
+    header such as 'tempér', was refused with the decoder's 'can't decode byte 0xe9 in position
+    N' (a position in a read buffer, not the line) and no advice; the message now names the
+    line and says to save the file as UTF-8."""
+    X, y = _data(n=20, d=2)
+    path = tmp_path / "latin1.csv"
+    lines = ["x0,x1,tempér"] + [f"{a:.6f},{b:.6f},{t:.6f}" for (a, b), t in zip(X, y)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert stream_from_file(path, target="tempér").X_test.shape == (2, 2)  # UTF-8 reads
+    path.write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(path)
+    assert str(err.value) == (
+        f"{path}: line 1 is not UTF-8 text (byte 0xe9); save the file as UTF-8 (Excel: "
+        "'CSV UTF-8'; or iconv -f latin1 -t utf-8)."
+    )
+    gz = tmp_path / "latin1.csv.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(("\n".join(lines[1:12] + ["0.5,0.25,tempér"] + lines[12:]) + "\n").encode("cp1252"))
+    with pytest.raises(DataFileError, match=r"latin1\.csv\.gz: line 12 is not UTF-8 text \(byt"):
+        pool_from_file(gz)
+    out = tmp_path / "run"
+    code, err = _run(["stream", "--data", str(path), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "line 1 is not UTF-8" in err, err
+    assert not out.exists()
