@@ -170,6 +170,7 @@ class AxOnlineMixin:
             if extended is not None:
                 # Become that model: the same thing ``copy.copy`` does to a fresh instance.
                 self.__dict__.update(extended.__dict__)
+                self._hooks_rebound_from(extended)  # else this model keeps ``extended`` alive
                 since = session.model._ax_obs_since_fit  # None: never fitted, so still due
                 self._ax_obs_since_fit = None if since is None else since + train_X.shape[0] - n_old
                 _SESSIONS.stats.incremental += 1

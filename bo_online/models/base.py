@@ -28,6 +28,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import types
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Iterator, Mapping
 
@@ -669,7 +671,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         new._buffers = dict(self._buffers)
         new._modules = dict(self._modules)
         new._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
+        new._hooks_rebound_from(self)
         return new
+
+    def _hooks_rebound_from(self, source: torch.nn.Module) -> None:
+        r"""Give this module, a copy of ``source``'s ``__dict__``, hook dicts of its own whose
+        hooks bound to ``source`` are bound to this module instead. A copy sharing them (GPyTorch
+        registers its ``load_state_dict`` pre-hook as a bound method) kept ``source``, with all
+        its caches, alive as long as the copy lived, and ran ``source``'s hook for the copy."""
+        for name, hooks in list(vars(source).items()):
+            if name.endswith("_hooks") and isinstance(hooks, dict):
+                self.__dict__[name] = type(hooks)(
+                    (key, _rebound(hook, source, self)) for key, hook in hooks.items()
+                )
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The state including fresh caches, so ``load_state_dict`` restores the model exactly."""
@@ -901,3 +915,20 @@ def _as_operator(covar: Tensor | LinearOperator) -> LinearOperator:
     from linear_operator import to_linear_operator
 
     return to_linear_operator(covar)
+
+
+def _rebound(hook: Any, source: torch.nn.Module, target: torch.nn.Module) -> Any:
+    r"""``hook`` (a function, a bound method or torch's wrapper of one that also holds a weak
+    reference to its module) with ``source`` replaced by ``target`` wherever it is bound."""
+    if isinstance(hook, types.MethodType) and hook.__self__ is source:
+        return types.MethodType(hook.__func__, target)
+    inner = getattr(hook, "hook", None)
+    module = getattr(hook, "module", None)
+    tied = getattr(hook, "with_module", False) and callable(module) and module() is source
+    if inner is None or (_rebound(inner, source, target) is inner and not tied):
+        return hook
+    new = copy.copy(hook)
+    new.hook = _rebound(inner, source, target)
+    if tied:
+        new.module = weakref.ref(target)
+    return new

@@ -6,6 +6,7 @@ test runs the 40 trials the issue names, with cheap optimiser settings.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import math
@@ -402,6 +403,24 @@ def test_reuse_decisions_and_exactness(fixed_noise):
     if fixed_noise:  # changed earlier noise -> rebuild
         _build(ax_cls, X[:12], y12_bad, v12 * 2, standardize=False, fit=False)
         assert "noise" in stats.reasons[-1]
+
+
+@pytest.mark.parametrize("model_name", ["OnlineExactGP", "WISKI"])
+def test_the_model_of_a_trial_does_not_keep_the_one_it_was_built_from_alive(model_name):
+    r"""An incremental construction becomes the extended model (its ``__dict__``), which
+    shared the extended model's GPyTorch load-state hook, a method bound to it: every trial's
+    model kept that one alive, with the caches its own refit replaced (WISKI's at 6 inputs:
+    about 200 MB more resident in every Ax trial than in the BO loop). Only the stored model
+    remains once the trials' models are dropped."""
+    ax_cls = boax.available_models()[model_name]
+    X = torch.rand(14, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    Y = torch.sin(5 * X.sum(-1, keepdim=True))
+    for n in (8, 11, 14):  # a rebuild, then two incremental trials with refits
+        model = _build(ax_cls, X[:n], Y[:n], refit_every=1, fit_options={"max_iter": 3})
+    assert boax.session_stats().incremental == 2
+    del model
+    gc.collect()
+    assert sum(type(o) is ax_cls for o in gc.get_objects()) == 1  # the store's
 
 
 def test_refit_schedule():

@@ -6,7 +6,9 @@ A new surrogate is covered by adding it to that one list.
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from unittest import mock
 
 import pytest
@@ -501,6 +503,24 @@ def test_conditioning_leaves_parent_untouched_and_child_independent(s):
         mean_ref, cov_ref = reference_conditioned(s, child, X, Y, None, [(Xn, Yn, None)], Xt)
         assert_close(mc3, mean_ref, 10 * s.tol, "child mean after a parent refit")
         assert_close(Cc3, cov_ref, 10 * s.tol, "child covariance after a parent refit")
+
+
+@surrogates
+def test_a_conditioned_model_does_not_keep_its_parent_alive(s):
+    """A conditioned child shares the parent's tensors and hyperparameter modules, not the
+    parent: the shallow copy shared GPyTorch's load_state_dict pre-hook, a method bound to the
+    parent, so a child (Ax's model of every trial, a fantasy model) kept its parent and all its
+    caches alive, and loading a state into the child ran the parent's hook."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    parent = s.make(X, Y)
+    child = parent.condition_on_observations(Xn, Yn)
+    mean, _ = latent(child, _test_points())
+    gone = weakref.ref(parent)
+    del parent
+    gc.collect()
+    assert gone() is None
+    assert_close(latent(child, _test_points())[0], mean, 1e-12, "child mean without its parent")
 
 
 @surrogates
