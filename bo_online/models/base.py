@@ -95,6 +95,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         outcome_transform: Any | None = None,
     ) -> None:
         super().__init__()
+        self._hook_without_a_cycle()
         _check_outcome_transform(outcome_transform)
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
@@ -673,6 +674,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         new._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
         new._hooks_rebound_from(self)
         return new
+
+    def _hook_without_a_cycle(self) -> None:
+        r"""GPyTorch registers its ``load_state_dict`` pre-hook as a method bound to the module,
+        a reference cycle: a model dropped (Ax builds one every trial) then waits, with all its
+        caches, for Python's cyclic garbage collection, which counts objects, not bytes, and
+        seldom runs in a long session. The same hook, held by torch with a weak reference to
+        the module instead, lets reference counting free the model at once."""
+        hooks = self._load_state_dict_pre_hooks
+        for key, hook in list(hooks.items()):
+            fn = getattr(hook, "hook", None)
+            if isinstance(fn, types.MethodType) and fn.__self__ is self:
+                del hooks[key]
+                self.register_load_state_dict_pre_hook(fn.__func__)
 
     def _hooks_rebound_from(self, source: torch.nn.Module) -> None:
         r"""Give this module, a copy of ``source``'s ``__dict__``, hook dicts of its own whose

@@ -524,6 +524,31 @@ def test_a_conditioned_model_does_not_keep_its_parent_alive(s):
 
 
 @surrogates
+def test_a_dropped_model_is_freed_by_reference_counting(s):
+    """A model, fitted, predicted from and conditioned, is freed with its caches as soon as the
+    last reference goes: GPyTorch's load_state_dict pre-hook, a method bound to the module,
+    made every model a reference cycle that waited for Python's cyclic garbage collection,
+    which counts objects, not bytes; through Ax (a new model every trial) WISKI at 6 inputs
+    grew by 100-200 MB of dead models a trial (Hartmann6: 1.9 GB at the 8th BO trial)."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    gc.collect()
+    gc.disable()
+    try:
+        model = s.make(X, Y)
+        model.fit(max_iter=2)
+        latent(model, _test_points())
+        child = model.condition_on_observations(Xn, Yn)
+        latent(child, _test_points())
+        model.load_state_dict(model.state_dict())
+        refs = [weakref.ref(model), weakref.ref(child)]
+        del model, child
+        assert [ref() is None for ref in refs] == [True, True]
+    finally:
+        gc.enable()
+
+
+@surrogates
 def test_batched_points_with_one_shared_Y_condition_like_each_batch_alone(s):
     """``condition_on_observations`` with ``X``: ``b x q x d`` and ``Y``: ``q x 1`` (batch dims
     broadcast) gives, for every batch element, the model conditioned on that element alone."""
