@@ -1074,6 +1074,16 @@ def active(
             data_dir=data_dir,
             tracks=_tracks(tracks),
         )
+    rows = prob.X_pool.shape[0]
+    where = (
+        f"the pool holds {rows} points"
+        if pool is None
+        else f"{pool} has {rows} pool rows (the rows not held out for testing)"
+    )
+    _check(
+        n_init <= rows,
+        f"--n-init {n_init} exceeds the pool: {where}; give --n-init {rows} or fewer.",
+    )
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(
         model=model,
