@@ -52,6 +52,13 @@ class DataChangedError(ValueError):
     """A run's data file differs from the one the run started on."""
 
 
+#: the end of a message on a file whose fields are separated by ';' or tabs (European Excel's
+#: CSV, with decimal commas that split each row into more fields than its header's one)
+_SEPARATOR_ADVICE = (
+    "; fields must be separated by commas: save a file that uses ';' or tabs as "
+    "comma-separated CSV, with '.' as the decimal point."
+)
+
 #: how the message of a non-numeric cell ends; :meth:`Table.require` adds advice for its role
 _NOT_A_NUMBER = " is not a number;"
 
@@ -190,7 +197,8 @@ def _read_csv(path: Path, gz: bool) -> Table:
     for r, (line, row) in enumerate(body):
         if len(row) != k:
             raise DataFileError(
-                f"{path}: line {line} has {len(row)} fields, expected {k} (as in line {line0})."
+                f"{path}: line {line} has {len(row)} fields, expected {k} (as in line {line0})"
+                + (_SEPARATOR_ADVICE if k == 1 and any(c in first[0] for c in ";\t") else ".")
             )
         for j, cell in enumerate(row):
             text = cell.strip()

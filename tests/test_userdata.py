@@ -721,3 +721,23 @@ def test_active_with_more_initial_points_than_pool_rows_names_the_file(tmp_path,
         "held out for testing); give --n-init 9 or fewer.\n"
     )
     assert not out.exists()
+
+
+def test_semicolon_file_with_decimal_commas_says_to_save_it_comma_separated(tmp_path):
+    """A European Excel CSV ('a;b;target' with decimal commas, '0,5;1,25;3,0') reads as one
+    header field and rows split at the decimal commas; it was refused with 'line 2 has 4
+    fields, expected 1 (as in line 1).', which does not say what is wrong with the file."""
+    X, y = _data(n=20, d=2)
+    path = tmp_path / "semi.csv"
+    rows = [";".join(f"{v:.4f}".replace(".", ",") for v in r) for r in np.column_stack([X, y])]
+    path.write_text("x0;x1;target\n" + "\n".join(rows) + "\n")
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(path)
+    assert str(err.value) == (
+        f"{path}: line 2 has 4 fields, expected 1 (as in line 1); fields must be separated by "
+        "commas: save a file that uses ';' or tabs as comma-separated CSV, with '.' as the "
+        "decimal point."
+    )
+    _write_csv(path, X, y, extra=(5, "1,2"))  # a short row of a comma-separated file: as before
+    with pytest.raises(DataFileError, match=r"line 6 has 2 fields, expected 3 \(as in line 1\)\.$"):
+        stream_from_file(path)
