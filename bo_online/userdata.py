@@ -1,8 +1,9 @@
 r"""A user's own data as a stream (streaming loop) or a pool (active learning).
 
 Files: ``.csv`` / ``.csv.gz`` (UTF-8, comma separated; a first row with any non-numeric cell is a
-header of column names) or ``.npz`` (either arrays ``X`` (``n x d``) and ``y`` (``n``), with an
-optional ``test_mask`` (``n``), or one ``n x k`` array, named ``data`` or the only array).
+header of column names) or ``.npz`` (either arrays ``X`` (``n x d``, or ``n`` for one input) and
+``y`` (``n`` or ``n x 1``), with an optional ``test_mask`` (``n``), or one ``n x k`` array, named
+``data`` or the only array).
 
 Everything is checked before a loop is built: every cell must be a finite number, every row as
 long as the header; the first offending cell is reported in one line naming the file, the line
@@ -255,11 +256,15 @@ def _read_npz(path: Path) -> Table:
         raise DataFileError(f"{path}: cannot be read as .npz ({e}).") from e
     mask = None
     if "X" in arrays and "y" in arrays:
-        X, y = np.asarray(arrays["X"]), np.asarray(arrays["y"]).reshape(-1)
-        if X.ndim != 2 or X.shape[0] != y.shape[0]:
+        X, y = np.asarray(arrays["X"]), np.asarray(arrays["y"])
+        if X.ndim == 1:  # n values of one input, as y may be n or n x 1
+            X = X[:, None]
+        if X.ndim != 2 or y.size != X.shape[0] or y.size not in y.shape:
             raise DataFileError(
-                f"{path}: X must be n x d and y hold n values, got X {X.shape} and y {y.shape}."
+                f"{path}: X must be n x d (or n values of one input) and y hold n values (n or "
+                f"n x 1), got X {np.asarray(arrays['X']).shape} and y {y.shape}; save them so."
             )
+        y = y.reshape(-1)
         data = np.column_stack([X, y])
         columns = [f"x{j}" for j in range(X.shape[1])] + ["y"]
         if "test_mask" in arrays:

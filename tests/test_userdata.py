@@ -741,3 +741,23 @@ def test_semicolon_file_with_decimal_commas_says_to_save_it_comma_separated(tmp_
     _write_csv(path, X, y, extra=(5, "1,2"))  # a short row of a comma-separated file: as before
     with pytest.raises(DataFileError, match=r"line 6 has 2 fields, expected 3 \(as in line 1\)\.$"):
         stream_from_file(path)
+
+
+def test_npz_with_one_input_saved_as_a_vector_reads_as_one_column(tmp_path):
+    """An .npz of one input saved as X of shape (n,) was refused ('X must be n x d and y hold n
+    values, got X (40,)'), though y may be n or n x 1; it reads as one input column now. A y
+    that is not n values is still refused, with the shape it was saved in (it was reported
+    flattened)."""
+    X, y = _data(n=40, d=2)
+    X = X[:, :1]
+    np.savez(tmp_path / "vector.npz", X=X[:, 0], y=y[:, None])
+    np.savez(tmp_path / "matrix.npz", X=X, y=y)
+    got, want = stream_from_file(tmp_path / "vector.npz"), stream_from_file(tmp_path / "matrix.npz")
+    for name in ("X_stream", "y_stream", "X_test", "y_test"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert pool_from_file(tmp_path / "vector.npz").X_pool.shape == (36, 1)
+    np.savez(tmp_path / "bad.npz", X=X[:20, 0], y=y.reshape(20, 2))
+    with pytest.raises(
+        DataFileError, match=r"bad\.npz: X must be .* got X \(20,\) and y \(20, 2\)"
+    ):
+        stream_from_file(tmp_path / "bad.npz")
