@@ -196,7 +196,20 @@ class _Vectorised:
         if values is None:  # no kind of objective returns None: report, do not go per-point
             raise ObjectiveError(NONE_RESULT)
         if values.shape[0] != n:  # one value for the batch, or rows mixed up: per-point
-            return self._decide_per_point(X, f"returned {values.shape[0]} value(s)")
+            try:
+                return self._decide_per_point(X, f"returned {values.shape[0]} value(s)")
+            except ObjectiveError:  # its values per point are wrong too: said with both counts
+                raise
+            except Exception as per_point_error:
+                if self.per_point:  # some points worked one at a time: its own error
+                    raise
+                # A batch function that miscounts fails on a d-vector it never expected:
+                # that error alone hid the wrong count.
+                raise ObjectiveError(
+                    f"returned {values.shape[0]} values for the {n} x {d} batch (one per point "
+                    f"expected), and raised {type(per_point_error).__name__}: {per_point_error} "
+                    "when called one point at a time"
+                ) from per_point_error
         if n > 1:  # one point says nothing: both kinds return one value for 1 x d
             self.per_point = False
         return values

@@ -478,3 +478,24 @@ def test_values_as_a_list_of_tensors_with_autograd_are_accepted():
     problem = CallableProblem(lambda X: [(x * w).sum() ** 2 for x in X], [[0, 0], [1, 1]])
     values = problem.evaluate_true(torch.tensor([[0.5, 0.25], [1.0, 0.0]], dtype=torch.float64))
     torch.testing.assert_close(values, torch.tensor([2.25, 4.0], dtype=torch.float64))
+
+
+def test_a_batch_objective_returning_too_few_values_is_reported_as_such():
+    """A batch objective that drops a value (n - 1 for n points) is tried point by point, where
+    it fails on a d-vector it never expected; the run stopped with that error alone ('raised
+    IndexError: slice() cannot be applied to a 0-dim tensor'), hiding the wrong count of the
+    batch call. Both are named now, as when the batch call raises."""
+
+    def drops_one(X):
+        return (X**2).sum(-1)[: max(1, X.shape[0] - 1)]
+
+    wrapped = _Vectorised(drops_one)
+    problem = CallableProblem(wrapped, [[0, 0], [1, 1]], name="f")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "one point at a time from now on": neither worked
+        with pytest.raises(ObjectiveError) as info:
+            problem.evaluate_true(X5)
+    assert "returned 4 values for the 5 x 2 batch" in str(info.value)
+    assert "and raised IndexError: slice() cannot be applied to a 0-dim tensor" in str(info.value)
+    assert "when called one point at a time" in str(info.value)
+    assert wrapped.per_point is None
