@@ -308,11 +308,11 @@ def _read_npz(path: Path) -> Table:
 def read_table(path: str | os.PathLike) -> Table:
     r"""Read and check a ``.csv`` / ``.csv.gz`` / ``.npz`` file (see the module docstring)."""
     path = Path(path).expanduser()
-    suffix = _suffix(path)
-    if path.is_dir():
+    if path.is_dir():  # whatever its name: a folder is no file type
         raise DataFileError(
             f"{path} is a directory; name the data file in it (.csv, .csv.gz or .npz)."
         )
+    suffix = _suffix(path)
     if not path.is_file():
         raise DataFileError(f"{path}: no such file.")
     table = _read_npz(path) if suffix == ".npz" else _read_csv(path, gz=suffix == ".csv.gz")
@@ -334,6 +334,15 @@ def _test_mask(
     """The test rows (boolean ``n``) and the mask column used (excluded from the inputs)."""
     n = table.data.shape[0]
     if test_mask is not None:
+        if (
+            isinstance(test_mask, str)
+            and test_mask not in table.columns
+            and Path(test_mask).expanduser().is_dir()
+        ):
+            raise DataFileError(
+                f"{test_mask} is a directory; name the test-mask file in it (.csv, .csv.gz or "
+                ".npz)."
+            )
         if _names_a_missing_file(table, test_mask):
             raise DataFileError(
                 f"{test_mask}: no such file (given as the test mask; it names no column of "

@@ -761,3 +761,27 @@ def test_npz_with_one_input_saved_as_a_vector_reads_as_one_column(tmp_path):
         DataFileError, match=r"bad\.npz: X must be .* got X \(20,\) and y \(20, 2\)"
     ):
         stream_from_file(tmp_path / "bad.npz")
+
+
+def test_a_directory_without_a_data_suffix_is_called_a_directory(tmp_path, capsys):
+    """`--data my_data/` (the folder that holds the file) was refused as 'unsupported file type;
+    give a .csv, .csv.gz or .npz file', the suffix being checked before the path: a folder is
+    now named as one whatever its name, for --data and --pool, and a --test-mask folder too
+    (it was 'no such file')."""
+    folder = tmp_path / "my_data"
+    folder.mkdir()
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(folder)
+    assert str(err.value) == (
+        f"{folder} is a directory; name the data file in it (.csv, .csv.gz or .npz)."
+    )
+    out = tmp_path / "run"
+    code, err = _run(["active", "--pool", str(folder), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and "my_data is a directory; name the data file in it" in err
+    X, y = _data(n=20, d=2)
+    _write_csv(tmp_path / "d.csv", X, y)
+    masks = tmp_path / "masks.csv"
+    masks.mkdir()
+    with pytest.raises(DataFileError, match=r"masks\.csv is a directory; name the test-mask file"):
+        stream_from_file(tmp_path / "d.csv", test_mask=str(masks))
+    assert not out.exists()
