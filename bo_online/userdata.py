@@ -371,10 +371,16 @@ def _test_mask(
         if not 0.0 < fraction < 1.0:
             raise DataFileError(f"test fraction must be in (0, 1), got {fraction}.")
         k = int(round(fraction * n))
+        if n < 2:
+            raise DataFileError(
+                f"{table.path}: holds {n} data row; a run needs at least 2 (one to learn from, "
+                "one to test on)."
+            )
         if not 1 <= k < n:
             raise DataFileError(
-                f"{table.path}: a test fraction of {fraction} leaves no test or no training rows "
-                f"of {n}."
+                f"{table.path}: a test fraction of {fraction} of its {n} rows leaves no test row "
+                f"or no training row; give a test fraction (--test-fraction) from {1 / n:.3g} to "
+                f"{(n - 1) / n:.3g}, or mark the test rows (--test-mask)."
             )
         mask = np.zeros(n, bool)
         mask[np.random.default_rng(seed).permutation(n)[:k]] = True

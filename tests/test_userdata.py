@@ -785,3 +785,31 @@ def test_a_directory_without_a_data_suffix_is_called_a_directory(tmp_path, capsy
     with pytest.raises(DataFileError, match=r"masks\.csv is a directory; name the test-mask file"):
         stream_from_file(tmp_path / "d.csv", test_mask=str(masks))
     assert not out.exists()
+
+
+def test_a_file_too_small_for_its_test_fraction_says_which_fractions_work(tmp_path, capsys):
+    """A file of 4 rows at the default test fraction 0.1 (0 test rows) was refused with 'a test
+    fraction of 0.1 leaves no test or no training rows of 4.', and one of a single row the same
+    way, neither saying what to do; the message now gives the fractions that work, or says
+    that one row is too few."""
+    X, y = _data(n=4, d=2)
+    path = tmp_path / "four.csv"
+    _write_csv(path, X, y)
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(path)
+    assert str(err.value) == (
+        f"{path}: a test fraction of 0.1 of its 4 rows leaves no test row or no training row; "
+        "give a test fraction (--test-fraction) from 0.25 to 0.75, or mark the test rows "
+        "(--test-mask)."
+    )
+    assert pool_from_file(path, test_fraction=0.25).X_test.shape == (1, 2)
+    assert pool_from_file(path, test_fraction=0.75).X_pool.shape == (1, 2)
+    one = tmp_path / "one.csv"
+    _write_csv(one, X[:1], y[:1])
+    out = tmp_path / "run"
+    code, err = _run(["stream", "--data", str(one), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err == (
+        f"bo-online: error: {one}: holds 1 data row; a run needs at least 2 (one to learn from, "
+        "one to test on).\n"
+    )
+    assert not out.exists()
