@@ -473,22 +473,28 @@ class PoolProblem:
                 ("X_test", self.X_test, "y_test", self.y_test),
             ),
         )
-        _normalise_labelled_sets(self, ("y_pool", "y_test"))
+        _normalise_labelled_sets(self, ("X_pool", "y_pool", "X_test", "y_test"))
 
     @property
     def dim(self) -> int:
         return int(self.bounds.shape[-1])
 
 
-def _normalise_labelled_sets(problem: Any, targets: tuple[str, ...]) -> None:
-    r"""After :func:`_check_labelled_sets`: targets given ``N x 1`` become ``N`` (the loops
-    index, score and record ``N``: an ``N x 1`` stream broadcast its prequential errors to
-    ``q x q``) and a box given as a list becomes a float64 tensor."""
+def _normalise_labelled_sets(problem: Any, arrays: tuple[str, ...]) -> None:
+    r"""After :func:`_check_labelled_sets`: inputs and targets given as NumPy arrays or lists
+    become float64 tensors (the loops index them with tensors and move them with ``.to``: a
+    NumPy pool failed in the first step with torch's TypeError), targets given ``N x 1`` become
+    ``N`` (the loops index, score and record ``N``: an ``N x 1`` stream broadcast its
+    prequential errors to ``q x q``) and a box given as a list becomes a float64 tensor.
+    ``arrays``: the attribute names of the inputs and targets, targets named ``y...``."""
     problem.bounds = torch.as_tensor(problem.bounds, dtype=torch.float64)
-    for name in targets:
-        y = getattr(problem, name)
-        if torch.is_tensor(y) and y.dim() > 1:
-            setattr(problem, name, y.reshape(-1))
+    for name in arrays:
+        value = getattr(problem, name)
+        if not torch.is_tensor(value):  # (tensors keep their dtype: labels may be bool or int)
+            value = torch.as_tensor(value, dtype=torch.float64)
+        if name.startswith("y") and value.dim() > 1:
+            value = value.reshape(-1)
+        setattr(problem, name, value)
 
 
 def _check_labelled_sets(name: str, bounds: Any, sets: tuple) -> None:
@@ -563,7 +569,7 @@ class StreamProblem:
                 ("X_test", self.X_test, "y_test", self.y_test),
             ),
         )
-        _normalise_labelled_sets(self, ("y_stream", "y_test"))
+        _normalise_labelled_sets(self, ("X_stream", "y_stream", "X_test", "y_test"))
         for rows_name, rows in (("X_stream", self.X_stream), ("X_test", self.X_test)):
             if len(rows) < 1:  # the loop scores every step on the test rows
                 raise ValueError(

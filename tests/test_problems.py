@@ -277,3 +277,34 @@ def test_pools_and_streams_from_tensors_are_checked_before_any_loop(kind):
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             make(*args)
+
+
+@pytest.mark.parametrize("kind", ["regression", "classification", "pool"])
+def test_pools_and_streams_from_numpy_arrays_run_as_from_tensors(kind):
+    r"""Problems given NumPy arrays (or lists) pass the checks, so the loops must take them: they
+    failed in the first step with torch's TypeError (``.to`` of a NumPy array). A run on them
+    gives the records of the same run on tensors."""
+    from bo_online.loops import ActiveLearningLoop, StreamingLoop
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * X[:, 0]) + X[:, 1]
+    if kind == "classification":
+        y = (y > 1.0).double()
+    box = [[0.0, 0.0], [1.0, 1.0]]
+
+    def run(X, y):
+        if kind == "pool":
+            pool = PoolProblem("mine", X[:50], y[:50], X[50:], y[50:], box)
+            loop = ActiveLearningLoop(pool, acq="random", model="tsvgp", n_init=10, q=2, seed=0)
+            return loop.run(steps=3)
+        stream = StreamProblem("mine", X[:50], y[:50], X[50:], y[50:], box, task=kind)
+        loop = StreamingLoop(stream, model="tsvgp", n_init=20, q=5, eval_every=2, seed=0)
+        return loop.run(steps=3)
+
+    def outcomes(records):
+        return [{k: v for k, v in r.items() if not k.startswith(("time", "wall"))} for r in records]
+
+    expected = outcomes(run(X, y))
+    assert outcomes(run(X.numpy(), y.numpy())) == expected
+    assert outcomes(run(X.tolist(), y.numpy()[:, None])) == expected  # lists, N x 1 targets
