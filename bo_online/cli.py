@@ -74,10 +74,13 @@ ModelOptionOpt = Annotated[
 QOpt = Annotated[int, typer.Option("--q", help="Batch size: points proposed per step.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed of everything random in the run.")]
 RefitOpt = Annotated[
-    int,
+    str,
     typer.Option(
         help="Refit hyperparameters every this many steps (warm-started; the exact GP, and "
-        "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never."
+        "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never; "
+        "auto: every step, except that the exact GP, t-SVGP and the decoupled SVGP refit every "
+        "step only up to n = 100 and then whenever n has grown by 10% since their last fit "
+        "(as bo's default)."
     ),
 ]
 RefitFromOpt = Annotated[
@@ -369,7 +372,7 @@ def _shared(
     model_option: list[str] | None,
     q: int,
     seed: int,
-    refit_every: int,
+    refit_every: int | str,
     fit_max_iter: int,
     checkpoint_every: int | None,
     refit_from: str = "auto",
@@ -991,7 +994,7 @@ def active(
         int, typer.Option(help="Compute test RMSE/variance/NLL every this many steps.")
     ] = 1,
     seed: SeedOpt = 0,
-    refit_every: RefitOpt = 10,
+    refit_every: RefitOpt = "10",
     fit_max_iter: FitIterOpt = 50,
     refit_from: RefitFromOpt = "auto",
     num_restarts: RestartsOpt = 10,
@@ -1030,6 +1033,7 @@ def active(
         inputs=inputs,
     )
     _check(acq in ("qnipv", "random"), f"Unknown --acq {acq!r}; choose qnipv or random.")
+    refit_every = _refit_schedule(refit_every)  # before any data is read
     _check(selection in ("snap", "pool"), f"--selection must be snap or pool, got {selection!r}.")
     _check(
         integrate_over in ("test", "sobol"),

@@ -132,6 +132,10 @@ BAD = {
         ["bo", "--problem", "levy", "--refit-every", "often"],
         "--refit-every must be 'auto' or an integer >= 0, got 'often'",
     ),
+    "bad refit schedule (active)": (
+        ["active", "--refit-every", "sometimes"],
+        "--refit-every must be 'auto' or an integer >= 0, got 'sometimes'",
+    ),
     "negative refit schedule (stream)": (
         ["stream", "--problem", "yacht", "--refit-every", "-1"],
         "--refit-every must be 'auto' or an integer >= 0, got '-1'",
@@ -497,6 +501,29 @@ def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_p
     assert lines["test NLL (step 2)"] == f"{records[2]['nll']:.4g}"
     assert lines["mean predictive variance (step 2)"] == f"{records[2]['mean_var']:.4g}"
     assert lines["test RMSE (step 2), initial -> final"].endswith(f"-> {records[2]['rmse']:.4g}")
+
+
+def test_active_takes_the_auto_refit_schedule_as_bo_and_stream_do(tmp_path, capsys):
+    """`bo-online active --refit-every auto` was refused by the option parser (an integer was
+    expected), though the loop takes it and `bo` and `stream` name their default so. The default
+    stays every 10 steps; `auto` refits the exact GP every step while n <= 100."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(4 * X[:, 0]) + X[:, 1]
+    path = tmp_path / "field.csv"
+    path.write_text(
+        "a,b,f\n" + "\n".join(f"{a:.17g},{b:.17g},{v:.17g}" for (a, b), v in zip(X, y)) + "\n"
+    )
+    argv = ["active", "--pool", str(path), "--test-fraction", "0.2", "--model", "exact"]
+    argv += ["--q", "2", "--steps", "3", "--n-init", "6", "--fit-max-iter", "2", "-Q", *SMALL]
+    for given, expected, refits in ((None, 10, []), ("auto", "auto", [1, 2, 3]), ("2", 2, [2])):
+        out = tmp_path / f"run-{given}"
+        extra = [] if given is None else ["--refit-every", given]
+        code, _, err = _run([*argv, *extra, "--out", str(out)], capsys)
+        assert code == 0, err
+        assert json.loads((out / "config.json").read_text())["refit_every"] == expected
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["refit"] and r["step"] > 0] == refits
 
 
 def test_ctrl_c_before_the_run_starts_says_to_run_the_command_again(tmp_path, capsys, monkeypatch):
