@@ -557,6 +557,9 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         ]
     rows.append(("wall time, elapsed (s)", _fmt(loop.elapsed, 4)))
     rows.append(("  of which in steps (s)", _fmt(last["wall_time"], 4)))
+    if any("time_test" in r for r in records):  # scoring on the test set, outside the steps
+        scoring = sum(r.get("time_test", 0.0) for r in records)
+        rows.append(("  of which scoring the test set (s)", _fmt(scoring, 4)))
     for name, value in rows:
         table.add_row(name, str(value))
     console = Console()

@@ -184,15 +184,18 @@ class ActiveLearningLoop(OnlineLoop):
     def _metrics(self) -> dict[str, Any]:
         # Only on the eval_every grid (not "at the end"): records must not depend on how many
         # steps a run was asked for, or a run extended by resume would differ from a long one.
+        # ``time_test``: the scoring's own time, outside the step's (see StreamingLoop).
         if self.step_count % self.config["eval_every"] != 0:
-            return {"rmse": None, "mean_var": None, "nll": None}
-        return predictive_metrics(
+            return {"rmse": None, "mean_var": None, "nll": None, "time_test": 0.0}
+        t0 = self._now()
+        metrics = predictive_metrics(
             self.model,
             self.U_test,
             self.problem.y_test,
             target_shift=self.target_shift,
             target_scale=self.target_scale,
         )
+        return {**metrics, "time_test": self._now() - t0}
 
     def _training_data(self) -> tuple[Tensor, Tensor]:
         return self.U_pool[self.chosen], self._model_targets(self.problem.y_pool[self.chosen])

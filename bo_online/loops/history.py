@@ -78,6 +78,7 @@ TIMING_KEYS = (
     "time_update",
     "time_step",
     "wall_time",
+    "time_test",
 )
 
 

@@ -909,3 +909,64 @@ def test_a_refused_resume_releases_the_run_directory(tmp_path):
             resume(tmp_path / "run", steps=steps, problem=stream)
         assert not (tmp_path / "run" / ".lock").exists()
     assert resume(tmp_path / "run", steps=2, problem=stream)[-1]["step"] == 2
+
+
+def test_test_set_scoring_is_timed_apart_from_the_steps(tmp_path, monkeypatch):
+    """Scoring the test set every ``eval_every`` steps was in no ``time_*`` field, so the
+    summary's elapsed time had a gap its rows did not explain. Each stream and active-learning
+    record now has ``time_test`` (the scoring's time, 0 where none was due), outside
+    ``time_step``, which stays the sum of the step's parts; the CLI summary shows its sum."""
+    import time
+
+    from bo_online import cli
+    from bo_online.loops import active as active_module
+    from bo_online.loops import streaming as streaming_module
+    from bo_online.problems import PoolProblem
+
+    def slow(metrics):
+        def scored(*args, **kwargs):
+            time.sleep(0.05)
+            return metrics(*args, **kwargs)
+
+        return scored
+
+    monkeypatch.setattr(
+        streaming_module, "predictive_metrics", slow(active_module.predictive_metrics)
+    )
+    monkeypatch.setattr(active_module, "predictive_metrics", slow(active_module.predictive_metrics))
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(4 * X[:, 0]) + X[:, 1]
+    box = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    options = dict(model="exact", seed=0, q=2, eval_every=2, fit_max_iter=2, init_fit_max_iter=2)
+    loops = {
+        "stream": StreamingLoop(
+            StreamProblem("s", X[:40], y[:40], X[40:], y[40:], box),
+            n_init=10,
+            out_dir=tmp_path / "stream",
+            **options,
+        ),
+        "active": ActiveLearningLoop(
+            PoolProblem("p", X[:40], y[:40], X[40:], y[40:], box),
+            n_init=6,
+            out_dir=tmp_path / "active",
+            **options,
+        ),
+    }
+    for kind, loop in loops.items():
+        records = loop.run(3)
+        due = [r["step"] % 2 == 0 for r in records]
+        assert [r["time_test"] >= 0.05 for r in records] == due, kind
+        assert all(r["time_test"] == 0.0 for r, d in zip(records, due) if not d), kind
+        for r in records[1:]:  # (the initial design's is its whole time, less the scoring)
+            parts = [
+                r[k] for k in ("time_fit", "time_acquisition", "time_evaluation", "time_update")
+            ]
+            assert r["time_step"] == pytest.approx(sum(parts)), kind
+        scoring = sum(r["time_test"] for r in records)
+        assert loop.elapsed >= records[-1]["wall_time"] + scoring, kind
+        table = []
+        monkeypatch.setattr("rich.console.Console.print", lambda self, t, *a, **k: table.append(t))
+        cli._finish(loop, plots=False, quiet=False)
+        rows = dict(zip(table[0].columns[0]._cells, table[0].columns[1]._cells))
+        assert rows["  of which scoring the test set (s)"] == f"{scoring:.4g}", kind
