@@ -66,6 +66,12 @@ class AxOnlineMixin:
 
     _bo_online_base: type[OnlineModel]
 
+    # Ax's search space is the model's box, so only BoTorch's own heuristics query outside it:
+    # with outcome constraints and no feasible observation yet, qLogNEI estimates the
+    # infeasible cost at random points of the data's bounding box widened by 10%. A model with
+    # a bounded domain (WISKI's grid) refused them, and every later trial failed to generate.
+    clamps_queries_to_bounds = True
+
     @classmethod
     def construct_inputs(
         cls,

@@ -85,6 +85,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     _num_outputs: int = 1
 
+    #: ``posterior`` evaluates query points outside ``input_bounds`` at the nearest point of the
+    #: box instead of raising ``ValueError`` (off: a query outside the domain is a user's error).
+    clamps_queries_to_bounds: bool = False
+
     def __init__(
         self,
         dim: int,
@@ -353,7 +357,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     # ------------------------------------------------------------------ the BoTorch API
 
-    def _transform_and_check(self, X: Tensor, new_observations: bool = False) -> Tensor:
+    def _transform_and_check(
+        self, X: Tensor, new_observations: bool = False, clamp_to_bounds: bool = False
+    ) -> Tensor:
         r"""``X`` (``... x d`` raw inputs) validated, cast to the model's dtype and device and
         through the input transform: ``... x d'`` transformed inputs.
 
@@ -362,6 +368,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         learning from them (BoTorch's ``preprocess_transform``): a transform that learns its
         coefficients (``Normalize`` without bounds) learns them from the data at construction
         only, whatever mode the model is in.
+        ``clamp_to_bounds``: query points outside ``input_bounds`` are moved onto the box
+        instead of refused (see :attr:`clamps_queries_to_bounds`).
         """
         check_inputs(X, dim=self.dim if not hasattr(self, "input_transform") else X.shape[-1])
         # Cast to the model's dtype/device as BoTorch models do (float32 or int64 inputs into a
@@ -373,6 +381,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             X = transform.to(X).preprocess_transform(X)
         else:
             X = self.transform_inputs(X)
+        if clamp_to_bounds and self.input_bounds is not None:
+            X = X.clamp(self.input_bounds[0].to(X), self.input_bounds[1].to(X))
         check_inputs(X, dim=self.dim, bounds=self.input_bounds)
         self._check_batch_broadcasts(X.shape[:-2], "X")
         return X
@@ -430,7 +440,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
             raise ValueError(f"output_indices must be a non-empty list of indices in [0, {m}).")
         if self.training:  # Module.eval() walks every submodule: only when needed
             self.eval()
-        X = self._transform_and_check(X)
+        X = self._transform_and_check(X, clamp_to_bounds=self.clamps_queries_to_bounds)
         if X.shape[-2] == 0:  # no points: an empty posterior, without touching the model
             return self._empty_posterior(X, output_indices, posterior_transform)
         self.ensure_caches()

@@ -783,3 +783,53 @@ def test_a_warm_refit_in_ax_has_the_loops_iteration_budget(monkeypatch):
     for n in (10, 11, 12):
         _build(boax.AxWISKI, X[:n], Y[:n], fit_options={"max_iter": 3})
     assert budgets == [3, 3, 3]
+
+
+def test_constrained_qlognei_without_a_feasible_point_evaluates_wiski_beyond_its_box():
+    """With outcome constraints and no feasible observation yet, BoTorch's qLogNEI estimates
+    the infeasible cost at random points of the data's bounding box widened by 10%, i.e. beyond
+    Ax's unit cube: WISKI's grid refused them with ValueError, so no model-based trial of such
+    an experiment could be generated. The Ax models evaluate such points on the box."""
+    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+    from botorch.acquisition.objective import GenericMCObjective
+    from botorch.models import ModelListGP
+
+    from bo_online.models import WISKI
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(8, 2, dtype=torch.float64, generator=g)
+    X[0], X[1] = torch.tensor([0.01, 0.02]), torch.tensor([0.98, 0.99])  # data span the box
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    ax_model = _build(boax.AxWISKI, X, Y, fit=False)
+    plain = WISKI(X, Y)  # the same model (no fit: default hyperparameters), outside Ax
+    outside = torch.tensor([[-0.07, 0.5], [1.05, -0.02], [0.3, 1.1]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="outside the model's input bounds"):
+        plain.posterior(outside)  # the model itself still refuses them
+    with torch.no_grad():
+        post = ax_model.posterior(outside)
+        ref = plain.posterior(outside.clamp(0.0, 1.0))
+        torch.testing.assert_close(post.mean, ref.mean, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            post.distribution.covariance_matrix,
+            ref.distribution.covariance_matrix,
+            rtol=1e-10,
+            atol=1e-12,
+        )
+        inside = torch.rand(5, 2, dtype=torch.float64, generator=g)
+        torch.testing.assert_close(
+            ax_model.posterior(inside).mean, plain.posterior(inside).mean, rtol=0, atol=0
+        )
+    boax.clear_sessions()
+    constraint = _build(boax.AxWISKI, X, X.sum(-1, keepdim=True), fit=False)
+    acqf = qLogNoisyExpectedImprovement(
+        ModelListGP(ax_model, constraint),
+        X_baseline=X,
+        sampler=SobolQMCNormalSampler(torch.Size([16]), seed=0),
+        objective=GenericMCObjective(lambda Z, X=None: Z[..., 0]),
+        constraints=[lambda Z: Z[..., 1] + 10.0],  # c <= -10: no observation is feasible
+        prune_baseline=False,
+    )
+    torch.manual_seed(0)  # the random points of the infeasible-cost estimate
+    with torch.no_grad(), pytest.warns(Warning, match="all training points are infeasible"):
+        values = acqf(torch.rand(4, 1, 2, dtype=torch.float64, generator=g))
+    assert values.shape == (4,) and bool(torch.isfinite(values).all())
