@@ -76,6 +76,46 @@ def _register_transform() -> None:
     REVERSE_TRANSFORM_REGISTRY[DropNonFiniteY.__name__] = DropNonFiniteY
 
 
+def _check_option_names(
+    ax_cls: type, model_options: dict[str, Any], fit_options: dict[str, Any] | None
+) -> None:
+    r"""Refuse model or fit options the model does not take, with a ``ValueError`` naming the
+    accepted ones: Ax builds the model only once the Sobol trials are done, so a misspelt name
+    failed there, after as many evaluations."""
+    import dataclasses
+    import inspect
+
+    from bo_online.models.fitting import resolve_settings
+
+    def named(fn: Any) -> set[str]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+    base = ax_cls._bo_online_base
+    settings_class = getattr(base, "fit_settings_class", None)
+    accepted: set[str] | None = (named(base.__init__) | named(ax_cls.construct_inputs)) - {
+        "self",
+        "train_X",
+        "train_Y",
+        "train_Yvar",
+        "training_data",
+    }
+    init = inspect.signature(base.__init__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in init):
+        if settings_class is None:  # takes any keyword: nothing to check
+            accepted = None
+        else:  # its keywords are fit defaults (QSGP's ``**fit_options``)
+            accepted |= {f.name for f in dataclasses.fields(settings_class)}
+    unknown = [] if accepted is None else sorted(set(model_options) - accepted)
+    if unknown:
+        raise ValueError(
+            f"Unknown model option(s) {', '.join(map(repr, unknown))} for {base.__name__}; "
+            f"accepted: {', '.join(sorted(accepted))}."
+        )
+    if fit_options and settings_class is not None:
+        resolve_settings(settings_class, None, fit_options)
+
+
 def make_generation_strategy(
     model: type[OnlineModel] | str = "OnlineExactGP",
     botorch_acqf_class: type | None = None,
@@ -147,6 +187,7 @@ def make_generation_strategy(
             )
         every = own
     options["refit_every"] = every
+    _check_option_names(ax_cls, options, fit_options)  # now, not after the Sobol trials
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.
     options.setdefault("experiment_key", uuid.uuid4().hex)

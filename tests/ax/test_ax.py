@@ -833,3 +833,21 @@ def test_constrained_qlognei_without_a_feasible_point_evaluates_wiski_beyond_its
     with torch.no_grad(), pytest.warns(Warning, match="all training points are infeasible"):
         values = acqf(torch.rand(4, 1, 2, dtype=torch.float64, generator=g))
     assert values.shape == (4,) and bool(torch.isfinite(values).all())
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_misspelt_model_or_fit_options_are_refused_before_any_trial(model_name):
+    """Ax builds the model only after the Sobol trials, so a misspelt option name failed there
+    (a TypeError from the constructor), after as many evaluations; it is refused at once, with
+    the accepted names. Options the model takes, and the Ax subclass's own, still pass."""
+    with pytest.raises(
+        ValueError, match="Unknown model option.*'gridsize'.*accepted: .*refit_every"
+    ):
+        boax.make_generation_strategy(model_name, model_options={"gridsize": 30})
+    with pytest.raises(ValueError, match="Unknown fit option.*'maxiter'.*accepted: .*max_iter"):
+        boax.make_generation_strategy(model_name, fit_options={"maxiter": 5})
+    boax.make_generation_strategy(
+        model_name,
+        model_options={"standardize": True, "refit_every": 3, "incremental": False},
+        fit_options={"max_iter": 5},
+    )
