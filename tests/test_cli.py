@@ -475,17 +475,23 @@ def test_resume_command_quotes_what_a_shell_would_split(tmp_path):
     assert words == ["bo-online", "resume", str(out), "--objective", spec]
 
 
-def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_path, capsys):
-    """With --eval-every 2 and 3 steps the last record has no test metrics: the summary printed
-    '-' for the variance and NLL. It now shows the step-2 values, labelled, equal to the
-    records'."""
+def _field_csv(tmp_path: Path, rows: int) -> Path:
+    """A 2-input pool file ``a,b,f`` of a smooth field, seeded (a user's own data)."""
     g = torch.Generator().manual_seed(0)
-    X = torch.rand(120, 2, generator=g, dtype=torch.float64)
+    X = torch.rand(rows, 2, generator=g, dtype=torch.float64)
     y = torch.sin(4 * X[:, 0]) + X[:, 1]
     path = tmp_path / "field.csv"
     path.write_text(
         "a,b,f\n" + "\n".join(f"{a:.17g},{b:.17g},{v:.17g}" for (a, b), v in zip(X, y)) + "\n"
     )
+    return path
+
+
+def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_path, capsys):
+    """With --eval-every 2 and 3 steps the last record has no test metrics: the summary printed
+    '-' for the variance and NLL. It now shows the step-2 values, labelled, equal to the
+    records'."""
+    path = _field_csv(tmp_path, 120)
     out = tmp_path / "run"
     argv = ["active", "--pool", str(path), "--test-fraction", "0.2", "--model", "exact"]
     argv += ["--q", "2", "--steps", "3", "--n-init", "6", "--eval-every", "2", "--out", str(out)]
@@ -507,13 +513,7 @@ def test_active_takes_the_auto_refit_schedule_as_bo_and_stream_do(tmp_path, caps
     """`bo-online active --refit-every auto` was refused by the option parser (an integer was
     expected), though the loop takes it and `bo` and `stream` name their default so. The default
     stays every 10 steps; `auto` refits the exact GP every step while n <= 100."""
-    g = torch.Generator().manual_seed(0)
-    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
-    y = torch.sin(4 * X[:, 0]) + X[:, 1]
-    path = tmp_path / "field.csv"
-    path.write_text(
-        "a,b,f\n" + "\n".join(f"{a:.17g},{b:.17g},{v:.17g}" for (a, b), v in zip(X, y)) + "\n"
-    )
+    path = _field_csv(tmp_path, 60)
     argv = ["active", "--pool", str(path), "--test-fraction", "0.2", "--model", "exact"]
     argv += ["--q", "2", "--steps", "3", "--n-init", "6", "--fit-max-iter", "2", "-Q", *SMALL]
     for given, expected, refits in ((None, 10, []), ("auto", "auto", [1, 2, 3]), ("2", 2, [2])):
