@@ -81,6 +81,11 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
     def update(self, X: Tensor, Y: Tensor) -> "WISKIBinaryClassifier":
         return super().update(X, _labels(Y))
 
+    def fit_projection(self, X: Tensor, Y: Tensor, **options: Any) -> "WISKIBinaryClassifier":
+        r"""Every class model's input map refit on ``(X, Y)`` (``n x 1`` labels in {0, 1}; see
+        :meth:`WISKIDirichletClassifier.fit_projection`)."""
+        return super().fit_projection(X, _labels(Y), **options)
+
     def predict_proba(self, X: Tensor) -> Tensor:
         r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``... x n``."""
         # ... x n x 1 x d: each row on its own (marginals), so no joint n x n covariance.

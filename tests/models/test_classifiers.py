@@ -202,3 +202,54 @@ def test_binary_probability_keeps_the_batch_shape_of_its_inputs(name):
         torch.testing.assert_close(p[1, 2], clf.predict_proba(Xt[1, 2:3])[0])
     # (WISKI's Monte-Carlo draws depend on the call's shape; with the flat call's shape they
     # are the same draws, so the equality above also checks that no rows were permuted.)
+
+
+def test_wiski_classifier_refits_its_class_models_learned_maps_on_all_labelled_points(
+    monkeypatch,
+):
+    r"""Above the all-pairs dimensions each class model has a learned input map. The classifier
+    had no ``fit_projection``, so a stream's refits fitted the kernels alone and kept the maps
+    of the initial design. Its ``fit_projection`` now refits each class model through
+    :meth:`WISKI.fit_projection` on the Dirichlet targets and noise of all labelled points
+    (checked against class WISKIs built and refit by hand from those targets), and the loop
+    refits it that way."""
+    from bo_online.loops import StreamingLoop
+    from bo_online.models.wiski.model import WISKI
+    from bo_online.problems import StreamProblem
+
+    d, g = 7, torch.Generator().manual_seed(0)
+    X = torch.rand(140, d, generator=g, dtype=DT)
+    y = (torch.sin(5 * X @ torch.linspace(1, -1, d, dtype=DT)) + 3 * X[:, 0] > 1.5).to(DT)
+    options = WISKIBinaryClassifier.loop_default_options(d)
+    assert "tanh" in options["projection"]  # the structure with a learned map
+    clf = WISKIBinaryClassifier(X[:60], y[:60].unsqueeze(-1), **options)
+    clf.update(X[60:], y[60:].unsqueeze(-1))
+    before = [p.detach().clone() for p in clf.projection.parameters()]
+    clf.fit_projection(X, y.unsqueeze(-1), max_iter=5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, clf.projection.parameters()))
+    # by hand: Milios et al.'s targets log(alpha) - s2 / 2 and noise s2 = log(1 + 1 / alpha)
+    alpha = torch.stack([1.0 - y, y], -1) + 0.01
+    noise = torch.log1p(1 / alpha)
+    targets = alpha.log() - noise / 2
+    Xt = torch.rand(9, d, generator=g, dtype=DT)
+    for c, model in enumerate(clf.models):
+        ref = WISKI(X[:60], targets[:60, c : c + 1], noise[:60, c : c + 1], **options)
+        ref.fit_projection(X, targets[:, c : c + 1], noise[:, c : c + 1], max_iter=5)
+        with torch.no_grad():
+            mine, theirs = model.posterior(Xt), ref.posterior(Xt)
+        torch.testing.assert_close(mine.mean, theirs.mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(mine.variance, theirs.variance, rtol=0, atol=1e-10)
+    # a stream's refits go through it, on every labelled point the loop holds
+    box = torch.stack([torch.zeros(d, dtype=DT), torch.ones(d, dtype=DT)])
+    problem = StreamProblem("c7", X[:120], y[:120], X[120:], y[120:], box, task="classification")
+    loop = StreamingLoop(problem, model="wiski", n_init=60, q=10, seed=0, fit_max_iter=3)
+    calls = []
+    fit = WISKIBinaryClassifier.fit_projection
+
+    def counted(self, X, Y, **kw):
+        calls.append(X.shape[0])
+        return fit(self, X, Y, **kw)
+
+    monkeypatch.setattr(WISKIBinaryClassifier, "fit_projection", counted)
+    records = loop.run(6)
+    assert calls == [r["n"] for r in records if r["refit"]] == [60, 110]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 import torch
 from botorch.models.model import ModelList
 from torch import Tensor, nn
+from typing_extensions import Self
 
 from bo_online.models.validation import whole_number
 from bo_online.models.wiski.model import WISKI
@@ -121,6 +122,35 @@ class WISKIDirichletClassifier(nn.Module):
         (:meth:`WISKI.loop_default_options`): a classification stream of 4 inputs failed with
         the message that names that default."""
         return WISKI.loop_default_options(dim, user_options)
+
+    #: :meth:`fit_projection` takes the class models' projection-fit settings by name
+    fit_projection_settings_class = WISKI.fit_projection_settings_class
+
+    @property
+    def projection(self) -> nn.Module | None:
+        r"""The first class model's learned input map (each class model has its own), or None
+        without one. The loops duck-type it: a classifier with learned maps is refit through
+        :meth:`fit_projection` on every labelled point they keep, as WISKI regression is."""
+        return getattr(self.models[0], "projection", None)
+
+    def fit_projection(self, X: Tensor, labels: Tensor, **options: Any) -> Self:
+        r"""Learn every class model's input map jointly with its hyperparameters
+        (:meth:`WISKI.fit_projection` on that class's Dirichlet targets and fixed noise) and
+        rebuild its statistics from ``(X, labels)``: pass every labelled point the classifier
+        should hold. Without it a classifier above the all-pairs dimensions kept the maps of its
+        initial design for the whole stream, whatever it saw later.
+
+        Args:
+            X: ``n x d`` inputs; labels: ``n`` class indices.
+            **options: :class:`~bo_online.models.wiski.fitting.WISKIProjectionFitSettings`
+                fields (``max_iter``, ``method``, ``joint``, ...), the same for every class.
+        """
+        if self.projection is None:
+            raise ValueError("This classifier's class models have no projection; use fit().")
+        targets, noise = dirichlet_targets(labels, self.num_classes, self.alpha_eps, dtype=X.dtype)
+        for c, model in enumerate(self.models):
+            model.fit_projection(X, targets[:, c : c + 1], noise[:, c : c + 1], **options)
+        return self
 
     def as_model_list(self) -> ModelList:
         """The class models as a BoTorch ``ModelList`` (for acquisition functions)."""
