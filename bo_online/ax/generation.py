@@ -101,19 +101,21 @@ def _check_option_names(
         "training_data",
     }
     init = inspect.signature(base.__init__).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in init):
-        if settings_class is None:  # takes any keyword: nothing to check
-            accepted = None
-        else:  # its keywords are fit defaults (QSGP's ``**fit_options``)
-            accepted |= {f.name for f in dataclasses.fields(settings_class)}
+    var_keyword = next((p.name for p in init if p.kind is p.VAR_KEYWORD), None)
+    if var_keyword == "fit_options" and settings_class is not None:
+        # its keywords are fit defaults (QSGP's ``**fit_options``)
+        accepted |= {f.name for f in dataclasses.fields(settings_class)}
+    elif var_keyword is not None:  # takes any keyword (a subclass forwarding to its parent)
+        accepted = None
     unknown = [] if accepted is None else sorted(set(model_options) - accepted)
     if unknown:
         raise ValueError(
             f"Unknown model option(s) {', '.join(map(repr, unknown))} for {base.__name__}; "
             f"accepted: {', '.join(sorted(accepted))}."
         )
-    if fit_options and settings_class is not None:
-        resolve_settings(settings_class, None, fit_options)
+    if fit_options and settings_class is not None:  # ``settings``: a whole settings object
+        overrides = {k: v for k, v in fit_options.items() if k != "settings"}
+        resolve_settings(settings_class, fit_options.get("settings"), overrides)
 
 
 def make_generation_strategy(

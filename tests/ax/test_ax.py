@@ -851,3 +851,22 @@ def test_misspelt_model_or_fit_options_are_refused_before_any_trial(model_name):
         model_options={"standardize": True, "refit_every": 3, "incremental": False},
         fit_options={"max_iter": 5},
     )
+
+
+def test_option_check_passes_a_subclass_forwarding_keywords_and_a_settings_object():
+    """The early option check refused every option of a user's subclass whose ``__init__``
+    forwards ``**options`` to its parent (it took them for fit settings, QSGP's
+    ``**fit_options``), and a whole settings object passed as ``fit_options={"settings": ...}``,
+    which the model's ``fit`` takes. Both pass; misspelt fit options still fail."""
+    from bo_online.models import WISKI
+    from bo_online.models.wiski.fitting import WISKIFitSettings
+
+    class ForwardingWISKI(WISKI):
+        def __init__(self, train_X, train_Y, train_Yvar=None, **options):
+            super().__init__(train_X, train_Y, train_Yvar, **options)
+
+    boax.make_generation_strategy(ForwardingWISKI, model_options={"grid_size": 20})
+    settings = WISKIFitSettings(max_iter=7)
+    boax.make_generation_strategy("WISKI", fit_options={"settings": settings, "max_iter": 5})
+    with pytest.raises(ValueError, match="Unknown fit option.*'maxiter'"):
+        boax.make_generation_strategy("WISKI", fit_options={"settings": settings, "maxiter": 5})
