@@ -78,9 +78,9 @@ RefitOpt = Annotated[
     typer.Option(
         help="Refit hyperparameters every this many steps (warm-started; the exact GP, and "
         "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never; "
-        "auto: every step, except that the exact GP, t-SVGP and the decoupled SVGP refit every "
-        "step only up to n = 100 and then whenever n has grown by 10% since their last fit "
-        "(as bo's default)."
+        "auto: every step, except that the exact GP, t-SVGP, the decoupled SVGP and WISKI "
+        "with a learned input projection (above 6 inputs) refit every step only up to n = 100 "
+        "and then whenever n has grown by 10% since their last fit (as bo's default)."
     ),
 ]
 RefitFromOpt = Annotated[
@@ -557,8 +557,10 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         ]
     rows.append(("wall time, elapsed (s)", _fmt(loop.elapsed, 4)))
     rows.append(("  of which in steps (s)", _fmt(last["wall_time"], 4)))
-    if any("time_test" in r for r in records):  # scoring on the test set, outside the steps
-        scoring = sum(r.get("time_test", 0.0) for r in records)
+    # scoring on the test set, outside the steps (not shown for a run resumed from records
+    # written before it was timed: their steps' times hold it)
+    if records and all("time_test" in r for r in records):
+        scoring = sum(r["time_test"] for r in records)
         rows.append(("  of which scoring the test set (s)", _fmt(scoring, 4)))
     for name, value in rows:
         table.add_row(name, str(value))

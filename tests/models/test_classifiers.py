@@ -253,3 +253,33 @@ def test_wiski_classifier_refits_its_class_models_learned_maps_on_all_labelled_p
     monkeypatch.setattr(WISKIBinaryClassifier, "fit_projection", counted)
     records = loop.run(6)
     assert calls == [r["n"] for r in records if r["refit"]] == [60, 110]
+
+
+def test_a_projection_module_given_to_the_classifier_is_copied_for_each_class():
+    """A map passed as a module (``projection=TanhProjection(...)``, as ``--model-option`` does)
+    was shared by every class model, so a refit of the maps moved the earlier classes' map
+    under statistics built on the old one. Each class now gets its own copy of the module as
+    given: the same classifier as one whose factory hands out fresh copies."""
+    import copy
+
+    from bo_online.models.wiski.projection import TanhProjection
+
+    d, g = 5, torch.Generator().manual_seed(1)
+    X = torch.rand(60, d, generator=g, dtype=DT)
+    labels = (3 * X[:, 0] + X[:, 1]).long().clamp(max=2)  # three classes
+    torch.manual_seed(0)
+    given = TanhProjection(d, out_dim=2).to(DT)
+    pristine = copy.deepcopy(given)
+    clf = WISKIDirichletClassifier(X, labels, 3, projection=given, grid_size=12)
+    maps = [m.projection for m in clf.models]
+    assert len({id(p) for p in maps}) == 3
+    ref = WISKIDirichletClassifier(
+        X, labels, 3, projection_factory=lambda: copy.deepcopy(pristine), grid_size=12
+    )
+    Xt = torch.rand(7, d, generator=g, dtype=DT)
+    for a, b in zip(clf.latent(Xt), ref.latent(Xt)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    clf.fit_projection(X, labels, max_iter=3, joint=True)
+    ref.fit_projection(X, labels, max_iter=3, joint=True)
+    for a, b in zip(clf.latent(Xt), ref.latent(Xt)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)

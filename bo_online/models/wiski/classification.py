@@ -14,6 +14,7 @@ shared by none of the classes here: give each class model its own via ``projecti
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from typing import Any, Callable, Mapping
@@ -105,10 +106,18 @@ class WISKIDirichletClassifier(nn.Module):
         self.num_classes, self.alpha_eps = int(num_classes), float(alpha_eps)
         targets, noise = dirichlet_targets(labels, num_classes, alpha_eps, dtype=train_X.dtype)
         models = []
+        # A map given as a module: each class gets its own copy, taken before any class model
+        # initialises it on its data. The class statistics are features of their own map;
+        # refitting one shared map class by class left the earlier classes' statistics on a
+        # map that had since moved.
+        given = wiski_options.get("projection")
+        pristine = copy.deepcopy(given) if isinstance(given, nn.Module) else None
         for c in range(num_classes):
             opts = dict(wiski_options)
             if projection_factory is not None:
                 opts["projection"] = projection_factory()
+            elif pristine is not None and c > 0:
+                opts["projection"] = copy.deepcopy(pristine)
             if covar_factory is not None:
                 opts["covar_module"] = covar_factory()
             models.append(WISKI(train_X, targets[:, c : c + 1], noise[:, c : c + 1], **opts))
