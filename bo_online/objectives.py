@@ -63,6 +63,10 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
             module = importlib.import_module(target)
         except ImportError as e:
             raise ValueError(f"Cannot import module {target!r} for --objective: {e}") from e
+        except Exception as e:  # its code failed (a syntax error, a raise at module level)
+            raise ValueError(
+                f"Importing module {target!r} for --objective failed: {type(e).__name__}: {e}"
+            ) from e
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise ValueError(f"{target!r} has no callable {attribute!r} for --objective.")

@@ -499,3 +499,22 @@ def test_a_batch_objective_returning_too_few_values_is_reported_as_such():
     assert "and raised IndexError: slice() cannot be applied to a 0-dim tensor" in str(info.value)
     assert "when called one point at a time" in str(info.value)
     assert wrapped.per_point is None
+
+
+def test_a_module_objective_whose_import_fails_is_one_line(tmp_path, monkeypatch, capsys):
+    """`--objective package.module:f` whose module raises on import (a syntax error, a
+    RuntimeError at module level) ended in a traceback: only ImportError was caught, while the
+    file.py form reports any failure of the import in one line."""
+    (tmp_path / "broken_pkg").mkdir()
+    (tmp_path / "broken_pkg" / "__init__.py").write_text("raise RuntimeError('no licence')\n")
+    (tmp_path / "typo_mod.py").write_text("def f(X:\n    return X.sum(-1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    failures = (("broken_pkg:f", "RuntimeError: no licence"), ("typo_mod:f", "SyntaxError"))
+    for spec, error in failures:
+        argv = ["bo", "--objective", spec, "--bounds", "0,1", "--out", str(tmp_path / "run")]
+        code, err = _cli(argv, capsys)
+        assert code == 2, err
+        assert err.count("\n") == 1 and err.startswith("bo-online: error: "), err
+        assert f"Importing module {spec.split(':')[0]!r} for --objective failed" in err, err
+        assert error in err, err
+        assert not (tmp_path / "run").exists()
