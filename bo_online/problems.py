@@ -588,10 +588,11 @@ class StreamProblem:
 
 
 def _data_bounds(*arrays: np.ndarray) -> Tensor:
-    """Box spanned by the rows of the arrays; a constant column gets width 1."""
+    """Box spanned by the rows of the arrays; a constant column gets width 1 (or, where
+    ``lo + 1`` rounds back to ``lo``, above 2**53, one rounding step)."""
     X = np.concatenate(arrays)
     lo, hi = X.min(0), X.max(0)
-    hi = np.where(hi > lo, hi, lo + 1.0)
+    hi = np.where(hi > lo, hi, np.maximum(lo + 1.0, np.nextafter(lo, np.inf)))
     return torch.tensor(np.stack([lo, hi]), dtype=torch.float64)
 
 

@@ -813,3 +813,19 @@ def test_a_file_too_small_for_its_test_fraction_says_which_fractions_work(tmp_pa
         "one to test on).\n"
     )
     assert not out.exists()
+
+
+def test_a_constant_input_column_of_large_values_gets_a_box(tmp_path):
+    """A constant input column gets width 1, but at 1e20 (or a constant timestamp in ns,
+    1.7e18) lo + 1 rounds back to lo: the box had width 0 and the file was refused with
+    "bounds need finite lower < upper", naming neither the file nor the column. Such a column
+    now gets a box as every constant column does, and maps to 0 in the unit cube."""
+    X, y = _data(n=30, d=2)
+    X[:, 1] = 1.7e18
+    path = tmp_path / "const.csv"
+    _write_csv(path, X, y)
+    for problem in (stream_from_file(path), pool_from_file(path)):
+        assert bool((problem.bounds[1] > problem.bounds[0]).all())
+        X_all = problem.X_stream if hasattr(problem, "X_stream") else problem.X_pool
+        U = to_unit(X_all, problem.bounds)
+        assert bool((U[:, 1] == 0).all()) and bool(((U >= 0) & (U <= 1)).all())
