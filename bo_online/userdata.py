@@ -161,9 +161,7 @@ def _read_csv(path: Path, gz: bool) -> Table:
     opener = gzip.open if gz else open
     try:
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # Excel's BOM
-            rows = [
-                (i + 1, row) for i, row in enumerate(csv.reader(f)) if any(c.strip() for c in row)
-            ]
+            rows = _records(f)
     except UnicodeDecodeError as e:  # its position is in a read buffer: find the line
         raise DataFileError(_not_utf8(path, opener)) from e
     except (OSError, csv.Error) as e:
@@ -228,6 +226,18 @@ def _read_csv(path: Path, gz: bool) -> Table:
                 )
             data[r, j] = value
     return Table(data, columns, path, body[0][0], problems=problems)
+
+
+def _records(f: Any) -> list[tuple[int, list[str]]]:
+    """The non-blank CSV records of text file ``f``, each with the file line it starts on (a
+    quoted field may hold line breaks, so records and lines are not counted alike)."""
+    reader = csv.reader(f)
+    rows, start = [], 1
+    for row in reader:
+        if any(c.strip() for c in row):
+            rows.append((start, row))
+        start = reader.line_num + 1
+    return rows
 
 
 def _not_utf8(path: Path, opener: Any) -> str:

@@ -829,3 +829,20 @@ def test_a_constant_input_column_of_large_values_gets_a_box(tmp_path):
         X_all = problem.X_stream if hasattr(problem, "X_stream") else problem.X_pool
         U = to_unit(X_all, problem.bounds)
         assert bool((U[:, 1] == 0).all()) and bool(((U >= 0) & (U <= 1)).all())
+
+
+def test_lines_are_counted_in_the_file_past_quoted_fields_that_span_lines(tmp_path):
+    """A quoted notes cell holding a line break (as spreadsheets export them) made every later
+    line number count CSV records, not file lines: a bad cell on line 8 was reported on
+    line 5, and a short row likewise."""
+    X, y = _data(n=6, d=2)
+    rows = [f'{a:.6g},{b:.6g},"first\nsecond",{t:.6g}' for (a, b), t in zip(X, y)]
+    lines = ["x0,x1,notes,target"] + rows[:3] + ["1,2,ok,abc"] + rows[3:]
+    path = tmp_path / "notes.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError, match=r"line 8, column 'target' \(no. 4\): 'abc'"):
+        stream_from_file(path, inputs=["x0", "x1"])
+    lines[4] = "1,2"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError, match=r"line 8 has 2 fields, expected 4 \(as in line 1\)"):
+        stream_from_file(path, inputs=["x0", "x1"])
