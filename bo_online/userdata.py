@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from bo_online.models.validation import max_abs_output
 from bo_online.problems import PoolProblem, StreamProblem, _data_bounds, stream_arrays
 
 __all__ = [
@@ -74,6 +75,7 @@ class Table:
         path: the file.
         first_line: file line number of ``data[0]`` (1-based; 2 with a header). For ``.npz``: 0.
         mask: an ``n`` test mask stored in an ``.npz`` file, else None.
+        lines: file line of each data row (CSV; None for ``.npz``).
     """
 
     data: np.ndarray
@@ -81,6 +83,7 @@ class Table:
     path: Path
     first_line: int
     mask: np.ndarray | None = None
+    lines: list[int] | None = None
     #: column index -> (file line, message) of its first non-numeric or missing cell; checked
     #: only for the columns a run uses (:meth:`require`), so an unused ID column does no harm
     problems: dict[int, tuple[int, str]] = field(default_factory=dict)
@@ -101,6 +104,10 @@ class Table:
                     "with --inputs).",
                 )
             raise DataFileError(message)
+
+    def where(self, row: int) -> str:
+        """Where data row ``row`` is in the file: its line (CSV) or its 0-based row (``.npz``)."""
+        return f"row {row} (0-based)" if self.lines is None else f"line {self.lines[row]}"
 
     def column(self, key: str | int, what: str) -> int:
         """Index of a column given by name or (possibly negative) position."""
@@ -225,7 +232,8 @@ def _read_csv(path: Path, gz: bool) -> Table:
                     ),
                 )
             data[r, j] = value
-    return Table(data, columns, path, body[0][0], problems=problems)
+    lines = [line for line, _ in body]
+    return Table(data, columns, path, body[0][0], lines=lines, problems=problems)
 
 
 def _records(f: Any) -> list[tuple[int, list[str]]]:
@@ -546,6 +554,7 @@ def stream_from_file(
         expected_sha256,
         expected_mask_sha256,
         drop_row_index,
+        regression=task == "regression",
     )
     if task == "classification":
         y = _labels(y, table.path)
@@ -640,10 +649,12 @@ def _split_table(
     expected_sha256: str | None,
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
+    regression: bool = True,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
-    :func:`pool_from_file` read them."""
+    :func:`pool_from_file` read them (a ``regression`` target is checked against what a model
+    accepts; class labels are mapped to 0/1 first)."""
     if test_mask is not None and test_fraction is not None:
         raise DataFileError("give a test fraction or a test mask, not both.")
     table = _checked(path, expected_sha256)
@@ -663,6 +674,8 @@ def _split_table(
         table, inputs, {t_col} | ({m_col} if m_col is not None else set()), drop_row_index
     )
     _require_finite_widths(table, cols)
+    if regression:
+        _require_modest_targets(table, t_col)
     return table, table.data[:, cols], table.data[:, t_col], mask
 
 
@@ -681,6 +694,23 @@ def _require_finite_widths(table: Table, cols: Sequence[int]) -> None:
                 f"{column.max():.3g}, a range that overflows float64 when the inputs are scaled "
                 "to the unit cube; rescale the column (e.g. divide it by 1e10)."
             )
+
+
+def _require_modest_targets(table: Table, column: int) -> None:
+    r"""Refuse a target cell of a magnitude no float64 model accepts (:func:`max_abs_output`):
+    every cell is finite, but the model refused the value only when its row arrived, mid-run,
+    naming neither the file nor the column."""
+    y = table.data[:, column]
+    limit = max_abs_output(torch.float64)
+    too_large = np.flatnonzero(np.abs(y) >= limit)
+    if too_large.size:
+        row = int(too_large[0])
+        raise DataFileError(
+            f"{table.path}: {table.where(row)}, column {table.columns[column]!r} (no. "
+            f"{column + 1}) is {y[row]:.3g}; a target must stay below {limit:.3g} in magnitude "
+            "(beyond it the model's standardisation overflows): rescale the target column "
+            "(e.g. divide it by a constant)."
+        )
 
 
 def _stem(path: Path) -> str:

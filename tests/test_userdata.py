@@ -846,3 +846,28 @@ def test_lines_are_counted_in_the_file_past_quoted_fields_that_span_lines(tmp_pa
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataFileError, match=r"line 8 has 2 fields, expected 4 \(as in line 1\)"):
         stream_from_file(path, inputs=["x0", "x1"])
+
+
+def test_a_target_too_large_for_the_model_is_named_before_anything_runs(tmp_path, capsys):
+    """A target cell of 1e200 (every cell finite) passed the file's checks; the model refused it
+    only when that row arrived, mid-stream, with "Y holds values of magnitude up to 1e+200 ...
+    Rescale Y", naming neither the file, the line nor the column, after records were written.
+    It is refused with the file, line and column before anything runs; class labels may be
+    any two values."""
+    X, y = _data(n=30, d=2)
+    y[20] = -1e200
+    path = tmp_path / "huge.csv"
+    _write_csv(path, X, y)
+    pattern = r"huge.csv: line 22, column 'target' \(no. 3\) is -1e\+200.*rescale"
+    for build in (stream_from_file, pool_from_file):
+        with pytest.raises(DataFileError, match=pattern):
+            build(path)
+    labels = np.where(y > 0, 1e200, 0.0)
+    _write_csv(path, X, labels)
+    assert stream_from_file(path, task="classification").y_stream.max() == 1.0
+    _write_csv(path, X, y)
+    out = tmp_path / "run"
+    argv = ["stream", "--data", str(path), "--n-init", "5", "--out", str(out), "-Q"]
+    code, err = _run(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "line 22" in err, err
+    assert not out.exists()
