@@ -99,11 +99,18 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("problems", "models", "acqs", "seeds"):
         if not isinstance(spec.get(key), list) or not spec[key]:
             raise ValueError(f"{path}: {key!r} must be a non-empty list.")
+    for key in ("models", "acqs"):
+        if not all(isinstance(name, str) for name in spec[key]):
+            raise ValueError(f"{path}: {key!r} must be a list of names, got {spec[key]!r}.")
     steps = spec.get("steps")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"{path}: 'steps' must be an integer >= 0, got {steps!r}.")
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec["seeds"]):
-        raise ValueError(f"{path}: 'seeds' must be integers >= 0, got {spec['seeds']!r}.")
+    if not all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in spec["seeds"]
+    ):
+        raise ValueError(
+            f"{path}: 'seeds' must be integers >= 0 and below 2**63, got {spec['seeds']!r}."
+        )
     if not isinstance(spec.get("options", {}), dict):
         raise ValueError(f"{path}: [options] must be a table of BayesOptLoop options.")
     return spec
@@ -113,17 +120,21 @@ def _problem(entry: Any) -> dict[str, Any]:
     if isinstance(entry, str):
         return {"name": entry, "dim": None, "noise": 0.0}
     if isinstance(entry, dict) and "name" in entry and set(entry) <= {"name", "dim", "noise"}:
+        if not isinstance(entry["name"], str):
+            raise ValueError(f"A problem's name must be a string, got {entry['name']!r}.")
         dim = entry.get("dim")
         if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
             raise ValueError(
                 f"Problem {entry['name']!r}: give an integer 'dim' (the number of inputs), "
                 f"got {dim!r}."
             )
-        return {
-            "name": entry["name"],
-            "dim": entry.get("dim"),
-            "noise": float(entry.get("noise", 0.0)),
-        }
+        noise = entry.get("noise", 0.0)
+        if not isinstance(noise, (int, float)) or isinstance(noise, bool):
+            raise ValueError(
+                f"Problem {entry['name']!r}: give a number 'noise' (the standard deviation of "
+                f"the observation noise), got {noise!r}."
+            )
+        return {"name": entry["name"], "dim": dim, "noise": float(noise)}
     raise ValueError(f"A problem is a name or a table {{name, dim, noise}}, got {entry!r}.")
 
 

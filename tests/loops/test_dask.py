@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -820,3 +821,30 @@ def test_bo_dask_options_are_checked_before_the_cluster_starts(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.startswith("bo-online: error:") and message in err and err.count("\n") == 1, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_sweep_spec_entries_of_the_wrong_type_are_one_line_errors(tmp_path, capsys):
+    """A model or problem name that is not a string ended in a traceback (AttributeError: 'int'
+    object has no attribute 'lower'), a noise given as text in "could not convert string to
+    float: 'high'" naming neither spec nor problem, and a seed beyond 2**63 - 1 in "Overflow
+    when unpacking long long"."""
+    from bo_online.cli import main
+
+    spec = tmp_path / "spec.toml"
+    base = "steps = 1\nacqs = ['qucb']\n"
+    for body, message in [
+        ("problems = ['branin']\nmodels = [1]\nseeds = [0]\n", "'models' must be .* names"),
+        ("problems = [{name = 3}]\nmodels = ['exact']\nseeds = [0]\n", "name .* a string"),
+        (
+            "problems = [{name = 'branin', noise = 'high'}]\nmodels = ['exact']\nseeds = [0]\n",
+            "'branin'.* 'noise'",
+        ),
+        ("problems = ['branin']\nmodels = ['exact']\nseeds = [9223372036854775808]\n", "2\\*\\*63"),
+    ]:
+        spec.write_text(base + body)
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--quiet"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("bo-online: error:") and re.search(message, err), err
+        assert not (tmp_path / "out").exists()
