@@ -267,7 +267,9 @@ def _not_utf8(path: Path, opener: Any) -> str:
     )
 
 
-def _read_npz(path: Path) -> Table:
+def _read_npz(path: Path, vector: bool = False) -> Table:
+    """An ``.npz`` file as a table; with ``vector``, one array of ``n`` values (a mask file)
+    is one column."""
     try:
         arrays = dict(np.load(path, allow_pickle=False))
     except (OSError, ValueError) as e:
@@ -298,10 +300,12 @@ def _read_npz(path: Path) -> Table:
                 f"{path}: expected arrays X and y, or one array 'data'; found {sorted(arrays)}."
             )
         data = np.asarray(arrays[name])
+        if vector and data.ndim == 1:
+            data = data[:, None]
         if data.ndim != 2:
             raise DataFileError(f"{path}: array {name!r} must be n x k, got shape {data.shape}.")
         columns = [str(j) for j in range(data.shape[1])]
-    if not np.issubdtype(data.dtype, np.number):
+    if data.dtype != bool and not np.issubdtype(data.dtype, np.number):
         raise DataFileError(f"{path}: arrays must be numeric, got dtype {data.dtype}.")
     if np.iscomplexobj(data):  # astype(float64) would keep the real part, with a warning only
         raise DataFileError(
@@ -432,7 +436,7 @@ def read_table_any(path: Path) -> Table:
     """A mask file: like :func:`read_table`, but a single column is allowed."""
     suffix = _suffix(path)
     if suffix == ".npz":
-        return _read_npz(path)
+        return _read_npz(path, vector=True)
     return _read_csv(path, gz=suffix == ".csv.gz")
 
 

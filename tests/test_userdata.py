@@ -871,3 +871,17 @@ def test_a_target_too_large_for_the_model_is_named_before_anything_runs(tmp_path
     code, err = _run(argv, capsys)
     assert code == 2 and err.count("\n") == 1 and "line 22" in err, err
     assert not out.exists()
+
+
+def test_an_npz_mask_file_of_one_vector_is_one_mask_column(tmp_path):
+    """A test mask saved as it is held, `np.savez("mask.npz", test_mask=m)` with `m` a vector
+    of booleans or 0/1, was refused ("array 'test_mask' must be n x k", or "arrays must be
+    numeric, got dtype bool"), though a mask file is "a file with one 0/1 column"."""
+    X, y = _data(n=30, d=2)
+    data = tmp_path / "data.csv"
+    _write_csv(data, X, y)
+    test = np.arange(30) % 5 == 0
+    for mask in (test, test.astype(np.int64)):
+        np.savez(tmp_path / "mask.npz", test_mask=mask)
+        prob = stream_from_file(data, test_mask=str(tmp_path / "mask.npz"))
+        torch.testing.assert_close(prob.X_test, torch.tensor(X[test]))
