@@ -34,6 +34,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterator, Mapping
 
 import torch
+from botorch import settings
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
@@ -518,9 +519,15 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         # Conditioned on data that need no gradient (new observations, an Ax trial), the child's
         # caches hold no graph at all: one to the hyperparameters made a second backward through
         # the child fail, deepcopy refuse it, and a chain of conditionings (an Ax experiment's
-        # trials) grow it until the next fit. Where X / Y need gradients (qKG differentiates
-        # fantasies in X) the graph is kept, hyperparameters included, as before.
-        wanted = any(t is not None and t.requires_grad for t in (X, Y, noise))
+        # trials) grow it until the next fit. Where X / noise need gradients (qKG differentiates
+        # fantasies in X) the graph is kept, hyperparameters included, as before. Y's own graph
+        # counts only under BoTorch's ``propagate_grads``, as GPyTorch's test caches: otherwise it
+        # is the graph of values drawn from this model's posterior (``fantasize`` at X without a
+        # gradient, a Kriging believer's posterior mean) to the hyperparameters, not data to
+        # differentiate, and keeping it made a second backward through the child fail.
+        wanted = any(t is not None and t.requires_grad for t in (X, noise)) or (
+            Y.requires_grad and settings.propagate_grads.on()
+        )
         with torch.set_grad_enabled(torch.is_grad_enabled() and wanted):
             Ys = self._to_internal(self._standardize(Y.to(X)))
             if noise is not None:

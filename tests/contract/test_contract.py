@@ -1091,6 +1091,42 @@ def test_a_model_conditioned_on_plain_data_keeps_no_graph(s):
 
 
 @surrogates
+def test_fantasies_and_believed_means_at_points_without_gradient_keep_no_graph(s):
+    """Observations drawn from the model's own posterior (``fantasize`` at points that need no
+    gradient, a Kriging believer's ``posterior(X).mean``) carry a graph to the hyperparameters
+    that is not data to differentiate: as BoTorch (GPyTorch detaches its test caches unless
+    ``propagate_grads`` is on), the child keeps none. It can be differentiated in its inputs twice
+    (an acquisition optimised on it), and equals the child conditioned on the detached values.
+    Under ``propagate_grads`` the gradient to ``Y`` flows, as in BoTorch."""
+    from botorch import settings
+
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    Xf = _test_points(Q, seed=3, batch=(2,))
+    children = {"fantasize": model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([2]), seed=0))}
+    if s.outcomes is None:  # real-valued observations: believe the posterior mean
+        believed = model.posterior(Xf).mean  # a graph to the hyperparameters (most models)
+        children["believer"] = model.condition_on_observations(Xf, believed)
+        plain = model.condition_on_observations(Xf, believed.detach())
+        m0, c0 = latent(children["believer"], _test_points())
+        m1, c1 = latent(plain, _test_points())
+        assert_close(m0, m1, s.tol, "believer mean")
+        assert_close(c0, c1, s.tol, "believer covariance")
+    for name, child in children.items():
+        assert _tensors_with_graph(child) == [], name
+        for _ in range(2):
+            x = _test_points(3, seed=4, batch=(2,)).requires_grad_(True)
+            post = child.posterior(x)
+            (post.mean.sum() + post.variance.sum()).backward()
+            assert x.grad is not None and bool(torch.isfinite(x.grad).all()), name
+    Yn = torch.ones(Q, 1, dtype=DT, requires_grad=True)
+    with settings.propagate_grads(True):
+        child = model.condition_on_observations(_test_points(Q, seed=6), Yn)
+        child.posterior(_test_points(3, seed=7)).mean.sum().backward()
+    assert Yn.grad is not None and Yn.grad.abs().sum() > 0
+
+
+@surrogates
 def test_float32_matches_float64(s):
     """A float32 model (float32 data) gives the float64 posterior within float32 accuracy, also
     after conditioning and updates; float64 inputs to it are cast, not rejected."""
