@@ -442,7 +442,8 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if self.training:  # Module.eval() walks every submodule: only when needed
             self.eval()
         X = self._transform_and_check(X, clamp_to_bounds=self.clamps_queries_to_bounds)
-        if X.shape[-2] == 0:  # no points: an empty posterior, without touching the model
+        if X.shape[-2] == 0 or torch.broadcast_shapes(X.shape[:-2], self.batch_shape).numel() == 0:
+            # no points (q = 0 or an empty batch): an empty posterior, without touching the model
             return self._empty_posterior(X, output_indices, posterior_transform)
         self.ensure_caches()
         mvn = self._latent_posterior(X)
@@ -471,12 +472,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     def _empty_posterior(
         self, X: Tensor, output_indices: list[int] | None, posterior_transform: Any
     ) -> GPyTorchPosterior:
-        r"""The posterior at 0 points: ``batch x 0`` mean (``batch x 0 x m`` for m > 1)."""
+        r"""The posterior at no points, ``X``: ``batch x q x d`` with ``q = 0`` or an empty
+        (broadcast) batch: a ``batch x q`` mean (``batch x q x m`` for m > 1) with no elements,
+        differentiable in ``X`` (a zero gradient), as BoTorch's models answer."""
         batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
         m = self.num_outputs if output_indices is None else len(output_indices)
         shape = batch + ((m,) if m > 1 else ())
+        q = X.shape[-2]
+        zero = X.sum() * 0  # a 0-d zero tied to X (X has no elements)
         mvn = MultivariateNormal(
-            X.new_zeros(*shape, 0), DenseLinearOperator(X.new_zeros(*shape, 0, 0))
+            zero.expand(*shape, q), DenseLinearOperator(zero.expand(*shape, q, q))
         )
         if m > 1:
             mvn = MultitaskMultivariateNormal.from_batch_mvn(mvn, task_dim=-1)

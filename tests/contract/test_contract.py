@@ -116,6 +116,31 @@ def test_posterior_shapes_and_units_match_dense_reference(s, fixed, d):
 
 
 @surrogates
+def test_posterior_at_an_empty_batch_is_empty(s):
+    """``posterior`` at ``0 x q x d`` points (and at an empty batch of a fantasy model), as a
+    ``SingleTaskGP`` answers: an empty mean and covariance of the broadcast batch shape, with or
+    without observation noise, differentiable in ``X`` (a zero gradient). Asked after the model's
+    per-point caches are warm (WISKI serves repeated requests from a cached Gram matrix)."""
+    X, Y, _ = s.data(N0, 4, seed=0)
+    model = s.make(X, Y)
+    for _ in range(12):  # past any "build the cache after k calls" threshold
+        x = _test_points(3, d=4, batch=(2,)).requires_grad_(True)
+        model.posterior(x).variance.sum().backward()
+    fantasy = model.fantasize(
+        _test_points(Q, d=4, batch=(2,)), SobolQMCNormalSampler(torch.Size([2]))
+    )
+    for m, batch in ((model, (0,)), (model, (3, 0)), (fantasy, (0, 2, 2)), (fantasy, (0, 1, 1))):
+        for obs in (False, True):
+            x = _test_points(3, d=4, batch=batch).requires_grad_(True)
+            post = m.posterior(x, observation_noise=obs)
+            shape = torch.broadcast_shapes(torch.Size(batch), m.batch_shape)
+            assert post.mean.shape == (*shape, 3, 1) and post.variance.shape == (*shape, 3, 1)
+            assert post.mean.dtype == DT
+            (post.mean.sum() + post.variance.sum()).backward()
+            assert x.grad is not None and x.grad.shape == x.shape
+
+
+@surrogates
 def test_variance_at_many_points_is_lazy(s, request):
     """.variance at many points (one batch of q = 1000) equals the dense diagonal, and the
     covariance is a lazy operator (no q x q matrix is formed to get it)."""
