@@ -14,7 +14,7 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
 from torch import Tensor
 
-from bo_online.linalg import solve_lower
+from bo_online.linalg import psd_cholesky, solve_lower
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 from bo_online.models.wiski.grid import interp_matmul, interp_quad, interp_vector
 
@@ -171,7 +171,26 @@ class WISKIPosteriorMixin:
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         idx, val = self._interp(X)
-        mvn = self._ski_latent_posterior(idx, val)
+        gram = self._use_gram_block(idx, val)
+        # Where M = R A^-1 R^T would be read (requests with a gradient, or many on one state),
+        # or S = R L_A^-T built (a bulk request), an additive model with few observations reads
+        # a rank-n form of M instead (O(m^2 n) once per state against O(m^3)).
+        bulk = (
+            idx.shape[-2] <= _DENSE_COVAR_MAX
+            and self._shared.get("S") is None
+            and 4 * idx.shape[:-1].numel() >= self.grid.num_points
+        )
+        U = self._low_rank_root() if gram or bulk else None
+        if U is not None:
+            mean = self.mean_module.constant.detach().reshape(()) + interp_vector(
+                idx, val, self.mean_coef
+            )
+            covar = self._low_rank_covariance(idx, val, U, self.prior_variance == "exact")
+            batch = torch.broadcast_shapes(mean.shape[:-1], covar.shape[:-2])
+            N = covar.shape[-1]
+            mean, covar = mean.expand(*batch, N), covar.expand(*batch, N, N)
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
+        mvn = self._ski_latent_posterior(idx, val, gram)
         if self.prior_variance != "exact":
             return mvn
         gap = self._prior_variance_gap(idx, val)
@@ -183,12 +202,15 @@ class WISKIPosteriorMixin:
             )
         return MultivariateNormal(mvn.mean, covar + DiagLinearOperator(gap))
 
-    def _ski_latent_posterior(self, idx: Tensor, val: Tensor) -> MultivariateNormal:
-        r"""The SKI posterior at points with stencils ``idx``/``val`` (``... x N x K``)."""
+    def _ski_latent_posterior(
+        self, idx: Tensor, val: Tensor, gram: bool | None = None
+    ) -> MultivariateNormal:
+        r"""The SKI posterior at points with stencils ``idx``/``val`` (``... x N x K``); ``gram``:
+        :meth:`_use_gram_block`'s answer for them where the caller already asked."""
         # Caches carry no hyperparameter gradients (fits use the MLL), so neither does this.
         coef = self.mean_coef if self.d_idx is None else self.d_mean_coef
         mean = self.mean_module.constant.detach().reshape(()) + interp_vector(idx, val, coef)
-        if self._use_gram_block(idx, val):
+        if self._use_gram_block(idx, val) if gram is None else gram:
             # sigma^2 (W M W^T - H^T H) from the cached M = R A^-1 R^T (grid.interp_quad): one
             # sparse product W M and a gather, with an O(N^2 K) backward, instead of the N x m
             # rows sigma W R L_A^-T, their Gram matrix and their autograd. For a conditioned
@@ -218,6 +240,84 @@ class WISKIPosteriorMixin:
             return MultivariateNormal(mean, DenseLinearOperator(covar))
         covar = RootDifferenceLinearOperator(P, Q, batch_shape=tuple(batch), P_diag=p_diag)
         return MultivariateNormal(mean, covar)
+
+    def _low_rank_root(self) -> Tensor | None:
+        r"""``U`` (``m x r``) with ``sigma^2 R A^-1 R^T = K_UU - U U^T`` for an additive model
+        holding fewer observations than half its active grid points, else None.
+
+        With the rank-``r`` factor ``G = L L^T`` of the fit (:mod:`.low_rank`, ``r <= n``) and
+        ``R R^T = K_UU``, Woodbury's identity gives ``sigma^2 R (sigma^2 I + R^T L L^T R)^-1 R^T
+        = K_UU - K_UU L C^-1 L^T K_UU`` with ``C = sigma^2 I_r + L^T K_UU L = L_C L_C^T``, so
+        ``U = K_UU L L_C^-T``: O(m^2 r) once per data and hyperparameter state, cached in
+        ``_shared`` beside the factor it came from. A covariance then reads ``K_UU`` within
+        each component (block-diagonal) and ``r`` columns of ``U``, instead of rows of length
+        ``m`` of ``M = R A^-1 R^T`` (whose O(m^3) build it also skips). Base models only: a
+        conditioned model's corrections are built from ``M``."""
+        if self.input_groups is None or self.d_idx is not None or self.G.dim() != 2:
+            return None
+        G = self.G
+        if G.requires_grad:
+            return None
+        hit = self._shared.get("low_rank_root")
+        key = (G.data_ptr(), G._version, self.z._version, self.h._version)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        active = torch.nonzero(torch.diagonal(G) > 0).squeeze(-1)
+        stats = {name: getattr(self, name) for name in ("G", "z", "h", "n")}
+        low = self._low_rank(stats, active, active.numel() == G.shape[-1])
+        U = None
+        if low is not None:
+            with torch.no_grad():
+                m, r = G.shape[-1], low.rank
+                L = low.L  # on the active grid points: zero rows for the others
+                if active.numel() < m:
+                    L = L.new_zeros(m, r).index_copy_(0, active, L)
+                KL = self._prior_gram() @ L  # m x r
+                C = L.mT @ KL + self._sigma2().detach() * torch.eye(
+                    r, dtype=L.dtype, device=L.device
+                )
+                U = solve_lower(psd_cholesky(0.5 * (C + C.mT)), KL.mT).mT.contiguous()
+        self._shared["low_rank_root"] = (key, U)
+        return U
+
+    def _low_rank_covariance(
+        self, idx: Tensor, val: Tensor, U: Tensor, exact_prior_variance: bool = False
+    ) -> Tensor:
+        r"""``sigma^2 W M W^T = W K_UU W^T - (W U)(W U)^T`` (``... x N x N``) for the stencils
+        ``idx``/``val`` (``... x N x K``) from :meth:`_low_rank_root`'s ``U``; differentiable
+        in ``val``. ``W`` is scattered densely (``N x m`` per batch element, in batch chunks of
+        about 2^22 entries), and ``W K_UU`` is formed block by block (``K_UU`` is
+        block-diagonal over the components, whose grids all have the same size). With
+        ``exact_prior_variance`` the diagonal of ``W K_UU W^T`` is raised to the kernel's
+        ``k(x, x)`` where it is below (the ``prior_variance="exact"`` correction of
+        :meth:`_prior_variance_gap`, here without its gather)."""
+        K = self._prior_gram()
+        sizes, offsets = self.grid.sizes_per_grid, self.grid.offsets
+        J, m1 = len(sizes), sizes[0]  # every component grid has the same sizes
+        blocks = self._shared.get("K_blocks")
+        if blocks is None:  # J x m1 x m1: the diagonal blocks
+            blocks = torch.stack([K[o : o + m1, o : o + m1] for o in offsets])
+            self._shared["K_blocks"] = blocks
+        kss = torch.diagonal(K)[offsets].sum()  # k(x, x): each component's is constant
+        batch, (N, nk), m = idx.shape[:-2], idx.shape[-2:], K.shape[-1]
+        flat_idx = idx.reshape(-1, N, nk)
+        flat_val = val.expand(idx.shape).reshape(-1, N, nk)
+        per = max(1, 2**22 // max(1, N * m))
+        out = []
+        for start in range(0, flat_idx.shape[0], per):
+            i, v = flat_idx[start : start + per], flat_val[start : start + per]
+            b = i.shape[0]
+            W = v.new_zeros(b, N, m).scatter_add(-1, i, v)  # b x N x m
+            # W K_UU, the components as the batch of one product
+            KW = torch.bmm(W.reshape(b * N, J, m1).transpose(0, 1), blocks)  # J x bN x m1
+            KW = KW.transpose(0, 1).reshape(b, N, m)
+            prior = KW @ W.mT
+            if exact_prior_variance:
+                diagonal = torch.diagonal(prior, dim1=-2, dim2=-1)
+                prior = prior + torch.diag_embed((kss - diagonal).clamp_min(0.0))
+            WU = W @ U
+            out.append(prior - WU @ WU.mT)
+        return torch.cat(out, 0).reshape(*batch, N, N)
 
 
 def _interp_rows(idx: Tensor, val: Tensor, A: Tensor) -> Tensor:

@@ -1,12 +1,16 @@
 """WISKI's marginal likelihood with fewer observations than grid points (the rank-r factor of
 ``G``, bo_online/models/wiski/low_rank.py) against the dense SKI likelihood built explicitly
-(wiski_reference.dense_mll) and against WISKI's own m x m path, value and gradient."""
+(wiski_reference.dense_mll) and against WISKI's own m x m path, value and gradient; and the
+additive model's acquisition-time covariances read from that factor, against the dense SKI
+posterior (wiski_reference.dense_posterior)."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
-from wiski_reference import dense_mll
+from wiski_reference import dense_mll, dense_posterior
 
 from bo_online.models import WISKI
 from bo_online.models.wiski.low_rank import low_rank_statistics
@@ -184,3 +188,64 @@ def test_all_pairs_components_in_one_batched_kernel_equal_gpytorchs_per_componen
     per_component, g_per = mll_and_grad()
     assert float((batched - per_component).abs()) < 1e-12 * abs(float(per_component))
     assert float((g_batched - g_per).abs().max()) < 1e-9 * float(g_per.abs().max())
+
+
+@pytest.mark.parametrize(
+    "projection, hetero, prior_variance",
+    [("all-pairs", False, "exact"), ("pairs+tanh", True, "interpolated")],
+)
+def test_acquisition_covariances_from_the_factor_equal_the_dense_ski_posterior(
+    projection, hetero, prior_variance
+):
+    r"""With fewer observations than half the active grid points, an additive model's
+    covariances for candidate batches (with a gradient, as an acquisition optimiser asks, and
+    a bulk request without one) come from ``K_UU - U U^T`` (``U``: m x r, from the factor of
+    ``G``) instead of the m x m ``M = R A^-1 R^T``. Batched ``b x q x d`` requests equal the
+    dense SKI posterior of each batch element (plus ``k(x, x) - w^T K_UU w`` on the diagonal
+    for ``prior_variance="exact"``), their gradients equal the ``M`` path's, and neither ``M``
+    nor ``S = R L_A^-T`` (O(m^3) each) is built."""
+    d = 6 if projection == "all-pairs" else 8
+    X, Y, Yvar = _data(30, d, hetero, seed=d)
+    model = WISKI(X, Y, Yvar, projection=projection, prior_variance=prior_variance)
+    model.fit(max_iter=5)
+    assert model.G.shape[-1] >= 2 * 30 * 2  # the factor applies (n <= m_active / 2)
+    sd2 = model.outcome_std.reshape(()) ** 2
+    g = torch.Generator().manual_seed(3)
+    Xs = torch.rand(5, 3, d, generator=g, dtype=DT, requires_grad=True)
+    Xbulk = torch.rand(600, 1, d, generator=g, dtype=DT)  # 4 x 600 >= m: a bulk request
+    calls = []
+    original = type(model)._low_rank_covariance
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    with mock.patch.object(type(model), "_low_rank_covariance", counted):
+        post = model.posterior(Xs)
+        cov = post.mvn.covariance_matrix
+        (grad,) = torch.autograd.grad((cov.sum() + post.mean.sum()), Xs)
+        with torch.no_grad():
+            bulk = model.posterior(Xbulk).variance.reshape(-1)
+    assert len(calls) == 2
+    assert "M" not in model._shared and "S" not in model._shared
+    for b in range(Xs.shape[0]):
+        mean_ref, cov_ref = dense_posterior(model, X, Y, Yvar, Xs[b].detach())
+        if prior_variance == "exact":
+            with torch.no_grad():
+                W = model.grid.dense_weights(model._features(Xs[b].detach()))
+                K = model._prior_gram()
+                kss = torch.diagonal(K)[model.grid.offsets].sum()
+                gap = (kss - torch.einsum("nm,mk,nk->n", W, K, W)).clamp_min(0.0)
+            cov_ref = cov_ref + torch.diag(gap)
+        torch.testing.assert_close(post.mean[b].squeeze(-1), mean_ref, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(cov[b] / sd2, cov_ref, rtol=1e-8, atol=1e-12)
+    _, ref_bulk = dense_posterior(model, X, Y, Yvar, Xbulk[:40, 0])
+    if prior_variance == "interpolated":
+        torch.testing.assert_close(bulk[:40] / sd2, torch.diagonal(ref_bulk), rtol=1e-8, atol=1e-12)
+    # the same gradient through M (an instance attribute shadows the method: no factor)
+    model._shared = {}
+    model._low_rank_root = lambda: None
+    post_m = model.posterior(Xs)
+    (grad_m,) = torch.autograd.grad((post_m.mvn.covariance_matrix.sum() + post_m.mean.sum()), Xs)
+    assert "M" in model._shared
+    torch.testing.assert_close(grad, grad_m, rtol=1e-8, atol=1e-10)
