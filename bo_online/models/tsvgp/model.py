@@ -76,8 +76,9 @@ class TSVGP(
         input_transform: optional BoTorch input transform.
         outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
             standardised internally); any other outcome transform is refused.
-        num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods
-            (the first from the prior marginals).
+        num_init_e_steps: E-steps (rho = 1) run at construction for non-Gaussian likelihoods,
+            the first from sites linearised at the likelihood's ``initial_latent`` (Poisson:
+            ``log(y + 1/2)``) or, where it gives none, from the prior marginals.
         condition_steps: further fixed-point steps on the new sites when conditioning with a
             non-Gaussian likelihood (0 = one step at the current marginal, docs/math.md §2).
 
@@ -224,6 +225,7 @@ class TSVGP(
         self._n = n
         self.ensure_caches()  # conjugate: exact sites; otherwise the prior (sites = 0)
         if not self.likelihood.conjugate:
+            self._sites_at_initial_latent()
             for _ in range(num_init_e_steps):
                 self.e_step(rho=1.0)
 

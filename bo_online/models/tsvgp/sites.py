@@ -69,6 +69,19 @@ class TSVGPSitesMixin:
         self._set_base_sites(g1, beta)
         return self
 
+    def _sites_at_initial_latent(self) -> None:
+        r"""Sites linearised at the likelihood's :meth:`~SiteLikelihood.initial_latent` ``f0``
+        (a point mass there): ``beta = max(-d2, beta_min)``, ``g1 = beta (f0 - c) + d1`` with
+        ``c`` the constant mean; left at the prior where the likelihood gives none."""
+        f0 = self.likelihood.initial_latent(self._y[..., : self._n])
+        if f0 is None:
+            return
+        y = self._y[..., : self._n]
+        with torch.no_grad():
+            beta = (-self.likelihood.d2(y, f0)).clamp_min(self.likelihood.beta_min)
+            g1 = beta * (f0 - self._const()) + self.likelihood.d1(y, f0)
+            self._set_base_sites(g1, beta)
+
     def _set_base_sites(self, g1: Tensor, beta: Tensor) -> None:
         with torch.no_grad():
             L_K = self._kuu_chol()

@@ -655,6 +655,59 @@ def test_e_steps_reach_the_elbo_maximum_in_q(lik):
     assert abs(float(model.elbo()) - best) < 1e-10
 
 
+def _dense_poisson_vi(K: torch.Tensor, y: torch.Tensor, c: float, iters: int = 400):
+    r"""The Gaussian variational posterior of a full GP ``f = c + h``, ``h ~ N(0, K)``, under a
+    Poisson likelihood, by fixed-point (CVI) iterations in dense ``n x n`` algebra: sites
+    ``beta = E_q[exp f] = exp(mu + v / 2)``, ``g1 = beta (mu - c) + y - beta`` (closed form, no
+    quadrature). Returns the marginal means and variances of f."""
+    n = y.shape[0]
+    g1, beta = torch.zeros(n, dtype=DT), torch.zeros(n, dtype=DT)
+    for _ in range(iters):
+        S = torch.diag(beta.sqrt())
+        C = torch.linalg.cholesky(torch.eye(n, dtype=DT) + S @ K @ S)
+        V = torch.cholesky_solve(S @ K, C)  # (I + S K S)^-1 S K
+        Sigma = K - K @ S @ V
+        mu, v = c + Sigma @ g1, torch.diagonal(Sigma)
+        rate = torch.exp(mu + v / 2)
+        g1_new, beta_new = rate * (mu - c) + y - rate, rate
+        step = float((g1_new - g1).abs().max())
+        g1, beta = 0.5 * g1 + 0.5 * g1_new, 0.5 * beta + 0.5 * beta_new  # damped: from the prior
+    assert step < 1e-9, step  # the reference converged
+    return mu, v
+
+
+def test_poisson_sites_start_near_large_counts_and_reach_the_variational_optimum():
+    """Counts in the tens: the constructor's E-steps start from sites linearised at log(y + 1/2),
+    so with the data as inducing inputs the model is at the full GP's Gaussian variational
+    optimum (computed densely). From the prior the first step overshot to a latent mean of about
+    the count itself (rate e^30) and each later step came back by about 1: the model ended with
+    log-rates far above log(85), and fit() failed on a kernel matrix that was not positive
+    definite."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 2, generator=g, dtype=DT)
+    rate = torch.exp(1.5 + 3 * torch.sin(3 * X[:, 0]) * X[:, 1])
+    Y = torch.poisson(rate, generator=g).unsqueeze(-1)
+    assert Y.max() > 50
+    model = TSVGP(X, Y, inducing_points=X.clone(), likelihood=Poisson())  # Z = X: the full GP
+    with torch.no_grad():
+        K = model.covar_module(X).to_dense()
+        c = float(model.mean_module.constant)
+        mu, v = _dense_poisson_vi(K, Y.squeeze(-1), c)
+        post = model.posterior(X)
+    # after the constructor's 5 E-steps: close to the optimum (from the prior: 20 nats off)
+    torch.testing.assert_close(post.mean.squeeze(-1), mu, rtol=0, atol=1e-4)
+    torch.testing.assert_close(post.variance.squeeze(-1), v, rtol=1e-3, atol=1e-8)
+    for _ in range(15):  # and the E-steps' fixed point is that optimum
+        model.e_step()
+    with torch.no_grad():
+        post = model.posterior(X)
+    torch.testing.assert_close(post.mean.squeeze(-1), mu, rtol=0, atol=1e-8)
+    torch.testing.assert_close(post.variance.squeeze(-1), v, rtol=1e-7, atol=1e-10)
+    model.fit()  # and the hyperparameters can be fitted from there
+    latent = model.posterior(X).mean.squeeze(-1)
+    assert float((latent - rate.log()).abs().max()) < 1.0
+
+
 def test_student_t_e_steps_converge_with_the_beta_clip():
     """Student-t (not log-concave): an outlier's expected curvature is negative, its site
     precision is clipped at BETA_MIN (docs/math.md §2), the E-steps reach a fixed point and raise
