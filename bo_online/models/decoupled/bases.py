@@ -119,7 +119,7 @@ class DecoupledBasesMixin:
             return
         K = self.covar_module(self.beta_points).to_dense()
         keep = pivoted_cholesky_select(K, self.num_cov_bases)
-        mask = torch.ones(self.num_beta, dtype=torch.bool)
+        mask = torch.ones(self.num_beta, dtype=torch.bool, device=K.device)
         mask[keep] = False
         beta = self.beta_points[keep]
         rest = torch.cat([self.beta_points[mask], self.alpha_points], dim=-2)

@@ -164,7 +164,9 @@ class TSVGPSitesMixin:
             A = self._whiten(self.chol_K, X)  # memoised by _site_targets (no autograd here)
             lam_b, P_b = self._summaries(A, g1, beta)
             L_B = self.chol_B
-            P_old = L_B @ L_B.transpose(-1, -2) - torch.eye(L_B.shape[-1], dtype=L_B.dtype)
+            P_old = L_B @ L_B.transpose(-1, -2) - torch.eye(
+                L_B.shape[-1], dtype=L_B.dtype, device=L_B.device
+            )
             lam_w = (1 - rho) * self.lam_w + rho * scale * lam_b
             P = (1 - rho) * P_old + rho * scale * P_b
             L_B, v = self._factor(P, lam_w)
