@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import shlex
 import sys
 import warnings
@@ -47,10 +48,12 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
             raise ValueError(f"Cannot load {str(path)!r} as a Python module.")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module  # so that pickling the function (process pools) finds it
+        added = _add_import_folder(path.resolve().parent)
         try:
             module_spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[name]
+            added()
             raise ValueError(f"Importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
         # A worker process cannot import a module that only this process made up: cloudpickle
         # ships its code instead (what _Vectorised.__reduce__ uses, since Dask tries plain
@@ -71,6 +74,32 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
     if not callable(fn):
         raise ValueError(f"{target!r} has no callable {attribute!r} for --objective.")
     return fn
+
+
+def _add_import_folder(folder: Path) -> Callable[[], None]:
+    r"""Put ``folder`` first on ``sys.path`` and on ``PYTHONPATH`` (which the worker processes
+    this process starts inherit: a Dask ``LocalCluster``), as ``python file.py`` puts the
+    script's folder first, so that a file objective can import the modules beside it. Returns
+    a function that undoes what was added (for a file that failed to import)."""
+    entry = str(folder)
+    on_path = entry in sys.path
+    env = os.environ.get("PYTHONPATH")
+    parts = env.split(os.pathsep) if env else []
+    if not on_path:
+        sys.path.insert(0, entry)
+    if entry not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([entry, *parts])
+
+    def undo() -> None:
+        if not on_path and entry in sys.path:
+            sys.path.remove(entry)
+        if entry not in parts:
+            if env is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = env
+
+    return undo
 
 
 def parse_bounds(raw: str | list) -> Tensor:

@@ -518,3 +518,38 @@ def test_a_module_objective_whose_import_fails_is_one_line(tmp_path, monkeypatch
         assert f"Importing module {spec.split(':')[0]!r} for --objective failed" in err, err
         assert error in err, err
         assert not (tmp_path / "run").exists()
+
+
+def test_a_file_objective_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """`--objective dir/obj.py:f` where obj.py imports a helper module from its own folder (as
+    `python dir/obj.py` can) failed with ModuleNotFoundError unless the folder was on
+    PYTHONPATH. The folder now goes first on sys.path and on PYTHONPATH (which a local Dask
+    cluster's workers inherit); a file that fails to import leaves both as they were."""
+    import os
+    import sys
+
+    from bo_online.objectives import load_objective
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delitem(sys.modules, "obj_helper_scale", raising=False)
+    folder = tmp_path / "my_experiments"
+    folder.mkdir()
+    (folder / "obj_helper_scale.py").write_text("SCALE = 3.0\n")
+    (folder / "obj.py").write_text(
+        "import obj_helper_scale\n\ndef f(X):\n    return obj_helper_scale.SCALE * X.sum(-1)\n"
+    )
+    fn = load_objective(f"{folder / 'obj.py'}:f")
+    X = torch.tensor([[0.25, 0.5], [1.0, 2.0]], dtype=torch.float64)
+    torch.testing.assert_close(fn(X), 3.0 * X.sum(-1))
+    assert sys.path[0] == str(folder.resolve())
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(folder.resolve())
+    sys.modules.pop("obj_helper_scale")
+
+    other = tmp_path / "broken"
+    other.mkdir()
+    (other / "obj.py").write_text("import no_such_module_beside_it\n")
+    before_path, before_env = list(sys.path), os.environ["PYTHONPATH"]
+    with pytest.raises(ValueError, match="ModuleNotFoundError"):
+        load_objective(f"{other / 'obj.py'}:f")
+    assert sys.path == before_path and os.environ["PYTHONPATH"] == before_env
