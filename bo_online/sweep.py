@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -133,6 +134,11 @@ def _problem(entry: Any) -> dict[str, Any]:
             raise ValueError(
                 f"Problem {entry['name']!r}: give a number 'noise' (the standard deviation of "
                 f"the observation noise), got {noise!r}."
+            )
+        if isinstance(noise, int) and abs(noise) > sys.float_info.max:  # TOML/YAML: no limit
+            raise ValueError(
+                f"Problem {entry['name']!r}: give a number 'noise' (the standard deviation of "
+                f"the observation noise) within float range, got an integer beyond it."
             )
         return {"name": entry["name"], "dim": dim, "noise": float(noise)}
     raise ValueError(f"A problem is a name or a table {{name, dim, noise}}, got {entry!r}.")

@@ -848,3 +848,22 @@ def test_sweep_spec_entries_of_the_wrong_type_are_one_line_errors(tmp_path, caps
         assert e.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith("bo-online: error:") and re.search(message, err), err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_noise_integer_beyond_float_range_is_a_one_line_error(tmp_path, capsys):
+    """TOML and YAML integers have no size limit: a noise of 10**400 ended in a traceback
+    ('OverflowError: int too large to convert to float') where every other bad noise is one line
+    naming the problem."""
+    from bo_online.cli import main
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        "steps = 1\nacqs = ['qucb']\nmodels = ['exact']\nseeds = [0]\n"
+        f"problems = [{{name = 'branin', noise = {10**400}}}]\n"
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("bo-online: error:") and re.search("'branin'.* 'noise'", err), err
+    assert not (tmp_path / "out").exists()
