@@ -487,13 +487,23 @@ def _inputs(
     return cols
 
 
-def _labels(y: np.ndarray, path: Path) -> np.ndarray:
-    """Binary labels to {0, 1}: the smaller of the two distinct values is 0."""
+def _labels(y: np.ndarray, path: Path, column: str, train: np.ndarray) -> np.ndarray:
+    """Binary labels to {0, 1}: the smaller of the two distinct values is 0. ``train`` (``n``
+    bool) marks the rows the model learns from, which must hold both classes."""
     values = np.unique(y)
     if values.size != 2:
+        shown = ", ".join(f"{v:g}" for v in values[:5]) + (", ..." if values.size > 5 else "")
         raise DataFileError(
-            f"{path}: binary classification needs exactly two distinct target values, found "
-            f"{values.size}."
+            f"{path}: binary classification needs exactly two distinct values in target column "
+            f"{column!r}, found {values.size} ({shown}); name a 0/1 column with --target, or "
+            "use --task regression."
+        )
+    seen = np.unique(y[train])
+    if seen.size < 2:
+        raise DataFileError(
+            f"{path}: every training row of target column {column!r} holds {seen[0]:g}: the "
+            f"test rows took all of class {values[values != seen[0]][0]:g}; choose another "
+            "--test-mask, --test-fraction or --seed."
         )
     return (y == values[1]).astype(np.float64)
 
@@ -561,7 +571,8 @@ def stream_from_file(
         regression=task == "regression",
     )
     if task == "classification":
-        y = _labels(y, table.path)
+        column = table.columns[table.column(-1 if target is None else target, "the target")]
+        y = _labels(y, table.path, column, ~mask)
     X_stream, y_stream, X_test, y_test = stream_arrays(
         X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
     )

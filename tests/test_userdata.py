@@ -104,8 +104,31 @@ def test_classification_labels_mapped(tmp_path):
     assert set(prob.y_stream.tolist()) <= {0.0, 1.0}
     np.testing.assert_array_equal(prob.y_stream.numpy() == 1.0, prob.X_stream[:, 0].numpy() > 1)
     _write_csv(path, X, X[:, 0])
-    with pytest.raises(DataFileError, match="two distinct target values"):
+    with pytest.raises(DataFileError, match="two distinct values in target column"):
         stream_from_file(path, task="classification")
+
+
+def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_train_on(
+    tmp_path,
+):
+    """One class in the target column was refused with 'found 1' only (no column, no way out);
+    a test mask that took every row of one class left the stream training on the other alone,
+    without a word. Both are now one error naming the column and what to do, before a run."""
+    X, _ = _data(n=40, d=2)
+    path = tmp_path / "c.csv"
+    _write_csv(path, X, np.ones(40))
+    with pytest.raises(DataFileError, match=r"target column 'target', found 1 \(1\); name a 0/1"):
+        stream_from_file(path, task="classification")
+    labels = (X[:, 0] > 1).astype(float)
+    assert 0 < labels.sum() < 40
+    rows = ["a,b,y,is_test"] + [
+        f"{a!r},{b!r},{c:g},{c:g}" for (a, b), c in zip(X.tolist(), labels.tolist())
+    ]
+    path.write_text("\n".join(rows) + "\n")  # class 1 exactly the test rows
+    before = path.read_bytes()
+    with pytest.raises(DataFileError, match="every training row of target column 'y' holds 0"):
+        stream_from_file(path, target="y", test_mask="is_test", task="classification")
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize(
