@@ -42,6 +42,7 @@ from bo_online.models.wiski.kronecker import (
 )
 from bo_online.models.wiski.low_rank import (
     LowRankStatistics,
+    TensorRef,
     low_rank_log_likelihood,
     low_rank_statistics,
 )
@@ -194,22 +195,18 @@ class WISKIFitMixin:
         n, m = float(stats["n"]), active.numel()
         if G.requires_grad or n > (0.75 * m if kronecker else m / 2):
             return None
-        key = (
-            stats["G"].data_ptr(),
-            stats["G"]._version,
-            stats["z"]._version,
-            stats["h"]._version,
-            n,
-            m,
-        )
+        # Keyed on the statistics tensor itself (weakly) and its version counters: a key on its
+        # address could match a new G that the allocator put where a freed one was.
+        key = (stats["G"]._version, stats["z"]._version, stats["h"]._version, n, m)
         cached = self.__dict__.get("_low_rank_cache")
-        if cached is None or cached[0] != key:
+        if cached is None or cached[0]() is not G or cached[1] != key:
             z, h = (stats[k] if full else stats[k][active] for k in ("z", "h"))
             cached = self.__dict__["_low_rank_cache"] = (
+                TensorRef(G),
                 key,
                 low_rank_statistics(G if full else _restrict(G, active), z, h, max_rank=int(n)),
             )
-        return cached[1]
+        return cached[2]
 
     def _factor_kernel_product(
         self, L: Tensor, active: Tensor, factors: list[Tensor] | None = None

@@ -24,6 +24,7 @@ WISKI's step time.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from linear_operator.functions import pivoted_cholesky
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from bo_online.linalg import logdet_and_inverse_quad
 
-__all__ = ["LowRankStatistics", "low_rank_statistics", "low_rank_log_likelihood"]
+__all__ = ["LowRankStatistics", "TensorRef", "low_rank_statistics", "low_rank_log_likelihood"]
 
 #: Relative accuracy asked of the factor: the pivoted Cholesky stops when the residual's trace is
 #: below this fraction of the largest diagonal entry of ``G``.
@@ -39,6 +40,24 @@ _FACTOR_TOL = 1e-12
 #: For ``G`` accumulated below float64: the tolerance per observation in units of the dtype's
 #: machine epsilon (each row of ``W^T D^-1 W`` adds its rounding).
 _SINGLE_TOL_PER_ROW = 4.0
+
+
+class TensorRef:
+    r"""A weak reference to the statistics tensor a cached factor was computed from: the cache
+    is keyed on the tensor itself, not on its address, which a new tensor may reuse once the old
+    one is freed. Copied or pickled, it is a dead reference (the copy's statistics are other
+    tensors, so its caches are rebuilt), and the model stays picklable."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, tensor: Tensor | None = None) -> None:
+        self._ref = None if tensor is None else weakref.ref(tensor)
+
+    def __call__(self) -> Tensor | None:
+        return None if self._ref is None else self._ref()
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return (TensorRef, ())
 
 
 class LowRankStatistics:

@@ -17,6 +17,7 @@ from torch import Tensor
 from bo_online.linalg import psd_cholesky, solve_lower
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 from bo_online.models.wiski.grid import interp_matmul, interp_quad, interp_vector
+from bo_online.models.wiski.low_rank import TensorRef
 
 __all__ = ["WISKIPosteriorMixin"]
 
@@ -252,16 +253,19 @@ class WISKIPosteriorMixin:
         ``_shared`` beside the factor it came from. A covariance then reads ``K_UU`` within
         each component (block-diagonal) and ``r`` columns of ``U``, instead of rows of length
         ``m`` of ``M = R A^-1 R^T`` (whose O(m^3) build it also skips). Base models only: a
-        conditioned model's corrections are built from ``M``."""
+        conditioned model's corrections are built from ``M``. Float64 only: the difference
+        ``K_UU - U U^T`` loses more of a small variance in single precision than ``M`` does
+        (measured 2.9% against 0.6% of a variance of 1e-6 in float32)."""
         if self.input_groups is None or self.d_idx is not None or self.G.dim() != 2:
             return None
         G = self.G
-        if G.requires_grad:
+        if G.requires_grad or G.dtype != torch.float64:
             return None
         hit = self._shared.get("low_rank_root")
-        key = (G.data_ptr(), G._version, self.z._version, self.h._version)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+        # the statistics themselves (weakly), not their addresses, which a new tensor may reuse
+        key = (G._version, self.z._version, self.h._version)
+        if hit is not None and hit[0]() is G and hit[1] == key:
+            return hit[2]
         active = torch.nonzero(torch.diagonal(G) > 0).squeeze(-1)
         stats = {name: getattr(self, name) for name in ("G", "z", "h", "n")}
         low = self._low_rank(stats, active, active.numel() == G.shape[-1])
@@ -277,7 +281,7 @@ class WISKIPosteriorMixin:
                     r, dtype=L.dtype, device=L.device
                 )
                 U = solve_lower(psd_cholesky(0.5 * (C + C.mT)), KL.mT).mT.contiguous()
-        self._shared["low_rank_root"] = (key, U)
+        self._shared["low_rank_root"] = (TensorRef(G), key, U)
         return U
 
     def _low_rank_covariance(

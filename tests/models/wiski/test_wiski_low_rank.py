@@ -91,10 +91,10 @@ def test_updates_refresh_the_factor():
     model = WISKI(X[:20], Y[:20], grid_size=14)
     model.fit(max_iter=5)
     model.marginal_log_likelihood(include_priors=False)
-    assert model.__dict__["_low_rank_cache"][1].rank == 20
+    assert model.__dict__["_low_rank_cache"][-1].rank == 20
     model.update(X[20:], Y[20:])
     after = model.marginal_log_likelihood(include_priors=False).detach()  # the cache's key moved
-    assert model.__dict__["_low_rank_cache"][1].rank == 30
+    assert model.__dict__["_low_rank_cache"][-1].rank == 30
     scratch = WISKI(X, Y, grid_size=14)
     scratch.load_state_dict(model.state_dict())
     ref, _ = _mll_and_grad(scratch, low_rank=False)
@@ -249,3 +249,57 @@ def test_acquisition_covariances_from_the_factor_equal_the_dense_ski_posterior(
     (grad_m,) = torch.autograd.grad((post_m.mvn.covariance_matrix.sum() + post_m.mean.sum()), Xs)
     assert "M" in model._shared
     torch.testing.assert_close(grad, grad_m, rtol=1e-8, atol=1e-10)
+
+
+def test_the_factor_cache_follows_the_statistics_tensors_not_their_addresses():
+    """The factor of G (and the covariance root built on it) is cached per data state. It was
+    keyed on G's address and version counters, so new statistics put where freed ones were (as
+    the allocator may, e.g. after a projection refit) with equal version counts were read with
+    the old factor: a wrong likelihood. Here other targets' statistics are written into the old
+    tensors' memory through new tensor objects, versions matched, and the likelihood and the
+    covariances are compared with the same model's after its caches are dropped by hand."""
+    X, Y, _ = _data(20, 4, False)
+    model = WISKI(X, Y, projection="all-pairs")
+    other = WISKI(X, torch.cos(3 * Y), projection="all-pairs")  # the same G, another z
+    Xq = torch.rand(2, 3, 4, dtype=DT, requires_grad=True)
+    with torch.no_grad():  # version counts a new tensor can reach (set_ counts one)
+        for name in ("G", "z", "h"):
+            getattr(model, name).add_(0.0).add_(0.0)
+    model.marginal_log_likelihood()  # caches the factor of model's G
+    for name in ("G", "z", "h"):
+        old, new = getattr(model, name), getattr(other, name)
+        version = old._version
+        writer = torch.empty(0, dtype=DT).set_(old.untyped_storage(), 0, old.shape, old.stride())
+        with torch.no_grad():
+            writer.copy_(new)
+        reused = torch.empty(0, dtype=DT).set_(old.untyped_storage(), 0, old.shape, old.stride())
+        with torch.no_grad():
+            while reused._version < version:
+                reused.add_(0.0)
+        assert reused._version == version and reused.data_ptr() == old.data_ptr()
+        setattr(model, name, reused)
+    model.invalidate_caches()
+    mll = model.marginal_log_likelihood()
+    cov = model.posterior(Xq).mvn.covariance_matrix
+    model.__dict__["_low_rank_cache"] = None  # by hand: a fresh factor
+    model.invalidate_caches()
+    torch.testing.assert_close(mll, model.marginal_log_likelihood(), rtol=1e-10, atol=0)
+    torch.testing.assert_close(cov, model.posterior(Xq).mvn.covariance_matrix)
+
+
+def test_float32_covariances_keep_the_m_by_m_route():
+    """In single precision ``K_UU - U U^T`` loses more of a small variance than rows of ``M``
+    (2.9% against 0.6% at a noise of 1e-6), so a float32 model keeps the m x m route; its
+    covariances equal the float64 model's to float32 accuracy."""
+    X, Y, _ = _data(20, 4, False)
+    model = WISKI(X, Y, projection="all-pairs")
+    m32 = WISKI(X.float(), Y.float(), projection="all-pairs")
+    m32.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    )
+    Xq = torch.rand(2, 3, 4, dtype=DT, requires_grad=True)
+    cov64 = model.posterior(Xq).mvn.covariance_matrix
+    cov32 = m32.posterior(Xq.float()).mvn.covariance_matrix
+    assert m32._low_rank_root() is None and "low_rank_root" not in m32._shared
+    assert model._low_rank_root() is not None
+    torch.testing.assert_close(cov32.double(), cov64, rtol=2e-3, atol=2e-5)
