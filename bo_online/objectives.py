@@ -26,6 +26,7 @@ from torch import Tensor
 
 from bo_online.errors import NONE_RESULT, ObjectiveError
 from bo_online.problems import CallableProblem, objective_values
+from bo_online.userdata import file_sha256
 
 __all__ = ["load_objective", "parse_bounds", "objective_problem", "check_resume"]
 
@@ -338,7 +339,16 @@ def objective_problem(
         "maximize": bool(maximize),
         "noise_std": float(noise_std),
     }
+    path = _objective_file(spec)
+    if path is not None:  # what the run's evaluations came from, for a later resume to compare
+        problem.objective_spec["objective_sha256"] = file_sha256(path)
     return problem
+
+
+def _objective_file(spec: str) -> Path | None:
+    r"""The file of a ``file.py:function`` spec (absolute), None for a module."""
+    target, sep, _ = canonical_spec(spec).rpartition(":")
+    return Path(target) if sep and target.endswith(".py") else None
 
 
 def check_resume(stored: dict[str, Any] | None, given: str | None) -> CallableProblem | None:
@@ -360,4 +370,17 @@ def check_resume(stored: dict[str, Any] | None, given: str | None) -> CallablePr
             f"--objective {given!r} differs from the run's {stored['objective']!r}; a run resumes "
             "only with the objective it started with."
         )
-    return objective_problem(given, stored["bounds"], stored["maximize"], stored["noise_std"])
+    problem = objective_problem(given, stored["bounds"], stored["maximize"], stored["noise_std"])
+    before = stored.get("objective_sha256")
+    now = problem.objective_spec.get("objective_sha256")
+    if before is not None and now != before:
+        # Fixing an objective and resuming is what a failed run asks for, so this is not refused;
+        # but the records so far came from the file as it was.
+        warnings.warn(
+            f"{_objective_file(given)} has changed since the run started (SHA-256 "
+            f"{before[:12]}... then, {now[:12]}... now): the records so far came from the "
+            "earlier version.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return problem

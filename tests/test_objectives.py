@@ -553,3 +553,28 @@ def test_a_file_objective_imports_the_modules_beside_it(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="ModuleNotFoundError"):
         load_objective(f"{other / 'obj.py'}:f")
     assert sys.path == before_path and os.environ["PYTHONPATH"] == before_env
+
+
+def test_a_resume_after_the_objective_file_changed_says_so(tmp_path, capsys):
+    """A file objective edited between a run's start and its resume (a fixed bug, or another
+    function entirely) resumed silently: the path was compared, not the code. Its SHA-256 is
+    now stored in the run's config, and a resume from a changed file warns in one line (it is
+    not refused: fixing the objective is how a failed run goes on). An unchanged file, and a
+    resume that passes the same spec, say nothing."""
+    obj = tmp_path / "obj.py"
+    obj.write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    spec, run = f"{obj}:f", tmp_path / "run"
+    common = ["-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"]
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 0,1", "--steps", "1", "--out", str(run)]
+    assert _cli(argv + common, capsys)[0] == 0
+    config = json.loads((run / "config.json").read_text())
+    assert len(config["objective"]["objective_sha256"]) == 64
+    resume = ["resume", str(run), "--objective", spec, "-Q", "--no-plots"]
+    code, err = _cli([*resume, "--steps", "2"], capsys)
+    assert code == 0 and "warning" not in err, err
+    obj.write_text("def f(X):\n    return ((X - 0.7) ** 2).sum(-1)\n")
+    code, err = _cli([*resume, "--steps", "3"], capsys)
+    lines = [line for line in err.splitlines() if "warning" in line]
+    assert code == 0 and len(lines) == 1, err
+    assert f"{obj} has changed since the run started" in lines[0]
+    assert "the records so far came from the earlier version" in lines[0]
