@@ -356,6 +356,11 @@ def _test_mask(
     """The test rows (boolean ``n``) and the mask column used (excluded from the inputs)."""
     n = table.data.shape[0]
     if test_mask is not None:
+        if isinstance(test_mask, str) and not test_mask.strip() and test_mask not in table.columns:
+            raise DataFileError(
+                f"The test mask is empty; give a 0/1 column of {table.path} or a file with one "
+                "0/1 column (or leave it out and use the test fraction)."
+            )
         if (
             isinstance(test_mask, str)
             and test_mask not in table.columns

@@ -908,3 +908,14 @@ def test_an_npz_mask_file_of_one_vector_is_one_mask_column(tmp_path):
         np.savez(tmp_path / "mask.npz", test_mask=mask)
         prob = stream_from_file(data, test_mask=str(tmp_path / "mask.npz"))
         torch.testing.assert_close(prob.X_test, torch.tensor(X[test]))
+
+
+def test_an_empty_test_mask_is_named_as_such(tmp_path):
+    """`--test-mask ''` was taken for the current directory: ' is a directory; name the
+    test-mask file in it', a message that starts with a blank name."""
+    X, y = _data(n=20, d=2)
+    path = tmp_path / "d.csv"
+    _write_csv(path, X, y)
+    for empty in ("", "  "):
+        with pytest.raises(DataFileError, match=r"^The test mask is empty; give a 0/1 column"):
+            stream_from_file(path, test_mask=empty)
