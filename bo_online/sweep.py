@@ -283,7 +283,7 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
     r"""Run (or resume) one campaign in ``run_dir``; a Dask task. Returns its summary."""
     import torch
 
-    from bo_online.loops import BayesOptLoop, load_loop
+    from bo_online.loops import BayesOptLoop, RunDirectoryError, load_loop
     from bo_online.loops.history import RunFileError
     from bo_online.problems import synthetic_problem
 
@@ -298,16 +298,19 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
         status = "resumed"
     else:
         p = campaign.problem
-        loop = BayesOptLoop(
-            synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"]),
-            model=campaign.model,
-            acq=campaign.acq,
-            seed=campaign.seed,
-            out_dir=run_dir,
-            overwrite=True,
-            quiet=True,
-            **campaign.options,
-        )
+        try:
+            loop = BayesOptLoop(
+                synthetic_problem(p["name"], dim=p["dim"], noise_std=p["noise"]),
+                model=campaign.model,
+                acq=campaign.acq,
+                seed=campaign.seed,
+                out_dir=run_dir,
+                overwrite=True,
+                quiet=True,
+                **campaign.options,
+            )
+        except RunDirectoryError as e:  # a sweep names its campaigns' directories itself
+            raise _sweep_advice(e, run_dir) from e
         status = "ran"
     records = loop.run(campaign.steps)
     return _summary(campaign, records, status)
@@ -315,6 +318,8 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
 
 #: the advice of a run that cannot be resumed (bo-online resume), for an option the sweep lacks
 _RESUME_ADVICE = "start the run again with --overwrite"
+#: the advice for a run directory that holds other files, for a directory the sweep chose
+_NEW_DIRECTORY_ADVICE = "Give a new or empty directory for the run."
 
 
 def _sweep_advice(error: Exception, run_dir: Path) -> Exception:
@@ -322,6 +327,12 @@ def _sweep_advice(error: Exception, run_dir: Path) -> Exception:
     with ``--overwrite``, an option of ``bo-online bo`` that the sweep lacks, replaced by what
     does it for a sweep: deleting the campaign's directory and running the sweep again."""
     message = str(error)
+    if _NEW_DIRECTORY_ADVICE in message:  # a directory of other files where a campaign goes
+        advice = (
+            f"Move those files out of {str(run_dir)!r} (the sweep names its campaigns' "
+            "directories) and run the sweep again."
+        )
+        return type(error)(message.replace(_NEW_DIRECTORY_ADVICE, advice))
     if _RESUME_ADVICE not in message:
         return error
     advice = f"delete {str(run_dir)!r} and run the sweep again to start this campaign afresh"

@@ -448,6 +448,31 @@ def test_a_damaged_campaign_says_how_to_run_it_again_with_the_sweep(tmp_path):
     assert run_campaign(dataclasses.replace(c, steps=1), run_dir)["status"] == "ran"
 
 
+def test_a_campaign_directory_holding_other_files_says_to_move_them(tmp_path):
+    """A campaign's directory (named by the sweep) that holds files of no run was refused with
+    "Give a new or empty directory for the run", which a sweep user cannot do. It now says to
+    move those files out and run the sweep again, and leaves them as they were."""
+    import dataclasses
+
+    from bo_online.loops import RunDirectoryError
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 0").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    run_dir = out / c.name
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirectoryError) as e:
+        run_campaign(dataclasses.replace(c, steps=1), run_dir)
+    message = str(e.value)
+    assert "Give a new or empty directory" not in message
+    assert f"Move those files out of {str(run_dir)!r}" in message
+    assert "run the sweep again" in message
+    assert [p.name for p in run_dir.iterdir()] == ["notes.txt"]
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
 def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
     """A campaign that ran further than the spec's steps (lowered since, or seeds added with
     fewer steps) was tabulated at its last step: the mean over seeds mixed budgets."""
