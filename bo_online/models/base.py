@@ -452,7 +452,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
                 # Per model batch too (a fantasy model's, e.g. its mean noise in fantasize).
                 batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
                 shape = batch + X.shape[-2:-1] + torch.Size([m])
-                check_noise(observation_noise, shape)
+                check_noise(observation_noise, shape, posterior=True)
                 noise = self._to_internal(floor_noise(observation_noise.to(X)).expand(shape))
             else:
                 noise = self._noise_variance(X)

@@ -333,8 +333,9 @@ def check_observations(
         check_noise(noise, Y.shape)
 
 
-def check_noise(noise: Tensor, shape: torch.Size) -> None:
-    """Noise variances: finite, >= 0, broadcastable to ``shape`` without enlarging it."""
+def check_noise(noise: Tensor, shape: torch.Size, posterior: bool = False) -> None:
+    """Noise variances: finite, >= 0, broadcastable to ``shape`` (the observations ``Y``'s, or
+    with ``posterior`` a posterior's ``batch x q x m``) without enlarging it."""
     if not isinstance(noise, Tensor):
         raise ValueError(f"noise must be a torch.Tensor, got {type(noise).__name__}.")
     if noise.is_complex():
@@ -350,6 +351,12 @@ def check_noise(noise: Tensor, shape: torch.Size) -> None:
     except RuntimeError:
         fits = False
     if not fits:  # e.g. n variances against n x 1 observations would broadcast to n x n
+        if posterior:
+            raise ValueError(
+                f"observation_noise of shape {tuple(noise.shape)} does not broadcast to the "
+                f"posterior's shape {tuple(shape)} (batch x q x outputs); give one variance per "
+                "point and output (e.g. q x 1 for one output)."
+            )
         raise ValueError(
             f"noise of shape {tuple(noise.shape)} does not broadcast to Y's shape {tuple(shape)}; "
             "give one variance per observation in Y's shape (e.g. n x 1: noise.unsqueeze(-1))."

@@ -968,7 +968,8 @@ def test_one_shared_noise_variance_equals_it_given_per_point(s):
 def test_noise_that_would_enlarge_Y_is_refused_with_the_shape_to_use(s):
     """``n`` variances against ``n x 1`` observations broadcast to ``n x n``: a ValueError that
     says to give ``n x 1`` (the expand that gives a shared variance to every point raised a
-    RuntimeError on it), at construction and in update()."""
+    RuntimeError on it), at construction and in update(); in posterior() against the
+    posterior's shape."""
     _skip_unsupported(s, True)
     X, Y, _ = s.data(N0, D, seed=0)
     with pytest.raises(ValueError, match=r"does not broadcast to Y's shape .*unsqueeze"):
@@ -977,6 +978,10 @@ def test_noise_that_would_enlarge_Y_is_refused_with_the_shape_to_use(s):
     Xn, Yn, _ = s.data(3, D, seed=1)
     with pytest.raises(ValueError, match="does not broadcast to Y's shape"):
         model.update(Xn, Yn, torch.full((1, 3), 0.02, dtype=DT))  # 3 x 1 against 1 x 3
+    # a posterior's observation_noise is said against the posterior's shape (it named Y's)
+    bad = torch.full((4,), 0.02, dtype=DT)
+    with pytest.raises(ValueError, match=r"observation_noise .* the posterior's shape \(3, 1\)"):
+        model.posterior(Xn, observation_noise=bad)
 
 
 @surrogates
