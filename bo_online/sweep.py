@@ -283,12 +283,45 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
     r"""Run (or resume) one campaign in ``run_dir``; a Dask task. Returns its summary."""
     import torch
 
+    torch.set_num_threads(1)  # one campaign per worker thread
+    with _one_line_warnings(campaign.name):
+        return _run_campaign(campaign, Path(run_dir))
+
+
+@contextlib.contextmanager
+def _one_line_warnings(name: str) -> Iterator[None]:
+    r"""Warnings while a campaign runs as one line each on stderr, ``bo-online: warning:
+    campaign NAME: ... (Category)``, as the CLI prints its own: a worker process of the cluster
+    would print Python's default two lines (the package's file and source line) with no word
+    of which campaign it came from."""
+    import warnings
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        print(
+            f"bo-online: warning: campaign {name}: {message} ({category.__name__})",
+            file=sys.stderr,
+        )
+
+    previous, warnings.showwarning = warnings.showwarning, show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:
+    r"""The body of :func:`run_campaign`."""
     from bo_online.loops import BayesOptLoop, RunDirectoryError, load_loop
     from bo_online.loops.history import RunFileError
     from bo_online.problems import synthetic_problem
 
-    torch.set_num_threads(1)  # one campaign per worker thread
-    run_dir = Path(run_dir)
     done = _done_steps(run_dir)
     if done is not None:
         try:

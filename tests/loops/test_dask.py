@@ -473,6 +473,40 @@ def test_a_campaign_directory_holding_other_files_says_to_move_them(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "mine"
 
 
+def test_a_campaign_warning_is_one_line_naming_the_campaign(tmp_path, capsys, monkeypatch):
+    """A warning inside a sweep campaign (say GPyTorch's NumericalWarning about jitter) was
+    printed by the cluster's worker in Python's two-line format, naming a package file and no
+    campaign. It is now one line naming the campaign, and the warning display is restored."""
+    import dataclasses
+    import warnings
+
+    from gpytorch.utils.warnings import NumericalWarning
+
+    from bo_online.loops import BayesOptLoop
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 0").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    original = BayesOptLoop.run
+
+    def run_with_a_warning(self, *args, **kwargs):
+        warnings.warn("A not p.d., added jitter of 1.0e-08 to the diagonal", NumericalWarning)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BayesOptLoop, "run", run_with_a_warning)
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        run_campaign(dataclasses.replace(c, steps=0), out / c.name)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"bo-online: warning: campaign {c.name}: A not p.d., added jitter of 1.0e-08 to the "
+        "diagonal (NumericalWarning)"
+    ], err
+    assert warnings.showwarning is before
+
+
 def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
     """A campaign that ran further than the spec's steps (lowered since, or seeds added with
     fewer steps) was tabulated at its last step: the mean over seeds mixed budgets."""
