@@ -4,7 +4,8 @@ With ``R R^T = K_UU + jitter`` and ``A = sigma^2 I + R^T G R = L_A L_A^T`` (``m 
 posterior needs ``R``, ``L_A``, ``v = L_A^-1 R^T z_r`` and the mean coefficients
 ``R L_A^-T v``; built once per hyperparameter state in O(m^3), independent of n. Lazily, for
 bulk requests and fantasies, ``S = R L_A^-T`` and ``M = S S^T = R A^-1 R^T`` too; new points
-update them by Woodbury algebra in O(m^2 q) (:func:`_updated_roots`) instead of a rebuild.
+update them by Woodbury algebra in O(m^2 q) (:func:`_updated_roots`) instead of a rebuild (in
+float64; below it they are dropped, and rebuilt from ``L_A`` as a loaded model's are).
 """
 
 from __future__ import annotations

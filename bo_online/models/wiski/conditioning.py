@@ -120,7 +120,14 @@ class WISKIConditioningMixin:
             z_r = (stats["z"] - beta * stats["h"]) / sd
             v = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
             mean_coef = self._mean_coef(R, L_A, v)
-            shared = _updated_roots(self._shared, idx, val * D.rsqrt().unsqueeze(-1))
+            # Below float64 the lazy S and M are dropped rather than updated: they are not part
+            # of a saved state, and a loaded model builds them from L_A, which a chain of
+            # updates of them differs from in single precision (a resumed run proposed other
+            # points). Built again from L_A at the next request, they are the loaded model's.
+            if L_A.dtype == torch.float64:
+                shared = _updated_roots(self._shared, idx, val * D.rsqrt().unsqueeze(-1))
+            else:
+                shared = {}
         for name, value in stats.items():
             setattr(self, name, value)
         for name in _DELTA_NAMES:
