@@ -575,9 +575,6 @@ def stream_from_file(
         drop_row_index,
         regression=task == "regression",
     )
-    if task == "classification":
-        column = table.columns[table.column(-1 if target is None else target, "the target")]
-        y = _labels(y, table.path, column, ~mask)
     X_stream, y_stream, X_test, y_test = stream_arrays(
         X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
     )
@@ -694,9 +691,12 @@ def _split_table(
         table, inputs, {t_col} | ({m_col} if m_col is not None else set()), drop_row_index
     )
     _require_finite_widths(table, cols)
+    y = table.data[:, t_col]
     if regression:
         _require_modest_targets(table, t_col)
-    return table, table.data[:, cols], table.data[:, t_col], mask
+    else:  # named by t_col: the target need not be the last column (a last mask column)
+        y = _labels(y, table.path, table.columns[t_col], ~mask)
+    return table, table.data[:, cols], y, mask
 
 
 def _require_finite_widths(table: Table, cols: Sequence[int]) -> None:

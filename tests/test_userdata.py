@@ -131,6 +131,19 @@ def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_
     assert path.read_bytes() == before
 
 
+def test_a_classification_error_names_the_default_target_not_a_last_mask_column(tmp_path):
+    """With no --target and the test mask the file's last column, the target is the column
+    before it; the one-class error named the mask column ('is_test') as the target."""
+    X, _ = _data(n=40, d=2)
+    path = tmp_path / "c.csv"
+    rows = ["a,b,y,is_test"] + [
+        f"{a!r},{b!r},1,{int(i % 4 == 0)}" for i, (a, b) in enumerate(X.tolist())
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataFileError, match=r"target column 'y', found 1 \(1\)"):
+        stream_from_file(path, test_mask="is_test", task="classification")
+
+
 @pytest.mark.parametrize(
     "extra, pattern",
     [
