@@ -28,6 +28,7 @@ import json
 import math
 import os
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -288,32 +289,64 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
         return _run_campaign(campaign, Path(run_dir))
 
 
+#: the campaign each thread of this process runs: a worker of several threads (a ``tcp://``
+#: cluster's default) runs several campaigns at once, and the warning display is process-wide
+_CAMPAIGN_OF_THREAD: dict[int, str] = {}
+#: the warning display that was installed before the first of them started
+_DISPLAY_BEFORE: list[Callable[..., None]] = []
+_CAMPAIGN_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _one_line_warnings(name: str) -> Iterator[None]:
     r"""Warnings while a campaign runs as one line each on stderr, ``bo-online: warning:
     campaign NAME: ... (Category)``, as the CLI prints its own: a worker process of the cluster
     would print Python's default two lines (the package's file and source line) with no word
-    of which campaign it came from."""
+    of which campaign it came from. Each warning names the campaign of the thread it is raised
+    in; the display is restored when the last campaign of the process ends."""
     import warnings
 
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: Any = None,
-        line: str | None = None,
-    ) -> None:
-        print(
-            f"bo-online: warning: campaign {name}: {message} ({category.__name__})",
-            file=sys.stderr,
-        )
-
-    previous, warnings.showwarning = warnings.showwarning, show
+    thread = threading.get_ident()
+    with _CAMPAIGN_LOCK:
+        if not _CAMPAIGN_OF_THREAD:
+            _DISPLAY_BEFORE[:] = [warnings.showwarning]
+            warnings.showwarning = _show_campaign_warning
+        outer = _CAMPAIGN_OF_THREAD.get(thread)
+        _CAMPAIGN_OF_THREAD[thread] = name
     try:
         yield
     finally:
-        warnings.showwarning = previous
+        with _CAMPAIGN_LOCK:
+            if outer is None:
+                del _CAMPAIGN_OF_THREAD[thread]
+            else:
+                _CAMPAIGN_OF_THREAD[thread] = outer
+            if not _CAMPAIGN_OF_THREAD:
+                warnings.showwarning = _DISPLAY_BEFORE.pop()
+
+
+def _show_campaign_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    r"""The ``warnings.showwarning`` of :func:`_one_line_warnings`: the campaign is the one of
+    the calling thread, or the only one running (a thread that campaign started); with none
+    to name, the display from before."""
+    with _CAMPAIGN_LOCK:
+        name = _CAMPAIGN_OF_THREAD.get(threading.get_ident())
+        running = set(_CAMPAIGN_OF_THREAD.values())
+        before = _DISPLAY_BEFORE[0] if _DISPLAY_BEFORE else None
+    if name is None and len(running) == 1:
+        (name,) = running
+    if name is None:
+        if before is not None:
+            before(message, category, filename, lineno, file, line)
+        return
+    print(f"bo-online: warning: campaign {name}: {message} ({category.__name__})", file=sys.stderr)
 
 
 def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:

@@ -507,6 +507,48 @@ def test_a_campaign_warning_is_one_line_naming_the_campaign(tmp_path, capsys, mo
     assert warnings.showwarning is before
 
 
+def test_campaign_warnings_in_threads_name_their_own_campaign(capsys):
+    """Campaigns on a worker of several threads (a tcp:// cluster's default) overlap: the
+    warning display was one process-wide function, so the later campaign's name went on the
+    earlier one's warnings, the first to finish restored Python's display under the other, and
+    the last left the first's display installed for good."""
+    import threading
+    import warnings
+
+    from bo_online.sweep import _one_line_warnings
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def campaign_a():
+        with _one_line_warnings("A"):
+            a_in.set()
+            b_in.wait(10)
+            warnings.warn("from A")
+        a_out.set()
+
+    def campaign_b():
+        a_in.wait(10)
+        with _one_line_warnings("B"):
+            b_in.set()
+            a_out.wait(10)
+            warnings.warn("from B")
+
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=f) for f in (campaign_a, campaign_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "bo-online: warning: campaign A: from A (UserWarning)",
+        "bo-online: warning: campaign B: from B (UserWarning)",
+    ], err
+    assert warnings.showwarning is before
+
+
 def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
     """A campaign that ran further than the spec's steps (lowered since, or seeds added with
     fewer steps) was tabulated at its last step: the mean over seeds mixed budgets."""
