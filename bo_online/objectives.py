@@ -80,8 +80,9 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
 def _add_import_folder(folder: Path) -> Callable[[], None]:
     r"""Put ``folder`` first on ``sys.path`` and on ``PYTHONPATH`` (which the worker processes
     this process starts inherit: a Dask ``LocalCluster``), as ``python file.py`` puts the
-    script's folder first, so that a file objective can import the modules beside it. Returns
-    a function that undoes what was added (for a file that failed to import)."""
+    script's folder first, so that a file objective can import the modules beside it; a folder
+    already on either stays where it is. Returns a function that undoes what was added (for a
+    file that failed to import)."""
     entry = str(folder)
     on_path = entry in sys.path
     env = os.environ.get("PYTHONPATH")
@@ -377,7 +378,7 @@ def check_resume(stored: dict[str, Any] | None, given: str | None) -> CallablePr
         # Fixing an objective and resuming is what a failed run asks for, so this is not refused;
         # but the records so far came from the file as it was.
         warnings.warn(
-            f"{_objective_file(given)} has changed since the run started (SHA-256 "
+            f"{_objective_file(given)} has changed since the run last started or resumed (SHA-256 "
             f"{before[:12]}... then, {now[:12]}... now): the records so far came from the "
             "earlier version.",
             UserWarning,

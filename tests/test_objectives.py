@@ -576,5 +576,5 @@ def test_a_resume_after_the_objective_file_changed_says_so(tmp_path, capsys):
     code, err = _cli([*resume, "--steps", "3"], capsys)
     lines = [line for line in err.splitlines() if "warning" in line]
     assert code == 0 and len(lines) == 1, err
-    assert f"{obj} has changed since the run started" in lines[0]
+    assert f"{obj} has changed since the run last started or resumed" in lines[0]
     assert "the records so far came from the earlier version" in lines[0]

@@ -480,7 +480,7 @@ class WISKI(
         # The lazy caches in ``_shared`` (S, M, K) are plain tensors in a dict: after ``.to``
         # they kept the old dtype (a float32 model made float64 again failed in an einsum).
         self._shared = {}
-        self._low_rank_cache = None  # keyed on data pointers, which a conversion may reuse
+        self._low_rank_cache = None  # of the statistics before the conversion
 
     def _after_load(self) -> None:
         self._shared = {}
