@@ -3,6 +3,7 @@ from user data, user objectives on the CLI, and option checks before any evaluat
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -287,6 +288,7 @@ def test_cli_user_objective_and_resume(tmp_path, capsys):
         "bounds": [[0.0, 1.0], [-1.0, 1.0]],
         "maximize": True,
         "noise_std": 0.0,
+        "objective_sha256": hashlib.sha256((tmp_path / "obj.py").read_bytes()).hexdigest(),
     }
     for argv, message in (
         (["resume", str(run), "-Q", "--no-plots"], "pass --objective"),
