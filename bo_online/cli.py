@@ -1158,8 +1158,8 @@ def stream(
     task: Annotated[
         str,
         typer.Option(
-            help="With --data: regression, or classification (two target values; models tsvgp, "
-            "wiski)."
+            help="With --data: regression, or classification (two target values, numbers or "
+            "text labels, mapped to 0 / 1 in sorted order; models tsvgp, wiski)."
         ),
     ] = "regression",
     data_dir: DataDirOpt = None,

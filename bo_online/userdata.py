@@ -87,6 +87,9 @@ class Table:
     #: column index -> (file line, message) of its first non-numeric or missing cell; checked
     #: only for the columns a run uses (:meth:`require`), so an unused ID column does no harm
     problems: dict[int, tuple[int, str]] = field(default_factory=dict)
+    #: column index -> its ``n`` stripped cells, for each CSV column holding a cell that is not
+    #: a number (class labels such as ``yes`` / ``no`` for a classification target)
+    text: dict[int, list[str]] = field(default_factory=dict)
 
     def require(self, columns: Sequence[int], what: str = "an input") -> None:
         """Raise for the first bad cell (in file order) of the given columns, used as ``what``."""
@@ -95,8 +98,8 @@ class Table:
             message = min(found)[1]
             if message.endswith(_NOT_A_NUMBER):
                 message += {
-                    "the target": " the target must be numeric (for classification, encode the "
-                    "two classes as 0 and 1).",
+                    "the target": " a regression target must be numeric (class labels: pass "
+                    "--task classification).",
                     "the test mask": " the test mask must hold 0 or 1 in every row.",
                 }.get(
                     what,
@@ -233,7 +236,12 @@ def _read_csv(path: Path, gz: bool) -> Table:
                 )
             data[r, j] = value
     lines = [line for line, _ in body]
-    return Table(data, columns, path, body[0][0], lines=lines, problems=problems)
+    text = {
+        j: [row[j].strip() for _, row in body]
+        for j, (_, message) in problems.items()
+        if message.endswith(_NOT_A_NUMBER)
+    }
+    return Table(data, columns, path, body[0][0], lines=lines, problems=problems, text=text)
 
 
 def _records(f: Any) -> list[tuple[int, list[str]]]:
@@ -492,25 +500,46 @@ def _inputs(
     return cols
 
 
-def _labels(y: np.ndarray, path: Path, column: str, train: np.ndarray) -> np.ndarray:
-    """Binary labels to {0, 1}: the smaller of the two distinct values is 0. ``train`` (``n``
-    bool) marks the rows the model learns from, which must hold both classes."""
+def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
+    """Binary class labels of target column ``column`` to {0, 1}, in sorted order: of two
+    numbers the smaller is 0, of two text labels the first in alphabetical order (``no`` 0,
+    ``yes`` 1). ``train`` (``n`` bool) marks the rows the model learns from, which must hold
+    both classes."""
+    name = table.columns[column]
+    y: np.ndarray = table.data[:, column]
+    if column in table.text:  # text labels: every cell must hold one
+        cells = table.text[column]
+        empty = next((r for r, cell in enumerate(cells) if not cell), None)
+        if empty is not None:
+            raise DataFileError(
+                f"{table.path}: {table.where(empty)}, target column {name!r} is empty; drop or "
+                "fill the rows with missing labels."
+            )
+        y = np.asarray(cells)
+    else:
+        table.require([column], "the target")
     values = np.unique(y)
     if values.size != 2:
-        shown = ", ".join(f"{v:g}" for v in values[:5]) + (", ..." if values.size > 5 else "")
+        shown = ", ".join(_label(v) for v in values[:5]) + (", ..." if values.size > 5 else "")
         raise DataFileError(
-            f"{path}: binary classification needs exactly two distinct values in target column "
-            f"{column!r}, found {values.size} ({shown}); name a 0/1 column with --target, or "
-            "use --task regression."
+            f"{table.path}: binary classification needs exactly two distinct values in target "
+            f"column {name!r}, found {values.size} ({shown}); name a column of two classes with "
+            "--target, or use --task regression."
         )
     seen = np.unique(y[train])
     if seen.size < 2:
         raise DataFileError(
-            f"{path}: every training row of target column {column!r} holds {seen[0]:g}: the "
-            f"test rows took all of class {values[values != seen[0]][0]:g}; choose another "
-            "--test-mask, --test-fraction or --seed."
+            f"{table.path}: every training row of target column {name!r} holds "
+            f"{_label(seen[0])}: the test rows took all of class "
+            f"{_label(values[values != seen[0]][0])}; choose another --test-mask, "
+            "--test-fraction or --seed."
         )
     return (y == values[1]).astype(np.float64)
+
+
+def _label(value: Any) -> str:
+    """A class label as the messages show it: a number as ``%g``, text quoted."""
+    return repr(str(value)) if isinstance(value, str) else f"{value:g}"
 
 
 def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
@@ -550,8 +579,8 @@ def stream_from_file(
         inputs: input columns (names or indices; default: every other column but the mask).
         test_fraction: fraction of rows held out at random (seeded; default 0.1, a 90/10 split).
         test_mask: instead, a column of the file, or a file with one 0/1 column, marking test rows.
-        task: ``"regression"`` or ``"classification"`` (two distinct target values, mapped to
-            {0, 1}).
+        task: ``"regression"`` or ``"classification"`` (two distinct target values, numbers or
+            text labels, mapped to {0, 1} in sorted order: ``no`` / ``yes`` to 0 / 1).
         shuffle: stream the training rows in a seeded random order (else in file order).
         max_stream: keep only the first this many stream rows.
         max_test: keep only the first this many test rows.
@@ -679,9 +708,10 @@ def _split_table(
     mask, m_col = _test_mask(table, test_mask, test_fraction, seed)
     if target is None:  # the last column that is not the mask column
         t_col = len(table.columns) - (2 if m_col == len(table.columns) - 1 else 1)
-        table.require([t_col], "the target")
     else:
-        t_col = table.column(target, "the target")
+        t_col = table._index(target, "the target")
+    if regression:  # class labels may be text: checked by _labels
+        table.require([t_col], "the target")
     if t_col == m_col:
         raise DataFileError(
             f"{table.path}: column {table.columns[t_col]!r} cannot be both the target and the "
@@ -695,7 +725,7 @@ def _split_table(
     if regression:
         _require_modest_targets(table, t_col)
     else:  # named by t_col: the target need not be the last column (a last mask column)
-        y = _labels(y, table.path, table.columns[t_col], ~mask)
+        y = _labels(table, t_col, ~mask)
     return table, table.data[:, cols], y, mask
 
 

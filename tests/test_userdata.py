@@ -108,6 +108,54 @@ def test_classification_labels_mapped(tmp_path):
         stream_from_file(path, task="classification")
 
 
+def test_text_class_labels_are_mapped_in_sorted_order(tmp_path):
+    """A classification target of text labels ('yes' / 'no', as most exported tables hold) was
+    refused ('not a number; encode the two classes as 0 and 1'). Two text labels now map to 0 /
+    1 in alphabetical order, row by row as the same file with 0 / 1 does; a missing label, a
+    third label and one class left to train on are refused with the file, line and column."""
+    X, _ = _data(n=60, d=2)
+    positive = X[:, 0] > 1
+    assert 0 < positive.sum() < 60
+    text = tmp_path / "text.csv"
+    text.write_text(
+        "x0,x1,label\n"
+        + "\n".join(
+            f"{a!r},{b!r}, {'yes' if p else 'no'}" for (a, b), p in zip(X.tolist(), positive)
+        )
+        + "\n"
+    )
+    numeric = tmp_path / "numeric.csv"
+    _write_csv(numeric, X, positive.astype(float))
+    want = stream_from_file(numeric, task="classification", seed=3)
+    got = stream_from_file(text, task="classification", seed=3)
+    for name in ("X_stream", "y_stream", "X_test", "y_test"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    np.testing.assert_array_equal(got.y_stream.numpy() == 1.0, got.X_stream[:, 0].numpy() > 1)
+    lines = text.read_text().splitlines()
+    for i, cell, pattern in (
+        (5, "", r"bad.csv: line 5, target column 'label' is empty; drop or fill"),
+        (7, "maybe", r"exactly two distinct values in target column 'label', found 3 \('maybe'"),
+    ):
+        bad = tmp_path / "bad.csv"
+        changed = list(lines)
+        changed[i - 1] = changed[i - 1].rsplit(",", 1)[0] + "," + cell
+        bad.write_text("\n".join(changed) + "\n")
+        with pytest.raises(DataFileError, match=pattern):
+            stream_from_file(bad, task="classification")
+    masked = tmp_path / "masked.csv"  # every 'yes' row held out for testing
+    masked.write_text(
+        "x0,x1,label,is_test\n"
+        + "\n".join(
+            f"{a!r},{b!r},{'yes' if p else 'no'},{int(p)}"
+            for (a, b), p in zip(X.tolist(), positive)
+        )
+    )
+    with pytest.raises(
+        DataFileError, match="every training row of target column 'label' holds 'no'"
+    ):
+        stream_from_file(masked, target="label", test_mask="is_test", task="classification")
+
+
 def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_train_on(
     tmp_path,
 ):
@@ -117,7 +165,7 @@ def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_
     X, _ = _data(n=40, d=2)
     path = tmp_path / "c.csv"
     _write_csv(path, X, np.ones(40))
-    with pytest.raises(DataFileError, match=r"target column 'target', found 1 \(1\); name a 0/1"):
+    with pytest.raises(DataFileError, match=r"'target', found 1 \(1\); name a column of two"):
         stream_from_file(path, task="classification")
     labels = (X[:, 0] > 1).astype(float)
     assert 0 < labels.sum() < 40
@@ -608,8 +656,9 @@ def test_a_comma_at_the_end_of_every_line_is_no_column(tmp_path):
 
 
 def test_a_text_cell_is_reported_with_advice_for_its_columns_role(tmp_path):
-    """Text in the target (class labels such as 'yes'/'no') was answered with advice for an
-    input ('leave it out with --inputs'), which cannot help; the advice now fits the role."""
+    """Text in the target was answered with advice for an input ('leave it out with --inputs'),
+    which cannot help; the advice now fits the role (a regression target must be numeric; text
+    class labels are read by --task classification)."""
     X, y = _data(n=20, d=2)
     labels = tmp_path / "labels.csv"
     labels.write_text(
@@ -618,9 +667,9 @@ def test_a_text_cell_is_reported_with_advice_for_its_columns_role(tmp_path):
     )
     for target in (None, "label"):
         with pytest.raises(DataFileError) as err:
-            stream_from_file(labels, target=target, task="classification")
+            stream_from_file(labels, target=target)
         assert "line 2, column 'label' (no. 3)" in str(err.value)
-        assert "encode the two classes as 0 and 1" in str(err.value)
+        assert "pass --task classification" in str(err.value)
         assert "--inputs" not in str(err.value)
     with pytest.raises(DataFileError, match=r"'(yes|no)' is not a number; only numeric columns .*"):
         stream_from_file(labels, inputs=["x0", "label"], target="x1")
