@@ -607,6 +607,14 @@ def stream_from_file(
     X_stream, y_stream, X_test, y_test = stream_arrays(
         X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
     )
+    if task == "classification" and max_stream is not None and y_stream.unique().numel() < 2:
+        # _labels saw both classes in the training rows; the cut to max_stream kept one
+        raise DataFileError(
+            f"{table.path}: the {len(y_stream)} stream row(s) kept by max_stream={max_stream}"
+            f"{'' if shuffle else ' (in file order)'} all hold class {int(y_stream[0])} of 0 / 1 "
+            "(labels in sorted order): a classifier cannot learn from them; raise --max-stream"
+            + ("." if shuffle else " or let the rows be shuffled.")
+        )
     return StreamProblem(
         name=_stem(table.path),
         X_stream=X_stream,

@@ -156,6 +156,23 @@ def test_text_class_labels_are_mapped_in_sorted_order(tmp_path):
         stream_from_file(masked, target="label", test_mask="is_test", task="classification")
 
 
+def test_a_classification_stream_cut_to_one_class_is_refused(tmp_path):
+    """The one-class check ran on every training row, before --max-stream cut the stream: a file
+    sorted by its label, streamed in file order and cut, trained a classifier on one class
+    without a word. The cut stream is now checked too."""
+    X, _ = _data(n=60, d=2)
+    order = np.argsort(X[:, 0])
+    X = X[order]
+    labels = (X[:, 0] > np.median(X[:, 0])).astype(float)  # sorted: 30 zeros, then 30 ones
+    path = tmp_path / "sorted.csv"
+    _write_csv(path, X, labels)
+    options = dict(task="classification", shuffle=False, test_fraction=0.1, seed=0)
+    with pytest.raises(DataFileError, match=r"max_stream=20 \(in file order\) all hold class 0"):
+        stream_from_file(path, max_stream=20, **options)
+    kept = stream_from_file(path, max_stream=40, **options)  # both classes: accepted
+    assert set(kept.y_stream.tolist()) == {0.0, 1.0}
+
+
 def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_train_on(
     tmp_path,
 ):
