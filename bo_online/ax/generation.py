@@ -135,8 +135,8 @@ def make_generation_strategy(
 
     Args:
         model: a bo_online model class or its name (``"OnlineExactGP"``, ``"WISKI"``, ...).
-        botorch_acqf_class: BoTorch acquisition function class; default
-            ``qLogNoisyExpectedImprovement`` (Ax's choice for single objectives).
+        botorch_acqf_class: BoTorch acquisition function class (the class itself, not its
+            name); default ``qLogNoisyExpectedImprovement`` (Ax's choice for single objectives).
         num_initial_trials: Sobol trials before the model takes over (at least 2).
         model_options: constructor options of the model (``ModelConfig.model_options``); a
             ``refit_every`` here is used where the ``refit_every`` argument is left at its
@@ -169,6 +169,7 @@ def make_generation_strategy(
     from ax.generation_strategy.generator_spec import GeneratorSpec
     from ax.generation_strategy.transition_criterion import MinTrials
     from ax.generators.torch.botorch_modular.surrogate import ModelConfig, SurrogateSpec
+    from botorch.acquisition.acquisition import AcquisitionFunction
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
 
     if num_initial_trials < 2:
@@ -196,6 +197,13 @@ def make_generation_strategy(
     if fit_options:
         options["fit_options"] = dict(fit_options)
     acqf = botorch_acqf_class or qLogNoisyExpectedImprovement
+    if not (isinstance(acqf, type) and issubclass(acqf, AcquisitionFunction)):
+        # A name or an instance failed here with "'str' object has no attribute '__name__'".
+        raise ValueError(
+            "botorch_acqf_class must be a BoTorch acquisition function class, e.g. "
+            f"botorch.acquisition.logei.qLogExpectedImprovement (the class, not its name or "
+            f"an instance); got {botorch_acqf_class!r}."
+        )
     y_transforms = (
         [DropNonFiniteY, Derelativize, Winsorize, StandardizeY]
         if winsorize

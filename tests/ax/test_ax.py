@@ -870,3 +870,18 @@ def test_option_check_passes_a_subclass_forwarding_keywords_and_a_settings_objec
     boax.make_generation_strategy("WISKI", fit_options={"settings": settings, "max_iter": 5})
     with pytest.raises(ValueError, match="Unknown fit option.*'maxiter'"):
         boax.make_generation_strategy("WISKI", fit_options={"settings": settings, "maxiter": 5})
+
+
+def test_an_acquisition_function_given_by_name_is_refused_with_what_to_pass():
+    """The model may be named (``"WISKI"``), so a user names the acquisition function as well:
+    that failed with ``AttributeError: 'str' object has no attribute '__name__'``. It is refused
+    with a message that asks for the class; a class still builds the strategy with it."""
+    for bad in ("qLogExpectedImprovement", 3):
+        with pytest.raises(ValueError, match="botorch_acqf_class must be a BoTorch acquisition"):
+            boax.make_generation_strategy("OnlineExactGP", botorch_acqf_class=bad)
+    with pytest.raises(ValueError, match="the class, not its name or an instance"):
+        boax.make_generation_strategy("OnlineExactGP", botorch_acqf_class=torch.nn.Linear)
+    gs = boax.make_generation_strategy("OnlineExactGP", botorch_acqf_class=qLogExpectedImprovement)
+    kwargs = gs._nodes[1].generator_specs[0].generator_kwargs
+    assert kwargs["botorch_acqf_class"] is qLogExpectedImprovement
+    assert gs.name == "Sobol+OnlineExactGP+qLogExpectedImprovement"
