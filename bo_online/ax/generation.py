@@ -13,6 +13,7 @@ from ax.adapter.transforms.base import Transform
 from bo_online.ax.registration import register_model_class
 from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY, _checked_refit_every
 from bo_online.models.base import OnlineModel
+from bo_online.models.validation import require_bool
 
 
 class DropNonFiniteY(Transform):
@@ -190,6 +191,8 @@ def make_generation_strategy(
             )
         every = own
     options["refit_every"] = every
+    if "incremental" in options:  # a string such as "no" was read as true
+        options["incremental"] = require_bool(options["incremental"], "incremental")
     _check_option_names(ax_cls, options, fit_options)  # now, not after the Sobol trials
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.
@@ -206,7 +209,7 @@ def make_generation_strategy(
         )
     y_transforms = (
         [DropNonFiniteY, Derelativize, Winsorize, StandardizeY]
-        if winsorize
+        if require_bool(winsorize, "winsorize")
         else [
             DropNonFiniteY,
             Derelativize,

@@ -27,7 +27,7 @@ from bo_online.ax.store import (
     _Session,
 )
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import train_noise_floor
+from bo_online.models.validation import require_bool, train_noise_floor
 
 #: Default refit schedule on the incremental path: ``"auto"`` (see :class:`AxOnlineMixin`).
 DEFAULT_REFIT_EVERY: int | str | None = "auto"
@@ -121,7 +121,7 @@ class AxOnlineMixin:
             ),
             "ax_refit_every": refit_every,
             "ax_fit_options": dict(fit_options or {}),
-            "ax_incremental": bool(incremental),
+            "ax_incremental": require_bool(incremental, "incremental"),
             **model_options,
         }
 

@@ -885,3 +885,30 @@ def test_an_acquisition_function_given_by_name_is_refused_with_what_to_pass():
     kwargs = gs._nodes[1].generator_specs[0].generator_kwargs
     assert kwargs["botorch_acqf_class"] is qLogExpectedImprovement
     assert gs.name == "Sobol+OnlineExactGP+qLogExpectedImprovement"
+
+
+def test_switches_given_as_strings_are_refused_not_read_as_true():
+    """``incremental`` (a model option) and ``winsorize`` were read with ``bool()``, so
+    ``"no"`` or ``"False"`` silently meant True: the model went on incrementally and Winsorize
+    was put in. Both are refused with a ``TypeError`` before any trial (and ``construct_inputs``
+    refuses ``incremental`` as well); True and False still work."""
+    from ax.adapter.transforms.winsorize import Winsorize
+
+    X = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for bad in ("no", "False", 0, None):
+        with pytest.raises(TypeError, match="incremental must be True or False"):
+            boax.make_generation_strategy("OnlineExactGP", model_options={"incremental": bad})
+        with pytest.raises(TypeError, match="incremental must be True or False"):
+            boax.AxOnlineExactGP.construct_inputs(_dataset(X, X[:, :1]), incremental=bad)
+        with pytest.raises(TypeError, match="winsorize must be True or False"):
+            boax.make_generation_strategy("OnlineExactGP", winsorize=bad)
+    for flag in (True, False):
+        gs = boax.make_generation_strategy(
+            "OnlineExactGP", model_options={"incremental": flag}, winsorize=flag
+        )
+        kwargs = gs._nodes[1].generator_specs[0].generator_kwargs
+        config = kwargs["surrogate_spec"].model_configs[0]
+        assert config.model_options["incremental"] is flag
+        assert (Winsorize in kwargs["transforms"]) is flag
+        inputs = boax.AxOnlineExactGP.construct_inputs(_dataset(X, X[:, :1]), incremental=flag)
+        assert inputs["ax_incremental"] is flag
