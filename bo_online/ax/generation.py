@@ -3,6 +3,8 @@ generation going when an outcome is not finite."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from typing import Any
 
@@ -173,8 +175,16 @@ def make_generation_strategy(
     from botorch.acquisition.acquisition import AcquisitionFunction
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
 
-    if num_initial_trials < 2:
-        raise ValueError("num_initial_trials must be >= 2 (the model needs data to start from).")
+    count = num_initial_trials
+    if isinstance(count, numbers.Real) and not isinstance(count, (bool, numbers.Integral)):
+        count = int(count) if math.isfinite(count) and float(count).is_integer() else None
+    if not isinstance(count, numbers.Integral) or isinstance(count, bool) or count < 2:
+        # 5.5 was taken as Ax's threshold (6 Sobol trials); "5" failed with a comparison error
+        raise ValueError(
+            "num_initial_trials must be an integer >= 2 (the model needs data to start from), "
+            f"got {num_initial_trials!r}."
+        )
+    num_initial_trials = int(count)
     import uuid
 
     ax_cls = register_model_class(model)

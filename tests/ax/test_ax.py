@@ -912,3 +912,19 @@ def test_switches_given_as_strings_are_refused_not_read_as_true():
         assert (Winsorize in kwargs["transforms"]) is flag
         inputs = boax.AxOnlineExactGP.construct_inputs(_dataset(X, X[:, :1]), incremental=flag)
         assert inputs["ax_incremental"] is flag
+
+
+def test_num_initial_trials_must_be_a_whole_number():
+    """``num_initial_trials=5.5`` became Ax's transition threshold as given, so the model took
+    over after 6 Sobol trials, not the 5 or 5.5 asked for; ``"5"`` failed with ``TypeError: '<'
+    not supported between instances of 'str' and 'int'``. Both are refused with what is
+    accepted; an integral number (of any integral type) is the threshold of both criteria."""
+    import numpy as np
+
+    for bad in (5.5, "5", None, True, float("inf"), 1):
+        with pytest.raises(ValueError, match="num_initial_trials must be an integer >= 2"):
+            boax.make_generation_strategy("OnlineExactGP", num_initial_trials=bad)
+    for good in (4, np.int64(4), 4.0):
+        gs = boax.make_generation_strategy("OnlineExactGP", num_initial_trials=good)
+        thresholds = [c.threshold for c in gs._nodes[0].transition_criteria]
+        assert thresholds == [4, 4] and all(type(t) is int for t in thresholds)
