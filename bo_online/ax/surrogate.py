@@ -311,6 +311,10 @@ class AxOnlineMixin:
             for name, param in self.named_parameters():  # type: ignore[attr-defined]
                 if name in hyper:
                     param.copy_(hyper[name])
+        # The state a fit sets for the hyperparameters (the decoupled SVGP's ``a, B``, QSGP's
+        # q(w)) was built for the defaults: set it for the loaded ones on this model's data, or
+        # the folds of those models predicted far off (every fit judged poor by Ax).
+        self.fit_state_to_hyperparameters()  # type: ignore[attr-defined]
         # Loaded hyperparameters do not count as a fit on this model's data: where Ax asks for a
         # refit after loading them, it must happen (it was skipped, so ``refit_on_cv=True``
         # cross-validated the loaded hyperparameters instead of the folds' own).

@@ -223,6 +223,13 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
     def fit(self, **kwargs: Any) -> Self:
         """Refit hyperparameters from the model's sufficient statistics (warm-started)."""
 
+    def fit_state_to_hyperparameters(self) -> None:
+        r"""Hook: after the hyperparameters were set from another model (Ax's cross-validation
+        folds load the fitted model's), set whatever else a ``fit`` leaves for them -- a
+        variational posterior, a fitted constant mean -- to its value for these hyperparameters
+        on the data held, without moving them. Default: nothing, as every other state is a
+        cache rebuilt from the hyperparameters (:meth:`ensure_caches`)."""
+
     def _noise_of_points(self, X: Tensor, noise: Tensor | None) -> Tensor:
         r"""Per-point noise variances (standardised, ``batch x q``) of new points ``X``
         (``batch x q x d``): ``noise`` if given, else the likelihood's homoscedastic noise.

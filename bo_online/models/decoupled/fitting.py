@@ -229,6 +229,13 @@ class DecoupledFitMixin:
         self.ensure_caches()
         return self
 
+    def fit_state_to_hyperparameters(self) -> None:
+        r"""``a, B`` (and the bases) at their optimum for the current hyperparameters on the
+        held data: the default fit without training the hyperparameters (the exact GP's state
+        while the bases are the data). The state built at construction was that of the default
+        hyperparameters, so a model that loaded others predicted with a mismatched ``a``."""
+        self.fit(train_hyperparameters=False, restandardize=False)
+
     def _fit_auto(self, max_iter: int, train_hyperparameters: bool, timeout_sec) -> Self:
         r"""The default fit (see :meth:`fit`): exact-marginal-likelihood hyperparameters on (a
         subset of) the held data, bases re-selected by pivoted Cholesky, closed-form ``a, B``."""

@@ -293,6 +293,20 @@ class QSGPFitMixin:
         self.ensure_caches()
         return self
 
+    def fit_state_to_hyperparameters(self) -> None:
+        r"""``q(w)`` (and the fitted constant mean) at their optimum for the current
+        hyperparameters on the held rows, the hyperparameters kept: ``fit_closed_form`` with no
+        L-BFGS iteration (Gaussian likelihood; SGD without training them otherwise). ``q(w)``
+        built at construction was that of the default hyperparameters, so a model that loaded
+        others predicted with a mismatched ``q(w)``."""
+        self._absorb(restandardize=False)
+        if self.likelihood_name == "gaussian":
+            self.fit_closed_form(max_iter=0)
+        else:
+            self.fit_sgd(train_hypers=False)
+        self.invalidate_caches()
+        self.ensure_caches()
+
     @torch.no_grad()
     def reset_hyperparameters(self) -> None:
         r"""Set the trainable hyperparameters back to their values at construction (the starting
