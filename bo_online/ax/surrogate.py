@@ -103,6 +103,16 @@ class AxOnlineMixin:
         Yvar = training_data.Yvar
         if Yvar is not None and bool(torch.isnan(Yvar).all()):
             Yvar = None  # Ax marks unknown noise with NaN: infer it
+        elif Yvar is not None and bool(torch.isnan(Yvar).any()):
+            # Some trials reported an SEM and some not: the model's check said "remove or impute
+            # them before passing data to the model", data the user never passes.
+            missing = int(torch.isnan(Yvar).sum())
+            raise ValueError(
+                f"{missing} of the {Yvar.shape[0]} observations of "
+                f"{', '.join(map(repr, training_data.outcome_names))} have no SEM and the others "
+                "have one; report an SEM with every observation of a metric (raw_data={name: "
+                "(mean, sem)}) or with none (its noise is then inferred)."
+            )
         # The defaults the loops and the CLI give the model for this many inputs (e.g. WISKI's
         # structure above 3 inputs); the user's model_options win.
         defaults = getattr(cls._bo_online_base, "loop_default_options", None)

@@ -976,3 +976,23 @@ def test_a_cross_validation_fold_predicts_with_the_loaded_hyperparameters(model_
     std, mu = fold.outcome_std, fold.outcome_mean
     torch.testing.assert_close(post.mean.squeeze(-1), mean * std + mu, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(post.variance.squeeze(-1), var * std**2, rtol=1e-6, atol=1e-6)
+
+
+def test_observations_with_and_without_sem_in_one_metric_get_an_error_that_says_what_to_do():
+    """Trials of one metric completed with ``(mean, sem)`` and with a bare mean reach the model
+    with NaN variances for the latter; the model refused them with "remove or impute them
+    before passing data to the model", which an Ax user never does. The error now names the
+    metric, the count, and what to report; all-NaN (no SEM anywhere) still means inferred
+    noise, and known SEMs pass as they are."""
+    X = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    Y = X.sum(-1, keepdim=True)
+    Yvar = torch.full_like(Y, 0.01)
+    Yvar[[1, 4]] = float("nan")
+    for name in MODELS:
+        ax_cls = boax.available_models()[name]
+        with pytest.raises(ValueError, match=r"2 of the 6 observations of 'y' have no SEM"):
+            ax_cls.construct_inputs(_dataset(X, Y, Yvar))
+        inputs = ax_cls.construct_inputs(_dataset(X, Y, torch.full_like(Y, float("nan"))))
+        assert inputs["train_Yvar"] is None
+        inputs = ax_cls.construct_inputs(_dataset(X, Y, torch.full_like(Y, 0.01)))
+        torch.testing.assert_close(inputs["train_Yvar"], torch.full_like(Y, 0.01))
