@@ -203,6 +203,21 @@ def make_generation_strategy(
     options["refit_every"] = every
     if "incremental" in options:  # a string such as "no" was read as true
         options["incremental"] = require_bool(options["incremental"], "incremental")
+    if "fit_options" in options:
+        # Given in model_options (where ModelConfig takes it): checked like the argument (a
+        # misspelt name failed after the Sobol trials) and not silently replaced by it.
+        own_fit = options.pop("fit_options")
+        if fit_options is not None and own_fit is not None and own_fit != fit_options:
+            raise ValueError(
+                f"fit_options given twice: {fit_options!r} and model_options['fit_options'] = "
+                f"{own_fit!r}; give one."
+            )
+        fit_options = own_fit if fit_options is None else fit_options
+    if fit_options is not None and not isinstance(fit_options, dict):
+        raise ValueError(
+            f"fit_options must be a dict of keyword arguments for the model's fit, got "
+            f"{fit_options!r}."
+        )
     _check_option_names(ax_cls, options, fit_options)  # now, not after the Sobol trials
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.

@@ -996,3 +996,36 @@ def test_observations_with_and_without_sem_in_one_metric_get_an_error_that_says_
         assert inputs["train_Yvar"] is None
         inputs = ax_cls.construct_inputs(_dataset(X, Y, torch.full_like(Y, 0.01)))
         torch.testing.assert_close(inputs["train_Yvar"], torch.full_like(Y, 0.01))
+
+
+def test_fit_options_in_model_options_are_checked_and_not_replaced():
+    """``model_options`` is ``ModelConfig.model_options``, which takes ``fit_options``; given
+    there, a misspelt fit option was not checked (it failed at the first model-based trial,
+    after the Sobol ones), and a ``fit_options`` argument silently replaced it. It is now
+    checked before any trial, kept when it is the only one, and two different ones are an
+    error; a fit_options that is not a dict is refused with what is expected."""
+
+    def stored(gs):
+        spec = gs._nodes[1].generator_specs[0].generator_kwargs["surrogate_spec"]
+        return spec.model_configs[0].model_options.get("fit_options")
+
+    with pytest.raises(ValueError, match="Unknown fit option.*'maxiter'.*accepted: .*max_iter"):
+        boax.make_generation_strategy(
+            "OnlineExactGP", model_options={"fit_options": {"maxiter": 5}}
+        )
+    with pytest.raises(ValueError, match="fit_options given twice"):
+        boax.make_generation_strategy(
+            "OnlineExactGP", model_options={"fit_options": {"max_iter": 5}}, fit_options={"lr": 0.1}
+        )
+    for bad in ([1], "max_iter=5"):
+        with pytest.raises(ValueError, match="fit_options must be a dict"):
+            boax.make_generation_strategy("OnlineExactGP", fit_options=bad)
+        with pytest.raises(ValueError, match="fit_options must be a dict"):
+            boax.make_generation_strategy("OnlineExactGP", model_options={"fit_options": bad})
+    one = {"max_iter": 5}
+    assert stored(boax.make_generation_strategy("TSVGP", model_options={"fit_options": one})) == one
+    assert stored(boax.make_generation_strategy("TSVGP", fit_options=one)) == one
+    same = boax.make_generation_strategy(
+        "TSVGP", model_options={"fit_options": dict(one)}, fit_options=dict(one)
+    )
+    assert stored(same) == one
