@@ -8,7 +8,8 @@ A run directory holds:
   written to a temporary file and moved into place (``os.replace``), so a run killed at any
   moment -- even by SIGKILL -- leaves either the previous or the new checkpoint, never half of one;
 * ``config.json`` -- the configuration, human-readable;
-* ``.lock`` -- while a process runs the directory: the holder's pid (see :func:`RunLock`).
+* ``.lock`` -- while a process runs the directory: the holder's pid, host and start time (see
+  :func:`RunLock`).
 
 Nothing in a run directory is executed: the checkpoint is read with
 ``torch.load(..., weights_only=True)`` (tensors and plain containers only), and object-valued
@@ -392,6 +393,49 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _process_identity(pid: int) -> str | None:
+    r"""What tells process ``pid`` apart from a later process given the same pid: the boot id
+    and the process's start time (clock ticks since boot), from ``/proc`` (Linux); None where
+    they cannot be read (another OS, no such process)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3
+    return f"{boot}/{fields[19]}" if len(fields) > 19 else None  # starttime: field 22
+
+
+def _lock_text() -> str:
+    r"""The content of a lock this process holds: its pid on the first line (what a user reads),
+    then the host it runs on and its :func:`_process_identity`."""
+    import socket
+
+    lines = [str(os.getpid()), f"host {socket.gethostname()}"]
+    identity = _process_identity(os.getpid())
+    if identity is not None:
+        lines.append(f"process {identity}")
+    return "\n".join(lines) + "\n"
+
+
+def _read_lock(path: Path) -> tuple[int, dict[str, str]] | None:
+    r"""The holder a lock file names: its pid (0 for an empty or garbled file: no live holder)
+    and the ``host`` / ``process`` it recorded (absent in a lock of an older bo-online, which
+    held the pid alone); None if there is no lock file."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return 0, {}  # unreadable: no live holder named
+    try:
+        pid = int(lines[0].strip()) if lines and lines[0].strip() else 0
+    except ValueError:
+        return 0, {}
+    fields = dict(line.strip().partition(" ")[::2] for line in lines[1:] if line.strip())
+    return pid, fields
+
+
 @contextlib.contextmanager
 def _guard(directory: Path) -> Iterator[None]:
     r"""Hold an exclusive OS lock (``fcntl.flock``) on ``directory`` itself for the block: the
@@ -421,13 +465,16 @@ def _guard(directory: Path) -> Iterator[None]:
 
 
 class RunLock:
-    r"""An advisory lock on a run directory: the file ``.lock`` holding the holder's pid.
+    r"""An advisory lock on a run directory: the file ``.lock`` holding the holder's pid (first
+    line), the host it runs on and, on Linux, its boot id and start time (:func:`_lock_text`).
 
     :meth:`acquire` checks and takes it under a short OS-level guard (:func:`_guard`), so one
     process of many racing wins; if it exists and names a live process other than this one, the
     directory is in use and :class:`RunFileError` is raised; a lock left by a dead process
-    (killed, crashed), empty or unreadable, is stale and taken over. Re-acquiring in the holder
-    is a no-op.
+    (killed, crashed), empty or unreadable, is stale and taken over, and so is one whose pid now
+    names another process (reused since the crash, or after a reboot). A lock taken on another
+    host (a directory on a shared file system, or copied from there) is refused: whether its
+    process lives cannot be seen from here. Re-acquiring in the holder is a no-op.
     """
 
     def __init__(self, out_dir: Path) -> None:
@@ -441,23 +488,29 @@ class RunLock:
         with _guard(self.path.parent):
             # Under the guard, reading the lock and replacing a stale one is one step for every
             # process that goes through here, so two cannot both take a stale lock.
-            try:
-                holder = int(self.path.read_text().strip() or "0")
-            except FileNotFoundError:
-                holder = None
-            except (OSError, ValueError):
-                holder = 0  # unreadable or garbage: no live holder named
-            if holder == os.getpid():
-                self.held = True
-                return
-            if holder is not None and _pid_alive(holder):
-                raise RunFileError(
-                    f"The run directory {str(self.path.parent)!r} is in use by process "
-                    f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
-                    "If no such run is going on, delete the lock file."
-                )
-            # Absent, or stale (its process is gone): written whole (rename), never seen empty.
-            _atomic_write(self.path, lambda f: f.write(str(os.getpid())), False)
+            found = _read_lock(self.path)
+            if found is not None:
+                holder, fields = found
+                if self._foreign(fields):
+                    raise RunFileError(
+                        f"The run directory {str(self.path.parent)!r} is locked by process "
+                        f"{holder} on the host {fields['host']!r} (lock {str(self.path)!r}), "
+                        "whose processes this machine cannot see; wait for that run to finish "
+                        "or stop it. If no such run is going on (e.g. the directory was copied "
+                        "from there), delete the lock file."
+                    )
+                if holder == os.getpid() and self._mine(fields):
+                    self.held = True
+                    return
+                if _pid_alive(holder) and self._mine_or_older(holder, fields):
+                    raise RunFileError(
+                        f"The run directory {str(self.path.parent)!r} is in use by process "
+                        f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
+                        "If no such run is going on, delete the lock file."
+                    )
+            # Absent, or stale (its process is gone, or its pid now names another process):
+            # written whole (rename), never seen empty.
+            _atomic_write(self.path, lambda f: f.write(_lock_text()), False)
         self._held()
 
     def _held(self) -> None:
@@ -470,9 +523,32 @@ class RunLock:
         if not self.held:
             return
         self.held = False
-        with contextlib.suppress(OSError, ValueError):
-            if int(self.path.read_text().strip()) == os.getpid():
+        found = _read_lock(self.path)
+        if found is not None and found[0] == os.getpid() and self._mine(found[1]):
+            with contextlib.suppress(OSError):
                 self.path.unlink()
+
+    @staticmethod
+    def _foreign(fields: dict[str, str]) -> bool:
+        """Whether a lock was taken on another host (whose pids say nothing here)."""
+        import socket
+
+        return "host" in fields and fields["host"] != socket.gethostname()
+
+    @staticmethod
+    def _mine(fields: dict[str, str]) -> bool:
+        """Whether a lock naming this process's pid was taken by this very process."""
+        identity, now = fields.get("process"), _process_identity(os.getpid())
+        return identity is None or now is None or identity == now
+
+    @staticmethod
+    def _mine_or_older(holder: int, fields: dict[str, str]) -> bool:
+        r"""Whether the live process ``holder`` is the one that took the lock: unknown for a
+        lock of an older bo-online (pid alone: assumed so), false when the pid has since been
+        reused by another process (a crashed run's pid, given to a new process or after a
+        reboot). Where the holder's identity cannot be read now, it is assumed to be the one."""
+        identity, now = fields.get("process"), _process_identity(holder)
+        return identity is None or now is None or identity == now
 
 
 def step_seed(seed: int, step: int, phase: str) -> int:

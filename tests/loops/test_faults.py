@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -416,6 +417,44 @@ def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
     # the holder is dead now: its lock is stale and taken over
     load_loop(out).run(2)
     assert len(read_records(out)) == 3
+    _assert_clean(out)
+
+
+def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_over(
+    tmp_path, capsys
+):
+    r"""A lock taken on another host (a run directory on a shared file system) names a pid this
+    machine cannot check: it is refused, not taken over as stale (two runs then wrote one
+    directory). On the same host, a lock whose pid now names another process (reused since
+    the crash) is stale, while one naming the live process that took it is refused."""
+    out = tmp_path / "run"
+    _small_run(out)
+    before = (out / history.RECORDS_FILE).read_bytes()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # no such process here; on the other host it may well run
+    other = f"not-{socket.gethostname()}"
+    (out / history.LOCK_FILE).write_text(f"{dead.pid}\nhost {other}\n")
+    code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert f"locked by process {dead.pid} on the host {other!r}" in err
+    assert (out / history.RECORDS_FILE).read_bytes() == before
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        identity = history._process_identity(live.pid)
+        if identity is not None:  # Linux: the lock tells the process from a later one
+            lock = f"{live.pid}\nhost {socket.gethostname()}\nprocess {{}}\n"
+            (out / history.LOCK_FILE).write_text(lock.format(identity))
+            code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
+            _one_line_error(code, err)
+            assert f"in use by process {live.pid}" in err
+            assert (out / history.RECORDS_FILE).read_bytes() == before
+            # the pid of a process started after the lock was taken: the holder is gone
+            (out / history.LOCK_FILE).write_text(lock.format(identity + "0"))
+            load_loop(out).run(2)
+            assert len(read_records(out)) == 3
+    finally:
+        live.kill()
+        live.wait()
     _assert_clean(out)
 
 
