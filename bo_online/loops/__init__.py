@@ -43,6 +43,11 @@ def _loop_classes() -> dict[str, type]:
     }
 
 
+#: the options a resumed run may be given anew (:func:`load_loop`): how it runs, not what it
+#: computes
+RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir")
+
+
 def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> OnlineLoop:
     r"""Rebuild the loop saved in ``out_dir`` at its last checkpoint.
 
@@ -51,8 +56,19 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         problem: the problem object, needed only when the run used a user callable.
         **overrides: runtime options that do not change the trajectory: ``quiet``,
             ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and
-            ``data_dir`` (where pool/stream data are read from).
+            ``data_dir`` (where pool/stream data are read from). Anything else (``model``,
+            ``seed``, a misspelt name) raises ``TypeError``: the run keeps its settings.
     """
+    unknown = sorted(set(overrides) - set(RESUME_OVERRIDES))
+    if unknown:
+        # Otherwise the loop's constructor refused them, reported as a damaged checkpoint
+        # whose advice (--overwrite) would discard the run.
+        raise TypeError(
+            f"A resumed run cannot take {', '.join(map(repr, unknown))}: it continues with the "
+            "settings it started with (its checkpoint's). Only "
+            f"{', '.join(RESUME_OVERRIDES)} can be given (and the steps, to resume()); for "
+            "other settings start a new run in another directory."
+        )
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE
     if not ckpt_path.is_file() and (out_dir / history.RECORDS_FILE).is_file():
@@ -70,6 +86,12 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         if ckpt.get("kind") not in classes:
             raise history.RunFileError(
                 f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}."
+            )
+        if overrides.get("client") is not None and ckpt["kind"] != "bo_async":
+            raise TypeError(
+                f"client= is for asynchronous (Dask) runs; the run in {str(out_dir)!r} is of "
+                f"kind {ckpt['kind']!r}: resume it without client= (executor= runs its "
+                "evaluations in parallel)."
             )
         try:
             loop = classes[ckpt["kind"]].from_checkpoint(

@@ -405,6 +405,27 @@ def test_resume_redoes_a_step_recorded_after_the_last_checkpoint(tmp_path):
     )
 
 
+def test_load_loop_refuses_settings_a_resumed_run_cannot_change(tmp_path):
+    r"""``load_loop(dir, seed=...)``, a misspelt option or a ``client`` for a synchronous run
+    was reported as a damaged checkpoint whose advice, start again with --overwrite, discards
+    the run; it is a TypeError naming the option, the run is left as it was and resumes."""
+    out = tmp_path / "run"
+    kw = dict(acq="qucb", seed=2, **FAST)
+    reference = BayesOptLoop(synthetic_problem("branin"), **kw).run(3)
+    BayesOptLoop(synthetic_problem("branin"), out_dir=out, **kw).run(1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for given, named in (
+        ({"seed": 3}, "'seed'"),
+        ({"quite": True}, "'quite'"),
+        ({"client": 1}, "client="),
+    ):
+        with pytest.raises(TypeError, match=named) as error:
+            load_loop(out, **given)
+        assert "overwrite" not in str(error.value)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # and no lock left
+    assert without_timing(load_loop(out, quiet=True).run(3)) == without_timing(reference)
+
+
 def test_resume_active_and_streaming_loops(tmp_path):
     pool = _data_or_skip()
     kw = dict(
