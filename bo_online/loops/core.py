@@ -193,14 +193,8 @@ class OnlineLoop:
                 f"{history.CHECKPOINT_FILE}, no {history.CONFIG_FILE} of a run); its files are "
                 "left as they are. Give a new or empty directory for the run."
             )
-        if self.out_dir is not None and not overwrite and self._holds_run(self.out_dir):
-            raise RunDirectoryError(
-                f"{str(self.out_dir)!r} already holds a run; resume it (CLI: "
-                f"{history.resume_command(self.out_dir)}, with --objective for your own objective; "
-                f"Python: load_loop({str(self.out_dir)!r}, problem=...) for a problem built in "
-                "Python) or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
-            )
         self._overwrite = overwrite
+        self._refuse_another_run()
         self.config: dict[str, Any] = {
             "kind": self.kind,
             "model": model.lower(),
@@ -242,6 +236,19 @@ class OnlineLoop:
         # targets the surrogate sees: (y - shift) / scale, in float64, then cast to its dtype
         # (see _set_target_scaling); identity unless the surrogate runs below float64
         self.target_shift, self.target_scale = 0.0, 1.0
+
+    def _refuse_another_run(self) -> None:
+        r"""Refuse an ``out_dir`` that holds a run (its checkpoint) unless ``overwrite``: checked
+        when the loop is built and again, under the directory's lock, before it writes there
+        (another run may have been started and finished there in between)."""
+        if self.out_dir is None or self._overwrite or not self._holds_run(self.out_dir):
+            return
+        raise RunDirectoryError(
+            f"{str(self.out_dir)!r} already holds a run; resume it (CLI: "
+            f"{history.resume_command(self.out_dir)}, with --objective for your own objective; "
+            f"Python: load_loop({str(self.out_dir)!r}, problem=...) for a problem built in "
+            "Python) or start it afresh (--overwrite on the CLI, overwrite=True in Python)."
+        )
 
     def _check_storable(self) -> None:
         """With ``out_dir``, the config must be JSON (it is written once the initial design has
@@ -767,6 +774,8 @@ class OnlineLoop:
         history.probe_writable(self.out_dir)
         try:
             self._lock.acquire()
+            if not self._files_started:  # a new run: none may have appeared since it was built
+                self._refuse_another_run()
             history.remove_orphans(self.out_dir)
             self._sync_resumed_files()
         except BaseException:
@@ -858,6 +867,11 @@ class OnlineLoop:
         assert self.out_dir is not None and self._lock is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()  # a no-op under run(); held to exit when driven by step()
+        try:  # driven by step(), nothing has checked under the lock yet
+            self._refuse_another_run()
+        except RunDirectoryError:
+            self._lock.release()
+            raise
         if self._overwrite:
             for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE, history.CONFIG_FILE):
                 (self.out_dir / name).unlink(missing_ok=True)

@@ -303,6 +303,24 @@ def test_out_dir_with_a_run_is_not_overwritten(tmp_path):
     assert len(read_records(tmp_path)) == 2
 
 
+def test_a_run_finished_in_out_dir_after_a_loop_was_built_is_not_overwritten(tmp_path):
+    r"""A loop built on an empty ``out_dir`` checked it only then: a run started and finished
+    there before this loop ran was silently replaced by it (records, config, checkpoint),
+    without ``overwrite``. Both ``run`` and a loop driven by ``step`` now refuse it under the
+    directory's lock, and leave the other run's files and no lock behind."""
+    kw = dict(acq="ts", acq_options={"num_candidates": 64}, **FAST)
+    late = BayesOptLoop(synthetic_problem("branin"), seed=1, out_dir=tmp_path, **kw)
+    stepped = BayesOptLoop(synthetic_problem("branin"), seed=1, out_dir=tmp_path, **kw)
+    BayesOptLoop(synthetic_problem("branin"), seed=2, out_dir=tmp_path, **kw).run(2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(RunDirectoryError, match="already holds a run"):
+        late.run(1)
+    with pytest.raises(RunDirectoryError, match="already holds a run"):
+        stepped.step()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert len(load_loop(tmp_path).run(3)) == 4  # the other run, intact, resumes
+
+
 def test_object_model_options_are_built_and_survive_resume(tmp_path):
     r"""A model option given as {"__class__": ..., "args", "kwargs"} is built for the model (here
     a Matern kernel for OnlineExactGP) and rebuilt on resume, with its learnt state restored."""
