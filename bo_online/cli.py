@@ -1367,6 +1367,13 @@ def resume(
             "(a run stopped by the limit stops again at its next failure unless raised)."
         ),
     ] = None,
+    device: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Continue on this torch device (cpu, cuda, cuda:1) instead of the run's own, "
+            "e.g. a run copied from a GPU machine to one without (default: the run's device)."
+        ),
+    ] = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -1394,17 +1401,23 @@ def resume(
         f"{str(run_dir)!r} is not an asynchronous (Dask) run (its kind is {ckpt.get('kind')!r}); "
         "resume it without --dask.",
     )
+    moved = {} if device is None else {"device": device}
     if dask is not None:  # an asynchronous run: continue on this cluster
         with _dask_client(dask) as client:
             loop = load_loop(
-                run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, client=client
+                run_dir,
+                problem=user_problem,
+                quiet=quiet,
+                data_dir=data_dir,
+                client=client,
+                **moved,
             )
             if max_failures is not None:
                 loop.config["max_failures"] = int(max_failures)
             _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return
-    loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir)
+    loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, **moved)
     _run(loop, steps)
     _finish(loop, plots, quiet)
 

@@ -702,3 +702,28 @@ def test_resume_of_a_stream_with_more_steps_than_rows_leaves_the_run_files_as_th
     code, _, err = _run(["resume", str(out), "--steps", "4", "--quiet", "--no-plots"], capsys)
     assert code == 0, err
     assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]
+
+
+def test_a_run_copied_from_a_gpu_machine_resumes_here_with_device_cpu(tmp_path, capsys):
+    """A run whose device this machine lacks (copied from a GPU machine) was refused on resume
+    with "device 'cuda:99' requested but ...", which no option could change: the run could not
+    be continued here. The error now says to pass --device cpu, which continues it on the CPU
+    (here: to the records of a run that never left it)."""
+    from bo_online.loops import history, read_records, without_timing
+
+    args = ["--problem", "branin", "--n-init", "4", *SMALL, "--quiet", "--no-plots"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert _run(["bo", *args, "--steps", "3", "--out", str(ref)], capsys)[0] == 0
+    assert _run(["bo", *args, "--steps", "1", "--out", str(run)], capsys)[0] == 0
+    path = run / history.CHECKPOINT_FILE
+    ckpt = history.load_checkpoint(path)
+    history.save_checkpoint(path, {**ckpt, "config": {**ckpt["config"], "device": "cuda:99"}})
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    resume = ["resume", str(run), "--steps", "3", "--quiet", "--no-plots"]
+    code, _, err = _run(resume, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "ran on 'cuda:99', which this machine lacks" in err and "--device cpu" in err, err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert _run([*resume, "--device", "cpu"], capsys)[0] == 0
+    assert without_timing(read_records(run)) == without_timing(read_records(ref))
+    assert json.loads((run / history.CONFIG_FILE).read_text())["device"] == "cpu"

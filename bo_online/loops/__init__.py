@@ -45,7 +45,7 @@ def _loop_classes() -> dict[str, type]:
 
 #: the options a resumed run may be given anew (:func:`load_loop`): how it runs, not what it
 #: computes
-RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir")
+RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir", "device")
 
 
 def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> OnlineLoop:
@@ -56,8 +56,11 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         problem: the problem object, needed only when the run used a user callable.
         **overrides: runtime options that do not change the trajectory: ``quiet``,
             ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and
-            ``data_dir`` (where pool/stream data are read from). Anything else (``model``,
-            ``seed``, a misspelt name) raises ``TypeError``: the run keeps its settings.
+            ``data_dir`` (where pool/stream data are read from), and ``device``: where the
+            run continues, instead of its own (a run copied from a GPU machine to one
+            without; the steps from there on are computed on that device). Anything else
+            (``model``, ``seed``, a misspelt name) raises ``TypeError``: the run keeps its
+            settings.
     """
     unknown = sorted(set(overrides) - set(RESUME_OVERRIDES))
     if unknown:
@@ -87,6 +90,11 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             raise history.RunFileError(
                 f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}."
             )
+        device = overrides.pop("device", None)
+        if device is not None:
+            ckpt["config"] = {**ckpt["config"], "device": str(device)}
+        else:
+            _check_stored_device(ckpt["config"].get("device"), out_dir)
         if overrides.get("client") is not None and ckpt["kind"] != "bo_async":
             raise TypeError(
                 f"client= is for asynchronous (Dask) runs; the run in {str(out_dir)!r} is of "
@@ -107,6 +115,26 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         raise
     loop._lock = lock
     return loop
+
+
+def _check_stored_device(stored: Any, out_dir: Path) -> None:
+    r"""Refuse, saying what to do, a run whose own device (``stored``: its configuration's) this
+    machine lacks, e.g. a run copied from a GPU machine: the loop would report the device as
+    'requested', though the user asked for none."""
+    import torch
+
+    try:
+        device = torch.device(str(stored))
+    except RuntimeError:
+        return  # the loop reports it
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type != "cuda" or (device.index or 0) < count:
+        return
+    raise ValueError(
+        f"The run in {str(out_dir)!r} ran on {str(stored)!r}, which this machine lacks "
+        f"({count} CUDA device(s)); continue it on another device with `bo-online resume "
+        f"{str(out_dir)} --device cpu` (Python: device='cpu'), or on a machine that has it."
+    )
 
 
 def resume(
