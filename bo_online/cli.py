@@ -1604,8 +1604,10 @@ def _main(argv: list[str] | None) -> None:
             _fail(f"terminated; {_resume_hint()}", 143)
         raise
     except (KeyboardInterrupt, _Terminated) as e:
-        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
-        _fail(f"{what}; {_resume_hint()}", 130)
+        # 128 + the signal, as for a loop stopped after its step: 143 for SIGTERM, 130 for Ctrl-C
+        if isinstance(e, _Terminated):
+            _fail(f"terminated; {_resume_hint()}", 143)
+        _fail(f"interrupted; {_resume_hint()}", 130)
     if code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a return code of 130
         _fail(f"interrupted; {_resume_hint()}", 130)
     if isinstance(code, int) and code:

@@ -548,6 +548,27 @@ def test_ctrl_c_before_the_run_starts_says_to_run_the_command_again(tmp_path, ca
     assert "resume" not in err and not second.exists()
 
 
+def test_sigterm_before_the_run_starts_exits_with_143(tmp_path, capsys, monkeypatch):
+    """SIGTERM while the loop was being built (or a second one during a step) exited with
+    status 130, Ctrl-C's, though a run stopped by SIGTERM after its step exits with 143 (128 +
+    15): a scheduler or script reading the status took a termination for an interrupt."""
+    import signal
+    import time
+
+    from bo_online import loops
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises first
+
+    monkeypatch.setattr(loops.BayesOptLoop, "__init__", terminated)
+    out = tmp_path / "run"
+    code, _, err = _run(["bo", "--problem", "branin", "--steps", "1", "--out", str(out)], capsys)
+    assert code == 143, err
+    assert err.startswith("bo-online: error: terminated; stopped before the loop started"), err
+    assert not out.exists()
+
+
 def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_path, capsys):
     # with 5 digits the best of 1e6 + ((x - 0.3)^2).sum() read "1e+06" whatever the run found
     obj = tmp_path / "obj.py"
