@@ -74,6 +74,14 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         )
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE
+    last = history.last_recorded_step(out_dir)
+    if not ckpt_path.is_file() and last is not None and last > 0:
+        raise history.RunFileError(
+            f"{str(out_dir)!r} has no checkpoint, though its records go to step {last}: the "
+            "checkpoint was removed, so the run cannot be resumed (its records stay readable, "
+            "e.g. by bo-online plot). Restore checkpoint.pt from a copy, or start the run again "
+            "in another directory (or here with --overwrite, which replaces these records)."
+        )
     if not ckpt_path.is_file() and (out_dir / history.RECORDS_FILE).is_file():
         raise history.RunFileError(
             f"{str(out_dir)!r} has no checkpoint: its run was stopped before the first one was "

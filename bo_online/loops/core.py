@@ -243,6 +243,13 @@ class OnlineLoop:
         (another run may have been started and finished there in between)."""
         if self.out_dir is None or self._overwrite or not self._holds_run(self.out_dir):
             return
+        if not (self.out_dir / history.CHECKPOINT_FILE).exists():
+            raise RunDirectoryError(
+                f"{str(self.out_dir)!r} holds the records of a run up to step "
+                f"{history.last_recorded_step(self.out_dir)} but no checkpoint (it was removed), "
+                "so that run cannot be resumed; start the new run in another directory, or "
+                "replace those records with --overwrite (overwrite=True in Python)."
+            )
         raise RunDirectoryError(
             f"{str(self.out_dir)!r} already holds a run; resume it (CLI: "
             f"{history.resume_command(self.out_dir)}, with --objective for your own objective; "
@@ -907,8 +914,13 @@ class OnlineLoop:
     @staticmethod
     def _holds_run(out_dir: Path) -> bool:
         r"""A run is held once its first checkpoint exists; records without one are left by a
-        run killed before (or during) its first checkpoint, which is simply started again."""
-        return (out_dir / history.CHECKPOINT_FILE).exists()
+        run killed before (or during) its first checkpoint, which is simply started again --
+        unless they go past step 0 (:func:`history.last_recorded_step`): that run's checkpoint
+        was removed, and its records are results that only ``overwrite`` may replace."""
+        if (out_dir / history.CHECKPOINT_FILE).exists():
+            return True
+        last = history.last_recorded_step(out_dir)
+        return last is not None and last > 0
 
     # ------------------------------------------------------------------ checkpoint / resume
 

@@ -251,6 +251,18 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def last_recorded_step(out_dir: Path) -> int | None:
+    r"""The last step in ``out_dir``'s records file (None: no records file, or a damaged one).
+    The first checkpoint is written right after step 0's record, so records past step 0 in a
+    directory without a checkpoint are a run's whose checkpoint was removed, not of a run
+    killed before its first one."""
+    try:
+        records = read_records(out_dir / RECORDS_FILE)
+    except (OSError, RunFileError):  # (FileNotFoundError: no records file)
+        return None
+    return max((r["step"] for r in records), default=None)
+
+
 def _damaged_records(path: Path, i: int, why: str) -> RunFileError:
     return RunFileError(
         f"The records file {str(path)!r} is damaged at line {i + 1} ({why}); "

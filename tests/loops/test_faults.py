@@ -458,6 +458,29 @@ def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_ov
     _assert_clean(out)
 
 
+def test_records_of_a_run_whose_checkpoint_was_removed_are_not_replaced(tmp_path, capsys):
+    r"""A directory with records up to step 2 and no checkpoint (removed, e.g. to save space)
+    was taken for a run killed before its first checkpoint: `resume` said "start it again ...
+    (nothing is lost)" and a new `bo --out` there replaced the records without --overwrite.
+    Both now refuse in one line; --overwrite still starts afresh."""
+    out = tmp_path / "run"
+    code, err = _cli(["bo", "--problem", "branin", "--steps", "2", "--out", out, *CLI_FAST], capsys)
+    assert code == 0, err
+    (out / history.CHECKPOINT_FILE).unlink()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, err = _cli(["resume", out, "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "records go to step 2" in err and "nothing is lost" not in err, err
+    levy = ["bo", "--problem", "levy", "--steps", "1", "--out", out, *CLI_FAST]
+    code, err = _cli(levy, capsys)
+    _one_line_error(code, err)
+    assert "up to step 2 but no checkpoint" in err and "--overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _cli([*levy, "--overwrite"], capsys)[0] == 0
+    assert [r["step"] for r in read_records(out)] == [0, 1]
+    _assert_clean(out)
+
+
 # ------------------------------------------------------------------------------ unwritable / full
 
 
@@ -1016,7 +1039,7 @@ def test_records_that_are_not_a_runs_records_are_one_line_errors(tmp_path, capsy
 def test_resume_with_dask_of_a_run_that_is_not_asynchronous_says_so(tmp_path, capsys):
     """`resume --dask` on a plain run is refused before any cluster starts, saying to resume
     without --dask (not that the checkpoint is damaged); a run whose checkpoint is gone but whose
-    records remain is told to start again with the same command."""
+    records remain (past step 0) is told that it cannot be resumed and what can be done."""
     out = tmp_path / "run"
     _small_run(out)
     code, err = _cli(
@@ -1028,7 +1051,7 @@ def test_resume_with_dask_of_a_run_that_is_not_asynchronous_says_so(tmp_path, ca
     (out / history.CHECKPOINT_FILE).unlink()
     code, err = _cli(["resume", out, "--steps", "2", "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
-    assert "Start it again with the same command" in err
+    assert "the checkpoint was removed, so the run cannot be resumed" in err
 
 
 def test_run_files_get_the_permissions_of_any_file_the_user_creates(tmp_path):
