@@ -999,7 +999,7 @@ def active(
         int, typer.Option(help="Compute test RMSE/variance/NLL every this many steps.")
     ] = 1,
     seed: SeedOpt = 0,
-    refit_every: RefitOpt = "10",
+    refit_every: RefitOpt = "auto",
     fit_max_iter: FitIterOpt = 50,
     refit_from: RefitFromOpt = "auto",
     num_restarts: RestartsOpt = 10,

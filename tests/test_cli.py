@@ -511,12 +511,18 @@ def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_p
 
 def test_active_takes_the_auto_refit_schedule_as_bo_and_stream_do(tmp_path, capsys):
     """`bo-online active --refit-every auto` was refused by the option parser (an integer was
-    expected), though the loop takes it and `bo` and `stream` name their default so. The default
-    stays every 10 steps; `auto` refits the exact GP every step while n <= 100."""
+    expected), though the loop takes it and `bo` and `stream` name their default so. It is now
+    the default, as for `bo` and `stream` (it was every 10 steps); `auto` refits the exact GP
+    every step while n <= 100."""
     path = _field_csv(tmp_path, 60)
     argv = ["active", "--pool", str(path), "--test-fraction", "0.2", "--model", "exact"]
     argv += ["--q", "2", "--steps", "3", "--n-init", "6", "--fit-max-iter", "2", "-Q", *SMALL]
-    for given, expected, refits in ((None, 10, []), ("auto", "auto", [1, 2, 3]), ("2", 2, [2])):
+    for given, expected, refits in (
+        (None, "auto", [1, 2, 3]),
+        ("10", 10, []),
+        ("auto", "auto", [1, 2, 3]),
+        ("2", 2, [2]),
+    ):
         out = tmp_path / f"run-{given}"
         extra = [] if given is None else ["--refit-every", given]
         code, _, err = _run([*argv, *extra, "--out", str(out)], capsys)
