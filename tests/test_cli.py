@@ -754,3 +754,28 @@ def test_a_run_copied_from_a_gpu_machine_resumes_here_with_device_cpu(tmp_path, 
     assert _run([*resume, "--device", "cpu"], capsys)[0] == 0
     assert without_timing(read_records(run)) == without_timing(read_records(ref))
     assert json.loads((run / history.CONFIG_FILE).read_text())["device"] == "cpu"
+
+
+def test_the_device_advice_is_the_runs_own_resume_command(tmp_path, capsys):
+    """The advice for a run whose device this machine lacks was `bo-online resume DIR --device
+    cpu` with DIR unquoted and without the run's --objective: for a directory with a space, or
+    a run of the user's objective, the command as written failed. It is now the run's own
+    resume command, quoted, plus --device cpu, and that command as written continues it."""
+    import shlex
+
+    from bo_online.loops import history
+
+    obj = tmp_path / "my objectives" / "obj.py"
+    obj.parent.mkdir()
+    obj.write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    spec, run = f"{obj}:f", tmp_path / "my run"
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 0,1", "--n-init", "3", "--steps", "1"]
+    assert _run([*argv, "--out", str(run), "-Q", "--no-plots", *SMALL], capsys)[0] == 0
+    path = run / history.CHECKPOINT_FILE
+    ckpt = history.load_checkpoint(path)
+    history.save_checkpoint(path, {**ckpt, "config": {**ckpt["config"], "device": "cuda:99"}})
+    code, _, err = _run(["resume", str(run), "--objective", spec, "-Q", "--no-plots"], capsys)
+    assert code == 2, err
+    advised = shlex.split(err.split("`")[1])
+    assert advised == ["bo-online", "resume", str(run), "--objective", spec, "--device", "cpu"]
+    assert _run([*advised[1:], "--steps", "2", "-Q", "--no-plots"], capsys)[0] == 0, err

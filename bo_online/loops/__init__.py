@@ -138,10 +138,12 @@ def _check_stored_device(stored: Any, out_dir: Path) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device.type != "cuda" or (device.index or 0) < count:
         return
+    # the run's own resume command (quoted, with its --objective / --dask), plus the device
+    command = f"{history._resume_command_of(out_dir)} --device cpu"
     raise ValueError(
         f"The run in {str(out_dir)!r} ran on {str(stored)!r}, which this machine lacks "
-        f"({count} CUDA device(s)); continue it on another device with `bo-online resume "
-        f"{str(out_dir)} --device cpu` (Python: device='cpu'), or on a machine that has it."
+        f"({count} CUDA device(s)); continue it on another device with `{command}` (Python: "
+        "device='cpu'), or on a machine that has it."
     )
 
 
