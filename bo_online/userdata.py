@@ -100,6 +100,7 @@ class Table:
                 message += {
                     "the target": " a regression target must be numeric (class labels: pass "
                     "--task classification).",
+                    "a pool's target": " the target of a pool must be numeric.",
                     "the test mask": " the test mask must hold 0 or 1 in every row.",
                 }.get(
                     what,
@@ -603,6 +604,7 @@ def stream_from_file(
         expected_mask_sha256,
         drop_row_index,
         regression=task == "regression",
+        classifiable=True,
     )
     X_stream, y_stream, X_test, y_test = stream_arrays(
         X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
@@ -704,11 +706,14 @@ def _split_table(
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
     regression: bool = True,
+    classifiable: bool = False,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
     :func:`pool_from_file` read them (a ``regression`` target is checked against what a model
-    accepts; class labels are mapped to 0/1 first)."""
+    accepts; class labels are mapped to 0/1 first). ``classifiable``: the caller reads class
+    labels too (a stream), so a text target of a regression is told of ``--task
+    classification``; a pool's is not (``active`` has no such option)."""
     if test_mask is not None and test_fraction is not None:
         raise DataFileError("give a test fraction or a test mask, not both.")
     table = _checked(path, expected_sha256)
@@ -719,7 +724,7 @@ def _split_table(
     else:
         t_col = table._index(target, "the target")
     if regression:  # class labels may be text: checked by _labels
-        table.require([t_col], "the target")
+        table.require([t_col], "the target" if classifiable else "a pool's target")
     if t_col == m_col:
         raise DataFileError(
             f"{table.path}: column {table.columns[t_col]!r} cannot be both the target and the "

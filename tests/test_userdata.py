@@ -698,6 +698,25 @@ def test_a_text_cell_is_reported_with_advice_for_its_columns_role(tmp_path):
         stream_from_file(plain, test_mask=str(mask))
 
 
+def test_a_text_target_of_a_pool_is_not_told_of_an_option_active_lacks(tmp_path, capsys):
+    """A pool's text target was told "class labels: pass --task classification", an option
+    `bo-online active` does not have (it answered "No such option: --task"); a pool's target
+    must be numeric, and the message says so without advising that option."""
+    X, _ = _data(n=20, d=2)
+    path = tmp_path / "labels.csv"
+    path.write_text(
+        "x0,x1,label\n"
+        + "\n".join(f"{a!r},{b!r},{'yes' if a > 1 else 'no'}" for a, b in X.tolist())
+        + "\n"
+    )
+    with pytest.raises(DataFileError, match=r"is not a number; the target of a pool must be"):
+        pool_from_file(path)
+    with pytest.raises(SystemExit) as code:
+        main(["active", "--pool", str(path), "--steps", "1", "-Q", "--no-plots"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "line 2, column 'label'" in err and "--task" not in err, err
+
+
 def test_cli_options_for_shipped_sets_are_refused_with_a_users_file(tmp_path, capsys):
     """--tracks / --test-size (the magnetometer pool) with --pool FILE, and --split (the UCI
     sets) with --data FILE, were silently ignored: now one-line errors naming the way on."""
