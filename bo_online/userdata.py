@@ -503,9 +503,9 @@ def _inputs(
 
 def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
     """Binary class labels of target column ``column`` to {0, 1}, in sorted order: of two
-    numbers the smaller is 0, of two text labels the first in alphabetical order (``no`` 0,
-    ``yes`` 1). ``train`` (``n`` bool) marks the rows the model learns from, which must hold
-    both classes."""
+    numbers the smaller is 0, of two text labels the first in character order (``no`` 0,
+    ``yes`` 1; capitals sort before lower case, so ``Yes`` 0, ``no`` 1). ``train`` (``n``
+    bool) marks the rows the model learns from, which must hold both classes."""
     name = table.columns[column]
     y: np.ndarray = table.data[:, column]
     if column in table.text:  # text labels: every cell must hold one
