@@ -12,9 +12,9 @@ fit from the defaults, as BoTorch's loop does).
 
 Nothing is written until the initial design has been evaluated and the surrogate built, so a run
 that fails on bad options leaves no files behind -- except that :meth:`OnlineLoop.run` first takes
-the directory's lock (``.lock``, the holder's pid) and probes that it can write there, so a
-directory in use or unwritable is refused before any evaluation (a directory it had to create is
-removed again if the run fails before its first record).
+the directory's lock (``.lock``: the holder's pid, host and process start) and probes that it can
+write there, so a directory in use or unwritable is refused before any evaluation (a directory it
+had to create is removed again if the run fails before its first record).
 """
 
 from __future__ import annotations
