@@ -41,6 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
 import torch
 
 __all__ = [
@@ -394,28 +395,19 @@ def probe_writable(out_dir: Path) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+    r"""Whether a process ``pid`` runs on this host (psutil: portable; ``os.kill(pid, 0)``, the
+    POSIX idiom, sends Ctrl-C to a process group on Windows)."""
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 def _process_identity(pid: int) -> str | None:
-    r"""What tells process ``pid`` apart from a later process given the same pid: the boot id
-    and the process's start time (clock ticks since boot), from ``/proc`` (Linux); None where
-    they cannot be read (another OS, no such process)."""
+    r"""What tells process ``pid`` apart from a later process given the same pid: its start
+    time (seconds since the epoch, to 10 ms, psutil on every OS); None where it cannot be read
+    (no such process, no permission)."""
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except (psutil.Error, OSError):
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3
-    return f"{boot}/{fields[19]}" if len(fields) > 19 else None  # starttime: field 22
 
 
 def _lock_text() -> str:
@@ -478,7 +470,7 @@ def _guard(directory: Path) -> Iterator[None]:
 
 class RunLock:
     r"""An advisory lock on a run directory: the file ``.lock`` holding the holder's pid (first
-    line), the host it runs on and, on Linux, its boot id and start time (:func:`_lock_text`).
+    line), the host it runs on and its start time (:func:`_lock_text`).
 
     :meth:`acquire` checks and takes it under a short OS-level guard (:func:`_guard`), so one
     process of many racing wins; if it exists and names a live process other than this one, the

@@ -441,7 +441,7 @@ def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_ov
     live = subprocess.Popen(["sleep", "30"])
     try:
         identity = history._process_identity(live.pid)
-        if identity is not None:  # Linux: the lock tells the process from a later one
+        if identity is not None:  # the lock tells the process from a later one
             lock = f"{live.pid}\nhost {socket.gethostname()}\nprocess {{}}\n"
             (out / history.LOCK_FILE).write_text(lock.format(identity))
             code, err = _cli(["resume", out, "--steps", "3", "-Q", "--no-plots"], capsys)
