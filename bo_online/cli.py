@@ -24,7 +24,7 @@ import statistics
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
@@ -1521,7 +1521,8 @@ def plot(
 # ---------------------------------------------------------------------------------- entry point
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` as one line on stderr and exit with ``code``."""
     line = " ".join(str(message).split())
     print(f"bo-online: error: {line}", file=sys.stderr)
     raise SystemExit(code)
