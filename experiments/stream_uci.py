@@ -66,7 +66,8 @@ early excess 0.155 +- 0.040 against t-SVGP's 0.213 +- 0.034 (the claim's directi
 one SE); on trial 0 the exact GP, t-SVGP and the decoupled SVGP tie at 0.163-0.167 and WISKI is
 at 0.106. Protein, first 1,500 rows, three trials: WISKI 0.081 +- 0.005 against t-SVGP's
 0.137 +- 0.014 and the decoupled SVGP's 0.110 +- 0.015 (the claim's direction on every trial);
-the exact GP on trial 0 0.209, the largest of the four there. Kin40k, first 1,500 rows: WISKI
+the exact GP 0.169 +- 0.021 over three trials, the largest of the four on every trial (against
+the claim). Kin40k, first 1,500 rows: WISKI
 0.362 +- 0.060 against t-SVGP's 0.634 +- 0.032 and the decoupled SVGP's 0.379 +- 0.040 (three
 trials each), while WISKI's 2-D map predicts worst throughout (final NLL 1.05 against 0.43).
 Skillcraft, first 1,500 rows, three trials: WISKI 0.317 +- 0.080 against t-SVGP's 0.112 +- 0.010
