@@ -35,6 +35,7 @@ from bo_online.models import OnlineExactGP
 from bo_online.models.registry import available_models
 from bo_online.problems import (
     CallableProblem,
+    PoolProblem,
     StreamProblem,
     from_unit,
     magnetometer_problem,
@@ -960,7 +961,6 @@ def test_test_set_scoring_is_timed_apart_from_the_steps(tmp_path, monkeypatch):
     from bo_online import cli
     from bo_online.loops import active as active_module
     from bo_online.loops import streaming as streaming_module
-    from bo_online.problems import PoolProblem
 
     def slow(metrics):
         def scored(*args, **kwargs):
@@ -1009,3 +1009,20 @@ def test_test_set_scoring_is_timed_apart_from_the_steps(tmp_path, monkeypatch):
         cli._finish(loop, plots=False, quiet=False)
         rows = dict(zip(table[0].columns[0]._cells, table[0].columns[1]._cells))
         assert rows["  of which scoring the test set (s)"] == f"{scoring:.4g}", kind
+
+
+def test_active_learning_refits_by_the_auto_rule_by_default():
+    r"""``ActiveLearningLoop`` refit every 10 steps unless told otherwise, so the hyperparameters
+    of its initial design chose the first labels; its default is now the BO and streaming
+    loops' ``"auto"`` rule (an exact GP refits every step while n <= 100)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * X[:, 0]) * X[:, 1]
+    box = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    pool = PoolProblem("p", X[:40], y[:40], X[40:], y[40:], box)
+    loop = ActiveLearningLoop(pool, model="exact", acq="random", q=2, n_init=6, seed=0)
+    records = loop.run(3)
+    assert loop.config["refit_every"] == "auto"
+    assert [r["refit"] for r in records] == [True, True, True, True]
+    explicit = ActiveLearningLoop(pool, model="exact", acq="random", q=2, n_init=6, refit_every=10)
+    assert [r["refit"] for r in explicit.run(3)[1:]] == [False, False, False]
