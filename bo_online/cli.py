@@ -1374,6 +1374,13 @@ def resume(
             "e.g. a run copied from a GPU machine to one without (default: the run's device)."
         ),
     ] = None,
+    data: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="A run on your own data file (--data): the file's new place, if it was moved or "
+            "copied (its SHA-256 must be the run's; the run records the new path)."
+        ),
+    ] = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -1401,7 +1408,9 @@ def resume(
         f"{str(run_dir)!r} is not an asynchronous (Dask) run (its kind is {ckpt.get('kind')!r}); "
         "resume it without --dask.",
     )
-    moved = {} if device is None else {"device": device}
+    moved: dict[str, Any] = {} if device is None else {"device": device}
+    if data is not None:
+        moved["data"] = data
     if dask is not None:  # an asynchronous run: continue on this cluster
         with _dask_client(dask) as client:
             loop = load_loop(

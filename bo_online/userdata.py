@@ -802,7 +802,15 @@ def _require_unchanged(path: Path, expected_sha256: str | None, what: str) -> No
     if expected_sha256 is None:
         return
     if not path.is_file():
-        raise DataChangedError(f"{path}: the run's {what} is gone; put it back to resume the run.")
+        moved = (
+            ", or give its new place with `bo-online resume RUN_DIR --data NEW_PATH` (Python: "
+            "load_loop(RUN_DIR, data=NEW_PATH))"
+            if what == "data file"
+            else ""
+        )
+        raise DataChangedError(
+            f"{path}: the run's {what} is gone; put it back to resume the run{moved}."
+        )
     actual = file_sha256(path)
     if actual != expected_sha256:
         raise DataChangedError(

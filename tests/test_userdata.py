@@ -331,6 +331,46 @@ def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path,
     assert code == 2 and "has changed since the run started" in err
 
 
+def test_a_run_whose_data_file_moved_resumes_with_data_new_path(tmp_path, capsys):
+    """A run folder and its CSV copied elsewhere: resume --data NEW accepts the same bytes
+    (records as an uninterrupted run's, the new path stored for later resumes), refuses a file
+    that differs without touching the run, and the 'gone' message says how."""
+    X, y = _data(n=90, d=4)
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    base = ["stream", "--model", "exact", "--n-init", "20", "--eval-every", "10"]
+    base += ["--refit-every", "0", "--fit-max-iter", "5", "-Q", "--no-plots"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    main(base + ["--data", str(path), "--out", str(full)])
+    main(base + ["--data", str(path), "--out", str(part), "--steps", "30"])
+    moved = tmp_path / "elsewhere" / "copy.csv"
+    moved.parent.mkdir()
+    moved.write_bytes(path.read_bytes())
+    path.unlink()
+    code, err = _run(["resume", str(part), "-Q", "--no-plots"], capsys)
+    assert code == 2 and "is gone" in err and "--data NEW_PATH" in err
+    before = {p.name: p.read_bytes() for p in part.iterdir() if p.is_file()}
+    other = tmp_path / "other.csv"
+    _write_csv(other, X, y + 1.0)
+    code, err = _run(["resume", str(part), "--data", str(other), "-Q", "--no-plots"], capsys)
+    assert code == 2 and "is not the data file the run" in err and str(other) in err
+    assert {p.name: p.read_bytes() for p in part.iterdir() if p.is_file()} == before
+    code, err = _run(["resume", str(tmp_path / "full"), "--data", str(tmp_path / "no.csv")], capsys)
+    assert code == 2 and "no such file" in err
+    main(["resume", str(part), "--steps", "40", "--data", str(moved), "-Q", "--no-plots"])
+    for f in (part / history.CONFIG_FILE,):
+        assert json.loads(f.read_text())["problem"]["path"] == str(moved.resolve())
+    assert history.load_checkpoint(part / history.CHECKPOINT_FILE)["problem"]["path"] == str(
+        moved.resolve()
+    )
+    # a later resume finds the file at its new place without --data
+    main(["resume", str(part), "--steps", str(len(read_records(full)) - 1), "-Q", "--no-plots"])
+    assert without_timing(read_records(part)) == without_timing(read_records(full))
+    # Python: load_loop(..., data=...) likewise
+    with pytest.raises(DataChangedError, match="is not the data file"):
+        load_loop(part, data=other)
+
+
 def test_cli_active_pool_file(tmp_path, capsys):
     X, y = _data(n=120, d=3)
     path = tmp_path / "pool.csv"

@@ -45,7 +45,7 @@ def _loop_classes() -> dict[str, type]:
 
 #: the options a resumed run may be given anew (:func:`load_loop`): how it runs, not what it
 #: computes
-RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir", "device")
+RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir", "device", "data")
 
 
 def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> OnlineLoop:
@@ -58,7 +58,10 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             ``executor``, ``client`` (a ``distributed.Client``; asynchronous runs), and
             ``data_dir`` (where pool/stream data are read from), and ``device``: where the
             run continues, instead of its own (a run copied from a GPU machine to one
-            without; the steps from there on are computed on that device). Anything else
+            without; the steps from there on are computed on that device), and ``data``: the
+            new path of a run's own data file (``stream_from_file`` / ``pool_from_file``) that
+            was moved or copied elsewhere; it must hold the very bytes the run started on (the
+            SHA-256 its checkpoint records), and the run records the new path. Anything else
             (``model``, ``seed``, a misspelt name) raises ``TypeError``: the run keeps its
             settings.
     """
@@ -98,6 +101,9 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             raise history.RunFileError(
                 f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}."
             )
+        data = overrides.pop("data", None)
+        if data is not None:
+            ckpt["problem"] = _relocated_problem(ckpt.get("problem"), data, out_dir)
         device = overrides.pop("device", None)
         if device is not None:
             ckpt["config"] = {**ckpt["config"], "device": str(device)}
@@ -123,6 +129,37 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         raise
     loop._lock = lock
     return loop
+
+
+def _relocated_problem(spec: Any, data: str | Path, out_dir: Path) -> dict[str, Any]:
+    r"""The checkpoint's problem ``spec`` of a run on a data file, pointing at ``data``, the
+    file's new place: refused (nothing changed) unless the run is on a data file and ``data``
+    holds the bytes it started on (the recorded SHA-256)."""
+    from bo_online.userdata import DataChangedError, DataFileError, file_sha256
+
+    if not (isinstance(spec, dict) and spec.get("name") == "file"):
+        name = spec.get("name") if isinstance(spec, dict) else None
+        problem = "was built in Python" if name is None else f"is {name!r}"
+        raise DataFileError(
+            f"The run in {str(out_dir)!r} is not on a data file of yours (its problem "
+            f"{problem}), so --data cannot give it one; resume it without --data"
+            + (" (a shared set is found with --data-dir)." if name is not None else ".")
+        )
+    path = Path(data).expanduser()
+    if not path.is_file():
+        raise DataFileError(
+            f"{path}: no such file; give --data the run's data file in its new place "
+            f"(it started on {spec['path']})."
+        )
+    actual = file_sha256(path)
+    if actual != spec["sha256"]:
+        raise DataChangedError(
+            f"{path} is not the data file the run in {str(out_dir)!r} started on "
+            f"({spec['path']}): its SHA-256 is {actual[:12]}... instead of "
+            f"{spec['sha256'][:12]}...; give --data an unchanged copy of that file, or start a "
+            "new run on this one."
+        )
+    return {**spec, "path": str(path.resolve())}
 
 
 def _check_stored_device(stored: Any, out_dir: Path) -> None:
