@@ -100,17 +100,36 @@ def environment() -> dict[str, Any]:
 
 
 def write_results(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (plus :func:`environment`) as indented JSON, creating parent folders."""
+    r"""Write ``payload`` (plus :func:`environment`) as indented JSON, creating parent folders.
+
+    Written as a run's files are (``bo_online.loops.history``): valid JSON, a non-finite number
+    (a NaN ratio, an infinite error) as ``null``, and atomically (a temporary file moved into
+    place), so a benchmark killed mid-write leaves the previous results whole (an ``OSError``
+    is raised as such: a benchmark's file is no run directory).
+    ``Timing`` values become their fields, dtypes and devices their names, NumPy scalars and
+    arrays numbers and lists.
+    """
+    from bo_online.loops.history import _atomic_write_io, to_jsonable
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment(), **payload}
-    path.write_text(json.dumps(payload, indent=2, default=_json_default))
+    obj = to_jsonable(_plain({"environment": environment(), **payload}))
+    _atomic_write_io(path, lambda f: json.dump(obj, f, indent=2, allow_nan=False), False)
     return path
 
 
-def _json_default(obj: Any) -> Any:
+def _plain(obj: Any) -> Any:
+    """``obj`` with what JSON cannot hold turned into what it can (non-finite floats are left
+    to ``to_jsonable``, which makes them None)."""
     if isinstance(obj, Timing):
-        return asdict(obj)
+        return _plain(asdict(obj))
     if isinstance(obj, (torch.dtype, torch.device)):
         return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "tolist") and not torch.is_tensor(obj):  # NumPy scalars and arrays
+        return _plain(obj.tolist())
+    if obj is None or isinstance(obj, (str, bool, int, float)) or torch.is_tensor(obj):
+        return obj
     raise TypeError(f"Cannot serialise {type(obj).__name__}")
