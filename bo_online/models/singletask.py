@@ -11,9 +11,11 @@ a new ``SingleTaskGP`` on all data seen so far and refit its hyperparameters fro
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 import torch
+from botorch.exceptions.warnings import InputDataWarning
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.model import Model
@@ -64,13 +66,21 @@ class RefitSingleTaskGP(Model):
         self.model = self._build()
 
     def _build(self) -> SingleTaskGP:
-        model = SingleTaskGP(
-            self.train_X,
-            self.train_Y,
-            train_Yvar=self.train_Yvar,
-            outcome_transform=Standardize(m=1),
-            **self._kwargs,
-        )
+        r"""A ``SingleTaskGP`` on the data held. BoTorch's advice on the data (float32 inputs,
+        outcomes it finds unscaled) is shown at the first build only: every update rebuilds,
+        and BoTorch's fit resets Python's show-once registry, so a 60-step stream printed the
+        same ``InputDataWarning`` 61 times."""
+        with warnings.catch_warnings():
+            if getattr(self, "_built", False):
+                warnings.simplefilter("ignore", InputDataWarning)
+            model = SingleTaskGP(
+                self.train_X,
+                self.train_Y,
+                train_Yvar=self.train_Yvar,
+                outcome_transform=Standardize(m=1),
+                **self._kwargs,
+            )
+        self._built = True
         model.eval()
         return model
 
