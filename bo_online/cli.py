@@ -1381,6 +1381,13 @@ def resume(
             "copied (its SHA-256 must be the run's; the run records the new path)."
         ),
     ] = None,
+    test_mask: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="A run with a test-mask file (--test-mask FILE): that file's new place, if it "
+            "was moved or copied (its SHA-256 must be the run's)."
+        ),
+    ] = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -1411,6 +1418,8 @@ def resume(
     moved: dict[str, Any] = {} if device is None else {"device": device}
     if data is not None:
         moved["data"] = data
+    if test_mask is not None:
+        moved["test_mask"] = test_mask
     if dask is not None:  # an asynchronous run: continue on this cluster
         with _dask_client(dask) as client:
             loop = load_loop(

@@ -802,10 +802,11 @@ def _require_unchanged(path: Path, expected_sha256: str | None, what: str) -> No
     if expected_sha256 is None:
         return
     if not path.is_file():
+        option = {"data file": "data", "test-mask file": "test_mask"}.get(what)
         moved = (
-            ", or give its new place with `bo-online resume RUN_DIR --data NEW_PATH` (Python: "
-            "load_loop(RUN_DIR, data=NEW_PATH))"
-            if what == "data file"
+            f", or give its new place with `bo-online resume RUN_DIR --{option.replace('_', '-')} "
+            f"NEW_PATH` (Python: load_loop(RUN_DIR, {option}=NEW_PATH))"
+            if option is not None
             else ""
         )
         raise DataChangedError(

@@ -371,6 +371,50 @@ def test_a_run_whose_data_file_moved_resumes_with_data_new_path(tmp_path, capsys
         load_loop(part, data=other)
 
 
+def test_a_run_whose_test_mask_file_moved_resumes_with_test_mask_new_path(tmp_path, capsys):
+    """A run on a CSV with a test-mask file, both copied elsewhere: `resume --data NEW` alone was
+    refused ('the run's test-mask file is gone; put it back'), with no option to name the mask's
+    new place. `--test-mask NEW` takes the same bytes (records as an uninterrupted run's, the
+    path stored), refuses a mask that differs without touching the run, and is refused for a run
+    without a mask file."""
+    X, y = _data(n=90, d=3)
+    path, mask = tmp_path / "mine.csv", tmp_path / "mask.csv"
+    _write_csv(path, X, y)
+    np.savetxt(mask, (np.arange(90) % 5 == 0).astype(int), fmt="%d")
+    base = ["stream", "--model", "exact", "--n-init", "20", "--eval-every", "10"]
+    base += ["--refit-every", "0", "--fit-max-iter", "5", "-Q", "--no-plots"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    main(base + ["--data", str(path), "--test-mask", str(mask), "--out", str(full)])
+    main(
+        base + ["--data", str(path), "--test-mask", str(mask), "--out", str(part), "--steps", "30"]
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    new_data, new_mask = elsewhere / "mine.csv", elsewhere / "mask.csv"
+    new_data.write_bytes(path.read_bytes())
+    new_mask.write_bytes(mask.read_bytes())
+    path.unlink()
+    mask.unlink()
+    resume = ["resume", str(part), "--data", str(new_data), "-Q", "--no-plots"]
+    code, err = _run(resume, capsys)
+    assert code == 2 and "test-mask file is gone" in err and "--test-mask NEW_PATH" in err
+    before = {p.name: p.read_bytes() for p in part.iterdir() if p.is_file()}
+    other = tmp_path / "other_mask.csv"
+    np.savetxt(other, (np.arange(90) % 4 == 0).astype(int), fmt="%d")
+    code, err = _run([*resume, "--test-mask", str(other)], capsys)
+    assert code == 2 and "is not the test-mask file the run" in err
+    assert {p.name: p.read_bytes() for p in part.iterdir() if p.is_file()} == before
+    main([*resume, "--test-mask", str(new_mask), "--steps", "40"])
+    problem = json.loads((part / history.CONFIG_FILE).read_text())["problem"]
+    assert problem["test_mask"] == str(new_mask.resolve())
+    main(["resume", str(part), "--steps", str(len(read_records(full)) - 1), "-Q", "--no-plots"])
+    assert without_timing(read_records(part)) == without_timing(read_records(full))
+    plain = tmp_path / "plain"
+    main(base + ["--data", str(new_data), "--out", str(plain), "--steps", "2"])
+    with pytest.raises(DataFileError, match="has no test-mask file"):
+        load_loop(plain, test_mask=new_mask)
+
+
 def test_cli_active_pool_file(tmp_path, capsys):
     X, y = _data(n=120, d=3)
     path = tmp_path / "pool.csv"

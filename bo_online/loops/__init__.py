@@ -45,7 +45,7 @@ def _loop_classes() -> dict[str, type]:
 
 #: the options a resumed run may be given anew (:func:`load_loop`): how it runs, not what it
 #: computes
-RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir", "device", "data")
+RESUME_OVERRIDES = ("quiet", "executor", "client", "data_dir", "device", "data", "test_mask")
 
 
 def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> OnlineLoop:
@@ -61,7 +61,8 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             without; the steps from there on are computed on that device), and ``data``: the
             new path of a run's own data file (``stream_from_file`` / ``pool_from_file``) that
             was moved or copied elsewhere; it must hold the very bytes the run started on (the
-            SHA-256 its checkpoint records), and the run records the new path. Anything else
+            SHA-256 its checkpoint records), and the run records the new path; likewise
+            ``test_mask``, the new path of its test-mask file. Anything else
             (``model``, ``seed``, a misspelt name) raises ``TypeError``: the run keeps its
             settings.
     """
@@ -104,6 +105,9 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         data = overrides.pop("data", None)
         if data is not None:
             ckpt["problem"] = _relocated_problem(ckpt.get("problem"), data, out_dir)
+        mask = overrides.pop("test_mask", None)
+        if mask is not None:
+            ckpt["problem"] = _relocated_mask(ckpt.get("problem"), mask, out_dir)
         device = overrides.pop("device", None)
         if device is not None:
             ckpt["config"] = {**ckpt["config"], "device": str(device)}
@@ -160,6 +164,35 @@ def _relocated_problem(spec: Any, data: str | Path, out_dir: Path) -> dict[str, 
             "new run on this one."
         )
     return {**spec, "path": str(path.resolve())}
+
+
+def _relocated_mask(spec: Any, mask: str | Path, out_dir: Path) -> dict[str, Any]:
+    r"""The checkpoint's problem ``spec`` of a run on a data file with a test-mask file,
+    pointing at ``mask``, that file's new place: refused (nothing changed) unless the run has a
+    test-mask file and ``mask`` holds the bytes it started on (the recorded SHA-256)."""
+    from bo_online.userdata import DataChangedError, DataFileError, file_sha256
+
+    recorded = spec.get("test_mask_sha256") if isinstance(spec, dict) else None
+    if recorded is None:
+        raise DataFileError(
+            f"The run in {str(out_dir)!r} has no test-mask file (its test rows are a column of "
+            "its data file or a random fraction), so --test-mask cannot move one; resume it "
+            "without --test-mask."
+        )
+    path = Path(mask).expanduser()
+    if not path.is_file():
+        raise DataFileError(
+            f"{path}: no such file; give --test-mask the run's test-mask file in its new place "
+            f"(it started on {spec['test_mask']})."
+        )
+    actual = file_sha256(path)
+    if actual != recorded:
+        raise DataChangedError(
+            f"{path} is not the test-mask file the run in {str(out_dir)!r} started on "
+            f"({spec['test_mask']}): its SHA-256 is {actual[:12]}... instead of "
+            f"{recorded[:12]}...; give --test-mask an unchanged copy of that file."
+        )
+    return {**spec, "test_mask": str(path.resolve())}
 
 
 def _check_stored_device(stored: Any, out_dir: Path) -> None:
