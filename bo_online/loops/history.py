@@ -401,9 +401,25 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _process_identity(pid: int) -> str | None:
-    r"""What tells process ``pid`` apart from a later process given the same pid: its start
-    time (seconds since the epoch, to 10 ms, psutil on every OS); None where it cannot be read
-    (no such process, no permission)."""
+    r"""What tells process ``pid`` apart from a later process given the same pid: on Linux the
+    boot id and the process's start in clock ticks since boot (``/proc``: unaffected by the
+    wall clock, and what locks of earlier versions hold); elsewhere its start time (seconds
+    since the epoch, to 10 ms, from psutil). None where it cannot be read (no such process, no
+    permission).
+
+    Not psutil's ``create_time()`` on Linux: it adds the boot time as the wall clock now puts
+    it, so a clock step (NTP syncing a VM's or container's clock) changed a live holder's
+    identity and its lock was taken over as stale."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        pass
+    else:
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3
+        return f"{boot}/{fields[19]}" if len(fields) > 19 else None  # starttime: field 22
+    if Path("/proc/self/stat").is_file():  # Linux, and ``pid`` unreadable or gone
+        return None
     try:
         return f"{psutil.Process(pid).create_time():.2f}"
     except (psutil.Error, OSError):

@@ -1065,3 +1065,29 @@ def test_run_files_get_the_permissions_of_any_file_the_user_creates(tmp_path):
         os.umask(old)
     for name in (history.CHECKPOINT_FILE, history.RECORDS_FILE, history.CONFIG_FILE):
         assert (out / name).stat().st_mode & 0o777 == 0o640, name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux boot time")
+def test_a_live_holder_keeps_its_lock_when_the_wall_clock_steps(tmp_path, monkeypatch):
+    r"""A clock step (NTP syncing a VM's clock) after a run took its lock: the holder still
+    runs, so its lock is refused, not taken over as stale. psutil's create_time() adds the boot
+    time as the clock now puts it, so with it the holder's identity changed and a second run
+    took the directory."""
+    import psutil._pslinux as pslinux
+
+    out = tmp_path / "run"
+    out.mkdir()
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        identity = history._process_identity(live.pid)
+        assert identity is not None
+        lock = f"{live.pid}\nhost {socket.gethostname()}\nprocess {identity}\n"
+        (out / history.LOCK_FILE).write_text(lock)
+        boot_time = pslinux.boot_time
+        monkeypatch.setattr(pslinux, "boot_time", lambda: boot_time() + 3.0)  # clock stepped
+        with pytest.raises(history.RunFileError, match=f"in use by process {live.pid}"):
+            history.RunLock(out).acquire()
+        assert (out / history.LOCK_FILE).read_text() == lock
+    finally:
+        live.kill()
+        live.wait()
