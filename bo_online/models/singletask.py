@@ -66,13 +66,13 @@ class RefitSingleTaskGP(Model):
         self.model = self._build()
 
     def _build(self) -> SingleTaskGP:
-        r"""A ``SingleTaskGP`` on the data held. BoTorch's advice on the data (float32 inputs,
-        outcomes it finds unscaled) is shown at the first build only: every update rebuilds,
-        and BoTorch's fit resets Python's show-once registry, so a 60-step stream printed the
-        same ``InputDataWarning`` 61 times."""
-        with warnings.catch_warnings():
-            if getattr(self, "_built", False):
-                warnings.simplefilter("ignore", InputDataWarning)
+        r"""A ``SingleTaskGP`` on the data held. Each piece of BoTorch's advice on the data
+        (``InputDataWarning``: float32 inputs, outcomes it finds unscaled) is shown once per
+        model: every update rebuilds, and BoTorch's fit resets Python's show-once registry, so a
+        60-step stream printed the same advice 61 times. New advice (other data) still shows."""
+        shown: set[str] = self.__dict__.setdefault("_advice_shown", set())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InputDataWarning)
             model = SingleTaskGP(
                 self.train_X,
                 self.train_Y,
@@ -80,7 +80,13 @@ class RefitSingleTaskGP(Model):
                 outcome_transform=Standardize(m=1),
                 **self._kwargs,
             )
-        self._built = True
+        for w in caught:  # re-issued outside, under the caller's filters
+            text = str(w.message)
+            if issubclass(w.category, InputDataWarning):
+                if text in shown:
+                    continue
+                shown.add(text)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         model.eval()
         return model
 

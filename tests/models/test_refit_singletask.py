@@ -26,21 +26,29 @@ def test_update_with_no_points_keeps_the_model_and_its_hyperparameters():
 def test_botorch_data_advice_is_shown_once_not_at_every_rebuild():
     r"""Every update rebuilds the ``SingleTaskGP``, and BoTorch's fit resets Python's show-once
     registry, so its ``InputDataWarning`` (float32 inputs) came once per step: 61 times in a
-    60-step stream. It is shown at the first build only; the model is the same."""
+    60-step stream. Each piece of advice is shown once per model; new advice (inputs that leave
+    the unit cube later) still shows, once."""
     import warnings
 
     from botorch.exceptions.warnings import InputDataWarning
 
     g = torch.Generator().manual_seed(0)
-    X = torch.rand(14, 2, dtype=torch.float32, generator=g)
+    X = torch.rand(18, 2, dtype=torch.float32, generator=g)
+    X[14:] += 2.0  # outside the unit cube: other advice, from the update that brings them
     Y = torch.sin(6 * X).sum(-1, keepdim=True)
+
+    def advice(caught: list) -> list[str]:
+        return [str(w.message) for w in caught if issubclass(w.category, InputDataWarning)]
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = RefitSingleTaskGP(X[:8], Y[:8], refit_max_iter=5).fit()
-        first = [w for w in caught if issubclass(w.category, InputDataWarning)]
-        for i in range(8, 14, 2):
+        first = advice(caught)
+        for i in range(8, 18, 2):
             model.update(X[i : i + 2], Y[i : i + 2])
-    advice = [w for w in caught if issubclass(w.category, InputDataWarning)]
-    assert first and all("float32" in str(w.message) for w in first)
-    assert len(advice) == len(first)  # nothing more from the three rebuilds
-    assert model.num_data == 14 and torch.equal(model.model.train_inputs[0], X)
+    shown = advice(caught)
+    assert first and all("float32" in text for text in first)
+    assert len(set(shown)) == len(shown)  # nothing twice
+    later = shown[len(first) :]
+    assert len(later) == 1 and "unit cube" in later[0], shown
+    assert model.num_data == 18 and torch.equal(model.model.train_inputs[0], X)
