@@ -413,6 +413,14 @@ def test_a_run_whose_test_mask_file_moved_resumes_with_test_mask_new_path(tmp_pa
     main(base + ["--data", str(new_data), "--out", str(plain), "--steps", "2"])
     with pytest.raises(DataFileError, match="has no test-mask file"):
         load_loop(plain, test_mask=new_mask)
+    with pytest.raises(TypeError, match="not both"):  # the given problem would win
+        load_loop(part, problem=object(), data=new_data)
+    # a run from before the mask's SHA-256 was stored: told so, not 'has no test-mask file'
+    ckpt = history.load_checkpoint(part / history.CHECKPOINT_FILE)
+    ckpt["problem"].pop("test_mask_sha256")
+    history.save_checkpoint(part / history.CHECKPOINT_FILE, ckpt)
+    with pytest.raises(DataFileError, match="recorded no SHA-256 of its test-mask file"):
+        load_loop(part, test_mask=new_mask)
 
 
 def test_cli_active_pool_file(tmp_path, capsys):

@@ -76,6 +76,12 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             f"{', '.join(RESUME_OVERRIDES)} can be given (and the steps, to resume()); for "
             "other settings start a new run in another directory."
         )
+    if problem is not None and any(overrides.get(k) is not None for k in ("data", "test_mask")):
+        raise TypeError(
+            "Give either problem= (the run's problem, rebuilt by you) or data= / test_mask= "
+            "(the new place of the run's own files), not both: the problem given would be used "
+            "and the files ignored."
+        )
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE
     last = history.last_recorded_step(out_dir)
@@ -173,6 +179,14 @@ def _relocated_mask(spec: Any, mask: str | Path, out_dir: Path) -> dict[str, Any
     from bo_online.userdata import DataChangedError, DataFileError, file_sha256
 
     recorded = spec.get("test_mask_sha256") if isinstance(spec, dict) else None
+    if recorded is None and isinstance(spec, dict) and isinstance(spec.get("test_mask"), str):
+        if Path(spec["test_mask"]).is_absolute():  # a file, from before its SHA-256 was stored
+            raise DataFileError(
+                f"The run in {str(out_dir)!r} recorded no SHA-256 of its test-mask file "
+                f"{spec['test_mask']} (it started before bo-online stored one), so a copy "
+                "elsewhere cannot be checked; put the file back at that path and resume without "
+                "--test-mask."
+            )
     if recorded is None:
         raise DataFileError(
             f"The run in {str(out_dir)!r} has no test-mask file (its test rows are a column of "
