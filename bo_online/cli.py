@@ -1378,7 +1378,7 @@ def resume(
         Optional[Path],
         typer.Option(
             help="A run on your own data file (--data): the file's new place, if it was moved or "
-            "copied (its SHA-256 must be the run's; the run records the new path)."
+            "copied (its SHA-256 must be the run's; its next checkpoint records the new path)."
         ),
     ] = None,
     test_mask: Annotated[

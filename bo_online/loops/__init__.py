@@ -61,8 +61,8 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             without; the steps from there on are computed on that device), and ``data``: the
             new path of a run's own data file (``stream_from_file`` / ``pool_from_file``) that
             was moved or copied elsewhere; it must hold the very bytes the run started on (the
-            SHA-256 its checkpoint records), and the run records the new path; likewise
-            ``test_mask``, the new path of its test-mask file. Anything else
+            SHA-256 its checkpoint records), and the run's next checkpoint records the new
+            path; likewise ``test_mask``, the new path of its test-mask file. Anything else
             (``model``, ``seed``, a misspelt name) raises ``TypeError``: the run keeps its
             settings.
     """
