@@ -145,7 +145,7 @@ def _relocated_problem(spec: Any, data: str | Path, out_dir: Path) -> dict[str, 
     r"""The checkpoint's problem ``spec`` of a run on a data file, pointing at ``data``, the
     file's new place: refused (nothing changed) unless the run is on a data file and ``data``
     holds the bytes it started on (the recorded SHA-256)."""
-    from bo_online.userdata import DataChangedError, DataFileError, file_sha256
+    from bo_online.userdata import DataFileError
 
     if not (isinstance(spec, dict) and spec.get("name") == "file"):
         name = spec.get("name") if isinstance(spec, dict) else None
@@ -155,28 +155,37 @@ def _relocated_problem(spec: Any, data: str | Path, out_dir: Path) -> dict[str, 
             f"{problem}), so --data cannot give it one; resume it without --data"
             + (" (a shared set is found with --data-dir)." if name is not None else ".")
         )
-    path = Path(data).expanduser()
+    path = _same_file_moved(data, spec["path"], spec["sha256"], "data file", out_dir)
+    return {**spec, "path": str(path)}
+
+
+def _same_file_moved(new: str | Path, old: str, sha256: str, what: str, out_dir: Path) -> Path:
+    r"""``new`` resolved, if it is a file holding the bytes the run in ``out_dir`` started on
+    (``sha256``) at ``old``; else a one-line error naming the option that gives ``what``."""
+    from bo_online.userdata import DataChangedError, DataFileError, file_sha256
+
+    option = {"data file": "--data", "test-mask file": "--test-mask"}[what]
+    path = Path(new).expanduser()
     if not path.is_file():
         raise DataFileError(
-            f"{path}: no such file; give --data the run's data file in its new place "
-            f"(it started on {spec['path']})."
+            f"{path}: no such file; give {option} the run's {what} in its new place (it "
+            f"started on {old})."
         )
     actual = file_sha256(path)
-    if actual != spec["sha256"]:
+    if actual != sha256:
         raise DataChangedError(
-            f"{path} is not the data file the run in {str(out_dir)!r} started on "
-            f"({spec['path']}): its SHA-256 is {actual[:12]}... instead of "
-            f"{spec['sha256'][:12]}...; give --data an unchanged copy of that file, or start a "
-            "new run on this one."
+            f"{path} is not the {what} the run in {str(out_dir)!r} started on ({old}): its "
+            f"SHA-256 is {actual[:12]}... instead of {sha256[:12]}...; give {option} an "
+            "unchanged copy of that file, or start a new run on this one."
         )
-    return {**spec, "path": str(path.resolve())}
+    return path.resolve()
 
 
 def _relocated_mask(spec: Any, mask: str | Path, out_dir: Path) -> dict[str, Any]:
     r"""The checkpoint's problem ``spec`` of a run on a data file with a test-mask file,
     pointing at ``mask``, that file's new place: refused (nothing changed) unless the run has a
     test-mask file and ``mask`` holds the bytes it started on (the recorded SHA-256)."""
-    from bo_online.userdata import DataChangedError, DataFileError, file_sha256
+    from bo_online.userdata import DataFileError
 
     recorded = spec.get("test_mask_sha256") if isinstance(spec, dict) else None
     if recorded is None and isinstance(spec, dict) and isinstance(spec.get("test_mask"), str):
@@ -193,20 +202,8 @@ def _relocated_mask(spec: Any, mask: str | Path, out_dir: Path) -> dict[str, Any
             "its data file or a random fraction), so --test-mask cannot move one; resume it "
             "without --test-mask."
         )
-    path = Path(mask).expanduser()
-    if not path.is_file():
-        raise DataFileError(
-            f"{path}: no such file; give --test-mask the run's test-mask file in its new place "
-            f"(it started on {spec['test_mask']})."
-        )
-    actual = file_sha256(path)
-    if actual != recorded:
-        raise DataChangedError(
-            f"{path} is not the test-mask file the run in {str(out_dir)!r} started on "
-            f"({spec['test_mask']}): its SHA-256 is {actual[:12]}... instead of "
-            f"{recorded[:12]}...; give --test-mask an unchanged copy of that file."
-        )
-    return {**spec, "test_mask": str(path.resolve())}
+    path = _same_file_moved(mask, spec["test_mask"], recorded, "test-mask file", out_dir)
+    return {**spec, "test_mask": str(path)}
 
 
 def _check_stored_device(stored: Any, out_dir: Path) -> None:
