@@ -84,8 +84,9 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         )
     out_dir = Path(out_dir)
     ckpt_path = out_dir / history.CHECKPOINT_FILE
-    last = history.last_recorded_step(out_dir)
-    if not ckpt_path.is_file() and last is not None and last > 0:
+    # only without a checkpoint: the records of a long stream are not read on every resume
+    last = None if ckpt_path.is_file() else history.last_recorded_step(out_dir)
+    if last is not None and last > 0:
         raise history.RunFileError(
             f"{str(out_dir)!r} has no checkpoint, though its records go to step {last}: the "
             "checkpoint was removed, so the run cannot be resumed (its records stay readable, "

@@ -519,10 +519,10 @@ class RunLock:
                         "or stop it. If no such run is going on (e.g. the directory was copied "
                         "from there), delete the lock file."
                     )
-                if holder == os.getpid() and self._mine(fields):
+                if holder == os.getpid() and self._same_process(holder, fields):
                     self.held = True
                     return
-                if _pid_alive(holder) and self._mine_or_older(holder, fields):
+                if _pid_alive(holder) and self._same_process(holder, fields):
                     raise RunFileError(
                         f"The run directory {str(self.path.parent)!r} is in use by process "
                         f"{holder} (lock {str(self.path)!r}); wait for it to finish or stop it. "
@@ -544,7 +544,7 @@ class RunLock:
             return
         self.held = False
         found = _read_lock(self.path)
-        if found is not None and found[0] == os.getpid() and self._mine(found[1]):
+        if found is not None and found[0] == os.getpid() and self._same_process(*found):
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
@@ -556,18 +556,13 @@ class RunLock:
         return "host" in fields and fields["host"] != socket.gethostname()
 
     @staticmethod
-    def _mine(fields: dict[str, str]) -> bool:
-        """Whether a lock naming this process's pid was taken by this very process."""
-        identity, now = fields.get("process"), _process_identity(os.getpid())
-        return identity is None or now is None or identity == now
-
-    @staticmethod
-    def _mine_or_older(holder: int, fields: dict[str, str]) -> bool:
-        r"""Whether the live process ``holder`` is the one that took the lock: unknown for a
-        lock of an older bo-online (pid alone: assumed so), false when the pid has since been
-        reused by another process (a crashed run's pid, given to a new process or after a
-        reboot). Where the holder's identity cannot be read now, it is assumed to be the one."""
-        identity, now = fields.get("process"), _process_identity(holder)
+    def _same_process(pid: int, fields: dict[str, str]) -> bool:
+        r"""Whether the process now running as ``pid`` (this one, or a live holder) is the one
+        that wrote a lock naming ``pid``: unknown for a lock of an older bo-online (pid alone:
+        assumed so), false when the pid has since been reused by another process (a crashed
+        run's pid, given to a new process or after a reboot). Where the identity cannot be
+        read now, it is assumed to be the one."""
+        identity, now = fields.get("process"), _process_identity(pid)
         return identity is None or now is None or identity == now
 
 
