@@ -232,6 +232,8 @@ class OnlineLoop:
         self._resumed_files_due = False  # see _restore
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
+        # what this loop left in out_dir when run() released the lock (see _retake_directory)
+        self._released_stamp: tuple[Any, ...] | None = None
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
         # targets the surrogate sees: (y - shift) / scale, in float64, then cast to its dtype
         # (see _set_target_scaling); identity unless the surrogate runs below float64
@@ -780,7 +782,7 @@ class OnlineLoop:
         created = not self.out_dir.exists()
         history.probe_writable(self.out_dir)
         try:
-            self._lock.acquire()
+            self._retake_directory()
             if not self._files_started:  # a new run: none may have appeared since it was built
                 self._refuse_another_run()
             history.remove_orphans(self.out_dir)
@@ -792,10 +794,48 @@ class OnlineLoop:
 
     def _release_directory(self, created: bool) -> None:
         if self._lock is not None:
+            if self._lock.held and self._files_started:
+                self._released_stamp = self._files_stamp()
             self._lock.release()
         if created and not self._files_started and self.out_dir is not None:
             with contextlib.suppress(OSError):
                 self.out_dir.rmdir()  # only if still empty
+
+    def _files_stamp(self) -> tuple[Any, ...]:
+        r"""Size, modification time and inode of the records file and the checkpoint (None for
+        one absent): any write there (an append, an atomic replace, a removal) changes it."""
+        assert self.out_dir is not None
+        stamp = []
+        for name in (history.RECORDS_FILE, history.CHECKPOINT_FILE):
+            try:
+                st = (self.out_dir / name).stat()
+            except FileNotFoundError:
+                stamp.append(None)
+            else:
+                stamp.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        return tuple(stamp)
+
+    def _retake_directory(self) -> None:
+        r"""Hold ``out_dir``'s lock before this loop writes there (a no-op while held). A loop
+        stepped or run again after :meth:`run` returned (and released the lock) takes it again,
+        refused if another process holds it, and refused if the directory's run files changed
+        since (another process resumed the run there, or they were removed): this loop's state
+        is then behind them, and writing would interleave two runs' records."""
+        if self._lock is None or self._lock.held:
+            return
+        took = self._lock.acquire()
+        if self._released_stamp is not None and self._files_stamp() != self._released_stamp:
+            if took:
+                self._lock.release()
+            else:  # held by another loop of this process (on the run it resumed): keep it
+                self._lock.held = False
+            raise RunDirectoryError(
+                f"The run files in {str(self.out_dir)!r} have changed since this loop's run() "
+                "returned (another process resumed the run there, or they were removed), so "
+                "this loop no longer matches them and writes nothing; load the run again "
+                f"(load_loop({str(self.out_dir)!r}, ...)) to continue from its files."
+            )
+        self._released_stamp = None
 
     @contextlib.contextmanager
     def _stop_on_signals(self):
@@ -849,6 +889,8 @@ class OnlineLoop:
             return record
         if not self._files_started:
             self._start_files()
+        else:
+            self._retake_directory()
         self._sync_resumed_files()  # (the records before this one, if resumed)
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
@@ -955,6 +997,8 @@ class OnlineLoop:
     def save_checkpoint(self) -> None:
         if self.out_dir is None:
             raise ValueError("This loop has no out_dir to checkpoint to.")
+        if self._files_started:
+            self._retake_directory()
         history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
         self._last_checkpoint = time.perf_counter()
 

@@ -501,9 +501,11 @@ class RunLock:
         self.path = Path(out_dir) / LOCK_FILE
         self.held = False
 
-    def acquire(self) -> None:
+    def acquire(self) -> bool:
+        r"""Take the lock; True if this call wrote it, False if this process held it already
+        (through this object or another on the same directory)."""
         if self.held:
-            return
+            return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with _guard(self.path.parent):
             # Under the guard, reading the lock and replacing a stale one is one step for every
@@ -521,7 +523,7 @@ class RunLock:
                     )
                 if holder == os.getpid() and self._same_process(holder, fields):
                     self.held = True
-                    return
+                    return False
                 if _pid_alive(holder) and self._same_process(holder, fields):
                     raise RunFileError(
                         f"The run directory {str(self.path.parent)!r} is in use by process "
@@ -532,6 +534,7 @@ class RunLock:
             # written whole (rename), never seen empty.
             _atomic_write(self.path, lambda f: f.write(_lock_text()), False)
         self._held()
+        return True
 
     def _held(self) -> None:
         import atexit

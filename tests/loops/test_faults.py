@@ -24,7 +24,14 @@ import pytest
 import torch
 
 from bo_online.cli import main
-from bo_online.loops import BayesOptLoop, history, load_loop, read_records, without_timing
+from bo_online.loops import (
+    BayesOptLoop,
+    RunDirectoryError,
+    history,
+    load_loop,
+    read_records,
+    without_timing,
+)
 from bo_online.problems import synthetic_problem
 
 FAST = dict(
@@ -418,6 +425,41 @@ def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys):
     load_loop(out).run(2)
     assert len(read_records(out)) == 3
     _assert_clean(out)
+
+
+def test_a_loop_stepped_after_run_returns_holds_the_lock_and_refuses_a_run_resumed_meanwhile(
+    tmp_path,
+):
+    r"""``run()`` releases the directory's lock when it returns; a loop stepped (or checkpointed,
+    or run) again afterwards takes it back, and refuses to write if the run files changed in
+    between (here another loop resumed the run): its state is behind them."""
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST)
+    loop.run(2)
+    assert not (out / history.LOCK_FILE).exists()
+    loop.step()  # nothing changed: it continues, holding the lock again
+    assert (out / history.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    loop.run(4)
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]
+    assert without_timing(read_records(out)) == _reference(4)
+
+    other = load_loop(out)
+    other.run(6)  # the run goes on through another loop (as a resume in another process)
+    records = (out / history.RECORDS_FILE).read_bytes()
+    for write in (loop.step, loop.save_checkpoint, lambda: loop.run(8)):
+        with pytest.raises(RunDirectoryError, match="have changed since this loop's run"):
+            write()
+        assert (out / history.RECORDS_FILE).read_bytes() == records
+        assert not (out / history.LOCK_FILE).exists()
+    assert [r["step"] for r in read_records(out)] == list(range(7))
+
+    # the other loop, stepped by the caller, holds the lock: refusing the stale loop keeps it
+    other.step()
+    with pytest.raises(RunDirectoryError, match="have changed"):
+        loop.step()
+    assert (out / history.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    other.step()
+    assert [r["step"] for r in read_records(out)] == list(range(9))
 
 
 def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_over(
