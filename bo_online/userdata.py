@@ -90,6 +90,9 @@ class Table:
     #: column index -> its ``n`` stripped cells, for each CSV column holding a cell that is not
     #: a number (class labels such as ``yes`` / ``no`` for a classification target)
     text: dict[int, list[str]] = field(default_factory=dict)
+    #: a classification target's two labels as the file holds them, in the order mapped to 0 / 1
+    #: (set by :func:`_labels`; for messages)
+    classes: tuple[Any, Any] | None = None
 
     def require(self, columns: Sequence[int], what: str = "an input") -> None:
         """Raise for the first bad cell (in file order) of the given columns, used as ``what``."""
@@ -535,6 +538,7 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
             f"{_label(values[values != seen[0]][0])}; choose another --test-mask, "
             "--test-fraction or --seed."
         )
+    table.classes = (values[0], values[1])
     return (y == values[1]).astype(np.float64)
 
 
@@ -611,11 +615,12 @@ def stream_from_file(
     )
     if task == "classification" and max_stream is not None and y_stream.unique().numel() < 2:
         # _labels saw both classes in the training rows; the cut to max_stream kept one
+        assert table.classes is not None
         raise DataFileError(
             f"{table.path}: the {len(y_stream)} stream row(s) kept by max_stream={max_stream}"
-            f"{'' if shuffle else ' (in file order)'} all hold class {int(y_stream[0])} of 0 / 1 "
-            "(labels in sorted order): a classifier cannot learn from them; raise --max-stream"
-            + ("." if shuffle else " or let the rows be shuffled.")
+            f"{'' if shuffle else ' (in file order)'} all hold class "
+            f"{_label(table.classes[int(y_stream[0])])}: a classifier cannot learn from them; "
+            "raise --max-stream" + ("." if shuffle else " or let the rows be shuffled.")
         )
     return StreamProblem(
         name=_stem(table.path),

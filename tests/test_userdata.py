@@ -171,6 +171,17 @@ def test_a_classification_stream_cut_to_one_class_is_refused(tmp_path):
         stream_from_file(path, max_stream=20, **options)
     kept = stream_from_file(path, max_stream=40, **options)  # both classes: accepted
     assert set(kept.y_stream.tolist()) == {0.0, 1.0}
+    # text labels are named as the file holds them (the message said 'class 0 of 0 / 1')
+    text = tmp_path / "sorted_text.csv"
+    text.write_text(
+        "x0,x1,label\n"
+        + "\n".join(
+            f"{a!r},{b!r},{'late' if c else 'early'}" for (a, b), c in zip(X.tolist(), labels)
+        )
+        + "\n"
+    )
+    with pytest.raises(DataFileError, match=r"\(in file order\) all hold class 'early': a"):
+        stream_from_file(text, max_stream=20, **options)
 
 
 def test_a_classification_file_names_its_target_column_and_refuses_one_class_to_train_on(
