@@ -631,6 +631,9 @@ def _resume_command(loop: Any, address: str | None = None) -> str:
 
     spec = getattr(getattr(loop, "problem", None), "objective_spec", None)
     command = resume_command(loop.out_dir, spec["objective"] if spec else None)
+    workers = getattr(getattr(loop, "executor", None), "_max_workers", None)
+    if workers:  # a --workers run: resumed in-process it would evaluate a batch point by point
+        command += f" --workers {int(workers)}"
     return command if address is None else f"{command} --dask {shlex.quote(address)}"
 
 
@@ -1388,6 +1391,13 @@ def resume(
             "was moved or copied (its SHA-256 must be the run's)."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="A bo run: evaluate each batch in a process pool of this many workers, as "
+            "`bo --workers` (0: in-process; the records are the same either way)."
+        ),
+    ] = 0,
 ) -> None:
     """Continue an interrupted run from its last checkpoint (same records as if never stopped)."""
     from bo_online.loops import load_loop
@@ -1398,6 +1408,8 @@ def resume(
     if max_failures is not None:
         _nonneg("--max-failures", max_failures)
         _check(dask is not None, "--max-failures applies to asynchronous runs: add --dask.")
+    _nonneg("--workers", workers)
+    _check(workers == 0 or dask is None, "--workers and --dask exclude each other.")
     _check(run_dir.is_dir(), f"No run directory {str(run_dir)!r}.")
     from bo_online.loops import history
     from bo_online.objectives import check_resume
@@ -1414,6 +1426,11 @@ def resume(
         dask is None or ckpt.get("kind") == "bo_async",
         f"{str(run_dir)!r} is not an asynchronous (Dask) run (its kind is {ckpt.get('kind')!r}); "
         "resume it without --dask.",
+    )
+    _check(
+        workers == 0 or ckpt.get("kind") == "bo",
+        f"--workers evaluates a bo run's objective in parallel; the run in {str(run_dir)!r} is "
+        f"of kind {ckpt.get('kind')!r}: resume it without --workers.",
     )
     moved: dict[str, Any] = {} if device is None else {"device": device}
     if data is not None:
@@ -1435,8 +1452,19 @@ def resume(
             _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return
-    loop = load_loop(run_dir, problem=user_problem, quiet=quiet, data_dir=data_dir, **moved)
-    _run(loop, steps)
+    executor = _executor(workers)
+    try:
+        loop = load_loop(
+            run_dir,
+            problem=user_problem,
+            quiet=quiet,
+            data_dir=data_dir,
+            **moved,
+            **({} if executor is None else {"executor": executor}),
+        )
+        _run(loop, steps)
+    finally:
+        _shutdown(executor)
     _finish(loop, plots, quiet)
 
 

@@ -730,10 +730,59 @@ def test_workers_end_with_the_driver(tmp_path, sig):
             lines = driver.stderr.read().strip().splitlines()
             assert lines[0].startswith("bo-online: SIGTERM received: stopping after the step")
             assert lines[-1].startswith("bo-online: error: terminated") and "resume" in lines[-1]
+            assert "--workers 2" in lines[-1]  # resumed in-process it would evaluate one by one
             assert not (out / history.LOCK_FILE).exists()
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_resume_takes_workers_like_bo_and_keeps_the_records(tmp_path, capsys):
+    """`bo --workers N` had no counterpart in `resume`: a run started with a process pool went
+    on evaluating its batches one point at a time. `resume --workers N` evaluates them in the
+    pool again, with the records of an uninterrupted in-process run; it is refused where there
+    is no objective to evaluate (a stream) and beside --dask."""
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    common = ["--problem", "branin", "--q", "2", *CLI_FAST]
+    code, err = _cli(["bo", *common, "--steps", "2", "--workers", "2", "--out", out], capsys)
+    assert code == 0, err
+    code, err = _cli(["resume", out, "--steps", "4", "--workers", "2", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
+    code, err = _cli(["bo", *common, "--steps", "4", "--out", whole], capsys)
+    assert code == 0, err
+    assert without_timing(read_records(out)) == without_timing(read_records(whole))
+    before = (out / history.RECORDS_FILE).read_bytes()
+    for extra, needle in (
+        (["--workers", "-1"], "--workers"),
+        (["--workers", "2", "--dask", "local:1"], "exclude each other"),
+    ):
+        code, err = _cli(["resume", out, "--steps", "6", *extra, "-Q", "--no-plots"], capsys)
+        _one_line_error(code, err)
+        assert needle in err
+    assert (out / history.RECORDS_FILE).read_bytes() == before
+    stream = tmp_path / "stream"
+    code, err = _cli(
+        [
+            "stream",
+            "--problem",
+            "banana",
+            "--model",
+            "tsvgp",
+            "--max-stream",
+            "30",
+            "--n-init",
+            "10",
+            "-Q",
+            "--no-plots",
+            "--out",
+            stream,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    code, err = _cli(["resume", stream, "--workers", "2", "-Q", "--no-plots"], capsys)
+    _one_line_error(code, err)
+    assert "of kind 'stream': resume it without --workers" in err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
