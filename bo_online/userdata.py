@@ -24,7 +24,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -90,6 +90,8 @@ class Table:
     #: column index -> its ``n`` stripped cells, for each CSV column holding a cell that is not
     #: a number (class labels such as ``yes`` / ``no`` for a classification target)
     text: dict[int, list[str]] = field(default_factory=dict)
+    #: reads ``lines`` when first needed, for a table read without them (the fast CSV path)
+    lines_reader: Callable[[], list[int]] | None = field(default=None, repr=False)
     #: a classification target's two labels as the file holds them, in the order mapped to 0 / 1
     #: (set by :func:`_labels`; for messages)
     classes: tuple[Any, Any] | None = None
@@ -114,6 +116,8 @@ class Table:
 
     def where(self, row: int) -> str:
         """Where data row ``row`` is in the file: its line (CSV) or its 0-based row (``.npz``)."""
+        if self.lines is None and self.lines_reader is not None:
+            self.lines = self.lines_reader()
         return f"row {row} (0-based)" if self.lines is None else f"line {self.lines[row]}"
 
     def column(self, key: str | int, what: str) -> int:
@@ -171,8 +175,13 @@ def _is_number(cell: str) -> bool:
 
 
 def _read_csv(path: Path, gz: bool) -> Table:
-    # csv handles quoting; numpy.loadtxt cannot say which cell is bad, so cells are parsed here.
+    r"""The table of a CSV file: by :func:`_read_numeric_csv` where every cell is a finite
+    number, else cell by cell here, to name the first bad cell of each column (numpy's reader
+    only says that one failed) and keep text columns (class labels)."""
     opener = gzip.open if gz else open
+    fast = _read_numeric_csv(path, opener)
+    if fast is not None:
+        return fast
     try:
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # Excel's BOM
             rows = _records(f)
@@ -186,21 +195,8 @@ def _read_csv(path: Path, gz: bool) -> Table:
     while all(len(row) > 1 and not row[-1].strip() for _, row in rows):
         rows = [(line, row[:-1]) for line, row in rows]
     line0, first = rows[0]
-    header = [c.strip() for c in first]
-    # A header has a cell that is not a number; an empty cell says nothing (a data row with a
-    # missing value is reported below, not taken for a header), except as the first cell of a
-    # row of whole numbers: pandas' to_csv header (unnamed index, default column names 0, 1, ...).
-    second = rows[1][1] if len(rows) > 1 else []
-    pandas_index_header = (
-        len(header) > 2  # an index and at least two columns ("',0'" may be a data row)
-        and header[0] == ""
-        and all(c.isascii() and c.isdecimal() for c in header[1:])
-        and [int(c) for c in header[1:]] == list(range(len(header) - 1))
-        and bool(second)
-        and second[0].strip() == "0"  # pandas' default index starts at 0
-    )
-    has_header = pandas_index_header or not all(_is_number(c) for c in header if c)
-    columns = header if has_header else [str(j) for j in range(len(first))]
+    has_header = _is_header(first, rows[1][1] if len(rows) > 1 else [])
+    columns = [c.strip() for c in first] if has_header else [str(j) for j in range(len(first))]
     body = rows[1:] if has_header else rows
     if not body:
         raise DataFileError(f"{path}: the file holds a header but no data rows.")
@@ -246,6 +242,68 @@ def _read_csv(path: Path, gz: bool) -> Table:
         if message.endswith(_NOT_A_NUMBER)
     }
     return Table(data, columns, path, body[0][0], lines=lines, problems=problems, text=text)
+
+
+def _is_header(first: list[str], second: list[str]) -> bool:
+    r"""Whether a CSV's first record ``first`` is a header (``second``: the next record).
+
+    A header has a cell that is not a number; an empty cell says nothing (a data row with a
+    missing value is reported as such, not taken for a header), except as the first cell of a
+    row of whole numbers: pandas' ``to_csv`` header (unnamed index, default column names 0, 1,
+    ...)."""
+    header = [c.strip() for c in first]
+    pandas_index_header = (
+        len(header) > 2  # an index and at least two columns ("',0'" may be a data row)
+        and header[0] == ""
+        and all(c.isascii() and c.isdecimal() for c in header[1:])
+        and [int(c) for c in header[1:]] == list(range(len(header) - 1))
+        and bool(second)
+        and second[0].strip() == "0"  # pandas' default index starts at 0
+    )
+    return pandas_index_header or not all(_is_number(c) for c in header if c)
+
+
+def _read_numeric_csv(path: Path, opener: Any) -> Table | None:
+    r"""The table of a CSV whose every data cell is a finite number, read by numpy's C reader
+    (about 10x faster than cell by cell, with a tenth of the memory: a user's file may hold
+    millions of rows); None for any other file (a text or empty cell, a short row, a header
+    over several lines, trailing commas, not UTF-8, ...), which :func:`_read_csv` reads cell
+    by cell to report what is wrong. Both give the same table: numpy's float parsing is
+    correctly rounded, as Python's ``float`` is. The file lines of the rows, needed only for
+    messages, are read when first asked for."""
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            first = next(reader, None)
+            header_end = reader.line_num
+            second = next(reader, None)
+        if not first or not second or not any(c.strip() for c in first):
+            return None  # blank or empty leading lines: the careful reader numbers them
+        has_header = _is_header(first, second)
+        if has_header and header_end != 1:
+            return None  # a header over several lines (a quoted line break)
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            data = np.loadtxt(
+                f,
+                delimiter=",",
+                quotechar='"',
+                comments=None,
+                skiprows=1 if has_header else 0,
+                dtype=np.float64,
+                ndmin=2,
+            )
+    except (ValueError, OSError, csv.Error, UnicodeDecodeError, EOFError):
+        return None
+    if data.shape[0] == 0 or data.shape[1] != len(first) or not np.isfinite(data).all():
+        return None
+    columns = [c.strip() for c in first] if has_header else [str(j) for j in range(len(first))]
+
+    def lines() -> list[int]:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            records = _records(f)
+        return [line for line, _ in records[1 if has_header else 0 :]]
+
+    return Table(data, columns, path, 2 if has_header else 1, lines_reader=lines)
 
 
 def _records(f: Any) -> list[tuple[int, list[str]]]:

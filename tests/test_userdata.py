@@ -1120,3 +1120,70 @@ def test_an_empty_test_mask_is_named_as_such(tmp_path):
     for empty in ("", "  "):
         with pytest.raises(DataFileError, match=r"^The test mask is empty; give a 0/1 column"):
             stream_from_file(path, test_mask=empty)
+
+
+# Each file read by numpy's C reader where every cell is a finite number ("fast"), else cell by
+# cell ("careful"); both must give the same table, messages and file lines.
+_CSV_TEXTS = {
+    "plain": ("a,b,c\n1,2,3\n4,5,6\n", "fast"),
+    "no header": ("1,2,3\n4,5,6\n", "fast"),
+    "CRLF": ("a,b\r\n1,2\r\n3,4\r\n", "fast"),
+    "BOM": ("\ufeffa,b\n1,2\n3,4\n", "fast"),
+    "spaces": ("a, b\n 1 , 2\n3 ,4 \n", "fast"),
+    "quoted": ('a,"b,c"\n"1.5",2\n3,"4"\n', "fast"),
+    "blank line": ("a,b\n1,2\n\n3,4\n", "fast"),
+    "hard numbers": (
+        "a,b\n1e-310,+3\n.5,5.\n4.35000000000000017763568394002504646778106689453125,-0\n"
+        "9007199254740993,0.30000000000000004\n",
+        "fast",
+    ),
+    "pandas index": (",0,1\n0,1.5,2\n1,3,4\n", "fast"),
+    "one column": ("y\n1\n2\n", "fast"),
+    "quoted line break": ('a,b\n"1\n",2\n3,4\n', "fast"),
+    "blank spaces line": ("a,b\n1,2\n   \n3,4\n", "careful"),
+    "blank lines first": ("\n\na,b\n1,2\n", "careful"),
+    "trailing commas": ("a,b,\n1,2,\n3,4,\n", "careful"),
+    "hash": ("a,b\n#1,2\n3,4\n", "careful"),
+    "nan": ("a,b\n1,nan\n3,4\n", "careful"),
+    "inf": ("a,b\n1,inf\n3,4\n", "careful"),
+    "empty cell": ("a,b\n1,\n3,4\n", "careful"),
+    "short row": ("a,b,c\n1,2,3\n4,5\n", "careful"),
+    "long rows": ("a,b\n1,2,3\n4,5,6\n", "careful"),
+    "text": ("a,b\n1,x\n3,y\n", "careful"),
+    "underscore": ("a,b\n1_0,2\n3,4\n", "careful"),
+    "header only": ("a,b\n", "careful"),
+    "header over two lines": ('"a\nx",b\n1,2\n', "careful"),
+    "semicolons": ("a;b\n1;2\n", "careful"),
+}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("name", sorted(_CSV_TEXTS))
+def test_the_fast_csv_reader_gives_the_careful_readers_table(tmp_path, monkeypatch, name, gz):
+    """Every cell was parsed by Python, one at a time (a 100,000 x 12 file: about 10 s and 110
+    MB, against 1 s and 11 MB by numpy's reader). A file of finite numbers now takes numpy's
+    reader; anything else falls back to the careful one, and both give the same values (to
+    the bit), columns, problems, text cells and file lines of the rows."""
+    from bo_online import userdata
+
+    text, expected = _CSV_TEXTS[name]
+    path = tmp_path / ("f.csv.gz" if gz else "f.csv")
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(text.encode("utf-8"))
+    else:
+        path.write_bytes(text.encode("utf-8"))
+    opener = gzip.open if gz else open
+    assert (userdata._read_numeric_csv(path, opener) is not None) == (expected == "fast")
+
+    def read():
+        try:
+            t = userdata._read_csv(path, gz)
+        except DataFileError as e:
+            return str(e)
+        rows = [t.where(r) for r in range(len(t.data))]
+        return t.data.tobytes(), t.columns, rows, sorted(t.problems.items()), t.text
+
+    fast = read()
+    monkeypatch.setattr(userdata, "_read_numeric_csv", lambda *args: None)
+    assert fast == read()
