@@ -331,6 +331,23 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
         )
 
 
+def _check_dense_memory(model: str, n: int, dtype: str) -> None:
+    r"""A model that holds its ``n`` points' ``n x n`` kernel matrix and factor (the exact GP,
+    SingleTaskGP) must fit in memory at the run's last ``n``: estimate 4 n^2 x (8 or 4 bytes),
+    as for the grids. A user's file of 100,000 rows streamed into the default exact GP would
+    run for hours (its refits are O(n^3)) and be killed for memory long before its end."""
+    if model not in ("exact", "singletaskgp"):
+        return
+    need = 4 * n * n * (4 if dtype == "float32" else 8)
+    _check(
+        need <= _memory_bytes(),
+        f"--model {model} holds an n x n factor of the points seen: by the run's end (n = {n:,}) "
+        f"about {need / 1e9:,.3g} GB (4 n x n matrices), more than this machine's "
+        f"{_memory_bytes() / 1e9:.3g} GB; use --model tsvgp (a fixed cost per point), or stop "
+        "earlier with --max-stream or --steps.",
+    )
+
+
 def _check_model(name: str) -> None:
     from bo_online.models.registry import get_model_class
 
@@ -1339,6 +1356,7 @@ def stream(
         f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds "
         f"({prob.X_stream.shape[0]} rows: {n_init} initial, then --q {loop.config['q']} per step).",
     )
+    _check_dense_memory(model, n_init + loop.config["q"] * (steps or loop.default_steps()), dtype)
     _run(loop, steps)
     _finish(loop, plots, quiet)
 

@@ -304,6 +304,35 @@ def test_cli_bad_file_one_line_and_nothing_written(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_stream_into_a_dense_model_that_would_outgrow_memory_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """A user's file of 100,000 rows streamed into the default exact GP would run for hours and
+    be killed for memory long before its end (its n x n factor: 80 GB at n = 100,000). A stream
+    whose last n x n matrices cannot fit is now refused before anything runs, naming the size,
+    the scalable model and the options that stop earlier; what fits goes on."""
+    from bo_online import cli
+
+    X, y = _data(n=160, d=3)
+    path = _write_plain(tmp_path, X, y)
+    out = tmp_path / "run"
+    # 144 stream rows: the exact GP's 4 n x n float64 matrices at n = 144 take 0.66 MB
+    monkeypatch.setattr(cli, "_memory_bytes", lambda: 500_000)
+    for model in ("exact", "singletaskgp"):
+        code, err = _run(
+            ["stream", "--data", str(path), "--model", model, "--out", str(out), "-Q"], capsys
+        )
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--model {model} holds an n x n factor" in err and "(n = 144)" in err
+        assert "use --model tsvgp" in err and "--max-stream" in err
+        assert not out.exists()
+    common = ["--data", str(path), "--n-init", "10", "--eval-every", "20", "-Q", "--no-plots"]
+    code, err = _run(["stream", *common, "--max-stream", "120", "--out", str(out)], capsys)
+    assert code == 0, err  # n = 120: 0.46 MB
+    code, err = _run(["stream", *common, "--model", "tsvgp", "--out", str(tmp_path / "t")], capsys)
+    assert code == 0, err
+
+
 def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path, capsys):
     X, y = _data(n=90, d=4)
     path = tmp_path / "mine.csv"
