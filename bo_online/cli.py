@@ -331,7 +331,7 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
         )
 
 
-def _check_dense_memory(model: str, n: int, dtype: str) -> None:
+def _check_dense_memory(model: str, n: int, dtype: str, stop: str = "--steps") -> None:
     r"""A model that holds its ``n`` points' ``n x n`` kernel matrix and factor (the exact GP,
     SingleTaskGP) must fit in memory at the run's last ``n``: estimate 4 n^2 x (8 or 4 bytes),
     as for the grids. A user's file of 100,000 rows streamed into the default exact GP would
@@ -344,7 +344,7 @@ def _check_dense_memory(model: str, n: int, dtype: str) -> None:
         f"--model {model} holds an n x n factor of the points seen: by the run's end (n = {n:,}) "
         f"about {need / 1e9:,.3g} GB (4 n x n matrices), more than this machine's "
         f"{_memory_bytes() / 1e9:.3g} GB; use --model tsvgp (a fixed cost per point), or stop "
-        "earlier with --max-stream or --steps.",
+        f"earlier with {stop}.",
     )
 
 
@@ -922,6 +922,8 @@ def bo(
         n_init=n_init,
         **shared,
     )
+    n_first = n_init if n_init is not None else max(5, 2 * prob.dim)  # the loop's default
+    _check_dense_memory(model, n_first + q * steps, dtype)
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
@@ -1145,6 +1147,7 @@ def active(
         ),
         **shared,
     )
+    _check_dense_memory(model, n_init + loop.config["q"] * steps, dtype)
     _check(
         loop.max_steps() >= (steps or 0),
         f"--steps {steps} exceeds the {loop.max_steps()} steps the pool allows "
@@ -1356,7 +1359,12 @@ def stream(
         f"--steps {steps} exceeds the {loop.default_steps()} steps the stream holds "
         f"({prob.X_stream.shape[0]} rows: {n_init} initial, then --q {loop.config['q']} per step).",
     )
-    _check_dense_memory(model, n_init + loop.config["q"] * (steps or loop.default_steps()), dtype)
+    _check_dense_memory(
+        model,
+        n_init + loop.config["q"] * (steps or loop.default_steps()),
+        dtype,
+        "--max-stream or --steps",
+    )
     _run(loop, steps)
     _finish(loop, plots, quiet)
 

@@ -331,6 +331,15 @@ def test_cli_stream_into_a_dense_model_that_would_outgrow_memory_is_refused(
     assert code == 0, err  # n = 120: 0.46 MB
     code, err = _run(["stream", *common, "--model", "tsvgp", "--out", str(tmp_path / "t")], capsys)
     assert code == 0, err
+    # bo and active likewise, at their last n: 5 (Branin's default design) + 139, and 12 + 6 x 22
+    for argv in (
+        ["bo", "--problem", "branin", "--steps", "139"],
+        ["active", "--pool", str(path), "--n-init", "12", "--steps", "22"],
+    ):
+        code, err = _run([*argv, "--out", str(tmp_path / "refused"), "-Q"], capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "(n = 144)" in err and "or stop earlier with --steps." in err
+        assert not (tmp_path / "refused").exists()
 
 
 def test_cli_stream_own_data_resume_identical_and_changed_file_refused(tmp_path, capsys):
