@@ -27,7 +27,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
-from linear_operator.operators import MatmulLinearOperator
+from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from torch import Tensor
 from typing_extensions import Self
 
@@ -51,6 +51,11 @@ from bo_online.models.fitting import (
 from bo_online.models.validation import detached, require_bool, require_modules
 
 __all__ = ["OnlineExactGP"]
+
+#: Largest ``q`` at which a fantasy model's posterior at points shared by its batch elements is
+#: read through the parent's factor once, with a dense ``q x q`` block (8 MB at 1,024 points);
+#: above it each element reads its whole factor, lazily (see ``_latent_posterior_shared``).
+_SHARED_FACTOR_MAX_Q = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +224,8 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         return self.covar_module(X, self.train_X).to_dense()
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if self._shares_parent_factor_with(X):
+            return self._latent_posterior_shared(X)
         K_xX = self._cross_covariance(X)  # batch x q x n
         mean = self.mean_module.constant + (K_xX @ self.alpha.unsqueeze(-1)).squeeze(-1)
         V = self._factor_solve(K_xX.transpose(-1, -2))  # batch x n x q
@@ -227,6 +234,56 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         Vt = V.transpose(-1, -2).expand(*batch, *V.shape[-1:], V.shape[-2])
         covar = prior + MatmulLinearOperator(Vt, V.expand(*batch, *V.shape[-2:])) * -1.0
         return MultivariateNormal(mean.expand(*batch, mean.shape[-1]), covar)
+
+    def _shares_parent_factor_with(self, X: Tensor) -> bool:
+        r"""Whether the posterior at ``X`` (``batch_X x q x d``) is read through the parent's
+        factor once: this model was conditioned on a batch of point sets (a fantasy model) and
+        keeps its parent's unbatched factor ``chol`` plus per-batch rows, and ``X`` is shared by
+        batch elements (``batch_X`` smaller than the model's batch: qNIPV's integration points,
+        a posterior mean on a grid), with ``q`` small enough for a dense ``q x q`` block."""
+        if self.tail_S is None or self.chol.dim() != 2 or X.shape[-2] > _SHARED_FACTOR_MAX_Q:
+            return False
+        batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
+        return torch.Size(X.shape[:-2]).numel() < batch.numel()
+
+    def _latent_posterior_shared(self, X: Tensor) -> MultivariateNormal:
+        r"""The posterior at ``X`` (``batch_X x q x d``) of a model holding its parent's
+        unbatched factor ``L0`` (``n0 x n0``) and per-batch rows ``[S, L22]`` for its ``t`` new
+        points: ``L^-1 K_Xx`` is ``V0 = L0^-1 K(x0, X)`` (``n0 x q``, once for every batch
+        element) over ``V1 = L22^-1 (K(x1, X) - S V0)`` (``batch x t x q``), so the covariance
+        is the shared dense block ``K_XX - V0^T V0`` minus the per-batch ``V1^T V1``. Work and
+        memory per batch element are O(n0 t q) instead of the O(n0^2 q) and ``n0 x q`` blocks of
+        reading each element's factor in full (b = 512 fantasies, n = 1,000, 128 points: 3.5 GB
+        and 74 s before)."""
+        n0 = self.chol.shape[-1]
+        train_X = self.train_X.reshape(-1, *self.train_X.shape[-2:])
+        old_X = train_X[0, :n0]  # n0 x d: the parent's points, the same in every batch element
+        K_old = self._cross_covariance_with(X, old_X)  # batch_X x q x n0
+        K_new = self.covar_module(X, self.train_X[..., n0:, :]).to_dense()  # batch x q x t
+        V0 = solve_lower(self.chol, K_old.transpose(-1, -2))  # batch_X x n0 x q
+        V1 = solve_lower(self.tail_L, K_new.transpose(-1, -2) - self.tail_S @ V0)  # batch x t x q
+        alpha = self.alpha  # sample x batch x n
+        mean = (
+            self.mean_module.constant
+            + (alpha[..., :n0].unsqueeze(-2) @ K_old.transpose(-1, -2)).squeeze(-2)
+            + (K_new @ alpha[..., n0:].unsqueeze(-1)).squeeze(-1)
+        )
+        shared = self.covar_module(X).to_dense() - V0.transpose(-1, -2) @ V0  # batch_X x q x q
+        batch = torch.broadcast_shapes(mean.shape[:-1], V1.shape[:-2], shared.shape[:-2])
+        q = X.shape[-2]
+        V1 = V1.expand(*batch, *V1.shape[-2:])
+        covar = DenseLinearOperator(shared.expand(*batch, q, q)) + (
+            MatmulLinearOperator(V1.transpose(-1, -2), V1) * -1.0
+        )
+        return MultivariateNormal(mean.expand(*batch, q), covar)
+
+    def _cross_covariance_with(self, X: Tensor, points: Tensor) -> Tensor:
+        r"""``K(X, points)`` for ``points`` (``k x d``): ``batch x q x k``, the batch of ``X``
+        folded into rows (one ``(batch q) x k`` kernel matrix), as :meth:`_cross_covariance`."""
+        if X.dim() > 2:
+            K = self.covar_module(X.reshape(-1, X.shape[-1]), points).to_dense()
+            return K.reshape(*X.shape[:-1], K.shape[-1])
+        return self.covar_module(X, points).to_dense()
 
     # ------------------------------------------------------------------ conditioning
 

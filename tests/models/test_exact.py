@@ -359,3 +359,34 @@ def test_fixed_noise_marginal_likelihood_matches_gpytorch():
     target = ref_mll(ref(*ref.train_inputs), ref.train_targets)
     ref.eval()
     assert _close(ours.marginal_log_likelihood(), target, tol=1e-10)
+
+
+def test_fantasy_posterior_at_shared_points_reads_the_parent_factor_once():
+    r"""qNIPV's posterior of a fantasy model (b candidate points, s fantasies each) at integration
+    points shared by every batch element reads the parent's n x n factor once: it forms no
+    ``b x n x q`` block (before: 3.5 GB and 74 s per evaluation at n = 1,000, b = 512, 128
+    points), and equals the posterior at the same points given to each element."""
+    from memory_profile import peak_allocated_bytes
+
+    n, b, q = 600, 64, 32
+    model = OnlineExactGP(*_data(n=n))
+    _set_hypers(model)
+    g = torch.Generator().manual_seed(5)
+    sampler = SobolQMCNormalSampler(torch.Size([4]), seed=0)
+    fantasy = model.fantasize(torch.rand(b, 1, 3, generator=g, dtype=DT), sampler)
+    Xs = torch.rand(q, 3, generator=g, dtype=DT)
+    fantasy.posterior(Xs[:2]).variance  # caches built outside the measurement
+    out = []
+
+    def shared():
+        with torch.no_grad():
+            p = fantasy.posterior(Xs)
+            out.append((p.mean, p.variance))
+
+    peak = peak_allocated_bytes(shared)
+    mean, var = out[0]
+    each = fantasy.posterior(Xs.expand(b, q, 3))  # every element's own points
+    torch.testing.assert_close(mean, each.mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(var, each.variance, atol=1e-10, rtol=0)
+    block = b * n * q * 8  # one b x n x q float64 block (9.8 MB)
+    assert peak < block / 4, (peak, block)
