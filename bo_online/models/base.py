@@ -189,6 +189,17 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         r"""Batch shape of the model: ``sample_shape x X-batch`` for fantasy models, else ``[]``."""
         return self._batch_shape
 
+    def subset_output(self, idcs: list[int]) -> Self:
+        r"""The model of outputs ``idcs``: of a single-output model, its only output (``[0]`` or
+        ``[-1]``) is a copy of the model, as ``SingleTaskGP.subset_output([0])`` is. Other
+        subsets (of a multi-output t-SVGP) are not supported: build a model of those outputs."""
+        if self.num_outputs == 1 and list(idcs) in ([0], [-1]):
+            return copy.deepcopy(self)
+        raise NotImplementedError(
+            f"{type(self).__name__} with {self.num_outputs} output(s) cannot be subset to outputs "
+            f"{list(idcs)}; build a model on those outputs' data instead."
+        )
+
     @property
     def _dtype_device(self) -> dict[str, Any]:
         return {"dtype": self.outcome_mean.dtype, "device": self.outcome_mean.device}

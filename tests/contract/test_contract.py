@@ -455,6 +455,26 @@ def test_data_botorch_reads_follow_updates(s):
 
 
 @surrogates
+def test_subset_to_the_only_output_is_an_independent_copy_as_for_singletaskgp(s):
+    """``subset_output([0])`` of a single-output model raised ``NotImplementedError`` (BoTorch's
+    default), where ``SingleTaskGP`` returns a copy; it now returns an independent copy with the
+    same posterior, and a subset it cannot give is refused saying what to do."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    model = s.make(X, Y)
+    Xt = _test_points()
+    before = model.posterior(Xt)
+    for idcs in ([0], [-1]):
+        sub = model.subset_output(idcs)
+        assert sub is not model and sub.num_outputs == 1, s.name
+        torch.testing.assert_close(sub.posterior(Xt).mean, before.mean, rtol=0, atol=1e-12)
+        torch.testing.assert_close(sub.posterior(Xt).variance, before.variance, rtol=0, atol=1e-12)
+    sub.update(*s.data(3, D, seed=7)[:2])  # the copy moves on alone
+    torch.testing.assert_close(model.posterior(Xt).mean, before.mean, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="cannot be subset to outputs"):
+        model.subset_output([1])
+
+
+@surrogates
 def test_explicit_noise_on_an_inferred_noise_model(s):
     """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
     noise (standardised), the dense reference with those per-point noises, and kept by the
