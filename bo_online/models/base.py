@@ -189,6 +189,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         r"""Batch shape of the model: ``sample_shape x X-batch`` for fantasy models, else ``[]``."""
         return self._batch_shape
 
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Not a GPyTorch training path: ``model(X)`` with a hand-written marginal-likelihood
+        loop raised a bare ``NotImplementedError``. Say what to use instead."""
+        raise NotImplementedError(
+            f"{type(self).__name__} is not trained or queried through model(X): use "
+            "model.posterior(X) for predictions (latent by default, observation_noise=True for "
+            "new observations) and model.fit() to fit its hyperparameters (botorch's "
+            "fit_gpytorch_mll(mll) dispatches to it)."
+        )
+
     def subset_output(self, idcs: list[int]) -> Self:
         r"""The model of outputs ``idcs``: of a single-output model, its only output (``[0]`` or
         ``[-1]``) is a copy of the model, as ``SingleTaskGP.subset_output([0])`` is. Other

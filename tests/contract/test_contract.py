@@ -475,6 +475,14 @@ def test_subset_to_the_only_output_is_an_independent_copy_as_for_singletaskgp(s)
 
 
 @surrogates
+def test_calling_the_model_says_to_use_posterior_and_fit(s):
+    """``model(X)`` (GPyTorch's training call) raised a bare ``NotImplementedError``."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    with pytest.raises(NotImplementedError, match=r"use model.posterior\(X\) for predictions"):
+        s.make(X, Y)(_test_points())
+
+
+@surrogates
 def test_explicit_noise_on_an_inferred_noise_model(s):
     """update(X, Y, noise) on a model that infers its noise: the same as conditioning with that
     noise (standardised), the dense reference with those per-point noises, and kept by the
