@@ -704,6 +704,8 @@ class OnlineLoop:
         """One ask -> evaluate -> tell round; returns its record."""
         if not self.initialized:
             self.initialize()
+        if self._files_started:  # refused before evaluating: a stale loop writes nothing
+            self._retake_directory()
         self.ask()
         driving, self._driving = self._driving, True
         try:
@@ -884,14 +886,14 @@ class OnlineLoop:
 
     def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
         record = history.to_jsonable(record)  # in memory exactly what the JSONL file holds
+        if self._files_started:
+            self._retake_directory()
         self.records.append(record)
         if self.out_dir is None:
             return record
         if not self._files_started:
             self._start_files()
-        else:
-            self._retake_directory()
-        self._sync_resumed_files()  # (the records before this one, if resumed)
+        self._sync_resumed_files(self.records[:-1])  # the records before this one, if resumed
         history.append_record(self.out_dir / history.RECORDS_FILE, record)
         last = self.target_steps is not None and self.step_count >= self.target_steps
         if self._checkpoint_due() or last:
@@ -1035,14 +1037,17 @@ class OnlineLoop:
             # (steps beyond the data) leaves the files as they were
             self._resumed_files_due = True
 
-    def _sync_resumed_files(self) -> None:
+    def _sync_resumed_files(self, records: list[dict[str, Any]] | None = None) -> None:
         r"""Once a resumed run goes on (:meth:`run`, or its next record): rewrite the records
         file from the checkpoint, dropping records appended after it (those steps are redone),
         and the configuration file, derived from the checkpoint (a damaged or hand-edited copy
-        cannot outlive a resume)."""
+        cannot outlive a resume). ``records``: those to write (default all; a record being
+        committed, which is then appended, is not among them)."""
         if not self._resumed_files_due or self.out_dir is None:
             return
-        history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records)
+        history.rewrite_records(
+            self.out_dir / history.RECORDS_FILE, self.records if records is None else records
+        )
         history.write_json(
             self.out_dir / history.CONFIG_FILE,
             {**self.config, "problem": self._problem_spec()},

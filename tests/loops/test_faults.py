@@ -462,6 +462,36 @@ def test_a_loop_stepped_after_run_returns_holds_the_lock_and_refuses_a_run_resum
     assert [r["step"] for r in read_records(out)] == list(range(9))
 
 
+def test_a_loaded_loop_driven_by_step_writes_its_first_record_once(tmp_path):
+    r"""A loaded (resumed) loop's first record rewrote the records file from the checkpoint
+    with that record already among its records, then appended it again: step 3 twice."""
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST).run(2)
+    loop = load_loop(out)
+    loop.step()
+    loop.step()
+    assert [r["step"] for r in read_records(out)] == [0, 1, 2, 3, 4]
+    assert without_timing(read_records(out)) == without_timing(loop.records)
+
+
+def test_a_stale_loop_is_refused_before_it_evaluates_a_step(tmp_path):
+    r"""A loop whose run files changed after its run() returned was refused only when its
+    next record was written: the step's point was evaluated (an objective may be costly) and
+    the loop's state advanced past its files for nothing."""
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST)
+    loop.run(2)
+    other = load_loop(out)
+    other.run(3)
+    other._lock.release()
+    evaluated = []
+    objective = loop._evaluate_pending
+    loop._evaluate_pending = lambda: evaluated.append(1) or objective()
+    with pytest.raises(RunDirectoryError, match="have changed since this loop's run"):
+        loop.step()
+    assert not evaluated and loop.step_count == 2 and len(loop.records) == 3
+
+
 def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_over(
     tmp_path, capsys
 ):
