@@ -815,6 +815,27 @@ def test_resume_takes_workers_like_bo_and_keeps_the_records(tmp_path, capsys):
     assert "of kind 'stream': resume it without --workers" in err
 
 
+def test_resume_workers_reaches_the_loop(tmp_path, capsys, monkeypatch):
+    r"""The records are the same with or without a pool, so comparing them cannot tell whether
+    `resume --workers N` evaluates in one: the loaded loop must hold a pool of N processes."""
+    import bo_online.loops
+
+    out = tmp_path / "run"
+    code, err = _cli(["bo", "--problem", "branin", *CLI_FAST, "--steps", "1", "--out", out], capsys)
+    assert code == 0, err
+    pools, load = [], bo_online.loops.load_loop
+
+    def spy(*args, **kwargs):
+        loop = load(*args, **kwargs)
+        pools.append(getattr(loop.executor, "_max_workers", None))
+        return loop
+
+    monkeypatch.setattr(bo_online.loops, "load_loop", spy)
+    code, err = _cli(["resume", out, "--steps", "2", "--workers", "2", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
+    assert pools == [2]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_names_its_directory_for_resume(tmp_path, sig):
     """Ctrl-C (SIGINT) and SIGTERM end with one line naming the real run directory to resume
