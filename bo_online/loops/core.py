@@ -232,8 +232,8 @@ class OnlineLoop:
         self._resumed_files_due = False  # see _restore
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
-        # what this loop left in out_dir when run() released the lock (see _retake_directory)
-        self._released_stamp: tuple[Any, ...] | None = None
+        # the run files as this loop last wrote or loaded them (see _retake_directory)
+        self._stamp: tuple[Any, ...] | None = None
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
         # targets the surrogate sees: (y - shift) / scale, in float64, then cast to its dtype
         # (see _set_target_scaling); identity unless the surrogate runs below float64
@@ -796,8 +796,6 @@ class OnlineLoop:
 
     def _release_directory(self, created: bool) -> None:
         if self._lock is not None:
-            if self._lock.held and self._files_started:
-                self._released_stamp = self._files_stamp()
             self._lock.release()
         if created and not self._files_started and self.out_dir is not None:
             with contextlib.suppress(OSError):
@@ -818,26 +816,33 @@ class OnlineLoop:
         return tuple(stamp)
 
     def _retake_directory(self) -> None:
-        r"""Hold ``out_dir``'s lock before this loop writes there (a no-op while held). A loop
-        stepped or run again after :meth:`run` returned (and released the lock) takes it again,
-        refused if another process holds it, and refused if the directory's run files changed
-        since (another process resumed the run there, or they were removed): this loop's state
-        is then behind them, and writing would interleave two runs' records."""
-        if self._lock is None or self._lock.held:
+        r"""Before this loop writes to ``out_dir``: hold its lock (taken again by a loop stepped
+        or run after :meth:`run` returned and released it; refused if another process holds it),
+        and check that the run files are as this loop last wrote or loaded them. If they
+        changed (another process, or another loop of this one, continued the run there; they
+        were removed), this loop's state is behind them and writing would interleave two runs'
+        records: refused, the lock given up."""
+        if self._lock is None:
             return
-        took = self._lock.acquire()
-        if self._released_stamp is not None and self._files_stamp() != self._released_stamp:
-            if took:
-                self._lock.release()
-            else:  # held by another loop of this process (on the run it resumed): keep it
-                self._lock.held = False
-            raise RunDirectoryError(
-                f"The run files in {str(self.out_dir)!r} have changed since this loop's run() "
-                "returned (another process resumed the run there, or they were removed), so "
-                "this loop no longer matches them and writes nothing; load the run again "
-                f"(load_loop({str(self.out_dir)!r}, ...)) to continue from its files."
-            )
-        self._released_stamp = None
+        took = self._lock.acquire()  # False if this process held it already
+        if self._stamp is None or self._files_stamp() == self._stamp:
+            return
+        if took:
+            self._lock.release()
+        else:  # the lock file may be another loop's of this process: leave it
+            self._lock.held = False
+        raise RunDirectoryError(
+            f"The run files in {str(self.out_dir)!r} have changed since this loop last wrote or "
+            "loaded them (the run went on elsewhere, e.g. resumed by another process or loop, "
+            "or they were removed), so this loop no longer matches them and writes nothing; "
+            f"load the run again (load_loop({str(self.out_dir)!r}, ...)) to continue from its "
+            "files."
+        )
+
+    def _note_files(self) -> None:
+        """Remember the run files as this loop has just written them (see _retake_directory)."""
+        if self.out_dir is not None:
+            self._stamp = self._files_stamp()
 
     @contextlib.contextmanager
     def _stop_on_signals(self):
@@ -893,8 +898,11 @@ class OnlineLoop:
             return record
         if not self._files_started:
             self._start_files()
-        self._sync_resumed_files(self.records[:-1])  # the records before this one, if resumed
-        history.append_record(self.out_dir / history.RECORDS_FILE, record)
+        try:
+            self._sync_resumed_files(self.records[:-1])  # the records before this one, if resumed
+            history.append_record(self.out_dir / history.RECORDS_FILE, record)
+        finally:  # also after a failed write (full disk): its part is this loop's own
+            self._note_files()
         last = self.target_steps is not None and self.step_count >= self.target_steps
         if self._checkpoint_due() or last:
             self.save_checkpoint()
@@ -933,6 +941,7 @@ class OnlineLoop:
         )
         history.rewrite_records(self.out_dir / history.RECORDS_FILE, self.records[:-1])
         self._files_started = True
+        self._note_files()
 
     @staticmethod
     def _holds_other_files(out_dir: Path) -> bool:
@@ -1001,7 +1010,10 @@ class OnlineLoop:
             raise ValueError("This loop has no out_dir to checkpoint to.")
         if self._files_started:
             self._retake_directory()
-        history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
+        try:
+            history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
+        finally:
+            self._note_files()
         self._last_checkpoint = time.perf_counter()
 
     def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_y: Tensor) -> None:
@@ -1036,6 +1048,7 @@ class OnlineLoop:
             # written once the run goes on (_sync_resumed_files): a resume refused before
             # (steps beyond the data) leaves the files as they were
             self._resumed_files_due = True
+            self._note_files()
 
     def _sync_resumed_files(self, records: list[dict[str, Any]] | None = None) -> None:
         r"""Once a resumed run goes on (:meth:`run`, or its next record): rewrite the records
@@ -1053,6 +1066,7 @@ class OnlineLoop:
             {**self.config, "problem": self._problem_spec()},
         )
         self._resumed_files_due = False
+        self._note_files()
 
     # ------------------------------------------------------------------ progress bar
 

@@ -447,7 +447,9 @@ def test_a_loop_stepped_after_run_returns_holds_the_lock_and_refuses_a_run_resum
     other.run(6)  # the run goes on through another loop (as a resume in another process)
     records = (out / history.RECORDS_FILE).read_bytes()
     for write in (loop.step, loop.save_checkpoint, lambda: loop.run(8)):
-        with pytest.raises(RunDirectoryError, match="have changed since this loop's run"):
+        with pytest.raises(
+            RunDirectoryError, match="have changed since this loop last wrote or loaded them"
+        ):
             write()
         assert (out / history.RECORDS_FILE).read_bytes() == records
         assert not (out / history.LOCK_FILE).exists()
@@ -487,9 +489,28 @@ def test_a_stale_loop_is_refused_before_it_evaluates_a_step(tmp_path):
     evaluated = []
     objective = loop._evaluate_pending
     loop._evaluate_pending = lambda: evaluated.append(1) or objective()
-    with pytest.raises(RunDirectoryError, match="have changed since this loop's run"):
+    with pytest.raises(
+        RunDirectoryError, match="have changed since this loop last wrote or loaded them"
+    ):
         loop.step()
     assert not evaluated and loop.step_count == 2 and len(loop.records) == 3
+
+
+def test_two_loops_of_one_process_on_one_run_do_not_overwrite_each_other(tmp_path):
+    r"""Two loops of one process share the directory's lock (it names the process), so the lock
+    alone did not keep them apart: loop B, loaded while A's run() had returned, then A running
+    on, then B stepped, rewrote the records from its own checkpoint and dropped A's steps
+    without a word. B is now refused (the files changed since it loaded them); A's steps stay."""
+    out = tmp_path / "run"
+    a = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST)
+    a.run(2)
+    b = load_loop(out)
+    a.run(4)
+    with pytest.raises(RunDirectoryError, match="have changed since this loop last wrote"):
+        b.step()
+    assert without_timing(read_records(out)) == _reference(4)
+    load_loop(out).run(5)  # what is on disk goes on
+    assert without_timing(read_records(out)) == _reference(5)
 
 
 def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_over(
