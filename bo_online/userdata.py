@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import os
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -187,6 +188,11 @@ def _read_csv(path: Path, gz: bool) -> Table:
             rows = _records(f)
     except UnicodeDecodeError as e:  # its position is in a read buffer: find the line
         raise DataFileError(_not_utf8(path, opener)) from e
+    except (EOFError, zlib.error) as e:  # gzip's own errors (a BadGzipFile is an OSError)
+        raise DataFileError(
+            f"{path}: the compressed file is damaged or incomplete ({e}); copy or download it "
+            "again (gzip -t tests it)."
+        ) from e
     except (OSError, csv.Error) as e:
         raise DataFileError(f"{path}: cannot be read as CSV ({e}).") from e
     if not rows:
@@ -292,7 +298,7 @@ def _read_numeric_csv(path: Path, opener: Any) -> Table | None:
                 dtype=np.float64,
                 ndmin=2,
             )
-    except (ValueError, OSError, csv.Error, UnicodeDecodeError, EOFError):
+    except (ValueError, OSError, csv.Error, UnicodeDecodeError, EOFError, zlib.error):
         return None
     if data.shape[0] == 0 or data.shape[1] != len(first) or not np.isfinite(data).all():
         return None

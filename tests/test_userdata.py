@@ -1225,3 +1225,20 @@ def test_the_fast_csv_reader_gives_the_careful_readers_table(tmp_path, monkeypat
     fast = read()
     monkeypatch.setattr(userdata, "_read_numeric_csv", lambda *args: None)
     assert fast == read()
+
+
+def test_a_damaged_or_truncated_gzip_file_is_one_data_file_error(tmp_path):
+    """A .csv.gz cut short (an interrupted download) or with a damaged byte raised gzip's own
+    EOFError / zlib.error, a traceback without the file's name."""
+    X, y = _data(n=400, d=3)
+    whole = tmp_path / "whole.csv"
+    _write_csv(whole, X, y)
+    packed = gzip.compress(whole.read_bytes())
+    cut, damaged = tmp_path / "cut.csv.gz", tmp_path / "damaged.csv.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    flipped = bytearray(packed)
+    flipped[40] ^= 0xFF
+    damaged.write_bytes(bytes(flipped))
+    for path in (cut, damaged):
+        with pytest.raises(DataFileError, match=r"the compressed file is damaged or incomplete"):
+            stream_from_file(path)
