@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bo_online.errors import ObjectiveError
-from bo_online.loops import BayesOptLoop
+from bo_online.loops import BayesOptLoop, read_records
 from bo_online.objectives import _Vectorised
 from bo_online.problems import CallableProblem
 
@@ -578,3 +578,37 @@ def test_a_resume_after_the_objective_file_changed_says_so(tmp_path, capsys):
     assert code == 0 and len(lines) == 1, err
     assert f"{obj} has changed since the run last started or resumed" in lines[0]
     assert "the records so far came from the earlier version" in lines[0]
+
+
+def test_a_worker_process_that_dies_in_the_objective_is_one_line(tmp_path, capsys, monkeypatch):
+    # A crash in compiled code, os._exit or the out-of-memory killer ends the worker process:
+    # the pool's BrokenProcessPool came out as a traceback.
+    calls = tmp_path / "calls"
+    (tmp_path / "obj.py").write_text(
+        "import os, pathlib\n"
+        "def f(X):\n"
+        f"    calls = pathlib.Path({str(calls)!r})\n"
+        "    with calls.open('a') as fh:\n"
+        "        fh.write('.')\n"
+        "    if len(calls.read_text()) > int(os.environ.get('BO_TEST_LIVES', '4')):\n"
+        "        os._exit(3)\n"
+        "    return ((X - 0.3) ** 2).sum(-1)\n"
+    )
+    spec = f"{tmp_path / 'obj.py'}:f"
+    run = tmp_path / "run"
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 0,1", "--steps", "2", "--out", str(run)]
+    argv += ["-Q", "--no-plots", "--num-restarts", "2", "--raw-samples", "32"]
+    argv += ["--n-init", "4", "--workers", "1"]
+    code, err = _cli(argv, capsys)  # dies in the first step (each point is one task)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("bo-online: error: Objective 'f': the worker process evaluating")
+    assert f"continue the run with `bo-online resume {run} --objective {spec}" in lines[0]
+    assert len(read_records(run)) == 1  # the initial design, kept
+    calls.unlink()
+    monkeypatch.setenv("BO_TEST_LIVES", "2")  # dies in the initial design: nothing is kept
+    code, err = _cli(argv + ["--overwrite"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert "the worker process evaluating it died" in lines[0]
+    assert "run the same command again (nothing was kept" in lines[0]

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 import warnings
-from concurrent.futures import Executor
+from concurrent.futures import BrokenExecutor, Executor
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -696,9 +696,21 @@ class OnlineLoop:
         if self.executor is None:
             return fn(X).reshape(-1)
         futures = [self.executor.submit(fn, X[i : i + 1]) for i in range(X.shape[0])]
-        return torch.cat(
-            [torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures]
-        )
+        try:
+            return torch.cat(
+                [torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures]
+            )
+        except BrokenExecutor as e:
+            # A worker process died mid-evaluation (a crash in compiled code, os._exit, the
+            # out-of-memory killer): the objective's failure, not a traceback from the pool.
+            from bo_online.errors import ObjectiveError
+
+            name = getattr(getattr(self, "problem", None), "name", "objective")
+            raise ObjectiveError(
+                f"Objective {name!r}: the worker process evaluating it died ({type(e).__name__}: "
+                f"{e} -- a crash, os._exit or the out-of-memory killer)",
+                name,
+            ) from e
 
     def step(self) -> dict[str, Any]:
         """One ask -> evaluate -> tell round; returns its record."""
