@@ -1447,7 +1447,22 @@ def resume(
     ckpt = history.load_checkpoint(ckpt_path)
     # before the run is loaded, which rewrites its records from the checkpoint
     _check_resume_steps(int(ckpt.get("step_count", 0)), steps)
-    user_problem = check_resume(ckpt["config"].get("objective"), objective)
+    stored = ckpt["config"].get("objective")
+    if objective is not None and stored is None and ckpt.get("problem") is None:
+        # a BO run started from Python on a callable: a user objective, but no spec resumes it
+        # (check_resume would say it is not one)
+        from bo_online.loops.core import resume_in_python_advice
+
+        _check(
+            ckpt.get("kind") not in ("bo", "bo_async"),
+            resume_in_python_advice(
+                "objective is a Python callable (the run was started from Python, not with "
+                "--objective)",
+                run_dir,
+                ckpt.get("kind"),
+            ),
+        )
+    user_problem = check_resume(stored, objective)
     _check(
         dask is None or ckpt.get("kind") == "bo_async",
         f"{str(run_dir)!r} is not an asynchronous (Dask) run (its kind is {ckpt.get('kind')!r}); "

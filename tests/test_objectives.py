@@ -612,3 +612,23 @@ def test_a_worker_process_that_dies_in_the_objective_is_one_line(tmp_path, capsy
     assert code == 1 and len(lines) == 1, err
     assert "the worker process evaluating it died" in lines[0]
     assert "run the same command again (nothing was kept" in lines[0]
+
+
+def test_resuming_a_run_of_a_python_callable_with_objective_says_to_resume_from_python(
+    tmp_path, capsys
+):
+    # It said "This run is not of a user objective; resume it without --objective", and
+    # without it, to resume from Python: two answers that contradict each other.
+    (tmp_path / "obj.py").write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    run = tmp_path / "run"
+    problem = CallableProblem(lambda X: ((X - 0.3) ** 2).sum(-1), bounds=[[0, 0], [1, 1]])
+    BayesOptLoop(
+        problem, n_init=4, acq="ts", acq_options={"num_candidates": 64}, out_dir=run, quiet=True
+    ).run(1)
+    resume = ["resume", str(run), "--objective", f"{tmp_path / 'obj.py'}:f", "-Q", "--no-plots"]
+    code, err = _cli(resume, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "not of a user objective" not in lines[0]
+    assert "objective is a Python callable" in lines[0]
+    assert f"bo_online.loops.resume({str(run)!r}, problem=problem)" in lines[0]
