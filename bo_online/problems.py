@@ -300,9 +300,11 @@ def _exact_optimum(key: str, dim: int, fn: Any) -> float | None:
     return _OPTIMA[cache_key]
 
 
-def _user_frame(error: BaseException) -> str:
+def _user_frame(error: BaseException, shipped_file: str | None = None) -> str:
     r"""`` (at file.py:12)``: the innermost traceback frame in the user's own code (not this
-    package, an installed package or the standard library), or ``""``."""
+    package, an installed package or the standard library), or ``""``. ``shipped_file``: the
+    name of the ``--objective`` file, whose code reaches worker processes through cloudpickle,
+    which names its frames ``<dynamic-code>``."""
     import sysconfig
     import traceback
 
@@ -314,7 +316,12 @@ def _user_frame(error: BaseException) -> str:
         if not any(str(Path(f.filename).resolve()).startswith(s) for s in skip)
         and "site-packages" not in f.filename
     ]
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    if not frames:
+        return ""
+    name = Path(frames[-1].filename).name
+    if name == "<dynamic-code>" and shipped_file is not None:
+        name = shipped_file
+    return f" (at {name}:{frames[-1].lineno})"
 
 
 def objective_values(result: Any) -> Tensor:
@@ -385,6 +392,13 @@ class CallableProblem(Problem):
         self.noise_std, self.optimal_value, self.name = float(noise_std), optimal_value, name
         self.spec = None
 
+    def _shipped_file(self) -> str | None:
+        r"""The name of the ``--objective`` file (``objective_spec``, set by
+        :func:`bo_online.objectives.objective_problem`), or None."""
+        spec = getattr(self, "objective_spec", None)
+        target = str(spec["objective"]).rpartition(":")[0] if spec else ""
+        return Path(target).name if target.endswith(".py") else None
+
     def evaluate_true(self, X: Tensor) -> Tensor:
         if self.fn is None:
             raise ValueError(
@@ -401,14 +415,15 @@ class CallableProblem(Problem):
             raise ObjectiveError(f"Objective {self.name!r} {error}", self.name) from error
         except SystemExit as error:  # sys.exit() in an objective is its failure
             raise ObjectiveError(
-                f"Objective {self.name!r} called sys.exit({error.code!r}){_user_frame(error)} "
+                f"Objective {self.name!r} called sys.exit({error.code!r})"
+                f"{_user_frame(error, self._shipped_file())} "
                 f"on {X.shape[0]} point(s)",
                 self.name,
             ) from error
         except Exception as error:
             raise ObjectiveError(
                 f"Objective {self.name!r} raised {type(error).__name__}: {error}"
-                f"{_user_frame(error)} on {X.shape[0]} point(s)",
+                f"{_user_frame(error, self._shipped_file())} on {X.shape[0]} point(s)",
                 self.name,
             ) from error
         values = values.reshape(-1)

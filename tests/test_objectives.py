@@ -632,3 +632,17 @@ def test_resuming_a_run_of_a_python_callable_with_objective_says_to_resume_from_
     assert "not of a user objective" not in lines[0]
     assert "objective is a Python callable" in lines[0]
     assert f"bo_online.loops.resume({str(run)!r}, problem=problem)" in lines[0]
+
+
+def test_a_failure_in_a_worker_process_names_the_line_of_the_objective_file(tmp_path, capsys):
+    # The file's code reaches the workers through cloudpickle, which names its frames
+    # <dynamic-code>: the line said "(at <dynamic-code>:2)".
+    (tmp_path / "obj.py").write_text(
+        "def check(X):\n    raise ValueError('bad point')\ndef f(X):\n    return check(X)\n"
+    )
+    argv = ["bo", "--objective", f"{tmp_path / 'obj.py'}:f", "--bounds", "0,1 0,1"]
+    argv += ["--steps", "1", "--n-init", "4", "--out", str(tmp_path / "run"), "-Q", "--no-plots"]
+    code, err = _cli(argv + ["--workers", "1"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert "'f' raised ValueError: bad point (at obj.py:2) on 1 point(s)" in lines[0]
