@@ -208,8 +208,9 @@ class _Vectorised:
             return self._checked(self.fn(X), n)
         if n > 1 and n == d:  # the count cannot tell the kinds apart: stay undecided
             return torch.stack([self._one_of_either_kind(x) for x in X])
-        try:  # not decided yet: try the batch
-            out = self.fn(X)
+        try:  # not decided yet: try the batch (on a copy: a per-point function that writes into
+            # its input, `x -= shift`, would otherwise shift the points it is then called on)
+            out = self.fn(X.clone())
             values = None if out is None else self._values(out)
         except ObjectiveError:  # values no call can fix (complex): not a reason to go per point
             raise
@@ -281,8 +282,8 @@ class _Vectorised:
         else ``fn`` on the ``1 x d`` batch (a batch function that needs rows); if that raises
         too, the first exception."""
         first: Exception | None = None
-        try:
-            values = self._values(self.fn(x))
+        try:  # on a copy, as the batch is tried in __call__
+            values = self._values(self.fn(x.clone()))
         except Exception as error:
             first = error
         else:

@@ -646,3 +646,22 @@ def test_a_failure_in_a_worker_process_names_the_line_of_the_objective_file(tmp_
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
     assert "'f' raised ValueError: bad point (at obj.py:2) on 1 point(s)" in lines[0]
+
+
+def test_an_objective_that_writes_into_its_points_is_evaluated_at_the_points_given():
+    # The batch call that finds out the kind shifted the points the per-point calls then got:
+    # a per-point `x -= 0.3` was evaluated at X - 0.6.
+    def per_point(x):
+        x -= 0.3
+        return float((x**2).sum())
+
+    def batch(X):  # a batch function that shifts first, then fails on a d-vector (n == d)
+        X -= 0.3
+        return (X**2).sum(1)
+
+    problem = CallableProblem(_Vectorised(per_point), bounds=[[0, 0], [1, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the switch to per-point calls
+        torch.testing.assert_close(problem.evaluate_true(X5), EXPECTED)
+    problem = CallableProblem(_Vectorised(batch), bounds=[[0, 0], [1, 1]])
+    torch.testing.assert_close(problem.evaluate_true(X5[:2]), EXPECTED[:2])
