@@ -665,3 +665,30 @@ def test_an_objective_that_writes_into_its_points_is_evaluated_at_the_points_giv
         torch.testing.assert_close(problem.evaluate_true(X5), EXPECTED)
     problem = CallableProblem(_Vectorised(batch), bounds=[[0, 0], [1, 1]])
     torch.testing.assert_close(problem.evaluate_true(X5[:2]), EXPECTED[:2])
+
+
+def test_loading_a_run_of_an_objective_spec_without_its_problem_says_how_to_resume_it(
+    tmp_path, capsys
+):
+    # It said the run's objective was a Python callable that `bo-online resume` cannot
+    # rebuild, when `bo-online resume --objective SPEC` does.
+    from bo_online.loops import load_loop
+    from bo_online.objectives import objective_problem
+
+    (tmp_path / "obj.py").write_text("def f(X):\n    return ((X - 0.3) ** 2).sum(-1)\n")
+    spec, run = f"{tmp_path / 'obj.py'}:f", tmp_path / "run"
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 -5,5", "--maximize", "--steps", "1"]
+    argv += ["--n-init", "4", "--acq", "ts", "--num-candidates", "64", "--out", str(run)]
+    assert _cli(argv + ["-Q", "--no-plots"], capsys)[0] == 0
+    with pytest.raises(ValueError) as e:
+        load_loop(run)
+    message = str(e.value)
+    assert "Python callable" not in message
+    assert f"`bo-online resume {run} --objective {spec}`" in message
+    call = message.split("problem=")[1].removesuffix(".")
+    assert call.startswith("bo_online.objectives.objective_problem(")
+    problem = eval(
+        call.replace("bo_online.objectives.", ""), {"objective_problem": objective_problem}
+    )
+    loop = load_loop(run, problem=problem, quiet=True)  # the problem it names resumes the run
+    assert loop.step_count == 1 and loop.problem.maximize

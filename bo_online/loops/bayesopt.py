@@ -443,6 +443,20 @@ class BayesOptLoop(OnlineLoop):
         r"""Rebuild a loop from a checkpoint (``problem`` is needed for user callables)."""
         cfg = dict(ckpt["config"])
         if problem is None:
+            spec = cfg.get("objective")
+            if ckpt["problem"] is None and spec is not None:  # a run of bo-online --objective
+                from bo_online.loops.history import resume_command
+
+                cluster = " --dask ADDRESS" if ckpt.get("kind") == "bo_async" else ""
+                where = "RUN_DIR" if out_dir is None else out_dir
+                raise ValueError(
+                    f"This run optimises the user objective {spec['objective']!r}, which is "
+                    "imported only when given again: resume it with "
+                    f"`{resume_command(where, spec['objective'])}{cluster}`, or from Python "
+                    "with problem=bo_online.objectives.objective_problem("
+                    f"{spec['objective']!r}, {spec['bounds']!r}, maximize={spec['maximize']!r}, "
+                    f"noise_std={spec['noise_std']!r})."
+                )
             if ckpt["problem"] is None:
                 raise ValueError(
                     resume_in_python_advice(
