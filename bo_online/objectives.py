@@ -66,7 +66,16 @@ def load_objective(spec: str) -> Callable[[Tensor], Any]:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ValueError(f"Cannot import module {target!r} for --objective: {e}") from e
+            # `bo-online` (unlike `python -m`) does not put the working directory on the import
+            # path, so a module beside the user is not found by name: name its file form
+            here = Path(*target.split(".")).with_suffix(".py")
+            hint = (
+                f" ({str(here)!r} is here, but the working directory is not on the import "
+                f"path: pass --objective {here}:{attribute}, or add . to PYTHONPATH)"
+                if here.is_file() and getattr(e, "name", None) == target.split(".")[0]
+                else ""
+            )
+            raise ValueError(f"Cannot import module {target!r} for --objective: {e}{hint}") from e
         except Exception as e:  # its code failed (a syntax error, a raise at module level)
             raise ValueError(
                 f"Importing module {target!r} for --objective failed: {type(e).__name__}: {e}"

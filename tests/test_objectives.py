@@ -692,3 +692,23 @@ def test_loading_a_run_of_an_objective_spec_without_its_problem_says_how_to_resu
     )
     loop = load_loop(run, problem=problem, quiet=True)  # the problem it names resumes the run
     assert loop.step_count == 1 and loop.problem.maximize
+
+
+def test_a_module_objective_beside_the_user_that_is_not_importable_names_its_file_form(
+    tmp_path, monkeypatch, capsys
+):
+    # `bo-online` (a console script) does not put the working directory on the import path, as
+    # `python -m bo_online.cli` does: `--objective obj:f` beside obj.py said only "No module
+    # named 'obj'".
+    import os
+    import sys
+
+    (tmp_path / "obj_beside.py").write_text("def f(X):\n    return X.sum(-1)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    argv = ["bo", "--objective", "obj_beside:f", "--bounds", "0,1", "--out", str(tmp_path / "r")]
+    code, err = _cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "No module named 'obj_beside'" in err
+    assert "pass --objective obj_beside.py:f, or add . to PYTHONPATH" in err
+    assert not (tmp_path / "r").exists()
