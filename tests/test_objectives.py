@@ -712,3 +712,44 @@ def test_a_module_objective_beside_the_user_that_is_not_importable_names_its_fil
     assert "No module named 'obj_beside'" in err
     assert "pass --objective obj_beside.py:f, or add . to PYTHONPATH" in err
     assert not (tmp_path / "r").exists()
+
+
+def _bowl(X):
+    return ((X - 0.3) ** 2).sum(-1)
+
+
+def test_points_and_values_cross_to_an_executor_as_plain_data():
+    # Tensors crossed to --workers processes through torch's file-descriptor sharing, whose
+    # server thread printed an EOFError traceback under the one-line error when a failing
+    # objective shut the pool down mid-transfer.
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    sent = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            future = super().submit(fn, *args, **kwargs)
+            sent.append((args, future))
+            return future
+
+    problem = CallableProblem(_bowl, bounds=[[0, 0], [1, 1]])
+    kw = dict(n_init=4, acq="ts", acq_options={"num_candidates": 64}, q=2, seed=3)
+    with Recording(max_workers=2) as pool:
+        pooled = BayesOptLoop(problem, executor=pool, **kw).run(1)
+    assert len(sent) == 6
+    for args, future in sent:
+        assert not any(torch.is_tensor(a) for a in args) and isinstance(future.result(), list)
+    alone = BayesOptLoop(problem, **kw).run(1)  # the same values, to the last bit
+    assert [r["y"] for r in pooled] == [r["y"] for r in alone]
+
+    class RecordingProcesses(ProcessPoolExecutor):  # the problem's box is a tensor too
+        def submit(self, fn, *args, **kwargs):
+            sent.append((args, None))
+            return super().submit(fn, *args, **kwargs)
+
+    sent.clear()
+    problem = CallableProblem(_Vectorised(_bowl), bounds=[[0, 0], [1, 1]])
+    with RecordingProcesses(max_workers=1) as pool:
+        processed = BayesOptLoop(problem, executor=pool, **kw).run(1)
+    assert len(sent) == 6 and all(isinstance(args[0], bytes) for args, _ in sent)
+    assert [r["y"] for r in processed] == [r["y"] for r in alone]

@@ -26,12 +26,13 @@ import functools
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import sys
 import time
 import warnings
-from concurrent.futures import BrokenExecutor, Executor
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -695,7 +696,17 @@ class OnlineLoop:
         X = X.detach().to(device="cpu", dtype=torch.float64)
         if self.executor is None:
             return fn(X).reshape(-1)
-        futures = [self.executor.submit(fn, X[i : i + 1]) for i in range(X.shape[0])]
+        # Rows go to and values come back as lists, and a process pool gets the objective
+        # pickled by plain pickle (its tensors, e.g. the box, by value): a tensor crossing to a
+        # worker process otherwise goes through torch's file-descriptor sharing, whose server
+        # thread printed an EOFError traceback when the pool was shut down mid-transfer (a run
+        # stopped by a failing objective).
+        if isinstance(self.executor, ProcessPoolExecutor):
+            fn = pickle.dumps(fn)
+        futures = [
+            self.executor.submit(_evaluate_rows, fn, X[i : i + 1].tolist())
+            for i in range(X.shape[0])
+        ]
         try:
             return torch.cat(
                 [torch.as_tensor(f.result(), dtype=torch.float64).reshape(-1) for f in futures]
@@ -1155,6 +1166,15 @@ def check_resumed_problem(ckpt: dict[str, Any], problem: Any) -> None:
             "direction or data rows differ); pass the same problem, or start a new run in "
             "another directory."
         )
+
+
+def _evaluate_rows(fn: Callable[[Tensor], Tensor] | bytes, rows: list[list[float]]) -> list[float]:
+    r"""``fn`` (or ``fn`` pickled) on ``rows`` (``q x d`` as lists), its values as a list: what
+    an executor's worker runs for :meth:`OnlineLoop.evaluate_batch` (plain data both ways;
+    float64 round-trips exactly through Python floats)."""
+    if isinstance(fn, bytes):
+        fn = pickle.loads(fn)
+    return fn(torch.tensor(rows, dtype=torch.float64)).reshape(-1).tolist()
 
 
 def resume_in_python_advice(what: str, out_dir: str | Path | None, kind: str | None) -> str:
