@@ -1637,6 +1637,7 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     previous_showwarning, warnings.showwarning = warnings.showwarning, _show_warning
+    _SHOWN_WARNINGS.clear()
     try:
         _main(argv)
     finally:
@@ -1655,8 +1656,17 @@ def _show_warning(
 ) -> None:
     r"""A warning during a command as one line on stderr, ``bo-online: warning: ...`` (Python's
     default format adds the package's file, line number and source line, which say nothing to
-    a user of the command)."""
-    print(f"bo-online: warning: {message} ({category.__name__})", file=sys.stderr)
+    a user of the command), each text once per command: a library's warning raised at every
+    step (BoTorch's advice on ``--acq ei``, several lines long) filled the terminal."""
+    text = " ".join(str(message).split())  # one line: a multi-line text's breaks and tabs
+    if (category.__name__, text) in _SHOWN_WARNINGS:
+        return
+    _SHOWN_WARNINGS.add((category.__name__, text))
+    print(f"bo-online: warning: {text} ({category.__name__})", file=sys.stderr)
+
+
+#: (category, text) of the warnings :func:`_show_warning` has printed in this command
+_SHOWN_WARNINGS: set[tuple[str, str]] = set()
 
 
 def _main(argv: list[str] | None) -> None:

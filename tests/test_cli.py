@@ -779,3 +779,18 @@ def test_the_device_advice_is_the_runs_own_resume_command(tmp_path, capsys):
     advised = shlex.split(err.split("`")[1])
     assert advised == ["bo-online", "resume", str(run), "--objective", spec, "--device", "cpu"]
     assert _run([*advised[1:], "--steps", "2", "-Q", "--no-plots"], capsys)[0] == 0, err
+
+
+def test_a_warning_repeated_at_every_step_is_one_line_shown_once(tmp_path, capsys):
+    """BoTorch's advice against --acq ei (five lines with tabs) was printed at every step as a
+    'bo-online: warning:'; each warning text now shows once per command, on one line."""
+    argv = ["bo", "--problem", "branin", "--acq", "ei", "--steps", "3", "--n-init", "4"]
+    argv += ["--fit-max-iter", "5", "--num-restarts", "2", "--raw-samples", "16"]
+    argv += ["--acqf-maxiter", "5", "-Q", "--no-plots", "--out", str(tmp_path / "run")]
+    code, _, err = _run(argv, capsys)
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    shown = [line for line in lines if "ExpectedImprovement has known numerical issues" in line]
+    assert len(shown) == 1, err
+    assert shown[0].startswith("bo-online: warning: ") and "LogExpectedImprovement" in shown[0]
+    assert all(line.startswith("bo-online: ") for line in lines), err
