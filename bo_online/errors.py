@@ -3,7 +3,7 @@ loaded anything heavy)."""
 
 from __future__ import annotations
 
-__all__ = ["ObjectiveError"]
+__all__ = ["ObjectiveError", "describe"]
 
 
 #: What an objective that returned None is told (the objective's name is put before it).
@@ -27,3 +27,10 @@ class ObjectiveError(RuntimeError):
     def __init__(self, message: str, objective: str | None = None) -> None:
         super().__init__(message)
         self.objective = objective
+
+
+def describe(error: BaseException) -> str:
+    r"""An exception as messages name it: ``ValueError: bad input``, or the class alone for one
+    without a message (``MemoryError``, not ``MemoryError:`` with nothing after it)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

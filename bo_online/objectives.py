@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from bo_online.errors import NONE_RESULT, ObjectiveError
+from bo_online.errors import NONE_RESULT, ObjectiveError, describe
 from bo_online.problems import CallableProblem, objective_values
 from bo_online.userdata import file_sha256
 
@@ -225,7 +225,7 @@ class _Vectorised:
             raise
         except Exception as error:  # a per-point function given a batch, or a real failure
             try:
-                return self._decide_per_point(X, f"raised {type(error).__name__}: {error}")
+                return self._decide_per_point(X, f"raised {describe(error)}")
             except Exception as per_point_error:
                 if self.per_point:  # some points worked one at a time: its own error
                     raise
@@ -234,9 +234,8 @@ class _Vectorised:
                 # Neither kind of call worked on any point, so which is the objective's own
                 # failure is unknown: report both.
                 raise ObjectiveError(
-                    f"raised {type(error).__name__}: {error} when called on the "
-                    f"{n} x {d} batch, and {type(per_point_error).__name__}: "
-                    f"{per_point_error} when called one point at a time"
+                    f"raised {describe(error)} when called on the {n} x {d} batch, and "
+                    f"{describe(per_point_error)} when called one point at a time"
                 ) from error
         if values is None:  # no kind of objective returns None: report, do not go per-point
             raise ObjectiveError(NONE_RESULT)
@@ -252,7 +251,7 @@ class _Vectorised:
                 # that error alone hid the wrong count.
                 raise ObjectiveError(
                     f"returned {values.shape[0]} values for the {n} x {d} batch (one per point "
-                    f"expected), and raised {type(per_point_error).__name__}: {per_point_error} "
+                    f"expected), and raised {describe(per_point_error)} "
                     "when called one point at a time"
                 ) from per_point_error
         if n > 1:  # one point says nothing: both kinds return one value for 1 x d

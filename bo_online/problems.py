@@ -36,7 +36,7 @@ from botorch.utils.transforms import normalize, unnormalize
 from torch import Tensor
 
 from bo_online import datasets
-from bo_online.errors import COMPLEX_RESULT, NONE_RESULT, ObjectiveError
+from bo_online.errors import COMPLEX_RESULT, NONE_RESULT, ObjectiveError, describe
 from bo_online.models.validation import is_complex, max_abs_output, real_float64
 
 __all__ = [
@@ -422,7 +422,7 @@ class CallableProblem(Problem):
             ) from error
         except Exception as error:
             raise ObjectiveError(
-                f"Objective {self.name!r} raised {type(error).__name__}: {error}"
+                f"Objective {self.name!r} raised {describe(error)}"
                 f"{_user_frame(error, self._shipped_file())} on {X.shape[0]} point(s)",
                 self.name,
             ) from error

@@ -213,6 +213,13 @@ def test_problem_names_the_objective_the_exception_and_the_users_frame():
         outer.evaluate_true(X5)
     assert "outer" not in str(caught.value)  # named once, by the problem that called it
 
+    def out_of_memory(X):  # an exception without a message: 'raised MemoryError: (at ...'
+        raise MemoryError
+
+    problem = CallableProblem(out_of_memory, [[0, 0], [1, 1]], name="oom")
+    with pytest.raises(ObjectiveError, match=r"^Objective 'oom' raised MemoryError \(at test_obj"):
+        problem.evaluate_true(X5)
+
 
 def _ask_tell_loop(X0=None):
     r"""An ask/tell loop (q = 3, the exact GP) on the unit box of ``X0``'s columns, started from
