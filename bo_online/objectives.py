@@ -134,6 +134,8 @@ def parse_bounds(raw: str | list) -> Tensor:
             f"--bounds must be a JSON list of [lo, hi] per dimension (e.g. '[[0, 1], [-5, 5]]') "
             f"or 'lo,hi' per dimension (e.g. '0,1 -5,5'), got {raw!r}."
         )
+    if any(isinstance(v, bool) for p in pairs for v in p):  # JSON true / false: not numbers
+        raise ValueError(f"--bounds must hold numbers only, got {raw!r} (true / false).")
     try:
         bounds = torch.tensor(pairs, dtype=torch.float64).T.contiguous()
     except (TypeError, ValueError, RuntimeError) as e:  # null, strings, nested lists

@@ -332,6 +332,9 @@ def test_bounds_that_are_not_numbers_or_whose_width_overflows_are_refused():
     for raw in ("[[null, 1], [0, 1]]", '[["0", "1"], [0, 1]]', "[[-1e308, 1e308], [0, 1]]"):
         with pytest.raises(ValueError, match="--bounds"):
             parse_bounds(raw)
+    # JSON true / false were taken as 1 / 0
+    with pytest.raises(ValueError, match=r"--bounds must hold numbers only.*true / false"):
+        parse_bounds("[[false, true], [0, 1]]")
     with pytest.raises(ValueError, match="lower < upper .* width"):
         CallableProblem(lambda X: X.sum(-1), bounds=[[-1e308, 0], [1e308, 1]])
 
