@@ -702,6 +702,14 @@ def test_loading_a_run_of_an_objective_spec_without_its_problem_says_how_to_resu
     )
     loop = load_loop(run, problem=problem, quiet=True)  # the problem it names resumes the run
     assert loop.step_count == 1 and loop.problem.maximize
+    loop._lock.release()
+    # another objective file on the same box was accepted from Python (the CLI compares specs)
+    from bo_online.userdata import DataChangedError
+
+    (tmp_path / "other.py").write_text("def f(X):\n    return X.sum(-1)\n")
+    other = objective_problem(f"{tmp_path / 'other.py'}:f", "0,1 -5,5", maximize=True)
+    with pytest.raises(DataChangedError, match="resumes only with the objective it started"):
+        load_loop(run, problem=other, quiet=True)
 
 
 def test_a_module_objective_beside_the_user_that_is_not_importable_names_its_file_form(

@@ -1166,6 +1166,18 @@ def check_resumed_problem(ckpt: dict[str, Any], problem: Any) -> None:
             "direction or data rows differ); pass the same problem, or start a new run in "
             "another directory."
         )
+    # A run of an --objective file: the digest covers the box and direction, not the function,
+    # so the spec is compared too (as bo-online resume --objective compares it).
+    stored = (ckpt.get("config") or {}).get("objective")
+    given = getattr(problem, "objective_spec", None)
+    if isinstance(stored, dict) and isinstance(given, dict):
+        from bo_online.objectives import canonical_spec
+
+        if canonical_spec(given["objective"]) != canonical_spec(stored["objective"]):
+            raise DataChangedError(
+                f"The problem passed to resume optimises {given['objective']!r}, this run "
+                f"{stored['objective']!r}; a run resumes only with the objective it started with."
+            )
 
 
 def _evaluate_rows(fn: Callable[[Tensor], Tensor] | bytes, rows: list[list[float]]) -> list[float]:
