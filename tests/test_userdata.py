@@ -108,6 +108,13 @@ def test_classification_labels_mapped(tmp_path):
         stream_from_file(path, task="classification")
 
 
+def _write_text_labels(path, X, flags, names, pad="") -> None:
+    """A CSV of two inputs and a text label column: ``names[1]`` where ``flags``, else
+    ``names[0]``, each after ``pad``."""
+    rows = (f"{a!r},{b!r},{pad}{names[int(bool(f))]}" for (a, b), f in zip(X.tolist(), flags))
+    path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
+
+
 def test_text_class_labels_are_mapped_in_sorted_order(tmp_path):
     """A classification target of text labels ('yes' / 'no', as most exported tables hold) was
     refused ('not a number; encode the two classes as 0 and 1'). Two text labels now map to 0 /
@@ -117,13 +124,7 @@ def test_text_class_labels_are_mapped_in_sorted_order(tmp_path):
     positive = X[:, 0] > 1
     assert 0 < positive.sum() < 60
     text = tmp_path / "text.csv"
-    text.write_text(
-        "x0,x1,label\n"
-        + "\n".join(
-            f"{a!r},{b!r}, {'yes' if p else 'no'}" for (a, b), p in zip(X.tolist(), positive)
-        )
-        + "\n"
-    )
+    _write_text_labels(text, X, positive, ("no", "yes"), pad=" ")  # cells are stripped
     numeric = tmp_path / "numeric.csv"
     _write_csv(numeric, X, positive.astype(float))
     want = stream_from_file(numeric, task="classification", seed=3)
@@ -173,13 +174,7 @@ def test_a_classification_stream_cut_to_one_class_is_refused(tmp_path):
     assert set(kept.y_stream.tolist()) == {0.0, 1.0}
     # text labels are named as the file holds them (the message said 'class 0 of 0 / 1')
     text = tmp_path / "sorted_text.csv"
-    text.write_text(
-        "x0,x1,label\n"
-        + "\n".join(
-            f"{a!r},{b!r},{'late' if c else 'early'}" for (a, b), c in zip(X.tolist(), labels)
-        )
-        + "\n"
-    )
+    _write_text_labels(text, X, labels, ("early", "late"))
     with pytest.raises(DataFileError, match=r"\(in file order\) all hold class 'early': a"):
         stream_from_file(text, max_stream=20, **options)
 
