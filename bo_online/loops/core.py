@@ -1081,15 +1081,18 @@ class OnlineLoop:
         committed, which is then appended, is not among them)."""
         if not self._resumed_files_due or self.out_dir is None:
             return
-        history.rewrite_records(
-            self.out_dir / history.RECORDS_FILE, self.records if records is None else records
-        )
-        history.write_json(
-            self.out_dir / history.CONFIG_FILE,
-            {**self.config, "problem": self._problem_spec()},
-        )
-        self._resumed_files_due = False
-        self._note_files()
+        try:
+            history.rewrite_records(
+                self.out_dir / history.RECORDS_FILE, self.records if records is None else records
+            )
+            history.write_json(
+                self.out_dir / history.CONFIG_FILE,
+                {**self.config, "problem": self._problem_spec()},
+            )
+            self._resumed_files_due = False
+        finally:  # also after a failed write (the configuration's, on a full disk, after the
+            # records were rewritten): the files are this loop's own, and a retry goes on
+            self._note_files()
 
     # ------------------------------------------------------------------ progress bar
 

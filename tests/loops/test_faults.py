@@ -1254,3 +1254,27 @@ def test_a_live_holder_keeps_its_lock_when_the_wall_clock_steps(tmp_path, monkey
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_resumed_run_whose_first_rewrite_failed_on_a_full_disk_runs_when_retried(
+    tmp_path, monkeypatch
+):
+    r"""A resumed run rewrites its records, then its configuration, when it goes on; the
+    configuration's write failing (a full disk) left the records as this loop had rewritten
+    them but unnoted, so run() again, once space was freed, was refused as if the run had gone
+    on elsewhere ("the run files ... have changed since this loop last wrote or loaded them")."""
+    out = tmp_path / "run"
+    BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST).run(2)
+    loop = load_loop(out)
+    real = history.write_json
+
+    def full(path, obj):
+        raise history._write_error(Path(path), OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(history, "write_json", full)
+    with pytest.raises(history.RunFileError, match="No space left"):
+        loop.run(4)
+    monkeypatch.setattr(history, "write_json", real)
+    loop.run(4)  # space freed: the same loop goes on
+    assert without_timing(read_records(out)) == _reference(4)
+    assert json.loads((out / history.CONFIG_FILE).read_text())["kind"] == "bo"
