@@ -847,13 +847,10 @@ class OnlineLoop:
         records: refused, the lock given up."""
         if self._lock is None:
             return
-        took = self._lock.acquire()  # False if this process held it already
+        self._lock.acquire()
         if self._stamp is None or self._files_stamp() == self._stamp:
             return
-        if took:
-            self._lock.release()
-        else:  # the lock file may be another loop's of this process: leave it
-            self._lock.held = False
+        self._lock.release()  # the file stays while another loop of this process holds it
         raise RunDirectoryError(
             f"The run files in {str(self.out_dir)!r} have changed since this loop last wrote or "
             "loaded them (the run went on elsewhere, e.g. resumed by another process or loop, "

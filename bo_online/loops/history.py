@@ -39,7 +39,7 @@ import shlex
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import psutil
 import torch
@@ -495,10 +495,18 @@ class RunLock:
     names another process (reused since the crash, or after a reboot). A lock taken on another
     host (a directory on a shared file system, or copied from there) is refused: whether its
     process lives cannot be seen from here. Re-acquiring in the holder is a no-op.
+
+    Several objects of one process (two loops on one run directory) share the lock file; it is
+    removed when the last of them releases it (a count per directory in this process), so one
+    loop's release does not free the directory while another still holds it.
     """
+
+    #: lock file -> number of this process's RunLock objects holding it
+    _holders: ClassVar[dict[Path, int]] = {}
 
     def __init__(self, out_dir: Path) -> None:
         self.path = Path(out_dir) / LOCK_FILE
+        self._key = Path(os.path.abspath(self.path))  # one entry however the directory is named
         self.held = False
 
     def acquire(self) -> bool:
@@ -522,7 +530,7 @@ class RunLock:
                         "from there), delete the lock file."
                     )
                 if holder == os.getpid() and self._same_process(holder, fields):
-                    self.held = True
+                    self._held()  # another object of this process holds it (or held it)
                     return False
                 if _pid_alive(holder) and self._same_process(holder, fields):
                     raise RunFileError(
@@ -540,12 +548,18 @@ class RunLock:
         import atexit
 
         self.held = True
+        self._holders[self._key] = self._holders.get(self._key, 0) + 1
         atexit.register(self.release)  # a loop driven by step() holds the lock to exit
 
     def release(self) -> None:
         if not self.held:
             return
         self.held = False
+        left = self._holders.get(self._key, 1) - 1
+        if left > 0:  # another object of this process still holds the directory
+            self._holders[self._key] = left
+            return
+        self._holders.pop(self._key, None)
         found = _read_lock(self.path)
         if found is not None and found[0] == os.getpid() and self._same_process(*found):
             with contextlib.suppress(OSError):

@@ -506,11 +506,29 @@ def test_two_loops_of_one_process_on_one_run_do_not_overwrite_each_other(tmp_pat
     a.run(2)
     b = load_loop(out)
     a.run(4)
+    # A's release at the end of its run left the lock file to B, which still held it (it was
+    # removed, and another process could have taken the directory)
+    assert (out / history.LOCK_FILE).read_text().split()[0] == str(os.getpid())
     with pytest.raises(RunDirectoryError, match="have changed since this loop last wrote"):
         b.step()
+    assert not (out / history.LOCK_FILE).exists()  # B, the last holder, gave it up
     assert without_timing(read_records(out)) == _reference(4)
     load_loop(out).run(5)  # what is on disk goes on
     assert without_timing(read_records(out)) == _reference(5)
+
+
+def test_a_refused_loop_that_held_the_lock_alone_frees_the_directory(tmp_path):
+    r"""A loop driven by step() holds the lock to exit; refused because its run files were
+    replaced, it left its lock file behind, and every other process was refused the directory
+    until this Python session ended."""
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, quiet=True, **FAST)
+    loop.step()
+    assert (out / history.LOCK_FILE).exists()
+    (out / history.RECORDS_FILE).unlink()  # the run files go (a user cleans the folder)
+    with pytest.raises(RunDirectoryError, match="have changed"):
+        loop.step()
+    assert not (out / history.LOCK_FILE).exists()
 
 
 def test_a_lock_from_another_host_is_refused_and_one_of_a_reused_pid_is_taken_over(
