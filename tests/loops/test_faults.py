@@ -10,6 +10,7 @@ records of an uninterrupted run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import signal
@@ -829,25 +830,11 @@ def test_resume_takes_workers_like_bo_and_keeps_the_records(tmp_path, capsys):
         _one_line_error(code, err)
         assert needle in err
     assert (out / history.RECORDS_FILE).read_bytes() == before
-    stream = tmp_path / "stream"
-    code, err = _cli(
-        [
-            "stream",
-            "--problem",
-            "banana",
-            "--model",
-            "tsvgp",
-            "--max-stream",
-            "30",
-            "--n-init",
-            "10",
-            "-Q",
-            "--no-plots",
-            "--out",
-            stream,
-        ],
-        capsys,
-    )
+    stream, rows = tmp_path / "stream", tmp_path / "rows.csv"  # a user's file: no data set
+    grid = np.linspace(0.0, 1.0, 40)
+    rows.write_text("x,y\n" + "".join(f"{x!r},{math.sin(6 * x)!r}\n" for x in grid.tolist()))
+    argv = ["stream", "--data", rows, "--n-init", "10", "-Q", "--no-plots", "--out", stream]
+    code, err = _cli(argv, capsys)
     assert code == 0, err
     code, err = _cli(["resume", stream, "--workers", "2", "-Q", "--no-plots"], capsys)
     _one_line_error(code, err)
