@@ -294,6 +294,8 @@ def run_campaign(campaign: Campaign, run_dir: str | os.PathLike) -> dict[str, An
 _CAMPAIGN_OF_THREAD: dict[int, str] = {}
 #: the warning display that was installed before the first of them started
 _DISPLAY_BEFORE: list[Callable[..., None]] = []
+#: (campaign, category, text) of the warnings shown while campaigns run in this process
+_SHOWN: set[tuple[str, str, str]] = set()
 _CAMPAIGN_LOCK = threading.Lock()
 
 
@@ -323,6 +325,7 @@ def _one_line_warnings(name: str) -> Iterator[None]:
                 _CAMPAIGN_OF_THREAD[thread] = outer
             if not _CAMPAIGN_OF_THREAD:
                 warnings.showwarning = _DISPLAY_BEFORE.pop()
+                _SHOWN.clear()
 
 
 def _show_campaign_warning(
@@ -335,7 +338,8 @@ def _show_campaign_warning(
 ) -> None:
     r"""The ``warnings.showwarning`` of :func:`_one_line_warnings`: the campaign is the one of
     the calling thread, or the only one running (a thread that campaign started); with none
-    to name, the display from before."""
+    to name, the display from before. Each text is shown once per campaign, on one line, as
+    the CLI shows its own (a library's advice raised at every step filled the terminal)."""
     with _CAMPAIGN_LOCK:
         name = _CAMPAIGN_OF_THREAD.get(threading.get_ident())
         running = set(_CAMPAIGN_OF_THREAD.values())
@@ -346,7 +350,12 @@ def _show_campaign_warning(
         if before is not None:
             before(message, category, filename, lineno, file, line)
         return
-    print(f"bo-online: warning: campaign {name}: {message} ({category.__name__})", file=sys.stderr)
+    text = " ".join(str(message).split())
+    with _CAMPAIGN_LOCK:
+        if (name, category.__name__, text) in _SHOWN:
+            return
+        _SHOWN.add((name, category.__name__, text))
+    print(f"bo-online: warning: campaign {name}: {text} ({category.__name__})", file=sys.stderr)
 
 
 def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:

@@ -968,3 +968,23 @@ def test_a_sweep_noise_integer_beyond_float_range_is_a_one_line_error(tmp_path, 
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("bo-online: error:") and re.search("'branin'.* 'noise'", err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_campaign_shows_each_warning_text_once_on_one_line(capsys):
+    """A library warning raised at every step of a campaign (BoTorch's five-line advice against
+    --acq ei) was printed in full each time; each text is now one line, once per campaign."""
+    import warnings
+
+    from bo_online.sweep import _one_line_warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for name in ("A", "B"):
+            with _one_line_warnings(name):
+                for _ in range(3):
+                    warnings.warn("advice\n\n\t old \t --> \t new \n\nthe end")
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"bo-online: warning: campaign {name}: advice old --> new the end (UserWarning)"
+        for name in ("A", "B")
+    ], err
