@@ -509,11 +509,9 @@ class RunLock:
         self._key = Path(os.path.abspath(self.path))  # one entry however the directory is named
         self.held = False
 
-    def acquire(self) -> bool:
-        r"""Take the lock; True if this call wrote it, False if this process held it already
-        (through this object or another on the same directory)."""
+    def acquire(self) -> None:
         if self.held:
-            return False
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with _guard(self.path.parent):
             # Under the guard, reading the lock and replacing a stale one is one step for every
@@ -531,7 +529,7 @@ class RunLock:
                     )
                 if holder == os.getpid() and self._same_process(holder, fields):
                     self._held()  # another object of this process holds it (or held it)
-                    return False
+                    return
                 if _pid_alive(holder) and self._same_process(holder, fields):
                     raise RunFileError(
                         f"The run directory {str(self.path.parent)!r} is in use by process "
@@ -542,7 +540,6 @@ class RunLock:
             # written whole (rename), never seen empty.
             _atomic_write(self.path, lambda f: f.write(_lock_text()), False)
         self._held()
-        return True
 
     def _held(self) -> None:
         import atexit
