@@ -1447,6 +1447,7 @@ def resume(
     ckpt = history.load_checkpoint(ckpt_path)
     # before the run is loaded, which rewrites its records from the checkpoint
     _check_resume_steps(int(ckpt.get("step_count", 0)), steps)
+    _check_resume_memory(ckpt, steps)
     stored = ckpt["config"].get("objective")
     if objective is not None and stored is None and ckpt.get("problem") is None:
         # a BO run started from Python on a callable: a user objective, but no spec resumes it
@@ -1515,6 +1516,22 @@ def _check_resume_steps(done: int, steps: int | None) -> None:
         steps is None or steps >= done,
         f"--steps {steps} is below the {done} steps this run has already done; "
         "pass a larger --steps to extend it, or leave it out to finish the original target.",
+    )
+
+
+def _check_resume_memory(ckpt: dict[str, Any], steps: int | None) -> None:
+    r"""A resumed run into a dense model (the exact GP, SingleTaskGP) must fit in memory at its
+    last ``n``, as a new run must: ``--steps`` can extend a run far beyond what it was started
+    for. The last ``n`` is the checkpoint's plus ``q`` points per step still to run."""
+    config = ckpt.get("config", {})
+    records = ckpt.get("records") or []
+    target = steps if steps is not None else ckpt.get("target_steps")
+    if target is None or not records or "n" not in records[-1]:
+        return
+    to_run = max(0, int(target) - int(ckpt.get("step_count", 0)))
+    n_end = int(records[-1]["n"]) + int(config.get("q", 1)) * to_run
+    _check_dense_memory(
+        str(config.get("model")), n_end, str(config.get("dtype", "float64")), "a smaller --steps"
     )
 
 

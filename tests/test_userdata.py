@@ -1237,3 +1237,29 @@ def test_a_damaged_or_truncated_gzip_file_is_one_data_file_error(tmp_path):
     for path in (cut, damaged):
         with pytest.raises(DataFileError, match=r"the compressed file is damaged or incomplete"):
             stream_from_file(path)
+
+
+def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monkeypatch):
+    """``bo-online resume --steps`` can extend a dense-model run far past what it started for;
+    its last n x n matrices must fit as a new run's must (the check ran only when a run
+    started). Refused before the run is loaded, with the run's files as they were."""
+    from bo_online import cli
+    from bo_online.loops import history
+
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--steps", "2", "--out", str(out), "-Q", "--no-plots"]
+    code, err = _run(argv, capsys)
+    assert code == 0, err
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    # the run ends at n = 5 + 2; 139 steps more reach n = 146 (0.68 MB of float64 matrices)
+    monkeypatch.setattr(cli, "_memory_bytes", lambda: 500_000)
+    code, err = _run(["resume", str(out), "--steps", "141", "-Q", "--no-plots"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--model exact holds an n x n factor" in err and "(n = 146)" in err
+    assert "or stop earlier with a smaller --steps." in err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    # what fits goes on: one more step ends at n = 8
+    code, err = _run(["resume", str(out), "--steps", "3", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert ckpt["step_count"] == 3
