@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
 
@@ -111,6 +112,7 @@ def plot_progress(runs: Sequence[Run], out: str | os.PathLike, metric: str = "au
         if metric == "regret":
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 0.5 ticks on short runs
     ax1.set_title(f"{'Regret' if metric == 'regret' else 'Best value'} vs step")
     ax2.set_title(f"{'Regret' if metric == 'regret' else 'Best value'} vs wall time")
     ax1.legend(fontsize=8)
@@ -163,6 +165,7 @@ def _plot_metric_vs_step(
         key = next((k for k in keys[:-1] if any(r.get(k) is not None for r in records)), keys[-1])
         step, _, value = _series(records, key)
         ax.plot(step, value, marker="o", ms=3, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _finish(fig, ax, out, xlabel="step (0 = initial design)", ylabel=ylabel, title=title)
 
 

@@ -63,6 +63,11 @@ def test_progress_plot_data_are_the_records(tmp_path, captured):
     np.testing.assert_allclose(
         captured[1].axes[0].get_lines()[0].get_ydata(), [r["best_value"] for r in no_regret[0][1]]
     )
+    # a step axis has whole steps only (a short run was labelled 0, 0.5, 1, ...)
+    short = [("s", _bo_records(1.0)[:3])]
+    plotting.plot_progress(short, tmp_path / "s.png")
+    ticks = captured[-1].axes[0].get_xticks()
+    assert len(ticks) >= 2 and np.all(ticks == np.round(ticks)), ticks
 
 
 def test_time_per_step_and_rmse_plots(tmp_path, captured):
