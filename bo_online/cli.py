@@ -64,8 +64,8 @@ ModelOptionOpt = Annotated[
         help="Surrogate constructor option as key=value (repeatable); values are parsed as JSON "
         "when possible (numbers, true/false, lists), else kept as strings; a value "
         "module.Class(literal args) builds that object (only classes of "
-        "bo_online.models.wiski.projection "
-        "and gpytorch kernels, means, priors and constraints are allowed). Passed unchanged to "
+        "bo_online.models.wiski.projection, gpytorch kernels, means, priors, constraints and "
+        "likelihoods, and bo_online.likelihoods are allowed). Passed unchanged to "
         "the model "
         "class, e.g. --model-option grid_size=64 or (WISKI, d > 3; default all-pairs up to 6 "
         "inputs, pairs+tanh above) --model-option projection=pairs+tanh.",
