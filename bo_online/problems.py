@@ -498,15 +498,20 @@ class PoolProblem:
 def _normalise_labelled_sets(problem: Any, arrays: tuple[str, ...]) -> None:
     r"""After :func:`_check_labelled_sets`: inputs and targets given as NumPy arrays or lists
     become float64 tensors (the loops index them with tensors and move them with ``.to``: a
-    NumPy pool failed in the first step with torch's TypeError), targets given ``N x 1`` become
-    ``N`` (the loops index, score and record ``N``: an ``N x 1`` stream broadcast its
-    prequential errors to ``q x q``) and a box given as a list becomes a float64 tensor.
-    ``arrays``: the attribute names of the inputs and targets, targets named ``y...``."""
+    NumPy pool failed in the first step with torch's TypeError), as do inputs given as an
+    integer or boolean tensor; targets given ``N x 1`` become ``N`` (the loops index, score and
+    record ``N``: an ``N x 1`` stream broadcast its prequential errors to ``q x q``) and a box
+    given as a list becomes a float64 tensor. ``arrays``: the attribute names of the inputs and
+    targets, targets named ``y...``."""
     problem.bounds = torch.as_tensor(problem.bounds, dtype=torch.float64)
     for name in arrays:
         value = getattr(problem, name)
         if not torch.is_tensor(value):  # (tensors keep their dtype: labels may be bool or int)
             value = torch.as_tensor(value, dtype=torch.float64)
+        elif name.startswith("X") and not value.is_floating_point():
+            # integer inputs (torch.randint): the loops cast the box to the inputs' dtype, which
+            # truncated it (-0.5 .. 9.5 became 0 .. 9) and mapped the inputs otherwise
+            value = value.to(torch.float64)
         if name.startswith("y") and value.dim() > 1:
             value = value.reshape(-1)
         setattr(problem, name, value)

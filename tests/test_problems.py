@@ -279,6 +279,27 @@ def test_pools_and_streams_from_tensors_are_checked_before_any_loop(kind):
             make(*args)
 
 
+@pytest.mark.parametrize("kind", ["stream", "pool"])
+def test_integer_input_tensors_are_mapped_to_the_unit_cube_over_the_box_given(kind):
+    r"""Integer-valued inputs given as an integer tensor (``torch.randint``) are scaled by the
+    box as given: the loops cast the box to the inputs' dtype, so a box of half steps
+    (-0.5 .. 9.5) was truncated to 0 .. 9 and a run mapped its inputs otherwise than the same run
+    on float inputs."""
+    from bo_online.loops import ActiveLearningLoop, StreamingLoop
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randint(0, 10, (40, 2), generator=g)
+    y = X.double().sum(-1)
+    box = torch.tensor([[-0.5, -0.5], [9.5, 9.5]], dtype=torch.float64)
+    if kind == "pool":
+        loop = ActiveLearningLoop(PoolProblem("mine", X[:30], y[:30], X[30:], y[30:], box))
+        U = loop.U_pool
+    else:
+        loop = StreamingLoop(StreamProblem("mine", X[:30], y[:30], X[30:], y[30:], box), n_init=5)
+        U = loop.U_stream
+    assert torch.equal(U, (X[:30].double() + 0.5) / 10)
+
+
 @pytest.mark.parametrize("kind", ["regression", "classification", "pool"])
 def test_pools_and_streams_from_numpy_arrays_run_as_from_tensors(kind):
     r"""Problems given NumPy arrays (or lists) pass the checks, so the loops must take them: they
