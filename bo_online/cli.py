@@ -1111,9 +1111,12 @@ def active(
         if pool is None
         else f"{pool} has {rows} pool rows (the rows not held out for testing)"
     )
+    if pool_size is not None:  # the file holds more: the option, not the file, is the limit
+        where = f"--pool-size keeps {rows} points"
     _check(
         n_init <= rows,
-        f"--n-init {n_init} exceeds the pool: {where}; give --n-init {rows} or fewer.",
+        f"--n-init {n_init} exceeds the pool: {where}; give --n-init {rows} or fewer"
+        + (", or a larger --pool-size." if pool_size is not None else "."),
     )
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(

@@ -967,7 +967,8 @@ def test_a_file_not_in_utf8_is_named_with_its_line_and_what_to_do(tmp_path, caps
 def test_active_with_more_initial_points_than_pool_rows_names_the_file(tmp_path, capsys):
     """`bo-online active --pool small.csv` (default --n-init 10) on a file of 10 rows ended in
     'n_init=10 exceeds the pool size 9.', naming neither the option nor the file; as a stream
-    does, it now names both and what to give."""
+    does, it now names both and what to give. With a --pool-size below --n-init, the message
+    said the file held only that many pool rows and advised a smaller --n-init alone."""
     X, y = _data(n=10, d=2)
     path = tmp_path / "small.csv"
     _write_csv(path, X, y)
@@ -976,6 +977,16 @@ def test_active_with_more_initial_points_than_pool_rows_names_the_file(tmp_path,
     assert code == 2 and err == (
         f"bo-online: error: --n-init 10 exceeds the pool: {path} has 9 pool rows (the rows not "
         "held out for testing); give --n-init 9 or fewer.\n"
+    )
+    assert not out.exists()
+
+    # a --pool-size below --n-init: the file holds enough rows, the option is the limit
+    code, err = _run(
+        ["active", "--pool", str(path), "--pool-size", "4", "--out", str(out), "-Q"], capsys
+    )
+    assert code == 2 and err == (
+        "bo-online: error: --n-init 10 exceeds the pool: --pool-size keeps 4 points; give "
+        "--n-init 4 or fewer, or a larger --pool-size.\n"
     )
     assert not out.exists()
 
