@@ -489,6 +489,12 @@ class PoolProblem:
             ),
         )
         _normalise_labelled_sets(self, ("X_pool", "y_pool", "X_test", "y_test"))
+        for rows_name, rows in (("X_pool", self.X_pool), ("X_test", self.X_test)):
+            if len(rows) < 1:  # the loop scores every step on the test rows, as a stream's
+                raise ValueError(
+                    f"{self.name}: {rows_name} is empty; a pool problem needs at least one pool "
+                    "row and one test row."
+                )
 
     @property
     def dim(self) -> int:

@@ -188,6 +188,17 @@ def test_an_active_learning_run_larger_than_its_pool_is_refused_before_any_label
         _loop(_quadratic).run()
 
 
+def test_a_pool_without_test_rows_is_refused_when_built():
+    """A PoolProblem built in Python with an empty test set was taken, and its run failed once
+    the initial design was labelled and fitted, with torch's 'torch.cat(): expected a non-empty
+    list of Tensors' (scoring the test set); a stream's problem refuses it when built."""
+    s = _stream(n=36)
+    with pytest.raises(ValueError, match="pool: X_test is empty; a pool problem needs at least"):
+        PoolProblem("pool", s.X_stream, s.y_stream, s.X_test[:0], s.y_test[:0], s.bounds)
+    with pytest.raises(ValueError, match="pool: X_pool is empty"):
+        PoolProblem("pool", s.X_stream[:0], s.y_stream[:0], s.X_test, s.y_test, s.bounds)
+
+
 def test_a_stream_with_fewer_rows_than_one_step_is_refused():
     with pytest.raises(ValueError, match="q=40 points per step, but the stream has 30 rows"):
         StreamingLoop(_stream(), model="exact", n_init=10, q=40, quiet=True)
