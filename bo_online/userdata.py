@@ -467,13 +467,15 @@ def _test_mask(
                     f"{mask_table.path}: the test mask holds {values.shape[0]} rows, but "
                     f"{table.path} holds {n}."
                 )
-            column = None
+            column, source = None, f"{mask_table.path}"
         else:
             column = table.column(test_mask, "the test mask")
             values = table.data[:, column]
+            source = f"column {table.columns[column]!r} of {table.path}"
         mask = _zero_one(values, table.path)
     elif table.mask is not None and test_fraction is None:
         mask, column = _zero_one(table.mask, table.path), None
+        source = f"{table.path}'s test_mask array"
     else:
         fraction = 0.1 if test_fraction is None else float(test_fraction)
         if not 0.0 < fraction < 1.0:
@@ -493,8 +495,17 @@ def _test_mask(
         mask = np.zeros(n, bool)
         mask[np.random.default_rng(seed).permutation(n)[:k]] = True
         column = None
-    if mask.all() or not mask.any():
-        raise DataFileError(f"{table.path}: the test mask must mark some but not all rows.")
+    if mask.all():
+        raise DataFileError(
+            f"The test mask ({source}) marks all {n} rows of {table.path} as test rows, leaving "
+            "none to learn from; mark only the held-out rows with 1."
+        )
+    if not mask.any():
+        raise DataFileError(
+            f"The test mask ({source}) marks none of the {n} rows of {table.path} as a test "
+            "row; mark the held-out rows with 1 (or leave the mask out: a random tenth is held "
+            "out)."
+        )
     return mask, column
 
 

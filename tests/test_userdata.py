@@ -1274,3 +1274,27 @@ def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monke
     assert code == 0, err
     ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
     assert ckpt["step_count"] == 3
+
+
+def test_a_mask_of_every_row_or_none_names_where_it_came_from_and_what_to_do(tmp_path):
+    """A mask marking every row (nothing to learn from) or none (nothing to test on) was
+    refused as "DATA: the test mask must mark some but not all rows", naming the data file
+    even where the mask came from a file of its own, and not saying which of the two it was."""
+    X, y = _data(n=30, d=2)
+    path = tmp_path / "d.csv"
+    _write_csv(path, X, y)
+    mask_file = tmp_path / "all.csv"
+    np.savetxt(mask_file, np.ones(30), fmt="%d")
+    with pytest.raises(DataFileError, match=r"\(.*all\.csv\) marks all 30 rows of .*d\.csv as"):
+        pool_from_file(path, test_mask=str(mask_file))
+    np.savez(tmp_path / "m.npz", X=X, y=y, test_mask=np.zeros(30))
+    with pytest.raises(
+        DataFileError, match=r"\(.*m\.npz's test_mask array\) marks none of the 30 rows"
+    ):
+        stream_from_file(tmp_path / "m.npz")
+    col = tmp_path / "c.csv"
+    _write_csv(col, X, y, extra=None)
+    text = col.read_text().splitlines()
+    col.write_text("\n".join([text[0] + ",is_test"] + [r + ",1" for r in text[1:]]) + "\n")
+    with pytest.raises(DataFileError, match=r"\(column 'is_test' of .*c\.csv\) marks all 30"):
+        stream_from_file(col, target="target", test_mask="is_test")
