@@ -456,7 +456,13 @@ def _test_mask(
                 f"{test_mask}: no such file (given as the test mask; it names no column of "
                 f"{table.path} either)."
             )
-        if isinstance(test_mask, str) and Path(test_mask).expanduser().is_file():
+        # a column of the data file wins over a file of the same name (in the working directory,
+        # which a resume from elsewhere would otherwise read instead)
+        if (
+            isinstance(test_mask, str)
+            and test_mask not in table.columns
+            and Path(test_mask).expanduser().is_file()
+        ):
             mask_table = read_table_any(Path(test_mask).expanduser())
             mask_table.require([mask_table.data.shape[1] - 1], "the test mask")
             values = (
@@ -629,7 +635,9 @@ def _label(value: Any) -> str:
 
 def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
     mask = options.get("test_mask")
-    if isinstance(mask, str) and Path(mask).expanduser().is_file():  # resume from any directory
+    if (  # a mask file (not a column of the same name): resume from any directory
+        isinstance(mask, str) and mask not in table.columns and Path(mask).expanduser().is_file()
+    ):
         options["test_mask"] = str(Path(mask).expanduser().resolve())
         options["test_mask_sha256"] = file_sha256(Path(options["test_mask"]))
     return {

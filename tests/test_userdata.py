@@ -1298,3 +1298,22 @@ def test_a_mask_of_every_row_or_none_names_where_it_came_from_and_what_to_do(tmp
     col.write_text("\n".join([text[0] + ",is_test"] + [r + ",1" for r in text[1:]]) + "\n")
     with pytest.raises(DataFileError, match=r"\(column 'is_test' of .*c\.csv\) marks all 30"):
         stream_from_file(col, target="target", test_mask="is_test")
+
+
+def test_a_mask_column_wins_over_a_file_of_the_same_name(tmp_path, monkeypatch):
+    """``--test-mask is_test`` names a column of the data file; a file called ``is_test`` in the
+    working directory (where a run might be resumed from) was read instead, silently moving
+    rows between the pool and the test set."""
+    X, y = _data(n=30, d=2)
+    col = tmp_path / "c.csv"
+    _write_csv(col, X, y)
+    flags = (np.arange(30) % 5 == 0).astype(int)
+    text = col.read_text().splitlines()
+    rows = [f"{r},{f}" for r, f in zip(text[1:], flags)]
+    col.write_text("\n".join([text[0] + ",is_test", *rows]) + "\n")
+    monkeypatch.chdir(tmp_path)
+    np.savetxt(tmp_path / "is_test", (np.arange(30) % 2).astype(int), fmt="%d")
+    prob = pool_from_file(col, target="target", test_mask="is_test")
+    assert prob.X_test.shape[0] == flags.sum() == 6
+    np.testing.assert_allclose(prob.y_test.numpy(), y[flags == 1], atol=1e-12)
+    assert prob.spec["test_mask"] == "is_test" and "test_mask_sha256" not in prob.spec
