@@ -200,6 +200,7 @@ class AxOnlineMixin:
                 _SESSIONS.stats.reasons.append(plan)
         self._ax_refit_every = ax_refit_every
         self._ax_num_obs = int(train_X.shape[0])
+        self._ax_train_Y = train_Y.detach()  # what ``train_targets`` gives a model without them
         self._ax_fit_options = dict(ax_fit_options or {})
         # Remembered once Ax's fitting step has run (``ax_fit``), and only for the models Ax
         # builds to generate trials: a model that Ax loads a ``state_dict`` into is a
@@ -223,6 +224,15 @@ class AxOnlineMixin:
     _ax_n_at_fit: int | None = None  # observations held at the last fit (None: never fitted)
     _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
     _ax_shift: float = 0.0
+
+    @property
+    def train_targets(self) -> Tensor:
+        r"""The model's own training targets, or, for a model that keeps statistics instead
+        (WISKI), the ``n`` targets Ax gave it this trial (its current units): BoTorch's input
+        constructors of ``qNegIntegratedPosteriorVariance`` and ``qJointEntropySearch`` read
+        them for their dtype and device."""
+        own = getattr(super(), "train_targets", None)
+        return self._ax_train_Y.squeeze(-1) if own is None else own
 
     def _ax_identity(self) -> bool:
         return self._ax_scale == 1.0 and self._ax_shift == 0.0

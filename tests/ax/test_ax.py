@@ -1029,3 +1029,28 @@ def test_fit_options_in_model_options_are_checked_and_not_replaced():
         "TSVGP", model_options={"fit_options": dict(one)}, fit_options=dict(one)
     )
     assert stored(same) == one
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_active_learning_input_constructors_take_every_model(model_name):
+    """BoTorch's input constructors for qNegIntegratedPosteriorVariance (Ax's active-learning
+    acquisition) and qJointEntropySearch read ``model.train_targets`` for the dtype of their
+    points; WISKI keeps statistics, not its targets, so an Ax experiment with it failed at the
+    first model-based trial with AttributeError: 'AxWISKI' object has no attribute
+    'train_targets'. The Ax subclass supplies Ax's training targets where a model has none."""
+    from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
+    from botorch.acquisition.input_constructors import get_acqf_input_constructor
+
+    ax_cls = boax.available_models()[model_name]
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(8, 2, dtype=torch.float64, generator=g)
+    Y = torch.sin(4 * X[:, :1]) + X[:, 1:]
+    model = _build(ax_cls, X, Y, fit=False, incremental=False)
+    assert model.train_targets.dtype == torch.float64
+    if model_name == "WISKI":  # the targets Ax gave, in its units
+        torch.testing.assert_close(model.train_targets, Y.squeeze(-1))
+    inputs = get_acqf_input_constructor(qNegIntegratedPosteriorVariance)(
+        model=model, bounds=[(0.0, 1.0), (0.0, 1.0)], num_mc_points=16
+    )
+    acqf = qNegIntegratedPosteriorVariance(**inputs)
+    assert torch.isfinite(acqf(X[:3].unsqueeze(-2))).all()
