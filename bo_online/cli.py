@@ -1450,7 +1450,6 @@ def resume(
     ckpt = history.load_checkpoint(ckpt_path)
     # before the run is loaded, which rewrites its records from the checkpoint
     _check_resume_steps(int(ckpt.get("step_count", 0)), steps)
-    _check_resume_memory(ckpt, steps)
     stored = ckpt["config"].get("objective")
     if objective is not None and stored is None and ckpt.get("problem") is None:
         # a BO run started from Python on a callable: a user objective, but no spec resumes it
@@ -1492,6 +1491,7 @@ def resume(
                 client=client,
                 **moved,
             )
+            _check_resume_memory(loop, steps)
             if max_failures is not None:
                 loop.config["max_failures"] = int(max_failures)
             _run_async(loop, steps, dask)
@@ -1507,6 +1507,7 @@ def resume(
             **moved,
             **({} if executor is None else {"executor": executor}),
         )
+        _check_resume_memory(loop, steps)
         _run(loop, steps)
     finally:
         _shutdown(executor)
@@ -1522,20 +1523,23 @@ def _check_resume_steps(done: int, steps: int | None) -> None:
     )
 
 
-def _check_resume_memory(ckpt: dict[str, Any], steps: int | None) -> None:
+def _check_resume_memory(loop: Any, steps: int | None) -> None:
     r"""A resumed run into a dense model (the exact GP, SingleTaskGP) must fit in memory at its
     last ``n``, as a new run must: ``--steps`` can extend a run far beyond what it was started
-    for. The last ``n`` is the checkpoint's plus ``q`` points per step still to run."""
-    config = ckpt.get("config", {})
-    records = ckpt.get("records") or []
-    target = steps if steps is not None else ckpt.get("target_steps")
-    if target is None or not records or "n" not in records[-1]:
+    for. The last ``n`` is the checkpoint's plus ``q`` points per step still to run, to the
+    steps :meth:`~bo_online.loops.core.OnlineLoop.run` takes (a stream driven by ``step()``
+    from Python has no target: it runs to its end). Checked once the run is loaded, which
+    writes nothing: a ``--steps`` beyond what a stream or pool holds is left to ``run``, whose
+    message names that limit (the ``n`` it implies could not be reached)."""
+    target = steps if steps is not None else loop.target_steps
+    if target is None:
+        target = loop.default_steps()
+    limit = loop.max_steps()
+    if target is None or not loop.records or (limit is not None and target > limit):
         return
-    to_run = max(0, int(target) - int(ckpt.get("step_count", 0)))
-    n_end = int(records[-1]["n"]) + int(config.get("q", 1)) * to_run
-    _check_dense_memory(
-        str(config.get("model")), n_end, str(config.get("dtype", "float64")), "a smaller --steps"
-    )
+    to_run = max(0, int(target) - loop.step_count)
+    n_end = int(loop.records[-1]["n"]) + int(loop.config["q"]) * to_run
+    _check_dense_memory(loop.config["model"], n_end, loop.config["dtype"], "a smaller --steps")
 
 
 @app.command()

@@ -1253,7 +1253,7 @@ def test_a_damaged_or_truncated_gzip_file_is_one_data_file_error(tmp_path):
 def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monkeypatch):
     """``bo-online resume --steps`` can extend a dense-model run far past what it started for;
     its last n x n matrices must fit as a new run's must (the check ran only when a run
-    started). Refused before the run is loaded, with the run's files as they were."""
+    started). Refused before the run goes on, with the run's files as they were."""
     from bo_online import cli
     from bo_online.loops import history
 
@@ -1268,7 +1268,8 @@ def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monke
     assert code == 2 and err.count("\n") == 1, err
     assert "--model exact holds an n x n factor" in err and "(n = 146)" in err
     assert "or stop earlier with a smaller --steps." in err
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    # (the lock of the loaded run is this process's until it exits, as the command's is)
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.name != ".lock"} == before
     # what fits goes on: one more step ends at n = 8
     code, err = _run(["resume", str(out), "--steps", "3", "-Q", "--no-plots"], capsys)
     assert code == 0, err
@@ -1317,3 +1318,40 @@ def test_a_mask_column_wins_over_a_file_of_the_same_name(tmp_path, monkeypatch):
     assert prob.X_test.shape[0] == flags.sum() == 6
     np.testing.assert_allclose(prob.y_test.numpy(), y[flags == 1], atol=1e-12)
     assert prob.spec["test_mask"] == "is_test" and "test_mask_sha256" not in prob.spec
+
+
+def test_cli_resume_memory_check_takes_the_steps_a_stream_can_run(tmp_path, capsys, monkeypatch):
+    """The resume's memory check read the target from the checkpoint alone: a --steps beyond
+    what a stream holds was refused as a run that 'by its end (n = 1,000,010)' outgrows memory
+    (advising --model tsvgp), an n the stream can never reach, instead of naming the stream's
+    limit; and a stream driven by ``step()`` from Python (no target in its checkpoint), which a
+    resume runs to its end, was not checked at all."""
+    from bo_online import cli
+    from bo_online.loops.streaming import StreamingLoop
+
+    X, y = _data(n=40, d=2)
+    data = tmp_path / "rows.csv"
+    _write_csv(data, X, y)
+    out = tmp_path / "run"
+    loop = StreamingLoop(
+        stream_from_file(data, test_fraction=0.25),
+        model="exact",
+        n_init=10,
+        refit_every=0,
+        init_fit_max_iter=5,
+        out_dir=out,
+        quiet=True,
+    )
+    for _ in range(2):
+        loop.step()
+    loop.save_checkpoint()
+    # 30 stream rows: the run ends at n = 30, 28.8 kB of float64 matrices
+    monkeypatch.setattr(cli, "_memory_bytes", lambda: 20_000)
+    code, err = _run(["resume", str(out), "--steps", "1000000", "-Q", "--no-plots"], capsys)
+    assert code == 2 and "exceeds the 20 steps the data hold" in err, err
+    code, err = _run(["resume", str(out), "-Q", "--no-plots"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--model exact holds an n x n factor" in err and "(n = 30)" in err
+    # what fits goes on
+    code, err = _run(["resume", str(out), "--steps", "3", "-Q", "--no-plots"], capsys)
+    assert code == 0, err
