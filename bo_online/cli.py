@@ -1150,12 +1150,12 @@ def active(
         ),
         **shared,
     )
-    _check_dense_memory(model, n_init + loop.config["q"] * steps, dtype)
-    _check(
+    _check(  # before the memory check, whose n the pool could not reach
         loop.max_steps() >= (steps or 0),
         f"--steps {steps} exceeds the {loop.max_steps()} steps the pool allows "
         f"({prob.X_pool.shape[0]} points: {n_init} initial, then --q {loop.config['q']} per step).",
     )
+    _check_dense_memory(model, n_init + loop.config["q"] * steps, dtype)
     _run(loop, steps)
     _finish(loop, plots, quiet)
 

@@ -514,6 +514,10 @@ def test_cli_active_pool_file(tmp_path, capsys):
     code, err = _run(argv, capsys)
     assert code == 2 and "--steps 3 exceeds the 2 steps the pool allows" in err, err
     assert not more.exists()
+    # far more: the pool's limit, not memory (the n of 10**6 steps was said to outgrow it)
+    argv[argv.index("--steps") + 1] = "1000000"
+    code, err = _run(argv, capsys)
+    assert code == 2 and "--steps 1000000 exceeds the 2 steps the pool allows" in err, err
 
 
 def test_renamed_shipped_set_refused_by_shape(tmp_path):
