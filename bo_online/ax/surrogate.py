@@ -225,14 +225,18 @@ class AxOnlineMixin:
     _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
     _ax_shift: float = 0.0
 
-    @property
-    def train_targets(self) -> Tensor:
-        r"""The model's own training targets, or, for a model that keeps statistics instead
-        (WISKI), the ``n`` targets Ax gave it this trial (its current units): BoTorch's input
+    def __getattr__(self, name: str) -> Any:
+        r"""``train_targets`` for a model that keeps statistics instead of its targets (WISKI):
+        the ``n`` targets Ax gave it this trial (its current units). BoTorch's input
         constructors of ``qNegIntegratedPosteriorVariance`` and ``qJointEntropySearch`` read
-        them for their dtype and device."""
-        own = getattr(super(), "train_targets", None)
-        return self._ax_train_Y.squeeze(-1) if own is None else own
+        them for their dtype and device. A fallback, not a property: a model's own
+        ``train_targets`` (a property, an attribute or a buffer) stays as it is."""
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name == "train_targets" and "_ax_train_Y" in self.__dict__:
+                return self.__dict__["_ax_train_Y"].squeeze(-1)
+            raise
 
     def _ax_identity(self) -> bool:
         return self._ax_scale == 1.0 and self._ax_shift == 0.0

@@ -6,10 +6,12 @@ test runs the 40 trials the issue names, with cheap optimiser settings.
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 import logging
 import math
+import pickle
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from botorch.utils.datasets import SupervisedDataset
 
 import bo_online.ax as boax
 import bo_online.ax.surrogate as ax_surrogate
-from bo_online.models import OnlineExactGP
+from bo_online.models import WISKI, OnlineExactGP
 
 logging.getLogger("ax").setLevel(logging.ERROR)
 
@@ -1054,3 +1056,37 @@ def test_active_learning_input_constructors_take_every_model(model_name):
     )
     acqf = qNegIntegratedPosteriorVariance(**inputs)
     assert torch.isfinite(acqf(X[:3].unsqueeze(-2))).all()
+
+
+class _KeepsTargets(WISKI):
+    """A user's surrogate that keeps its targets itself, GPyTorch-style: as an attribute."""
+
+    def __init__(self, train_X, train_Y, train_Yvar=None, **options):
+        super().__init__(train_X, train_Y, train_Yvar, **options)
+        self.train_targets = 2 * train_Y.squeeze(-1)
+
+
+class _KeepsTargetsBuffer(WISKI):
+    """... or as a buffer."""
+
+    def __init__(self, train_X, train_Y, train_Yvar=None, **options):
+        super().__init__(train_X, train_Y, train_Yvar, **options)
+        self.register_buffer("train_targets", 2 * train_Y.squeeze(-1))
+
+
+@pytest.mark.parametrize("model_class", [_KeepsTargets, _KeepsTargetsBuffer])
+def test_ax_train_targets_leave_a_models_own_as_they_are(model_class):
+    """The Ax subclass gives ``train_targets`` to a model without them (WISKI); its read-only
+    property also shadowed a user surrogate's own: one that sets ``self.train_targets`` failed
+    to build ("property 'train_targets' of 'Ax_KeepsTargets' object has no setter"), one that
+    keeps them as a buffer read Ax's instead, silently."""
+    ax_cls = boax.ax_model_class(model_class)
+    X = torch.rand(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(-1, keepdim=True)
+    model = ax_cls(X, Y)
+    torch.testing.assert_close(model.train_targets, 2 * Y.squeeze(-1))
+    # deepcopy and pickling (Ax copies models) keep both cases
+    torch.testing.assert_close(copy.deepcopy(model).train_targets, 2 * Y.squeeze(-1))
+    wiski = boax.ax_model_class(WISKI)(X, Y)
+    torch.testing.assert_close(copy.deepcopy(wiski).train_targets, Y.squeeze(-1))
+    torch.testing.assert_close(pickle.loads(pickle.dumps(wiski)).train_targets, Y.squeeze(-1))
