@@ -507,10 +507,14 @@ def _test_mask(
             "none to learn from; mark only the held-out rows with 1."
         )
     if not mask.any():
+        instead = (  # an .npz file's array stays in the file: a test fraction overrides it
+            "give a test fraction (--test-fraction), which ignores the array"
+            if test_mask is None
+            else "leave the mask out: a random tenth is held out"
+        )
         raise DataFileError(
             f"The test mask ({source}) marks none of the {n} rows of {table.path} as a test "
-            "row; mark the held-out rows with 1 (or leave the mask out: a random tenth is held "
-            "out)."
+            f"row; mark the held-out rows with 1 (or {instead})."
         )
     return mask, column
 

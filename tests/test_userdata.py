@@ -1295,8 +1295,14 @@ def test_a_mask_of_every_row_or_none_names_where_it_came_from_and_what_to_do(tmp
     np.savez(tmp_path / "m.npz", X=X, y=y, test_mask=np.zeros(30))
     with pytest.raises(
         DataFileError, match=r"\(.*m\.npz's test_mask array\) marks none of the 30 rows"
-    ):
+    ) as info:
         stream_from_file(tmp_path / "m.npz")
+    # the array is in the file, not an option to leave out: a test fraction overrides it
+    assert "(or give a test fraction (--test-fraction), which ignores the array)" in str(info.value)
+    assert stream_from_file(tmp_path / "m.npz", test_fraction=0.1).X_test.shape[0] == 3
+    np.savetxt(mask_file, np.zeros(30), fmt="%d")
+    with pytest.raises(DataFileError, match=r"none .* \(or leave the mask out: a random tenth"):
+        pool_from_file(path, test_mask=str(mask_file))
     col = tmp_path / "c.csv"
     _write_csv(col, X, y, extra=None)
     text = col.read_text().splitlines()
