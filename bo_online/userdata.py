@@ -658,7 +658,7 @@ def stream_from_file(
     target: str | int | None = None,
     inputs: Sequence[str | int] | None = None,
     test_fraction: float | None = None,
-    test_mask: str | int | None = None,
+    test_mask: str | int | os.PathLike | None = None,
     task: str = "regression",
     shuffle: bool = True,
     seed: int = 0,
@@ -675,7 +675,8 @@ def stream_from_file(
         target: target column (name or index; default: the last column).
         inputs: input columns (names or indices; default: every other column but the mask).
         test_fraction: fraction of rows held out at random (seeded; default 0.1, a 90/10 split).
-        test_mask: instead, a column of the file, or a file with one 0/1 column, marking test rows.
+        test_mask: instead, a column of the file, or a file (a path, as a string or
+            :class:`~pathlib.Path`) with one 0/1 column, marking test rows.
         task: ``"regression"`` or ``"classification"`` (two distinct target values, numbers or
             text labels, mapped to {0, 1} in sorted order: ``no`` / ``yes`` to 0 / 1).
         shuffle: stream the training rows in a seeded random order (else in file order).
@@ -689,6 +690,7 @@ def stream_from_file(
     """
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
+    test_mask = _mask_option(test_mask)
     table, X, y, mask = _split_table(
         path,
         target,
@@ -744,7 +746,7 @@ def pool_from_file(
     target: str | int | None = None,
     inputs: Sequence[str | int] | None = None,
     test_fraction: float | None = None,
-    test_mask: str | int | None = None,
+    test_mask: str | int | os.PathLike | None = None,
     seed: int = 0,
     pool_size: int | None = None,
     expected_sha256: str | None = None,
@@ -754,6 +756,7 @@ def pool_from_file(
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
     seeded random subset of the pool)."""
+    test_mask = _mask_option(test_mask)
     table, X, y, mask = _split_table(
         path,
         target,
@@ -790,6 +793,12 @@ def pool_from_file(
             pool_size=pool_size,
         ),
     )
+
+
+def _mask_option(test_mask: str | int | os.PathLike | None) -> str | int | None:
+    """A test mask given as a :class:`~pathlib.Path` as the path string a file mask is read and
+    recorded as (taken for a column name, it was refused as "no column PosixPath(...)")."""
+    return os.fspath(test_mask) if isinstance(test_mask, os.PathLike) else test_mask
 
 
 def _split_table(

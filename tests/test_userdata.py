@@ -95,6 +95,22 @@ def test_gz_npz_target_and_mask_column(tmp_path):
     np.testing.assert_allclose(pool.y_test.numpy(), y[mask == 1], atol=1e-12)
 
 
+def test_test_mask_file_given_as_a_path(tmp_path):
+    """A test-mask file given as a pathlib.Path is read like its path string (it was taken for
+    a column name: "no column PosixPath(...)") and recorded as the resolved path."""
+    X, y = _data(n=40, d=2)
+    mask = (np.arange(40) % 4 == 0).astype(int)
+    data, mask_file = tmp_path / "d.csv", tmp_path / "mask.csv"
+    _write_csv(data, X, y)
+    np.savetxt(mask_file, mask, fmt="%d")
+    prob = stream_from_file(data, test_mask=mask_file, shuffle=False)
+    np.testing.assert_allclose(prob.y_test.numpy(), y[mask == 1], atol=1e-12)
+    assert prob.spec["test_mask"] == str(mask_file.resolve())
+    json.dumps(prob.spec)  # stored in config.json
+    pool = pool_from_file(data, test_mask=mask_file)
+    np.testing.assert_allclose(pool.y_pool.numpy(), y[mask == 0], atol=1e-12)
+
+
 def test_classification_labels_mapped(tmp_path):
     X, _ = _data(n=60, d=2)
     y = np.where(X[:, 0] > 1, 7.0, -2.0)
