@@ -832,7 +832,8 @@ def bo(
     dtype: DtypeOpt = "float64",
     threads: ThreadsOpt = None,
 ) -> None:
-    """Bayesian optimisation of a test function with an online surrogate."""
+    """Bayesian optimisation of a test function (or your own --objective) with an online
+    surrogate."""
     # Cheap checks first, before torch/BoTorch are imported: bad options fail fast.
     _nonneg("--steps", steps)
     _check_noise(noise)
@@ -1038,7 +1039,8 @@ def active(
     dtype: DtypeOpt = "float64",
     threads: ThreadsOpt = None,
 ) -> None:
-    """Active learning of a real field from a pool (qNIPV), reporting test RMSE each step."""
+    """Active learning from a pool (the magnetometer field, or your own --pool file) with
+    qNIPV, reporting test RMSE each step."""
     _nonneg("--steps", steps)
     _positive("--q", q)
     _check_seed(seed)
@@ -1241,8 +1243,8 @@ def stream(
     dtype: DtypeOpt = "float64",
     threads: ThreadsOpt = None,
 ) -> None:
-    """Streaming regression (UCI set) or binary classification (banana): predict each arriving
-    point, then update. In a regression stream of 2,000 rows or more t-SVGP has 512 inducing
+    """Streaming regression (a UCI set or your own --data file) or binary classification
+    (banana, or --data with --task classification): predict each arriving point, then update. In a regression stream of 2,000 rows or more t-SVGP has 512 inducing
     inputs and the decoupled SVGP 2,048 mean / 1,024 covariance bases unless --model-option
     says otherwise."""
     if steps is not None:
