@@ -1244,9 +1244,9 @@ def stream(
     threads: ThreadsOpt = None,
 ) -> None:
     """Streaming regression (a UCI set or your own --data file) or binary classification
-    (banana, or --data with --task classification): predict each arriving point, then update. In a regression stream of 2,000 rows or more t-SVGP has 512 inducing
-    inputs and the decoupled SVGP 2,048 mean / 1,024 covariance bases unless --model-option
-    says otherwise."""
+    (banana, or --data with --task classification): predict each arriving point, then update.
+    In a regression stream of 2,000 rows or more t-SVGP has 512 inducing inputs and the
+    decoupled SVGP 2,048 mean / 1,024 covariance bases unless --model-option says otherwise."""
     if steps is not None:
         _nonneg("--steps", steps)
     _positive("--q", q)
