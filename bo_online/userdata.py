@@ -594,6 +594,10 @@ def _inputs(
     return cols
 
 
+#: Text cells that mark a missing value, not a class label (compared stripped, lower case).
+_MISSING_MARKERS = frozenset({"nan", "na", "n/a", "null", "none", "?", "-"})
+
+
 def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
     """Binary class labels of target column ``column`` to {0, 1}, in sorted order: of two
     numbers the smaller is 0, of two text labels the first in character order (``no`` 0,
@@ -613,6 +617,16 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
     else:
         table.require([column], "the target")
     values = np.unique(y)
+    if values.size > 2 and column in table.text:
+        # a missing-value marker among text labels would read as a third class
+        missing = next(
+            (r for r, cell in enumerate(y) if cell.strip().lower() in _MISSING_MARKERS), None
+        )
+        if missing is not None:
+            raise DataFileError(
+                f"{table.path}: {table.where(missing)}, target column {name!r} holds "
+                f"{str(y[missing])!r}, a missing label; drop or fill the rows with missing labels."
+            )
     if values.size != 2:
         shown = ", ".join(_label(v) for v in values[:5]) + (", ..." if values.size > 5 else "")
         raise DataFileError(

@@ -1381,3 +1381,30 @@ def test_cli_resume_memory_check_takes_the_steps_a_stream_can_run(tmp_path, caps
     # what fits goes on
     code, err = _run(["resume", str(out), "--steps", "3", "-Q", "--no-plots"], capsys)
     assert code == 0, err
+
+
+def test_a_missing_value_marker_among_text_labels_is_named_as_a_missing_label(tmp_path):
+    """A label column of ``yes`` / ``no`` (or 0 / 1) with an ``NA`` or ``null`` cell was
+    refused as a column of three classes ("found 3 values ... name a column of two classes"),
+    pointing at the column rather than at the row with the missing label."""
+    X, _ = _data(n=30, d=2)
+    path = tmp_path / "labels.csv"
+    for names, marker in ((("no", "yes"), "NA"), (("0", "1"), "NA"), (("b", "a"), " null")):
+        _write_text_labels(path, X, np.arange(30) % 2, names)
+        lines = path.read_text().splitlines()
+        lines[8] = lines[8].rsplit(",", 1)[0] + "," + marker  # data row 7, line 9
+        path.write_text("\n".join(lines) + "\n")
+        with pytest.raises(
+            DataFileError, match=rf"line 9, target column 'label' holds '{marker.strip()}"
+        ):
+            stream_from_file(path, task="classification")
+    # (a "nan" in a column of numbers is a missing number, as before)
+    _write_text_labels(path, X, np.arange(30) % 2, ("0", "1"))
+    path.write_text(path.read_text().replace(",1\n", ",nan\n", 1))
+    with pytest.raises(DataFileError, match=r"column 'label' \(no. 3\) is nan; drop or fill"):
+        stream_from_file(path, task="classification")
+    # three real classes are still refused as such
+    _write_text_labels(path, X, np.arange(30) % 2, ("no", "yes"))
+    path.write_text(path.read_text().replace(",no\n", ",maybe\n", 1))
+    with pytest.raises(DataFileError, match=r"found 3 \(.maybe., .no., .yes.\)"):
+        stream_from_file(path, task="classification")
