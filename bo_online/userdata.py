@@ -595,7 +595,7 @@ def _inputs(
 
 
 #: Text cells that mark a missing value, not a class label (compared stripped, lower case).
-_MISSING_MARKERS = frozenset({"nan", "na", "n/a", "null", "none", "?", "-"})
+_MISSING_MARKERS = frozenset({"nan", "na", "n/a", "null", "none", "?"})
 
 
 def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
