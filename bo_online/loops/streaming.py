@@ -317,7 +317,10 @@ class StreamingLoop(OnlineLoop):
             "step": self.step_count,
             "n": self.position,
             "rows": rows,
-            "y": self.problem.y_stream[rows],
+            # bool labels (a StreamProblem given them from Python) recorded as 0 / 1, not true/false
+            "y": self.problem.y_stream[rows].to(torch.float64)
+            if self.problem.y_stream.dtype == torch.bool
+            else self.problem.y_stream[rows],
             **self._prequential_fields(pred),
             **self._test_metrics(),
             "refit": refit,

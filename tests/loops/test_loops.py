@@ -1026,3 +1026,38 @@ def test_active_learning_refits_by_the_auto_rule_by_default():
     assert [r["refit"] for r in records] == [True, True, True, True]
     explicit = ActiveLearningLoop(pool, model="exact", acq="random", q=2, n_init=6, refit_every=10)
     assert [r["refit"] for r in explicit.run(3)[1:]] == [False, False, False]
+
+
+def test_a_stream_of_bool_labels_records_them_as_zero_and_one(tmp_path):
+    r"""A :class:`StreamProblem` given bool labels from Python (accepted, as int and float ones
+    are) wrote its records' ``y`` as JSON ``true`` / ``false``; they are now 0 / 1, as the
+    same stream of float labels records them."""
+    from bo_online.problems import StreamProblem
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(70, 2, generator=g, dtype=torch.float64)
+    flags = X.sum(-1) > 1.0
+    box = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    runs = {}
+    for kind, labels in (("bool", flags), ("float", flags.double())):
+        problem = StreamProblem(
+            "bools", X[:50], labels[:50], X[50:], labels[50:], box, task="classification"
+        )
+        loop = StreamingLoop(
+            problem,
+            model="tsvgp",
+            model_options={"inducing_points": 12},
+            n_init=20,
+            q=5,
+            refit_every=0,
+            init_fit_max_iter=5,
+            eval_every=10,
+            out_dir=tmp_path / kind,
+            quiet=True,
+        )
+        loop.run(2)
+        runs[kind] = [json.loads(line) for line in (tmp_path / kind / "records.jsonl").open()]
+    ys = [r["y"] for r in runs["bool"][1:]]
+    assert ys == [r["y"] for r in runs["float"][1:]]
+    assert all(type(v) is float for y in ys for v in y), ys
+    assert ys == [flags[20 + 5 * s : 25 + 5 * s].double().tolist() for s in range(2)]
