@@ -48,6 +48,10 @@ class TSVGPClassifier(TSVGP):
             raise ValueError(
                 "TSVGPClassifier sets its own Bernoulli likelihood; pass link= instead."
             )
+        if link not in ("probit", "logit"):  # the option's name, not only the likelihood's
+            raise ValueError(
+                f"TSVGPClassifier option link must be 'probit' or 'logit', got {link!r}."
+            )
         super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
 
     def predict_proba(self, X: Tensor) -> Tensor:

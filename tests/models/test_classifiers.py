@@ -88,6 +88,9 @@ def test_tsvgp_classifier_sets_its_own_likelihood():
     X, y = _data()
     with pytest.raises(ValueError, match="pass link= instead"):
         TSVGPClassifier(X, y, likelihood=None)
+    # an unknown link names the option (it named only the likelihood's own argument)
+    with pytest.raises(ValueError, match="TSVGPClassifier option link must be 'probit' or"):
+        TSVGPClassifier(X, y, link="foo")
 
 
 def test_wiski_binary_probability_is_the_expected_softmax_of_the_class_latents():
