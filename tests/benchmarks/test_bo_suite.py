@@ -384,3 +384,40 @@ def test_suite_jobs_on_a_dask_cluster_equal_the_in_process_run(tmp_path):
                 for where in ("local", "dask")
             )
             assert a["regret"] == pytest.approx(b["regret"], rel=1e-9, abs=1e-12)
+
+
+def _write_result(bench, folder, function, method, seed, final=None, error=None, **extra):
+    path = bench.result_path(folder, function, 1, method, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"method": method, "seed": seed, "steps": 30, "q": 1}
+    if error:
+        record["error"] = error
+    else:
+        record |= {"regret": [final], "final_regret": final, "mean_time_per_step": 1.0}
+        record |= {"process": f"p{seed}", **extra}
+    path.write_text(json.dumps(record))
+
+
+def test_a_method_failing_on_some_seeds_fails_its_targets(tmp_path):
+    """exact failed on every seed (its 'not worse than botorch' check was skipped), t-SVGP on
+    two of four (judged on the other two, it passed all three checks); wiski was not run (it
+    passed 'within 1.5x on >= 0 of 0 functions')."""
+    bench = _bench()
+    for s in range(4):
+        _write_result(bench, tmp_path, "branin", "sobol", s, 10.0 + s)
+        _write_result(bench, tmp_path, "branin", "botorch", s, 1.0 + 0.1 * s)
+        _write_result(bench, tmp_path, "branin", "exact", s, error="RuntimeError: boom")
+        if s < 2:
+            _write_result(bench, tmp_path, "branin", "tsvgp", s, 1.0 + 0.1 * s)
+        else:
+            _write_result(bench, tmp_path, "branin", "tsvgp", s, error="RuntimeError: boom")
+    argv = ["--functions", "branin", "--methods", "sobol,botorch,exact,tsvgp,wiski"]
+    summary = bench.main([*argv, "--seeds", "4", "--out", str(tmp_path), "--merge", "--no-plot"])
+    checks = {c["target"]: c["pass"] for c in summary["checks"]}
+    assert checks == {
+        "exact not worse than botorch by > 2 SE on branin": False,
+        "tsvgp not worse than botorch by > 2 SE on branin": False,
+        "exact beats sobol by > 2 SE on branin": False,
+        "tsvgp beats sobol by > 2 SE on branin": False,
+        "tsvgp within 1.5x of botorch's mean on >= 1 of 1 functions": False,
+    }
