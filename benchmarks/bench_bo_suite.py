@@ -277,13 +277,27 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
     return m, se, len(seeds)
 
 
-def _reference_time(folder: Path, function: str, q: int, seed: int, process: str) -> float | None:
+def _first_steps(r: dict[str, Any], steps: int | None) -> dict[str, Any]:
+    """A result cut at its first ``steps`` steps: a longer run (kept for a shorter request, see
+    ``run_job``) is read at the number of steps merged, as every other run of the table."""
+    if steps is None or "error" in r or r.get("steps", steps) <= steps:
+        return r
+    regret = r["regret"][: r["n_init"] + steps * r["q"]]
+    times = r["time_per_step"][:steps]
+    mean_time = statistics.fmean(times) if times else 0.0
+    cut = {"steps": steps, "regret": regret, "final_regret": regret[-1], "time_per_step": times}
+    return {**r, **cut, "mean_time_per_step": mean_time}
+
+
+def _reference_time(
+    folder: Path, function: str, q: int, seed: int, process: str, steps: int | None = None
+) -> float | None:
     """Mean time per step of the BoTorch reference run in ``process`` (same folder, same
     function and seed), or None where that process ran no reference."""
     path = result_path(folder, function, q, "botorch", seed)
     if not path.exists():
         return None
-    ref = json.loads(path.read_text())
+    ref = _first_steps(json.loads(path.read_text()), steps)
     if ref.get("process") != process or not ref.get("mean_time_per_step", 0) > 0:
         return None
     return float(ref["mean_time_per_step"])
@@ -297,11 +311,13 @@ def merge(
     q: int,
     plot: bool = True,
     more: list[Path] | None = None,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     """Table and target checks from the result files under ``out``, then under each folder of
     ``more`` for a (function, method, seed) that ``out`` lacks (e.g. ``out`` holds a rerun of
     some methods with their own BoTorch reference). A time ratio always divides by the BoTorch
-    run of the same process, found in the same folder as the result."""
+    run of the same process, found in the same folder as the result. A run longer than
+    ``steps`` is read at its first ``steps`` steps."""
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     errors: dict[str, dict[str, list[str]]] = {}
     ratios_of: dict[tuple[str, str], list[float]] = {}
@@ -313,12 +329,12 @@ def merge(
                 )
                 if folder is None:
                     continue
-                r = json.loads(result_path(folder, f, q, m, s).read_text())
+                r = _first_steps(json.loads(result_path(folder, f, q, m, s).read_text()), steps)
                 if "error" in r:
                     errors.setdefault(f, {}).setdefault(m, []).append(r["error"])
                     continue
                 results.setdefault(f, {}).setdefault(m, {})[s] = r
-                ref_time = _reference_time(folder, f, q, s, r["process"])
+                ref_time = _reference_time(folder, f, q, s, r["process"], steps)
                 if ref_time is not None:
                     ratios_of.setdefault((f, m), []).append(r["mean_time_per_step"] / ref_time)
     table: dict[str, dict[str, Any]] = {}
@@ -567,7 +583,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             for job in jobs:
                 run_group(*job)
     more = [Path(d) for d in args.merge_from.split(",") if d]
-    return merge(args.out, functions, methods, seeds, args.q, plot=not args.no_plot, more=more)
+    return merge(
+        args.out,
+        functions,
+        methods,
+        seeds,
+        args.q,
+        plot=not args.no_plot,
+        more=more,
+        steps=args.steps,
+    )
 
 
 if __name__ == "__main__":

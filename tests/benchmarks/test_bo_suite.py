@@ -421,3 +421,20 @@ def test_a_method_failing_on_some_seeds_fails_its_targets(tmp_path):
         "tsvgp beats sobol by > 2 SE on branin": False,
         "tsvgp within 1.5x of botorch's mean on >= 1 of 1 functions": False,
     }
+
+
+def test_merge_reads_a_longer_run_at_the_steps_merged(tmp_path):
+    """A rerun with fewer steps keeps the longer runs already there (run_job skips them): the
+    merge read their final regret after more steps than the others' and the plot of curves of
+    two lengths failed (ValueError: expected sequence of length 8 at dim 1 (got 7))."""
+    bench = _bench()
+    argv = ["--functions", "branin", "--methods", "sobol", "--q", "1", "--out", str(tmp_path)]
+    bench.main([*argv, "--seeds", "1", "--steps", "3", "--no-plot"])
+    summary = bench.main([*argv, "--seeds", "2", "--steps", "2"])
+    p = synthetic_problem("branin")
+    finals = []
+    for seed in (0, 1):
+        U = SobolEngine(2, scramble=True, seed=seed).draw(5 + 2, dtype=torch.float64)
+        finals.append(p.regret(float(p.evaluate_true(from_unit(U, p.bounds)).min())))
+    assert summary["table"]["branin"]["sobol"]["finals"] == pytest.approx(dict(enumerate(finals)))
+    assert (tmp_path / "regret_q1_branin.png").is_file()
