@@ -38,9 +38,10 @@ is smaller (agrees with the claim) or not.
 
 Every (set, model, trial) and hindsight fit is one job with its own result file under ``--out``
 (existing results are reused: the experiment is resumable). ``--part i --parts k`` runs only the
-jobs with index = i mod k (to split over processes); ``--merge`` reads every result file, writes
-``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means with 2-SE bands over
-trials, hindsight dotted) and prints the comparison with the paper's claim.
+jobs with index = i mod k (to split over processes); ``--merge`` reads every result file of the
+size given (``--max-stream``, ``--max-test``, ``--m``: runs at another size in the same ``--out``
+are left out), writes ``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means
+with 2-SE bands over trials, hindsight dotted) and prints the comparison with the paper's claim.
 
     PYTHONPATH=. python experiments/stream_uci.py --part 0 --parts 2 &   # 3 trials
     PYTHONPATH=. python experiments/stream_uci.py --part 1 --parts 2
@@ -201,10 +202,13 @@ def run_job(name: str, model: str, trial: int, kind: str, args: argparse.Namespa
     }
 
 
+def _size(args: argparse.Namespace) -> str:
+    return f"s{args.max_stream}-t{args.max_test}-m{args.m}"
+
+
 def _path(out: Path, job: tuple[str, str, int, str], args: argparse.Namespace) -> Path:
     name, model, trial, kind = job
-    size = f"s{args.max_stream}-t{args.max_test}-m{args.m}"
-    return out / f"{name}-{model}-{kind}-trial{trial}-{size}.json"
+    return out / f"{name}-{model}-{kind}-trial{trial}-{_size(args)}.json"
 
 
 def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,11 +228,9 @@ def merge(args: argparse.Namespace) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = [
-        json.loads(p.read_text())
-        for p in sorted(args.out.glob("*.json"))
-        if p.name != "summary.json"
-    ]
+    # only the results of this size (a run at another --max-stream, --max-test or --m in the
+    # same folder is another experiment: its trials must not be averaged with these)
+    results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{_size(args)}.json"))]
     results = [r for r in results if "curve" in r]
     summary: dict[str, Any] = {"sets": {}, "claim": {}}
     for name in sorted({r["set"] for r in results}):

@@ -3,6 +3,7 @@ split over parts, are reused on a second call, and --merge writes plots and the 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -104,17 +105,26 @@ def test_stream_uci_runs_splits_resumes_and_merges(tmp_path, monkeypatch, capsys
     )
 
 
+def _result(model, kind, trial, nlls, step=10):
+    curve = [[step * (i + 1), 0.5, v] for i, v in enumerate(nlls)]
+    return {"set": "elevators", "model": model, "trial": trial, "kind": kind,
+            "task": "regression", "metric": "test_rmse", "curve": curve}  # fmt: skip
+
+
+def _merge_rows(module, out, rows, max_stream=1500):
+    """Writes hand-made results under the names a run at this size gives them; merges them."""
+    args = argparse.Namespace(out=out, max_stream=max_stream, max_test=1000, m=256)
+    for r in rows:
+        job = (r["set"], r["model"], r["trial"], r["kind"])
+        module._path(out, job, args).write_text(json.dumps(r))
+    return module.merge(args)["sets"]["elevators"]["models"]
+
+
 def test_merge_compares_each_online_trial_with_its_own_hindsight_model(tmp_path):
     """Where a model's online run finished for fewer trials than its hindsight fits, the other
     trials' hindsight models moved its hindsight line and early excess (a mix of trials)."""
-    import argparse
-
     module = _load_experiment()
-
-    def result(model, kind, trial, nlls):
-        curve = [[10 * (i + 1), 0.5, v] for i, v in enumerate(nlls)]
-        return {"set": "elevators", "model": model, "trial": trial, "kind": kind,
-                "task": "regression", "metric": "test_rmse", "curve": curve}  # fmt: skip
+    result = _result
 
     rows = [
         result("exact", "online", 0, [1.0, 0.8, 0.6, 0.5]),
@@ -125,12 +135,23 @@ def test_merge_compares_each_online_trial_with_its_own_hindsight_model(tmp_path)
         result("tsvgp", "hindsight", 0, [0.5]),
         result("tsvgp", "hindsight", 1, [0.3]),
     ]
-    for i, r in enumerate(rows):
-        (tmp_path / f"r{i}.json").write_text(json.dumps(r))
-    summary = module.merge(argparse.Namespace(out=tmp_path))
-    models = summary["sets"]["elevators"]["models"]
+    models = _merge_rows(module, tmp_path, rows)
     assert models["exact"]["hindsight_nll"] == pytest.approx(0.4)
     assert models["exact"]["early_excess_nll"] == pytest.approx(1.0 - 0.4)
     # per trial: (1.2 - 0.5) and (1.1 - 0.3), not each against the mean hindsight 0.4
     assert models["tsvgp"]["early_excess_nll"] == pytest.approx(0.75)
     assert models["tsvgp"]["early_excess_nll_se"] == pytest.approx(0.05)
+
+
+def test_merge_reads_only_the_runs_of_its_size(tmp_path):
+    """A small run (--max-stream 600) and a larger one in the same --out: the merge averaged the
+    same trial at both sizes as two trials (with one hindsight model for both)."""
+    module = _load_experiment()
+    _merge_rows(module, tmp_path, [_result("wiski", "online", 0, [2.0] * 8, step=100)], 600)
+    rows = [
+        _result("wiski", "online", 0, [1.0, 0.8, 0.6, 0.5]),
+        _result("wiski", "hindsight", 0, [0.4]),
+    ]
+    wiski = _merge_rows(module, tmp_path, rows)["wiski"]
+    assert wiski["trials"] == 1 and wiski["final_nll"] == pytest.approx(0.5)
+    assert wiski["early_excess_nll"] == pytest.approx(1.0 - 0.4)
