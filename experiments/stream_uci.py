@@ -37,7 +37,8 @@ the statement printed says, per pair (exact or WISKI vs t-SVGP or decoupled), wh
 is smaller (agrees with the claim) or not.
 
 Every (set, model, trial) and hindsight fit is one job with its own result file under ``--out``
-(existing results are reused: the experiment is resumable). ``--part i --parts k`` runs only the
+(existing results are reused: the experiment is resumable; a job that failed runs again, and
+``--merge`` lists the failed jobs). ``--part i --parts k`` runs only the
 jobs with index = i mod k (to split over processes); ``--merge`` reads every result file of the
 size given (``--max-stream``, ``--max-test``, ``--m``: runs at another size in the same ``--out``
 are left out), writes ``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means
@@ -231,8 +232,9 @@ def merge(args: argparse.Namespace) -> dict:
     # only the results of this size (a run at another --max-stream, --max-test or --m in the
     # same folder is another experiment: its trials must not be averaged with these)
     results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{_size(args)}.json"))]
+    failed = [r for r in results if "error" in r]
     results = [r for r in results if "curve" in r]
-    summary: dict[str, Any] = {"sets": {}, "claim": {}}
+    summary: dict[str, Any] = {"sets": {}, "claim": {}, "failed": failed}
     for name in sorted({r["set"] for r in results}):
         rows = [r for r in results if r["set"] == name]
         metric = rows[0]["metric"]
@@ -299,6 +301,8 @@ def merge(args: argparse.Namespace) -> dict:
             )
         for line in lines:
             print(f"  - {line}")
+    for r in failed:
+        print(f"failed: {r['set']} {r['model']} {r['kind']} trial {r['trial']}: {r['error']}")
     print("\nSVM Guide 1 (the paper's second Fig. 4 set) is not available offline and was not run.")
     print(f"summary: {args.out / 'summary.json'}")
     return summary
@@ -357,8 +361,8 @@ def main() -> None:
             if index % args.parts != args.part:
                 continue
             path = _path(args.out, job, args)
-            if path.is_file():
-                continue
+            if path.is_file() and "error" not in json.loads(path.read_text()):
+                continue  # done (a failed job runs again)
             print(f"... {' '.join(map(str, job))}", flush=True)
             try:
                 result = run_job(*job, args)

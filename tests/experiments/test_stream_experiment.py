@@ -155,3 +155,19 @@ def test_merge_reads_only_the_runs_of_its_size(tmp_path):
     wiski = _merge_rows(module, tmp_path, rows)["wiski"]
     assert wiski["trials"] == 1 and wiski["final_nll"] == pytest.approx(0.5)
     assert wiski["early_excess_nll"] == pytest.approx(1.0 - 0.4)
+
+
+def test_a_failed_job_runs_again_and_merge_names_it(tmp_path, monkeypatch, capsys):
+    """A job that failed (here: no data yet) wrote its error as its result, which every later
+    call took for done: never run again, and left out of the merge without a word."""
+    module = _load_experiment()
+    out = tmp_path / "out"
+    argv = ["--sets", "banana", "--models", "tsvgp", "--trials", "1", "--eval-every", "5"]
+    argv += ["--m", "9", "--pretrain-iters", "2", "--hindsight-iters", "2", "--out", str(out)]
+    _main(module, [*argv, "--data-dir", str(tmp_path / "nothing")], monkeypatch)
+    assert "failed: banana tsvgp online trial 0" in capsys.readouterr().out
+    _data_dir(tmp_path / "data")
+    _main(module, [*argv, "--data-dir", str(tmp_path / "data")], monkeypatch)
+    results = [json.loads(p.read_text()) for p in out.glob("banana-*.json")]
+    assert len(results) == 2 and all("curve" in r for r in results)
+    assert "failed: banana" not in capsys.readouterr().out
