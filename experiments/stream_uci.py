@@ -271,10 +271,14 @@ def merge(args: argparse.Namespace) -> dict:
                 entry[f"final_{'nll' if col == 2 else metric[5:]}"] = float(mean[-1])
                 if col == 2:
                     early = vals[:, : max(1, length // 4)].mean(axis=1)
-                    if hind:
-                        # each trial against its own hindsight model where every trial has one
-                        own = [r["curve"][-1][2] for r in hind]
-                        excess = early - (np.array(own) if len(own) == len(early) else np.mean(own))
+                    own = {r["trial"]: r["curve"][-1][2] for r in hind}
+                    with_own = [k for k, r in enumerate(online) if r["trial"] in own]
+                    if with_own:
+                        # each trial against its own hindsight model (trials without one: left
+                        # out, not set against the other trials' hindsight models)
+                        hs = np.array([own[online[k]["trial"]] for k in with_own])
+                        excess = early[with_own] - hs
+                        entry["early_excess_trials"] = len(with_own)
                         entry["early_excess_nll"] = float(excess.mean())
                         entry["early_excess_nll_se"] = float(
                             excess.std(ddof=1) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0

@@ -171,3 +171,17 @@ def test_a_failed_job_runs_again_and_merge_names_it(tmp_path, monkeypatch, capsy
     results = [json.loads(p.read_text()) for p in out.glob("banana-*.json")]
     assert len(results) == 2 and all("curve" in r for r in results)
     assert "failed: banana" not in capsys.readouterr().out
+
+
+def test_a_trial_without_its_hindsight_model_is_left_out_of_the_excess(tmp_path):
+    """Trial 1's hindsight fit has not run: its online run was set against trial 0's hindsight
+    model (the mean of those there), not its own."""
+    module = _load_experiment()
+    rows = [
+        _result("tsvgp", "online", 0, [1.2, 0.9, 0.7, 0.6]),
+        _result("tsvgp", "online", 1, [1.1, 0.9, 0.7, 0.6]),
+        _result("tsvgp", "hindsight", 0, [0.5]),
+    ]
+    tsvgp = _merge_rows(module, tmp_path, rows)["tsvgp"]
+    assert tsvgp["early_excess_nll"] == pytest.approx(1.2 - 0.5)
+    assert tsvgp["early_excess_trials"] == 1 and tsvgp["trials"] == 2
