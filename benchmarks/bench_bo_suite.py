@@ -21,8 +21,9 @@ Resumable and splittable: each (function, method, seed) result is its own JSON f
 ``--out``; existing files are skipped; ``--shard i/k`` runs every k-th job. Within a process the
 methods of one (function, seed) run back to back, so the time per step of a method is reported as
 a ratio to the BoTorch reference of the same process and seed (median over seeds, min-max shown).
-``--merge`` only reads the result files, prints the table and the target checks (PASS/FAIL),
-writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
+``--merge`` only reads the result files at ``--steps`` (default 30: a longer run is read at its
+first ``--steps`` steps, a shorter one is left out and listed), prints the table and the target
+checks (PASS/FAIL), writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
 ``--merge-from DIR`` also reads an earlier run's folder for the results ``--out`` lacks (a rerun of
 some methods after a change, with its own BoTorch reference, merged with the methods it left
 alone; each time ratio still divides by the reference of its own process).
@@ -317,10 +318,11 @@ def merge(
     ``more`` for a (function, method, seed) that ``out`` lacks (e.g. ``out`` holds a rerun of
     some methods with their own BoTorch reference). A time ratio always divides by the BoTorch
     run of the same process, found in the same folder as the result. A run longer than
-    ``steps`` is read at its first ``steps`` steps."""
+    ``steps`` is read at its first ``steps`` steps; a shorter one is left out (and listed)."""
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     errors: dict[str, dict[str, list[str]]] = {}
     ratios_of: dict[tuple[str, str], list[float]] = {}
+    short: list[str] = []
     for f in functions:
         for m in methods:
             for s in seeds:
@@ -332,6 +334,9 @@ def merge(
                 r = _first_steps(json.loads(result_path(folder, f, q, m, s).read_text()), steps)
                 if "error" in r:
                     errors.setdefault(f, {}).setdefault(m, []).append(r["error"])
+                    continue
+                if steps is not None and r.get("steps", steps) < steps:  # not run this far
+                    short.append(f"{f} {m} seed {s} ({r['steps']} steps)")
                     continue
                 results.setdefault(f, {}).setdefault(m, {})[s] = r
                 ref_time = _reference_time(folder, f, q, s, r["process"], steps)
@@ -381,6 +386,11 @@ def merge(
     for f, per_method in errors.items():
         for m, lines in per_method.items():
             print(f"failed: {f} {m} ({len(lines)} seeds): {lines[0][:300]}")
+    if short:
+        print(
+            f"left out, shorter than --steps {steps}: {'; '.join(short)} (run without --merge "
+            "to extend them, or merge at their --steps)"
+        )
     checks = check_targets(table, functions, methods, errors)
     summary = {"q": q, "seeds": seeds, "table": table, "checks": checks, "errors": errors}
     (out / f"summary_q{q}.json").write_text(json.dumps(summary, indent=1, default=str))

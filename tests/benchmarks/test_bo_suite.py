@@ -438,3 +438,18 @@ def test_merge_reads_a_longer_run_at_the_steps_merged(tmp_path):
         finals.append(p.regret(float(p.evaluate_true(from_unit(U, p.bounds)).min())))
     assert summary["table"]["branin"]["sobol"]["finals"] == pytest.approx(dict(enumerate(finals)))
     assert (tmp_path / "regret_q1_branin.png").is_file()
+
+
+def test_merge_leaves_out_a_run_shorter_than_the_steps_merged(tmp_path, capsys):
+    """A run shorter than --steps (an earlier run's, where a longer rerun was stopped or merged
+    from --merge-from) was read as finished: its final regret after fewer steps than the
+    others', and the regret plot failed on curves of two lengths."""
+    bench = _bench()
+    bench.run_job(tmp_path, "branin", "sobol", 0, 2, 1, "p0")
+    bench.run_job(tmp_path, "branin", "sobol", 1, 3, 1, "p1")
+    argv = ["--functions", "branin", "--methods", "sobol", "--q", "1", "--out", str(tmp_path)]
+    summary = bench.main([*argv, "--seeds", "2", "--steps", "3", "--merge"])
+    assert summary["table"]["branin"]["sobol"]["seeds"] == 1
+    assert set(summary["table"]["branin"]["sobol"]["finals"]) == {1}
+    assert "shorter than --steps 3: branin sobol seed 0 (2 steps)" in capsys.readouterr().out
+    assert (tmp_path / "regret_q1_branin.png").is_file()
