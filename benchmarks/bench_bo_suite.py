@@ -425,7 +425,8 @@ def check_targets(
         """Why m fails its targets on f: an error on any seed (judged on the seeds where it
         ran, a method failing on some would pass on the others)."""
         lines = errors.get(f, {}).get(m, [])
-        return f"failed at its defaults on {len(lines)} seeds" if lines else ""
+        seeds = f"{len(lines)} seed{'s' if len(lines) > 1 else ''}"
+        return f"failed at its defaults on {seeds}" if lines else ""
 
     for m in ("exact", "tsvgp"):
         if m not in methods:

@@ -317,10 +317,8 @@ class StreamingLoop(OnlineLoop):
             "step": self.step_count,
             "n": self.position,
             "rows": rows,
-            # bool labels (a StreamProblem given them from Python) recorded as 0 / 1, not true/false
-            "y": self.problem.y_stream[rows].to(torch.float64)
-            if self.problem.y_stream.dtype == torch.bool
-            else self.problem.y_stream[rows],
+            # bool labels (a StreamProblem given them from Python): 0 / 1, not JSON true / false
+            "y": y.double() if y.dtype == torch.bool else y,
             **self._prequential_fields(pred),
             **self._test_metrics(),
             "refit": refit,
