@@ -225,19 +225,6 @@ class AxOnlineMixin:
     _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
     _ax_shift: float = 0.0
 
-    def __getattr__(self, name: str) -> Any:
-        r"""``train_targets`` for a model that keeps statistics instead of its targets (WISKI):
-        the ``n`` targets Ax gave it this trial (its current units). BoTorch's input
-        constructors of ``qNegIntegratedPosteriorVariance`` and ``qJointEntropySearch`` read
-        them for their dtype and device. A fallback, not a property: a model's own
-        ``train_targets`` (a property, an attribute or a buffer) stays as it is."""
-        try:
-            return super().__getattr__(name)  # type: ignore[misc]
-        except AttributeError:
-            if name == "train_targets" and "_ax_train_Y" in self.__dict__:
-                return self.__dict__["_ax_train_Y"].squeeze(-1)
-            raise
-
     def _ax_identity(self) -> bool:
         return self._ax_scale == 1.0 and self._ax_shift == 0.0
 
@@ -464,6 +451,21 @@ def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None)
     )
 
 
+def _train_targets_fallback(self: Any, name: str) -> Any:
+    r"""``__getattr__`` of an Ax class whose model has no ``train_targets`` of its own (WISKI
+    keeps statistics instead): the ``n`` targets Ax gave it this trial (its current units).
+    BoTorch's input constructors of ``qNegIntegratedPosteriorVariance`` and
+    ``qJointEntropySearch`` read them for their dtype and device. A fallback, not a property:
+    targets a model sets itself (an attribute or a buffer) stay as they are. Only such classes
+    get it: every ``nn.Module`` attribute lookup (parameters, submodules) passes through it."""
+    try:
+        return super(AxOnlineMixin, self).__getattr__(name)
+    except AttributeError:
+        if name == "train_targets" and "_ax_train_Y" in self.__dict__:
+            return self.__dict__["_ax_train_Y"].squeeze(-1)
+        raise
+
+
 def ax_model_class(model_class: type[OnlineModel] | str) -> type:
     r"""The Ax-facing subclass ``Ax<Name>`` of a bo_online model class (made once, cached).
 
@@ -488,6 +490,12 @@ def ax_model_class(model_class: type[OnlineModel] | str) -> type:
                     f"Ax-facing :class:`{cls.__module__}.{cls.__name__}`: incremental "
                     "construction between trials and scheduled refits "
                     "(see :class:`bo_online.ax.AxOnlineMixin`)."
+                ),
+                # no cost on the attribute lookups of models that have train_targets
+                **(
+                    {}
+                    if hasattr(cls, "train_targets")
+                    else {"__getattr__": _train_targets_fallback}
                 ),
             },
         )

@@ -1090,3 +1090,5 @@ def test_ax_train_targets_leave_a_models_own_as_they_are(model_class):
     wiski = boax.ax_model_class(WISKI)(X, Y)
     torch.testing.assert_close(copy.deepcopy(wiski).train_targets, Y.squeeze(-1))
     torch.testing.assert_close(pickle.loads(pickle.dumps(wiski)).train_targets, Y.squeeze(-1))
+    # models with their own train_targets get no fallback on their attribute lookups
+    assert "__getattr__" not in vars(boax.ax_model_class(OnlineExactGP))
