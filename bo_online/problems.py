@@ -489,12 +489,11 @@ class PoolProblem:
             ),
         )
         _normalise_labelled_sets(self, ("X_pool", "y_pool", "X_test", "y_test"))
-        for rows_name, rows in (("X_pool", self.X_pool), ("X_test", self.X_test)):
-            if len(rows) < 1:  # the loop scores every step on the test rows, as a stream's
-                raise ValueError(
-                    f"{self.name}: {rows_name} is empty; a pool problem needs at least one pool "
-                    "row and one test row."
-                )
+        _require_rows(
+            self,
+            ("X_pool", "X_test"),
+            "a pool problem needs at least one pool row and one test row.",
+        )
 
     @property
     def dim(self) -> int:
@@ -521,6 +520,14 @@ def _normalise_labelled_sets(problem: Any, arrays: tuple[str, ...]) -> None:
         if name.startswith("y") and value.dim() > 1:
             value = value.reshape(-1)
         setattr(problem, name, value)
+
+
+def _require_rows(problem: Any, names: tuple[str, ...], needs: str) -> None:
+    r"""Refuse an empty input array among ``names`` (attributes of ``problem``): the loops score
+    every step on the test rows and draw every step from the pool or stream."""
+    for rows_name in names:
+        if len(getattr(problem, rows_name)) < 1:
+            raise ValueError(f"{problem.name}: {rows_name} is empty; {needs}")
 
 
 def _check_labelled_sets(name: str, bounds: Any, sets: tuple) -> None:
@@ -596,11 +603,7 @@ class StreamProblem:
             ),
         )
         _normalise_labelled_sets(self, ("X_stream", "y_stream", "X_test", "y_test"))
-        for rows_name, rows in (("X_stream", self.X_stream), ("X_test", self.X_test)):
-            if len(rows) < 1:  # the loop scores every step on the test rows
-                raise ValueError(
-                    f"{self.name}: {rows_name} is empty; a stream needs at least one row."
-                )
+        _require_rows(self, ("X_stream", "X_test"), "a stream needs at least one row.")
         if self.task not in ("regression", "classification"):
             raise ValueError(f"task must be 'regression' or 'classification', got {self.task!r}.")
         if self.task == "classification":

@@ -456,14 +456,9 @@ def _test_mask(
                 f"{test_mask}: no such file (given as the test mask; it names no column of "
                 f"{table.path} either)."
             )
-        # a column of the data file wins over a file of the same name (in the working directory,
-        # which a resume from elsewhere would otherwise read instead)
-        if (
-            isinstance(test_mask, str)
-            and test_mask not in table.columns
-            and Path(test_mask).expanduser().is_file()
-        ):
-            mask_table = read_table_any(Path(test_mask).expanduser())
+        mask_file = _mask_file(table, test_mask)
+        if mask_file is not None:
+            mask_table = read_table_any(mask_file)
             mask_table.require([mask_table.data.shape[1] - 1], "the test mask")
             values = (
                 mask_table.data[:, -1] if mask_table.data.shape[1] > 1 else mask_table.data[:, 0]
@@ -526,6 +521,16 @@ def _zero_one(values: np.ndarray, path: Path) -> np.ndarray:
     ):
         raise DataFileError(f"{path}: the test mask must hold 0/1 values (1 = test row).")
     return values.astype(bool)
+
+
+def _mask_file(table: Table, test_mask: str | int | None) -> Path | None:
+    """The file ``test_mask`` names, or None where it names a column of the data file (a column
+    wins over a file of the same name in the working directory, which a resume from elsewhere
+    would otherwise read instead) or no existing file."""
+    if not isinstance(test_mask, str) or test_mask in table.columns:
+        return None
+    path = Path(test_mask).expanduser()
+    return path if path.is_file() else None
 
 
 def _names_a_missing_file(table: Table, test_mask: str | int) -> bool:
@@ -652,12 +657,10 @@ def _label(value: Any) -> str:
 
 
 def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:
-    mask = options.get("test_mask")
-    if (  # a mask file (not a column of the same name): resume from any directory
-        isinstance(mask, str) and mask not in table.columns and Path(mask).expanduser().is_file()
-    ):
-        options["test_mask"] = str(Path(mask).expanduser().resolve())
-        options["test_mask_sha256"] = file_sha256(Path(options["test_mask"]))
+    mask_file = _mask_file(table, options.get("test_mask"))
+    if mask_file is not None:  # recorded absolute: the run resumes from any directory
+        options["test_mask"] = str(mask_file.resolve())
+        options["test_mask_sha256"] = file_sha256(mask_file)
     return {
         "name": "file",
         "kind": kind,
