@@ -21,8 +21,9 @@ Resumable and splittable: each (function, method, seed) result is its own JSON f
 ``--out``; existing files are skipped; ``--shard i/k`` runs every k-th job. Within a process the
 methods of one (function, seed) run back to back, so the time per step of a method is reported as
 a ratio to the BoTorch reference of the same process and seed (median over seeds, min-max shown).
-``--merge`` only reads the result files at ``--steps`` (default 30: a longer run is read at its
-first ``--steps`` steps, a shorter one is left out and listed), prints the table and the target
+``--merge`` only reads the result files at ``--steps`` (by default the runs' most common
+length: a longer run is read at its first ``--steps`` steps, a shorter one is left out and
+listed, as are the (function, method, seed) with no result file), prints the table and the target
 checks (PASS/FAIL), writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
 ``--merge-from DIR`` also reads an earlier run's folder for the results ``--out`` lacks (a rerun of
 some methods after a change, with its own BoTorch reference, merged with the methods it left
@@ -53,6 +54,9 @@ from torch.quasirandom import SobolEngine
 from bo_online.acquisition import build_acquisition, optimizer_kwargs
 from bo_online.loops import history
 from bo_online.problems import Problem, from_unit, synthetic_problem, to_unit
+
+#: BO steps after the initial design when ``--steps`` is not given (and nothing is merged)
+DEFAULT_STEPS = 30
 
 #: name -> (BoTorch function, dim, noise sd)
 FUNCTIONS: dict[str, tuple[str, int, float]] = {
@@ -304,6 +308,33 @@ def _reference_time(
     return float(ref["mean_time_per_step"])
 
 
+def _result_folder(
+    folders: list[Path], function: str, q: int, method: str, seed: int
+) -> Path | None:
+    """The first of ``folders`` holding a result for (function, method, seed), else None."""
+    return next((d for d in folders if result_path(d, function, q, method, seed).exists()), None)
+
+
+def _most_common_length(
+    folders: list[Path], functions: list[str], methods: list[str], seeds: list[int], q: int
+) -> int:
+    """The number of steps most of the results found ran (the longer of a tie), so that a merge
+    without ``--steps`` reads a 60-step suite at 60 steps; ``DEFAULT_STEPS`` if none is found."""
+    lengths: list[int] = []
+    for f in functions:
+        for m in methods:
+            for s in seeds:
+                folder = _result_folder(folders, f, q, m, s)
+                if folder is not None:
+                    r = json.loads(result_path(folder, f, q, m, s).read_text())
+                    if "error" not in r and "steps" in r:
+                        lengths.append(int(r["steps"]))
+    if not lengths:
+        return DEFAULT_STEPS
+    counts = {n: lengths.count(n) for n in lengths}
+    return max(counts, key=lambda n: (counts[n], n))
+
+
 def merge(
     out: Path,
     functions: list[str],
@@ -323,13 +354,13 @@ def merge(
     errors: dict[str, dict[str, list[str]]] = {}
     ratios_of: dict[tuple[str, str], list[float]] = {}
     short: list[str] = []
+    missing: list[str] = []
     for f in functions:
         for m in methods:
             for s in seeds:
-                folder = next(
-                    (d for d in [out, *(more or [])] if result_path(d, f, q, m, s).exists()), None
-                )
+                folder = _result_folder([out, *(more or [])], f, q, m, s)
                 if folder is None:
+                    missing.append(f"{f} {m} seed {s}")
                     continue
                 r = _first_steps(json.loads(result_path(folder, f, q, m, s).read_text()), steps)
                 if "error" in r:
@@ -391,8 +422,14 @@ def merge(
             f"left out, shorter than --steps {steps}: {'; '.join(short)} (run without --merge "
             "to extend them, or merge at their --steps)"
         )
+    if missing:
+        print(
+            f"missing, no result file: {'; '.join(missing)} (run without --merge to run them, "
+            "or name the folder that holds them with --merge-from)"
+        )
     checks = check_targets(table, functions, methods, errors)
     summary = {"q": q, "seeds": seeds, "table": table, "checks": checks, "errors": errors}
+    summary["missing"] = missing
     (out / f"summary_q{q}.json").write_text(json.dumps(summary, indent=1, default=str))
     if plot:
         plot_curves(out, results, q)
@@ -545,7 +582,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
     p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1")
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"BO steps after the initial design (default {DEFAULT_STEPS}; with --merge, the "
+        "most common length of the runs found)",
+    )
     p.add_argument("--q", type=int, default=1, choices=(1, 3))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bo_suite"))
     p.add_argument("--shard", default="0/1", help="i/k: run every k-th job starting at i")
@@ -570,11 +613,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     methods = _list(args.methods, METHODS, "method")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     torch.set_num_threads(args.threads)
+    more = [Path(d) for d in args.merge_from.split(",") if d]
+    steps = args.steps
+    if steps is None and args.merge:
+        steps = _most_common_length([args.out, *more], functions, methods, seeds, args.q)
+        print(f"merging at {steps} steps (the most common run length; --steps N to choose)")
+    steps = DEFAULT_STEPS if steps is None else steps
     if not args.merge:
         i, k = (int(v) for v in args.shard.split("/"))
         jobs = [(f, s) for s in seeds for f in functions]
         jobs = [
-            (args.out, f, s, methods, args.steps, args.q, args.threads)
+            (args.out, f, s, methods, steps, args.q, args.threads)
             for j, (f, s) in enumerate(jobs)
             if j % k == i
         ]
@@ -593,7 +642,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         else:
             for job in jobs:
                 run_group(*job)
-    more = [Path(d) for d in args.merge_from.split(",") if d]
     return merge(
         args.out,
         functions,
@@ -602,7 +650,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         args.q,
         plot=not args.no_plot,
         more=more,
-        steps=args.steps,
+        steps=steps,
     )
 
 

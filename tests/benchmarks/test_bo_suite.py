@@ -453,3 +453,27 @@ def test_merge_leaves_out_a_run_shorter_than_the_steps_merged(tmp_path, capsys):
     assert set(summary["table"]["branin"]["sobol"]["finals"]) == {1}
     assert "shorter than --steps 3: branin sobol seed 0 (2 steps)" in capsys.readouterr().out
     assert (tmp_path / "regret_q1_branin.png").is_file()
+
+
+def test_merge_without_steps_reads_the_runs_at_their_own_length_and_lists_missing_seeds(
+    tmp_path, capsys
+):
+    """A merge without --steps read every result at the default 30 steps: a 3-step suite was
+    left out whole as 'shorter than --steps 30', and a seed with no result file at all was not
+    mentioned (the table silently averaged fewer seeds)."""
+    bench = _bench()
+    for seed in (0, 1):
+        bench.run_job(tmp_path, "branin", "sobol", seed, 3, 1, f"p{seed}")
+    bench.run_job(tmp_path, "branin", "sobol", 2, 2, 1, "p2")  # the odd one out
+    argv = ["--functions", "branin", "--methods", "sobol", "--q", "1", "--out", str(tmp_path)]
+    summary = bench.main([*argv, "--seeds", "4", "--merge", "--no-plot"])
+    out = capsys.readouterr().out
+    assert "merging at 3 steps" in out
+    assert set(summary["table"]["branin"]["sobol"]["finals"]) == {0, 1}
+    assert "shorter than --steps 3: branin sobol seed 2 (2 steps)" in out
+    assert summary["missing"] == ["branin sobol seed 3"]
+    assert "missing, no result file: branin sobol seed 3" in out
+    p = synthetic_problem("branin")
+    U = SobolEngine(2, scramble=True, seed=1).draw(5 + 3, dtype=torch.float64)
+    final = p.regret(float(p.evaluate_true(from_unit(U, p.bounds)).min()))
+    assert summary["table"]["branin"]["sobol"]["finals"][1] == pytest.approx(final)
