@@ -37,8 +37,10 @@ the statement printed says, per pair (exact or WISKI vs t-SVGP or decoupled), wh
 is smaller (agrees with the claim) or not.
 
 Every (set, model, trial) and hindsight fit is one job with its own result file under ``--out``
-(existing results are reused: the experiment is resumable; a job that failed runs again, and
-``--merge`` lists the failed jobs). ``--part i --parts k`` runs only the
+(existing results are reused: the experiment is resumable; a job that failed, or whose result
+was made with another ``--eval-every`` / ``--pretrain-iters`` (online) or ``--hindsight-iters``
+(hindsight), runs again, and ``--merge`` lists the failed jobs and leaves out, and lists, the
+results made with other settings than its own). ``--part i --parts k`` runs only the
 jobs with index = i mod k (to split over processes); ``--merge`` reads every result file of the
 size given (``--max-stream``, ``--max-test``, ``--m``: runs at another size in the same ``--out``
 are left out), writes ``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means
@@ -83,6 +85,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -212,6 +215,30 @@ def _path(out: Path, job: tuple[str, str, int, str], args: argparse.Namespace) -
     return out / f"{name}-{model}-{kind}-trial{trial}-{_size(args)}.json"
 
 
+def _settings(kind: str, args: argparse.Namespace) -> dict[str, int]:
+    """The options that shape a job's result beyond its file name's sizes: a result made with
+    others is run again (and left out of a merge) rather than mixed with this call's."""
+    if kind == "hindsight":
+        return {"hindsight_iters": args.hindsight_iters}
+    return {"eval_every": args.eval_every, "pretrain_iters": args.pretrain_iters}
+
+
+def _made_otherwise(result: dict, kind: str, args: argparse.Namespace) -> str | None:
+    """How ``result`` (of a job of ``kind``) was made, where that differs from this call's
+    settings (None if it does not, or if the result predates recorded settings)."""
+    made = result.get("settings")
+    if made is None or made == _settings(kind, args):
+        return None
+    return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in made.items())
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Write ``path`` whole or not at all (an interrupted write leaves the old file)."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
+
+
 def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = np.nanmean(values, axis=0)
     k = np.sum(~np.isnan(values), axis=0)
@@ -234,6 +261,19 @@ def merge(args: argparse.Namespace) -> dict:
     results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{_size(args)}.json"))]
     failed = [r for r in results if "error" in r]
     results = [r for r in results if "curve" in r]
+    other = [(r, _made_otherwise(r, r["kind"], args)) for r in results]
+    if any(how for _, how in other):
+        left = [
+            f"{r['set']} {r['model']} {r['kind']} trial {r['trial']} ({how})"
+            for r, how in other
+            if how
+        ]
+        print(
+            "left out, made with other settings than this merge's: "
+            + "; ".join(left)
+            + " (merge with the flags they were run with, or run them again with these)"
+        )
+    results = [r for r, how in other if how is None]
     summary: dict[str, Any] = {"sets": {}, "claim": {}, "failed": failed}
     for name in sorted({r["set"] for r in results}):
         rows = [r for r in results if r["set"] == name]
@@ -293,7 +333,7 @@ def merge(args: argparse.Namespace) -> dict:
         plt.close(fig)
         summary["sets"][name] = {"models": per_model, "plot": str(fname)}
         summary["claim"][name] = claim_statements(name, per_model)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    _write_json(args.out / "summary.json", summary)
     for name, lines in summary["claim"].items():
         print(f"\n{name}:")
         for model, entry in summary["sets"][name]["models"].items():
@@ -365,8 +405,13 @@ def main() -> None:
             if index % args.parts != args.part:
                 continue
             path = _path(args.out, job, args)
-            if path.is_file() and "error" not in json.loads(path.read_text()):
-                continue  # done (a failed job runs again)
+            if path.is_file():
+                old = json.loads(path.read_text())
+                how = None if "error" in old else _made_otherwise(old, job[3], args)
+                if "error" not in old and how is None:
+                    continue  # done (a failed job runs again)
+                if how is not None:
+                    print(f"... rerun, the result there was made with {how}", flush=True)
             print(f"... {' '.join(map(str, job))}", flush=True)
             try:
                 result = run_job(*job, args)
@@ -379,7 +424,7 @@ def main() -> None:
                     "error": f"{type(e).__name__}: {e}",
                 }
                 print(f"    failed: {result['error']}", flush=True)
-            path.write_text(json.dumps(result))
+            _write_json(path, {**result, "settings": _settings(job[3], args)})
         if args.parts > 1:
             print("part done; run with --merge when every part has finished.")
             return

@@ -185,3 +185,36 @@ def test_a_trial_without_its_hindsight_model_is_left_out_of_the_excess(tmp_path)
     tsvgp = _merge_rows(module, tmp_path, rows)["tsvgp"]
     assert tsvgp["early_excess_nll"] == pytest.approx(1.2 - 0.5)
     assert tsvgp["early_excess_trials"] == 1 and tsvgp["trials"] == 2
+
+
+def test_a_result_made_with_other_settings_is_rerun_and_kept_out_of_the_merge(
+    tmp_path, monkeypatch, capsys
+):
+    """The result files are named by sizes only: a second call with another --eval-every (or
+    --pretrain-iters) reused the first call's curves as its own, and a merge mixed curves
+    scored every 5 and every 10 points as trials of one curve."""
+    _data_dir(tmp_path / "data")
+    module = _load_experiment()
+    out = tmp_path / "out"
+    argv = ["--sets", "banana", "--models", "tsvgp", "--trials", "1", "--m", "9"]
+    argv += ["--pretrain-iters", "2", "--hindsight-iters", "2", "--out", str(out)]
+    argv += ["--data-dir", str(tmp_path / "data")]
+    _main(module, [*argv, "--eval-every", "5"], monkeypatch)
+    online = next(out.glob("banana-tsvgp-online-*.json"))
+    hindsight = next(out.glob("banana-tsvgp-hindsight-*.json"))
+    first_hindsight = hindsight.read_text()
+    assert json.loads(online.read_text())["settings"] == {"eval_every": 5, "pretrain_iters": 2}
+    capsys.readouterr()
+    # merging at other settings leaves the runs out and says with which flags they were made
+    _main(module, [*argv, "--eval-every", "10", "--merge"], monkeypatch)
+    said = capsys.readouterr().out
+    assert "banana tsvgp online trial 0 (eval-every 5, pretrain-iters 2)" in said
+    assert json.loads((out / "summary.json").read_text())["sets"]["banana"]["models"] == {}
+    # running at them reruns the online job only (the hindsight fit does not depend on it)
+    _main(module, [*argv, "--eval-every", "10"], monkeypatch)
+    said = capsys.readouterr().out
+    assert "rerun, the result there was made with eval-every 5, pretrain-iters 2" in said
+    curve = json.loads(online.read_text())["curve"]
+    assert [n for n, *_ in curve][:2] == [curve[0][0], curve[0][0] + 10]
+    assert hindsight.read_text() == first_hindsight
+    assert not list(out.glob("*.part"))
