@@ -622,15 +622,19 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
     else:
         table.require([column], "the target")
     values = np.unique(y)
-    if values.size > 2 and column in table.text:
-        # a missing-value marker among text labels would read as a third class
-        missing = next(
-            (r for r, cell in enumerate(y) if cell.strip().lower() in _MISSING_MARKERS), None
-        )
-        if missing is not None:
+    if column in table.text:
+        # A missing-value marker among text labels would read as a class: beside two classes
+        # as a third, beside one class as the second. Beside three or more real labels the
+        # column is not binary whatever the marker means (the check below says so).
+        is_marker = np.array([str(v).strip().lower() in _MISSING_MARKERS for v in values])
+        if is_marker.any() and (~is_marker).sum() <= 2:
+            missing = next(
+                r for r, cell in enumerate(y) if cell.strip().lower() in _MISSING_MARKERS
+            )
             raise DataFileError(
                 f"{table.path}: {table.where(missing)}, target column {name!r} holds "
-                f"{str(y[missing])!r}, a missing label; drop or fill the rows with missing labels."
+                f"{str(y[missing])!r}, a missing label; drop or fill the rows with missing labels "
+                f"(if {str(y[missing])!r} is a class, give it another name)."
             )
     if values.size != 2:
         shown = ", ".join(_label(v) for v in values[:5]) + (", ..." if values.size > 5 else "")

@@ -1408,3 +1408,24 @@ def test_a_missing_value_marker_among_text_labels_is_named_as_a_missing_label(tm
     path.write_text(path.read_text().replace(",no\n", ",maybe\n", 1))
     with pytest.raises(DataFileError, match=r"found 3 \(.maybe., .no., .yes.\)"):
         stream_from_file(path, task="classification")
+
+
+def test_one_class_beside_a_missing_label_and_three_classes_beside_one_are_told_apart(tmp_path):
+    """A label column of one class with ``NA`` cells (two distinct values) was taken as two
+    classes, ``NA`` among them, and a model fitted on it; a column of three real classes with a
+    ``none`` cell was refused as holding a missing label, when its fault is the third class."""
+    X, _ = _data(n=30, d=2)
+    path = tmp_path / "labels.csv"
+    _write_text_labels(path, X, np.zeros(30, dtype=int), ("yes", "no"))
+    lines = path.read_text().splitlines()
+    for row in (5, 12, 20):
+        lines[row] = lines[row].rsplit(",", 1)[0] + ",NA"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFileError, match=r"line 6, target column 'label' holds 'NA', a missing"):
+        stream_from_file(path, task="classification")
+    labels = np.array(["a", "b", "c"], dtype=object)[np.arange(30) % 3]
+    labels[4] = "none"
+    rows = (f"{a!r},{b!r},{label}" for (a, b), label in zip(X.tolist(), labels))
+    path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
+    with pytest.raises(DataFileError, match=r"found 4 \(.a., .b., .c., .none.\)"):
+        stream_from_file(path, task="classification")
