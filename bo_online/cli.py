@@ -290,16 +290,29 @@ def _check_out(out: Path | None) -> None:
         )
 
 
-def _memory_bytes() -> int:
+def _memory_bytes(device: str = "cpu") -> int:
+    r"""Total memory where a run on ``device`` keeps its matrices: the GPU's for a CUDA device
+    (a 16 GB card in a 64 GB host is full long before the host is), the host's otherwise."""
     import os
 
+    import torch
+
+    where = torch.device(device)
+    if where.type == "cuda" and torch.cuda.is_available():
+        index = where.index if where.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 2**40
 
 
-def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
+def _memory_name(device: str) -> str:
+    """How the messages name the memory of :func:`_memory_bytes`."""
+    return f"the {device} GPU's" if device.startswith("cuda") else "this machine's"
+
+
+def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str, device: str = "cpu") -> None:
     r"""Size options (``grid_size``, inducing points, ...) are positive integers, and the m x m
     matrices they imply fit in memory: estimate 4 m^2 x (8 or 4 bytes), m = prod(grid sizes)."""
     itemsize = 4 if dtype == "float32" else 8
@@ -322,28 +335,30 @@ def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str) -> None:
                 kw, args = proj.get("kwargs", {}), proj.get("args", [])
                 k = kw.get("out_dim", args[1] if len(args) > 1 else 2)
             m = value ** max(int(k) if isinstance(k, int) else 1, 1)
-        need = 4 * m * m * itemsize
+        need, have = 4 * m * m * itemsize, _memory_bytes(device)
         _check(
-            need <= _memory_bytes(),
+            need <= have,
             f"--model-option {key}={value!r} gives m = {m} and needs about {need / 1e9:.3g} GB "
-            f"of memory (4 m x m matrices), more than this machine's "
-            f"{_memory_bytes() / 1e9:.3g} GB; choose a smaller {key}.",
+            f"of memory (4 m x m matrices), more than {_memory_name(device)} "
+            f"{have / 1e9:.3g} GB; choose a smaller {key}.",
         )
 
 
-def _check_dense_memory(model: str, n: int, dtype: str, stop: str = "--steps") -> None:
+def _check_dense_memory(
+    model: str, n: int, dtype: str, stop: str = "--steps", device: str = "cpu"
+) -> None:
     r"""A model that holds its ``n`` points' ``n x n`` kernel matrix and factor (the exact GP,
     SingleTaskGP) must fit in memory at the run's last ``n``: estimate 4 n^2 x (8 or 4 bytes),
     as for the grids. A user's file of 100,000 rows streamed into the default exact GP would
     run for hours (its refits are O(n^3)) and be killed for memory long before its end."""
     if model not in ("exact", "singletaskgp"):
         return
-    need = 4 * n * n * (4 if dtype == "float32" else 8)
+    need, have = 4 * n * n * (4 if dtype == "float32" else 8), _memory_bytes(device)
     _check(
-        need <= _memory_bytes(),
+        need <= have,
         f"--model {model} holds an n x n factor of the points seen: by the run's end (n = {n:,}) "
-        f"about {need / 1e9:,.3g} GB (4 n x n matrices), more than this machine's "
-        f"{_memory_bytes() / 1e9:.3g} GB; use --model tsvgp (a fixed cost per point), or stop "
+        f"about {need / 1e9:,.3g} GB (4 n x n matrices), more than {_memory_name(device)} "
+        f"{have / 1e9:.3g} GB; use --model tsvgp (a fixed cost per point), or stop "
         f"earlier with {stop}.",
     )
 
@@ -421,7 +436,7 @@ def _shared(
     _check_out(out)
     _check_model(model)
     options = _parse_options(model_option)
-    _check_sizes(options, dim, dtype)
+    _check_sizes(options, dim, dtype, device)
     return {
         "model": model,
         "model_options": options,
@@ -924,7 +939,7 @@ def bo(
         **shared,
     )
     n_first = n_init if n_init is not None else max(5, 2 * prob.dim)  # the loop's default
-    _check_dense_memory(model, n_first + q * steps, dtype)
+    _check_dense_memory(model, n_first + q * steps, dtype, device=device)
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
@@ -1157,7 +1172,7 @@ def active(
         f"--steps {steps} exceeds the {loop.max_steps()} steps the pool allows "
         f"({prob.X_pool.shape[0]} points: {n_init} initial, then --q {loop.config['q']} per step).",
     )
-    _check_dense_memory(model, n_init + loop.config["q"] * steps, dtype)
+    _check_dense_memory(model, n_init + loop.config["q"] * steps, dtype, device=device)
     _run(loop, steps)
     _finish(loop, plots, quiet)
 
@@ -1369,6 +1384,7 @@ def stream(
         n_init + loop.config["q"] * (steps or loop.default_steps()),
         dtype,
         "--max-stream or --steps",
+        device=device,
     )
     _run(loop, steps)
     _finish(loop, plots, quiet)
@@ -1541,7 +1557,13 @@ def _check_resume_memory(loop: Any, steps: int | None) -> None:
         return
     to_run = max(0, int(target) - loop.step_count)
     n_end = int(loop.records[-1]["n"]) + int(loop.config["q"]) * to_run
-    _check_dense_memory(loop.config["model"], n_end, loop.config["dtype"], "a smaller --steps")
+    _check_dense_memory(
+        loop.config["model"],
+        n_end,
+        loop.config["dtype"],
+        "a smaller --steps",
+        device=str(loop.config.get("device", "cpu")),
+    )
 
 
 @app.command()

@@ -813,3 +813,29 @@ def test_a_warning_repeated_at_every_step_is_one_line_shown_once(tmp_path, capsy
     assert len(shown) == 1, err
     assert shown[0].startswith("bo-online: warning: ") and "LogExpectedImprovement" in shown[0]
     assert all(line.startswith("bo-online: ") for line in lines), err
+
+
+def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
+    """The dense-model and grid-size checks compared a CUDA run's matrices with the host's RAM:
+    on a 16 GB card in a 64 GB host an exact GP of n = 40,000 (51 GB in float64) passed the
+    check and ran out of GPU memory hours later. They now read the GPU's total memory."""
+    from types import SimpleNamespace
+
+    from bo_online import cli
+
+    card = 16 * 10**9
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=card + i)
+    )
+    monkeypatch.setattr(os, "sysconf", lambda name: 2**20 if name == "SC_PAGE_SIZE" else 2**16)
+    assert cli._memory_bytes("cuda") == card and cli._memory_bytes("cuda:1") == card + 1
+    assert cli._memory_bytes("cpu") == 2**36  # the host: 64 GiB
+    cli._check_dense_memory("exact", 40_000, "float64")  # fits the host
+    with pytest.raises(cli.CLIError, match=r"more than the cuda GPU's 16 GB; use --model tsvgp"):
+        cli._check_dense_memory("exact", 40_000, "float64", device="cuda")
+    cli._check_dense_memory("exact", 20_000, "float64", device="cuda")  # 12.8 GB fits the card
+    grid = {"grid_size": 2_000}  # a 2-D grid of m = 4e6 points: 512 TB, more than either
+    with pytest.raises(cli.CLIError, match=r"more than the cuda:1 GPU's 16 GB"):
+        cli._check_sizes(grid, 2, "float32", "cuda:1")

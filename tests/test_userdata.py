@@ -328,7 +328,7 @@ def test_cli_stream_into_a_dense_model_that_would_outgrow_memory_is_refused(
     path = _write_plain(tmp_path, X, y)
     out = tmp_path / "run"
     # 144 stream rows: the exact GP's 4 n x n float64 matrices at n = 144 take 0.66 MB
-    monkeypatch.setattr(cli, "_memory_bytes", lambda: 500_000)
+    monkeypatch.setattr(cli, "_memory_bytes", lambda device="cpu": 500_000)
     for model in ("exact", "singletaskgp"):
         code, err = _run(
             ["stream", "--data", str(path), "--model", model, "--out", str(out), "-Q"], capsys
@@ -1283,7 +1283,7 @@ def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monke
     assert code == 0, err
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     # the run ends at n = 5 + 2; 139 steps more reach n = 146 (0.68 MB of float64 matrices)
-    monkeypatch.setattr(cli, "_memory_bytes", lambda: 500_000)
+    monkeypatch.setattr(cli, "_memory_bytes", lambda device="cpu": 500_000)
     code, err = _run(["resume", str(out), "--steps", "141", "-Q", "--no-plots"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "--model exact holds an n x n factor" in err and "(n = 146)" in err
@@ -1372,7 +1372,7 @@ def test_cli_resume_memory_check_takes_the_steps_a_stream_can_run(tmp_path, caps
         loop.step()
     loop.save_checkpoint()
     # 30 stream rows: the run ends at n = 30, 28.8 kB of float64 matrices
-    monkeypatch.setattr(cli, "_memory_bytes", lambda: 20_000)
+    monkeypatch.setattr(cli, "_memory_bytes", lambda device="cpu": 20_000)
     code, err = _run(["resume", str(out), "--steps", "1000000", "-Q", "--no-plots"], capsys)
     assert code == 2 and "exceeds the 20 steps the data hold" in err, err
     code, err = _run(["resume", str(out), "-Q", "--no-plots"], capsys)
