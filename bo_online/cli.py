@@ -297,7 +297,10 @@ def _memory_bytes(device: str = "cpu") -> int:
 
     import torch
 
-    where = torch.device(device)
+    try:
+        where = torch.device(device)
+    except RuntimeError:  # not a device: refused with its own message once the run is built
+        where = torch.device("cpu")
     if where.type == "cuda" and torch.cuda.is_available():
         index = where.index if where.index is not None else torch.cuda.current_device()
         return int(torch.cuda.get_device_properties(index).total_memory)

@@ -832,6 +832,7 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
     monkeypatch.setattr(os, "sysconf", lambda name: 2**20 if name == "SC_PAGE_SIZE" else 2**16)
     assert cli._memory_bytes("cuda") == card and cli._memory_bytes("cuda:1") == card + 1
     assert cli._memory_bytes("cpu") == 2**36  # the host: 64 GiB
+    assert cli._memory_bytes("gpu") == 2**36  # not a device: refused later, by its own check
     cli._check_dense_memory("exact", 40_000, "float64")  # fits the host
     with pytest.raises(cli.CLIError, match=r"more than the cuda GPU's 16 GB; use --model tsvgp"):
         cli._check_dense_memory("exact", 40_000, "float64", device="cuda")
@@ -839,3 +840,11 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
     grid = {"grid_size": 2_000}  # a 2-D grid of m = 4e6 points: 512 TB, more than either
     with pytest.raises(cli.CLIError, match=r"more than the cuda:1 GPU's 16 GB"):
         cli._check_sizes(grid, 2, "float32", "cuda:1")
+
+
+def test_a_bad_device_with_a_size_option_is_refused_as_a_bad_device(tmp_path, capsys):
+    """With a size option the memory check parsed --device before the device check did."""
+    argv = ["bo", "--problem", "branin", "--model", "wiski", "--model-option", "grid_size=10"]
+    code, _, err = _run([*argv, "--device", "gpu", "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and "Invalid device 'gpu'" in err and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
