@@ -116,7 +116,7 @@ class WISKIConditioningMixin:
             R = self.chol_K
             Ut = interp_matmul(idx, val * D.rsqrt().unsqueeze(-1), R)  # q x m
             L_A = cholesky_update(self.chol_A, Ut.mT)
-            beta, sd = self._offset(), self.outcome_std.reshape(())
+            beta, sd = self._stats_offset(), self.outcome_std.reshape(())
             z_r = (stats["z"] - beta * stats["h"]) / sd
             v = solve_lower(L_A, (R.mT @ z_r).unsqueeze(-1)).squeeze(-1)
             mean_coef = self._mean_coef(R, L_A, v)

@@ -125,7 +125,7 @@ class WISKIFitMixin:
         active = torch.nonzero(torch.diagonal(G).detach() > 0).squeeze(-1)
         full = active.numel() == G.shape[-1]
         sigma2 = self._sigma2()
-        beta, sd = self._offset(), self.outcome_std.reshape(())
+        beta, sd = self._stats_offset(), self.outcome_std.reshape(())
         s_r = (stats["s"] - 2 * beta * stats["t"] + beta**2 * stats["c"]) / sd**2
         factors = self._kronecker_factors()
         low = self._low_rank(stats, active, full, kronecker=factors is not None)
@@ -358,10 +358,10 @@ class WISKIFitMixin:
         n = self.n
         if float(n) < 2:
             return
-        mean = self.sum_y / n
+        mean = self.sum_y / n  # of the centred outcomes
         var = ((self.sum_y2 - n * mean**2) / (n - 1)).clamp_min(0.0)
         std = nonzero_std(var.sqrt()).reshape(1).to(self.outcome_std)
-        self._change_outcome_scaling(mean.reshape(1).to(self.outcome_mean), std)
+        self._change_outcome_scaling((self.y_origin + mean).reshape(1).to(self.outcome_mean), std)
 
     def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
         r"""The constant mean (kept in the user's units), the homoscedastic noise and a
@@ -446,7 +446,7 @@ class WISKIFitMixin:
 
         def loss() -> Tensor:
             idx, val = self._interp(X)
-            stats = _stats_with(zero, idx, val, D, y, self.grid.num_points)
+            stats = _stats_with(zero, idx, val, D, self._centred(y), self.grid.num_points)
             mll = self._mll_from_stats(stats)
             if settings.include_priors:
                 mll = mll + self._log_prior()

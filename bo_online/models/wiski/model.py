@@ -270,6 +270,10 @@ class WISKI(
             self.register_buffer(name, zeros(*shape))
         for name in ("s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D"):
             self.register_buffer(name, zeros(()))
+        # The outcome statistics are of y - y_origin (user units; fixed: the initial mean). Of
+        # raw y, the residual z - beta h cancelled |beta| / sd of the digits: in float32 with
+        # outcomes around 1e4 the marginal likelihood was noise and the mean drifted with n.
+        self.register_buffer("y_origin", self.outcome_mean.detach().clone().reshape(()))
         # 1: the grid jitter goes on each Kronecker factor where the kernel has them; 0: a
         # scalar jitter always (the scheme of states saved before the per-factor one, which a
         # loaded model keeps so that a resumed run goes on with the model it started with).
@@ -459,6 +463,13 @@ class WISKI(
         r"""``beta = outcome_mean + outcome_std * constant``: residual r = (y - beta) / sd."""
         return (self.outcome_mean + self.outcome_std * self.mean_module.constant).reshape(())
 
+    def _stats_offset(self) -> Tensor:
+        r"""``beta - y_origin``: the offset of the statistics' centred outcomes, so that
+        ``z_r = (z - (beta - y_origin) h) / sd``. Formed as ``(outcome_mean - y_origin) +
+        outcome_std * constant``, whose first difference is exact while the two are close."""
+        mean = (self.outcome_mean - self.y_origin).reshape(())
+        return mean + (self.outcome_std * self.mean_module.constant).reshape(())
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -467,6 +478,9 @@ class WISKI(
         return super().state_dict(*args, **kwargs)
 
     def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
+        if prefix + "y_origin" not in state_dict and prefix + "G" in state_dict:
+            # A state saved before the centred statistics: they are of raw y (origin 0).
+            state_dict[prefix + "y_origin"] = torch.zeros(())
         key = prefix + "jitter_per_factor"
         if key not in state_dict and prefix + "G" in state_dict:
             # A state saved before the per-factor jitter: the model keeps the scalar jitter its

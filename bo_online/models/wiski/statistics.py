@@ -6,6 +6,9 @@ All data enter only through hyperparameter-free statistics (docs/math.md §1)::
     h = W^T D^-1 1,  t = 1^T D^-1 y,  c = 1^T D^-1 1,
 
 plus ``sum y``, ``sum y^2`` and ``sum D`` for the outcome scaling and the fixed-noise default.
+``y`` here is the outcome less a fixed origin (``WISKI.y_origin``, user units), so that the sums
+keep the digits of the outcomes' variation however far their level is from zero;
+:meth:`WISKIStatisticsMixin.statistics` gives them of the raw outcomes.
 Adding q points costs O(q 16^d) (scatter-adds of their sparse interpolation weights).
 """
 
@@ -75,7 +78,7 @@ class WISKIStatisticsMixin:
 
     def _residual_stats(self) -> tuple[Tensor, Tensor]:
         r"""Standardised residual statistics ``z_r = W^T D^-1 r`` and ``s_r = r^T D^-1 r``, O(m)."""
-        beta, sd = self._offset(), self.outcome_std.reshape(())
+        beta, sd = self._stats_offset(), self.outcome_std.reshape(())
         z_r = (self.z - beta * self.h) / sd
         s_r = (self.s - 2 * beta * self.t + beta**2 * self.c) / sd**2
         return z_r, s_r
@@ -89,11 +92,17 @@ class WISKIStatisticsMixin:
         self._stats_shared = False
         return stats
 
+    def _centred(self, y: Tensor) -> Tensor:
+        r"""User-unit outcomes (``... x n``) as the statistics hold them: ``y - y_origin``."""
+        return y - self.y_origin
+
     def _stats_added(self, idx: Tensor, val: Tensor, D: Tensor, y: Tensor) -> dict[str, Tensor]:
-        r"""The statistics with points added. All are new tensors except ``G``, which is updated
-        in place when this model owns it exclusively (copy-on-write when a conditioned model
-        shares it); callers validate every input before calling, so nothing can fail after."""
+        r"""The statistics with points added (``y``: ``q`` user-unit outcomes). All are new
+        tensors except ``G``, which is updated in place when this model owns it exclusively
+        (copy-on-write when a conditioned model shares it); callers validate every input before
+        calling, so nothing can fail after."""
         m = self.grid.num_points
+        y = self._centred(y)
         Dinv = 1.0 / D
         G = self.G.clone() if (self._stats_shared or self.d_idx is not None) else self.G
         interp_gram(idx, val, Dinv, m, out=G)
@@ -115,9 +124,18 @@ class WISKIStatisticsMixin:
         }
 
     def statistics(self) -> dict[str, Tensor]:
-        """The sufficient statistics (a dict of the model's tensors, not copies)."""
+        r"""The sufficient statistics of the raw outcomes (docs/math.md §1): the held ones, which
+        are of ``y - y_origin``, shifted back (new tensors for ``z``, ``s``, ``t``, ``sum_y`` and
+        ``sum_y2``, the model's own for the others)."""
         self._materialize()
-        return {name: getattr(self, name) for name in _STAT_NAMES}
+        stats = {name: getattr(self, name) for name in _STAT_NAMES}
+        o = self.y_origin
+        stats["z"] = stats["z"] + o * stats["h"]
+        stats["s"] = stats["s"] + 2 * o * stats["t"] + o**2 * stats["c"]
+        stats["t"] = stats["t"] + o * stats["c"]
+        stats["sum_y2"] = stats["sum_y2"] + 2 * o * stats["sum_y"] + o**2 * stats["n"]
+        stats["sum_y"] = stats["sum_y"] + o * stats["n"]
+        return stats
 
     def _zero_statistics(self) -> dict[str, Tensor]:
         return {name: torch.zeros_like(getattr(self, name)) for name in _STAT_NAMES}
@@ -139,7 +157,7 @@ class WISKIStatisticsMixin:
             for start in range(0, X.shape[0], rows):
                 sl = slice(start, start + rows)
                 idx, val = self._interp(X[sl])
-                _add_stats_(stats, idx, val, D[sl], y[sl], self.grid.num_points)
+                _add_stats_(stats, idx, val, D[sl], self._centred(y[sl]), self.grid.num_points)
         for name in _DELTA_NAMES:
             setattr(self, name, None)
         for name, value in stats.items():

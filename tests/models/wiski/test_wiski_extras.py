@@ -119,7 +119,7 @@ def test_online_projection_step_matches_full_mll_gradient():
         idx, val = model._interp(Xn)
     D = torch.ones(3, dtype=DT)
     full = model._mll_from_stats(
-        _stats_with(base, idx, val, D, Yn.squeeze(-1), model.grid.num_points)
+        _stats_with(base, idx, val, D, model._centred(Yn.squeeze(-1)), model.grid.num_points)
     )
     g_full = torch.autograd.grad(full, params)
     w0 = [p.detach().clone() for p in params]
