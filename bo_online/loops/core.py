@@ -230,7 +230,7 @@ class OnlineLoop:
         self._driving = False  # run() or step() tells, a resume can redo them (see _checkpoint_due)
         self._elapsed_from: tuple[float, float] | None = None
         self._files_started = False
-        self._resumed_files_due = False  # see _restore
+        self._resumed_files_due = False  # run files to rewrite first (see _restore, _commit)
         self._pending: dict[str, Any] | None = None
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
         # the run files as this loop last wrote or loaded them (see _retake_directory)
@@ -921,6 +921,11 @@ class OnlineLoop:
         try:
             self._sync_resumed_files(self.records[:-1])  # the records before this one, if resumed
             history.append_record(self.out_dir / history.RECORDS_FILE, record)
+        except BaseException:
+            # The step is done but the file may lack its record or hold part of it (a full
+            # disk): rewritten whole from memory before this loop writes again (a retry).
+            self._resumed_files_due = True
+            raise
         finally:  # also after a failed write (full disk): its part is this loop's own
             self._note_files()
         last = self.target_steps is not None and self.step_count >= self.target_steps
@@ -1074,8 +1079,9 @@ class OnlineLoop:
         r"""Once a resumed run goes on (:meth:`run`, or its next record): rewrite the records
         file from the checkpoint, dropping records appended after it (those steps are redone),
         and the configuration file, derived from the checkpoint (a damaged or hand-edited copy
-        cannot outlive a resume). ``records``: those to write (default all; a record being
-        committed, which is then appended, is not among them)."""
+        cannot outlive a resume). Likewise after a record's append failed (see :meth:`_commit`):
+        the records file is rewritten from the records in memory. ``records``: those to write
+        (default all; a record being committed, which is then appended, is not among them)."""
         if not self._resumed_files_due or self.out_dir is None:
             return
         try:

@@ -1283,3 +1283,28 @@ def test_a_resumed_run_whose_first_rewrite_failed_on_a_full_disk_runs_when_retri
     loop.run(4)  # space freed: the same loop goes on
     assert without_timing(read_records(out)) == _reference(4)
     assert json.loads((out / history.CONFIG_FILE).read_text())["kind"] == "bo"
+
+
+def test_a_run_retried_after_a_record_write_failed_keeps_every_record(tmp_path, monkeypatch):
+    r"""A record whose append failed (a full disk: part of its line written) is a step the loop
+    has done; run() again on the same loop, once space was freed, appended the next records
+    after the torn line: a records file damaged in its middle (or, with nothing written, a step
+    missing). The file is now rewritten whole before the loop writes again."""
+    out = tmp_path / "run"
+    loop = BayesOptLoop(synthetic_problem("branin"), seed=3, out_dir=out, **FAST)
+    real = history._append_line
+    calls = {"n": 0}
+
+    def torn(path, line):
+        calls["n"] += 1
+        if calls["n"] == 3:  # step 2's record: half of it fits on the disk
+            real(path, line[: len(line) // 2])
+            raise OSError(28, "No space left on device")
+        real(path, line)
+
+    monkeypatch.setattr(history, "_append_line", torn)
+    with pytest.raises(history.RunFileError, match="No space left"):
+        loop.run(4)
+    monkeypatch.setattr(history, "_append_line", real)
+    loop.run(4)  # space freed: the same loop goes on
+    assert without_timing(read_records(out)) == _reference(4)
