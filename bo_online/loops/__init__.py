@@ -83,6 +83,12 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             "and the files ignored."
         )
     out_dir = Path(out_dir)
+    if not out_dir.is_dir():  # before the lock, which would create a mistyped directory
+        raise FileNotFoundError(
+            f"No run directory {str(out_dir)!r}"
+            + (" (it is a file)" if out_dir.exists() else "")
+            + ": give the directory the run was written to (its --out / out_dir)."
+        )
     ckpt_path = out_dir / history.CHECKPOINT_FILE
     # only without a checkpoint: the records of a long stream are not read on every resume
     last = None if ckpt_path.is_file() else history.last_recorded_step(out_dir)

@@ -1308,3 +1308,21 @@ def test_a_run_retried_after_a_record_write_failed_keeps_every_record(tmp_path, 
     monkeypatch.setattr(history, "_append_line", real)
     loop.run(4)  # space freed: the same loop goes on
     assert without_timing(read_records(out)) == _reference(4)
+
+
+def test_loading_a_path_that_is_no_directory_creates_nothing(tmp_path):
+    r"""load_loop / resume of a mistyped run directory created it (and its parents) to take the
+    lock, leaving empty directories behind, and a path naming a file raised a bare
+    FileExistsError from that mkdir. Both are now refused with one line, and nothing is made."""
+    from bo_online.loops import resume
+
+    missing = tmp_path / "runs" / "typo"
+    for call in (load_loop, resume):
+        with pytest.raises(FileNotFoundError, match="No run directory"):
+            call(missing)
+    assert list(tmp_path.iterdir()) == []
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(FileNotFoundError, match="No run directory.*is a file"):
+        load_loop(afile)
+    assert afile.read_text() == "x"
