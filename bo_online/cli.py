@@ -1725,7 +1725,7 @@ def _main(argv: list[str] | None) -> None:
     # typer.Abort is what click makes of Ctrl-C (KeyboardInterrupt) and of EOFError.
     from typer._click import exceptions as click_exc
 
-    from bo_online.errors import ObjectiveError
+    from bo_online.errors import CampaignError, ObjectiveError
 
     _ACTIVE_RUN.clear()  # a run of an earlier command in this process is not this one's
     _ACTIVE_SWEEP.clear()
@@ -1740,6 +1740,8 @@ def _main(argv: list[str] | None) -> None:
         _fail(f"interrupted; {_resume_hint()}", 130)
     except ObjectiveError as e:  # the user's objective failed mid-run: its state is saved
         _fail(f"{e}; fix the objective, then {_resume_hint()}", 1)
+    except CampaignError as e:  # a campaign of a sweep raised: the message says how to go on
+        _fail(str(e), 1)
     except (CLIError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes

@@ -3,7 +3,7 @@ loaded anything heavy)."""
 
 from __future__ import annotations
 
-__all__ = ["ObjectiveError", "describe"]
+__all__ = ["CampaignError", "ObjectiveError", "describe"]
 
 
 #: What an objective that returned None is told (the objective's name is put before it).
@@ -27,6 +27,20 @@ class ObjectiveError(RuntimeError):
     def __init__(self, message: str, objective: str | None = None) -> None:
         super().__init__(message)
         self.objective = objective
+
+
+class CampaignError(RuntimeError):
+    r"""A campaign of a sweep raised; the message names the campaign, its error and how to go
+    on (the sweep stops at the first such campaign).
+
+    Args:
+        message: what went wrong.
+        campaign: the campaign's name (its run directory under the sweep's output folder).
+    """
+
+    def __init__(self, message: str, campaign: str) -> None:
+        super().__init__(message)
+        self.campaign = campaign
 
 
 def describe(error: BaseException) -> str:

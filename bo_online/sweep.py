@@ -35,8 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bo_online.errors import CampaignError, describe
+
 __all__ = [
     "Campaign",
+    "CampaignError",
     "load_spec",
     "campaigns",
     "run_campaign",
@@ -467,10 +470,30 @@ def run_sweep(
             summaries.append(_summary(c, records, "skipped"))
             continue
         futures[client.submit(run_campaign, c, run_dir, pure=False)] = c
-    for future in as_completed(futures):
-        summaries.append(future.result())  # a campaign that raised stops the sweep with its error
+    try:
+        for future in as_completed(futures):
+            if future.status == "error":  # the first campaign that raised stops the sweep
+                raise _campaign_error(futures[future], out, future.exception())
+            summaries.append(future.result())
+    finally:
+        for future in futures:
+            future.cancel()
     order = {c.name: i for i, c in enumerate(todo)}
     return sorted(summaries, key=lambda s: order[s["campaign"]])
+
+
+def _campaign_error(campaign: Campaign, out: Path, error: BaseException) -> CampaignError:
+    r"""``error``, raised by ``campaign``'s task, as one message that names the campaign and its
+    run directory (the task's own error names neither, nor does Dask's ``KilledWorker``), with
+    what to do unless the error already says how to run the sweep again."""
+    run_dir = str(out / campaign.name)
+    message = f"Campaign {campaign.name} (in {run_dir!r}) failed: {describe(error)}"
+    if "run the sweep again" not in message:
+        message += (
+            "; the sweep stopped. Fix the cause, then run the sweep again (finished campaigns "
+            "are skipped, interrupted ones resumed from their checkpoints)."
+        )
+    return CampaignError(message, campaign.name)
 
 
 @contextlib.contextmanager

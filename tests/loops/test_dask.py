@@ -988,3 +988,45 @@ def test_a_campaign_shows_each_warning_text_once_on_one_line(capsys):
         f"bo-online: warning: campaign {name}: advice old --> new the end (UserWarning)"
         for name in ("A", "B")
     ], err
+
+
+def test_a_campaign_that_raises_stops_the_sweep_with_one_line_naming_it(
+    tmp_path, capsys, monkeypatch
+):
+    """A campaign that raised mid-sweep stopped it with a traceback of the task's own error (or
+    Dask's KilledWorker, which names a task key): no word of which campaign failed or what to
+    do. It now stops the sweep with one line naming the campaign and its run directory, and
+    saying to run the sweep again."""
+    import contextlib
+    import logging
+
+    import bo_online.cli as cli
+    import bo_online.sweep as sweep
+
+    def run(campaign, run_dir):
+        if campaign.acq == "ts":
+            raise RuntimeError("the model broke")
+        return sweep._summary(campaign, [{"n": 5, "regret": 1.0, "wall_time": 0.1}], "ran")
+
+    # worker threads of this process, which see the patched campaign body
+    cluster = distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        dashboard_address=None,
+        silence_logs=logging.CRITICAL,
+    )
+    with cluster, distributed.Client(cluster) as client:
+        monkeypatch.setattr(sweep, "_run_campaign", run)
+        monkeypatch.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(client))
+        spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(spec), "--out", str(out), "--quiet", "--no-plots"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (
+        f"Campaign branin-exact-ts-s0 (in {str(out / 'branin-exact-ts-s0')!r}) failed: "
+        "RuntimeError: the model broke; the sweep stopped." in err
+    )
+    assert "run the sweep again" in err
