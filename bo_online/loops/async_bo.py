@@ -273,6 +273,25 @@ class AsyncBayesOptLoop(BayesOptLoop):
         for i in range(k):
             completed.add(self._submit(pid + i))
 
+    def evaluate_batch(self, fn: Any, X: Tensor) -> Tensor:
+        r"""As :meth:`OnlineLoop.evaluate_batch`, on the cluster (the initial design): a point
+        whose workers kept dying (Dask's ``KilledWorker``) stops the run as the objective's
+        failure, as a dead worker of a process pool does, not with Dask's traceback."""
+        from distributed import KilledWorker
+
+        from bo_online.errors import ObjectiveError
+
+        try:
+            return super().evaluate_batch(fn, X)
+        except KilledWorker as e:
+            name = self.problem.name
+            raise ObjectiveError(
+                f"Objective {name!r}: Dask gave up on a point of the initial design, whose "
+                "workers died repeatedly (the objective may crash its process, e.g. a segfault, "
+                "os._exit or running out of memory)",
+                name,
+            ) from e
+
     # ------------------------------------------------------------------ folding results
 
     def _noise(self, pid: int) -> float:

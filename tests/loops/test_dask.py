@@ -1030,3 +1030,24 @@ def test_a_campaign_that_raises_stops_the_sweep_with_one_line_naming_it(
         "RuntimeError: the model broke; the sweep stopped." in err
     )
     assert "run the sweep again" in err
+
+
+def test_an_initial_design_point_that_kills_its_workers_is_the_objectives_failure(tmp_path):
+    """The initial design runs on the cluster too: an objective that crashed its worker there
+    ended the run with Dask's KilledWorker traceback (a task key, no objective named), where a
+    dead process-pool worker or a later point is the objective's failure."""
+    import dask
+
+    from bo_online.errors import ObjectiveError
+
+    (tmp_path / "armed").touch()
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        with cluster, distributed.Client(cluster) as client:
+            problem = _Crashing(tmp_path, kill_at=-1, raise_at=())
+            loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", **FAST)
+            with pytest.raises(ObjectiveError, match="Objective 'flaky': Dask gave up on a point"):
+                loop.run(steps=1)
+    assert loop.step_count == 0 and not loop.records
