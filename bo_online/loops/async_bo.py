@@ -151,7 +151,8 @@ class AsyncBayesOptLoop(BayesOptLoop):
         acq: ``qucb``, ``qlognei`` or ``ts``.
         max_failures: stop with :class:`TooManyFailures` once more evaluations than this have
             raised.
-        max_in_flight: evaluations at once (default: the cluster's worker threads).
+        max_in_flight: evaluations at once (default: the cluster's worker threads); a resumed
+            run keeps it.
         **kwargs: the other options of :class:`bo_online.loops.BayesOptLoop` (``q`` must be 1).
     """
 
@@ -184,12 +185,13 @@ class AsyncBayesOptLoop(BayesOptLoop):
             raise ValueError(f"max_failures must be an integer >= 0, got {max_failures}.")
         if client is None or not hasattr(client, "submit"):
             raise ValueError("AsyncBayesOptLoop needs a distributed.Client (client=...).")
-        if max_in_flight is not None and max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}.")
+        if max_in_flight is not None and (int(max_in_flight) != max_in_flight or max_in_flight < 1):
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight}.")
         super().__init__(problem, acq=acq, executor=client, **kwargs)
         self.client = client
         self.max_in_flight = max_in_flight
         self.config["max_failures"] = int(max_failures)
+        self.config["max_in_flight"] = max_in_flight  # kept by a resume, as max_failures
         self.in_flight: dict[int, dict[str, Any]] = {}  # proposal id -> X, submit time, pending
         self.next_proposal = 0
         self.failures = 0
@@ -500,5 +502,6 @@ class AsyncBayesOptLoop(BayesOptLoop):
             data_dir=data_dir,
             client=client,
             max_failures=ckpt["config"]["max_failures"],
+            max_in_flight=ckpt["config"].get("max_in_flight"),  # absent in older runs
             **overrides,
         )

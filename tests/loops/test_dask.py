@@ -1051,3 +1051,28 @@ def test_an_initial_design_point_that_kills_its_workers_is_the_objectives_failur
             with pytest.raises(ObjectiveError, match="Objective 'flaky': Dask gave up on a point"):
                 loop.run(steps=1)
     assert loop.step_count == 0 and not loop.records
+
+
+def test_a_resumed_run_keeps_its_max_in_flight(client, tmp_path):
+    """``max_in_flight`` was not saved: a run limited to one evaluation at a time resumed with
+    one per worker of the cluster (and load_loop takes no such option), so its later points
+    were proposed with pending points it never had."""
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(
+        synthetic_problem("branin"),
+        client,
+        model="exact",
+        acq="qucb",
+        max_in_flight=1,
+        out_dir=out,
+        quiet=True,
+        **FAST,
+    )
+    loop.run(steps=2)
+    resumed = load_loop(out, client=client)
+    assert resumed.max_in_flight == 1 and resumed.slots() == 1 < len(client.nthreads())
+    records = resumed.run(steps=5)
+    assert len(_evaluations(records)) == 5
+    assert all(len(r["pending"]) == 0 for r in _evaluations(records))  # one at a time
+    with pytest.raises(ValueError, match="max_in_flight must be an integer >= 1, got 1.5"):
+        AsyncBayesOptLoop(synthetic_problem("branin"), client, max_in_flight=1.5)
