@@ -539,11 +539,14 @@ def map_on_cluster(
 
 
 def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    r"""Per (problem, model, acq): number of seeds, mean final regret and its standard error."""
+    r"""Per (problem, model, acq): number of seeds, mean final regret and its standard error
+    (NaN for a problem without a known optimum, whose records have no regret)."""
     groups: dict[tuple[str, str, str], list[float]] = {}
+    seeds: dict[tuple[str, str, str], int] = {}
     for s in summaries:
         key = (s["problem"], s["model"], s["acq"])
         groups.setdefault(key, [])
+        seeds[key] = seeds.get(key, 0) + 1
         if s["regret"] is not None:
             groups[key].append(float(s["regret"]))
     rows = []
@@ -556,7 +559,7 @@ def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "problem": problem,
                 "model": model,
                 "acq": acq,
-                "seeds": n,
+                "seeds": seeds[problem, model, acq],
                 "mean_regret": mean,
                 "se_regret": se,
             }

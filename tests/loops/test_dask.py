@@ -1076,3 +1076,26 @@ def test_a_resumed_run_keeps_its_max_in_flight(client, tmp_path):
     assert all(len(r["pending"]) == 0 for r in _evaluations(records))  # one at a time
     with pytest.raises(ValueError, match="max_in_flight must be an integer >= 1, got 1.5"):
         AsyncBayesOptLoop(synthetic_problem("branin"), client, max_in_flight=1.5)
+
+
+def test_sweep_summary_counts_the_seeds_of_a_problem_without_a_known_optimum():
+    """The table over seeds counted only campaigns with a regret: a problem without a known
+    optimum (hartmann at 4 inputs) was reported as run on 0 seeds."""
+    import math
+
+    from bo_online.sweep import summarize
+
+    rows = summarize(
+        [
+            {"problem": p, "model": "exact", "acq": "qucb", "regret": r}
+            for p, r in [
+                ("hartmann4d", None),
+                ("hartmann4d", None),
+                ("branin", 1.0),
+                ("branin", 3.0),
+            ]
+        ]
+    )
+    assert [(r["problem"], r["seeds"]) for r in rows] == [("hartmann4d", 2), ("branin", 2)]
+    assert math.isnan(rows[0]["mean_regret"]) and math.isnan(rows[0]["se_regret"])
+    assert rows[1]["mean_regret"] == 2.0 and rows[1]["se_regret"] == pytest.approx(1.0)
