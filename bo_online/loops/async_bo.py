@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -74,6 +75,13 @@ def connect(address: str) -> Any:
         n = address.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"--dask local:N needs a worker count N >= 1, got {address!r}.")
+        limit = 4 * (os.cpu_count() or 1)  # as --workers: each worker process loads torch
+        if int(n) > limit:
+            raise ValueError(
+                f"--dask local:N starts N worker processes on this machine: N must be at most "
+                f"4 x the CPU count ({limit}), got {address!r}; for more workers, start a Dask "
+                "cluster and give its scheduler address (tcp://host:port)."
+            )
         # Its workers print on this terminal: below CRITICAL, Dask logs every task that raised
         # (a failing objective, a campaign that cannot resume) as a "Compute Failed" report with
         # a raw traceback, on top of the failure record or one-line error the loop gives for it.

@@ -1099,3 +1099,17 @@ def test_sweep_summary_counts_the_seeds_of_a_problem_without_a_known_optimum():
     assert [(r["problem"], r["seeds"]) for r in rows] == [("hartmann4d", 2), ("branin", 2)]
     assert math.isnan(rows[0]["mean_regret"]) and math.isnan(rows[0]["se_regret"])
     assert rows[1]["mean_regret"] == 2.0 and rows[1]["se_regret"] == pytest.approx(1.0)
+
+
+def test_dask_local_with_more_workers_than_the_machine_takes_is_refused(monkeypatch):
+    """``--dask local:N`` had no upper limit (``--workers`` has 4 x the CPU count): a slip such
+    as local:1000 started a thousand worker processes, each loading torch."""
+    from bo_online.loops.async_bo import connect
+
+    def started(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(distributed, "LocalCluster", started)
+    limit = 4 * (os.cpu_count() or 1)
+    with pytest.raises(ValueError, match=rf"at most 4 x the CPU count \({limit}\), got 'local:"):
+        connect(f"local:{limit + 1}")
