@@ -98,6 +98,20 @@ def connect(address: str) -> Any:
             "--dask must be local:N or a scheduler address such as tcp://host:8786, "
             f"got {address!r}."
         )
+    from distributed.comm import parse_address
+    from distributed.comm.addressing import parse_host_port
+
+    # Checked before Client: a Client built from a malformed address raises, and then hangs
+    # for 40 s when the interpreter collects it.
+    try:
+        scheme, location = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except ValueError as e:
+        raise ValueError(
+            f"--dask {address!r} is not a scheduler address ({e}); give it as "
+            "tcp://host:port, e.g. tcp://host:8786, or use local:N."
+        ) from e
     try:
         return Client(address, timeout="20s")
     except OSError as e:

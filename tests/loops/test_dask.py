@@ -1113,3 +1113,19 @@ def test_dask_local_with_more_workers_than_the_machine_takes_is_refused(monkeypa
     limit = 4 * (os.cpu_count() or 1)
     with pytest.raises(ValueError, match=rf"at most 4 x the CPU count \({limit}\), got 'local:"):
         connect(f"local:{limit + 1}")
+
+
+@pytest.mark.parametrize("address", ["tcp://", "tcp://host", "tcp://host:port"])
+def test_a_malformed_scheduler_address_is_refused_naming_dask_without_a_client(
+    address, monkeypatch
+):
+    """``--dask tcp://`` ended in Dask's own 'missing port number in address' (no word of
+    --dask), and the half-built Client then hung the interpreter's exit for 40 s."""
+    from bo_online.loops.async_bo import connect
+
+    def built(*args, **kwargs):
+        raise AssertionError("a Client was built")
+
+    monkeypatch.setattr(distributed, "Client", built)
+    with pytest.raises(ValueError, match=rf"--dask '{address}' is not a scheduler address .*"):
+        connect(address)
