@@ -10,6 +10,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bo_online.models.decoupled.statistics import site_dtype
+
 __all__ = ["DecoupledBasesMixin", "median_lengthscale", "pivoted_cholesky_select"]
 
 
@@ -38,13 +40,21 @@ def pivoted_cholesky_select(
 
     Give the dense ``K``, or its diagonal ``diag`` (``m``) and ``row(i)`` returning row ``i``
     (``m``), so that only the ``k`` chosen rows are ever computed (O(m k) memory).
-    Hand-written because ``linear_operator``'s pivoted Cholesky does not return the pivots."""
+    Hand-written because ``linear_operator``'s pivoted Cholesky does not return the pivots.
+
+    Runs in :func:`site_dtype` (float64 for float32 input; give ``K`` or the rows in it too). The
+    residual variance ``k(x, x) - sum_j R_jx^2`` of a point nearly uncorrelated with the chosen
+    ones (``k(x, x_j) ~ 1e-5`` at a few lengthscales, as among the first picks) is ``1 - 1e-10``,
+    which float32 rounds to 1: the argmax then took the first index of a tie made by rounding,
+    not the point farthest from those chosen, and a float32 model held other bases than the
+    float64 model on the same data."""
     if K is not None:
         diag, row = torch.diagonal(K), (lambda i: K[i])
     m = diag.shape[-1]
     k = min(k, m)
-    resid = diag.clone()
-    rows = torch.zeros(k, m, dtype=diag.dtype, device=diag.device)
+    wd = site_dtype(diag.dtype)
+    resid = diag.to(wd, copy=True)
+    rows = torch.zeros(k, m, dtype=wd, device=diag.device)
     chosen: list[int] = []
     for j in range(k):
         if chosen:
@@ -52,7 +62,7 @@ def pivoted_cholesky_select(
         i = int(torch.argmax(resid))
         chosen.append(i)
         piv = resid[i].clamp_min(1e-300).sqrt()
-        rows[j] = (row(i) - rows[:j, i] @ rows[:j]) / piv
+        rows[j] = (row(i).to(wd) - rows[:j, i] @ rows[:j]) / piv
         resid = resid - rows[j].pow(2)
     return torch.tensor(chosen, dtype=torch.long, device=diag.device)
 
@@ -88,16 +98,18 @@ class DecoupledBasesMixin:
     def _select_bases(self, pool_size: int = 4096) -> tuple[Tensor, Tensor]:
         r"""``num_mean_bases`` held points (from a random pool of at most ``pool_size``) chosen by
         pivoted Cholesky of the kernel (greedy largest residual variance): the first
-        ``num_cov_bases`` are the covariance bases, the rest mean-only bases."""
+        ``num_cov_bases`` are the covariance bases, the rest mean-only bases. The kernel is
+        evaluated in :func:`site_dtype`, as the selection runs (:func:`pivoted_cholesky_select`)."""
         n = self.num_data
         pool = torch.randperm(n, generator=self._generator)[: min(n, pool_size)]
         Xp = self.train_X[pool]
+        Xw = Xp.to(site_dtype(Xp.dtype))
         with torch.no_grad():
             chosen = pivoted_cholesky_select(
                 None,
                 self.num_mean_bases,
-                diag=self.covar_module(Xp, diag=True),
-                row=lambda i: self.covar_module(Xp[i : i + 1], Xp).to_dense().squeeze(-2),
+                diag=self.covar_module(Xw, diag=True),
+                row=lambda i: self.covar_module(Xw[i : i + 1], Xw).to_dense().squeeze(-2),
             )
         Z = Xp[chosen]
         return Z[: self.num_cov_bases], Z[self.num_cov_bases :]
@@ -113,11 +125,13 @@ class DecoupledBasesMixin:
     def _compress(self) -> None:
         r"""Back to the caps: if all data fit in the covariance bases, bases = data (exact GP);
         otherwise keep a pivoted-Cholesky subset of ``beta`` and of the remaining bases for
-        ``alpha``, then the closed-form warm start."""
+        ``alpha``, then the closed-form warm start. Kernels in :func:`site_dtype`, as the
+        selection runs (:func:`pivoted_cholesky_select`)."""
         if self.num_data <= self.num_cov_bases:
             self._set_exact_state(self.train_X)
             return
-        K = self.covar_module(self.beta_points).to_dense()
+        wd = site_dtype(self.beta_points.dtype)
+        K = self.covar_module(self.beta_points.to(wd)).to_dense()
         keep = pivoted_cholesky_select(K, self.num_cov_bases)
         mask = torch.ones(self.num_beta, dtype=torch.bool, device=K.device)
         mask[keep] = False
@@ -125,7 +139,7 @@ class DecoupledBasesMixin:
         rest = torch.cat([self.beta_points[mask], self.alpha_points], dim=-2)
         room = self.num_mean_bases - self.num_cov_bases
         if rest.shape[-2] > room:
-            rest = rest[pivoted_cholesky_select(self.covar_module(rest).to_dense(), room)]
+            rest = rest[pivoted_cholesky_select(self.covar_module(rest.to(wd)).to_dense(), room)]
         self._warm_start(beta, rest)
 
     def _grow(self, var, opt, idx, grow, gen) -> None:

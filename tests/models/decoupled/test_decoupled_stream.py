@@ -15,6 +15,7 @@ from botorch.acquisition import UpperConfidenceBound
 from botorch.test_functions import Branin, Hartmann
 
 from bo_online.models import DecoupledSVGP, OnlineExactGP
+from bo_online.models.decoupled.bases import pivoted_cholesky_select
 
 DT = torch.float64
 
@@ -449,7 +450,9 @@ def test_float32_long_stream_in_six_dimensions_matches_float64():
     m64.fit(train_hyperparameters=False)  # bases by pivoted Cholesky, then the sites
     m32.fit(train_hyperparameters=False)  # raised NotPositiveDefiniteError
     assert m32._in_fold_mode()
-    # The same bases for both (pivoted Cholesky may pick differently in float32).
+    # The same bases for both: the selection runs in float64 for a float32 model too (before,
+    # their coordinates were up to 0.81 apart); set again so the comparison rests on the folds.
+    assert torch.allclose(m32.beta_points.double(), m64.beta_points, atol=1e-6, rtol=0)
     with torch.no_grad():
         m32._set_sites(m64.beta_points.float(), m64.alpha_points.float())
     ucb = UpperConfidenceBound(m32, beta=2.0)
@@ -511,3 +514,54 @@ def test_a_float32_model_loaded_into_a_fresh_one_keeps_its_float64_sites_bit_for
     assert pm.mean.dtype == torch.float32
     assert torch.equal(pm.mean, pr.mean)
     assert torch.equal(pm.variance, pr.variance)
+
+
+def test_pivoted_cholesky_of_a_float32_kernel_picks_the_farthest_point_as_float64():
+    # Residual variance after picking x_0 is k(x, x) - k(x, x_0)^2 = 1 - exp(-|x - x_0|^2 / l^2):
+    # the greedy rule picks the point farthest from x_0. At l = 0.3 in five inputs most points
+    # have k(x, x_0)^2 < 6e-8, so float32 rounded 1 - k^2 to 1 and the argmax took the first
+    # index of that tie (pivoted_cholesky_select now runs in float64).
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(200, 5, generator=g, dtype=DT)
+    K = torch.exp(-0.5 * torch.cdist(X, X).pow(2) / 0.3**2)  # by hand, float64
+    picks64 = pivoted_cholesky_select(K, 10)
+    assert int(picks64[0]) == 0  # a tie of the constant diagonal: the first index
+    assert int(picks64[1]) == int(torch.cdist(X[:1], X).argmax())
+    assert torch.equal(pivoted_cholesky_select(K.float(), 10), picks64)
+    # and with only the diagonal and the rows given (the default fit's selection)
+    rows = pivoted_cholesky_select(None, 10, diag=K.diagonal().float(), row=lambda i: K[i].float())
+    assert torch.equal(rows, picks64)
+
+
+def test_float32_stream_compressed_to_a_tiny_basis_keeps_the_float64_bases():
+    # 7 mean / 4 covariance bases, l = 0.3 in five inputs: exact growth until 4 + 40 covariance
+    # bases, then compressed back by pivoted Cholesky and folded. The float32 model chose other
+    # mean bases there (coordinates up to 0.96 apart; posterior means 1.4 outcome sd apart after
+    # 300 points), because its residual variances rounded to 1 (see the test above).
+    d, n0, n = 5, 20, 80
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    Y = torch.sin(3 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g, dtype=DT)
+    Xt = torch.rand(50, d, generator=g, dtype=DT)
+
+    def build(dtype: torch.dtype) -> DecoupledSVGP:
+        kw = dict(num_mean_bases=7, num_cov_bases=4, max_basis_growth=40, seed=1)
+        m = DecoupledSVGP(X[:n0].to(dtype), Y[:n0].to(dtype), **kw)
+        with torch.no_grad():
+            m.covar_module.lengthscale = torch.full((1, d), 0.3, dtype=dtype)
+            m.likelihood.noise = torch.tensor([0.05], dtype=dtype)
+        return m
+
+    m64, m32 = build(DT), build(torch.float32)
+    for i in range(n0, n):
+        m64.update(X[i : i + 1], Y[i : i + 1])
+        m32.update(X[i : i + 1].float(), Y[i : i + 1].float())
+    assert m32._in_fold_mode() and m64._in_fold_mode() and m32.num_alpha == 7
+    for name in ("beta_points", "alpha_points"):
+        torch.testing.assert_close(
+            getattr(m32, name).double(), getattr(m64, name), atol=1e-6, rtol=0
+        )
+    with torch.no_grad():
+        p32, p64 = m32.posterior(Xt.float()), m64.posterior(Xt)
+    std = float(Y.std())
+    torch.testing.assert_close(p32.mean.double(), p64.mean, atol=1e-4 * std, rtol=0)
