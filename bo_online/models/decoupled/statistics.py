@@ -30,7 +30,8 @@ def site_dtype(dtype: torch.dtype) -> torch.dtype:
     L^T K_j L`` formed from it lost all its digits (indefinite: ``NotPositiveDefiniteError`` from
     every fit beyond ``num_cov_bases`` points), while the folds' ``a = (K_Z + Q)^{-1} s`` were off
     by 0.3 of the outcome's standard deviation. In float64 they are ``O(M^3)`` once per fit and
-    ``O(M^2 q)`` per update, small next to the kernel evaluations (kept in the model's dtype)."""
+    ``O(M^2 q)`` per update, small next to the kernel evaluations (kept in the model's dtype,
+    but for those of the greedy base selection, ``pivoted_cholesky_select``, which runs here)."""
     return torch.float64 if dtype.is_floating_point and torch.finfo(dtype).bits < 64 else dtype
 
 
