@@ -82,7 +82,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"No sweep spec at {str(path)!r}.")
     text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
         try:

@@ -617,6 +617,10 @@ def test_sweep_spec_errors(tmp_path):
         "hartmann3d-exact-qucb-s0",
         "hartmann3d-exact-qucb-s1",
     ]
+    # an upper-case suffix is YAML too (it was read as TOML: "invalid TOML")
+    upper = tmp_path / "SPEC.YML"
+    upper.write_text(yml.read_text())
+    assert [c.name for c in campaigns(load_spec(upper))] == names
     base = "steps = 3\nmodels = ['exact']\nacqs = ['qucb']\n"
     for body, message in [
         # two campaigns in one run directory: they raced and failed as "in use by process N"
