@@ -59,11 +59,18 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
 
 
 def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
+    r"""Save ``fig`` to ``out`` whole or not at all: a run killed while plotting leaves the
+    previous plot, not a truncated image (drawn beside it, then moved over it)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    part = out.with_name(out.name + ".part")
+    try:
+        fig.tight_layout()
+        fig.savefig(part, dpi=110, format=out.suffix.lstrip(".") or "png")
+        os.replace(part, out)
+    finally:
+        plt.close(fig)
+        part.unlink(missing_ok=True)
     return out
 
 

@@ -104,3 +104,23 @@ def test_plot_runs_from_directories(tmp_path):
     assert plotting.load_runs([tmp_path / "r1"])[0][0] == "r1 (exact/qucb)"
     with pytest.raises(FileNotFoundError):
         plotting.load_runs([tmp_path / "missing"])
+
+
+def test_a_plot_interrupted_while_saving_leaves_the_previous_one(tmp_path, monkeypatch):
+    """The plots were written in place: a run killed while saving one left a truncated image
+    (until a later resume drew it again)."""
+    runs = [("r1", _bo_records(1.0))]
+    out = plotting.plot_progress(runs, tmp_path / "progress.png")
+    before = out.read_bytes()
+    assert before[:8] == PNG
+
+    def killed(fig, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(PNG[:4])  # part of an image, then the process is stopped
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", killed)
+    with pytest.raises(KeyboardInterrupt):
+        plotting.plot_progress([("r1", _bo_records(2.0))], out)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.png"]
