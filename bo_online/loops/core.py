@@ -39,6 +39,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
+from bo_online.errors import ObjectiveError
 from bo_online.loops import history
 from bo_online.loops.options import check_options, instantiate
 from bo_online.loops.refit_rules import (
@@ -773,7 +774,11 @@ class OnlineLoop:
                     record = self.initialize()
                     if callback is not None:
                         callback(record)
-                self._run_steps(callback)
+                try:
+                    self._run_steps(callback)
+                except ObjectiveError:
+                    self._checkpoint_before_failure()
+                    raise
                 if self._stop_signal is not None and self.out_dir is not None and self.initialized:
                     self.save_checkpoint()  # the state after the last whole step
         finally:
@@ -787,6 +792,18 @@ class OnlineLoop:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
         return self.records
+
+    def _checkpoint_before_failure(self) -> None:
+        r"""The user's objective raised mid-step: checkpoint the state after the last whole step
+        (the failed step changed nothing a checkpoint holds: its proposal is redone, from the
+        same seed, by a resume), so that a resume once the objective is fixed evaluates only the
+        failed step again, not every step since the last periodic checkpoint (each a costly
+        evaluation, or a lab's). A checkpoint that cannot be written leaves the objective's
+        error to be reported, and the last one stands."""
+        if self.out_dir is None or not self.initialized or not self._files_started:
+            return
+        with contextlib.suppress(Exception):
+            self.save_checkpoint()
 
     def _run_steps(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
         r"""The steps of :meth:`run` after the initial design, until ``target_steps`` or a stop

@@ -647,3 +647,29 @@ def test_values_told_by_the_user_survive_a_resume(tmp_path):
     assert back.step_count == 1 and back.chosen.tolist() == active.chosen.tolist()
     assert len(history.read_records(tmp_path / "pool")) == 2
     back._lock.release()
+
+
+def test_an_objective_failing_mid_run_leaves_a_checkpoint_of_its_last_whole_step(tmp_path):
+    """An objective that raised mid-run left the checkpoint of the initial design (the only
+    one written by elapsed time in a short run): a resume evaluated every step since then
+    again, each a costly evaluation (or a lab's). The run now checkpoints its last whole step,
+    and the resumed run ends where an uninterrupted one does."""
+    calls = {"n": 0}
+
+    def flaky(X: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 4:  # the initial design is one call, then steps 1-2, then step 3
+            raise RuntimeError("the instrument went offline")
+        return _quadratic(X)
+
+    loop = _loop(flaky, tmp_path, checkpoint_seconds=1e9)
+    with pytest.raises(ObjectiveError, match="the instrument went offline"):
+        loop.run(5)
+    assert loop.step_count == 2
+    problem = CallableProblem(_quadratic, bounds=BOUNDS, name="quad")
+    resumed = load_loop(tmp_path / "run", problem=problem, quiet=True)
+    assert resumed.step_count == 2  # not 0: steps 1 and 2 are not evaluated again
+    resumed.run(5)
+    whole = _loop(_quadratic, None)
+    whole.run(5)
+    assert without_timing(resumed.records) == without_timing(whole.records)
