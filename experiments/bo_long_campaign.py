@@ -129,6 +129,8 @@ def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[s
     stopped = False
     if budget and loop.wall_time > budget:
         stopped = loop.step_count < args.steps
+    elif loop.step_count >= args.steps:
+        pass  # ran this far already (a longer earlier run): nothing to do
     else:
         try:
             loop.run(args.steps, callback=stop_on_budget)

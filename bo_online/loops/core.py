@@ -754,6 +754,11 @@ class OnlineLoop:
             )
         if int(steps) != steps or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps}.")
+        if steps < self.step_count:  # it ran nothing and lowered the run's target
+            raise ValueError(
+                f"steps={steps} is below the {self.step_count} steps this run has already done; "
+                "pass a larger number to extend it, or leave it out to finish the run's target."
+            )
         limit = self.max_steps()
         if limit is not None and steps > limit:  # refused before anything is evaluated
             raise ValueError(

@@ -76,6 +76,11 @@ def test_campaign_runs_stops_on_budget_resumes_and_merges(campaign, tmp_path, ca
     assert t["wiski_better_than_sobol"]["pass"] in (True, False)
     assert t["wiski_vs_exact_final"]["pass"] is None  # one seed: no standard error
     assert "Targets (requirement 2)" in capsys.readouterr().out
+    # a shorter call after a longer one leaves the runs as they are (a loop refuses to run
+    # to fewer steps than it has done)
+    stamp = (exact_dir / "records.jsonl").stat().st_mtime_ns
+    campaign.main([*TOY, "--steps", "2", "--budget-s", "0", "--out", out])
+    assert (exact_dir / "records.jsonl").stat().st_mtime_ns == stamp
 
 
 def test_the_time_budget_stops_only_methods_whose_step_grows_with_n(campaign, tmp_path, capsys):

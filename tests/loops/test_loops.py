@@ -950,6 +950,25 @@ def test_a_refused_resume_releases_the_run_directory(tmp_path):
     assert resume(tmp_path / "run", steps=2, problem=stream)[-1]["step"] == 2
 
 
+def test_run_to_fewer_steps_than_done_is_refused_and_keeps_the_target(tmp_path):
+    r"""``run(steps)`` / ``resume(dir, steps=...)`` below the steps already done ran nothing,
+    said nothing and lowered the run's target (a later resume without steps stopped there);
+    the CLI refuses the same request."""
+    from bo_online.loops import resume
+
+    stream = _synthetic_stream(40)
+    kw = dict(model="exact", n_init=10, eval_every=2, refit_every=0, init_fit_max_iter=5)
+    loop = StreamingLoop(stream, out_dir=tmp_path / "run", **kw)
+    loop.run(3)
+    with pytest.raises(ValueError, match="steps=1 is below the 3 steps this run has already"):
+        loop.run(1)
+    assert loop.target_steps == 3
+    with pytest.raises(ValueError, match="steps=2 is below the 3 steps"):
+        resume(tmp_path / "run", steps=2, problem=stream)
+    assert not (tmp_path / "run" / ".lock").exists()
+    assert load_loop(tmp_path / "run", problem=stream).target_steps == 3
+
+
 def test_test_set_scoring_is_timed_apart_from_the_steps(tmp_path, monkeypatch):
     """Scoring the test set every ``eval_every`` steps was in no ``time_*`` field, so the
     summary's elapsed time had a gap its rows did not explain. Each stream and active-learning
