@@ -1569,6 +1569,21 @@ def _check_resume_memory(loop: Any, steps: int | None) -> None:
     )
 
 
+def _check_campaign_memory(campaign: Any) -> None:
+    r"""A sweep's campaign of a dense model must fit in memory at its last ``n``, as a ``bo``
+    run must (a worker that runs out of it fails the campaign hours in)."""
+    if campaign.model not in ("exact", "singletaskgp"):
+        return
+    from bo_online.problems import synthetic_problem
+
+    p, options = campaign.problem, campaign.options
+    dim = p.get("dim") or synthetic_problem(p["name"]).dim
+    n_init = options.get("n_init", max(5, 2 * dim))  # the loop's default
+    n = int(n_init) + int(options.get("q", 1)) * campaign.steps
+    where = f"a smaller steps in the spec (campaign {campaign.name})"
+    _check_dense_memory(campaign.model, n, str(options.get("dtype", "float64")), where)
+
+
 @app.command()
 def sweep(
     spec: Annotated[
@@ -1590,7 +1605,8 @@ def sweep(
 
     from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
 
-    campaigns(load_spec(spec))  # bad specs fail before a cluster starts
+    for c in campaigns(load_spec(spec)):  # bad specs fail before a cluster starts
+        _check_campaign_memory(c)
     _check(
         not out.exists() or out.is_dir(),
         f"--out {str(out)!r} is a file; --out names the directory that holds one run "

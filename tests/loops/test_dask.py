@@ -900,6 +900,28 @@ def test_sweep_out_naming_a_file_is_refused_before_a_cluster_starts(tmp_path, ca
     assert err.count("\n") == 1 and out.read_text() == "mine"
 
 
+def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_starts(
+    tmp_path, capsys
+):
+    """`bo-online bo` refuses an exact GP whose n x n factor will not fit by the run's end; a
+    sweep of the same campaign started its cluster and ran it until a worker ran out of
+    memory. Refused with the campaign named, before anything starts (n = 5 + 3 x 10^6)."""
+    import bo_online.cli as cli
+
+    spec = _spec(tmp_path / "spec.toml", [0])
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1000000"))
+    started = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep")])
+    assert e.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert "--model exact holds an n x n factor" in err and "(n = 1,000,005)" in err, err
+    assert "a smaller steps in the spec (campaign branin-exact-qucb-s0)" in err, err
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
