@@ -211,9 +211,10 @@ class AsyncBayesOptLoop(BayesOptLoop):
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight}.")
         super().__init__(problem, acq=acq, executor=client, **kwargs)
         self.client = client
-        self.max_in_flight = max_in_flight
+        # as an int: a whole float (2.0) passed the check and failed later in range()
+        self.max_in_flight = None if max_in_flight is None else int(max_in_flight)
         self.config["max_failures"] = int(max_failures)
-        self.config["max_in_flight"] = max_in_flight  # kept by a resume, as max_failures
+        self.config["max_in_flight"] = self.max_in_flight  # kept by a resume, as max_failures
         self.in_flight: dict[int, dict[str, Any]] = {}  # proposal id -> X, submit time, pending
         self.next_proposal = 0
         self.failures = 0

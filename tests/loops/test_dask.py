@@ -1155,3 +1155,20 @@ def test_a_malformed_scheduler_address_is_refused_naming_dask_without_a_client(
     monkeypatch.setattr(distributed, "Client", built)
     with pytest.raises(ValueError, match=rf"--dask '{address}' is not a scheduler address .*"):
         connect(address)
+
+
+def test_a_whole_number_float_max_in_flight_runs(client):
+    """``max_in_flight=2.0`` passed the integer check and was kept as a float: the first fill of
+    the free slots raised ``TypeError`` in ``range(2.0)``. It is held (and saved) as the int 2."""
+    loop = AsyncBayesOptLoop(
+        synthetic_problem("branin"),
+        client,
+        model="exact",
+        acq="qucb",
+        max_in_flight=2.0,
+        quiet=True,
+        **FAST,
+    )
+    assert loop.slots() == 2 and type(loop.slots()) is int
+    assert type(loop.config["max_in_flight"]) is int
+    assert len(_evaluations(loop.run(steps=3))) == 3
