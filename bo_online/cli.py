@@ -290,6 +290,22 @@ def _check_out(out: Path | None) -> None:
         )
 
 
+def _gpu_index(device: str) -> int | None:
+    r"""The index of the CUDA device ``device`` names if this machine has it, else None: a string
+    that is no device, or a CUDA device that is absent (``cuda:1`` on a one-GPU machine, or no
+    CUDA at all), is refused with its own message once the run is built."""
+    import torch
+
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        return None
+    if where.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = where.index if where.index is not None else torch.cuda.current_device()
+    return index if index < torch.cuda.device_count() else None
+
+
 def _memory_bytes(device: str = "cpu") -> int:
     r"""Total memory where a run on ``device`` keeps its matrices: the GPU's for a CUDA device
     (a 16 GB card in a 64 GB host is full long before the host is), the host's otherwise."""
@@ -297,12 +313,8 @@ def _memory_bytes(device: str = "cpu") -> int:
 
     import torch
 
-    try:
-        where = torch.device(device)
-    except RuntimeError:  # not a device: refused with its own message once the run is built
-        where = torch.device("cpu")
-    if where.type == "cuda" and torch.cuda.is_available():
-        index = where.index if where.index is not None else torch.cuda.current_device()
+    index = _gpu_index(device)
+    if index is not None:
         return int(torch.cuda.get_device_properties(index).total_memory)
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -312,7 +324,7 @@ def _memory_bytes(device: str = "cpu") -> int:
 
 def _memory_name(device: str) -> str:
     """How the messages name the memory of :func:`_memory_bytes`."""
-    return f"the {device} GPU's" if device.startswith("cuda") else "this machine's"
+    return f"the {device} GPU's" if _gpu_index(device) is not None else "this machine's"
 
 
 def _check_sizes(options: dict[str, Any], dim: int | None, dtype: str, device: str = "cpu") -> None:

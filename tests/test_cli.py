@@ -826,6 +826,7 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
     card = 16 * 10**9
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=card + i)
     )
@@ -848,3 +849,33 @@ def test_a_bad_device_with_a_size_option_is_refused_as_a_bad_device(tmp_path, ca
     code, _, err = _run([*argv, "--device", "gpu", "--out", str(tmp_path / "r")], capsys)
     assert code == 2 and "Invalid device 'gpu'" in err and "Traceback" not in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_absent_cuda_device_is_refused_by_the_device_check_not_the_memory_check(
+    tmp_path, capsys, monkeypatch
+):
+    """On a one-GPU machine the memory check asked for ``cuda:1``'s properties before the run's
+    device check: torch's bare ``AssertionError: Invalid device id`` came out as a traceback
+    (with the default exact GP, on every ``bo --device cuda:1``). Without CUDA the refusal of a
+    too-large grid named the memory as the absent GPU's, giving the host's size."""
+    from types import SimpleNamespace
+
+    from bo_online import cli
+
+    def properties(i):  # as torch.cuda.get_device_properties on a machine with one GPU
+        if not 0 <= i < 1:
+            raise AssertionError("Invalid device id")
+        return SimpleNamespace(total_memory=16 * 10**9)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    argv = ["bo", "--problem", "branin", "--device", "cuda:1", "--out", str(tmp_path / "r")]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "this machine has 1 CUDA device(s)" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "sysconf", lambda name: 2**20 if name == "SC_PAGE_SIZE" else 2**16)
+    with pytest.raises(cli.CLIError, match=r"more than this machine's 68.7 GB"):
+        cli._check_sizes({"grid_size": 2_000}, 2, "float32", "cuda")
