@@ -350,10 +350,11 @@ class WISKIFitMixin:
     def restandardize(self) -> None:
         r"""Recompute the outcome mean/std from all data seen (sum y, sum y^2, n), exactly.
 
-        The statistics hold raw outcomes, so only the scaling changes (and the caches are rebuilt
-        at the next use). The constant mean, the homoscedastic noise and a ``ScaleKernel``'s
-        outputscale are mapped so the model in the user's units is unchanged (exactly, unless the
-        mapped noise would fall below the likelihood's lower bound, where it is clamped).
+        The statistics hold user-unit outcomes about a fixed origin (``y_origin``), so only the
+        scaling changes (and the caches are rebuilt at the next use). The constant mean, the
+        homoscedastic noise and a ``ScaleKernel``'s outputscale are mapped so the model in the
+        user's units is unchanged (exactly, unless the mapped noise would fall below the
+        likelihood's lower bound, where it is clamped).
         """
         n = self.n
         if float(n) < 2:
@@ -366,7 +367,7 @@ class WISKIFitMixin:
     def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
         r"""The constant mean (kept in the user's units), the homoscedastic noise and a
         ``ScaleKernel``'s outputscale to the new outcome scaling (see :meth:`restandardize`); the
-        statistics hold raw outcomes and need nothing."""
+        statistics hold user-unit outcomes about ``y_origin`` and need nothing."""
         factor = float(ratio)  # one output: a scalar factor
         with torch.no_grad():
             remap_constant_mean(

@@ -264,7 +264,8 @@ class WISKI(
         self.to(dtype=dtype, device=device)
         m = self.grid.num_points
         self.register_buffer("grid_points", self.grid.points())
-        # Sufficient statistics (hyperparameter-free; raw user-unit outcomes, D in "D units").
+        # Sufficient statistics (hyperparameter-free; user-unit outcomes less y_origin, below;
+        # D in "D units").
         zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
         for name, shape in (("G", (m, m)), ("z", (m,)), ("h", (m,))):
             self.register_buffer(name, zeros(*shape))
