@@ -115,6 +115,14 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
 
 
 def _labels(Y: Tensor) -> Tensor:
+    r"""Binary labels ``Y`` (``n x 1`` or ``n``, values in {0, 1}) as ``n`` class indices."""
+    # One column only: reshape(-1) of an n x 2 tensor made 2n labels, which an X of 2n rows
+    # took silently, each label paired with the wrong row.
+    if not isinstance(Y, Tensor) or Y.dim() not in (1, 2) or (Y.dim() == 2 and Y.shape[-1] != 1):
+        raise ValueError(
+            "Binary classification needs labels as an n x 1 (or n) tensor, got "
+            f"{tuple(Y.shape) if isinstance(Y, Tensor) else type(Y).__name__}."
+        )
     y = Y.reshape(-1)
     if not bool(((y == 0) | (y == 1)).all()):
         raise ValueError("Binary classification needs labels in {0, 1}.")

@@ -134,6 +134,29 @@ def test_wiski_binary_is_the_two_class_dirichlet_model_on_n_by_1_labels():
     assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
 
 
+def test_wiski_binary_refuses_labels_of_more_than_one_column_and_stays_as_it_was():
+    r"""A ``q x 2`` label tensor is not ``2q`` labels: flattened, it was taken with an X of
+    ``2q`` rows, each label on the wrong row. It is refused (as t-SVGP refuses it), at
+    construction and in ``update``, and the model stays as it was; so are non-tensor labels."""
+    X, y = _data(40)
+    two_cols = y[30:38].reshape(4, 2)
+    with pytest.raises(ValueError, match=r"n x 1"):
+        WISKIBinaryClassifier(X[30:38], two_cols, grid_size=12)
+    clf = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
+    state = {k: v.clone() for k, v in clf.state_dict().items()}
+    for bad in (two_cols, [0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]):
+        with pytest.raises(ValueError, match=r"n x 1"):
+            clf.update(X[30:38], bad)
+    after = clf.state_dict()
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+    # the same labels as one column are taken, paired row by row
+    ref = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
+    clf.update(X[30:38], two_cols.reshape(-1, 1))
+    ref.update(X[30:38], y[30:38])
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    assert torch.equal(clf.predict_proba(Xt), ref.predict_proba(Xt))
+
+
 def test_wiski_binary_state_round_trip_restores_the_grown_statistics():
     X, y = _data(50)
     clf = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
