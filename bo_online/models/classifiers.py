@@ -55,12 +55,21 @@ class TSVGPClassifier(TSVGP):
         super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
 
     def predict_proba(self, X: Tensor) -> Tensor:
-        r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``... x n``: the latent
-        marginal ``N(mu, s^2)`` pushed through the link."""
+        r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``broadcast(..., batch) x
+        n`` (``batch``: this model's batch shape, e.g. a fantasy model's): the latent marginal
+        ``N(mu, s^2)`` pushed through the link."""
+        if X.dim() < 2:  # one point as a d-vector: its probability, 0-d
+            return self.predict_proba(X.unsqueeze(0)).squeeze(-1)
+        # Marginals only (no n x n covariance): each row a one-point query, the rows as the
+        # leading batch dim, ``n x 1... x ... x 1 x d``, padded so that the query's own batch
+        # dims still line up with a batched model's (rows as the last batch dim met its batch).
+        n, batch = X.shape[-2], X.shape[:-2]
+        pad = (1,) * max(len(self.batch_shape) - len(batch), 0)
+        Xr = X.movedim(-2, 0).reshape(n, *pad, *batch, 1, X.shape[-1])
         with torch.no_grad():
-            post = self.posterior(X.unsqueeze(-2))  # ... x n x 1 x d: marginals only
-            mean = post.mean.reshape(X.shape[:-1])
-            var = post.variance.reshape(X.shape[:-1]).clamp_min(0.0)
+            post = self.posterior(Xr)  # n x broadcast batch x 1 x 1
+            mean = post.mean[..., 0, 0].movedim(0, -1)
+            var = post.variance[..., 0, 0].movedim(0, -1).clamp_min(0.0)
             if self.likelihood.link == "probit":
                 return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
             return self.likelihood._expect(self.likelihood.prob, mean, var)

@@ -10,11 +10,13 @@ quadrature (SciPy), from each model's own latent posterior:
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
+from botorch.sampling import SobolQMCNormalSampler
 from scipy import integrate, special, stats
 
 from bo_online.models.classifiers import (
@@ -82,6 +84,26 @@ def test_tsvgp_classifier_probability_integrates_the_link_over_the_latent(link, 
     torch.testing.assert_close(p, ref, rtol=0, atol=tol)
     # Integrating matters: the plug-in link(mu) differs by far more than the tolerance.
     assert float(abs(fn(mean.numpy()) - ref.numpy()).max()) > 100 * tol
+
+
+@pytest.mark.parametrize("link", ["probit", "logit"])
+def test_tsvgp_classifier_probability_of_a_fantasy_model_is_each_sample_s_own(link):
+    r"""A fantasy classifier (batch ``sample x batch``) gives, for plain ``n x d`` queries, each
+    fantasy's probabilities: those of a copy updated with that fantasy's labels. Its rows were
+    put where its batch dims go, which failed to broadcast with the fantasy batch."""
+    X, y = _data()
+    clf = TSVGPClassifier(X, y, link=link, inducing_points=12)
+    Xf = torch.rand(3, 2, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
+    fant = clf.fantasize(Xf, SobolQMCNormalSampler(torch.Size([2]), seed=0))
+    Xt = torch.rand(7, 2, generator=torch.Generator().manual_seed(6), dtype=DT)
+    p = fant.predict_proba(Xt)
+    assert p.shape == (2, 3, 7)
+    for s in range(2):
+        for b in range(3):
+            ref = copy.deepcopy(clf).update(Xf[b], fant._cy[s, b, -2:].unsqueeze(-1))
+            torch.testing.assert_close(p[s, b], ref.predict_proba(Xt), rtol=0, atol=1e-12)
+    # query batch dims line up with the model's as the posterior's do
+    torch.testing.assert_close(fant.predict_proba(Xt.expand(3, 7, 2)), p, rtol=0, atol=1e-14)
 
 
 def test_tsvgp_classifier_sets_its_own_likelihood():
