@@ -28,6 +28,7 @@ from bo_online.models.fitting import (
     training_mode,
 )
 from bo_online.models.tsvgp.inducing import select_inducing_points
+from bo_online.models.validation import whole_number
 
 __all__ = ["TSVGPFitMixin", "TSVGPFitSettings"]
 
@@ -114,6 +115,14 @@ class TSVGPFitMixin:
         restandardize, reinit_inducing = settings.restandardize, settings.reinit_inducing
         learn_inducing_points = settings.learn_inducing_points
         rho, batch_size = settings.rho, settings.batch_size
+        # Checked before any state changes (e_step checks rho and batch_size too, but only after
+        # an inducing re-selection); negative counts ran no E- or M-step, silently.
+        num_em_iters = whole_number("num_em_iters", settings.num_em_iters, 0)
+        num_e_steps = whole_number("num_e_steps", settings.num_e_steps, 0)
+        if batch_size is not None:
+            batch_size = whole_number("batch_size", batch_size, 1)
+        if not 0.0 < rho <= 1.0:
+            raise ValueError(f"rho must be in (0, 1], got {rho}.")
         if self.batch_shape != torch.Size():
             raise ValueError("fit() is for a single model, not a fantasy/batched one.")
         if restandardize and self.likelihood.conjugate and self._n > 1:
@@ -140,14 +149,14 @@ class TSVGPFitMixin:
         # of the time. One output only (several share Z but not hyperparameters).
         exact_objective = exact_regime and reinit_inducing and not learn_inducing_points
         exact_objective = exact_objective and not self._out
-        iters = 1 if conjugate else settings.num_em_iters
+        iters = 1 if conjugate else num_em_iters
         for _ in range(iters):
             if not conjugate:
-                for _ in range(settings.num_e_steps):
+                for _ in range(num_e_steps):
                     self.e_step(rho=rho, batch_size=batch_size)
             self._m_step(settings, learn_inducing_points, exact_objective)
         if not conjugate:
-            for _ in range(settings.num_e_steps):
+            for _ in range(num_e_steps):
                 self.e_step(rho=rho, batch_size=batch_size)
         return self
 

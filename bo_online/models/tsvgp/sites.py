@@ -15,7 +15,7 @@ from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.linalg import LowRankUpdatedCholesky
-from bo_online.models.validation import check_finite
+from bo_online.models.validation import check_finite, whole_number
 
 __all__ = ["TSVGPSitesMixin"]
 
@@ -137,6 +137,8 @@ class TSVGPSitesMixin:
             raise ValueError("e_step() is for a single model, not a fantasy/batched one.")
         if not 0.0 < rho <= 1.0:
             raise ValueError(f"rho must be in (0, 1], got {rho}.")
+        if batch_size is not None:  # a negative one sliced "all but |batch_size|" points
+            batch_size = whole_number("batch_size", batch_size, 1)
         self.ensure_caches()
         self._materialize_B()
         n = self._n

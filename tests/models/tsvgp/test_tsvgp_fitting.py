@@ -168,3 +168,30 @@ def test_log_prior_of_a_bernoulli_model_is_the_kernel_prior_alone():
     torch.testing.assert_close(model.log_prior(), prior, rtol=1e-12, atol=1e-12)
     by_hand = _lognormal(ls, math.sqrt(2) + 0.5 * math.log(3), math.sqrt(3)).sum()
     torch.testing.assert_close(model.log_prior(), by_hand, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("batch_size", -3),  # sliced "all but 3 points" as a minibatch
+        ("batch_size", 0),  # divided by zero
+        ("num_em_iters", -1),  # ran no M-step, silently
+        ("num_e_steps", -1),  # ran no E-step, silently
+    ],
+)
+def test_fit_and_e_step_refuse_counts_below_their_minimum_and_leave_the_model_as_it_was(
+    option, value
+):
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 2, generator=g, dtype=DT)
+    y = (X[:, :1] + 0.3 * torch.randn(30, 1, generator=g, dtype=DT) > 0.5).to(DT)
+    model = TSVGP(X, y, likelihood=Bernoulli(), inducing_points=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
+        model.fit(max_iter=3, **{option: value})
+    if option == "batch_size":
+        with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1"):
+            model.e_step(batch_size=value)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
