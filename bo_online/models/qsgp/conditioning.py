@@ -79,8 +79,9 @@ class QSGPConditioningMixin:
         only: exact conditioning needs Gaussian observations."""
         if self.likelihood_name != "gaussian":
             raise ValueError(
-                "Exact conditioning (posterior as prior) needs a Gaussian likelihood; refit with "
-                "the new data instead (fit absorbs them)."
+                "Exact conditioning (posterior as prior) needs a Gaussian likelihood; for "
+                f"likelihood {self.likelihood_name!r}, build the model again on all the data "
+                "(old and new points) and fit it."
             )
         noise = super()._noise_of_points(X, noise)
         if bool((noise <= 0).any()):  # a refit weighs every held point by 1/noise

@@ -854,6 +854,10 @@ def test_logistic_and_laplace_sgd_fit():
     with torch.no_grad():
         f = clf.posterior(X).mean.squeeze(-1)
     assert float((torch.sign(f) == labels.squeeze(-1)).to(DT).mean()) > 0.9
+    # new labels cannot be folded in exactly; the message said "fit absorbs them", but a fit
+    # sees only the points the model was built on
+    with pytest.raises(ValueError, match="'logistic', build the model again on all the data"):
+        clf.update(X[:2] * 0.5, labels[:2])
     # Laplace: robust to gross outliers.
     Y = torch.sin(6 * X) + 0.05 * torch.randn(200, 1, generator=g, dtype=DT)
     Y[::10] += 8.0
