@@ -53,6 +53,7 @@ from torch.quasirandom import SobolEngine
 
 from bo_online.acquisition import build_acquisition, optimizer_kwargs
 from bo_online.loops import history
+from bo_online.loops.bayesopt import default_n_init
 from bo_online.problems import Problem, from_unit, synthetic_problem, to_unit
 
 #: BO steps after the initial design when ``--steps`` is not given (and nothing is merged)
@@ -92,7 +93,7 @@ def acquisition_name(problem: Problem, q: int) -> str:
 
 
 def n_init_of(problem: Problem) -> int:
-    return max(5, 2 * problem.dim)  # BayesOptLoop's default
+    return default_n_init(problem.dim)
 
 
 def initial_design(problem: Problem, seed: int) -> torch.Tensor:

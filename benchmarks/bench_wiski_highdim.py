@@ -20,6 +20,7 @@ import torch
 from torch.quasirandom import SobolEngine
 
 from bo_online.loops import BayesOptLoop
+from bo_online.loops.bayesopt import default_n_init
 from bo_online.problems import from_unit, synthetic_problem
 
 FUNCTIONS = [
@@ -58,7 +59,7 @@ def main() -> None:
             rw, tw = run(name, dim, "wiski", seed, a.steps)
             rs, ts = run(name, dim, "singletaskgp", seed, a.steps)
             problem = synthetic_problem(name, dim=dim)
-            n = max(5, 2 * problem.dim) + a.steps
+            n = default_n_init(problem.dim) + a.steps
             U = SobolEngine(problem.dim, scramble=True, seed=1000 + seed).draw(n).double()
             best = float(problem.evaluate_true(from_unit(U, problem.bounds)).min())
             res["wiski"].append(rw)

@@ -953,7 +953,9 @@ def bo(
         n_init=n_init,
         **shared,
     )
-    n_first = n_init if n_init is not None else max(5, 2 * prob.dim)  # the loop's default
+    from bo_online.loops.bayesopt import default_n_init
+
+    n_first = n_init if n_init is not None else default_n_init(prob.dim)
     _check_dense_memory(model, n_first + q * steps, dtype, device=device)
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
@@ -1586,11 +1588,12 @@ def _check_campaign_memory(campaign: Any) -> None:
     run must (a worker that runs out of it fails the campaign hours in)."""
     if campaign.model not in ("exact", "singletaskgp"):
         return
+    from bo_online.loops.bayesopt import default_n_init
     from bo_online.problems import synthetic_problem
 
     p, options = campaign.problem, campaign.options
     dim = p.get("dim") or synthetic_problem(p["name"]).dim
-    n_init = options.get("n_init", max(5, 2 * dim))  # the loop's default
+    n_init = options.get("n_init", default_n_init(dim))
     n = int(n_init) + int(options.get("q", 1)) * campaign.steps
     where = f"a smaller steps in the spec (campaign {campaign.name})"
     _check_dense_memory(campaign.model, n, str(options.get("dtype", "float64")), where)

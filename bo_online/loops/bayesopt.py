@@ -43,7 +43,12 @@ from bo_online.loops.core import (
 from bo_online.models.validation import real_float64
 from bo_online.problems import Problem, from_unit, make_problem, to_unit
 
-__all__ = ["BayesOptLoop"]
+__all__ = ["BayesOptLoop", "default_n_init"]
+
+
+def default_n_init(dim: int) -> int:
+    """The initial Sobol design's size when ``n_init`` is not given: ``max(5, 2 d)``."""
+    return max(5, 2 * dim)
 
 
 def check_sendable(problem: Problem, executor: Any) -> None:
@@ -156,7 +161,7 @@ class BayesOptLoop(OnlineLoop):
         check_acq_options(acq, dict(acq_options or {}))
         data = self._check_initial_data(problem, initial_data)
         if n_init is None:
-            n_init = 0 if data is not None else max(5, 2 * problem.dim)
+            n_init = 0 if data is not None else default_n_init(problem.dim)
         if data is None and n_init == 0:
             raise ValueError("n_init=0 needs initial_data=(X, y) to start from.")
         check_sendable(problem, kwargs.get("executor"))
