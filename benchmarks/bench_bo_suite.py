@@ -201,14 +201,6 @@ def result_path(out: Path, function: str, q: int, method: str, seed: int) -> Pat
     return out / f"q{q}" / function / f"{safe}_seed{seed}.json"
 
 
-def _write_result(path: Path, payload: dict[str, Any]) -> None:
-    """Write a job's result whole or not at all: an interrupted job leaves no half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload))
-    tmp.replace(path)
-
-
 def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int, tag: str) -> None:
     path = result_path(out, function, q, method, seed)
     if path.exists():
@@ -230,7 +222,7 @@ def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int
     except Exception as e:  # a method that fails at its defaults is a result: record it
         line = " ".join(f"{type(e).__name__}: {e}".split())
         failed = {"function": function, "method": method, "seed": seed, "steps": steps, "q": q}
-        _write_result(path, {**failed, "error": line})
+        history.write_json(path, {**failed, "error": line})
         print(f"{function:16s} {method:9s} seed {seed:2d}: FAILED {line[:200]}", flush=True)
         return
     best = torch.tensor(y_true, dtype=torch.float64).cummin(0).values
@@ -251,7 +243,7 @@ def run_job(out: Path, function: str, method: str, seed: int, steps: int, q: int
         "wall": time.perf_counter() - t0,
         "fits": fits,
     }
-    _write_result(path, payload)
+    history.write_json(path, payload)
     print(
         f"{function:16s} {method:9s} seed {seed:2d}: regret {regret[-1]:.4g}  "
         f"{payload['mean_time_per_step']:.3f} s/step",

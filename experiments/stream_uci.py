@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -93,7 +92,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bo_online.loops import StreamingLoop
+from bo_online.loops import StreamingLoop, history
 from bo_online.problems import StreamProblem, banana_problem, uci_problem
 
 REGRESSION_SETS = ("skillcraft", "elevators", "protein", "kin40k")
@@ -232,13 +231,6 @@ def _made_otherwise(result: dict, kind: str, args: argparse.Namespace) -> str | 
     return ", ".join(f"{k.replace('_', '-')} {v}" for k, v in made.items())
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    """Write ``path`` whole or not at all (an interrupted write leaves the old file)."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
-
-
 def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = np.nanmean(values, axis=0)
     k = np.sum(~np.isnan(values), axis=0)
@@ -333,7 +325,7 @@ def merge(args: argparse.Namespace) -> dict:
         plt.close(fig)
         summary["sets"][name] = {"models": per_model, "plot": str(fname)}
         summary["claim"][name] = claim_statements(name, per_model)
-    _write_json(args.out / "summary.json", summary)
+    history.write_json(args.out / "summary.json", summary)
     for name, lines in summary["claim"].items():
         print(f"\n{name}:")
         for model, entry in summary["sets"][name]["models"].items():
@@ -424,7 +416,7 @@ def main() -> None:
                     "error": f"{type(e).__name__}: {e}",
                 }
                 print(f"    failed: {result['error']}", flush=True)
-            _write_json(path, {**result, "settings": _settings(job[3], args)})
+            history.write_json(path, {**result, "settings": _settings(job[3], args)})
         if args.parts > 1:
             print("part done; run with --merge when every part has finished.")
             return
