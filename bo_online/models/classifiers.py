@@ -9,7 +9,9 @@ classify:
 * ``tsvgp`` -- :class:`TSVGPClassifier`, a :class:`~bo_online.models.TSVGP` with a
   :class:`~bo_online.likelihoods.Bernoulli` likelihood (probit by default). Its predictive
   probability is ``E_{q(f)}[Phi(f)] = Phi(mu / sqrt(1 + s^2))`` for the probit link (closed form);
-  for the logit link the likelihood's Gauss-Hermite quadrature.
+  for the logit link the likelihood's Gauss-Hermite quadrature. Its constant mean has a weak
+  Gaussian prior (:data:`CONSTANT_PRIOR_SD`), which keeps it finite when every label seen so far
+  is one class.
 * ``wiski`` -- :class:`WISKIBinaryClassifier`, the two-class
   :class:`~bo_online.models.wiski.classification.WISKIDirichletClassifier` (Milios et al.
   Dirichlet regression); its probability is the (seeded) Monte-Carlo average of the softmax.
@@ -23,13 +25,27 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
+from gpytorch.priors import NormalPrior
 from torch import Tensor
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski.classification import WISKIDirichletClassifier, check_num_samples
 
-__all__ = ["TSVGPClassifier", "WISKIBinaryClassifier", "CLASSIFIERS", "classifier_class"]
+__all__ = [
+    "CONSTANT_PRIOR_SD",
+    "TSVGPClassifier",
+    "WISKIBinaryClassifier",
+    "CLASSIFIERS",
+    "classifier_class",
+]
+
+#: link -> standard deviation of the ``N(0, sd^2)`` prior on the t-SVGP classifier's constant
+#: mean (latent units). With labels of one class only, the maximum of the bound sends the
+#: constant to -inf (the fit stopped at -7.3 probit / -12.6 logit on 20 zeros: p(y = 1) ~ 1e-7,
+#: which the first positive label then costs 16 nats). Under this prior ``Phi(+-2 sd)`` still
+#: spans 6e-5 .. 1 - 6e-5 (probit); the logit scale is 1.7x the probit one.
+CONSTANT_PRIOR_SD: dict[str, float] = {"probit": 2.0, "logit": 3.4}
 
 
 class TSVGPClassifier(TSVGP):
@@ -53,6 +69,22 @@ class TSVGPClassifier(TSVGP):
                 f"TSVGPClassifier option link must be 'probit' or 'logit', got {link!r}."
             )
         super().__init__(train_X, train_Y, likelihood=Bernoulli(link=link), **options)
+        mean = self.mean_module  # a gpytorch ConstantMean: its own parameter and closure
+        like = {"dtype": self.inducing_points.dtype, "device": self.inducing_points.device}
+        # loc and scale made in the model's dtype (a float default would round 3.4 to float32)
+        prior = NormalPrior(torch.zeros((), **like), torch.tensor(CONSTANT_PRIOR_SD[link], **like))
+        mean.register_prior("mean_prior", prior, mean._constant_param, mean._constant_closure)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        # A state saved before the constant had its prior lacks the prior's buffers: this
+        # model's own (the same fixed values) stand in for them.
+        state = dict(state_dict)
+        if "mean_module.raw_constant" in state:
+            for name, value in self.mean_module.mean_prior.named_buffers():
+                state.setdefault(f"mean_module.mean_prior.{name}", value.clone())
+        return super().load_state_dict(state, strict=strict, assign=assign)
 
     def predict_proba(self, X: Tensor) -> Tensor:
         r"""``p(y = 1 | x)`` for each row of ``X`` (``... x n x d``) -> ``broadcast(..., batch) x

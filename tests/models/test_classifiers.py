@@ -21,6 +21,7 @@ from scipy import integrate, special, stats
 
 from bo_online.models.classifiers import (
     CLASSIFIERS,
+    CONSTANT_PRIOR_SD,
     TSVGPClassifier,
     WISKIBinaryClassifier,
     classifier_class,
@@ -113,6 +114,45 @@ def test_tsvgp_classifier_sets_its_own_likelihood():
     # an unknown link names the option (it named only the likelihood's own argument)
     with pytest.raises(ValueError, match="TSVGPClassifier option link must be 'probit' or"):
         TSVGPClassifier(X, y, link="foo")
+
+
+@pytest.mark.parametrize("link", ["probit", "logit"])
+def test_tsvgp_classifier_constant_mean_has_a_weak_gaussian_prior(link):
+    r"""The constant mean's log prior is ``log N(c; 0, sd^2)`` (computed here by hand), added to
+    the fit's objective with the kernel's. With labels of one class only the bound alone sends
+    the constant to -inf: the fit stopped at -7.3 (probit) / -12.6 (logit) on 20 zeros, so
+    p(y = 1) was ~1e-7 and the first positive label cost 16 nats. Under the prior the constant
+    stays within three prior sds and p(y = 1) is a few percent (Laplace's rule of succession
+    gives 1/22 for 20 zeros)."""
+    X, _ = _data(20)
+    clf = TSVGPClassifier(X, torch.zeros(20, 1, dtype=DT), link=link)
+    sd = CONSTANT_PRIOR_SD[link]
+    with torch.no_grad():
+        clf.mean_module.constant.fill_(-1.3)
+        with_prior = clf.log_prior()
+        prior = clf.mean_module._priors.pop("mean_prior")
+        without = clf.log_prior()
+        clf.mean_module._priors["mean_prior"] = prior
+    by_hand = -0.5 * (1.3 / sd) ** 2 - math.log(sd * math.sqrt(2 * math.pi))
+    assert float(with_prior - without) == pytest.approx(by_hand, rel=1e-12)
+
+    clf.fit()
+    assert -3 * sd < float(clf.mean_module.constant) < 0.0
+    p = clf.predict_proba(torch.rand(5, 2, dtype=DT, generator=torch.Generator().manual_seed(1)))
+    assert bool(((p > 5e-3) & (p < 0.2)).all()), p
+
+
+def test_tsvgp_classifier_loads_a_state_saved_before_its_mean_prior():
+    r"""A state without the prior's buffers (saved before the constant had its prior) loads:
+    the prior keeps its fixed values and the saved constant is taken."""
+    X, y = _data()
+    clf = TSVGPClassifier(X, y)
+    state = {k: v for k, v in clf.state_dict().items() if "mean_prior" not in k}
+    state["mean_module.raw_constant"] = torch.tensor(-0.7, dtype=DT)
+    fresh = TSVGPClassifier(X, y)
+    fresh.load_state_dict(state)
+    assert float(fresh.mean_module.constant) == -0.7
+    assert float(fresh.mean_module.mean_prior.scale) == CONSTANT_PRIOR_SD["probit"]
 
 
 def test_wiski_binary_probability_is_the_expected_softmax_of_the_class_latents():
