@@ -40,6 +40,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 
@@ -100,8 +101,7 @@ FitIterOpt = Annotated[
 OutOpt = Annotated[
     Optional[Path],
     typer.Option(
-        help="Run directory for records, checkpoint, config and plots "
-        "(default runs/<problem>-<model>)."
+        help="Run directory for records, checkpoint, config and plots (default runs/PROBLEM-MODEL)."
     ),
 ]
 OverwriteOpt = Annotated[
@@ -1670,7 +1670,8 @@ def sweep(
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories to compare.")],
     out: Annotated[
-        Optional[Path], typer.Option(help="Directory for the PNGs (default: <first run>/plots).")
+        Optional[Path],
+        typer.Option(help="Directory for the PNGs (default: plots/ in the first run directory)."),
     ] = None,
 ) -> None:
     """Plot best value/regret vs step and wall time, time per step vs n, and test RMSE vs step."""
@@ -1779,7 +1780,7 @@ def _main(argv: list[str] | None) -> None:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         _fail(
             f"{e.strerror or e}{where}; free space or fix permissions, then try again "
-            "(an interrupted run continues with `bo-online resume <out dir>`)."
+            "(an interrupted run continues with `bo-online resume OUT_DIR`)."
         )
     except SystemExit as e:
         if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint

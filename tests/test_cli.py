@@ -247,6 +247,23 @@ def test_help_documents_every_option(capsys):
     assert code == 0 and all(c in out for c in ("bo", "active", "stream", "resume", "plot"))
 
 
+def test_help_reflows_command_docstrings_and_keeps_placeholders(capsys, monkeypatch):
+    r"""Command descriptions are paragraphs: the help once broke each line where the docstring
+    did ("... with an online" / "surrogate."), even on a wide terminal. Markdown help reflows
+    them; placeholders are written so that markdown keeps them (``<problem>`` vanished)."""
+    from typer.main import get_command
+
+    monkeypatch.setenv("COLUMNS", "500")  # each description on one line
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0
+    lines = [" ".join(line.strip("│ ").split()) for line in out.splitlines()]
+    for name, command in get_command(app).commands.items():
+        first = " ".join(command.help.split("\n\n")[0].split())  # its first paragraph
+        assert any(line == f"{name} {first}" for line in lines), (name, first)
+    code, out, _ = _run(["bo", "--help"], capsys)
+    assert "runs/PROBLEM-MODEL" in " ".join(out.split())
+
+
 def test_model_option_help_names_the_allow_list():
     r"""``--model-option``'s help names every family of classes a value may build (the allow-list
     of :mod:`bo_online.loops.options`), likelihoods included."""
