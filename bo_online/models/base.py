@@ -143,10 +143,30 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         converts tensors that are not parameters, gradients or buffers."""
         if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
             return self
+        self._stop_sharing_modules()
         self._before_apply()
         super()._apply(fn, recurse)
         self._after_apply()
         return self
+
+    def _stop_sharing_modules(self) -> None:
+        r"""Before a conversion: take copies of the hyperparameter modules (and the model's own
+        parameters) that this model shares with other live models (the models conditioned on
+        it, or the one it was conditioned on), so that converting it converts no other model.
+        ``Module._apply`` converts parameters in place and walks every submodule: a fantasy
+        model's ``.to(float32)`` made its parent's hyperparameters float32 (the parent then
+        failed, or predicted with rounded values). The models stop sharing: a later refit of
+        one no longer moves the other's hyperparameters."""
+        sharers = self.__dict__.get("_module_sharers")
+        self.__dict__["_module_sharers"] = None
+        if sharers is None:
+            return
+        sharers.discard(self)
+        if not sharers:
+            return
+        memo: dict[int, Any] = {}  # one memo: modules referring to each other stay so
+        self._modules = {k: copy.deepcopy(v, memo) for k, v in self._modules.items()}
+        self._parameters = {k: copy.deepcopy(v, memo) for k, v in self._parameters.items()}
 
     def _before_apply(self) -> None:
         r"""Hook: fold caches held outside buffers into buffers before a conversion (``.to``,
@@ -723,6 +743,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         new._modules = dict(self._modules)
         new._non_persistent_buffers_set = set(self._non_persistent_buffers_set)
         new._hooks_rebound_from(self)
+        sharers = self.__dict__.get("_module_sharers")
+        if sharers is None or self not in sharers:
+            sharers = _ModuleSharers([self])
+            self.__dict__["_module_sharers"] = sharers
+        sharers.add(new)
+        new.__dict__["_module_sharers"] = sharers
         return new
 
     def _hook_without_a_cycle(self) -> None:
@@ -848,6 +874,23 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+class _ModuleSharers(weakref.WeakSet):
+    r"""The live models holding the same hyperparameter modules (a model and the models made
+    from it by :meth:`OnlineModel._shallow_copy`), by weak reference. A deep copy or an
+    unpickled copy of a model shares no module, so it holds none (``None``)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return _no_sharers, ()
+
+
+def _no_sharers() -> None:
+    r"""What an unpickled :class:`_ModuleSharers` becomes: ``None`` (no model shares with it)."""
+    return None
 
 
 def _check_outcome_transform(outcome_transform: Any) -> None:

@@ -1296,6 +1296,48 @@ def test_to_is_skipped_when_nothing_moves_and_converts_otherwise(s):
     assert all(p.is_shared() and p.grad.is_shared() for p in model.parameters())
 
 
+@surrogates
+@pytest.mark.parametrize("convert", ["child", "parent"])
+def test_converting_a_model_converts_no_model_sharing_its_modules(s, convert):
+    """A model and the models conditioned on it share hyperparameter modules, and torch's
+    ``Module._apply`` converts parameters in place: ``child.float()`` (a fantasy model's
+    ``.to``) made the parent's hyperparameters float32, so the parent (a float64 model with
+    float32 hyperparameters) failed with torch's dtype error (t-SVGP) or predicted with rounded
+    values; ``parent.float()`` likewise reached its children. The converted model now takes
+    copies of the shared modules first: every other model keeps every tensor bit for bit and
+    its posterior, and the converted one predicts as before within float32 accuracy."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Xt = _test_points()
+    parent = s.make(X, Y)
+    child = parent.condition_on_observations(Xn, Yn)
+    fantasy = parent.fantasize(Xn, SobolQMCNormalSampler(torch.Size([2])))
+    models = {"parent": parent, "child": child, "fantasy": fantasy}
+    posts = {k: latent(m, Xt) for k, m in models.items()}
+    states = {k: tensor_state(m) for k, m in models.items()}
+    converted = models[convert]
+    assert converted.float() is converted
+    floating = [t for t in converted.parameters() if t.is_floating_point()]
+    assert all(t.dtype == torch.float32 for t in floating)
+    scale = float(parent.outcome_std)
+    mean32, cov32 = latent(converted, Xt.float())
+    assert_close(mean32, posts[convert][0], 2e-3 * scale, f"{convert} mean after float()")
+    assert_close(cov32, posts[convert][1], 2e-3 * scale**2, f"{convert} covariance")
+    for name, model in models.items():
+        if name == convert:
+            continue
+        assert same_state(states[name], tensor_state(model)) == [], name
+        mean, cov = latent(model, Xt)
+        assert_close(mean, posts[name][0], 1e-12, f"{name} mean")
+        assert_close(cov, posts[name][1], 1e-12, f"{name} covariance")
+    # the others still share their modules with each other (a refit of the parent reaches
+    # the children it was not converted with)
+    others = [m for k, m in models.items() if k != convert]
+    for name, module in others[0].named_children():
+        if any(True for _ in module.parameters()):
+            assert getattr(others[1], name) is module, name
+
+
 # ------------------------------------------------------------------ input transforms
 
 
