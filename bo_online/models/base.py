@@ -143,10 +143,19 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         converts tensors that are not parameters, gradients or buffers."""
         if recurse and all(fn(t) is t for t in self._tensors_apply_converts()):
             return self
+        before = self.outcome_mean.dtype
         self._stop_sharing_modules()
         self._before_apply()
         super()._apply(fn, recurse)
         self._after_apply()
+        if self.outcome_mean.dtype != before:
+            # In a new dtype the caches are rebuilt in it. Converted, a float32 model's caches
+            # made float64 kept their float32 rounding (a factor updated point by point in
+            # float32 drifts from the statistics, and float64 factors are never refactored) as
+            # valid, the hyperparameters being unchanged. (Made float32, the cache key, of the
+            # float64 values, already failed to match the rounded hyperparameters but where
+            # they are exact in float32.)
+            self.invalidate_caches()
         return self
 
     def _stop_sharing_modules(self) -> None:

@@ -6,6 +6,7 @@ A new surrogate is covered by adding it to that one list.
 
 from __future__ import annotations
 
+import copy
 import gc
 import warnings
 import weakref
@@ -1336,6 +1337,43 @@ def test_converting_a_model_converts_no_model_sharing_its_modules(s, convert):
     for name, module in others[0].named_children():
         if any(True for _ in module.parameters()):
             assert getattr(others[1], name) is module, name
+
+
+@surrogates
+def test_a_float32_model_made_float64_rebuilds_its_caches_in_float64(s):
+    """``.double()`` of a float32 model converted its caches (Cholesky factors updated point by
+    point in float32) and kept them, as valid for the unchanged hyperparameters: the float64
+    model predicted with float32 rounding (2e-6 off what its state gives in float64 for the
+    exact GP and WISKI), and kept it through later updates (float64 never refactors). The
+    caches are now rebuilt in float64 from the state; the exact GP, whose state is its data,
+    then equals the dense float64 posterior on the same data."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xt = _test_points()
+    model = s.make(X.float(), Y.float())
+    latent(model, Xt.float())  # caches built in float32
+    for seed in range(20):
+        Xn, Yn, _ = s.data(1, D, seed=100 + seed)
+        model.update(Xn.float(), Yn.float())
+    model.double()
+    assert model.outcome_mean.dtype == DT
+    rebuilt = copy.deepcopy(model)
+    rebuilt.invalidate_caches()
+    scale = float(model.outcome_std)
+    for stage in ("converted", "updated"):
+        if stage == "updated":
+            Xn, Yn, _ = s.data(Q, D, seed=7)
+            model.update(Xn, Yn)
+            rebuilt.update(Xn, Yn)
+        mean, cov = latent(model, Xt)
+        assert mean.dtype == DT
+        mean_ref, cov_ref = latent(rebuilt, Xt)
+        assert_close(mean, mean_ref, 1e-10 * scale, f"{stage} mean")
+        assert_close(cov, cov_ref, 1e-10 * scale**2, f"{stage} covariance")
+    if s.name == "exact":
+        Ya = model.train_targets.reshape(-1, 1)  # its data, float32 numbers and the new ones
+        mean_ref, cov_ref = reference(s, model, model.train_X, Ya, None, Xt)
+        assert_close(mean, mean_ref, 1e-9 * scale, "exact mean vs dense")
+        assert_close(cov, cov_ref, 1e-9 * scale**2, "exact covariance vs dense")
 
 
 # ------------------------------------------------------------------ input transforms
