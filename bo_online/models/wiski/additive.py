@@ -25,8 +25,9 @@ form, hence these small classes.
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from gpytorch.kernels import Kernel
@@ -113,6 +114,14 @@ class StackedGrid:
             and g.bounds.dtype == first.bounds.dtype
             for g in grids[1:]
         )
+
+    def converted(self, fn: Callable[[Tensor], Tensor]) -> StackedGrid:
+        r"""A copy whose component grids' tensors went through ``fn`` (see
+        :meth:`bo_online.models.wiski.grid.RegularGrid.converted`)."""
+        new = copy.copy(self)
+        new.grids = [grid.converted(fn) for grid in self.grids]
+        new.spacing = fn(self.spacing)
+        return new
 
     @property
     def num_points(self) -> int:

@@ -20,9 +20,10 @@ scatter-accumulated Gram matrix and products that stay differentiable in ``X``, 
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -117,6 +118,16 @@ class RegularGrid:
         for k in range(d - 2, -1, -1):
             strides[k] = strides[k + 1] * self.inner_sizes[k + 1]
         self.strides = tuple(strides)
+
+    def converted(self, fn: Callable[[Tensor], Tensor]) -> RegularGrid:
+        r"""A copy of the grid whose tensors (the box, the spacing, the lower corner) went
+        through ``fn``, the conversion a model's ``.to`` / ``.double()`` applies to its buffers,
+        so that the grid follows the model's dtype and device (the per-dtype constants are built
+        again on demand). A copy: models conditioned on one another share their grid."""
+        new = copy.copy(self)
+        new.bounds, new.spacing, new.lower = fn(self.bounds), fn(self.spacing), fn(self.lower)
+        new.__dict__.pop("_const_cache", None)
+        return new
 
     @property
     def num_points(self) -> int:

@@ -58,6 +58,7 @@ from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from torch import Tensor
+from typing_extensions import Self
 
 from bo_online.models.base import OnlineModel
 from bo_online.models.validation import detached, require_modules
@@ -490,6 +491,16 @@ class WISKI(
             # leaves the jitter scheme as it is.
             state_dict[key] = torch.zeros(())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Self:
+        r"""As :meth:`OnlineModel._apply`; where it converts, the grid (plain tensors, not
+        buffers: after ``.double()`` a float32 model's grid stayed float32, and after ``.to``
+        another device on the old one) is replaced by a copy converted with the same ``fn``."""
+        before = self._buffers.get("outcome_mean")
+        super()._apply(fn, recurse)
+        if self._buffers.get("outcome_mean") is not before and hasattr(self, "grid"):
+            self.grid = self.grid.converted(fn)
+        return self
 
     def _after_apply(self) -> None:
         # The lazy caches in ``_shared`` (S, M, K) are plain tensors in a dict: after ``.to``

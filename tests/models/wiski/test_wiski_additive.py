@@ -207,3 +207,33 @@ def test_a_float32_model_converted_back_to_float64_predicts_as_before():
     assert after.mean.dtype == torch.float64
     torch.testing.assert_close(after.mean, before.mean, rtol=0, atol=1e-4)
     torch.testing.assert_close(after.variance, before.variance, rtol=0, atol=1e-4)
+
+
+def _grid_tensors(model: WISKI) -> list[torch.Tensor]:
+    grids = getattr(model.grid, "grids", [model.grid])
+    tensors = [t for g in grids for t in (g.bounds, g.spacing, g.lower)]
+    return tensors + ([model.grid.spacing] if hasattr(model.grid, "grids") else [])
+
+
+@pytest.mark.parametrize("dim", [2, 5], ids=["one-grid", "all-pairs"])
+def test_the_grid_follows_the_model_dtype_and_a_converted_child_leaves_its_parents(dim):
+    """The grid's box, spacing and lower corner are plain tensors, not buffers: ``.double()``
+    of a float32 model left them float32 (``.to`` another device, on the old one). They now
+    follow every conversion, on a copy of the grid (a conditioned model shares its parent's),
+    and the model predicts as before."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(40, dim, generator=g, dtype=DT)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    Xt = torch.rand(7, dim, generator=g, dtype=DT)
+    model = WISKI(X.float(), Y.float(), **WISKI.loop_default_options(dim))
+    before = model.posterior(Xt.float()).mean
+    model.double()
+    assert all(t.dtype == DT for t in _grid_tensors(model))
+    # (the float32 posterior is float32-accurate: 1e-5 off the float64 one here)
+    torch.testing.assert_close(model.posterior(Xt).mean, before.double(), rtol=0, atol=1e-4)
+    # a conditioned model converted: the parent's grid (shared) stays float64
+    child = model.condition_on_observations(Xt[:2], Y[:2])
+    child.float()
+    assert all(t.dtype == torch.float32 for t in _grid_tensors(child))
+    assert all(t.dtype == DT for t in _grid_tensors(model))
+    assert child.posterior(Xt.float()).mean.dtype == torch.float32
