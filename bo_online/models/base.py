@@ -840,7 +840,10 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         self._after_load()
         # A complete state brought its own caches; a partial one left this model's, which were
         # built for the hyperparameters it had before (and may not hold the ones it loaded).
-        self._cache_key = None if result.missing_keys else self._current_key()
+        # Caches saved in a less precise dtype than this model's (a float32 model's state
+        # loaded into a float64 model) hold that dtype's rounding: rebuilt, as after .double().
+        rounded = like is not None and _less_precise_than(state_dict, like.dtype)
+        self._cache_key = None if result.missing_keys or rounded else self._current_key()
         return result
 
     def _load_from_state_dict(
@@ -883,6 +886,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         for part in parts[:-1]:
             module = module._modules.get(part) if module is not None else None
         return module, ".".join(parts[:-1]), parts[-1]
+
+
+def _less_precise_than(state_dict: Mapping[str, Any], dtype: torch.dtype) -> bool:
+    r"""Whether some floating-point tensor of ``state_dict`` has a coarser dtype than ``dtype``
+    (a larger machine epsilon: float32 or half for a float64 model)."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return any(
+        isinstance(v, Tensor) and v.is_floating_point() and torch.finfo(v.dtype).eps > eps
+        for v in state_dict.values()
+    )
 
 
 class _ModuleSharers(weakref.WeakSet):

@@ -1242,6 +1242,36 @@ def test_float64_state_loads_into_a_float32_model_as_float32(s):
 
 
 @surrogates
+def test_a_float32_state_loaded_into_a_float64_model_rebuilds_its_caches(s):
+    """As ``.double()``: a float32 model's state (its checkpoint) loaded into a float64 model
+    brought float32 caches, trusted as fresh, so the float64 model predicted with float32
+    rounding (1.4e-6 off what its state gives in float64 for WISKI) for good. They are now
+    rebuilt from the loaded state in float64; a float64 state still loads with its caches."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xt = _test_points()
+    m32 = s.make(X.float(), Y.float())
+    latent(m32, Xt.float())
+    for seed in range(20):
+        Xn, Yn, _ = s.data(1, D, seed=100 + seed)
+        m32.update(Xn.float(), Yn.float())
+    model = s.make(X, Y)
+    model.load_state_dict(m32.state_dict())
+    floating = [t for t in model.state_dict().values() if t.is_floating_point()]
+    assert all(t.dtype == DT for t in floating)
+    mean, cov = latent(model, Xt)
+    rebuilt = copy.deepcopy(model)
+    rebuilt.invalidate_caches()
+    mean_ref, cov_ref = latent(rebuilt, Xt)
+    scale = float(model.outcome_std)
+    assert_close(mean, mean_ref, 1e-10 * scale, "mean")
+    assert_close(cov, cov_ref, 1e-10 * scale**2, "covariance")
+    again = s.make(X, Y)
+    with mock.patch.object(type(again), "_rebuild_caches", side_effect=AssertionError("rebuilt")):
+        again.load_state_dict(model.state_dict())
+        assert_close(latent(again, Xt)[0], mean, 1e-12, "float64 state")
+
+
+@surrogates
 def test_float32_targets_whose_offset_hides_their_signal_are_reported(s):
     """Targets 1e8 + O(1) cast to float32 (spacing 8 there) reach the model as a coarse copy or a
     constant: the model learned nothing, without a word. It now warns where the rounding at the
