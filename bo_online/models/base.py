@@ -438,6 +438,12 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         if new_observations and transform is not None:
             X = transform.to(X).preprocess_transform(X)
         else:
+            if transform is not None and transform.training and not self.training:
+                # The transform may be in training mode while this model is not (queries: see
+                # ``posterior``): it is shared with the models conditioned on this one, and
+                # ``child.train()`` reaches it. A ``Normalize`` that learns its bounds then
+                # learned them again from the query points, silently changing this model.
+                transform.eval()
             X = self.transform_inputs(X)
         if clamp_to_bounds and self.input_bounds is not None:
             X = X.clamp(self.input_bounds[0].to(X), self.input_bounds[1].to(X))

@@ -1487,6 +1487,31 @@ def test_learned_input_bounds_are_not_learned_again_from_new_observations(s):
     assert_close(latent(model, raw(Ut))[1], latent(ref, raw(Ut))[1], s.tol, "updated covariance")
 
 
+@surrogates
+def test_a_conditioned_model_put_in_training_mode_leaves_its_parents_learned_bounds(s):
+    """A conditioned model shares its parent's input transform; ``child.train()`` (any call
+    of it, a hand-written training loop's) put that transform in training mode while the parent
+    stayed in eval mode, so the parent's next posterior re-learned a learned ``Normalize``'s bounds
+    from the query points: the exact GP's mean moved by 1.3 and every later prediction and
+    conditioning used the new box. Queries now go through the transform in eval mode."""
+    lo = torch.tensor([-1.0, 2.0], dtype=DT)
+    hi = torch.tensor([3.0, 2.5], dtype=DT)
+    U, Y, _ = s.data(N0, D, seed=0)
+    _, Yn, _ = s.data(Q, D, seed=1)
+    Un = 0.5 * (U[:Q] + U[Q : 2 * Q])  # inside the learned box, so WISKI's grid takes them
+    raw, Ut = (lambda V: lo + (hi - lo) * V), 0.5 * (U[-5:] + U[:5])
+    parent = s.make(raw(U), Y, input_transform=Normalize(d=D)).eval()
+    learned = parent.input_transform.bounds.clone()
+    mean, cov = latent(parent, raw(Ut))
+    child = parent.condition_on_observations(raw(Un), Yn)
+    child.train()
+    latent(parent, raw(Ut[:2]))  # queries on a narrower box than the training data's
+    assert torch.equal(parent.input_transform.bounds, learned), "the parent re-learned bounds"
+    mean2, cov2 = latent(parent, raw(Ut))
+    assert_close(mean2, mean, 1e-12, "parent mean")
+    assert_close(cov2, cov, 1e-12, "parent covariance")
+
+
 def _warp() -> Warp:
     """BoTorch's learned input warping (Kumaraswamy CDFs) on every input of the unit cube (fixed
     bounds: none would be learned from the first data), away from the identity."""
