@@ -153,12 +153,23 @@ class RefitSingleTaskGP(Model):
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
     ) -> Any:
         r"""Load a state saved after any number of updates: the data buffers are resized, the
-        ``SingleTaskGP`` rebuilt on them, then its hyperparameters loaded."""
-        self.train_X = state_dict["train_X"].clone()
-        self.train_Y = state_dict["train_Y"].clone()
-        if state_dict.get("train_Yvar") is not None:
-            self.train_Yvar = state_dict["train_Yvar"].clone()
-        self.model = self._build()
-        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        ``SingleTaskGP`` rebuilt on them, then its hyperparameters loaded.
+
+        The data take this model's dtype and device, as torch's ``load_state_dict`` keeps a
+        module's own (a float64 state made a float32 model float64 throughout). A state that
+        does not fit raises torch's ``RuntimeError`` and leaves the model as it was (it kept the
+        state's data, and a ``SingleTaskGP`` on them with its default hyperparameters)."""
+        like = self.train_X
+        before = (self.train_X, self.train_Y, self.train_Yvar, self.model)
+        try:
+            self.train_X = state_dict["train_X"].to(like, copy=True)
+            self.train_Y = state_dict["train_Y"].to(like, copy=True)
+            if state_dict.get("train_Yvar") is not None:
+                self.train_Yvar = state_dict["train_Yvar"].to(like, copy=True)
+            self.model = self._build()
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except Exception:
+            self.train_X, self.train_Y, self.train_Yvar, self.model = before
+            raise
         self.model.eval()
         return result
