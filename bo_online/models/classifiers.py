@@ -22,6 +22,7 @@ surrogate that cannot classify.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping
 
 import torch
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models.tsvgp import TSVGP
+from bo_online.models.wiski import WISKI
 from bo_online.models.wiski.classification import WISKIDirichletClassifier, check_num_samples
 
 __all__ = [
@@ -151,8 +153,19 @@ class WISKIBinaryClassifier(WISKIDirichletClassifier):
                     f"'models.<class 0..{len(parts) - 1}>.<name>')."
                 )
             parts[int(c)][rest] = value
-        for model, part in zip(self.models, parts):
-            model.load_state_dict(part, strict=strict, assign=assign)
+        # A class model whose part fails to load is left as it was by its own load_state_dict;
+        # the ones loaded before it are put back as they were from copies (they kept the new
+        # state, so a failed load changed the classifier half way).
+        loaded: list[tuple[int, WISKI]] = []
+        try:
+            for c, (model, part) in enumerate(zip(self.models, parts)):
+                backup = copy.deepcopy(model) if c < len(parts) - 1 else None
+                model.load_state_dict(part, strict=strict, assign=assign)
+                loaded.append((c, backup))
+        except Exception:
+            for c, backup in loaded:
+                self.models[c] = backup
+            raise
 
 
 def _labels(Y: Tensor) -> Tensor:

@@ -235,6 +235,30 @@ def test_wiski_binary_state_round_trip_restores_the_grown_statistics():
         assert torch.equal(fresh.predict_proba(Xt), clf.predict_proba(Xt))
 
 
+def test_wiski_binary_state_that_fails_to_load_leaves_the_classifier_as_it_was():
+    """The class models load their parts in turn: a part that did not fit (the second class
+    model's lengthscale missing) raised torch's RuntimeError after the first class model had
+    taken its new state (its statistics, factors and hyperparameters), so the classifier was
+    left half loaded. Every class model is now as it was."""
+    X, y = _data(50)
+    clf = WISKIBinaryClassifier(X[:30], y[:30], grid_size=12)
+    clf.update(X[30:], y[30:])
+    state = clf.state_dict()
+    key = next(k for k in state if k.startswith("models.1.") and "raw_lengthscale" in k)
+    state.pop(key)
+    fresh = WISKIBinaryClassifier(X[:10], y[:10], grid_size=12)
+    Xt = torch.rand(9, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
+    before = fresh.predict_proba(Xt)
+    saved = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(RuntimeError, match="Missing key"):
+        fresh.load_state_dict(state)
+    after = fresh.state_dict()
+    assert saved.keys() == after.keys()
+    assert all(torch.equal(saved[k], after[k]) for k in saved)
+    assert torch.equal(fresh.predict_proba(Xt), before)
+    assert [m.num_data for m in fresh.models] == [10, 10]
+
+
 def test_classifier_class_names_the_classifying_surrogates():
     assert classifier_class("TSVGP") is TSVGPClassifier
     assert classifier_class("wiski") is WISKIBinaryClassifier
