@@ -99,9 +99,11 @@ class Table:
 
     def require(self, columns: Sequence[int], what: str = "an input") -> None:
         """Raise for the first bad cell (in file order) of the given columns, used as ``what``."""
-        found = [self.problems[j] for j in set(columns) if j in self.problems]
+        # file order: by line, then by column (not by message text, which put a column
+        # named 'cat' before one named 'id' to its left)
+        found = [(self.problems[j][0], j) for j in set(columns) if j in self.problems]
         if found:
-            message = min(found)[1]
+            message = self.problems[min(found)[1]][1]
             if message.endswith(_NOT_A_NUMBER):
                 message += {
                     "the target": " a regression target must be numeric (class labels: pass "

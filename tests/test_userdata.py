@@ -1429,3 +1429,16 @@ def test_one_class_beside_a_missing_label_and_three_classes_beside_one_are_told_
     path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
     with pytest.raises(DataFileError, match=r"found 4 \(.a., .b., .c., .none.\)"):
         stream_from_file(path, task="classification")
+
+
+def test_the_first_bad_cell_is_named_in_file_order_not_by_column_name(tmp_path):
+    """Two text columns, 'id' first and 'cat' last, bad on the same line: the message names
+    'id' (column 1), the first bad cell in the file, not 'cat' (whose message sorted first)."""
+    path = tmp_path / "rows.csv"
+    path.write_text("id,x,y,cat\nr0,0.5,1.0,a\nr1,0.7,2.0,b\nr2,0.1,0.5,a\n")
+    with pytest.raises(DataFileError, match=r"line 2, column 'id' \(no\. 1\): 'r0'"):
+        pool_from_file(path, target="y", test_fraction=0.34)  # inputs: id, x, cat
+    # the text cells of a later line come after those of an earlier one, whatever the column
+    path.write_text("x,z,y,cat\n0.5,1,1.0,a\n0.7,q,2.0,4\n0.1,3,0.5,5\n")
+    with pytest.raises(DataFileError, match=r"line 2, column 'cat' \(no\. 4\): 'a'"):
+        pool_from_file(path, target="y", test_fraction=0.34)
