@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
+import math
 import os
 import warnings
 import zlib
@@ -220,20 +221,18 @@ def _read_csv(path: Path, gz: bool) -> Table:
         for j, cell in enumerate(row):
             text = cell.strip()
             try:
-                value = float(text) if text else float("nan")
+                value = float(text) if text else math.nan
             except ValueError:
-                value = float("nan")
-                problems.setdefault(
-                    j,
-                    (
+                value = math.nan
+                if j not in problems:  # the message of a column's first bad cell only
+                    problems[j] = (
                         line,
                         (
                             f"{path}: line {line}, column {columns[j]!r} (no. {j + 1}): "
                             f"{text!r}{_NOT_A_NUMBER}"
                         ),
-                    ),
-                )
-            if not np.isfinite(value) and j not in problems:
+                    )
+            if not math.isfinite(value) and j not in problems:
                 problems[j] = (
                     line,
                     (
