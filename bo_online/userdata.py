@@ -142,8 +142,21 @@ class Table:
         try:
             index = int(key)
         except (TypeError, ValueError):
+            # --inputs is split at commas, so a name holding one arrives in pieces: name the
+            # column it came from and its index, which --inputs can give
+            split = [
+                j
+                for j, name in enumerate(self.columns)
+                if "," in name and str(key).strip() in [p.strip() for p in name.split(",")]
+            ]
+            hint = "".join(
+                f"; column {self.columns[j]!r} holds a comma, at which --inputs splits its "
+                f"names: give it by its index, {j}"
+                for j in split[:1]
+            )
+            shown = ", ".join(repr(c) if "," in c else c for c in self.columns)
             raise DataFileError(
-                f"{self.path}: no column {key!r} for {what}; columns are {', '.join(self.columns)}."
+                f"{self.path}: no column {key!r} for {what}; columns are {shown}{hint}."
             ) from None
         k = len(self.columns)
         if not -k <= index < k:

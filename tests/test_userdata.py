@@ -1442,3 +1442,21 @@ def test_the_first_bad_cell_is_named_in_file_order_not_by_column_name(tmp_path):
     path.write_text("x,z,y,cat\n0.5,1,1.0,a\n0.7,q,2.0,4\n0.1,3,0.5,5\n")
     with pytest.raises(DataFileError, match=r"line 2, column 'cat' \(no\. 4\): 'a'"):
         pool_from_file(path, target="y", test_fraction=0.34)
+
+
+def test_a_column_name_holding_a_comma_is_named_with_its_index(tmp_path, capsys):
+    """--inputs is split at commas, so 'pressure, kPa' arrived as 'pressure' and ' kPa' and
+    was refused as "no column 'pressure'", beside a column list that read as one more column;
+    the message names the column and the index to give instead, and nothing is written."""
+    path = tmp_path / "field.csv"
+    rows = ['"temp (C)","pressure, kPa",load'] + [f"{i},{2 * i},{i % 3}" for i in range(12)]
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    argv = ["active", "--pool", str(path), "--inputs", "temp (C),pressure, kPa", "--out", str(out)]
+    code, err = _run(argv + ["-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no column 'pressure' for an input; columns are temp (C), 'pressure, kPa', load" in err
+    assert "column 'pressure, kPa' holds a comma" in err and "give it by its index, 1" in err
+    assert not out.exists()
+    pool = pool_from_file(path, inputs=["temp (C)", "1"], target="load", test_fraction=0.25)
+    assert pool.X_pool.shape == (9, 2) and set(pool.X_pool[:, 1].tolist()) <= set(range(0, 24, 2))
