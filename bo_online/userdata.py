@@ -347,7 +347,13 @@ def _not_utf8(path: Path, opener: Any) -> str:
     """The message for a CSV that is not UTF-8 text (Latin-1, Windows-1252, ...), naming the
     first line that does not decode and the byte."""
     with opener(path, "rb") as f:
-        lines = f.read().splitlines()
+        raw = f.read()
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # a UTF-16 byte-order mark (Excel's Unicode text)
+        return (
+            f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); save the file "
+            "as UTF-8 (Excel: 'CSV UTF-8'; or iconv -f utf-16 -t utf-8)."
+        )
+    lines = raw.splitlines()
     for number, line in enumerate(lines, 1):
         try:
             line.decode("utf-8")

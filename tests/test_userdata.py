@@ -1460,3 +1460,17 @@ def test_a_column_name_holding_a_comma_is_named_with_its_index(tmp_path, capsys)
     assert not out.exists()
     pool = pool_from_file(path, inputs=["temp (C)", "1"], target="load", test_fraction=0.25)
     assert pool.X_pool.shape == (9, 2) and set(pool.X_pool[:, 1].tolist()) <= set(range(0, 24, 2))
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_file_is_told_to_be_converted_from_utf16(tmp_path, capsys, encoding):
+    """Excel's 'Unicode text' is UTF-16 with a byte-order mark: it was told to convert from
+    Latin-1 (iconv -f latin1), which turns it into text with a NUL byte in every character."""
+    path = tmp_path / "unicode.csv"
+    text = "a,b,y\n" + "".join(f"{i},{i + 1},{i % 2}\n" for i in range(8))
+    data = text.encode(encoding)
+    path.write_bytes(data if data[:2] in (b"\xff\xfe", b"\xfe\xff") else b"\xfe\xff" + data)
+    with pytest.raises(DataFileError, match=r"is UTF-16 text .* iconv -f utf-16 -t utf-8\)\."):
+        pool_from_file(path)
+    code, err = _run(["active", "--pool", str(path), "--out", str(tmp_path / "run"), "-Q"], capsys)
+    assert code == 2 and "latin1" not in err and not (tmp_path / "run").exists(), err
