@@ -104,8 +104,15 @@ class Table:
         # named 'cat' before one named 'id' to its left)
         found = [(self.problems[j][0], j) for j in set(columns) if j in self.problems]
         if found:
-            message = self.problems[min(found)[1]][1]
-            if message.endswith(_NOT_A_NUMBER):
+            line, column = min(found)
+            message = self.problems[column][1]
+            if message.endswith(_NOT_A_NUMBER) and self._holds_no_number(line):
+                message += (
+                    f" line {line} holds no number in any column, as a second header row (of "
+                    "units, say) or a header repeated where files were joined does: delete "
+                    "that line."
+                )
+            elif message.endswith(_NOT_A_NUMBER):
                 message += {
                     "the target": " a regression target must be numeric (class labels: pass "
                     "--task classification).",
@@ -117,6 +124,20 @@ class Table:
                     "with --inputs).",
                 )
             raise DataFileError(message)
+
+    def _holds_no_number(self, line: int) -> bool:
+        """Whether CSV ``line`` (a data row of two or more cells) holds text in every cell, none
+        of them a number, empty or a missing-value marker: a header row, not a row of data."""
+        if self.lines is None or line not in self.lines or len(self.columns) < 2:
+            return False
+        row = self.lines.index(line)
+        return all(
+            j in self.text
+            and self.text[j][row]
+            and not _is_number(self.text[j][row])
+            and self.text[j][row].lower() not in _MISSING_MARKERS
+            for j in range(len(self.columns))
+        )
 
     def where(self, row: int) -> str:
         """Where data row ``row`` is in the file: its line (CSV) or its 0-based row (``.npz``)."""

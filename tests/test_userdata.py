@@ -1474,3 +1474,28 @@ def test_a_utf16_file_is_told_to_be_converted_from_utf16(tmp_path, capsys, encod
         pool_from_file(path)
     code, err = _run(["active", "--pool", str(path), "--out", str(tmp_path / "run"), "-Q"], capsys)
     assert code == 2 and "latin1" not in err and not (tmp_path / "run").exists(), err
+
+
+def test_a_row_of_text_only_is_told_to_be_deleted_not_the_column_encoded(tmp_path, capsys):
+    """A units row under the header (or a header repeated where two files were joined) was
+    reported as a text cell of the target or an input, with advice to encode or leave out a
+    column that is numeric; the message now says that the line holds no number and should go."""
+    rows = [f"{i},{20 + i / 2},{3 + i % 3}" for i in range(1, 9)]
+    units = tmp_path / "units.csv"
+    units.write_text("\n".join(["time,temp,load", "s,C,kN", *rows]) + "\n")
+    out = tmp_path / "run"
+    code, err = _run(["active", "--pool", str(units), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert "line 2, column 'load' (no. 3): 'kN' is not a number; line 2 holds no number" in err
+    assert "delete that line." in err and "must be numeric" not in err
+    joined = tmp_path / "joined.csv"
+    joined.write_text("\n".join(["time,temp,load", *rows, "time,temp,load", *rows]) + "\n")
+    with pytest.raises(DataFileError, match=r"line 10, .* line 10 holds no number in any column"):
+        stream_from_file(joined, inputs=["time", "temp"], target="load")
+    # a row of missing-value markers is missing data, and a text cell beside numbers is a cell
+    for bad in ("NA,NA,NA", "s,C,3"):
+        path = tmp_path / "bad.csv"
+        path.write_text("\n".join(["time,temp,load", bad, *rows]) + "\n")
+        with pytest.raises(DataFileError, match="line 2, column ") as info:
+            pool_from_file(path)
+        assert "holds no number" not in str(info.value)
