@@ -112,6 +112,9 @@ class Table:
                     "units, say) or a header repeated where files were joined does: delete "
                     "that line."
                 )
+            elif message.endswith(_NOT_A_NUMBER) and self._cell_is_missing(line, column):
+                # R's write.csv writes NA for a missing value: no text to encode
+                message += " it marks a missing value: drop or fill the rows with missing values."
             elif message.endswith(_NOT_A_NUMBER):
                 message += {
                     "the target": " a regression target must be numeric (class labels: pass "
@@ -124,6 +127,13 @@ class Table:
                     "with --inputs).",
                 )
             raise DataFileError(message)
+
+    def _cell_is_missing(self, line: int, column: int) -> bool:
+        """Whether the text cell of CSV ``line`` in ``column`` is a missing-value marker
+        (``NA``, ``N/A``, ``null``, ...)."""
+        if self.lines is None or line not in self.lines or column not in self.text:
+            return False
+        return self.text[column][self.lines.index(line)].lower() in _MISSING_MARKERS
 
     def _holds_no_number(self, line: int) -> bool:
         """Whether CSV ``line`` (a data row of two or more cells) holds text in every cell, none

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -1499,3 +1500,22 @@ def test_a_row_of_text_only_is_told_to_be_deleted_not_the_column_encoded(tmp_pat
         with pytest.raises(DataFileError, match="line 2, column ") as info:
             pool_from_file(path)
         assert "holds no number" not in str(info.value)
+
+
+@pytest.mark.parametrize("marker", ["NA", "N/A", "null", "?"])
+@pytest.mark.parametrize("column", ["x", "y"])
+def test_a_missing_value_marker_in_a_numeric_column_is_called_missing(tmp_path, marker, column):
+    """R's write.csv writes NA for a missing value: such a cell of an input was told to be
+    encoded or left out with --inputs, one of the target that the target must be numeric;
+    both are now told, as an empty or NaN cell is, to drop or fill the rows."""
+    rows = [f"{i},{i % 4},{2 * i}" for i in range(10)]
+    rows[3] = f"3,{marker},6" if column == "x" else f"3,3,{marker}"
+    path = tmp_path / "from_r.csv"
+    path.write_text("\n".join(["t,x,y", *rows]) + "\n")
+    pattern = rf"line 5, column '{column}' .*: '{re.escape(marker)}' is not a number; it marks a "
+    pattern += "missing value: drop or fill the rows with missing values."
+    with pytest.raises(DataFileError, match=pattern) as info:
+        pool_from_file(path, target="y")
+    assert "encode" not in str(info.value) and "must be numeric" not in str(info.value)
+    with pytest.raises(DataFileError, match=pattern):
+        stream_from_file(path, target="y")
