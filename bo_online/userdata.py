@@ -476,7 +476,32 @@ def read_table(path: str | os.PathLike) -> Table:
             f"{table.data.shape[1]} column(s) (fields must be separated by commas: save a "
             "file that uses ';' or tabs as comma-separated CSV)."
         )
+    if suffix != ".npz":
+        _warn_numbered_header(table)
     return table
+
+
+def _warn_numbered_header(table: Table) -> None:
+    r"""Warn where a CSV's first row, read as data (no cell of it is text), is ``0, 1, ...,
+    k - 1`` above rows that are not all whole numbers: most likely the header pandas'
+    ``to_csv(index=False)`` writes for a data frame of unnamed columns, which silently became
+    one more data row (a target of ``k - 1`` at inputs ``0, 1, ...``)."""
+    data, k = table.data, table.data.shape[1]
+    if (
+        table.columns != [str(j) for j in range(k)]  # a header was found
+        or data.shape[0] < 2
+        or not np.array_equal(data[0], np.arange(k))
+        or np.array_equal(data[1:], np.round(data[1:]))  # whole numbers: 0, 1, ... may be data
+    ):
+        return
+    warnings.warn(
+        f"{table.path}: its first row ({', '.join(map(str, range(k)))}) is read as data, as a "
+        "header needs a cell that is not a number; if it is a header of column numbers "
+        "(pandas' to_csv(index=False) of a data frame with unnamed columns), name the columns "
+        "(e.g. x0, x1, ..., y) or delete that line.",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _test_mask(

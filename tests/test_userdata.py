@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -1519,3 +1520,22 @@ def test_a_missing_value_marker_in_a_numeric_column_is_called_missing(tmp_path, 
     assert "encode" not in str(info.value) and "must be numeric" not in str(info.value)
     with pytest.raises(DataFileError, match=pattern):
         stream_from_file(path, target="y")
+
+
+def test_a_header_of_column_numbers_read_as_data_is_warned_of(tmp_path):
+    """pandas' to_csv(index=False) of a data frame with unnamed columns writes the header
+    '0,1,2', which holds no text and so is read as a data row (inputs 0, 1, target 2) without
+    a word; a warning now says so and what to do. Whole-number data starting 0, 1, 2 is not
+    warned of, nor a file with a header of names."""
+    X, y = _data(n=12, d=2)
+    body = [",".join(f"{v:.6f}" for v in row) for row in np.column_stack([X, y])]
+    path = tmp_path / "frame.csv"
+    path.write_text("\n".join(["0,1,2", *body]) + "\n")
+    with pytest.warns(UserWarning, match=r"its first row \(0, 1, 2\) is read as data.*to_csv"):
+        pool = pool_from_file(path, test_fraction=0.25)
+    assert pool.X_pool.shape[0] + pool.X_test.shape[0] == 13  # the rule itself is unchanged
+    for text in ("0,1,2\n3,4,5\n6,7,9\n2,2,2\n", "a,b,c\n0,1,2\n" + "\n".join(body) + "\n"):
+        path.write_text(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pool_from_file(path, test_fraction=0.25)
