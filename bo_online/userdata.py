@@ -258,9 +258,16 @@ def _read_csv(path: Path, gz: bool) -> Table:
     problems: dict[int, tuple[int, str]] = {}
     for r, (line, row) in enumerate(body):
         if len(row) != k:
+            advice = "."
+            if k == 1 and any(c in first[0] for c in ";\t"):
+                advice = _SEPARATOR_ADVICE
+            elif r == 0 and len(row) > k:  # fewer fields above the rows: no header
+                advice = (
+                    f"; if line {line0} is a title or comment above the column names, delete it."
+                )
             raise DataFileError(
                 f"{path}: line {line} has {len(row)} fields, expected {k} (as in line {line0})"
-                + (_SEPARATOR_ADVICE if k == 1 and any(c in first[0] for c in ";\t") else ".")
+                + advice
             )
         for j, cell in enumerate(row):
             text = cell.strip()

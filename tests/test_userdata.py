@@ -1539,3 +1539,24 @@ def test_a_header_of_column_numbers_read_as_data_is_warned_of(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             pool_from_file(path, test_fraction=0.25)
+
+
+@pytest.mark.parametrize(
+    "title, fields", [("Logger export", 1), ("# exported by the logger, 2026-11-30", 2)]
+)
+def test_a_title_line_above_the_header_is_told_to_be_deleted(tmp_path, capsys, title, fields):
+    """A title or comment line above the column names (as instrument exports write) was
+    taken for the header, and the next line reported as 'line 2 has 3 fields, expected 1 (as
+    in line 1).', which said nothing of what to do; a row with a field too many further down
+    keeps the plain message."""
+    rows = [f"{i},{i / 2},{i % 3}" for i in range(8)]
+    path = tmp_path / "export.csv"
+    path.write_text("\n".join([title, "t,x,y", *rows]) + "\n")
+    out = tmp_path / "run"
+    code, err = _run(["stream", "--data", str(path), "--out", str(out), "-Q"], capsys)
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert f"line 2 has 3 fields, expected {fields} (as in line 1); if line 1 is a title" in err
+    assert "or comment above the column names, delete it." in err
+    path.write_text("\n".join(["t,x,y", *rows[:3], rows[3] + ",", *rows[4:]]) + "\n")
+    with pytest.raises(DataFileError, match=r"line 5 has 4 fields, expected 3 \(as in line 1\)\.$"):
+        stream_from_file(path)
