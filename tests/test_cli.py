@@ -206,7 +206,8 @@ def test_bad_option_in_a_real_process_is_one_line():
 
 
 def test_model_option_values():
-    from bo_online.cli import CLIError, _parse_options
+    from bo_online.cli import CLIError
+    from bo_online.cli.checks import _parse_options
 
     parsed = _parse_options(
         [
@@ -502,7 +503,7 @@ def test_resume_command_quotes_what_a_shell_would_split(tmp_path):
     import shlex
     from types import SimpleNamespace
 
-    from bo_online.cli import _resume_command
+    from bo_online.cli.running import _resume_command
 
     out = tmp_path / "my runs" / "levy"
     spec = f"{tmp_path / 'my objectives' / 'obj.py'}:f"
@@ -838,7 +839,8 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
     check and ran out of GPU memory hours later. They now read the GPU's total memory."""
     from types import SimpleNamespace
 
-    from bo_online import cli
+    from bo_online.cli import CLIError
+    from bo_online.cli import memory as cli
 
     card = 16 * 10**9
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -852,11 +854,11 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
     assert cli._memory_bytes("cpu") == 2**36  # the host: 64 GiB
     assert cli._memory_bytes("gpu") == 2**36  # not a device: refused later, by its own check
     cli._check_dense_memory("exact", 40_000, "float64")  # fits the host
-    with pytest.raises(cli.CLIError, match=r"more than the cuda GPU's 16 GB; use --model tsvgp"):
+    with pytest.raises(CLIError, match=r"more than the cuda GPU's 16 GB; use --model tsvgp"):
         cli._check_dense_memory("exact", 40_000, "float64", device="cuda")
     cli._check_dense_memory("exact", 20_000, "float64", device="cuda")  # 12.8 GB fits the card
     grid = {"grid_size": 2_000}  # a 2-D grid of m = 4e6 points: 512 TB, more than either
-    with pytest.raises(cli.CLIError, match=r"more than the cuda:1 GPU's 16 GB"):
+    with pytest.raises(CLIError, match=r"more than the cuda:1 GPU's 16 GB"):
         cli._check_sizes(grid, 2, "float32", "cuda:1")
 
 
@@ -877,7 +879,8 @@ def test_an_absent_cuda_device_is_refused_by_the_device_check_not_the_memory_che
     too-large grid named the memory as the absent GPU's, giving the host's size."""
     from types import SimpleNamespace
 
-    from bo_online import cli
+    from bo_online.cli import CLIError
+    from bo_online.cli import memory as cli
 
     def properties(i):  # as torch.cuda.get_device_properties on a machine with one GPU
         if not 0 <= i < 1:
@@ -894,5 +897,5 @@ def test_an_absent_cuda_device_is_refused_by_the_device_check_not_the_memory_che
     assert "Traceback" not in err and not (tmp_path / "r").exists()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(os, "sysconf", lambda name: 2**20 if name == "SC_PAGE_SIZE" else 2**16)
-    with pytest.raises(cli.CLIError, match=r"more than this machine's 68.7 GB"):
+    with pytest.raises(CLIError, match=r"more than this machine's 68.7 GB"):
         cli._check_sizes({"grid_size": 2_000}, 2, "float32", "cuda")

@@ -324,7 +324,7 @@ def test_cli_stream_into_a_dense_model_that_would_outgrow_memory_is_refused(
     be killed for memory long before its end (its n x n factor: 80 GB at n = 100,000). A stream
     whose last n x n matrices cannot fit is now refused before anything runs, naming the size,
     the scalable model and the options that stop earlier; what fits goes on."""
-    from bo_online import cli
+    from bo_online.cli import memory as cli
 
     X, y = _data(n=160, d=3)
     path = _write_plain(tmp_path, X, y)
@@ -1276,7 +1276,7 @@ def test_cli_resume_that_would_outgrow_memory_is_refused(tmp_path, capsys, monke
     """``bo-online resume --steps`` can extend a dense-model run far past what it started for;
     its last n x n matrices must fit as a new run's must (the check ran only when a run
     started). Refused before the run goes on, with the run's files as they were."""
-    from bo_online import cli
+    from bo_online.cli import memory as cli
     from bo_online.loops import history
 
     out = tmp_path / "run"
@@ -1354,7 +1354,7 @@ def test_cli_resume_memory_check_takes_the_steps_a_stream_can_run(tmp_path, caps
     (advising --model tsvgp), an n the stream can never reach, instead of naming the stream's
     limit; and a stream driven by ``step()`` from Python (no target in its checkpoint), which a
     resume runs to its end, was not checked at all."""
-    from bo_online import cli
+    from bo_online.cli import memory as cli
     from bo_online.loops.streaming import StreamingLoop
 
     X, y = _data(n=40, d=2)

@@ -349,7 +349,8 @@ def test_exact_refit_reaches_botorchs_fit_from_a_poor_warm_start():
 
 
 def test_cli_names_every_problem_and_rejects_bad_dims(capsys):
-    from bo_online.cli import _PROBLEM_HELP, main
+    from bo_online.cli import main
+    from bo_online.cli.options import _PROBLEM_HELP
     from bo_online.problems import SYNTHETIC_PROBLEMS
 
     assert all(name in _PROBLEM_HELP for name in SYNTHETIC_PROBLEMS)

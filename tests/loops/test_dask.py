@@ -743,9 +743,9 @@ def test_an_interrupted_sweep_says_to_run_the_sweep_again(tmp_path, capsys, monk
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(None))
+    monkeypatch.setattr(cli.running, "_dask_client", lambda address: contextlib.nullcontext(None))
     monkeypatch.setattr(sweep, "run_sweep", interrupted)
-    monkeypatch.setattr(cli, "_ACTIVE_SWEEP", [])
+    monkeypatch.setattr(cli.running, "_ACTIVE_SWEEP", [])
     with pytest.raises(SystemExit) as e:
         cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(tmp_path / "o")])
     assert e.value.code == 130
@@ -758,8 +758,8 @@ def test_an_interrupted_sweep_says_to_run_the_sweep_again(tmp_path, capsys, monk
         def run(self, steps):
             pass
 
-    cli._run(_Run(), 1)
-    assert cli._ACTIVE_SWEEP == []
+    cli.running._run(_Run(), 1)
+    assert cli.running._ACTIVE_SWEEP == []
 
 
 def test_a_task_that_raises_on_a_local_cluster_prints_no_dask_traceback(capfd):
@@ -808,7 +808,7 @@ def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_pat
     # the CLI's cluster is the module's (started once): local:2 names it
     cli_client = lambda address: contextlib.nullcontext(client)  # noqa: E731
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_dask_client", cli_client)
+        mp.setattr(cli.running, "_dask_client", cli_client)
         cli.main([*first, "--dask", "local:2", "--checkpoint-seconds", "0", *fast])
         flag.touch()  # every evaluation after the first two steps fails
         capsys.readouterr()
@@ -868,7 +868,7 @@ def test_an_interrupted_asynchronous_run_says_to_resume_it_on_a_cluster(client, 
         return real_run(self, steps, callback=stop)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(client))
+        mp.setattr(cli.running, "_dask_client", lambda address: contextlib.nullcontext(client))
         mp.setattr(AsyncBayesOptLoop, "run", interrupted_after_step_1)
         with pytest.raises(SystemExit) as e:
             cli.main([*argv, "--dask", "local:2"])
@@ -891,7 +891,7 @@ def test_sweep_out_naming_a_file_is_refused_before_a_cluster_starts(tmp_path, ca
     out.write_text("mine")
     started = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
         with pytest.raises(SystemExit) as e:
             cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(out)])
     assert e.value.code == 2 and started == []
@@ -912,7 +912,7 @@ def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_star
     spec.write_text(spec.read_text().replace("steps = 3", "steps = 1000000"))
     started = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
         with pytest.raises(SystemExit) as e:
             cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep")])
     assert e.value.code == 2 and started == []
@@ -941,7 +941,7 @@ def test_bo_dask_options_are_checked_before_the_cluster_starts(tmp_path, capsys,
     started = []
     argv = ["bo", "--problem", "branin", "--dask", "local:2", "--out", str(out), "-Q", *args]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_dask_client", lambda address: started.append(address))
+        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
         with pytest.raises(SystemExit) as e:
             cli.main(argv)
     assert e.value.code == 2 and started == []
@@ -1044,7 +1044,9 @@ def test_a_campaign_that_raises_stops_the_sweep_with_one_line_naming_it(
     )
     with cluster, distributed.Client(cluster) as client:
         monkeypatch.setattr(sweep, "_run_campaign", run)
-        monkeypatch.setattr(cli, "_dask_client", lambda address: contextlib.nullcontext(client))
+        monkeypatch.setattr(
+            cli.running, "_dask_client", lambda address: contextlib.nullcontext(client)
+        )
         spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
         with pytest.raises(SystemExit) as e:
             cli.main(["sweep", str(spec), "--out", str(out), "--quiet", "--no-plots"])

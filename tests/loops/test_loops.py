@@ -976,7 +976,7 @@ def test_test_set_scoring_is_timed_apart_from_the_steps(tmp_path, monkeypatch):
     ``time_step``, which stays the sum of the step's parts; the CLI summary shows its sum."""
     import time
 
-    from bo_online import cli
+    from bo_online.cli import summary as cli
     from bo_online.loops import active as active_module
     from bo_online.loops import streaming as streaming_module
 

@@ -1,0 +1,112 @@
+r"""The end of a run: the summary table, and where the records, checkpoint and plots went."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from bo_online.cli.running import _resume_command
+
+
+def _fmt(value: Any, digits: int = 5) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
+    """A summary row for the last recorded value of a metric, labelled with its step (test
+    metrics are recorded every ``--eval-every`` steps, so the last may predate the last step)."""
+    last = next((r for r in reversed(records) if r.get(key) is not None), None)
+    if last is None:
+        return (f"last {label}", _fmt(None))
+    return (f"{label} (step {last['step']})", _fmt(last[key], 4))
+
+
+def _finish(loop: Any, plots: bool, quiet: bool) -> None:
+    r"""Write plots, then print the summary table and where everything went."""
+    from bo_online.loops import history
+
+    out = loop.out_dir
+    written = []
+    if plots and out is not None:
+        from bo_online.plotting import plot_runs
+
+        written = plot_runs([out], out / "plots")
+    if quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    records = loop.records
+    steps = [r for r in records if r["step"] > 0]
+    last = records[-1]
+    table = Table(title=f"bo-online {loop.kind}: summary", show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    problem = getattr(loop.problem, "name", "?")
+    rows: list[tuple[str, Any]] = [
+        ("problem", problem),
+        ("model", loop.config["model"]),
+    ]
+    if "acq" in loop.config:
+        rows.append(("acquisition", loop.config["acq"]))
+    rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
+    if loop.kind in ("bo", "bo_async"):
+        # 10 digits: an objective's values on an offset (1e6 + O(1)) differ after the 5th
+        rows += [
+            ("best observed value", _fmt(last["best_value"], 10)),
+            ("best true value", _fmt(last.get("best_true_value"), 10)),
+            ("optimum", _fmt(loop.problem.optimal_value, 10)),
+            ("simple regret", _fmt(last.get("regret"))),
+        ]
+    elif loop.kind == "active":
+        # test metrics come every --eval-every steps: report the last evaluated, with its step
+        label, final = _last_metric(records, "rmse", "test RMSE")
+        rows += [
+            (f"{label}, initial -> final", f"{_fmt(records[0].get('rmse'), 4)} -> {final}"),
+            _last_metric(records, "mean_var", "mean predictive variance"),
+            _last_metric(records, "nll", "test NLL"),
+        ]
+    elif getattr(loop, "classify", False):
+        rows += [
+            ("prequential accuracy", _fmt(last.get("prequential_accuracy"), 4)),
+            ("prequential log loss", _fmt(last.get("prequential_nll"), 4)),
+            _last_metric(records, "test_accuracy", "test accuracy"),
+            _last_metric(records, "test_nll", "test NLL"),
+        ]
+    else:
+        rows += [
+            ("prequential RMSE", _fmt(last.get("prequential_rmse"), 4)),
+            ("prequential NLL", _fmt(last.get("prequential_nll"), 4)),
+            _last_metric(records, "test_rmse", "test RMSE"),
+            _last_metric(records, "test_nll", "test NLL"),
+        ]
+    if steps:
+        rows += [
+            ("median time / step (s)", _fmt(statistics.median(r["time_step"] for r in steps), 3)),
+            ("median update time (s)", _fmt(statistics.median(r["time_update"] for r in steps), 3)),
+        ]
+    rows.append(("wall time, elapsed (s)", _fmt(loop.elapsed, 4)))
+    rows.append(("  of which in steps (s)", _fmt(last["wall_time"], 4)))
+    # scoring on the test set, outside the steps (not shown for a run resumed from records
+    # written before it was timed: their steps' times hold it)
+    if records and all("time_test" in r for r in records):
+        scoring = sum(r["time_test"] for r in records)
+        rows.append(("  of which scoring the test set (s)", _fmt(scoring, 4)))
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console = Console()
+    console.print(table)
+    if out is not None:  # plain print: paths must never be wrapped
+        print(f"records:    {out / history.RECORDS_FILE}")
+        cluster = " --dask local:N|tcp://host:port" if loop.kind == "bo_async" else ""
+        print(
+            f"checkpoint: {out / history.CHECKPOINT_FILE}  "
+            f"(continue: {_resume_command(loop)}{cluster})"
+        )
+        for path in written:
+            print(f"plot:       {path}")
