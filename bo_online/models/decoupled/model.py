@@ -285,8 +285,9 @@ class DecoupledSVGP(
         return self.likelihood.noise.squeeze(-1).expand(n)
 
     # ------------------------------------------------------------------ L and chol_H, formed lazily
-    # Fold mode (``_fold``) keeps only the factors it predicts with; the buffers ``L`` and
-    # ``chol_H`` are then formed (O(M_beta^3)) on their first read. torch's Module resolves
+    # Fold mode (``_fold``) keeps only the factors it predicts with, and a fantasy (batched)
+    # model its parent's blocks plus the new rows (``conditioning.BorderedState``); the buffers
+    # ``L`` and ``chol_H`` are then formed on their first read. torch's Module resolves
     # buffers through ``__getattr__``, so that is where the read is seen; every route that
     # copies or saves buffers directly (``state_dict``, ``to``) forms them first.
 
@@ -296,8 +297,9 @@ class DecoupledSVGP(
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "L":  # a new covariance state replaces whatever folds left pending
+        if name == "L":  # a new covariance state replaces whatever was left pending
             self.__dict__["_covariance_pending"] = False
+            self.__dict__.pop("_bordered", None)
         super().__setattr__(name, value)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:

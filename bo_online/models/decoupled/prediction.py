@@ -49,9 +49,56 @@ class DecoupledPredictionMixin:
         # not copied per sample (``torch.matmul`` broadcasting would).
         return solve_lower(self.chol_H, matmul_folded(self.L.transpose(-1, -2), K_bX)), None
 
+    def _bordered_parts(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""For a model holding a bordered state (a fantasy model, see
+        :class:`~bo_online.models.decoupled.conditioning.BorderedState`), at ``X`` (``batch_X x
+        k x d``): ``(V0, V1, mean)`` with ``cov = k - V0^T V0 - V1^T V1``, the blocks of
+        ``chol_H'^{-1} L'^T K_{beta',X}``: ``V0 = C0^{-1} L0^T K_{beta0,X}`` (``batch_X x M_b x
+        k``, batched like ``X`` and the parent, not like the fantasies) and ``V1 = D^{-1} (r
+        K_{X*,X} - S_t V0)`` (``batch x q x k``); and the mean ``c + a_0^T K_{beta0,X} + a_*^T
+        K_{X*,X} + k_{X,alpha} a_alpha`` (``a_beta = [a_0, a_*]``) from the same kernel blocks,
+        so no ``batch x k x (M_b + q)`` block against the grown bases is formed."""
+        st = self.__dict__["_bordered"]
+        m = st.L0.shape[-1]
+        K_old = self.covar_module(st.beta0, X).to_dense()  # batch_X x M_b x k
+        V0 = solve_lower(st.C0, matmul_folded(st.L0.transpose(-1, -2), K_old))
+        K_new = self.covar_module(self.beta_points[..., m:, :], X).to_dense()  # batch x q x k
+        V1 = solve_lower(st.D, st.r.unsqueeze(-1) * K_new - st.S_t @ V0)
+        a = self.a_beta.unsqueeze(-2)  # sample x batch x 1 x (M_b + q)
+        mean = self.mean_module.constant + (
+            (a[..., :m] @ K_old).squeeze(-2) + (a[..., m:] @ K_new).squeeze(-2)
+        )
+        if self.alpha_points.shape[-2] > 0:
+            mean = mean + self.covar_module(X, self.alpha_points).to_dense() @ self.a_alpha
+        return V0, V1, mean
+
+    def _latent_posterior_bordered(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of a fantasy model at ``X`` (``batch_X x k x d``) from its bordered state:
+        the parent's part ``k(X, X) - V0^T V0`` is formed once per element of ``X``'s batch (not
+        per fantasy), dense up to ``dense_posterior_max_q`` points, the new points' part lazily
+        (memory O(batch q k) beyond the parent's; qNIPV's shared integration points against
+        ``b`` fantasies cost ``b q k``, not ``b (M_b + q)^2``)."""
+        V0, V1, mean = self._bordered_parts(X)
+        k = X.shape[-2]
+        batch = torch.broadcast_shapes(mean.shape[:-1], V1.shape[:-2], V0.shape[:-2])
+        if k > self.dense_posterior_max_q:  # many points: a lazy covariance (docs/contract.md)
+            covar = self.covar_module(X)
+            for W in (V0, V1):
+                Wt = W.transpose(-1, -2).expand(*batch, k, W.shape[-2])
+                covar = covar + MatmulLinearOperator(Wt, W.expand(*batch, *W.shape[-2:])) * -1.0
+            return MultivariateNormal(mean.expand(*batch, k), covar)
+        shared = self.covar_module(X).to_dense() - V0.transpose(-1, -2) @ V0
+        V1 = V1.expand(*batch, *V1.shape[-2:])
+        covar = DenseLinearOperator(shared.expand(*batch, k, k)) + (
+            MatmulLinearOperator(V1.transpose(-1, -2), V1) * -1.0
+        )
+        return MultivariateNormal(mean.expand(*batch, k), covar)
+
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         if self.beta_points.dim() == 2 and self.a_beta.dim() == 1:
             return self._latent_posterior_folded(X)
+        if self.__dict__.get("_bordered") is not None:
+            return self._latent_posterior_bordered(X)
         mean = self._mean_at(X)
         V, U = self._whitened(X)
         batch = torch.broadcast_shapes(mean.shape[:-1], V.shape[:-2], X.shape[:-2])

@@ -212,8 +212,13 @@ class DecoupledStatisticsMixin:
     def _materialise_covariance(self) -> None:
         r"""Form ``L = K_j^{-1} chol(P~)`` and ``chol_H`` (O(M_beta^3)) after folds, which keep
         only the factors fold mode predicts with (:meth:`_fold`); called on first read of ``L``
-        or ``chol_H`` (fantasies, refits, ``state_dict``)."""
+        or ``chol_H`` (fantasies, refits, ``state_dict``). A fantasy model's bordered state
+        (:meth:`_condition`) is formed whole the same way."""
         self.__dict__["_covariance_pending"] = False
+        bordered = self.__dict__.pop("_bordered", None)
+        if bordered is not None:
+            self._buffers["L"], self._buffers["chol_H"] = bordered.L(), bordered.chol_H()
+            return
         Q, Rb = self._kept_fold_factors[:2]
         with torch.no_grad():  # buffers: no graph to the hyperparameters, whoever reads them
             L = self._covariance_factor(Rb, Q)  # in site_dtype, for chol_H (see _set_sites)
