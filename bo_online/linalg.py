@@ -490,18 +490,23 @@ def cholesky_append_rows(L: Tensor, B: Tensor, C: Tensor) -> tuple[Tensor, Tenso
 
 
 def solve_bordered(L: Tensor, S_t: Tensor, L22: Tensor, B: Tensor) -> Tensor:
-    r"""Solve ``[[L, 0], [S^T, L22]] X = B`` blockwise (``B``: ``... x (n+q) x k``), O(n^2 k)."""
+    r"""Solve ``[[L, 0], [S^T, L22]] X = B`` blockwise (``B``: ``... x (n+q) x k``), O(n^2 k).
+
+    ``B``'s batch dims beyond those of ``S_t`` / ``L22`` (fantasy samples against a fantasy
+    model's per-batch rows) are folded into columns (:func:`matmul_folded`), so ``S_t`` is not
+    copied once per sample."""
     n = L.shape[-1]
     X1 = solve_lower(L, B[..., :n, :])
-    X2 = solve_lower(L22, B[..., n:, :] - S_t @ X1)
+    X2 = solve_lower(L22, B[..., n:, :] - matmul_folded(S_t, X1))
     return torch.cat([X1, X2], dim=-2)
 
 
 def solve_bordered_transpose(L: Tensor, S_t: Tensor, L22: Tensor, B: Tensor) -> Tensor:
-    r"""Solve ``[[L, 0], [S^T, L22]]^T X = B`` blockwise (``B``: ``... x (n+q) x k``)."""
+    r"""Solve ``[[L, 0], [S^T, L22]]^T X = B`` blockwise (``B``: ``... x (n+q) x k``; extra
+    batch dims folded as in :func:`solve_bordered`)."""
     n = L.shape[-1]
     X2 = solve_lower_transpose(L22, B[..., n:, :])
-    X1 = solve_lower_transpose(L, B[..., :n, :] - S_t.transpose(-1, -2) @ X2)
+    X1 = solve_lower_transpose(L, B[..., :n, :] - matmul_folded(S_t.transpose(-1, -2), X2))
     return torch.cat([X1, X2], dim=-2)
 
 
