@@ -32,6 +32,7 @@ from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.linalg import (
+    matmul_folded,
     psd_cholesky,
     schur_cholesky,
     solve_bordered,
@@ -237,14 +238,19 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
 
     def _shares_parent_factor_with(self, X: Tensor) -> bool:
         r"""Whether the posterior at ``X`` (``batch_X x q x d``) is read through the parent's
-        factor once: this model was conditioned on a batch of point sets (a fantasy model) and
-        keeps its parent's unbatched factor ``chol`` plus per-batch rows, and ``X`` is shared by
-        batch elements (``batch_X`` smaller than the model's batch: qNIPV's integration points,
-        a posterior mean on a grid), with ``q`` small enough for a dense ``q x q`` block."""
-        if self.tail_S is None or self.chol.dim() != 2 or X.shape[-2] > _SHARED_FACTOR_MAX_Q:
+        factor and points: this model was conditioned on a batch of point sets (a fantasy model)
+        and keeps its parent's unbatched factor ``chol`` plus per-batch rows. Either ``X`` is
+        shared by batch elements (``batch_X`` smaller than the model's batch: qNIPV's
+        integration points, a posterior mean on a grid), with ``q`` small enough for a dense
+        ``q x q`` block, or ``X`` has points of its own for every batch element (qKG's
+        ``sample x b x 1 x d``), whose kernel against the parent's points is then one folded
+        ``(batch q) x n0`` matrix instead of one against each element's copy of them."""
+        if self.tail_S is None or self.chol.dim() != 2:
             return False
         batch = torch.broadcast_shapes(X.shape[:-2], self.batch_shape)
-        return torch.Size(X.shape[:-2]).numel() < batch.numel()
+        if torch.Size(X.shape[:-2]).numel() < batch.numel():
+            return X.shape[-2] <= _SHARED_FACTOR_MAX_Q
+        return True
 
     def _latent_posterior_shared(self, X: Tensor) -> MultivariateNormal:
         r"""The posterior at ``X`` (``batch_X x q x d``) of a model holding its parent's
@@ -261,20 +267,28 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
         K_old = self._cross_covariance_with(X, old_X)  # batch_X x q x n0
         K_new = self.covar_module(X, self.train_X[..., n0:, :]).to_dense()  # batch x q x t
         V0 = solve_lower(self.chol, K_old.transpose(-1, -2))  # batch_X x n0 x q
-        V1 = solve_lower(self.tail_L, K_new.transpose(-1, -2) - self.tail_S @ V0)  # batch x t x q
+        # folded: V0 may carry fantasy-sample dims that tail_S (batch x t x n0) lacks
+        V1 = solve_lower(self.tail_L, K_new.transpose(-1, -2) - matmul_folded(self.tail_S, V0))
         alpha = self.alpha  # sample x batch x n
         mean = (
             self.mean_module.constant
             + (alpha[..., :n0].unsqueeze(-2) @ K_old.transpose(-1, -2)).squeeze(-2)
             + (K_new @ alpha[..., n0:].unsqueeze(-1)).squeeze(-1)
         )
-        shared = self.covar_module(X).to_dense() - V0.transpose(-1, -2) @ V0  # batch_X x q x q
-        batch = torch.broadcast_shapes(mean.shape[:-1], V1.shape[:-2], shared.shape[:-2])
         q = X.shape[-2]
+        batch = torch.broadcast_shapes(mean.shape[:-1], V1.shape[:-2], V0.shape[:-2])
         V1 = V1.expand(*batch, *V1.shape[-2:])
-        covar = DenseLinearOperator(shared.expand(*batch, q, q)) + (
-            MatmulLinearOperator(V1.transpose(-1, -2), V1) * -1.0
-        )
+        lazy_V1 = MatmulLinearOperator(V1.transpose(-1, -2), V1) * -1.0
+        if torch.Size(X.shape[:-2]).numel() < batch.numel():  # X shared: its block formed once
+            shared = self.covar_module(X).to_dense() - V0.transpose(-1, -2) @ V0
+            covar = DenseLinearOperator(shared.expand(*batch, q, q)) + lazy_V1
+        else:  # points of every batch element's own: lazy, as _latent_posterior
+            V0 = V0.expand(*batch, *V0.shape[-2:])
+            covar = (
+                self.covar_module(X)
+                + MatmulLinearOperator(V0.transpose(-1, -2), V0) * -1.0
+                + lazy_V1
+            )
         return MultivariateNormal(mean.expand(*batch, q), covar)
 
     def _cross_covariance_with(self, X: Tensor, points: Tensor) -> Tensor:
