@@ -140,8 +140,10 @@ class _LargestAllocation(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return out  # a view of an input (expand, transpose, ...): nothing allocated
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and not t._is_view():
+            if isinstance(t, torch.Tensor):
                 self.numel = max(self.numel, t.numel())
         return out
 
