@@ -349,6 +349,16 @@ class TSVGP(
             with gpytorch.settings.lazily_evaluate_kernels(False):
                 prior = self.covar_module(self._kx(X)).to_dense()
             covar = prior - gram(A) + gram(P)
+            if H is not None and covar.shape[:-2].numel() < batch.numel():
+                # Points shared by the batch of a fantasy model (qNIPV's integration points):
+                # the shared block once, each element's pending-site term lazily, so that
+                # .variance forms no batch x q x q tensor (b = 512, 256 points: 268 MB each).
+                r = H.shape[-2]
+                Hb = H.expand(*batch, r, q)
+                covar = DenseLinearOperator(covar.expand(*batch, q, q)) + (
+                    MatmulLinearOperator(Hb.transpose(-1, -2), Hb) * -1.0
+                )
+                return MultivariateNormal(mean.expand(*batch, q), covar)
             if H is not None:
                 covar = covar - gram(H)
             # wrapped: a tensor covariance would be Cholesky-factorised eagerly by torch's MVN
