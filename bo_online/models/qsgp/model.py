@@ -19,7 +19,11 @@ from botorch.models.utils.gpytorch_modules import (
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import LaplaceLikelihood
-from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    MatmulLinearOperator,
+)
 from torch import Tensor
 
 from bo_online.linalg import LowRankUpdatedCholesky, broadcast_shapes, solve_lower
@@ -394,13 +398,23 @@ class QSGP(
         else:
             Z, H = solve_lower(self.cond_L, At), None
         cov = Z.transpose(-1, -2) @ Z
-        if H is not None:
-            cov = cov - H.transpose(-1, -2) @ H
         if self.augment_variance:
             cov = cov + torch.diag_embed(self._augmentation(X))
         mean = mean + (A @ self.cond_u.unsqueeze(-1)).squeeze(-1)
-        out_batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
         q = X.shape[-2]
+        if H is not None:
+            out_batch = broadcast_shapes(mean.shape[:-1], cov.shape[:-2], H.shape[:-2])
+            if cov.shape[:-2].numel() < out_batch.numel():
+                # Points shared by the batch of a fantasy model (qNIPV's integration points):
+                # the shared block once, each element's low-rank term lazily, so that .variance
+                # forms no batch x q x q tensor (b = 512, 256 points: 268 MB each).
+                Hb = H.expand(*out_batch, *H.shape[-2:])
+                covar = _psd(cov).expand(*out_batch, q, q) + (
+                    MatmulLinearOperator(Hb.transpose(-1, -2), Hb) * -1.0
+                )
+                return MultivariateNormal(mean.expand(*out_batch, q), covar)
+            cov = cov - H.transpose(-1, -2) @ H
+        out_batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
         return MultivariateNormal(mean.expand(*out_batch, q), _psd(cov.expand(*out_batch, q, q)))
 
     def _lazy_latent_posterior(self, X: Tensor) -> MultivariateNormal:

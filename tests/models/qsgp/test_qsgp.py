@@ -58,6 +58,23 @@ def _is_lazy(post) -> bool:
     return not isinstance(post.distribution.lazy_covariance_matrix, DenseLinearOperator)
 
 
+def _uses_roots(post) -> bool:
+    """Whether the posterior covariance holds the lazy path's roots (a
+    ``RootDifferenceLinearOperator``, alone or in a sum), i.e. took the lazy path. (The dense
+    path of a fantasy model at points shared by its batch keeps each element's low-rank term as
+    a lazy product next to the dense shared block: not the lazy path.)"""
+    from linear_operator.operators import LinearOperator
+
+    from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
+
+    def walk(op) -> bool:  # the operator and those it is built of (scaled, summed, ...)
+        if isinstance(op, RootDifferenceLinearOperator):
+            return True
+        return any(walk(a) for a in op._args if isinstance(a, LinearOperator))
+
+    return walk(post.distribution.lazy_covariance_matrix)
+
+
 def _lazy_and_dense(model, X):
     """The posterior at ``X`` through the lazy path (threshold 4 points) and the dense one
     (threshold 512), each asserted to have taken its path; the model's threshold is restored."""
@@ -70,8 +87,8 @@ def _lazy_and_dense(model, X):
             dense = model.posterior(X)
     finally:
         model.dense_posterior_max_q = old
-    assert _is_lazy(lazy)
-    assert not _is_lazy(dense)
+    assert _is_lazy(lazy) and _uses_roots(lazy)
+    assert not _uses_roots(dense)
     return lazy, dense
 
 
@@ -362,6 +379,59 @@ def test_fantasize_batches_match_single_conditioning():
         single = model.condition_on_observations(Xf[2], Yf.unsqueeze(-1)).posterior(Xs[2])
     assert torch.allclose(post.mean[1, 2], single.mean, atol=1e-8)
     assert torch.allclose(post.covariance_matrix[1, 2], single.covariance_matrix, atol=1e-8)
+
+
+def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
+    r"""qNIPV's pattern: a fantasy model (``s x b``) asked for its posterior variance at
+    integration points shared by every candidate set (``k x d``). The covariance ``Z^T Z - H^T
+    H`` was formed densely per candidate set (``b x k x k``, several times over: 807 MB peak at
+    b = 512, 256 points, q = 6, n = 2,000); the shared block ``Z^T Z`` is now formed once and
+    each set's low-rank term kept lazy. The moments equal dense Gaussian conditioning of the
+    fitted posterior on each fantasy's observations."""
+    from botorch.sampling import SobolQMCNormalSampler
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if any(r.alias_info is not None for r in func._schema.returns):
+                return out  # a view of an input (expand, transpose, ...): nothing allocated
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    X, Y = _data(25, 2)
+    model = QSGP(X, Y, num_features=30, family="full", num_dense_columns=3, kernel=_kernel(2))
+    _set_noise(model, 0.03)
+    model.set_optimal_variational()
+    g = torch.Generator().manual_seed(13)
+    s, b, q, k = 2, 64, 2, 48
+    Xf = torch.rand(b, q, 2, generator=g, dtype=DT)
+    Xs = torch.rand(k, 2, generator=g, dtype=DT)
+    with torch.no_grad():
+        fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([s]), seed=0))
+        fm.posterior(Xs[:2]).variance  # caches built outside the measurement
+        with Largest() as largest:
+            var = fm.posterior(Xs).variance
+        assert var.shape == (s, b, k, 1)
+        assert largest.numel < b * k * k // 4, (largest.numel, b * k * k)
+        post = fm.posterior(Xs)
+    torch.testing.assert_close(post.variance, var, atol=0, rtol=0)
+    sd, mu0 = model.outcome_std, model.outcome_mean
+    for i, j in ((0, 0), (s - 1, b - 1), (1, 40)):
+        with torch.no_grad():
+            mu, S = _joint(model, torch.cat([Xs, Xf[j]]))
+        ys = fm.cond_y[i, j]  # the fantasy's observations, standardised
+        G = S[k:, k:] + 0.03 * torch.eye(q, dtype=DT)
+        mean = mu[:k] + S[:k, k:] @ torch.linalg.solve(G, ys - mu[k:])
+        cov = S[:k, :k] - S[:k, k:] @ torch.linalg.solve(G, S[k:, :k])
+        torch.testing.assert_close(post.mean[i, j].squeeze(-1), mean * sd + mu0, atol=1e-8, rtol=0)
+        torch.testing.assert_close(post.covariance_matrix[i, j], cov * sd**2, atol=1e-8, rtol=0)
 
 
 def test_sample_paths_deterministic_and_match_posterior():
