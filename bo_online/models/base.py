@@ -766,6 +766,16 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         new.__dict__["_module_sharers"] = sharers
         return new
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        r"""As ``Module.__setstate__`` (a deep copy or an unpickled model); the model then joins
+        its (copied) set of sharers, so that models copied together, which share their modules
+        in the copy, still take copies of them before a conversion (see
+        :meth:`_stop_sharing_modules`)."""
+        super().__setstate__(state)
+        sharers = self.__dict__.get("_module_sharers")
+        if sharers is not None:
+            sharers.add(self)
+
     def _hook_without_a_cycle(self) -> None:
         r"""GPyTorch registers its ``load_state_dict`` pre-hook as a method bound to the module,
         a reference cycle: a model dropped (Ax builds one every trial) then waits, with all its
@@ -906,18 +916,24 @@ def _less_precise_than(state_dict: Mapping[str, Any], dtype: torch.dtype) -> boo
 
 class _ModuleSharers(weakref.WeakSet):
     r"""The live models holding the same hyperparameter modules (a model and the models made
-    from it by :meth:`OnlineModel._shallow_copy`), by weak reference. A deep copy or an
-    unpickled copy of a model shares no module, so it holds none (``None``)."""
+    from it by :meth:`OnlineModel._shallow_copy`), by weak reference.
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> None:
-        return None
+    A deep copy or an unpickled copy of a set starts empty, and each copied model holding it
+    joins it (:meth:`OnlineModel.__setstate__`): copied alone, a model shares with no one;
+    models copied together (``copy.deepcopy((parent, child))``, one pickle holding both), whose
+    copies share their modules as the originals did, share one new set (one object per copy
+    or pickle, both memoise it), so they still know each other."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModuleSharers:
+        return _ModuleSharers()
 
     def __reduce__(self) -> tuple[Any, tuple]:
-        return _no_sharers, ()
+        return _ModuleSharers, ()
 
 
 def _no_sharers() -> None:
-    r"""What an unpickled :class:`_ModuleSharers` becomes: ``None`` (no model shares with it)."""
+    r"""What a :class:`_ModuleSharers` pickled before copies kept their sharers unpickles as:
+    ``None`` (the model holding it shares with no one)."""
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import pickle
 import warnings
 import weakref
 from unittest import mock
@@ -1367,6 +1368,39 @@ def test_converting_a_model_converts_no_model_sharing_its_modules(s, convert):
     for name, module in others[0].named_children():
         if any(True for _ in module.parameters()):
             assert getattr(others[1], name) is module, name
+
+
+@surrogates
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_models_copied_together_still_convert_no_model_sharing_their_modules(s, how):
+    """A parent and its child copied together (``copy.deepcopy((parent, child))``, one pickle
+    holding both: ``torch.save`` of a dict of models) share their hyperparameter modules in the
+    copy as in the original, but the copies forgot that they share them (the set of sharers
+    became ``None``), so ``child.float()`` made the copied parent's hyperparameters float32
+    again (t-SVGP then failed with torch's dtype error, the others predicted with rounded
+    values). The copies now know each other; a model copied alone shares with no one."""
+    X, Y, _ = s.data(N0, D, seed=0)
+    Xn, Yn, _ = s.data(Q, D, seed=1)
+    Xt = _test_points()
+    original = s.make(X, Y)
+    pair = (original, original.condition_on_observations(Xn, Yn))
+    if how == "deepcopy":
+        parent, child = copy.deepcopy(pair)
+    else:
+        parent, child = pickle.loads(pickle.dumps(pair))
+    assert parent.likelihood is child.likelihood  # still shared within the copy
+    post = latent(parent, Xt)
+    state = tensor_state(parent)
+    child.float()
+    assert all(t.dtype == torch.float32 for t in child.parameters() if t.is_floating_point())
+    assert same_state(state, tensor_state(parent)) == []
+    mean, cov = latent(parent, Xt)
+    assert_close(mean, post[0], 1e-12, "parent mean")
+    assert_close(cov, post[1], 1e-12, "parent covariance")
+    # copied alone, a model shares with no one: converting it copies no module
+    alone = copy.deepcopy(parent)
+    with mock.patch.object(copy, "deepcopy", side_effect=AssertionError("copied")):
+        alone.float()
 
 
 @surrogates
