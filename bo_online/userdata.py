@@ -488,6 +488,21 @@ def read_table(path: str | os.PathLike) -> Table:
     return table
 
 
+def _whole_numbers_below_the_first_row(table: Table) -> bool:
+    r"""Whether every cell below a CSV's first row is a whole number or missing (empty or a
+    missing-value marker; a text cell is not a whole number). ``np.array_equal`` alone takes a
+    missing cell's NaN for unequal to itself, and ``equal_nan`` alone would take text for a
+    whole number."""
+    rest = table.data[1:]
+    if not np.array_equal(rest, np.round(rest), equal_nan=True):
+        return False
+    return not any(
+        cell and not _is_number(cell) and cell.lower() not in _MISSING_MARKERS
+        for cells in table.text.values()
+        for cell in cells[1:]
+    )
+
+
 def _warn_numbered_header(table: Table) -> None:
     r"""Warn where a CSV's first row, read as data (no cell of it is text), is ``0, 1, ...,
     k - 1`` above rows that are not all whole numbers: most likely the header pandas'
@@ -498,7 +513,7 @@ def _warn_numbered_header(table: Table) -> None:
         table.columns != [str(j) for j in range(k)]  # a header was found
         or data.shape[0] < 2
         or not np.array_equal(data[0], np.arange(k))
-        or np.array_equal(data[1:], np.round(data[1:]))  # whole numbers: 0, 1, ... may be data
+        or _whole_numbers_below_the_first_row(table)  # then 0, 1, ... may be data
     ):
         return
     warnings.warn(

@@ -20,6 +20,7 @@ from bo_online.userdata import (
     DataFileError,
     pool_from_file,
     problem_from_spec,
+    read_table,
     stream_from_file,
 )
 
@@ -1539,6 +1540,26 @@ def test_a_header_of_column_numbers_read_as_data_is_warned_of(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             pool_from_file(path, test_fraction=0.25)
+
+
+def test_whole_number_data_starting_0_1_2_with_a_missing_cell_is_not_warned_of(tmp_path):
+    """Whole-number data whose first row happens to be 0, 1, 2 is not warned of as a header of
+    column numbers, also where a later cell is missing: the check compared the rows below with
+    their rounded values by np.array_equal, which takes NaN for unequal to itself, so one empty
+    cell made whole numbers count as 'not whole numbers' and the warning told to delete a row
+    of data."""
+    path = tmp_path / "counts.csv"
+    for missing in ("", "NA"):
+        path.write_text(f"0,1,2\n3,4,5\n6,{missing},9\n2,2,2\n")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            table = read_table(path)
+        assert table.data.shape == (4, 3)  # the first row is data, as before
+    # a text cell below is no whole number: pandas' header above whole-number inputs and text
+    # labels is still warned of
+    path.write_text("0,1,2\n3,4,yes\n6,7,no\n2,2,yes\n")
+    with pytest.warns(UserWarning, match=r"its first row \(0, 1, 2\) is read as data"):
+        read_table(path)
 
 
 @pytest.mark.parametrize(
