@@ -295,7 +295,18 @@ class AxOnlineMixin:
             options = dict(self._ax_fit_options)
             if self._ax_obs_since_fit is not None:  # fitted before: warm-started, as in the loops
                 options.setdefault("max_iter", WARM_REFIT_MAX_ITER)
-            self.fit(**options)  # type: ignore[attr-defined]
+            # A model conditioned on the stored one shares its hyperparameter modules: a fit
+            # that fails midway (a numerical error, an interrupt) moved the stored model's
+            # hyperparameters too, and the next trial went on from them. Put them back.
+            params = list(self.parameters())  # type: ignore[attr-defined]
+            saved = [p.detach().clone() for p in params]
+            try:
+                self.fit(**options)  # type: ignore[attr-defined]
+            except BaseException:
+                with torch.no_grad():
+                    for param, value in zip(params, saved):
+                        param.copy_(value)
+                raise
             self._ax_obs_since_fit = 0
             self._ax_n_at_fit = self._ax_num_obs
             _SESSIONS.stats.refits += 1

@@ -1092,3 +1092,40 @@ def test_ax_train_targets_leave_a_models_own_as_they_are(model_class):
     torch.testing.assert_close(pickle.loads(pickle.dumps(wiski)).train_targets, Y.squeeze(-1))
     # models with their own train_targets get no fallback on their attribute lookups
     assert "__getattr__" not in vars(boax.ax_model_class(OnlineExactGP))
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_a_refit_that_fails_midway_leaves_the_stored_model_as_it_was(model_name, monkeypatch):
+    # On the incremental path the new model shares its hyperparameter modules with the stored
+    # one (the exact GP and the decoupled SVGP are conditioned on it); a refit that raised
+    # after some steps moved the stored model's hyperparameters (its posterior by 0.9), and the
+    # next trial went on from them.
+    ax_cls = boax.available_models()[model_name]
+    base = ax_cls._bo_online_base
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    Y = torch.sin(6 * X).sum(-1, keepdim=True)
+    opts = {"fit_options": {"max_iter": 20}, "refit_every": 1, "experiment_key": "k"}
+    stored = _build(ax_cls, X[:8], Y[:8], **opts)
+    test_X = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        mean = stored.posterior(test_X).mean.clone()
+    hyper = {k: v.detach().clone() for k, v in stored.named_parameters()}
+
+    def fails_midway(self, *args, **kwargs):
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.7)  # some optimiser steps
+        raise RuntimeError("fit failed midway")
+
+    monkeypatch.setattr(base, "fit", fails_midway)
+    with pytest.raises(RuntimeError, match="failed midway"):
+        _build(ax_cls, X[:10], Y[:10], **opts)
+    monkeypatch.undo()
+    for k, v in stored.named_parameters():
+        assert torch.equal(v.detach(), hyper[k]), k
+    with torch.no_grad():
+        torch.testing.assert_close(stored.posterior(test_X).mean, mean, atol=0, rtol=0)
+    after = _build(ax_cls, X[:10], Y[:10], fit=False, **opts)  # the next trial goes on from it
+    assert boax.session_stats().incremental == 2
+    for k, v in after.named_parameters():
+        assert torch.equal(v.detach(), hyper[k]), k
