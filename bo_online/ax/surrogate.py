@@ -329,6 +329,10 @@ class AxOnlineMixin:
         if strict and set(hyper) != names:
             missing = sorted(names - set(hyper))
             raise KeyError(f"state_dict lacks hyperparameters {missing}.")
+        # Built incrementally, this model shares its hyperparameter modules with the stored
+        # model it was conditioned on: loading into them in place set the stored model's
+        # hyperparameters to the loaded ones for the next trial. This model takes copies.
+        self._stop_sharing_modules()  # type: ignore[attr-defined]
         with torch.no_grad():
             for name, param in self.named_parameters():  # type: ignore[attr-defined]
                 if name in hyper:
