@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from memory_profile import LargestAllocation
 
 from bo_online.linalg import (
     NotPositiveDefiniteError,
@@ -131,23 +131,6 @@ def test_matmul_folded_equals_broadcast_matmul(a_shape, b_shape):
     torch.testing.assert_close(matmul_folded(A, B), A @ B, atol=1e-13, rtol=0)
 
 
-class _LargestAllocation(TorchDispatchMode):
-    """Records the number of elements of the largest tensor any op allocates (views excluded)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if any(r.alias_info is not None for r in func._schema.returns):
-            return out  # a view of an input (expand, transpose, ...): nothing allocated
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 def test_bordered_solves_with_sample_dims_equal_dense_and_do_not_copy_the_rows():
     r"""A fantasy model's factor ``[[L, 0], [S^T, L22]]``: ``L`` (``n x n``) shared, the rows
     ``S^T`` (``b x q x n``) and ``L22`` per candidate set, solved against right-hand sides with
@@ -165,7 +148,7 @@ def test_bordered_solves_with_sample_dims_equal_dense_and_do_not_copy_the_rows()
     full[:, :n, :n], full[:, n:, :n], full[:, n:, n:] = L, S_t, L22
     dense = torch.linalg.solve_triangular(full, B, upper=False)
     dense_t = torch.linalg.solve_triangular(full.transpose(-1, -2), B, upper=True)
-    with _LargestAllocation() as largest:
+    with LargestAllocation() as largest:
         X = solve_bordered(L, S_t, L22, B)
         Xt = solve_bordered_transpose(L, S_t, L22, B)
     torch.testing.assert_close(X, dense, atol=1e-12, rtol=0)

@@ -13,7 +13,7 @@ from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import LinearKernel
-from torch.utils._python_dispatch import TorchDispatchMode
+from memory_profile import LargestAllocation
 
 from bo_online.models import DecoupledSVGP, OnlineExactGP
 
@@ -240,21 +240,6 @@ def test_fantasize_shares_covariance_and_matches_conditioning():
         assert torch.allclose(pf.covariance_matrix[s], cov_ref, atol=1e-9)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the number of elements of the largest tensor any op returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 def test_fantasy_posterior_does_not_copy_the_covariance_factor_per_sample():
     r"""qKG's pattern: a fantasy model (``S x b`` batch, ``L``/``chol_H`` shared by the S samples,
     ``b x M x M``) asked for its posterior at ``S x b x 1 x d``. ``torch.matmul`` broadcasting
@@ -270,7 +255,7 @@ def test_fantasy_posterior_does_not_copy_the_covariance_factor_per_sample():
         assert f.L.shape == (b, M, M) and f.batch_shape == (S, b)
         Xt = torch.rand(S, b, 1, 2, generator=g, dtype=DT)
         f.posterior(Xt[:1, :1])  # caches built outside the measurement
-        with _LargestTensor() as largest:
+        with LargestAllocation(count_views=True) as largest:
             p = f.posterior(Xt)
             mean, var = p.mean, p.variance
         assert largest.numel < S * b * M * M // 4, (largest.numel, S * b * M * M)
@@ -300,7 +285,7 @@ def test_fantasy_factors_are_not_formed_per_candidate_set():
     M = m.num_beta + q
     with torch.no_grad():
         m.posterior(Xt).variance  # caches built outside the measurement
-        with _LargestTensor() as largest:
+        with LargestAllocation(count_views=True) as largest:
             f = m.fantasize(Xf, sampler)
             f.posterior(Xt).variance
         assert largest.numel < b * M * M // 4, (largest.numel, b * M * M)

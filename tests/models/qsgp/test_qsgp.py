@@ -389,21 +389,7 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
     each set's low-rank term kept lazy. The moments equal dense Gaussian conditioning of the
     fitted posterior on each fantasy's observations."""
     from botorch.sampling import SobolQMCNormalSampler
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Largest(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if any(r.alias_info is not None for r in func._schema.returns):
-                return out  # a view of an input (expand, transpose, ...): nothing allocated
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor):
-                    self.numel = max(self.numel, t.numel())
-            return out
+    from memory_profile import LargestAllocation
 
     X, Y = _data(25, 2)
     model = QSGP(X, Y, num_features=30, family="full", num_dense_columns=3, kernel=_kernel(2))
@@ -416,7 +402,7 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
     with torch.no_grad():
         fm = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([s]), seed=0))
         fm.posterior(Xs[:2]).variance  # caches built outside the measurement
-        with Largest() as largest:
+        with LargestAllocation() as largest:
             var = fm.posterior(Xs).variance
         assert var.shape == (s, b, k, 1)
         assert largest.numel < b * k * k // 4, (largest.numel, b * k * k)

@@ -240,21 +240,7 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
     densely per candidate set (``b x k x k``: 268 MB each, 531 MB peak at b = 512, 256 points,
     q = 6); the shared block is now formed once and each set's pending-site term kept lazy. The
     moments equal Titsias' SGPR computed densely on the data plus each fantasy's observations."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Largest(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if any(r.alias_info is not None for r in func._schema.returns):
-                return out  # a view of an input (expand, transpose, ...): nothing allocated
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor):
-                    self.numel = max(self.numel, t.numel())
-            return out
+    from memory_profile import LargestAllocation
 
     X, Y = _data(n=40)
     model = _set_hypers(TSVGP(X, Y, inducing_points=8))
@@ -265,7 +251,7 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
     with torch.no_grad():
         fm = model.fantasize(Xf, SobolQMCNormalSampler(sample_shape=torch.Size([s]), seed=0))
         fm.posterior(Xt[:2]).variance  # caches built outside the measurement
-        with Largest() as largest:
+        with LargestAllocation() as largest:
             var = fm.posterior(Xt).variance
         assert var.shape == (s, b, k, 1)
         assert largest.numel < b * k * k // 4, (largest.numel, b * k * k)
