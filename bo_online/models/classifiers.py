@@ -46,7 +46,7 @@ __all__ = [
 #: mean (latent units). With labels of one class only, the maximum of the bound sends the
 #: constant to -inf (the fit stopped at -7.3 probit / -12.6 logit on 20 zeros: p(y = 1) ~ 1e-7,
 #: which the first positive label then costs 16 nats). Under this prior ``Phi(+-2 sd)`` still
-#: spans 6e-5 .. 1 - 6e-5 (probit); the logit scale is 1.7x the probit one.
+#: spans 3e-5 .. 1 - 3e-5 (probit); the logit scale is 1.7x the probit one.
 CONSTANT_PRIOR_SD: dict[str, float] = {"probit": 2.0, "logit": 3.4}
 
 
