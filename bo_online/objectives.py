@@ -125,6 +125,9 @@ def parse_bounds(raw: str | list) -> Tensor:
             ]
         except ValueError:
             pairs = None
+    if pairs is None and any(w in str(raw).lower() for w in ("inf", "nan")):
+        # JSON has no inf / nan, so '[[0, inf]]' failed as JSON and was told it was not JSON
+        raise ValueError(f"--bounds need finite numbers (a box), got {raw!r}.")
     if (
         not isinstance(pairs, list)
         or not pairs
@@ -140,14 +143,14 @@ def parse_bounds(raw: str | list) -> Tensor:
         bounds = torch.tensor(pairs, dtype=torch.float64).T.contiguous()
     except (TypeError, ValueError, RuntimeError) as e:  # null, strings, nested lists
         raise ValueError(f"--bounds must hold numbers only, got {raw!r} ({e}).") from e
-    if (
-        not bool(torch.isfinite(bounds).all())
-        or not bool((bounds[1] > bounds[0]).all())
-        or not bool(torch.isfinite(bounds[1] - bounds[0]).all())
-    ):
+    ok = torch.isfinite(bounds).all(0) & (bounds[1] > bounds[0])
+    ok &= torch.isfinite(bounds[1] - bounds[0])
+    if not bool(ok.all()):
+        i = int((~ok).nonzero()[0])  # the first dimension at fault, named (1-based)
         raise ValueError(
-            f"--bounds need finite lo < hi in every dimension, with a finite width hi - lo, "
-            f"got {raw!r}."
+            f"--bounds need finite lo < hi in every dimension, with a finite width hi - lo; "
+            f"dimension {i + 1} has lo = {bounds[0, i].item():g}, hi = {bounds[1, i].item():g} "
+            f"(got {raw!r})."
         )
     return bounds
 

@@ -339,6 +339,26 @@ def test_bounds_that_are_not_numbers_or_whose_width_overflows_are_refused():
         CallableProblem(lambda X: X.sum(-1), bounds=[[-1e308, 0], [1e308, 1]])
 
 
+def test_bounds_refused_name_the_dimension_at_fault_and_infinity():
+    r"""lo >= hi said only "in every dimension", leaving the user to find which of d pairs was
+    wrong; '[[0, inf]]' (not JSON, which has no inf) was told it was not a JSON list."""
+    from bo_online.objectives import parse_bounds
+
+    with pytest.raises(ValueError, match=r"dimension 2 has lo = 5, hi = -5"):
+        parse_bounds("[[0, 1], [5, -5], [0, 1]]")
+    with pytest.raises(ValueError, match=r"dimension 3 has lo = 2, hi = 2"):
+        parse_bounds("0,1 -5,5 2,2")
+    with pytest.raises(ValueError, match=r"--bounds need finite numbers \(a box\)"):
+        parse_bounds("[[0, inf], [0, 1]]")
+    with pytest.raises(ValueError, match=r"dimension 1 has lo = 0, hi = nan"):  # Python's JSON
+        parse_bounds("[[0, NaN]]")
+    with pytest.raises(ValueError, match=r"dimension 2 has lo = -inf, hi = 5"):  # 'lo,hi' form
+        parse_bounds("0,1 -inf,5")
+    torch.testing.assert_close(  # a good box still reads as 2 x d
+        parse_bounds("0,1 -5,5"), torch.tensor([[0.0, -5.0], [1.0, 5.0]], dtype=torch.float64)
+    )
+
+
 def test_a_relative_objective_path_is_stored_absolute_and_resumes_from_anywhere(
     tmp_path, monkeypatch, capsys
 ):
