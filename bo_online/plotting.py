@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
 
@@ -74,10 +74,23 @@ def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
     return out
 
 
+def _plain_log_ticks(ax: plt.Axes) -> None:
+    r"""Label a log-scale y axis with plain numbers (``0.01``, ``1.5``), not matplotlib's
+    ``1.5 x 10^0``; its minor ticks (2, 3, ..., 9 times a power of ten) are labelled only where
+    the axis spans less than a decade, which otherwise would show one label or none. Call it
+    once the data are plotted: it reads the axis' limits."""
+    plain = FuncFormatter(lambda value, _: f"{value:.3g}")
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    ax.yaxis.set_minor_formatter(plain if high < 10 * low else NullFormatter())
+
+
 def _finish(fig: plt.Figure, ax: plt.Axes, out: str | os.PathLike, **props: Any) -> Path:
     r"""Set the axes' properties (``xlabel``, ``ylabel``, ``title``, ``yscale``, ...), add the
     grid and legend every single-panel plot has, and save."""
     ax.set(**props)
+    if props.get("yscale") == "log":
+        _plain_log_ticks(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out)
@@ -118,6 +131,7 @@ def plot_progress(runs: Sequence[Run], out: str | os.PathLike, metric: str = "au
         ax.set_ylabel(ylabel)
         if metric == "regret":
             ax.set_yscale("log")
+            _plain_log_ticks(ax)
         ax.grid(alpha=0.3)
     ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 0.5 ticks on short runs
     ax1.set_title(f"{'Regret' if metric == 'regret' else 'Best value'} vs step")

@@ -124,3 +124,36 @@ def test_a_plot_interrupted_while_saving_leaves_the_previous_one(tmp_path, monke
         plotting.plot_progress([("r1", _bo_records(2.0))], out)
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.png"]
+
+
+def _visible_y_labels(ax):
+    r"""The y tick labels (major and minor) matplotlib draws inside the axis' limits."""
+    ax.figure.canvas.draw()
+    low, high = ax.get_ylim()
+    ticks = ax.yaxis.get_major_ticks() + ax.yaxis.get_minor_ticks()
+    return [
+        t.label1.get_text()
+        for t in ticks
+        if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high
+    ]
+
+
+def test_log_axes_are_labelled_with_plain_numbers(tmp_path, captured):
+    # A regret that stays within a decade (1.45 to 2.2) was labelled '1.5 x 10^0', '2 x 10^0'.
+    narrow = [{**r, "regret": 1.45 + 0.75 / (r["step"] + 1)} for r in _bo_records(1.0)]
+    plotting.plot_progress([("a", narrow)], tmp_path / "p.png")
+    labels = _visible_y_labels(captured[0].axes[0])
+    assert len(labels) >= 3, labels
+    values = [float(text) for text in labels]  # plain numbers: '1.5', '2'
+    assert all(1.4 <= v <= 2.3 for v in values), labels
+    # over several decades only the powers of ten are labelled, as plain numbers
+    wide = [{**r, "regret": 10.0 ** -r["step"]} for r in _bo_records(1.0)]
+    plotting.plot_progress([("b", wide)], tmp_path / "q.png")
+    labels = _visible_y_labels(captured[1].axes[0])
+    values = [float(text) for text in labels]
+    assert len(values) >= 3 and all(np.isclose(np.log10(v), round(np.log10(v))) for v in values)
+    assert "1e-05" in labels or "0.0001" in labels, labels
+    # the time-per-step plot's log axis too
+    plotting.plot_time_per_step([("c", _bo_records(1.0))], tmp_path / "t.png")
+    labels = _visible_y_labels(captured[2].axes[0])
+    assert labels and all(float(text) > 0 for text in labels), labels
