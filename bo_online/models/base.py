@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import inspect
 import types
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Iterator, Mapping
@@ -39,8 +40,10 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
+from gpytorch import settings as gpytorch_settings
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.models import GP
+from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, LinearOperator
 from torch import Tensor
 from typing_extensions import Self
@@ -393,8 +396,9 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         (``batch x q x m``) over ``output_indices`` (a plain MVN if only one is asked for)."""
         if self.num_outputs == 1:
             mean = mvn.mean * self.outcome_std + self.outcome_mean
-            covar = _dense_or_lazy(mvn) * self.outcome_std.pow(2).squeeze()
-            return MultivariateNormal(mean, _as_operator(covar))
+            scale = self.outcome_std.pow(2).squeeze()
+            covar = _dense_or_lazy(mvn) * scale
+            return UnitsMultivariateNormal(mean, _as_operator(covar), variance_scale=scale)
         idx = list(range(self.num_outputs)) if output_indices is None else list(output_indices)
         mean, covar = mvn.mean, _as_operator(mvn.lazy_covariance_matrix)
         if idx != list(range(self.num_outputs)):
@@ -1051,6 +1055,57 @@ class HeldDataMixin:
             "train_noise",
             None if train_Yvar is None else (train_Yvar.to(X) / self.outcome_std**2).squeeze(-1),
         )
+
+
+class UnitsMultivariateNormal(MultivariateNormal):
+    r"""A ``MultivariateNormal`` in the user's outcome units whose ``variance`` is floored in the
+    model's standardised units.
+
+    GPyTorch raises every variance below ``settings.min_variance`` (1e-10 in float64, 1e-6 in
+    float32) to that value, in whatever units the distribution is in. A model on targets of sd
+    1e-6 (posterior variances about 1e-13 in those units) then reported 1e-10 (float64) or 1e-6
+    (float32) everywhere, warning of negative variances that were not there, and qNIPV, which
+    integrates that variance, was flat. Here the floor is ``min_variance * variance_scale``
+    (``variance_scale``: ``outcome_std**2``, the factor from standardised to user units), so a
+    variance is raised only where it is below the floor in the units the model computed it in.
+
+    Args:
+        mean: ``batch x q`` mean (user units).
+        covariance_matrix: ``batch x q x q`` covariance (user units).
+        variance_scale: scalar tensor, the user-unit variance of one standardised unit; None:
+            GPyTorch's floor (e.g. a distribution derived by ``expand`` or indexing).
+    """
+
+    def __init__(
+        self,
+        mean: Tensor,
+        covariance_matrix: Tensor | LinearOperator,
+        validate_args: bool = False,
+        variance_scale: Tensor | None = None,
+    ) -> None:
+        super().__init__(mean, covariance_matrix, validate_args=validate_args)
+        self.variance_scale = variance_scale
+
+    @property
+    def variance(self) -> Tensor:
+        r"""``batch x q`` marginal variances (user units), floored in standardised units."""
+        if self.variance_scale is None or not self.islazy:
+            return super().variance
+        # GPyTorch's own reading of a lazy covariance's diagonal, without its floor
+        diag = self.lazy_covariance_matrix.diagonal(dim1=-1, dim2=-2)
+        diag = diag.view(diag.shape[:-1] + self._event_shape)
+        variance = diag.expand(self._batch_shape + self._event_shape)
+        floor = gpytorch_settings.min_variance.value(variance.dtype) * self.variance_scale
+        if bool((variance < floor).any()):
+            warnings.warn(
+                "Negative variance values detected. This is likely due to numerical "
+                f"instabilities. Rounding negative variances up to {floor.item():.3g} (GPyTorch's "
+                "min_variance in the model's standardised units).",
+                NumericalWarning,
+                stacklevel=2,
+            )
+            variance = torch.maximum(variance, floor.to(variance))
+        return variance
 
 
 def _dense_or_lazy(mvn: MultivariateNormal) -> Tensor | LinearOperator:

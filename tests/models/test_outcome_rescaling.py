@@ -5,6 +5,9 @@ the data it holds in the user's units."""
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import gpytorch
 import pytest
 import torch
@@ -237,3 +240,44 @@ def test_a_model_on_one_point_is_centred_on_it_as_botorch_standardize(cls):
     assert torch.equal(model.outcome_mean, torch.tensor([102.0], dtype=torch.float64))
     assert torch.equal(model.outcome_std, torch.ones(1, dtype=torch.float64))
     assert torch.allclose(model.posterior(Xt).mean, reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("cls", [OnlineExactGP, WISKI, TSVGP, DecoupledSVGP, QSGP])
+def test_posterior_variance_on_a_small_outcome_scale_is_not_floored_in_user_units(cls, dtype):
+    """Targets of sd about 1e-6: the posterior variances (about 1e-13) scale with the targets'
+    variance. GPyTorch floors ``MultivariateNormal.variance`` at 1e-10 (float64) / 1e-6
+    (float32) in whatever units it is in, so every model reported that constant at every point
+    (10^3 / 10^7 times too large, with a 'negative variance' warning) and qNIPV was flat; the
+    floor now applies in standardised units. Checked against the same model on the unscaled
+    targets and the diagonal of the posterior covariance, and for the exact GP against a dense
+    GP computed by hand in float64."""
+    d, s = 6, 1e-6
+    X, Y = _data(0, 20)
+    X = torch.cat([X, X.flip(-1), X[:, :2]], dim=-1)  # d = 6
+    Xt = torch.rand(7, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    Xt[0] = X[0]  # at a training point: the smallest variance
+    opts = {"projection": "all-pairs", "grid_size": 8} if cls is WISKI else {}
+    if cls is QSGP:
+        opts = {"num_features": 64, "seed": 0}
+    big = cls(X.to(dtype), Y.to(dtype), **opts)
+    small = cls(X.to(dtype), (s * Y).to(dtype), **opts)
+    with gpytorch.settings.fast_pred_var(False), torch.no_grad():
+        v_big = big.posterior(Xt.to(dtype)).variance.squeeze(-1).double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)
+            post = small.posterior(Xt.to(dtype))
+            v_small = post.variance.squeeze(-1).double()
+            diag = post.covariance_matrix.diagonal().double()
+    assert bool((v_small > 0).all())
+    rtol = 1e-8 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(v_small / s**2, v_big, rtol=rtol, atol=0)
+    torch.testing.assert_close(v_small, diag, rtol=rtol, atol=0)
+    if cls is OnlineExactGP:  # a dense GP by hand (standardised units), in float64
+        k = copy.deepcopy(small.covar_module).double()
+        noise = small.likelihood.noise.detach().double().reshape(())
+        K = k(X).to_dense() + noise * torch.eye(X.shape[0], dtype=torch.float64)
+        Ks = k(Xt, X).to_dense()
+        var = k(Xt).to_dense().diagonal() - (Ks * torch.linalg.solve(K, Ks.T).T).sum(-1)
+        expect = var * small.outcome_std.double().reshape(()) ** 2
+        torch.testing.assert_close(v_small, expect, rtol=10 * rtol, atol=0)
