@@ -407,10 +407,14 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         mean = mean * std.unsqueeze(-1) + mu.unsqueeze(-1)
         covar = covar * std.pow(2).unsqueeze(-1).unsqueeze(-1)
         if len(idx) == 1:
-            return MultivariateNormal(mean.squeeze(-2), covar.squeeze(-3))
-        return MultitaskMultivariateNormal.from_batch_mvn(
+            return UnitsMultivariateNormal(
+                mean.squeeze(-2), covar.squeeze(-3), variance_scale=std.pow(2).squeeze()
+            )
+        mtmvn = UnitsMultitaskMultivariateNormal.from_batch_mvn(
             MultivariateNormal(mean, covar), task_dim=-1
         )
+        mtmvn.variance_scale = std.pow(2)
+        return mtmvn
 
     def _to_internal(self, Y: Tensor) -> Tensor:
         r"""``... x q x m`` (BoTorch's layout) -> the subclass's layout: ``... x q`` for one
@@ -1095,17 +1099,47 @@ class UnitsMultivariateNormal(MultivariateNormal):
         diag = self.lazy_covariance_matrix.diagonal(dim1=-1, dim2=-2)
         diag = diag.view(diag.shape[:-1] + self._event_shape)
         variance = diag.expand(self._batch_shape + self._event_shape)
-        floor = gpytorch_settings.min_variance.value(variance.dtype) * self.variance_scale
-        if bool((variance < floor).any()):
-            warnings.warn(
-                "Negative variance values detected. This is likely due to numerical "
-                f"instabilities. Rounding negative variances up to {floor.item():.3g} (GPyTorch's "
-                "min_variance in the model's standardised units).",
-                NumericalWarning,
-                stacklevel=2,
-            )
-            variance = torch.maximum(variance, floor.to(variance))
-        return variance
+        return _floored_in_standardized_units(variance, self.variance_scale)
+
+
+class UnitsMultitaskMultivariateNormal(MultitaskMultivariateNormal):
+    r"""A ``MultitaskMultivariateNormal`` in the user's units (``batch x q x m``) whose
+    ``variance`` is floored in each output's standardised units, as
+    :class:`UnitsMultivariateNormal`. ``variance_scale`` (``(m,)``, ``outcome_std**2``) is set
+    after construction; None (e.g. a distribution derived by indexing): GPyTorch's floor."""
+
+    variance_scale: Tensor | None = None
+
+    @property
+    def variance(self) -> Tensor:
+        r"""``batch x q x m`` marginal variances (user units), floored in standardised units."""
+        if self.variance_scale is None:
+            return super().variance
+        tiny = {t: torch.finfo(t).tiny for t in (torch.float16, torch.float32, torch.float64)}
+        with gpytorch_settings.min_variance(
+            float_value=tiny[torch.float32],
+            double_value=tiny[torch.float64],
+            half_value=tiny[torch.float16],
+        ):
+            variance = super().variance  # GPyTorch's floor lowered to the smallest normal
+        return _floored_in_standardized_units(variance, self.variance_scale)
+
+
+def _floored_in_standardized_units(variance: Tensor, scale: Tensor) -> Tensor:
+    r"""``variance`` (user units, ``... x q`` or ``... x q x m``) raised to GPyTorch's
+    ``min_variance`` times ``scale`` (``outcome_std**2``: scalar, or ``(m,)`` per output), with
+    GPyTorch's warning where any value was below."""
+    floor = gpytorch_settings.min_variance.value(variance.dtype) * scale.to(variance)
+    if bool((variance < floor).any()):
+        warnings.warn(
+            "Negative variance values detected. This is likely due to numerical instabilities. "
+            f"Rounding negative variances up to {floor.min().item():.3g} (GPyTorch's "
+            "min_variance in the model's standardised units).",
+            NumericalWarning,
+            stacklevel=3,
+        )
+        variance = torch.maximum(variance, floor)
+    return variance
 
 
 def _dense_or_lazy(mvn: MultivariateNormal) -> Tensor | LinearOperator:

@@ -281,3 +281,27 @@ def test_posterior_variance_on_a_small_outcome_scale_is_not_floored_in_user_unit
         var = k(Xt).to_dense().diagonal() - (Ks * torch.linalg.solve(K, Ks.T).T).sum(-1)
         expect = var * small.outcome_std.double().reshape(()) ** 2
         torch.testing.assert_close(v_small, expect, rtol=10 * rtol, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_multi_output_posterior_variance_is_floored_per_output_in_standardised_units(dtype):
+    """A two-output t-SVGP whose first output has sd about 1e-6 and second about 1e3: every
+    output's variances scale with its own targets' variance (the first was GPyTorch's 1e-10 /
+    1e-6 at every point, also when asked for with ``output_indices=[0]``)."""
+    X, Y = _data(1, 20, m=2)
+    scales = torch.tensor([1e-6, 1e3], dtype=torch.float64)
+    Xt = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    big = TSVGP(X.to(dtype), Y.to(dtype))
+    small = TSVGP(X.to(dtype), (Y * scales).to(dtype))
+    rtol = 1e-8 if dtype == torch.float64 else 1e-4
+    with torch.no_grad():
+        v_big = big.posterior(Xt.to(dtype)).variance.double()  # 5 x 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)
+            post = small.posterior(Xt.to(dtype))
+            v_small = post.variance.double()
+            diag = post.covariance_matrix.diagonal().double().reshape(5, 2)  # interleaved
+            v_first = small.posterior(Xt.to(dtype), output_indices=[0]).variance.double()
+    torch.testing.assert_close(v_small / scales**2, v_big, rtol=rtol, atol=0)
+    torch.testing.assert_close(v_small, diag, rtol=rtol, atol=0)
+    torch.testing.assert_close(v_first.squeeze(-1), v_small[:, 0], rtol=rtol, atol=0)
