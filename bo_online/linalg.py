@@ -191,9 +191,18 @@ def psd_cholesky(A: Tensor, max_tries: int = 4, jitter: float | None = None) -> 
     Raises:
         NotPositiveDefiniteError: if no jitter up to the last try makes ``A`` factorisable.
     """
+    return psd_cholesky_and_jitter(A, max_tries, jitter)[0]
+
+
+def psd_cholesky_and_jitter(
+    A: Tensor, max_tries: int = 4, jitter: float | None = None
+) -> tuple[Tensor, Tensor]:
+    r""":func:`psd_cholesky` and the jitter it added to the diagonal: ``(L, shift)``, ``shift``
+    of shape ``... x 1`` (zeros where the plain factorisation succeeded), for callers that judge
+    whether the jitter changed their model (a shift comparable with a noise term does)."""
     L, info = torch.linalg.cholesky_ex(A)
     if not bool(info.any()):
-        return L
+        return L, A.new_zeros(A.shape[:-2] + (1,))
     base = jitter if jitter is not None else (1e-10 if A.dtype == torch.float64 else 1e-6)
     scale = torch.diagonal(A, dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(1e-300)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
@@ -201,7 +210,7 @@ def psd_cholesky(A: Tensor, max_tries: int = 4, jitter: float | None = None) -> 
         shift = (base * 10**k) * scale
         L, info = torch.linalg.cholesky_ex(A + shift.unsqueeze(-1) * eye)
         if not bool(info.any()):
-            return L
+            return L, shift
     raise NotPositiveDefiniteError(
         f"Matrix of shape {tuple(A.shape)} is not positive definite even with relative jitter "
         f"{base * 10 ** (max_tries - 1):.1e}; check the kernel hyperparameters and the noise level."
