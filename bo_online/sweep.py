@@ -250,11 +250,15 @@ def _check_options(campaign: Campaign) -> None:
 
 
 def _done_steps(run_dir: Path) -> int | None:
-    """Steps finished by the run in ``run_dir`` (None: no run there)."""
-    from bo_online.loops.history import CHECKPOINT_FILE, read_records
+    """Steps finished by the run in ``run_dir`` (None: no run there; -1: a checkpoint without
+    its records file, deleted or not copied, which the campaign's resume rewrites from the
+    checkpoint, as ``bo-online resume`` does)."""
+    from bo_online.loops.history import CHECKPOINT_FILE, RECORDS_FILE, read_records
 
     if not (run_dir / CHECKPOINT_FILE).is_file():
         return None
+    if not (run_dir / RECORDS_FILE).exists():
+        return -1
     records = read_records(run_dir)
     return max((r["step"] for r in records), default=0)
 

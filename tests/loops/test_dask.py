@@ -568,6 +568,29 @@ def test_sweep_reads_a_longer_run_at_the_spec_steps(client, tmp_path):
     assert plot_sweep([summary], out)[0].is_file()
 
 
+def test_a_campaign_whose_records_file_is_gone_is_resumed_from_its_checkpoint(tmp_path):
+    """A campaign directory holding its checkpoint but no records.jsonl (deleted, or not copied
+    with the run) stopped the whole sweep with "No records at ..." and no word of what to do,
+    though `bo-online resume` rewrites the records from the checkpoint. The sweep now resumes
+    that campaign, which rewrites them: the same records as before, status "resumed"."""
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    first = run_campaign(c, out / c.name)  # in-process
+    records = history.read_records(out / c.name)
+    (out / c.name / history.RECORDS_FILE).unlink()
+    cluster = distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    with cluster, distributed.Client(cluster) as client:
+        (summary,) = run_sweep(spec, out, client)
+        assert (summary["status"], summary["regret"]) == ("resumed", first["regret"])
+        assert history.read_records(out / c.name) == records
+        assert run_sweep(spec, out, client)[0]["status"] == "skipped"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
