@@ -424,6 +424,29 @@ def test_a_method_failing_on_some_seeds_fails_its_targets(tmp_path):
     }
 
 
+def test_the_1_5x_target_compares_means_over_the_seeds_both_methods_have(tmp_path, capsys):
+    """With a seed missing for one method (no result file), 'within 1.5x of botorch's mean'
+    compared wiski's mean over seeds 0-2 with botorch's over 0-3: botorch's bad seed 3
+    (regret 10) raised its mean to 3.25 and wiski's 2.0 passed, though on the seeds both ran
+    wiski's mean is twice botorch's (2.0 against 1.0)."""
+    bench = _bench()
+    for s in range(4):
+        _write_result(bench, tmp_path, "branin", "botorch", s, 10.0 if s == 3 else 1.0)
+        if s < 3:
+            _write_result(bench, tmp_path, "branin", "wiski", s, 2.0)
+    argv = ["--functions", "branin", "--methods", "botorch,wiski", "--seeds", "4"]
+    summary = bench.main([*argv, "--out", str(tmp_path), "--merge", "--no-plot"])
+    assert "missing, no result file: branin wiski seed 3" in capsys.readouterr().out
+    checks = {c["target"]: (c["pass"], c["detail"]) for c in summary["checks"]}
+    assert checks == {
+        "wiski within 1.5x of botorch's mean on >= 1 of 1 functions": (False, "within on 0: -")
+    }
+    # with seed 3 there, the means over all four seeds are compared: 2.0 against 3.25
+    _write_result(bench, tmp_path, "branin", "wiski", 3, 2.0)
+    summary = bench.main([*argv, "--out", str(tmp_path), "--merge", "--no-plot"])
+    assert [c["pass"] for c in summary["checks"]] == [True]
+
+
 def test_merge_reads_a_longer_run_at_the_steps_merged(tmp_path):
     """A rerun with fewer steps keeps the longer runs already there (run_job skips them): the
     merge read their final regret after more steps than the others' and the plot of curves of
