@@ -43,6 +43,11 @@ def sweep(
         f"--out {str(out)!r} is a file; --out names the directory that holds one run "
         "directory per campaign.",
     )
+    from bo_online.loops.history import probe_writable
+
+    # the campaigns write under --out, and this process its plots: an unwritable --out (read
+    # only, under a file) is refused here, not by every campaign once a cluster has started
+    probe_writable(out)
     running._ACTIVE_SWEEP[:] = [True]  # the message on Ctrl-C / SIGTERM
     with running._dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
         summaries = run_sweep(spec, out, client)

@@ -923,6 +923,26 @@ def test_sweep_out_naming_a_file_is_refused_before_a_cluster_starts(tmp_path, ca
     assert err.count("\n") == 1 and out.read_text() == "mine"
 
 
+def test_an_unwritable_sweep_out_is_refused_before_a_cluster_starts(tmp_path, capsys):
+    """`bo-online sweep SPEC --out FILE/sweep` (or a read-only --out) started its cluster, then
+    stopped at its first campaign ("Cannot write to the run directory ...", 27 s later on a
+    one-worker cluster); it is now refused before a cluster starts."""
+    import bo_online.cli as cli
+
+    (tmp_path / "results.txt").write_text("mine")
+    out = tmp_path / "results.txt" / "sweep"
+    started = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(out)])
+    assert e.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"bo-online: error: Cannot write to the run directory {str(out)!r}")
+    assert "choose another --out" in err and err.count("\n") == 1
+    assert (tmp_path / "results.txt").read_text() == "mine"
+
+
 def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_starts(
     tmp_path, capsys
 ):
