@@ -493,6 +493,7 @@ def _campaign_error(campaign: Campaign, out: Path, error: BaseException) -> Camp
     run_dir = str(out / campaign.name)
     message = f"Campaign {campaign.name} (in {run_dir!r}) failed: {describe(error)}"
     if "run the sweep again" not in message:
+        message = message.removesuffix(".")  # a message ending in a full stop: not ".;"
         message += (
             "; the sweep stopped. Fix the cause, then run the sweep again (finished campaigns "
             "are skipped, interrupted ones resumed from their checkpoints)."

@@ -1103,6 +1103,21 @@ def test_a_campaign_that_raises_stops_the_sweep_with_one_line_naming_it(
     assert "run the sweep again" in err
 
 
+def test_a_campaign_error_ending_in_a_full_stop_reads_as_one_sentence(tmp_path):
+    """A campaign's error that ends in a full stop (every RunFileError does) was followed by
+    "; the sweep stopped", printing "... free space.; the sweep stopped."."""
+    from bo_online.errors import CampaignError
+    from bo_online.sweep import _campaign_error, campaigns, load_spec
+
+    c = campaigns(load_spec(_spec(tmp_path / "spec.toml", [0])))[0]
+    error = history.RunFileError("Cannot write to the run directory 'x' (Read-only file system).")
+    message = str(_campaign_error(c, tmp_path, error))
+    assert isinstance(_campaign_error(c, tmp_path, error), CampaignError)
+    assert ".;" not in message
+    assert message.startswith(f"Campaign {c.name} (in {str(tmp_path / c.name)!r}) failed: ")
+    assert "(Read-only file system); the sweep stopped. Fix the cause" in message
+
+
 def test_an_initial_design_point_that_kills_its_workers_is_the_objectives_failure(tmp_path):
     """The initial design runs on the cluster too: an objective that crashed its worker there
     ended the run with Dask's KilledWorker traceback (a task key, no objective named), where a
