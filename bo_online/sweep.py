@@ -441,7 +441,11 @@ def run_sweep(
     spec_path: str | os.PathLike, out: str | os.PathLike, client: Any
 ) -> list[dict[str, Any]]:
     r"""Run every unfinished campaign of the spec as a task on ``client``'s cluster; finished
-    ones are skipped. Returns one summary per campaign (``status``: ran, resumed, skipped)."""
+    ones are skipped. Returns one summary per campaign (``status``: ran, resumed, skipped).
+
+    The first campaign that raises stops the sweep (:class:`CampaignError`): the campaigns not
+    started are cancelled, but those running go on to their end on the cluster (Dask cannot
+    stop a running task) unless the cluster is closed."""
     from distributed import as_completed
 
     from bo_online.loops.history import read_records
