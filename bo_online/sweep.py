@@ -450,7 +450,9 @@ def run_sweep(
 
     from bo_online.loops.history import read_records
 
-    out = Path(out)
+    # absolute: each campaign's task is given its directory, which a worker started in another
+    # folder (``dask worker`` on a shared file system) would read against its own
+    out = Path(out).absolute()
     todo = campaigns(load_spec(spec_path))
     summaries: list[dict[str, Any]] = []
     futures = {}

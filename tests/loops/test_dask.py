@@ -397,6 +397,32 @@ def test_sweep_skips_finished_and_extends(client, tmp_path):
     assert history.without_timing(swept) == history.without_timing(direct)
 
 
+def test_a_relative_sweep_out_is_the_drivers_folder_on_workers_started_elsewhere(
+    client, tmp_path, monkeypatch
+):
+    """A relative --out was sent to the campaigns' tasks as given, so a worker whose working
+    directory is not the driver's (`dask worker` started elsewhere on a shared file system)
+    wrote the campaign under its own folder, where the driver's skip, resume and plots never
+    looked. Workers in another folder now write under the driver's --out."""
+    spec = _spec(tmp_path / "spec.toml", [0])
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 0").replace("'ts'", ""))
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "workers").mkdir()
+    before = client.run(os.getcwd)
+    client.run(os.chdir, str(tmp_path / "workers"))
+    try:
+        monkeypatch.chdir(tmp_path / "driver")
+        (summary,) = run_sweep(spec, "sweep", client)
+    finally:
+        for address, folder in before.items():
+            client.run(os.chdir, folder, workers=[address])
+    assert summary["status"] == "ran"
+    assert (tmp_path / "driver" / "sweep" / summary["campaign"] / "checkpoint.pt").is_file()
+    assert not (tmp_path / "workers" / "sweep").exists()
+    (again,) = run_sweep(spec, "sweep", client)
+    assert again["status"] == "skipped"
+
+
 def test_sweep_refuses_campaigns_that_ran_with_other_options(tmp_path):
     """A campaign directory keeps the settings its run started with; a spec whose [options]
     changed (q = 1 -> 2) was skipped or resumed with the old ones, reported as the new."""
