@@ -627,6 +627,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if args.dask:
             from bo_online.sweep import dask_client, map_on_cluster
 
+            # each task is given the results folder, which a worker started in another folder
+            # (dask worker on a shared file system) would read against its own: absolute
+            jobs = [(args.out.absolute(), *job[1:]) for job in jobs]
+
             with dask_client(args.dask) as client:
                 if __name__ != "__main__":  # imported (tests): make this module importable there
                     client.upload_file(__file__)

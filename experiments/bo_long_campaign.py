@@ -451,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bo_long_campaign"))
     args = ap.parse_args(argv)
+    # absolute: with --dask each task is given it, which a worker started in another folder
+    # (dask worker on a shared file system) would read against its own
+    args.out = str(Path(args.out).absolute())
     for name in ("seeds", "steps", "num_restarts", "raw_samples", "maxiter"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")

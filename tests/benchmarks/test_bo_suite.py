@@ -387,6 +387,26 @@ def test_suite_jobs_on_a_dask_cluster_equal_the_in_process_run(tmp_path):
             assert a["regret"] == pytest.approx(b["regret"], rel=1e-9, abs=1e-12)
 
 
+def test_suite_tasks_on_a_dask_cluster_get_an_absolute_out(tmp_path, monkeypatch):
+    """`--dask` with a relative --out (the default, benchmarks/results/bo_suite) sent it to the
+    tasks as given: a worker started in another folder (dask worker on a shared file system)
+    wrote every result under its own folder, and the merge in the driver found none."""
+    import contextlib
+
+    import bo_online.sweep as sweep
+
+    bench = _bench()
+    sent = []
+    client = type("Client", (), {"upload_file": lambda self, path: None})()
+    monkeypatch.setattr(sweep, "dask_client", lambda address: contextlib.nullcontext(client))
+    monkeypatch.setattr(sweep, "map_on_cluster", lambda c, f, jobs, on_result: sent.extend(jobs))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()  # the merge that follows writes its summary there
+    argv = ["--functions", "branin", "--methods", "sobol", "--seeds", "2", "--steps", "1"]
+    bench.main([*argv, "--out", "results", "--dask", "local:2", "--no-plot"])
+    assert [job[0] for job in sent] == [tmp_path / "results"] * 2
+
+
 def _write_result(bench, folder, function, method, seed, final=None, error=None, **extra):
     path = bench.result_path(folder, function, 1, method, seed)
     path.parent.mkdir(parents=True, exist_ok=True)

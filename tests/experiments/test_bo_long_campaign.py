@@ -121,6 +121,24 @@ def test_campaign_runs_as_tasks_on_a_dask_cluster(campaign, tmp_path):
             )
 
 
+def test_campaign_tasks_on_a_dask_cluster_get_an_absolute_out(campaign, tmp_path, monkeypatch):
+    """`--dask` with a relative --out sent it to the tasks as given: a worker started in another
+    folder (dask worker on a shared file system) wrote every run under its own folder, where
+    the merge in the driver never looked."""
+    import contextlib
+
+    import bo_online.sweep as sweep
+
+    sent = []
+    client = type("Client", (), {"upload_file": lambda self, path: None})()
+    monkeypatch.setattr(sweep, "dask_client", lambda address: contextlib.nullcontext(client))
+    monkeypatch.setattr(sweep, "map_on_cluster", lambda c, f, jobs, on_result: sent.extend(jobs))
+    monkeypatch.chdir(tmp_path)
+    # one shard of two: it returns without merging
+    campaign.main([*TOY, "--out", "runs", "--dask", "local:2", "--shard", "0/2"])
+    assert sent and all(Path(job[0].out) == tmp_path / "runs" for job in sent)
+
+
 def test_summary_regret_is_against_the_functions_optimum(campaign, tmp_path):
     """StyblinskiTang's optimum is -39.166... per input: the Sobol curve's regret is its best
     value minus that optimum (the runs' own regrets come from the loop's records), and the plot
