@@ -611,6 +611,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     torch.set_num_threads(args.threads)
     more = [Path(d) for d in args.merge_from.split(",") if d]
+    absent = [str(d) for d in ([args.out] if args.merge else []) + more if not d.is_dir()]
+    if absent:  # a misspelt folder: every result missing, then a traceback writing the summary
+        raise SystemExit(
+            f"bench_bo_suite: error: no results folder {', '.join(map(repr, absent))}; give "
+            "the --out (and --merge-from) of the runs to merge."
+        )
     steps = args.steps
     if steps is None and args.merge:
         steps = _most_common_length([args.out, *more], functions, methods, seeds, args.q)

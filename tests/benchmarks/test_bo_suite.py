@@ -467,6 +467,26 @@ def test_the_1_5x_target_compares_means_over_the_seeds_both_methods_have(tmp_pat
     assert [c["pass"] for c in summary["checks"]] == [True]
 
 
+def test_merge_of_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
+    """`--merge --out TYPO` printed a table of nothing, every result "missing", then a
+    FileNotFoundError traceback writing TYPO/summary_q1.json; a --merge-from folder that does
+    not exist was passed over without a word."""
+    bench = _bench()
+    _write_result(bench, tmp_path / "runs", "branin", "sobol", 0, 1.0)
+    argv = ["--functions", "branin", "--methods", "sobol", "--seeds", "1", "--merge"]
+    for where in (["--out", str(tmp_path / "typo")], ["--merge-from", str(tmp_path / "typo")]):
+        with pytest.raises(SystemExit) as e:
+            bench.main([*argv, "--out", str(tmp_path / "runs"), *where, "--no-plot"])
+        assert str(e.value) == (
+            f"bench_bo_suite: error: no results folder {str(tmp_path / 'typo')!r}; give the "
+            "--out (and --merge-from) of the runs to merge."
+        )
+    assert not (tmp_path / "typo").exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["q1"]
+    summary = bench.main([*argv, "--out", str(tmp_path / "runs"), "--no-plot"])
+    assert summary["table"]["branin"]["sobol"]["finals"] == {0: 1.0}
+
+
 def test_merge_reads_a_longer_run_at_the_steps_merged(tmp_path):
     """A rerun with fewer steps keeps the longer runs already there (run_job skips them): the
     merge read their final regret after more steps than the others' and the plot of curves of
