@@ -387,10 +387,10 @@ def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:
                 acq=campaign.acq,
                 seed=campaign.seed,
                 out_dir=run_dir,
-                overwrite=True,
                 quiet=True,
                 **campaign.options,
-            )
+            )  # not overwrite: records past step 0 without a checkpoint (it was removed) are
+            # results, refused; a campaign killed before its first checkpoint starts again
         except RunDirectoryError as e:  # a sweep names its campaigns' directories itself
             raise _sweep_advice(e, run_dir) from e
         status = "ran"
@@ -402,6 +402,11 @@ def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:
 _RESUME_ADVICE = "start the run again with --overwrite"
 #: the advice for a run directory that holds other files, for a directory the sweep chose
 _NEW_DIRECTORY_ADVICE = "Give a new or empty directory for the run."
+#: the advice for records whose checkpoint was removed, an option of ``bo-online bo`` too
+_RECORDS_ADVICE = (
+    "start the new run in another directory, or replace those records with --overwrite "
+    "(overwrite=True in Python)"
+)
 
 
 def _sweep_advice(error: Exception, run_dir: Path) -> Exception:
@@ -415,6 +420,13 @@ def _sweep_advice(error: Exception, run_dir: Path) -> Exception:
             "directories) and run the sweep again."
         )
         return type(error)(message.replace(_NEW_DIRECTORY_ADVICE, advice))
+    if _RECORDS_ADVICE in message:  # records kept, their checkpoint gone
+        advice = (
+            "its files are left as they are: restore its checkpoint (to resume it), or move its "
+            f"records elsewhere or delete {str(run_dir)!r} (to start it afresh), then run the "
+            "sweep again"
+        )
+        return type(error)(message.replace(_RECORDS_ADVICE, advice))
     if _RESUME_ADVICE not in message:
         return error
     advice = f"delete {str(run_dir)!r} and run the sweep again to start this campaign afresh"

@@ -474,6 +474,39 @@ def test_a_damaged_campaign_says_how_to_run_it_again_with_the_sweep(tmp_path):
     assert run_campaign(dataclasses.replace(c, steps=1), run_dir)["status"] == "ran"
 
 
+def test_a_campaign_whose_checkpoint_was_removed_keeps_its_records(tmp_path):
+    """A campaign directory whose checkpoint.pt was removed (to save space, say) but whose
+    records go past step 0 was run again from scratch by the next sweep (it built the loop with
+    overwrite=True), replacing those records without a word; `bo-online bo` refuses such a
+    directory without --overwrite. The sweep now refuses it too, leaves its files as they are
+    and says what to do; a campaign killed before its first checkpoint still starts again."""
+    import dataclasses
+
+    from bo_online.loops import RunDirectoryError
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec, out = _spec(tmp_path / "spec.toml", [0]), tmp_path / "sweep"
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1").replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    run_dir = out / c.name
+    run_campaign(c, run_dir)  # in-process
+    (run_dir / history.CHECKPOINT_FILE).unlink()
+    files = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(RunDirectoryError) as e:
+        run_campaign(dataclasses.replace(c, steps=2), run_dir)
+    message = str(e.value)
+    assert "--overwrite" not in message
+    assert "holds the records of a run up to step 1 but no checkpoint" in message
+    assert "its files are left as they are: restore its checkpoint" in message
+    assert f"delete {str(run_dir)!r} (to start it afresh), then run the sweep again" in message
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == files
+    # records up to step 0 only: a campaign killed before its first checkpoint, started again
+    records = history.read_records(run_dir)
+    history.rewrite_records(run_dir / history.RECORDS_FILE, records[:1])
+    assert run_campaign(c, run_dir)["status"] == "ran"
+    assert history.without_timing(history.read_records(run_dir)) == history.without_timing(records)
+
+
 def test_a_campaign_directory_holding_other_files_says_to_move_them(tmp_path):
     """A campaign's directory (named by the sweep) that holds files of no run was refused with
     "Give a new or empty directory for the run", which a sweep user cannot do. It now says to
