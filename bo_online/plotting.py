@@ -61,16 +61,22 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
 def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
     r"""Save ``fig`` to ``out`` whole or not at all: a run killed while plotting leaves the
     previous plot, not a truncated image (drawn beside it, then moved over it)."""
+    from bo_online.loops.history import _new_temp_file
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
+    # a name of its own (``.NAME.<random>``): two processes drawing the same plot at once (two
+    # sweeps, or `bo-online plot`s, on one folder) each replace it whole; with one ``NAME.part``
+    # for both, one moved the other's away and failed (FileNotFoundError, in half the saves)
+    fd, part = _new_temp_file(out)
+    os.close(fd)
     try:
         fig.tight_layout()
         fig.savefig(part, dpi=110, format=out.suffix.lstrip(".") or "png")
         os.replace(part, out)
     finally:
         plt.close(fig)
-        part.unlink(missing_ok=True)
+        Path(part).unlink(missing_ok=True)
     return out
 
 

@@ -106,6 +106,33 @@ def test_plot_runs_from_directories(tmp_path):
         plotting.load_runs([tmp_path / "missing"])
 
 
+def _save_many(path: str, n: int) -> list[str]:
+    """Draw and save a plot at ``path`` ``n`` times; the errors raised (a worker process)."""
+    errors = []
+    for _ in range(n):
+        fig, ax = matplotlib.pyplot.subplots()
+        ax.plot(range(10))
+        try:
+            plotting._save(fig, path)
+        except Exception as e:  # noqa: BLE001 - counted, the test says which
+            errors.append(repr(e))
+    return errors
+
+
+def test_two_processes_saving_the_same_plot_at_once_both_succeed(tmp_path):
+    """Both processes of two sweeps (or `bo-online plot`s) on one folder drew through the same
+    temp file NAME.part: one moved the other's away, which then failed with FileNotFoundError
+    (30 of 60 saves of two processes saving one plot 30 times each)."""
+    import multiprocessing
+
+    out = tmp_path / "plots" / "branin.png"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        errors = pool.starmap(_save_many, [(str(out), 8), (str(out), 8)])
+    assert errors == [[], []]
+    assert out.read_bytes()[:8] == PNG
+    assert [p.name for p in out.parent.iterdir()] == ["branin.png"]
+
+
 def test_a_plot_interrupted_while_saving_leaves_the_previous_one(tmp_path, monkeypatch):
     """The plots were written in place: a run killed while saving one left a truncated image
     (until a later resume drew it again)."""
