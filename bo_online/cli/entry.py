@@ -93,10 +93,13 @@ def _main(argv: list[str] | None) -> None:
         _fail(str(e))
     except OSError as e:  # e.g. a full disk outside the run directory's own writes
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        _fail(
-            f"{e.strerror or e}{where}; free space or fix permissions, then try again "
-            "(an interrupted run continues with `bo-online resume OUT_DIR`)."
+        # a sweep goes on with the same command (a sweep's folder is no run to resume)
+        then = (
+            _resume_hint()
+            if running._ACTIVE_SWEEP
+            else "an interrupted run continues with `bo-online resume OUT_DIR`"
         )
+        _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again ({then}).")
     except SystemExit as e:
         if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
             _fail(f"terminated; {_resume_hint()}", 143)

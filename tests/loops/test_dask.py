@@ -1002,6 +1002,35 @@ def test_an_unwritable_sweep_out_is_refused_before_a_cluster_starts(tmp_path, ca
     assert (tmp_path / "results.txt").read_text() == "mine"
 
 
+def test_a_sweep_that_cannot_write_its_plots_says_to_run_the_sweep_again(
+    tmp_path, capsys, monkeypatch
+):
+    """A sweep whose plots could not be written (a full disk) ended with the advice of a run,
+    "an interrupted run continues with `bo-online resume OUT_DIR`": the sweep's folder is no
+    run, and `bo-online resume` refuses it. It now says to run the same sweep command again."""
+    import contextlib
+    import errno
+
+    import bo_online.cli as cli
+    import bo_online.sweep as sweep
+
+    out = tmp_path / "sweep"
+
+    def full(summaries, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "plots"))
+
+    monkeypatch.setattr(cli.running, "_dask_client", lambda a: contextlib.nullcontext(None))
+    monkeypatch.setattr(sweep, "run_sweep", lambda spec, folder, client: [])
+    monkeypatch.setattr(sweep, "plot_sweep", full)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bo-online resume" not in err, err
+    assert err.startswith(f"bo-online: error: No space left on device ({out / 'plots'}); ")
+    assert "then try again (run the same `bo-online sweep` command again" in err
+
+
 def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_starts(
     tmp_path, capsys
 ):
