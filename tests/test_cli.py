@@ -283,6 +283,28 @@ def test_model_option_help_names_the_allow_list():
             assert re.search(rf"gpytorch [a-z ,]*\b{family}\b", option.help), (module, option.help)
 
 
+def test_plot_of_a_run_whose_records_file_is_gone_says_to_resume_it(tmp_path, capsys):
+    """`bo-online plot` of a run directory whose records.jsonl was deleted (its checkpoint is
+    there) said "No records at ... (expected a run directory)": it is one, and `bo-online
+    resume` rewrites the records from the checkpoint. It now says so, with the command."""
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--model", "exact", "--acq", "ts", "--steps", "1"]
+    code, _, err = _run([*argv, "--out", str(out), "--quiet", "--no-plots", *SMALL], capsys)
+    assert code == 0, err
+    records = (out / "records.jsonl").read_text()
+    (out / "records.jsonl").unlink()
+    code, _, err = _run(["plot", str(out), "--out", str(tmp_path / "plots")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "though the run's checkpoint is there" in err
+    assert err.rstrip().endswith(f"`bo-online resume {out}` rewrites it from the checkpoint.")
+    assert not (tmp_path / "plots").exists()
+    code, _, err = _run(["resume", str(out), "--quiet", "--no-plots"], capsys)
+    assert code == 0, err
+    assert (out / "records.jsonl").read_text() == records
+    code, stdout, err = _run(["plot", str(out), "--out", str(tmp_path / "plots")], capsys)
+    assert code == 0 and "progress.png" in stdout, err
+
+
 def test_bo_resume_and_plot_end_to_end(tmp_path, capsys):
     out = tmp_path / "branin"
     code, stdout, err = _run(

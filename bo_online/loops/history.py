@@ -228,6 +228,12 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / RECORDS_FILE
     if not path.is_file():
+        if path.name == RECORDS_FILE and (path.parent / CHECKPOINT_FILE).is_file():
+            raise FileNotFoundError(
+                f"No records at {str(path)!r}, though the run's checkpoint is there (the file "
+                f"was deleted or not copied): `{_resume_command_of(path.parent)}` rewrites it "
+                "from the checkpoint."
+            )
         raise FileNotFoundError(f"No records at {str(path)!r} (expected a run directory).")
     records = []
     try:
