@@ -10,7 +10,7 @@ __all__ = ["WARM_REFIT_MAX_ITER", "refits_from_defaults", "growth_refit_due"]
 
 #: Iteration cap of a warm-started refit (the loops' ``fit_max_iter``, Ax's refits of a model it
 #: has fitted before); a fit from the defaults gets four times as many. Warm starts begin near
-#: an optimum, and over-parameterised surrogates (WISKI's 46 hyperparameters at 6 inputs) can
+#: an optimum, and over-parameterised surrogates (WISKI's 47 hyperparameters at 6 inputs) can
 #: otherwise spend the whole default budget of 200 wandering along flat directions: measured in
 #: Ax on Hartmann6 at 15 trials, 200 iterations, 16 s per warm refit.
 WARM_REFIT_MAX_ITER = 50

@@ -760,7 +760,7 @@ def test_a_warm_refit_in_ax_has_the_loops_iteration_budget(monkeypatch):
     r"""Ax's refit of a model it fitted before is warm-started, as in the BO loops, and gets the
     loops' budget for one (``WARM_REFIT_MAX_ITER`` = 50 L-BFGS iterations); a first fit keeps
     the model's default (200), and a budget in ``fit_options`` wins. With 200 for every refit,
-    WISKI at 6 inputs spent 16 s per trial in refits at 15 trials (its 46 hyperparameters
+    WISKI at 6 inputs spent 16 s per trial in refits at 15 trials (its 47 hyperparameters
     rarely converge)."""
     from bo_online.loops.refit_rules import WARM_REFIT_MAX_ITER
 
