@@ -265,6 +265,17 @@ def test_help_reflows_command_docstrings_and_keeps_placeholders(capsys, monkeypa
     assert "runs/PROBLEM-MODEL" in " ".join(out.split())
 
 
+def test_plot_help_names_every_plot_it_writes():
+    r"""``bo-online plot``'s description names each figure :func:`bo_online.plotting.plot_runs`
+    writes: a classification stream's ``accuracy.png`` (test accuracy vs step) was missing, so
+    ``plot --help`` read as if such a run had no plot of its test metric."""
+    from typer.main import get_command
+
+    text = " ".join(get_command(app).commands["plot"].help.split())
+    for figure in ("regret", "time per step", "test RMSE", "test accuracy"):
+        assert figure in text, (figure, text)
+
+
 def test_model_option_help_names_the_allow_list():
     r"""``--model-option``'s help names every family of classes a value may build (the allow-list
     of :mod:`bo_online.loops.options`), likelihoods included."""

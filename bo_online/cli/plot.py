@@ -19,7 +19,8 @@ def plot(
         typer.Option(help="Directory for the PNGs (default: plots/ in the first run directory)."),
     ] = None,
 ) -> None:
-    """Plot best value/regret vs step and wall time, time per step vs n, and test RMSE vs step."""
+    """Plot best value/regret vs step and wall time, time per step vs n, test RMSE vs step
+    (active learning, regression streams) and test accuracy vs step (classification streams)."""
     from bo_online.plotting import plot_runs
 
     for d in run_dirs:
