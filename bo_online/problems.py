@@ -719,8 +719,11 @@ def uci_problem(
         name: UCI set (see :data:`bo_online.datasets.UCI_DATASETS`).
         split: which fixed 90/10 split (0..9).
         shuffle: randomise the arrival order (seeded).
+        seed: seed of that order.
         max_stream: optionally truncate the stream (small tests).
         max_test: optionally truncate the test set (small tests).
+        data_dir: data directory (default: ``$BO_ONLINE_DATA_DIR``, else ``../shared/data``
+            next to the project root; :func:`bo_online.datasets.resolve_data_dir`).
     """
     data = datasets.load_uci(name, split=split, data_dir=data_dir)
     X_stream, y_stream, X_test, y_test = stream_arrays(
@@ -757,8 +760,11 @@ def banana_problem(
 
     Args:
         shuffle: randomise the arrival order (seeded).
+        seed: seed of that order.
         max_stream: optionally truncate the stream (small tests).
         max_test: optionally truncate the test set (small tests).
+        data_dir: data directory (default: ``$BO_ONLINE_DATA_DIR``, else ``../shared/data``
+            next to the project root; :func:`bo_online.datasets.resolve_data_dir`).
     """
     data = datasets.load_banana(data_dir=data_dir)
     (X_tr, y_tr), (X_te, y_te) = data.train, data.test

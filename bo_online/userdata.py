@@ -791,7 +791,8 @@ def stream_from_file(
 
     Args:
         path: ``.csv`` / ``.csv.gz`` / ``.npz`` file.
-        target: target column (name or index; default: the last column).
+        target: target column (name or index; default: the last column that is not the
+            ``test_mask`` column).
         inputs: input columns (names or indices; default: every other column but the mask).
         test_fraction: fraction of rows held out at random (seeded; default 0.1, a 90/10 split).
         test_mask: instead, a column of the file, or a file (a path, as a string or
@@ -799,6 +800,7 @@ def stream_from_file(
         task: ``"regression"`` or ``"classification"`` (two distinct target values, numbers or
             text labels, mapped to {0, 1} in sorted order: ``no`` / ``yes`` to 0 / 1).
         shuffle: stream the training rows in a seeded random order (else in file order).
+        seed: seed of the random test rows (``test_fraction``) and of the stream's order.
         max_stream: keep only the first this many stream rows.
         max_test: keep only the first this many test rows.
         expected_sha256: refuse the file unless its hash is this (used on resume).
