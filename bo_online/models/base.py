@@ -85,6 +85,11 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         bounds: optional ``2 x d`` box the (transformed) inputs must lie in.
         input_transform: optional BoTorch ``InputTransform`` applied to every X. It must be
             fixed: one with trainable parameters (``Warp``) raises ``ValueError``.
+        dtype: floating-point dtype of the model's buffers (a subclass passes its
+            ``train_X.dtype``); default ``torch.float64``.
+        device: device of the model's buffers (a subclass passes its ``train_X.device``).
+        outcome_transform: ``None`` or ``Standardize(m=1)`` (the same: outcomes are
+            standardised internally); any other outcome transform is refused.
     """
 
     _num_outputs: int = 1
