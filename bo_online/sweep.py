@@ -45,6 +45,7 @@ __all__ = [
     "run_campaign",
     "run_sweep",
     "summarize",
+    "write_summary",
     "plot_sweep",
     "dask_client",
     "map_on_cluster",
@@ -590,8 +591,25 @@ def summarize(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _band(curves: list[tuple[Any, Any]], grid: Any) -> tuple[Any, Any]:
-    """Mean and 2 SE over seeds of step curves ``(x, y)`` read at ``grid`` (last value so far)."""
+#: The sweep's results file in ``--out``: every campaign's summary and the table over seeds.
+SUMMARY_FILE = "summary.json"
+
+
+def write_summary(summaries: list[dict[str, Any]], out: str | os.PathLike) -> Path:
+    r"""Write ``out/summary.json``: ``{"campaigns": [...], "over_seeds": [...]}``, the
+    per-campaign summaries of :func:`run_sweep` and the rows of :func:`summarize` (a regret or
+    standard error that does not exist, NaN in the rows, is ``null``). The printed tables hold
+    the same numbers; this file keeps them for a run with ``--quiet`` or for later reading."""
+    from bo_online.loops.history import write_json
+
+    path = Path(out) / SUMMARY_FILE
+    write_json(path, {"campaigns": summaries, "over_seeds": summarize(summaries)})
+    return path
+
+
+def _band(curves: list[tuple[Any, Any]], grid: Any) -> tuple[Any, Any, Any]:
+    """Mean, 2 SE and the lowest value over seeds of step curves ``(x, y)`` read at ``grid``
+    (last value so far)."""
     import numpy as np
 
     Y = []
@@ -602,7 +620,7 @@ def _band(curves: list[tuple[Any, Any]], grid: Any) -> tuple[Any, Any]:
     n = np.sum(~np.isnan(Y), axis=0)
     mean = np.nanmean(Y, axis=0)
     se = np.where(n > 1, np.nanstd(Y, axis=0, ddof=1) / np.sqrt(np.maximum(n, 1)), 0.0)
-    return mean, 2 * se
+    return mean, 2 * se, np.nanmin(Y, axis=0)
 
 
 def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[Path]:
@@ -613,7 +631,7 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
     import numpy as np
 
     from bo_online.loops.history import read_records
-    from bo_online.plotting import _save, plt
+    from bo_online.plotting import _plain_log_ticks, _save, plt
 
     out = Path(out)
     written = []
@@ -650,13 +668,19 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
                     grid = np.linspace(
                         min(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200
                     )
-                    mean, band = _band(curves, grid)
+                    mean, band, lowest = _band(curves, grid)
                     (line,) = ax.plot(grid, mean, label=label)
-                    low = np.maximum(mean - band, 1e-12) if by_regret else mean - band
+                    # On the log axis a band reaching zero or below (few seeds, spread
+                    # regrets) stretched the axis down to its 1e-12 clip and squashed the
+                    # curves: it stops at the lowest seed's regret instead.
+                    low = np.maximum(mean - band, lowest) if by_regret else mean - band
+                    if by_regret:
+                        low = np.maximum(low, 1e-12)
                     ax.fill_between(grid, low, mean + band, color=line.get_color(), alpha=0.2)
         for ax, xlabel in zip(axes, ("evaluations", "wall time (s)")):
             if by_regret:
                 ax.set_yscale("log")
+                _plain_log_ticks(ax)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{'simple regret' if by_regret else 'best value'} (mean, 2 SE)")
             ax.grid(alpha=0.3)

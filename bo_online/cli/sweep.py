@@ -34,7 +34,14 @@ def sweep(
     per CPU); finished campaigns are skipped, interrupted ones resumed (bo_online.sweep)."""
     import os
 
-    from bo_online.sweep import campaigns, load_spec, plot_sweep, run_sweep, summarize
+    from bo_online.sweep import (
+        campaigns,
+        load_spec,
+        plot_sweep,
+        run_sweep,
+        summarize,
+        write_summary,
+    )
 
     for c in campaigns(load_spec(spec)):  # bad specs fail before a cluster starts
         _check_campaign_memory(c)
@@ -51,6 +58,7 @@ def sweep(
     running._ACTIVE_SWEEP[:] = [True]  # the message on Ctrl-C / SIGTERM
     with running._dask_client(dask or f"local:{os.cpu_count() or 1}") as client:
         summaries = run_sweep(spec, out, client)
+    results = write_summary(summaries, out)
     written = plot_sweep(summaries, out) if plots else []
     if quiet:
         return
@@ -83,5 +91,6 @@ def sweep(
     console = Console()
     console.print(table)
     console.print(means)
+    typer.echo(f"summary: {results}")
     for path in written:
         typer.echo(f"plot: {path}")

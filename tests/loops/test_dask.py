@@ -1320,3 +1320,78 @@ def test_a_whole_number_float_max_in_flight_runs(client):
     assert loop.slots() == 2 and type(loop.slots()) is int
     assert type(loop.config["max_in_flight"]) is int
     assert len(_evaluations(loop.run(steps=3))) == 3
+
+
+def _hand_made_campaigns(out: Path, regrets: dict[int, list[float | None]], problem="branin"):
+    r"""Run directories of campaigns of one (problem, model, acq) with the given regret per step
+    (records written by hand: no cluster), and their summaries as ``run_sweep`` gives them."""
+    summaries = []
+    for seed, values in regrets.items():
+        name = f"{problem}-exact-qucb-s{seed}"
+        (out / name).mkdir(parents=True)
+        for step, value in enumerate(values):
+            record = {"step": step, "n": 5 + step, "regret": value, "wall_time": 0.5 * (step + 1)}
+            history.append_record(out / name / history.RECORDS_FILE, record)
+        summaries.append(
+            {
+                "campaign": name,
+                "problem": problem,
+                "model": "exact",
+                "acq": "qucb",
+                "seed": seed,
+                "steps": len(values) - 1,
+                "evaluations": 5 + len(values) - 1,
+                "regret": values[-1],
+                "wall_time": 0.5 * len(values),
+                "status": "ran",
+            }
+        )
+    return summaries
+
+
+def test_sweep_summary_file_holds_every_campaign_and_the_table_over_seeds(tmp_path):
+    """With --quiet a sweep's results were only in each campaign's records: no file held the
+    table. summary.json holds the campaigns and the mean +- SE over seeds (null where a problem
+    has no known optimum)."""
+    from bo_online.sweep import SUMMARY_FILE, write_summary
+
+    out = tmp_path / "sweep"
+    summaries = _hand_made_campaigns(out, {0: [2.0, 1.0], 1: [4.0, 3.0], 2: [5.0, 5.0]})
+    summaries += _hand_made_campaigns(out, {0: [None, None]}, problem="hartmann4d")
+    path = write_summary(summaries, out)
+    assert path == out / SUMMARY_FILE
+    saved = json.loads(path.read_text())  # strict JSON: no bare NaN
+    assert saved["campaigns"] == summaries
+    branin, hartmann = saved["over_seeds"]
+    mean = (1.0 + 3.0 + 5.0) / 3
+    se = (sum((v - mean) ** 2 for v in (1.0, 3.0, 5.0)) / 2 / 3) ** 0.5
+    assert branin["seeds"] == 3 and branin["mean_regret"] == pytest.approx(mean)
+    assert branin["se_regret"] == pytest.approx(se)
+    assert hartmann["seeds"] == 1 and hartmann["mean_regret"] is None
+    assert hartmann["se_regret"] is None
+
+
+def test_sweep_plot_band_stops_at_the_lowest_seed_on_the_log_axis(tmp_path):
+    """Two seeds with spread regrets put the mean minus 2 SE below zero; the band was clipped
+    at 1e-12, which stretched the log axis over twelve decades and squashed the curves."""
+    from bo_online import plotting
+    from bo_online.sweep import plot_sweep
+
+    out = tmp_path / "sweep"
+    summaries = _hand_made_campaigns(out, {0: [3.0, 0.5, 0.2], 1: [9.0, 6.0, 4.0]})
+    figures = []
+    real = plotting._save
+
+    def save(fig, path):
+        figures.append(fig)
+        return real(fig, path)
+
+    plotting._save, saved = save, plotting._save
+    try:
+        (written,) = plot_sweep(summaries, out)
+    finally:
+        plotting._save = saved
+    assert written.is_file()
+    for ax in figures[0].axes:
+        low, high = ax.get_ylim()
+        assert 0.05 < low <= 0.2 and high >= 9.0, (low, high)
