@@ -426,7 +426,9 @@ def merge(
     checks = check_targets(table, functions, methods, errors)
     summary = {"q": q, "seeds": seeds, "table": table, "checks": checks, "errors": errors}
     summary["missing"] = missing
-    (out / f"summary_q{q}.json").write_text(json.dumps(summary, indent=1, default=str))
+    # NaN (the standard error of one seed) as null: strict JSON readers refuse a bare NaN
+    text = json.dumps(history.to_jsonable(summary), indent=1, default=str)
+    (out / f"summary_q{q}.json").write_text(text)
     if plot:
         plot_curves(out, results, q)
     return summary

@@ -541,3 +541,23 @@ def test_merge_without_steps_reads_the_runs_at_their_own_length_and_lists_missin
     U = SobolEngine(2, scramble=True, seed=1).draw(5 + 3, dtype=torch.float64)
     final = p.regret(float(p.evaluate_true(from_unit(U, p.bounds)).min()))
     assert summary["table"]["branin"]["sobol"]["finals"][1] == pytest.approx(final)
+
+
+def test_merge_summary_is_strict_json_where_a_standard_error_does_not_exist(tmp_path):
+    """One seed has no standard error (NaN): summary_q1.json held a bare NaN, which strict
+    JSON readers (JavaScript, jq) refuse. It is null there, the other numbers unchanged."""
+    bench = _bench()
+    for method, final in (("botorch", 1.0), ("exact", 0.5)):
+        path = bench.result_path(tmp_path, "branin", 1, method, 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = {"method": method, "seed": 0, "regret": [final], "final_regret": final}
+        path.write_text(json.dumps({**result, "mean_time_per_step": 1.0, "process": "p0"}))
+    argv = ["--functions", "branin", "--methods", "botorch,exact", "--seeds", "1", "--q", "1"]
+    bench.main([*argv, "--out", str(tmp_path), "--merge", "--no-plot"])
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    saved = json.loads((tmp_path / "summary_q1.json").read_text(), parse_constant=refuse)
+    exact = saved["table"]["branin"]["exact"]
+    assert exact["mean"] == pytest.approx(0.5) and exact["se"] is None
