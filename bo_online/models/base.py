@@ -36,7 +36,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from botorch import settings
-from botorch.acquisition.objective import PosteriorTransform
+from botorch.acquisition.objective import PosteriorTransform, ScalarizedPosteriorTransform
 from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
@@ -542,7 +542,7 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
         mvn = self._unstandardize_mvn(mvn, output_indices)
         posterior = GPyTorchPosterior(mvn)
         if posterior_transform is not None:
-            return posterior_transform(posterior)
+            return _scalarized_in_units(posterior_transform, posterior)
         return posterior
 
     def _empty_posterior(
@@ -1145,6 +1145,36 @@ def _floored_in_standardized_units(variance: Tensor, scale: Tensor) -> Tensor:
         )
         variance = torch.maximum(variance, floor)
     return variance
+
+
+def _scalarized_in_units(
+    transform: PosteriorTransform, posterior: GPyTorchPosterior
+) -> GPyTorchPosterior:
+    r"""``transform(posterior)``, with the variance floor of :class:`UnitsMultivariateNormal`
+    kept through BoTorch's ``ScalarizedPosteriorTransform``, which builds a plain
+    ``MultivariateNormal`` (``batch x q``) and so GPyTorch's floor in user units.
+
+    The scalarized variance ``sum_i w_i^2 var_i`` (independent outputs) is floored at
+    ``min_variance * sum_i w_i^2 outcome_std_i^2``: for one output, the floor of ``w * f``.
+    Any other transform's result is returned as it is.
+    """
+    result = transform(posterior)
+    scale = getattr(posterior.distribution, "variance_scale", None)
+    dist = getattr(result, "distribution", None)
+    if (
+        scale is None
+        or not isinstance(transform, ScalarizedPosteriorTransform)
+        or type(dist) is not MultivariateNormal
+    ):
+        return result
+    weights = transform.weights.to(scale)
+    return GPyTorchPosterior(
+        UnitsMultivariateNormal(
+            dist.mean,
+            _as_operator(dist.lazy_covariance_matrix),
+            variance_scale=(weights.pow(2) * scale).sum(),
+        )
+    )
 
 
 def _dense_or_lazy(mvn: MultivariateNormal) -> Tensor | LinearOperator:

@@ -305,3 +305,36 @@ def test_multi_output_posterior_variance_is_floored_per_output_in_standardised_u
     torch.testing.assert_close(v_small / scales**2, v_big, rtol=rtol, atol=0)
     torch.testing.assert_close(v_small, diag, rtol=rtol, atol=0)
     torch.testing.assert_close(v_first.squeeze(-1), v_small[:, 0], rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_scalarized_posterior_variance_is_floored_in_standardised_units(dtype):
+    """BoTorch's ``ScalarizedPosteriorTransform`` (``LogEI(..., posterior_transform=...)``, and
+    what qNIPV needs on a multi-output model) builds a plain ``MultivariateNormal``, so the
+    variance it reported was again GPyTorch's user-unit floor: 1e-10 (float64) / 1e-6 (float32)
+    at every point for targets of sd 1e-6, 10^4 / 10^8 times the covariance's diagonal. The
+    scalarized variance is floored as the untransformed one: checked against the diagonal and,
+    single-output, against the untransformed variance; two outputs (sds 1e-6, 1e3) weighted
+    (-1, 0) against the first output's variance."""
+    from botorch.acquisition.objective import ScalarizedPosteriorTransform
+
+    X, Y = _data(0, 20)
+    Xt = torch.rand(2, 5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    Xt[0, 0] = X[0]  # at a training point: the smallest variance
+    rtol = 1e-8 if dtype == torch.float64 else 1e-4
+    X2, Y2 = _data(1, 20, m=2)
+    cases = [
+        (OnlineExactGP(X.to(dtype), (1e-6 * Y).to(dtype)), [-1.0], None),
+        (TSVGP(X2.to(dtype), (Y2 * torch.tensor([1e-6, 1e3])).to(dtype)), [-1.0, 0.0], 0),
+    ]
+    for model, weights, first in cases:
+        transform = ScalarizedPosteriorTransform(torch.tensor(weights, dtype=dtype))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)
+            post = model.posterior(Xt.to(dtype), posterior_transform=transform)
+            var = post.variance.squeeze(-1).double()
+            diag = post.distribution.covariance_matrix.diagonal(dim1=-2, dim2=-1).double()
+            plain = model.posterior(Xt.to(dtype)).variance.double()
+        torch.testing.assert_close(var, diag, rtol=rtol, atol=0)
+        expect = plain.squeeze(-1) if first is None else plain[..., first]
+        torch.testing.assert_close(var, expect, rtol=rtol, atol=0)
