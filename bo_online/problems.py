@@ -609,7 +609,18 @@ class StreamProblem:
         if self.task == "classification":
             for name, y in (("y_stream", self.y_stream), ("y_test", self.y_test)):
                 if not bool(((y == 0) | (y == 1)).all()):
-                    raise ValueError(f"A classification stream needs labels in {{0, 1}} in {name}.")
+                    # banana's native -1 / 1 (and 1 / 2, NaN, ...) were refused without saying
+                    # which values were found or how to map them
+                    found = torch.unique(y.detach().double().cpu())
+                    shown = ", ".join(f"{v:g}" for v in found[:5].tolist())
+                    more = f", ... ({found.numel()} distinct)" if found.numel() > 5 else ""
+                    raise ValueError(
+                        f"A classification stream needs labels in {{0, 1}} in {name}, found "
+                        f"{shown}{more}; map the two classes to 0 and 1 first (-1 / 1: "
+                        "(y > 0).double()), or read the file with "
+                        "bo_online.userdata.stream_from_file(..., task='classification'), which "
+                        "maps two distinct values to 0 / 1 in sorted order."
+                    )
 
     @property
     def dim(self) -> int:

@@ -329,3 +329,24 @@ def test_pools_and_streams_from_numpy_arrays_run_as_from_tensors(kind):
     expected = outcomes(run(X, y))
     assert outcomes(run(X.numpy(), y.numpy())) == expected
     assert outcomes(run(X.tolist(), y.numpy()[:, None])) == expected  # lists, N x 1 targets
+
+
+@pytest.mark.parametrize(
+    ("labels", "found"),
+    [([-1.0, 1.0], "found -1, 1;"), ([1.0, 2.0], "found 1, 2;"), ([0.0, 0.5], "found 0, 0.5;")],
+)
+def test_classification_stream_with_other_labels_says_what_it_found_and_how_to_map(labels, found):
+    r"""Labels other than 0 / 1 (banana's own -1 / 1, classes 1 / 2) given from Python were
+    refused with only "needs labels in {0, 1} in y_stream": the message now names the values
+    found and how to map them to 0 / 1."""
+    X = torch.rand(20, 4, dtype=torch.float64)
+    y = torch.tensor(labels, dtype=torch.float64).repeat(10)
+    box = torch.stack([torch.zeros(4), torch.ones(4)]).double()
+    with pytest.raises(ValueError) as err:
+        StreamProblem("mine", X[:15], y[:15], X[15:], y[15:], box, task="classification")
+    msg = str(err.value)
+    assert "needs labels in {0, 1} in y_stream" in msg and found in msg
+    assert "(y > 0).double()" in msg and "stream_from_file" in msg
+    # the mapped labels are taken
+    mapped = (y == labels[1]).double()
+    StreamProblem("mine", X[:15], mapped[:15], X[15:], mapped[15:], box, task="classification")
