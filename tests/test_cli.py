@@ -932,3 +932,24 @@ def test_an_absent_cuda_device_is_refused_by_the_device_check_not_the_memory_che
     monkeypatch.setattr(os, "sysconf", lambda name: 2**20 if name == "SC_PAGE_SIZE" else 2**16)
     with pytest.raises(CLIError, match=r"more than this machine's 68.7 GB"):
         cli._check_sizes({"grid_size": 2_000}, 2, "float32", "cuda")
+
+
+def test_stream_with_too_large_n_init_or_q_says_which_option_to_lower(tmp_path, capsys):
+    r"""A stream cut short by --max-stream (as any shipped set) with --n-init >= its rows, or
+    --q above the rows left after them, reached the loop's own errors ("n_init=20 leaves nothing
+    to stream (20 points).", "q=25 ...: lower q or n_init."), which name Python arguments and,
+    for the first, no way out. Now one line names the options, and nothing is written."""
+    rows = [[i / 40, (i * 7 % 40) / 40, float(i % 5)] for i in range(40)]
+    data = tmp_path / "mine.csv"
+    data.write_text("a,b,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows))
+    base = ["stream", "--data", str(data), "--test-fraction", "0.25", "-Q", "--no-plots"]
+    out = tmp_path / "run"
+    code, _, err = _run([*base, "--max-stream", "20", "--n-init", "20", "--out", str(out)], capsys)
+    assert code == 2, err
+    assert "--n-init 20 leaves nothing to stream" in err
+    assert "has 20 training rows (--max-stream 20); lower --n-init." in err and "n_init=" not in err
+    code, _, err = _run([*base, "--n-init", "10", "--q", "25", "--out", str(out)], capsys)
+    assert code == 2, err
+    assert "--q 25 points per step, but the stream has 20 rows after the 10 initial ones" in err
+    assert "lower --q or --n-init." in err
+    assert not out.exists()

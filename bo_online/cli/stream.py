@@ -202,11 +202,6 @@ def stream(
             max_stream=max_stream,
             max_test=max_test,
         )
-        _check(
-            n_init < prob.X_stream.shape[0],
-            f"--n-init {n_init} leaves nothing to stream: {data} has "
-            f"{prob.X_stream.shape[0]} training rows.",
-        )
     elif key in CLASSIFICATION_PROBLEMS:
         classifier_class(model)  # one-line error for a regression-only model, before any data
         prob = banana_problem(
@@ -222,6 +217,21 @@ def stream(
             max_test=max_test,
             data_dir=data_dir,
         )
+    # For every source (a shipped set cut by --max-stream too): a too-large --n-init or --q
+    # reached the loop's own errors, which name its Python arguments and no way out.
+    rows = prob.X_stream.shape[0]
+    source = data if data is not None else prob.name
+    cut = f" (--max-stream {max_stream})" if max_stream is not None else ""
+    _check(
+        n_init < rows,
+        f"--n-init {n_init} leaves nothing to stream: {source} has {rows} training rows{cut}; "
+        "lower --n-init.",
+    )
+    _check(
+        rows - n_init >= q,
+        f"--q {q} points per step, but the stream has {rows - n_init} rows after the {n_init} "
+        "initial ones: lower --q or --n-init.",
+    )
     out = out or Path("runs") / f"{prob.name}-{model}"
     shared = _shared(
         model=model,
