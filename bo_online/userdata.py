@@ -837,6 +837,25 @@ def stream_from_file(
             f"{_label(table.classes[int(y_stream[0])])}: a classifier cannot learn from them; "
             "raise --max-stream" + ("." if shuffle else " or let the rows be shuffled.")
         )
+    spec = _spec(
+        "stream",
+        table,
+        target=target,
+        inputs=None if inputs is None else list(inputs),
+        drop_row_index=drop_row_index,
+        test_fraction=test_fraction,
+        test_mask=test_mask,
+        task=task,
+        shuffle=shuffle,
+        seed=seed,
+        max_stream=max_stream,
+        max_test=max_test,
+    )
+    if task == "classification":
+        # which label of the file became class 0 and which 1 (``pred_prob`` is p(class 1)),
+        # recorded with the run (config.json) for its reader; rebuilt from the file on resume
+        assert table.classes is not None
+        spec["classes"] = [_label_value(c) for c in table.classes]
     return StreamProblem(
         name=_stem(table.path),
         X_stream=X_stream,
@@ -844,22 +863,15 @@ def stream_from_file(
         X_test=X_test,
         y_test=y_test,
         bounds=_data_bounds(X),
-        spec=_spec(
-            "stream",
-            table,
-            target=target,
-            inputs=None if inputs is None else list(inputs),
-            drop_row_index=drop_row_index,
-            test_fraction=test_fraction,
-            test_mask=test_mask,
-            task=task,
-            shuffle=shuffle,
-            seed=seed,
-            max_stream=max_stream,
-            max_test=max_test,
-        ),
+        spec=spec,
         task=task,
     )
+
+
+def _label_value(value: Any) -> str | float:
+    """A class label as the file holds it, as JSON keeps it: text as it is, a number as a
+    float."""
+    return str(value) if isinstance(value, str) else float(value)
 
 
 def pool_from_file(
@@ -1056,6 +1068,7 @@ def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     kind = spec.pop("kind")
     path, sha = spec.pop("path"), spec.pop("sha256")
     mask_sha = spec.pop("test_mask_sha256", None)
+    spec.pop("classes", None)  # what the file's labels were mapped to: read from it again
     build = stream_from_file if kind == "stream" else pool_from_file
     spec.setdefault("drop_row_index", False)  # a run from before the rule kept the column
     return build(path, expected_sha256=sha, expected_mask_sha256=mask_sha, **spec)

@@ -1581,3 +1581,29 @@ def test_a_title_line_above_the_header_is_told_to_be_deleted(tmp_path, capsys, t
     path.write_text("\n".join(["t,x,y", *rows[:3], rows[3] + ",", *rows[4:]]) + "\n")
     with pytest.raises(DataFileError, match=r"line 5 has 4 fields, expected 3 \(as in line 1\)\.$"):
         stream_from_file(path)
+
+
+def test_a_classification_run_records_which_label_is_class_1(tmp_path):
+    """A stream of text labels mapped them to 0 / 1 in sorted order, but neither config.json
+    nor the records said which label was class 1 (``pred_prob`` is p(class 1)): the reader had
+    to know the rule. The problem spec in config.json now holds the two labels in class order,
+    and the run resumes from it."""
+    X, _ = _data(n=60, d=2)
+    positive = X[:, 0] > 1
+    text = tmp_path / "text.csv"
+    _write_text_labels(text, X, positive, ("yes", "no"))  # 'yes' where x0 > 1: class 1
+    prob = stream_from_file(text, task="classification", seed=1)
+    assert prob.spec["classes"] == ["no", "yes"]
+    np.testing.assert_array_equal(prob.y_stream.numpy() == 0.0, prob.X_stream[:, 0].numpy() > 1)
+    numeric = tmp_path / "numeric.csv"
+    _write_csv(numeric, X, np.where(positive, 7.0, -2.0))
+    assert stream_from_file(numeric, task="classification").spec["classes"] == [-2.0, 7.0]
+    assert "classes" not in stream_from_file(numeric).spec  # regression: no classes
+    out = tmp_path / "run"
+    loop = StreamingLoop(prob, model="tsvgp", n_init=20, refit_every=0, seed=0, out_dir=out)
+    loop.run(steps=3)
+    config = json.loads((out / history.CONFIG_FILE).read_text())
+    assert config["problem"]["classes"] == ["no", "yes"]
+    resumed = load_loop(out)  # the spec's labels do not reach the file reader
+    assert torch.equal(resumed.problem.y_stream, prob.y_stream)
+    assert resumed.problem.spec["classes"] == ["no", "yes"]
