@@ -953,3 +953,27 @@ def test_stream_with_too_large_n_init_or_q_says_which_option_to_lower(tmp_path, 
     assert "--q 25 points per step, but the stream has 20 rows after the 10 initial ones" in err
     assert "lower --q or --n-init." in err
     assert not out.exists()
+
+
+def test_resume_beyond_the_data_names_the_option(tmp_path, capsys):
+    r"""``bo-online resume DIR --steps N`` beyond what a stream holds reached the loop's error,
+    "steps=1000 exceeds the 25 steps the data hold", in Python's words. Now one line names
+    --steps and the most it can be, and the run is untouched."""
+    rows = [[i / 40, (i * 7 % 40) / 40, float(i % 5)] for i in range(40)]
+    data = tmp_path / "mine.csv"
+    data.write_text("a,b,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows))
+    out = tmp_path / "run"
+    argv = ["stream", "--data", str(data), "--test-fraction", "0.25", "--n-init", "5"]
+    code, _, err = _run([*argv, "--steps", "3", "--out", str(out), "-Q", "--no-plots"], capsys)
+    assert code == 0, err
+    records = (out / "records.jsonl").read_bytes()
+    code, _, err = _run(["resume", str(out), "--steps", "1000", "-Q", "--no-plots"], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and "steps=" not in err, err
+    assert (
+        "--steps 1000 exceeds the 25 steps the run's data hold (5 initial points, then --q 1" in err
+    )
+    assert "give --steps 25 or fewer." in err
+    assert (out / "records.jsonl").read_bytes() == records
+    code, _, err = _run(["resume", str(out), "--steps", "25", "-Q", "--no-plots"], capsys)
+    assert code == 0, err

@@ -186,6 +186,18 @@ def _file_options(file: Path | None, flag: str, **options: Any) -> None:
     )
 
 
+def _check_resume_steps_within_data(loop: Any, steps: int | None) -> None:
+    r"""Refuse a ``--steps`` beyond what the resumed run's pool or stream holds, in the CLI's
+    words (the loop's own error says ``steps=N``, the Python argument)."""
+    limit = loop.max_steps()
+    _check(
+        steps is None or limit is None or steps <= limit,
+        f"--steps {steps} exceeds the {limit} steps the run's data hold "
+        f"({loop.config['n_init']} initial points, then --q {loop.config['q']} per step); "
+        f"give --steps {limit} or fewer.",
+    )
+
+
 def _check_resume_steps(done: int, steps: int | None) -> None:
     r"""Refuse a ``--steps`` below the ``done`` steps of the run's checkpoint."""
     _check(

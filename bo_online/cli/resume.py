@@ -9,7 +9,12 @@ import typer
 
 from bo_online.cli import running
 from bo_online.cli.application import app
-from bo_online.cli.checks import _check, _check_resume_steps, _nonneg
+from bo_online.cli.checks import (
+    _check,
+    _check_resume_steps,
+    _check_resume_steps_within_data,
+    _nonneg,
+)
 from bo_online.cli.memory import _check_resume_memory
 from bo_online.cli.options import DaskOpt, DataDirOpt, PlotsOpt, QuietOpt, ThreadsOpt
 from bo_online.cli.running import _executor, _run, _run_async, _setup, _shutdown
@@ -151,6 +156,7 @@ def resume(
             **moved,
             **({} if executor is None else {"executor": executor}),
         )
+        _check_resume_steps_within_data(loop, steps)
         _check_resume_memory(loop, steps)
         _run(loop, steps)
     finally:
