@@ -64,19 +64,22 @@ def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
     from bo_online.loops.history import _new_temp_file
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a name of its own (``.NAME.<random>``): two processes drawing the same plot at once (two
-    # sweeps, or `bo-online plot`s, on one folder) each replace it whole; with one ``NAME.part``
-    # for both, one moved the other's away and failed (FileNotFoundError, in half the saves)
-    fd, part = _new_temp_file(out)
-    os.close(fd)
-    try:
+    part = None
+    try:  # the figure is closed whatever fails, its folder or temp file included
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # a name of its own (``.NAME.<random>``): two processes drawing the same plot at once
+        # (two sweeps, or `bo-online plot`s, on one folder) each replace it whole; with one
+        # ``NAME.part`` for both, one moved the other's away and failed (FileNotFoundError, in
+        # half the saves)
+        fd, part = _new_temp_file(out)
+        os.close(fd)
         fig.tight_layout()
         fig.savefig(part, dpi=110, format=out.suffix.lstrip(".") or "png")
         os.replace(part, out)
     finally:
         plt.close(fig)
-        Path(part).unlink(missing_ok=True)
+        if part is not None:
+            Path(part).unlink(missing_ok=True)
     return out
 
 

@@ -184,3 +184,17 @@ def test_log_axes_are_labelled_with_plain_numbers(tmp_path, captured):
     plotting.plot_time_per_step([("c", _bo_records(1.0))], tmp_path / "t.png")
     labels = _visible_y_labels(captured[2].axes[0])
     assert labels and all(float(text) > 0 for text in labels), labels
+
+
+def test_a_plot_that_cannot_be_saved_closes_its_figure(tmp_path):
+    """A folder that cannot be made (a file in its place) or a temp file that cannot be opened
+    raised before the figure was closed, so a long process (a sweep, a notebook) kept every
+    failed figure open in pyplot."""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    blocked = tmp_path / "plots"
+    blocked.write_text("a file where the folder goes")
+    with pytest.raises(OSError):
+        plotting.plot_progress([("a", _bo_records(1.0))], blocked / "p.png")
+    assert plt.get_fignums() == []
