@@ -970,9 +970,7 @@ def test_resume_beyond_the_data_names_the_option(tmp_path, capsys):
     code, _, err = _run(["resume", str(out), "--steps", "1000", "-Q", "--no-plots"], capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and "steps=" not in err, err
-    assert (
-        "--steps 1000 exceeds the 25 steps the run's data hold (5 initial points, then --q 1" in err
-    )
+    assert "--steps 1000 exceeds the 25 steps the data hold (5 initial points, then --q 1" in err
     assert "give --steps 25 or fewer." in err
     assert (out / "records.jsonl").read_bytes() == records
     code, _, err = _run(["resume", str(out), "--steps", "25", "-Q", "--no-plots"], capsys)

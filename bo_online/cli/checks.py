@@ -192,7 +192,7 @@ def _check_resume_steps_within_data(loop: Any, steps: int | None) -> None:
     limit = loop.max_steps()
     _check(
         steps is None or limit is None or steps <= limit,
-        f"--steps {steps} exceeds the {limit} steps the run's data hold "
+        f"--steps {steps} exceeds the {limit} steps the data hold "
         f"({loop.config['n_init']} initial points, then --q {loop.config['q']} per step); "
         f"give --steps {limit} or fewer.",
     )
