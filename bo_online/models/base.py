@@ -25,6 +25,7 @@ passes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -1098,12 +1099,10 @@ class UnitsMultivariateNormal(MultivariateNormal):
     @property
     def variance(self) -> Tensor:
         r"""``batch x q`` marginal variances (user units), floored in standardised units."""
-        if self.variance_scale is None or not self.islazy:
+        if self.variance_scale is None:
             return super().variance
-        # GPyTorch's own reading of a lazy covariance's diagonal, without its floor
-        diag = self.lazy_covariance_matrix.diagonal(dim1=-1, dim2=-2)
-        diag = diag.view(diag.shape[:-1] + self._event_shape)
-        variance = diag.expand(self._batch_shape + self._event_shape)
+        with _without_gpytorch_floor():
+            variance = super().variance
         return _floored_in_standardized_units(variance, self.variance_scale)
 
 
@@ -1120,14 +1119,30 @@ class UnitsMultitaskMultivariateNormal(MultitaskMultivariateNormal):
         r"""``batch x q x m`` marginal variances (user units), floored in standardised units."""
         if self.variance_scale is None:
             return super().variance
-        tiny = {t: torch.finfo(t).tiny for t in (torch.float16, torch.float32, torch.float64)}
-        with gpytorch_settings.min_variance(
-            float_value=tiny[torch.float32],
-            double_value=tiny[torch.float64],
-            half_value=tiny[torch.float16],
-        ):
-            variance = super().variance  # GPyTorch's floor lowered to the smallest normal
+        with _without_gpytorch_floor():
+            variance = super().variance
         return _floored_in_standardized_units(variance, self.variance_scale)
+
+
+#: the smallest normal number of each dtype: GPyTorch's variance floor while it is lowered
+_TINY = {t: torch.finfo(t).tiny for t in (torch.float16, torch.float32, torch.float64)}
+
+
+@contextlib.contextmanager
+def _without_gpytorch_floor() -> Iterator[None]:
+    r"""GPyTorch's ``variance`` with its user-unit floor lowered to the smallest normal number
+    (its public ``min_variance`` setting), and its warning silenced: the caller floors in
+    standardised units and warns itself (:func:`_floored_in_standardized_units`)."""
+    with (
+        warnings.catch_warnings(),
+        gpytorch_settings.min_variance(
+            float_value=_TINY[torch.float32],
+            double_value=_TINY[torch.float64],
+            half_value=_TINY[torch.float16],
+        ),
+    ):
+        warnings.simplefilter("ignore", NumericalWarning)
+        yield
 
 
 def _floored_in_standardized_units(variance: Tensor, scale: Tensor) -> Tensor:
