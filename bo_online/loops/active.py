@@ -47,18 +47,21 @@ def predictive_metrics(
     chunk: int = 2048,
     target_shift: float = 0.0,
     target_scale: float = 1.0,
-) -> dict[str, float]:
+    per_point: bool = False,
+) -> dict[str, Any]:
     r"""Test metrics of ``model`` at ``X`` (``m x d``, model space) against ``y`` (``m``).
 
     Returns ``rmse`` (of the predictive mean), ``mean_var`` (mean latent predictive variance,
     the quantity qNIPV reduces) and ``nll`` (mean Gaussian negative log predictive density with
     observation noise). Marginals only: points are evaluated as ``m x 1 x d`` batches.
+    ``per_point``: also return ``mean`` and ``var`` (``m`` float64 tensors, ``y``'s units), the
+    predictive mean and the variance with observation noise the NLL is computed from.
     ``target_shift``, ``target_scale``: the model was given ``(y - shift) / scale`` (a loop's
     target scaling, :meth:`bo_online.loops.core.OnlineLoop._set_target_scaling`); its
     predictions are mapped back to ``y``'s units in float64 before they are scored.
     """
     scaled = target_shift != 0.0 or target_scale != 1.0
-    sq, var_f, nll = [], [], []
+    sq, var_f, nll, means, var_y = [], [], [], [], []
     # GPyTorch floors posterior variances at 1e-10 (float64) / 1e-6 (float32) in the user's
     # units, which cut the NLL of targets on a small scale (sd 1e-6: -10.6 for -14.4); floor them
     # at the dtype's smallest normal number instead
@@ -84,12 +87,17 @@ def predictive_metrics(
                 vf, vy = vf * target_scale**2, vy * target_scale**2
             sq.append((mean - yi).pow(2))
             var_f.append(vf)
+            means.append(mean)
+            var_y.append(vy)
             nll.append(0.5 * (torch.log(2 * math.pi * vy) + (yi - mean).pow(2) / vy))
-    return {
+    metrics: dict[str, Any] = {
         "rmse": float(torch.cat(sq).mean().sqrt()),
         "mean_var": float(torch.cat(var_f).mean()),
         "nll": float(torch.cat(nll).mean()),
     }
+    if per_point:
+        metrics.update(mean=torch.cat(means), var=torch.cat(var_y))
+    return metrics
 
 
 class ActiveLearningLoop(OnlineLoop):

@@ -191,12 +191,19 @@ class StreamingLoop(OnlineLoop):
         value = m["accuracy"] if self.classify else m["rmse"]
         return {first: value, "test_nll": m["nll"], "time_test": self._now() - t0}
 
-    def _predict(self, U: Tensor, y: Tensor) -> dict[str, Any]:
-        r"""The task's metrics of the current surrogate at ``U`` (unit cube) against ``y``."""
+    def _predict(self, U: Tensor, y: Tensor, per_point: bool = False) -> dict[str, Any]:
+        r"""The task's metrics of the current surrogate at ``U`` (``m x d``, unit cube) against
+        ``y`` (``m``); ``per_point``: a regression stream's also hold each point's predictive
+        ``mean`` and ``var`` (``m``; a classification stream's always hold ``prob``)."""
         if self.classify:
             return classification_metrics(self.model, U, y)
         return predictive_metrics(
-            self.model, U, y, target_shift=self.target_shift, target_scale=self.target_scale
+            self.model,
+            U,
+            y,
+            target_shift=self.target_shift,
+            target_scale=self.target_scale,
+            per_point=per_point,
         )
 
     def _initial_design(self) -> dict[str, Any]:
@@ -229,7 +236,7 @@ class StreamingLoop(OnlineLoop):
             raise ValueError("The stream is exhausted.")
         rows = torch.arange(self.position, self.position + q)
         t0 = self._now()
-        pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows])
+        pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows], per_point=True)
         self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
         return rows
 
@@ -339,6 +346,10 @@ class StreamingLoop(OnlineLoop):
                 "prequential_nll": self.nll_sum / self.num_predicted,
             }
         return {
+            # the Gaussian each row was predicted by (with observation noise), so prequential
+            # RMSE / NLL over any span can be computed from the records
+            "pred_mean": pred["mean"],
+            "pred_var": pred["var"],
             "pred_rmse": pred["rmse"],
             "pred_nll": pred["nll"],
             "prequential_rmse": math.sqrt(self.sq_err_sum / self.num_predicted),

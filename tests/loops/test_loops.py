@@ -29,7 +29,7 @@ from bo_online.loops import (
     without_timing,
 )
 from bo_online.loops.active import ActiveLearningLoop
-from bo_online.loops.history import load_checkpoint, save_checkpoint
+from bo_online.loops.history import load_checkpoint, save_checkpoint, to_jsonable
 from bo_online.loops.streaming import StreamingLoop
 from bo_online.models import OnlineExactGP
 from bo_online.models.registry import available_models
@@ -590,6 +590,46 @@ def test_streaming_predicts_before_updating():
         sq += float(err.sum())
         assert r["prequential_rmse"] == pytest.approx(math.sqrt(sq / (r["n"] - 20)), rel=1e-6)
     assert [r["test_rmse"] is not None for r in records] == [s % 5 == 0 for s in range(11)]
+
+
+def test_streaming_regression_records_each_rows_predictive_gaussian():
+    r"""A regression stream's record holds, per row, the Gaussian it was predicted by before
+    the update (``pred_mean``, ``pred_var`` with observation noise, in the targets' units): they
+    equal a dense exact-GP computation by hand with the surrogate's hyperparameters on the rows
+    seen so far, and ``pred_rmse`` / ``pred_nll`` follow from them (as ``pred_prob`` gives a
+    classification stream's)."""
+    stream = _synthetic_stream(60)
+    loop = StreamingLoop(
+        stream, q=3, n_init=20, eval_every=100, refit_every=0, fit_max_iter=10, seed=0
+    )
+    loop.initialize()
+    U = to_unit(stream.X_stream, stream.bounds)
+    y = stream.y_stream
+    m = loop.model
+    for _ in range(4):
+        rows = loop.ask()
+        seen = loop.position
+        with torch.no_grad():
+            K = m.covar_module
+            ys = (y[:seen] - m.outcome_mean) / m.outcome_std  # the model's standardised targets
+            c, noise = m.mean_module.constant, m.likelihood.noise
+            Kxx = K(U[:seen]).to_dense() + noise * torch.eye(seen, dtype=U.dtype)
+            Ksx = K(U[rows], U[:seen]).to_dense()
+            mean = c + Ksx @ torch.linalg.solve(Kxx, ys - c)
+            var = (
+                K(U[rows]).to_dense().diagonal() - (Ksx @ torch.linalg.solve(Kxx, Ksx.T)).diagonal()
+            )
+            mean = mean * m.outcome_std + m.outcome_mean
+            var = (var + noise) * m.outcome_std**2
+        r = loop.tell(rows)
+        got_mean = torch.tensor(r["pred_mean"], dtype=torch.float64)
+        got_var = torch.tensor(r["pred_var"], dtype=torch.float64)
+        torch.testing.assert_close(got_mean, mean.reshape(-1), rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(got_var, var.reshape(-1), rtol=1e-8, atol=1e-12)
+        nll = 0.5 * (torch.log(2 * math.pi * got_var) + (y[rows] - got_mean).pow(2) / got_var)
+        assert r["pred_nll"] == pytest.approx(float(nll.mean()), rel=1e-10)
+        assert r["pred_rmse"] == pytest.approx(float((y[rows] - got_mean).pow(2).mean().sqrt()))
+    json.dumps(to_jsonable(r))  # a plain JSON record
 
 
 def _synthetic_stream(n: int, dim: int = 5, seed: int = 0) -> StreamProblem:
