@@ -975,3 +975,38 @@ def test_resume_beyond_the_data_names_the_option(tmp_path, capsys):
     assert (out / "records.jsonl").read_bytes() == records
     code, _, err = _run(["resume", str(out), "--steps", "25", "-Q", "--no-plots"], capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("when", ["final checkpoint", "summary"])
+def test_sigterm_after_the_last_step_says_the_run_finished(tmp_path, capsys, monkeypatch, when):
+    r"""SIGTERM while the last step's checkpoint was being written (the write completes: the
+    first signal only stops the loop after its step) or while the finished run's summary was
+    printed said `terminated; continue the run with bo-online resume DIR`, though the checkpoint
+    on disk held every step the run was asked for: nothing was left to continue."""
+    import signal
+
+    from bo_online.loops import core, history
+
+    out = tmp_path / "run"
+    save = history.save_checkpoint
+
+    def save_and_terminate(path, ckpt):
+        save(path, ckpt)
+        if when == "final checkpoint" and ckpt["step_count"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(core.history, "save_checkpoint", save_and_terminate)
+    if when == "summary":
+        from rich.console import Console
+
+        def terminate(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        monkeypatch.setattr(Console, "print", terminate)
+    argv = ["bo", "--problem", "branin", "--steps", "2", "--no-plots", "--out", str(out)]
+    code, _, err = _run([*argv, *SMALL], capsys)
+    assert code == 143, err
+    assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("bo-online: error: terminated after the run finished: all 2 steps"), err
+    assert "continue" not in last

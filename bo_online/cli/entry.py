@@ -10,7 +10,7 @@ import typer
 
 from bo_online.cli import running
 from bo_online.cli.application import CLIError, _fail, app
-from bo_online.cli.running import _resume_hint
+from bo_online.cli.running import _resume_hint, _stopped
 
 
 class _Terminated(BaseException):
@@ -84,7 +84,7 @@ def _main(argv: list[str] | None) -> None:
     except click_exc.ClickException as e:
         _fail(e.format_message())
     except typer.Abort:
-        _fail(f"interrupted; {_resume_hint()}", 130)
+        _fail(_stopped("interrupted"), 130)
     except ObjectiveError as e:  # the user's objective failed mid-run: its state is saved
         _fail(f"{e}; fix the objective, then {_resume_hint()}", 1)
     except CampaignError as e:  # a campaign of a sweep raised: the message says how to go on
@@ -102,14 +102,14 @@ def _main(argv: list[str] | None) -> None:
         _fail(f"{e.strerror or e}{where}; free space or fix permissions, then try again ({then}).")
     except SystemExit as e:
         if e.code == 128 + 15:  # a loop that stopped on SIGTERM after writing its checkpoint
-            _fail(f"terminated; {_resume_hint()}", 143)
+            _fail(_stopped("terminated"), 143)
         raise
     except (KeyboardInterrupt, _Terminated) as e:
         # 128 + the signal, as for a loop stopped after its step: 143 for SIGTERM, 130 for Ctrl-C
         if isinstance(e, _Terminated):
-            _fail(f"terminated; {_resume_hint()}", 143)
-        _fail(f"interrupted; {_resume_hint()}", 130)
+            _fail(_stopped("terminated"), 143)
+        _fail(_stopped("interrupted"), 130)
     if code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a return code of 130
-        _fail(f"interrupted; {_resume_hint()}", 130)
+        _fail(_stopped("interrupted"), 130)
     if isinstance(code, int) and code:
         raise SystemExit(code)

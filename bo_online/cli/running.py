@@ -171,6 +171,22 @@ def _run(loop: Any, steps: int | None, address: str | None = None) -> None:
     loop.run(steps)
 
 
+def _stopped(what: str) -> str:
+    r"""The message for a command stopped by ``what`` (``"terminated"``, ``"interrupted"``):
+    what to do next, as the run directory's files stand. A stop that came once the run's last
+    checkpoint held all its steps (during that write, or the summary after) stopped nothing:
+    it says so rather than advise a resume."""
+    if not _ACTIVE_SWEEP and _ACTIVE_RUN:
+        loop, out, command = _ACTIVE_RUN[0]
+        if getattr(loop, "finished_on_disk", False):
+            return (
+                f"{what} after the run finished: all {loop.step_count} steps are saved in "
+                f"{str(out)!r} and nothing is left to resume (`{command} --steps N` with a "
+                "larger N extends it)"
+            )
+    return f"{what}; {_resume_hint()}"
+
+
 def _resume_hint() -> str:
     from bo_online.loops import history
 

@@ -236,6 +236,7 @@ class OnlineLoop:
         self._lock = None if self.out_dir is None else history.RunLock(self.out_dir)
         # the run files as this loop last wrote or loaded them (see _retake_directory)
         self._stamp: tuple[Any, ...] | None = None
+        self._checkpoint_steps: int | None = None  # step_count of the last checkpoint written
         self._n_last_fit: int | None = None  # data size at the last fit ("auto" schedule)
         # targets the surrogate sees: (y - shift) / scale, in float64, then cast to its dtype
         # (see _set_target_scaling); identity unless the surrogate runs below float64
@@ -1059,9 +1060,22 @@ class OnlineLoop:
             self._retake_directory()
         try:
             history.save_checkpoint(self.out_dir / history.CHECKPOINT_FILE, self.checkpoint())
+            self._checkpoint_steps = self.step_count
         finally:
             self._note_files()
         self._last_checkpoint = time.perf_counter()
+
+    @property
+    def finished_on_disk(self) -> bool:
+        r"""Whether ``out_dir`` holds this run finished: its checkpoint, written by this loop
+        and unchanged since, holds every step of the run's target (``target_steps``), so a
+        resume would have nothing to do (a stop signal that arrived while it was written, or
+        after, stopped nothing)."""
+        if self.out_dir is None or self.target_steps is None or self._checkpoint_steps is None:
+            return False
+        if self._checkpoint_steps < self.target_steps:
+            return False
+        return self._files_stamp() == self._stamp  # no one wrote or removed them since
 
     def _restore(self, ckpt: dict[str, Any], init_X: Tensor, init_y: Tensor) -> None:
         r"""Rebuild the model on the initial data (``init_y``: targets in the model's sense, user
