@@ -219,9 +219,11 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
     except TooManyFailures as e:
         limit = loop.failures + loop.config["max_failures"]
         command = f"{_resume_command(loop, address)} --max-failures {limit}"
+        # the CLI's option, not the loop's argument (max_failures=) the exception names
         _fail(
-            f"{str(e).removesuffix(TooManyFailures.ADVICE)}Fix the objective, then continue the "
-            f"run with `{command}` (failures count over the whole run: {loop.failures} so far).",
+            f"{e.failures} objective evaluations failed (more than --max-failures {e.limit}); "
+            f"last error: {e.last_error}. Fix the objective, then continue the run with "
+            f"`{command}` (failures count over the whole run: {loop.failures} so far).",
             1,
         )
 

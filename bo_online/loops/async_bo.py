@@ -60,10 +60,24 @@ ASYNC_ACQUISITIONS = ("qucb", "qlognei", "ts")
 
 
 class TooManyFailures(RuntimeError):
-    """More objective evaluations failed than the loop's ``max_failures`` allows."""
+    r"""More objective evaluations failed than the loop's ``max_failures`` allows.
 
-    #: the advice that ends the message (the CLI replaces it by the command that resumes)
+    Attributes:
+        failures: failed evaluations over the whole run.
+        limit: the ``max_failures`` they exceed.
+        last_error: the last failure's error, as recorded.
+    """
+
+    #: the advice that ends the message (the CLI words its own, with --max-failures and the
+    #: command that resumes)
     ADVICE = "Fix the objective, then resume the run."
+
+    def __init__(self, failures: int, limit: int, last_error: str) -> None:
+        super().__init__(
+            f"{failures} objective evaluations failed (more than max_failures={limit}); last "
+            f"error: {last_error}. {self.ADVICE}"
+        )
+        self.failures, self.limit, self.last_error = failures, limit, last_error
 
 
 def connect(address: str) -> Any:
@@ -465,11 +479,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
         if record.get("failed") and self.failures > self.config["max_failures"]:
             if self.out_dir is not None:
                 self.save_checkpoint()
-            raise TooManyFailures(
-                f"{self.failures} objective evaluations failed (more than "
-                f"max_failures={self.config['max_failures']}); last error: "
-                f"{record['error']}. {TooManyFailures.ADVICE}"
-            )
+            raise TooManyFailures(self.failures, self.config["max_failures"], record["error"])
         if not record.get("failed"):
             advance()
         if callback is not None:

@@ -913,7 +913,8 @@ def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_pat
             )
         assert e.value.code == 1
         line = capsys.readouterr().err.strip().splitlines()[-1]  # (after any warnings)
-        assert line.startswith("bo-online: error:") and "more than max_failures=1" in line
+        assert line.startswith("bo-online: error:") and "(more than --max-failures 1)" in line
+        assert "max_failures" not in line  # the option, not the loop's Python argument
         assert line.count("`") == 2
         command = line.split("`")[1]
         failures = history.load_checkpoint(out / history.CHECKPOINT_FILE)["state"]["failures"]
