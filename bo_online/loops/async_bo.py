@@ -21,7 +21,9 @@ loop resubmits them before proposing new ones, and ends with the same number of 
 Failures: a worker that dies mid-evaluation is handled by Dask (the scheduler reruns the task on
 another worker); if Dask gives up (``KilledWorker``) the point is resubmitted. An objective that
 raises is recorded as a failed evaluation (``"failed": true``) and the campaign goes on, until more
-than ``max_failures`` evaluations have failed.
+than ``max_failures`` evaluations have failed. A failed evaluation is a step as a folded-in one is
+(``steps`` counts evaluations, each record after the initial design has a step of its own), but
+adds no observation (``n``).
 
 Example:
     >>> from distributed import Client, LocalCluster
@@ -369,6 +371,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 )
             del self.in_flight[pid]
             self.failures += 1
+            # an evaluation of the budget, and a step of its own: numbered as the last folded-in
+            # one, two records had one step (plots, sweeps and resumes go by step)
+            self.step_count += 1
             record = {
                 "step": self.step_count,
                 "X": entry["X"],
@@ -480,8 +485,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             if self.out_dir is not None:
                 self.save_checkpoint()
             raise TooManyFailures(self.failures, self.config["max_failures"], record["error"])
-        if not record.get("failed"):
-            advance()
+        advance()
         if callback is not None:
             callback(record)
 

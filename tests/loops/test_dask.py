@@ -297,12 +297,16 @@ def test_worker_killed_and_objective_raising(client, tmp_path):
     loop.run(steps=6)
     fails = [r for r in loop.records if r.get("failed")]
     assert len(fails) == 1 and "instrument fault at call 3" in fails[0]["error"]
-    assert loop.step_count == 6 and len(_evaluations(loop.records)) == 6  # campaign went on
+    # the campaign went on: 6 evaluations, the failed one among them, each its own step (the
+    # failure's record repeated the step of the success before it)
+    assert loop.step_count == 6 and len(_evaluations(loop.records)) == 5
+    assert [r["step"] for r in loop.records if r["step"] > 0] == list(range(1, 7))
+    assert fails[0]["n"] == loop.records[loop.records.index(fails[0]) - 1]["n"]  # no new data
     # Every proposal was either folded in or recorded as failed, the killed one included.
     pids = sorted(r["proposal"] for r in loop.records if "proposal" in r)
-    assert pids == list(range(7))
-    # 7 proposals, 8 calls: the evaluation whose worker was killed was run again (by Dask).
-    assert len(list(tmp_path.glob("call*"))) == 8
+    assert pids == list(range(6))
+    # 6 proposals, 7 calls: the evaluation whose worker was killed was run again (by Dask).
+    assert len(list(tmp_path.glob("call*"))) == 7
     # One more failure than max_failures stops the campaign with a clear message.
     with pytest.raises(TooManyFailures, match="max_failures=1"):
         loop.run(steps=30)
@@ -336,7 +340,7 @@ def test_an_objective_that_always_kills_its_worker_is_a_failure_not_an_endless_r
             (tmp_path / "armed").touch()
             with pytest.raises(TooManyFailures, match="Dask gave up on this point 2 times"):
                 loop.run(steps=3)
-    assert loop.failures == 1 and loop.step_count == 0
+    assert loop.failures == 1 and loop.step_count == 1  # the failed evaluation is a step
 
 
 def test_an_objective_from_a_file_runs_on_the_workers(client, tmp_path):
@@ -902,7 +906,7 @@ def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_pat
                     "--objective",
                     spec,
                     "--steps",
-                    "4",
+                    "6",
                     "--dask",
                     "local:2",
                     "--max-failures",
@@ -924,9 +928,11 @@ def test_too_many_failures_on_the_cli_says_how_to_resume_the_run(client, tmp_pat
         )
         flag.unlink()  # the objective fixed: the command continues the run
         argv = shlex.split(command)[1:]
-        cli.main([*argv, "--steps", "4", "--quiet", "--no-plots"])
+        stopped_at = history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"]
+        assert stopped_at < 6  # (each failed evaluation is a step)
+        cli.main([*argv, "--steps", "6", "--quiet", "--no-plots"])
     ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
-    assert (ckpt["step_count"], ckpt["state"]["failures"]) == (4, failures)
+    assert (ckpt["step_count"], ckpt["state"]["failures"]) == (6, failures)
 
 
 def test_an_interrupted_asynchronous_run_says_to_resume_it_on_a_cluster(client, tmp_path, capsys):
