@@ -24,7 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
-from bo_online.loops.history import CONFIG_FILE, read_records  # noqa: E402
+from bo_online.loops.history import (  # noqa: E402
+    CONFIG_FILE,
+    RECORDS_FILE,
+    _damaged_records,
+    read_records,
+)
 
 __all__ = [
     "load_runs",
@@ -47,6 +52,7 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
         records = read_records(p)
         if not records:
             raise ValueError(f"Run {str(p)!r} has no records yet.")
+        _check_plotted_fields(p / RECORDS_FILE if p.is_dir() else p, records)
         label = p.name or str(p)
         try:  # the label's model/acquisition, where the run's configuration can be read
             cfg = json.loads((p / CONFIG_FILE).read_text())
@@ -56,6 +62,25 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
             label = f"{p.name} ({cfg.get('model')}{'/' + str(cfg['acq']) if 'acq' in cfg else ''})"
         runs.append((label, records))
     return runs
+
+
+#: fields every record must hold for the plots, and those every record after the initial
+#: design must hold as well (time per step vs n)
+_PLOTTED_FIELDS = ("n",)
+_PLOTTED_STEP_FIELDS = ("time_step", "time_update")
+
+
+def _check_plotted_fields(path: Path, records: list[dict[str, Any]]) -> None:
+    r"""Refuse, naming the file, the line and the field, records that lack a field the plots
+    read (a person deleted or renamed it), rather than fail with a bare ``KeyError``. Records
+    are ``path``'s lines in order (:func:`read_records` keeps one per line)."""
+    for i, record in enumerate(records):
+        needed = _PLOTTED_FIELDS + (_PLOTTED_STEP_FIELDS if record["step"] > 0 else ())
+        missing = next((k for k in needed if k not in record), None)
+        if missing is not None:
+            raise _damaged_records(
+                path, i, f"no field {missing!r}, which the plots need: deleted or renamed"
+            )
 
 
 def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:

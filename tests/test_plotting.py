@@ -106,6 +106,26 @@ def test_plot_runs_from_directories(tmp_path):
         plotting.load_runs([tmp_path / "missing"])
 
 
+@pytest.mark.parametrize("field", ["n", "time_step", "time_update"])
+def test_a_record_without_a_plotted_field_is_named_with_its_file_and_line(tmp_path, field):
+    r"""`bo-online plot` of a records file where a person deleted or renamed a field raised a
+    bare KeyError ('n'); it now names the file, the line and the field, and draws nothing."""
+    from bo_online.loops.history import RunFileError
+
+    d = tmp_path / "r1"
+    d.mkdir()
+    for step, r in enumerate(_bo_records(1.0)):
+        if step == 3:
+            r["renamed"] = r.pop(field)
+        append_record(d / "records.jsonl", r)
+    with pytest.raises(RunFileError) as e:
+        plotting.plot_runs([d], tmp_path / "plots")
+    message = str(e.value)
+    assert str(d / "records.jsonl") in message and "line 4" in message
+    assert f"no field {field!r}" in message
+    assert not (tmp_path / "plots").exists()
+
+
 def _save_many(path: str, n: int) -> list[str]:
     """Draw and save a plot at ``path`` ``n`` times; the errors raised (a worker process)."""
     errors = []
