@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -89,7 +91,7 @@ def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
     from bo_online.loops.history import _new_temp_file
 
     out = Path(out)
-    part = None
+    part, fd = None, None
     try:  # the figure is closed whatever fails, its folder or temp file included
         out.parent.mkdir(parents=True, exist_ok=True)
         # a name of its own (``.NAME.<random>``): two processes drawing the same plot at once
@@ -97,15 +99,68 @@ def _save(fig: plt.Figure, out: str | os.PathLike) -> Path:
         # ``NAME.part`` for both, one moved the other's away and failed (FileNotFoundError, in
         # half the saves)
         fd, part = _new_temp_file(out)
-        os.close(fd)
+        _hold(fd)  # until it is moved: marks it in use (see _remove_stale_temps)
         fig.tight_layout()
         fig.savefig(part, dpi=110, format=out.suffix.lstrip(".") or "png")
         os.replace(part, out)
+        part = None
+        _remove_stale_temps(out)
     finally:
         plt.close(fig)
+        if fd is not None:
+            os.close(fd)
         if part is not None:
             Path(part).unlink(missing_ok=True)
     return out
+
+
+#: a temp file of a save younger than this is never taken for a stale one (it may be a live
+#: save's, between its creation and its lock); without file locks (Windows), the age alone
+_STALE_TEMP_SECONDS = 2.0
+_STALE_TEMP_SECONDS_UNLOCKED = 3600.0
+
+
+def _hold(fd: int) -> None:
+    r"""Lock the open temp file ``fd`` (POSIX ``flock``, released when it is closed or its
+    process dies) so that no other save takes it for a stale one."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the age alone tells
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _remove_stale_temps(out: Path) -> list[Path]:
+    r"""Delete the temp files of saves of ``out`` (``.NAME.<12 hex>`` beside it) that a killed
+    process left: unlocked (no live save holds them, :func:`_hold`) and older than
+    ``_STALE_TEMP_SECONDS``. Returns those removed."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        fcntl = None
+    name = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{12}}")
+    removed = []
+    for tmp in out.parent.iterdir():
+        if not name.fullmatch(tmp.name):
+            continue
+        try:
+            age = time.time() - tmp.stat().st_mtime
+            min_age = _STALE_TEMP_SECONDS if fcntl else _STALE_TEMP_SECONDS_UNLOCKED
+            if age < min_age:
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:  # gone meanwhile (its save finished), or not ours to read
+            continue
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live save: raises
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:  # in use, or gone meanwhile
+            continue
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _plain_log_ticks(ax: plt.Axes) -> None:

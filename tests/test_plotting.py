@@ -173,6 +173,37 @@ def test_a_plot_interrupted_while_saving_leaves_the_previous_one(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.png"]
 
 
+def test_a_save_removes_the_temp_files_a_killed_save_of_its_plot_left(tmp_path):
+    r"""A save killed before its temp file (``.NAME.<hex>``) was moved left it in the folder
+    for good: no later save or `bo-online plot` removed it. The next save of that plot now
+    removes those left by dead saves, and leaves a live save's (locked), one just created, and
+    other plots' alone."""
+    import fcntl
+    import os
+    import time
+
+    out = tmp_path / "plots" / "progress.png"
+    out.parent.mkdir()
+    old = time.time() - 60
+
+    def temp(name):
+        path = out.parent / name
+        path.write_bytes(PNG[:4])
+        os.utime(path, (old, old))
+        return path
+
+    stale = [temp(".progress.png.0123456789ab"), temp(".progress.png.ba9876543210")]
+    live, other = temp(".progress.png.aaaaaaaaaaaa"), temp(".rmse.png.0123456789ab")
+    young = out.parent / ".progress.png.bbbbbbbbbbbb"
+    young.write_bytes(b"")
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a save in progress in another process
+        plotting.plot_progress([("r1", _bo_records(1.0))], out)
+        assert not any(p.exists() for p in stale)
+        assert live.exists() and young.exists() and other.exists()
+    assert out.read_bytes()[:8] == PNG
+
+
 def _visible_y_labels(ax):
     r"""The y tick labels (major and minor) matplotlib draws inside the axis' limits."""
     ax.figure.canvas.draw()
