@@ -654,7 +654,42 @@ def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_
         [*argv, "--n-init", "3", "--no-plots", "--out", str(tmp_path / "r"), *SMALL], capsys
     )
     best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
-    assert code == 0 and f"{best['best_value']:.10g}" in out and "1e+06" not in out
+    shown = f"{best['best_value']:.4f}".rstrip("0")  # 1e6 + O(1): 4 decimals
+    assert code == 0 and shown in out and "1e+06" not in out
+
+
+def test_the_summary_shows_values_with_6_significant_digits_and_the_records_all(tmp_path, capsys):
+    r"""The summary printed the best value and the optimum with 10 significant digits
+    (0.3978873577 for Branin's optimum): more than a person reads. It now shows 6, and the
+    records keep the full value."""
+    obj = tmp_path / "obj.py"
+    obj.write_text("def f(X):\n    return 0.123456789123 + 0.0 * X.sum(-1)\n")
+    argv = ["bo", "--objective", f"{obj}:f", "--bounds", "0,1 0,1", "--steps", "0"]
+    code, out, _ = _run(
+        [*argv, "--n-init", "3", "--no-plots", "--out", str(tmp_path / "r"), *SMALL], capsys
+    )
+    best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
+    assert code == 0 and best["best_value"] == 0.123456789123  # the record: full precision
+    rows = [line for line in out.splitlines() if "best observed value" in line]
+    assert len(rows) == 1 and "0.123457 " in rows[0] and "0.1234567" not in out
+    code, out, _ = _run(
+        [
+            "bo",
+            "--problem",
+            "branin",
+            "--steps",
+            "0",
+            "--n-init",
+            "3",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "b"),
+            *SMALL,
+        ],
+        capsys,
+    )
+    rows = [line for line in out.splitlines() if "optimum" in line]
+    assert code == 0 and len(rows) == 1 and "0.397887 " in rows[0], out
 
 
 def test_resume_of_a_python_callable_run_says_how_to_resume_it(tmp_path, capsys):

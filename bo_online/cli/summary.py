@@ -17,6 +17,18 @@ def _fmt(value: Any, digits: int = 5) -> str:
     return str(value)
 
 
+def _fmt_value(value: Any) -> str:
+    r"""An objective's value for a person to read: 6 significant digits, and in fixed point
+    at least 4 decimals from 1 up to 1e15, trailing zeros dropped. ``0.397887`` for
+    0.3978873577297, ``1000000.0123`` for 1e6 + 0.0123 (6 significant digits alone read
+    ``1e+06``, whatever the run found). The records keep the full value."""
+    if not isinstance(value, float) or not math.isfinite(value) or not 1 <= abs(value) < 1e15:
+        return _fmt(value, 6)
+    decimals = max(6 - 1 - math.floor(math.log10(abs(value))), 4)
+    text = f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
 def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
     """A summary row for the last recorded value of a metric, labelled with its step (test
     metrics are recorded every ``--eval-every`` steps, so the last may predate the last step)."""
@@ -56,11 +68,12 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
     if loop.kind in ("bo", "bo_async"):
-        # 10 digits: an objective's values on an offset (1e6 + O(1)) differ after the 5th
+        # readable digits that still show an objective's values on an offset (1e6 + O(1)),
+        # which differ after the 5th significant digit
         rows += [
-            ("best observed value", _fmt(last["best_value"], 10)),
-            ("best true value", _fmt(last.get("best_true_value"), 10)),
-            ("optimum", _fmt(loop.problem.optimal_value, 10)),
+            ("best observed value", _fmt_value(last["best_value"])),
+            ("best true value", _fmt_value(last.get("best_true_value"))),
+            ("optimum", _fmt_value(loop.problem.optimal_value)),
             ("simple regret", _fmt(last.get("regret"))),
         ]
     elif loop.kind == "active":
