@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, Literal, TypeVar
 
@@ -19,6 +21,8 @@ from botorch.optim.core import OptimizationResult, scipy_minimize, torch_minimiz
 from botorch.optim.utils.model_utils import get_parameters_and_bounds
 from torch import Tensor
 from torch.nn import Module
+
+from bo_online.models.validation import whole_number
 
 Bounds = dict[str, tuple[float | None, float | None]]
 SettingsT = TypeVar("SettingsT")
@@ -43,6 +47,29 @@ class OptimizerSettings:
     max_iter: int = 200
     lr: float = 0.05
     timeout_sec: float | None = None
+
+    def __post_init__(self) -> None:
+        r"""Refuse optimiser settings no fit can run with, when the settings are made: a
+        ``max_iter`` of -5 and a ``timeout_sec`` of -1 were taken (the fit ran anyway), a
+        ``max_iter`` of "10" failed inside the optimiser with a ``TypeError``, and in Ax (whose
+        fit options are checked when the generation strategy is made) such values surfaced
+        only after the Sobol trials, or never. ``None`` keeps a field's meaning where a
+        subclass allows it (QSGP's ``max_iter``, the decoupled SVGP's ``lr``)."""
+        if self.max_iter is not None:
+            max_iter = whole_number("max_iter", self.max_iter, 0)
+            object.__setattr__(self, "max_iter", max_iter)  # 50.0 -> 50 (a frozen dataclass)
+        if self.lr is not None:
+            lr = self.lr
+            bad = isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+            if bad or not (lr > 0 and math.isfinite(lr)):
+                raise ValueError(f"lr must be a positive number, got {lr!r}.")
+        timeout = self.timeout_sec
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
+        ):
+            raise ValueError(
+                f"timeout_sec must be a number of seconds >= 0 or None, got {timeout!r}."
+            )
 
 
 def resolve_settings(

@@ -855,6 +855,23 @@ def test_misspelt_model_or_fit_options_are_refused_before_any_trial(model_name):
     )
 
 
+@pytest.mark.parametrize("model_name", MODELS)
+def test_fit_option_values_no_fit_can_run_with_are_refused_before_any_trial(model_name):
+    """Fit option names were checked when the strategy was made, values not: ``max_iter=-5``
+    ran every fit anyway, ``max_iter="10"`` failed with a TypeError at the first model-based
+    trial, after the Sobol evaluations. Both are refused at once, with what is accepted."""
+    for bad, match in (
+        ({"max_iter": -5}, "max_iter must be an integer >= 0, got -5"),
+        ({"max_iter": "10"}, "max_iter must be an integer >= 0, got '10'"),
+        ({"timeout_sec": -1.0}, "timeout_sec must be a number of seconds >= 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            boax.make_generation_strategy(model_name, fit_options=bad)
+        with pytest.raises(ValueError, match=match):
+            boax.make_generation_strategy(model_name, model_options={"fit_options": bad})
+    boax.make_generation_strategy(model_name, fit_options={"max_iter": 0})
+
+
 def test_option_check_passes_a_subclass_forwarding_keywords_and_a_settings_object():
     """The early option check refused every option of a user's subclass whose ``__init__``
     forwards ``**options`` to its parent (it took them for fit settings, QSGP's

@@ -79,6 +79,42 @@ def test_resolve_settings_applies_overrides_and_refuses_unknown_names() -> None:
         resolve_settings(_Settings, OptimizerSettings(), {})
 
 
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"max_iter": -5}, "max_iter must be an integer >= 0, got -5"),
+        ({"max_iter": "10"}, "max_iter must be an integer >= 0, got '10'"),
+        ({"max_iter": 2.5}, "max_iter must be an integer >= 0"),
+        ({"max_iter": True}, "max_iter must be an integer >= 0"),
+        ({"lr": -1.0}, "lr must be a positive number, got -1.0"),
+        ({"lr": float("nan")}, "lr must be a positive number"),
+        ({"lr": "0.1"}, "lr must be a positive number"),
+        ({"timeout_sec": -1}, "timeout_sec must be a number of seconds >= 0 or None"),
+    ],
+)
+def test_optimizer_settings_refuse_values_no_fit_can_run_with(bad, match) -> None:
+    """A negative ``max_iter`` or ``timeout_sec`` was taken and the fit ran anyway, a string
+    ``max_iter`` failed inside the optimiser with a TypeError: refused when the settings are
+    made, through ``resolve_settings`` (what every ``fit`` and Ax's early check call) too."""
+    with pytest.raises(ValueError, match=match):
+        _Settings(**bad)
+    with pytest.raises(ValueError, match=match):
+        resolve_settings(_Settings, None, bad)
+    # Values at the edge stay accepted: no iterations, no time, a whole float, None fields.
+    s = resolve_settings(_Settings, None, {"max_iter": 0, "timeout_sec": 0.0})
+    assert (s.max_iter, s.timeout_sec) == (0, 0.0)
+    assert (
+        _Settings(max_iter=50.0).max_iter == 50 and type(_Settings(max_iter=50.0).max_iter) is int
+    )
+
+    @dataclasses.dataclass(frozen=True)
+    class _Optional(OptimizerSettings):
+        max_iter: int | None = None
+        lr: float | None = None
+
+    assert (_Optional().max_iter, _Optional().lr) == (None, None)
+
+
 def test_standardization_equals_botorch_standardize() -> None:
     y = torch.randn(2, 17, dtype=torch.float64) * 3 + 1
     mean, std = standardization(y)
