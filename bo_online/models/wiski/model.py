@@ -50,6 +50,7 @@ an error.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -79,6 +80,35 @@ from bo_online.models.wiski.projection import make_projection, set_projection_no
 from bo_online.models.wiski.statistics import _DELTA_NAMES, WISKIStatisticsMixin
 
 __all__ = ["WISKI", "default_grid_size"]
+
+
+def _grid_sizes(grid_size: Any, k: int) -> list[int]:
+    r"""``grid_size`` (one whole number, or one per feature) as ``k`` or more ints.
+
+    A string was read character by character (``"big"``: "invalid literal for int() with base
+    10: 'b'", ``"30"``: sizes 3 and 0), and a NumPy integer or a float such as 12.0 was
+    refused with "object is not iterable"; the message now says what to pass."""
+    what = f"grid_size must be a whole number or a sequence of {k} (one per feature)"
+    if isinstance(grid_size, Tensor) and grid_size.dim() == 0:
+        grid_size = grid_size.item()
+    if isinstance(grid_size, numbers.Real) and not isinstance(grid_size, bool):
+        scalar = isinstance(grid_size, numbers.Integral) or float(grid_size).is_integer()
+        if not scalar:
+            raise ValueError(f"{what}, got {grid_size!r}.")
+        return [int(grid_size)] * k
+    if isinstance(grid_size, (str, bytes, bool)) or not isinstance(grid_size, (Sequence, Tensor)):
+        raise ValueError(f"{what}, got {grid_size!r}.")
+    sizes = []
+    for g in grid_size:
+        g = g.item() if isinstance(g, Tensor) else g
+        whole = isinstance(g, numbers.Integral) or (
+            isinstance(g, numbers.Real) and float(g).is_integer()
+        )
+        if isinstance(g, bool) or not whole:
+            raise ValueError(f"{what}, got {grid_size!r}.")
+        sizes.append(int(g))
+    return sizes
+
 
 #: Up to this many inputs the loops' default is the additive model over every pair of inputs.
 ALL_PAIRS_MAX_DIM = 6
@@ -223,7 +253,7 @@ class WISKI(
             groups = self.input_groups
             J = 0 if groups is None else len(groups) + int(hasattr(self, "projection"))
             grid_size = default_grid_size(k) if groups is None else additive_grid_size(J, k)
-        sizes = [int(grid_size)] * k if isinstance(grid_size, int) else [int(g) for g in grid_size]
+        sizes = _grid_sizes(grid_size, k)
         if len(sizes) != k:
             raise ValueError(f"grid_size must give {k} sizes (one per feature), got {sizes}.")
         if self.input_groups is None:

@@ -354,3 +354,24 @@ def test_float32_stream_with_offset_outcomes_matches_dense_ski():
     assert float((post.mean.squeeze(-1).double() - mean_ref).abs().max()) < 2e-3
     var = post.variance.squeeze(-1).double() / float(ref.outcome_std) ** 2
     assert _rel(var, cov_ref.diagonal()) < 1e-3
+
+
+def test_grid_size_given_wrongly_says_what_to_pass():
+    """A string grid_size was read character by character ('big': "invalid literal for int()
+    with base 10: 'b'"; '30': sizes 3 and 0), a NumPy integer or a whole float was refused with
+    "object is not iterable": a string or non-whole value gets a message that says what to pass,
+    and any whole number (NumPy, 0-d tensor, whole float) is taken as the int it is."""
+    import numpy as np
+
+    X = torch.rand(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(-1, keepdim=True)
+    for bad in ("big", "30", 12.5, float("nan"), [12, "x"], [12.5, 12], object(), True):
+        with pytest.raises(ValueError, match="grid_size must be a whole number or a sequence"):
+            WISKI(X, Y, grid_size=bad)
+    for good in (np.int64(12), 12.0, torch.tensor(12), (12, 12), [np.int32(12), 12.0]):
+        model = WISKI(X, Y, grid_size=good)
+        assert model.grid.sizes == (12, 12) and all(type(g) is int for g in model.grid.sizes)
+        reference = WISKI(X, Y, grid_size=12)
+        torch.testing.assert_close(model.posterior(X).mean, reference.posterior(X).mean)
+    with pytest.raises(ValueError, match="Grid sizes must be >= 6"):  # the bound's own message
+        WISKI(X, Y, grid_size=[-4, -4])
