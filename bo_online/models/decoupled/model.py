@@ -24,7 +24,7 @@ from bo_online.models.decoupled.fitting import DecoupledFitMixin
 from bo_online.models.decoupled.objectives import DecoupledObjectivesMixin
 from bo_online.models.decoupled.prediction import DecoupledPredictionMixin
 from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin, site_dtype
-from bo_online.models.validation import detached, require_bool
+from bo_online.models.validation import detached, require_bool, whole_number
 
 __all__ = ["DecoupledSVGP"]
 
@@ -140,6 +140,13 @@ class DecoupledSVGP(
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             shape = getattr(train_X, "shape", train_X)
             raise ValueError(f"train_X must be an n x d tensor, got {shape}.")
+        # A float such as 2.5 was cut to 2 and a string failed in a comparison; whole numbers of
+        # any type pass (the checks below say how they relate).
+        num_mean_bases = whole_number("num_mean_bases", num_mean_bases, 1)
+        num_cov_bases = whole_number("num_cov_bases", num_cov_bases, 1)
+        warm_start_points = whole_number("warm_start_points", warm_start_points, 0)
+        max_basis_growth = whole_number("max_basis_growth", max_basis_growth, 0)
+        exact_fit_points = whole_number("exact_fit_points", exact_fit_points, 1)
         if num_cov_bases < 1 or num_mean_bases < num_cov_bases:
             raise ValueError(
                 f"Need 1 <= num_cov_bases <= num_mean_bases, got num_cov_bases={num_cov_bases}, "

@@ -558,3 +558,27 @@ def test_update_keeps_no_autograd_graph_in_caches():
         m.update(Xn, Yn)
     grads = [k for k, v in m._buffers.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     assert grads == []
+
+
+def test_basis_counts_given_wrongly_are_refused_and_whole_numbers_of_any_type_taken():
+    """``num_cov_bases=2.5`` (e.g. from Ax model_options) was cut to 2 without a word and
+    ``"128"`` failed in a comparison (TypeError); they are refused with the option's name, and
+    whole numbers given as floats or NumPy integers build the same model as the ints."""
+    X, Y = _data(20)
+    for name, bad in (
+        ("num_cov_bases", 2.5),
+        ("num_cov_bases", "8"),
+        ("num_mean_bases", 16.5),
+        ("warm_start_points", -1),
+        ("max_basis_growth", 1.5),
+        ("exact_fit_points", True),
+    ):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= "):
+            DecoupledSVGP(X, Y, **{"num_mean_bases": 16, "num_cov_bases": 8, name: bad})
+    ints = DecoupledSVGP(X, Y, num_mean_bases=16, num_cov_bases=8)
+    other = DecoupledSVGP(X, Y, num_mean_bases=np.int64(16), num_cov_bases=8.0)
+    assert (other.num_mean_bases, other.num_cov_bases) == (16, 8)
+    assert type(other.num_cov_bases) is int
+    Xt = _data(5, seed=3)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(other.posterior(Xt).mean, ints.posterior(Xt).mean)
