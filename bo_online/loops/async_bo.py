@@ -180,15 +180,17 @@ class SlowProblem(Problem):
 class AsyncBayesOptLoop(BayesOptLoop):
     r"""Asynchronous BO: one point per free worker, results folded in as they arrive.
 
-    A *step* is one folded-in (successful) evaluation; ``run(steps)`` ends after ``steps``
-    evaluations following the initial design (which is evaluated on the cluster too).
+    A *step* is one evaluation, folded in or failed (a failed one adds no observation);
+    ``run(steps)`` ends after ``steps`` evaluations following the initial design (which is
+    evaluated on the cluster too).
 
     Args:
         problem: the objective (see :class:`bo_online.loops.BayesOptLoop`).
         client: a ``distributed.Client`` (its workers' threads are the evaluation slots).
         acq: ``qucb``, ``qlognei`` or ``ts``.
         max_failures: stop with :class:`TooManyFailures` once more evaluations than this have
-            raised.
+            raised (a failure at the last step of ``run``'s budget stops nothing: the run
+            finishes).
         max_in_flight: evaluations at once (default: the cluster's worker threads); a resumed
             run keeps it.
         **kwargs: the other options of :class:`bo_online.loops.BayesOptLoop` (``q`` must be 1).
@@ -428,10 +430,10 @@ class AsyncBayesOptLoop(BayesOptLoop):
     def run(
         self, steps: int | None = None, callback: Callable[[dict[str, Any]], None] | None = None
     ) -> list[dict[str, Any]]:
-        r"""Evaluate until ``steps`` evaluations after the initial design have been folded in
-        (as :meth:`OnlineLoop.run`: the run directory is locked while it runs, SIGINT / SIGTERM
-        stop it after the result being folded in and write the checkpoint, with the points
-        still in flight, which a resume submits again)."""
+        r"""Evaluate until ``steps`` evaluations after the initial design are done, folded in or
+        failed (as :meth:`OnlineLoop.run`: the run directory is locked while it runs, SIGINT /
+        SIGTERM stop it after the result being folded in and write the checkpoint, with the
+        points still in flight, which a resume submits again)."""
         self._run_t0, self._wall0 = time.perf_counter(), self.wall_time
         return super().run(steps, callback)
 
@@ -481,7 +483,10 @@ class AsyncBayesOptLoop(BayesOptLoop):
         if record is None:  # Dask gave up after worker deaths: resubmit the point
             completed.add(self._submit(self._pending_pid_of_resubmit()))
             return
-        if record.get("failed") and self.failures > self.config["max_failures"]:
+        # A failed evaluation is a step: the last step of the budget finishes the run whatever
+        # it did (stopped, it said to resume with a higher limit, which had nothing left to do).
+        unfinished = self.step_count < self.target_steps
+        if record.get("failed") and self.failures > self.config["max_failures"] and unfinished:
             if self.out_dir is not None:
                 self.save_checkpoint()
             raise TooManyFailures(self.failures, self.config["max_failures"], record["error"])

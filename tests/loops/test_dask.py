@@ -313,6 +313,37 @@ def test_worker_killed_and_objective_raising(client, tmp_path):
     assert loop.failures == 2
 
 
+def test_a_failure_at_the_last_step_finishes_the_run_it_cannot_stop(client, tmp_path):
+    r"""A failed evaluation is a step of its own: when the last step of the budget failed and
+    took the failures over ``max_failures``, the loop raised :class:`TooManyFailures` though
+    every step was done, and the advice that goes with it (resume with a higher limit) ran
+    nothing, the target being reached. The run now finishes (the failure is in its records);
+    a failure before the last step still stops it."""
+    problem = _Flaky(tmp_path, kill_at=-1, raise_at=(1,))
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(
+        problem,
+        client,
+        model="exact",
+        acq="qucb",
+        max_failures=0,
+        max_in_flight=1,
+        out_dir=out,
+        **FAST,
+    )
+    loop.initialize()
+    (tmp_path / "armed").touch()
+    loop.run(steps=2)  # call 0: step 1 folded in; call 1: step 2 failed, the last one
+    assert loop.step_count == 2 and loop.failures == 1
+    assert [r.get("failed") for r in loop.records if r["step"] > 0] == [False, True]
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert (ckpt["step_count"], ckpt["state"]["failures"]) == (2, 1)
+    with pytest.raises(TooManyFailures, match="max_failures=0"):  # before the last: stopped
+        problem.raise_at = (2,)
+        loop.run(steps=4)
+    assert loop.step_count == 3 and loop.failures == 2
+
+
 class _Crashing(_Flaky):
     """Branin whose every evaluation, once armed, kills its worker process."""
 
