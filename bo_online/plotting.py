@@ -12,6 +12,7 @@ Each function takes run directories (or record lists with labels) and writes one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -122,12 +123,15 @@ _STALE_TEMP_SECONDS_UNLOCKED = 3600.0
 
 def _hold(fd: int) -> None:
     r"""Lock the open temp file ``fd`` (POSIX ``flock``, released when it is closed or its
-    process dies) so that no other save takes it for a stale one."""
+    process dies) so that no other save takes it for a stale one. Where ``flock`` is refused
+    (``ENOLCK`` on NFS without a lock daemon) the save goes on unlocked: another save's
+    ``flock`` fails there too, so it removes nothing."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the age alone tells
         return
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 def _remove_stale_temps(out: Path) -> list[Path]:

@@ -204,6 +204,31 @@ def test_a_save_removes_the_temp_files_a_killed_save_of_its_plot_left(tmp_path):
     assert out.read_bytes()[:8] == PNG
 
 
+def test_a_plot_is_saved_where_the_file_system_has_no_flock(tmp_path, monkeypatch):
+    r"""The lock a save holds on its temp file (so that no other save removes it) made every
+    plot fail where ``flock`` is refused (``ENOLCK`` on NFS without a lock daemon; the run
+    directory's own guard goes on unlocked there): the save now goes on without it, and the
+    stale-file sweep, whose ``flock`` fails the same way, removes nothing it cannot lock."""
+    import errno
+    import fcntl
+    import os
+    import time
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    out = tmp_path / "plots" / "progress.png"
+    out.parent.mkdir()
+    other = out.parent / ".progress.png.0123456789ab"  # maybe a live save's: cannot tell
+    other.write_bytes(b"")
+    old = time.time() - 60
+    os.utime(other, (old, old))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    plotting.plot_progress([("r1", _bo_records(1.0))], out)
+    assert out.read_bytes()[:8] == PNG and other.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == [other.name, "progress.png"]
+
+
 def _visible_y_labels(ax):
     r"""The y tick labels (major and minor) matplotlib draws inside the axis' limits."""
     ax.figure.canvas.draw()
