@@ -235,10 +235,12 @@ def plot_progress(runs: Sequence[Run], out: str | os.PathLike, metric: str = "au
 
 def plot_time_per_step(runs: Sequence[Run], out: str | os.PathLike) -> Path:
     r"""Time per step (fit + acquisition + evaluation + update) vs n, with the update time
-    alone dashed; steps after the initial design only."""
+    alone dashed; steps after the initial design only, not an asynchronous run's failed
+    evaluations (no observation added, nothing fitted or updated: a second point at that n,
+    with an update time of 0 off the log axis)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, records in runs:
-        rows = [r for r in records if r["step"] > 0]
+        rows = [r for r in records if r["step"] > 0 and not r.get("failed")]
         if not rows:
             continue
         n = np.array([r["n"] for r in rows], float)

@@ -229,6 +229,23 @@ def test_a_plot_is_saved_where_the_file_system_has_no_flock(tmp_path, monkeypatc
     assert sorted(p.name for p in out.parent.iterdir()) == [other.name, "progress.png"]
 
 
+def test_time_per_step_leaves_out_failed_evaluations(tmp_path, captured):
+    r"""An asynchronous run's failed evaluation is a step of its own that adds no observation:
+    its record has the n of the step before and no fit or update (``time_update`` 0). The time
+    per step vs n plotted it, a second point at that n whose update time, 0 on the log axis,
+    dropped the dashed line off the bottom of the plot; failed evaluations are now left out
+    (they cost the surrogate nothing)."""
+    recs = _bo_records(1.0)
+    failed = {**recs[3], "step": 4, "failed": True, "time_step": 0.002, "time_update": 0.0}
+    recs = [*recs[:4], failed, *[{**r, "step": r["step"] + 1} for r in recs[4:]]]
+    plotting.plot_time_per_step([("a", recs)], tmp_path / "t.png")
+    total, update = captured[0].axes[0].get_lines()
+    kept = [r for r in recs if r["step"] > 0 and not r.get("failed")]
+    np.testing.assert_allclose(total.get_xdata(), [r["n"] for r in kept])
+    np.testing.assert_allclose(total.get_ydata(), [r["time_step"] for r in kept])
+    np.testing.assert_allclose(update.get_ydata(), [r["time_update"] for r in kept])
+
+
 def _visible_y_labels(ax):
     r"""The y tick labels (major and minor) matplotlib draws inside the axis' limits."""
     ax.figure.canvas.draw()
