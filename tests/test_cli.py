@@ -1045,3 +1045,36 @@ def test_sigterm_after_the_last_step_says_the_run_finished(tmp_path, capsys, mon
     last = err.strip().splitlines()[-1]
     assert last.startswith("bo-online: error: terminated after the run finished: all 2 steps"), err
     assert "continue" not in last
+
+
+def test_sigterm_while_a_finished_run_resumed_shows_its_summary_says_it_finished(
+    tmp_path, capsys, monkeypatch
+):
+    r"""`bo-online resume` of a run whose checkpoint holds every step of its target runs
+    nothing and prints the summary; SIGTERM during it said `terminated; continue the run with
+    bo-online resume DIR` (the loop knew its checkpoint only once it wrote one, and a resume
+    that has nothing to do writes none), advice that again ran nothing."""
+    import signal
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from bo_online.loops import history
+
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--steps", "2", "--no-plots", "--out", str(out)]
+    code, _, err = _run([*argv, *SMALL], capsys)
+    assert code == 0, err
+    show = Console.print
+
+    def terminate(console, *args, **kwargs):  # at the summary table, once the run returned
+        if args and isinstance(args[0], Table):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return show(console, *args, **kwargs)
+
+    monkeypatch.setattr(Console, "print", terminate)
+    code, _, err = _run(["resume", str(out), "--no-plots"], capsys)
+    assert code == 143, err
+    assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("bo-online: error: terminated after the run finished: all 2 steps"), err

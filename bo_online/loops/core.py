@@ -1105,6 +1105,10 @@ class OnlineLoop:
         self.elapsed = float(ckpt.get("elapsed", self.wall_time))  # absent in older checkpoints
         self.records = list(ckpt["records"])
         if self.out_dir is not None:
+            # the checkpoint on disk holds these steps (finished_on_disk: a resume of a finished
+            # run writes none, and a stop during its summary said to resume it again)
+            if (self.out_dir / history.CHECKPOINT_FILE).is_file():
+                self._checkpoint_steps = self.step_count
             self._files_started = True
             # written once the run goes on (_sync_resumed_files): a resume refused before
             # (steps beyond the data) leaves the files as they were
