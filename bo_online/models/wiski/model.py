@@ -53,6 +53,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from botorch.models.utils.gpytorch_modules import get_gaussian_likelihood_with_lognormal_prior
 from gpytorch.kernels import Kernel
@@ -87,20 +88,23 @@ def _grid_sizes(grid_size: Any, k: int) -> list[int]:
 
     A string was read character by character (``"big"``: "invalid literal for int() with base
     10: 'b'", ``"30"``: sizes 3 and 0), and a NumPy integer or a float such as 12.0 was
-    refused with "object is not iterable"; the message now says what to pass."""
+    refused with "object is not iterable"; the message now says what to pass. A tensor or
+    NumPy array is read as the number (0-d) or the sizes (1-d) it holds."""
     what = f"grid_size must be a whole number or a sequence of {k} (one per feature)"
-    if isinstance(grid_size, Tensor) and grid_size.dim() == 0:
-        grid_size = grid_size.item()
+    if isinstance(grid_size, (Tensor, np.ndarray)):  # 0-d: a number; 1-d: its elements
+        if grid_size.ndim > 1:
+            raise ValueError(f"{what}, got an array of shape {tuple(grid_size.shape)}.")
+        grid_size = grid_size.tolist()
     if isinstance(grid_size, numbers.Real) and not isinstance(grid_size, bool):
         scalar = isinstance(grid_size, numbers.Integral) or float(grid_size).is_integer()
         if not scalar:
             raise ValueError(f"{what}, got {grid_size!r}.")
         return [int(grid_size)] * k
-    if isinstance(grid_size, (str, bytes, bool)) or not isinstance(grid_size, (Sequence, Tensor)):
+    if isinstance(grid_size, (str, bytes, bool)) or not isinstance(grid_size, Sequence):
         raise ValueError(f"{what}, got {grid_size!r}.")
     sizes = []
     for g in grid_size:
-        g = g.item() if isinstance(g, Tensor) else g
+        g = g.item() if isinstance(g, Tensor) and g.dim() == 0 else g
         whole = isinstance(g, numbers.Integral) or (
             isinstance(g, numbers.Real) and float(g).is_integer()
         )

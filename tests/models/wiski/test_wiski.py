@@ -375,3 +375,22 @@ def test_grid_size_given_wrongly_says_what_to_pass():
         torch.testing.assert_close(model.posterior(X).mean, reference.posterior(X).mean)
     with pytest.raises(ValueError, match="Grid sizes must be >= 6"):  # the bound's own message
         WISKI(X, Y, grid_size=[-4, -4])
+
+
+def test_grid_size_as_a_numpy_array_is_taken():
+    """A NumPy array of sizes (``np.full(2, 12)``) was taken before grid sizes were checked
+    (each element read as an int) and is then refused as not a sequence; a 0-d array was
+    refused too, where a NumPy integer is taken. Both are taken as the sizes they hold."""
+    import numpy as np
+
+    X = torch.rand(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(-1, keepdim=True)
+    reference = WISKI(X, Y, grid_size=12)
+    for good in (np.full(2, 12), np.array(12), np.array([12.0, 12.0])):
+        model = WISKI(X, Y, grid_size=good)
+        assert model.grid.sizes == (12, 12) and all(type(g) is int for g in model.grid.sizes)
+        torch.testing.assert_close(model.posterior(X).mean, reference.posterior(X).mean)
+    bad_arrays = (np.array([12.5, 12]), np.array(["12", "12"]), np.full((2, 2), 12))
+    for bad in (*bad_arrays, torch.full((2, 2), 12)):  # a 2-d tensor: a RuntimeError of .item()
+        with pytest.raises(ValueError, match="grid_size must be a whole number or a sequence"):
+            WISKI(X, Y, grid_size=bad)
