@@ -1078,3 +1078,24 @@ def test_sigterm_while_a_finished_run_resumed_shows_its_summary_says_it_finished
     assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("bo-online: error: terminated after the run finished: all 2 steps"), err
+
+
+def test_summary_values_are_read_as_written_from_minus_zero_to_1e20():
+    r"""The summary's value format (6 significant digits, fixed point with at least 4 decimals
+    from 1 up to 1e15) printed -0.0 as ``-0``; checked by hand at the edges."""
+    from bo_online.cli.summary import _fmt_value
+
+    cases = [
+        (-0.0, "0"),
+        (0.0, "0"),
+        (-0.3978873577, "-0.397887"),
+        (-1234567.891234, "-1234567.8912"),
+        (1e-12, "1e-12"),
+        (1e20, "1e+20"),
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+        (-float("inf"), "-inf"),
+        (1e6 + 0.0123, "1000000.0123"),
+        (None, "-"),
+    ]
+    assert [(v, _fmt_value(v)) for v, _ in cases] == cases

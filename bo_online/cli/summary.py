@@ -22,11 +22,12 @@ def _fmt_value(value: Any) -> str:
     at least 4 decimals from 1 up to 1e15, trailing zeros dropped. ``0.397887`` for
     0.3978873577297, ``1000000.0123`` for 1e6 + 0.0123 (6 significant digits alone read
     ``1e+06``, whatever the run found). The records keep the full value."""
+    if isinstance(value, float) and value == 0:
+        return "0"  # -0.0 (an objective's -(0 * x)) printed "-0"
     if not isinstance(value, float) or not math.isfinite(value) or not 1 <= abs(value) < 1e15:
         return _fmt(value, 6)
     decimals = max(6 - 1 - math.floor(math.log10(abs(value))), 4)
-    text = f"{value:.{decimals}f}".rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
 
 
 def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
