@@ -1099,3 +1099,42 @@ def test_summary_values_are_read_as_written_from_minus_zero_to_1e20():
         (None, "-"),
     ]
     assert [(v, _fmt_value(v)) for v, _ in cases] == cases
+
+
+def test_summary_medians_leave_out_failed_asynchronous_evaluations(capsys):
+    r"""A failed asynchronous evaluation is a step of its own with an update time of 0 (it adds
+    no observation); the summary's median update time counted it, so a run whose evaluations
+    failed more often than not showed the median of the failures: 0."""
+    from types import SimpleNamespace
+
+    from bo_online.cli.summary import _finish
+
+    def record(step: int, failed: bool) -> dict:
+        return {
+            "step": step,
+            "n": 3 + step,
+            "time_step": 0.5 if failed else 2.0,
+            "time_update": 0.0 if failed else 1.0,
+            "best_value": 1.0,
+            "wall_time": 10.0,
+            **({"failed": True} if failed else {}),
+        }
+
+    records = [{**record(0, False), "n": 3}] + [record(s, s not in (2, 5)) for s in range(1, 6)]
+    loop = SimpleNamespace(
+        out_dir=None,
+        records=records,
+        kind="bo_async",
+        problem=SimpleNamespace(name="f", optimal_value=None),
+        config={"model": "exact", "q": 1},
+        step_count=5,
+        elapsed=12.0,
+    )
+    _finish(loop, plots=False, quiet=False)
+    out = capsys.readouterr().out
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in out.splitlines()
+        if line.count("│") >= 3
+    }
+    assert rows["median update time (s)"] == "1" and rows["median time / step (s)"] == "2", out

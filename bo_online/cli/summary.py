@@ -55,7 +55,8 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     from rich.table import Table
 
     records = loop.records
-    steps = [r for r in records if r["step"] > 0]
+    # failed asynchronous evaluations time an acquisition but no update: not a step's cost
+    steps = [r for r in records if r["step"] > 0 and not r.get("failed")]
     last = records[-1]
     table = Table(title=f"bo-online {loop.kind}: summary", show_header=True)
     table.add_column("quantity")
