@@ -212,10 +212,17 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
     r"""``loop.run(steps)`` on the cluster at ``address``; stopped by ``--max-failures``, one line
     with the command that continues the run: with ``--dask`` and a limit that allows as many
     failures again (the count runs over the whole run, so the old one stops it at once)."""
-    from bo_online.loops.async_bo import TooManyFailures
+    from bo_online.loops.async_bo import NoWorkers, TooManyFailures
 
     try:
         _run(loop, steps, address)
+    except NoWorkers as e:
+        message = str(e).removesuffix(e.ADVICE).rstrip()
+        _fail(
+            f"{message} Start workers (or fix the objective), then continue the run with "
+            f"`{_resume_command(loop, address)}`.",
+            1,
+        )
     except TooManyFailures as e:
         limit = loop.failures + loop.config["max_failures"]
         command = f"{_resume_command(loop, address)} --max-failures {limit}"

@@ -53,6 +53,7 @@ __all__ = [
     "AsyncBayesOptLoop",
     "ASYNC_ACQUISITIONS",
     "TooManyFailures",
+    "NoWorkers",
     "SlowProblem",
     "connect",
 ]
@@ -80,6 +81,29 @@ class TooManyFailures(RuntimeError):
             f"error: {last_error}. {self.ADVICE}"
         )
         self.failures, self.limit, self.last_error = failures, limit, last_error
+
+
+class NoWorkers(RuntimeError):
+    r"""The cluster has had no worker for ``AsyncBayesOptLoop.NO_WORKERS_SECONDS`` while
+    evaluations were in flight: they would wait forever.
+
+    Attributes:
+        seconds: how long the cluster had no worker.
+        in_flight: evaluations in flight (kept in the checkpoint; a resume submits them again).
+    """
+
+    #: the advice that ends the message (the CLI words its own, with the command that resumes)
+    ADVICE = "Start workers (or fix the objective), then resume the run."
+
+    def __init__(self, seconds: float, in_flight: int) -> None:
+        super().__init__(
+            f"The Dask cluster has had no worker for {seconds:.0f} s with {in_flight} "
+            "evaluation(s) in flight, which would wait forever: its workers died (an objective "
+            "that crashes its process, by os._exit or a segfault, can kill them faster than a "
+            "cluster restarts them) or were stopped. The run is saved with the points in "
+            f"flight. {self.ADVICE}"
+        )
+        self.seconds, self.in_flight = seconds, in_flight
 
 
 def connect(address: str) -> Any:
@@ -204,6 +228,11 @@ class AsyncBayesOptLoop(BayesOptLoop):
     WORKER_DEATH_ATTEMPTS: ClassVar[int] = 2
     #: how often the driver looks for finished evaluations (and for a stop signal)
     POLL_SECONDS: ClassVar[float] = 0.02
+    #: a cluster without any worker for this long, evaluations in flight, stops the run with
+    #: :class:`NoWorkers` (checkpointed); a LocalCluster restarts a dead worker within seconds,
+    #: a remote one may take a while (the check runs every ``WORKER_CHECK_SECONDS``)
+    NO_WORKERS_SECONDS: ClassVar[float] = 120.0
+    WORKER_CHECK_SECONDS: ClassVar[float] = 2.0
 
     def __init__(
         self,
@@ -443,6 +472,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
         if self.step_count >= self.target_steps:
             return  # nothing to do: the points still in flight stay in the checkpoint
         completed = as_completed()
+        self._no_workers_since, self._workers_checked = None, time.monotonic()
         for pid in sorted(self.in_flight):  # points in flight when the run was interrupted
             completed.add(self._submit(pid))
         try:
@@ -455,6 +485,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 while not completed.is_empty() and self._stop_signal is None:
                     batch = completed.next_batch(block=False)
                     if not batch:
+                        self._check_workers()
                         time.sleep(self.POLL_SECONDS)
                         continue
                     for future in batch:
@@ -472,6 +503,28 @@ class AsyncBayesOptLoop(BayesOptLoop):
             for future in list(self._futures):
                 future.cancel()
             self._futures.clear()
+
+    def _check_workers(self) -> None:
+        r"""Stop with :class:`NoWorkers` (after a checkpoint with the points in flight) once
+        the cluster has had no worker for :attr:`NO_WORKERS_SECONDS`: its futures would never
+        finish and the run waited without a word (an objective calling ``os._exit`` on some
+        inputs left a LocalCluster without workers, and the driver polling for good)."""
+        now = time.monotonic()
+        if now - self._workers_checked < self.WORKER_CHECK_SECONDS:
+            return
+        self._workers_checked = now
+        try:
+            workers = len(self.client.nthreads())
+        except (OSError, TimeoutError):  # the scheduler is gone too: no worker either
+            workers = 0
+        if workers:
+            self._no_workers_since = None
+        elif self._no_workers_since is None:
+            self._no_workers_since = now
+        elif now - self._no_workers_since >= self.NO_WORKERS_SECONDS:
+            if self.out_dir is not None:
+                self.save_checkpoint()
+            raise NoWorkers(now - self._no_workers_since, len(self.in_flight))
 
     def _fold(self, future: Any, completed: Any, advance: Any, callback: Any) -> None:
         """Handle one finished future: fold it in, record a failure, or resubmit its point."""

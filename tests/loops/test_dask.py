@@ -19,7 +19,12 @@ import torch
 distributed = pytest.importorskip("distributed")
 
 from bo_online.loops import BayesOptLoop, history, load_loop  # noqa: E402
-from bo_online.loops.async_bo import AsyncBayesOptLoop, SlowProblem, TooManyFailures  # noqa: E402
+from bo_online.loops.async_bo import (  # noqa: E402
+    AsyncBayesOptLoop,
+    NoWorkers,
+    SlowProblem,
+    TooManyFailures,
+)
 from bo_online.problems import Problem, synthetic_problem  # noqa: E402
 from bo_online.sweep import run_sweep  # noqa: E402
 
@@ -372,6 +377,73 @@ def test_an_objective_that_always_kills_its_worker_is_a_failure_not_an_endless_r
             with pytest.raises(TooManyFailures, match="Dask gave up on this point 2 times"):
                 loop.run(steps=3)
     assert loop.failures == 1 and loop.step_count == 1  # the failed evaluation is a step
+
+
+def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
+    tmp_path, monkeypatch
+):
+    r"""An objective that killed its workers faster than the cluster restarted them left it
+    with none: the futures in flight never finished and the driver polled for good, without a
+    word. The run now stops with :class:`NoWorkers` once the cluster has had no worker for
+    ``NO_WORKERS_SECONDS``, its checkpoint holding the points in flight, and goes on when
+    workers are back."""
+    monkeypatch.setattr(AsyncBayesOptLoop, "NO_WORKERS_SECONDS", 1.0)
+    monkeypatch.setattr(AsyncBayesOptLoop, "WORKER_CHECK_SECONDS", 0.05)
+    problem = SlowProblem(synthetic_problem("branin"), mean_duration=0.3, sigma=0.1)
+    out = tmp_path / "run"
+    cluster = distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    with cluster, distributed.Client(cluster) as client:
+        loop = AsyncBayesOptLoop(
+            problem, client, model="exact", acq="qucb", max_in_flight=1, out_dir=out, **FAST
+        )
+        loop.initialize()
+
+        def stop_the_workers(record):
+            if record["step"] == 1:
+                cluster.scale(0)
+
+        with pytest.raises(NoWorkers, match="no worker for 1 s with 1 evaluation"):
+            loop.run(steps=4, callback=stop_the_workers)
+        assert loop.step_count == 1 and len(loop.in_flight) == 1
+        ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+        assert ckpt["step_count"] == 1 and len(ckpt["state"]["in_flight"]) == 1
+        cluster.scale(1)
+        client.wait_for_workers(1, timeout=60)
+        loop.run(steps=4)
+    assert loop.step_count == 4 and loop.X.shape[0] == 5 + 4
+
+
+def test_a_cluster_without_workers_on_the_cli_says_how_to_continue(
+    client, tmp_path, capsys, monkeypatch
+):
+    r"""On the CLI, :class:`NoWorkers` is one line that ends with the command continuing the
+    run on a cluster, and the run continues from it."""
+    import contextlib
+    import shlex
+
+    import bo_online.cli as cli
+
+    def no_workers(self, callback):
+        self.save_checkpoint()
+        raise NoWorkers(121.0, 2)
+
+    monkeypatch.setattr(cli.running, "_dask_client", lambda a: contextlib.nullcontext(client))
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--steps", "2", "--out", str(out), "--dask", "local:2"]
+    fast = ["--n-init", "3", "--fit-max-iter", "5", "--num-restarts", "2", "--raw-samples", "32"]
+    with monkeypatch.context() as mp:
+        mp.setattr(AsyncBayesOptLoop, "_run_steps", no_workers)
+        with pytest.raises(SystemExit) as e:
+            cli.main([*argv, *fast, "--acq", "ts", "--quiet", "--no-plots"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "no worker for 121 s with 2 evaluation(s) in flight" in err
+    command = err.split("continue the run with `")[1].rstrip("`.")
+    assert command.startswith(f"bo-online resume {out}") and "--dask local:2" in command
+    cli.main(shlex.split(command)[1:] + ["--quiet", "--no-plots"])
+    assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["step_count"] == 2
 
 
 def test_an_objective_from_a_file_runs_on_the_workers(client, tmp_path):
