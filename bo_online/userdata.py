@@ -424,6 +424,18 @@ def _read_npz(path: Path, vector: bool = False) -> Table:
                 f"n x 1), got X {np.asarray(arrays['X']).shape} and y {y.shape}; save them so."
             )
         y = y.reshape(-1)
+        if y.dtype.kind in "USO" or X.dtype.kind in "USO":  # text, as class labels are written
+            name, array = ("y", y) if y.dtype.kind in "USO" else ("X", X)
+            raise DataFileError(
+                f"{path}: array {name} holds text (dtype {array.dtype}), and an .npz must hold "
+                "numbers"
+                + (
+                    "; save two class labels as 0 / 1 (e.g. (y == 'yes').astype(float)), or "
+                    "write the data as a CSV, whose text labels --task classification reads."
+                    if name == "y"
+                    else "; encode the text inputs as numbers."
+                )
+            )
         data = np.column_stack([X, y])
         columns = [f"x{j}" for j in range(X.shape[1])] + ["y"]
         if "test_mask" in arrays:
@@ -436,7 +448,9 @@ def _read_npz(path: Path, vector: bool = False) -> Table:
         name = "data" if "data" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
         if name is None:
             raise DataFileError(
-                f"{path}: expected arrays X and y, or one array 'data'; found {sorted(arrays)}."
+                f"{path}: expected arrays X and y, or one array 'data'; found {sorted(arrays)}: "
+                "save the inputs as X (n x d) and the target as y (np.savez(path, X=..., "
+                "y=...)), or every column in one n x k array named data."
             )
         data = np.asarray(arrays[name])
         if vector and data.ndim == 1:

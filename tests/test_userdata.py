@@ -1607,3 +1607,27 @@ def test_a_classification_run_records_which_label_is_class_1(tmp_path):
     resumed = load_loop(out)  # the spec's labels do not reach the file reader
     assert torch.equal(resumed.problem.y_stream, prob.y_stream)
     assert resumed.problem.spec["classes"] == ["no", "yes"]
+
+
+def test_npz_text_arrays_and_other_names_are_refused_with_what_to_do(tmp_path):
+    """An .npz whose y holds text class labels (np.savez(path, X=X, y=labels), 'no' / 'yes')
+    was refused as 'arrays must be numeric, got dtype <U3', and one of other array names as
+    "expected arrays X and y ...; found ['inputs', 'target']", neither saying what to do (text
+    labels are read from a CSV only, docs/usage.md). Each now says how to save the file."""
+    X, y = _data(n=60, d=4)
+    labels = np.where(y > np.median(y), "yes", "no")
+    for name, y_saved in (("labels", labels), ("bytes", labels.astype("S3"))):
+        np.savez(tmp_path / f"{name}.npz", X=X, y=y_saved)
+        with pytest.raises(
+            DataFileError,
+            match=rf"{name}\.npz: array y holds text \(dtype .[US]3\), and an \.npz must hold "
+            r"numbers; save two class labels as 0 / 1 \(e\.g\. \(y == 'yes'\)\.astype\(float\)"
+            r"\), or write the data as a CSV, whose text labels --task classification reads\.",
+        ):
+            stream_from_file(tmp_path / f"{name}.npz", task="classification")
+    np.savez(tmp_path / "text_inputs.npz", X=np.where(X > 0, "high", "low"), y=y)
+    with pytest.raises(DataFileError, match=r"array X holds text .*encode the text inputs"):
+        pool_from_file(tmp_path / "text_inputs.npz")
+    np.savez(tmp_path / "odd.npz", inputs=X, target=y)
+    with pytest.raises(DataFileError, match=r"found \['inputs', 'target'\]: save the inputs as X"):
+        stream_from_file(tmp_path / "odd.npz")
