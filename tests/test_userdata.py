@@ -1631,3 +1631,26 @@ def test_npz_text_arrays_and_other_names_are_refused_with_what_to_do(tmp_path):
     np.savez(tmp_path / "odd.npz", inputs=X, target=y)
     with pytest.raises(DataFileError, match=r"found \['inputs', 'target'\]: save the inputs as X"):
         stream_from_file(tmp_path / "odd.npz")
+
+
+def test_a_classification_summary_names_the_classes_and_the_majority_baseline(tmp_path, capsys):
+    """The summary of a classification stream on a file said 'test accuracy 0.99' without
+    saying which label is class 1 (the one pred_prob is the probability of) or how the classes
+    fall in the test rows, so on a set with 1% positives it read as skill when it is what always
+    saying 'no' gets. It now names the classes and the test rows of class 1 (counted here from
+    the file's own split), and the majority-class accuracy."""
+    X, y = _data(n=120, d=4)
+    flags = y > np.quantile(y, 0.8)
+    path = tmp_path / "labels.csv"
+    rows = (",".join(map(repr, x)) + f",{'yes' if f else 'no'}" for x, f in zip(X.tolist(), flags))
+    path.write_text("x0,x1,x2,x3,label\n" + "\n".join(rows) + "\n")
+    argv = ["stream", "--data", str(path), "--task", "classification", "--model", "tsvgp"]
+    argv += ["--n-init", "90", "--steps", "2", "--no-plots", "--out", str(tmp_path / "run")]
+    main(argv)
+    text = re.sub(r"[│┃]", "|", capsys.readouterr().out)
+    test = stream_from_file(path, task="classification").y_test.numpy()
+    ones, m = int(test.sum()), len(test)
+    assert m == 12 and 0 < ones < m
+    assert re.search(r"classes 0 / 1 \(pred_prob: p\(class 1\)\) +\| +'no' / 'yes'", text), text
+    assert re.search(rf"test rows of class 1 +\| +{ones} of {m} ", text), text
+    assert re.search(rf"majority-class test accuracy +\| +{max(ones, m - ones) / m:.4g} ", text)

@@ -39,6 +39,24 @@ def _last_metric(records: list[dict[str, Any]], key: str, label: str) -> tuple[s
     return (f"{label} (step {last['step']})", _fmt(last[key], 4))
 
 
+def _class_rows(problem: Any) -> list[tuple[str, str]]:
+    r"""Summary rows of a classification stream: which of the file's labels is class 1 (the one
+    ``pred_prob`` is the probability of) and how many test rows hold it, with the accuracy of
+    always predicting the majority class, against which a test accuracy is read (0.99 is no
+    skill where 1% of the rows are positive)."""
+    classes = (getattr(problem, "spec", None) or {}).get("classes")
+    rows = []
+    if classes is not None:
+        shown = [repr(c) if isinstance(c, str) else _fmt(c) for c in classes]
+        rows.append(("classes 0 / 1 (pred_prob: p(class 1))", f"{shown[0]} / {shown[1]}"))
+    y = problem.y_test
+    m, ones = int(y.numel()), int((y > 0.5).sum())
+    if m:
+        rows.append(("test rows of class 1", f"{ones} of {m}"))
+        rows.append(("majority-class test accuracy", _fmt(max(ones, m - ones) / m, 4)))
+    return rows
+
+
 def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     r"""Write plots, then print the summary table and where everything went."""
     from bo_online.loops import history
@@ -87,6 +105,7 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
             _last_metric(records, "nll", "test NLL"),
         ]
     elif getattr(loop, "classify", False):
+        rows += _class_rows(loop.problem)
         rows += [
             ("prequential accuracy", _fmt(last.get("prequential_accuracy"), 4)),
             ("prequential log loss", _fmt(last.get("prequential_nll"), 4)),
