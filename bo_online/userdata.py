@@ -750,10 +750,20 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
             )
     if values.size != 2:
         shown = ", ".join(_label(v) for v in values[:5]) + (", ..." if values.size > 5 else "")
+        advice = "name a column of two classes with --target, or use --task regression."
+        if 3 <= values.size <= 5:  # a few classes: their rows, so that a stray one is found
+            counts = [int((y == v).sum()) for v in values]
+            test_only = [_label(v) for v in values if not (train & (y == v)).any()]
+            shown += "; rows: " + ", ".join(map(str, counts))
+            if test_only:
+                shown += f"; {', '.join(test_only)} only in test rows"
+            advice = (
+                "only two classes are classified: drop or merge the rows of the others, or name "
+                "a column of two classes with --target."
+            )
         raise DataFileError(
             f"{table.path}: binary classification needs exactly two distinct values in target "
-            f"column {name!r}, found {values.size} ({shown}); name a column of two classes with "
-            "--target, or use --task regression."
+            f"column {name!r}, found {values.size} ({shown}); {advice}"
         )
     seen = np.unique(y[train])
     if seen.size < 2:

@@ -1409,7 +1409,7 @@ def test_a_missing_value_marker_among_text_labels_is_named_as_a_missing_label(tm
     # three real classes are still refused as such
     _write_text_labels(path, X, np.arange(30) % 2, ("no", "yes"))
     path.write_text(path.read_text().replace(",no\n", ",maybe\n", 1))
-    with pytest.raises(DataFileError, match=r"found 3 \(.maybe., .no., .yes.\)"):
+    with pytest.raises(DataFileError, match=r"found 3 \(.maybe., .no., .yes.; rows: 1, 14, 15\)"):
         stream_from_file(path, task="classification")
 
 
@@ -1430,7 +1430,9 @@ def test_one_class_beside_a_missing_label_and_three_classes_beside_one_are_told_
     labels[4] = "none"
     rows = (f"{a!r},{b!r},{label}" for (a, b), label in zip(X.tolist(), labels))
     path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
-    with pytest.raises(DataFileError, match=r"found 4 \(.a., .b., .c., .none.\)"):
+    with pytest.raises(
+        DataFileError, match=r"found 4 \(.a., .b., .c., .none.; rows: 10, 9, 10, 1\)"
+    ):
         stream_from_file(path, task="classification")
 
 
@@ -1654,3 +1656,28 @@ def test_a_classification_summary_names_the_classes_and_the_majority_baseline(tm
     assert re.search(r"classes 0 / 1 \(pred_prob: p\(class 1\)\) +\| +'no' / 'yes'", text), text
     assert re.search(rf"test rows of class 1 +\| +{ones} of {m} ", text), text
     assert re.search(rf"majority-class test accuracy +\| +{max(ones, m - ones) / m:.4g} ", text)
+
+
+def test_a_third_class_is_counted_and_one_only_in_the_test_rows_is_named(tmp_path):
+    """A target of three classes was refused as 'found 3 ('a', 'b', 'c'); ... or use --task
+    regression', which neither said that 'c' sits in 4 rows, all of them held out for testing
+    (a stray label to drop), nor that only two classes are classified (regression on class
+    labels is no answer). Each class is now counted (counted here from the labels written),
+    with where one is only in test rows, and merging or dropping rows is offered."""
+    X, _ = _data(n=60, d=3)
+    labels = np.where(X[:, 0] > 1, "b", "a")
+    labels[:4] = "c"
+    is_test = np.zeros(60, int)
+    is_test[:10] = 1
+    path = tmp_path / "three.csv"
+    rows = (
+        ",".join(map(repr, x)) + f",{label},{t}" for x, label, t in zip(X.tolist(), labels, is_test)
+    )
+    path.write_text("x0,x1,x2,label,is_test\n" + "\n".join(rows) + "\n")
+    a, b = int((labels == "a").sum()), int((labels == "b").sum())
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(path, target="label", test_mask="is_test", task="classification")
+    assert (
+        f"found 3 ('a', 'b', 'c'; rows: {a}, {b}, 4; 'c' only in test rows); only two classes "
+        "are classified: drop or merge the rows of the others" in str(err.value)
+    ), err.value
