@@ -49,7 +49,12 @@ from bo_online.models.fitting import (
     trainable_parameters_and_bounds,
     training_mode,
 )
-from bo_online.models.validation import detached, require_bool, require_modules
+from bo_online.models.validation import (
+    detached,
+    require_bool,
+    require_modules,
+    warn_unless_unit_scaled,
+)
 
 __all__ = ["OnlineExactGP"]
 
@@ -123,6 +128,8 @@ class OnlineExactGP(HeldDataMixin, OnlineModel):
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
         require_modules(covar_module, likelihood)  # not names from --model-option
+        if covar_module is None:
+            warn_unless_unit_scaled(X, type(self).__name__)
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")

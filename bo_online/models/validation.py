@@ -114,6 +114,36 @@ def check_magnitude(name: str, value: Tensor, dtype: torch.dtype) -> None:
 _MIN_STEPS_PER_SPREAD = 1e3
 
 
+#: How far (in units of the unit cube) training inputs may stray from it before
+#: :func:`warn_unless_unit_scaled` warns (BoTorch's ``check_min_max_scaling`` tolerance).
+UNIT_CUBE_ATOL = 1e-2
+
+
+def warn_unless_unit_scaled(X: Tensor, model: str) -> None:
+    r"""Warn (BoTorch's ``InputDataWarning``) when the transformed training inputs ``X``
+    (``n x d``) stray from the unit cube, for which the default kernel's lengthscale prior
+    (BoTorch's dimension-scaled one) is made: BoTorch's ``SingleTaskGP`` warns there too. On
+    Styblinski-Tang 8-D in its own box [-5, 5]^8 with 17 points, an exact GP's fit left every
+    lengthscale at its start (0.58: each pair of points looks unrelated, the evidence is flat),
+    where the same data in the unit cube fit lengthscales of 0.17-2.1."""
+    from botorch.exceptions.warnings import InputDataWarning
+
+    if X.numel() == 0:
+        return
+    lo, hi = float(X.detach().min()), float(X.detach().max())
+    if lo >= -UNIT_CUBE_ATOL and hi <= 1 + UNIT_CUBE_ATOL:
+        return
+    warnings.warn(
+        f"{model}: the training inputs span [{lo:.3g}, {hi:.3g}], outside the unit cube that "
+        "its default kernel's lengthscale prior is made for (with few points in many "
+        "dimensions the fit may not move the lengthscales at all). Map the inputs to [0, 1]^d: "
+        "pass input_transform=Normalize(d, bounds=...) (botorch.models.transforms.input), as "
+        "the loops do, or a kernel of your own.",
+        InputDataWarning,
+        stacklevel=3,
+    )
+
+
 def warn_if_offset_hides_signal(train_Y: Tensor, dtype: torch.dtype) -> None:
     r"""Warn when ``train_Y`` (``n x m``) cast to ``dtype`` (below float64) varies so little
     around its level that the rounding there is a sizeable part of the variation (``1e8 + O(1)``

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -197,3 +198,37 @@ def test_integer_targets_build_the_model_of_the_same_numbers_as_floats(model_cls
     torch.testing.assert_close(counts.outcome_std, Yd.std().reshape(1))
     torch.testing.assert_close(counts.posterior(Xt).mean, floats.posterior(Xt).mean)
     torch.testing.assert_close(counts.posterior(Xt).variance, floats.posterior(Xt).variance)
+
+
+@pytest.mark.parametrize("name", ["OnlineExactGP", "TSVGP", "DecoupledSVGP", "QSGP"])
+def test_inputs_outside_the_unit_cube_warn_as_botorch_does(name):
+    r"""The default kernels' lengthscale prior is made for unit-cube inputs: on Styblinski-Tang
+    8-D in its own box [-5, 5]^8 with 17 points the fit left every lengthscale at its start
+    (each pair of points looks unrelated), without a word, where BoTorch's SingleTaskGP warns.
+    Each model now warns (InputDataWarning) and says to pass a Normalize input transform; with
+    it the fit equals the fit on the same data mapped to the unit cube by hand."""
+    from botorch.exceptions.warnings import InputDataWarning
+    from botorch.models.transforms.input import Normalize
+    from botorch.test_functions import StyblinskiTang
+    from torch.quasirandom import SobolEngine
+
+    import bo_online.models as models
+
+    cls = getattr(models, name)
+    box = torch.tensor([[-5.0] * 8, [5.0] * 8], dtype=torch.float64)
+    U = SobolEngine(8, scramble=True, seed=0).draw(17, dtype=torch.float64)
+    X = box[0] + (box[1] - box[0]) * U
+    Y = StyblinskiTang(dim=8)(X).unsqueeze(-1)
+    with pytest.warns(InputDataWarning, match=r"span \[-4.*outside the unit cube.*Normalize"):
+        cls(X, Y, bounds=box)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputDataWarning)
+        normalized = cls(X, Y, input_transform=Normalize(8, bounds=box)).fit()
+        by_hand = cls(U, Y).fit()
+
+    def lengthscales(model):
+        kernel = model.basis.kernel.base_kernel if name == "QSGP" else model.covar_module
+        return kernel.lengthscale.detach()
+
+    assert torch.allclose(lengthscales(normalized), lengthscales(by_hand), rtol=1e-5)
+    assert float(lengthscales(by_hand).std()) > 0.3  # the fit moved them: an informative test

@@ -24,7 +24,12 @@ from bo_online.models.decoupled.fitting import DecoupledFitMixin
 from bo_online.models.decoupled.objectives import DecoupledObjectivesMixin
 from bo_online.models.decoupled.prediction import DecoupledPredictionMixin
 from bo_online.models.decoupled.statistics import DecoupledStatisticsMixin, site_dtype
-from bo_online.models.validation import detached, require_bool, whole_number
+from bo_online.models.validation import (
+    detached,
+    require_bool,
+    warn_unless_unit_scaled,
+    whole_number,
+)
 
 __all__ = ["DecoupledSVGP"]
 
@@ -198,6 +203,7 @@ class DecoupledSVGP(
         if self.fixed_noise and likelihood is not None:
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
         if covar_module is None:
+            warn_unless_unit_scaled(X, type(self).__name__)
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if covar_module is not None and lengthscale_init == "median":
             with torch.no_grad():  # the paper's median heuristic (Appendix C.2)

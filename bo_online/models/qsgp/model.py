@@ -35,7 +35,7 @@ from bo_online.models.qsgp.fitting import QSGPFitMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
 from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
-from bo_online.models.validation import detached
+from bo_online.models.validation import detached, warn_unless_unit_scaled
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 
 #: Largest basis whose closed-form posterior on the data is set at construction (an m x m
@@ -191,10 +191,12 @@ class QSGP(
             self.basis = basis
         elif basis == "rff":
             if kernel is None:
+                warn_unless_unit_scaled(X, type(self).__name__)
                 kernel = _default_rff_kernel(dim)
             self.basis = RFFBasis(dim, num_features, kernel=kernel, seed=seed)
         elif basis in ("inducing", "rvm"):
             if kernel is None:
+                warn_unless_unit_scaled(X, type(self).__name__)
                 kernel = ScaleKernel(get_covar_module_with_dim_scaled_prior(ard_num_dims=dim))
             cls = InducingBasis if basis == "inducing" else RVMBasis
             self.basis = cls(X.clone(), kernel)

@@ -35,6 +35,7 @@ from bo_online.models.validation import (
     check_observations,
     detached,
     require_bool,
+    warn_unless_unit_scaled,
     whole_number,
 )
 
@@ -182,6 +183,8 @@ class TSVGP(
         # one point too, as Standardize
         if require_bool(standardize, "standardize") and self.likelihood.standardizable:
             self._set_outcome_scaling(train_Y, X)
+        if covar_module is None:
+            warn_unless_unit_scaled(X, type(self).__name__)
         self.covar_module = covar_module or get_covar_module_with_dim_scaled_prior(
             ard_num_dims=dim, batch_shape=self._out
         )
