@@ -488,6 +488,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
                         self._check_workers()
                         time.sleep(self.POLL_SECONDS)
                         continue
+                    # A result came back: the cluster had a worker. Only a wait without one
+                    # counts towards NO_WORKERS_SECONDS, not the folds and acquisitions after.
+                    self._no_workers_since = None
                     for future in batch:
                         self._fold(future, completed, advance, callback)
                     if self.step_count >= self.target_steps:

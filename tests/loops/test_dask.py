@@ -415,6 +415,40 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
     assert loop.step_count == 4 and loop.X.shape[0] == 5 + 4
 
 
+def test_no_workers_is_timed_over_one_wait_not_across_results_and_acquisitions(client, monkeypatch):
+    r"""The time without workers ran from the first check that saw none until a check saw
+    some, through results that arrived (a worker had run them) and the acquisitions between:
+    a cluster restarting a worker at the moment of two checks a slow acquisition apart (an
+    objective killing its process on some inputs, the case the stop is for) stopped a working
+    run with :class:`NoWorkers`. Only the time the driver waits without a result counts."""
+    import time
+
+    monkeypatch.setattr(AsyncBayesOptLoop, "NO_WORKERS_SECONDS", 1.0)
+    # one check per wait: an evaluation (0.2 s) ends before the next check is due
+    monkeypatch.setattr(AsyncBayesOptLoop, "WORKER_CHECK_SECONDS", 0.6)
+    problem = SlowProblem(synthetic_problem("branin"), mean_duration=0.2, sigma=0.02)
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", max_in_flight=1, **FAST)
+    loop.initialize()
+    restarting = {"now": True}  # the check after each acquisition sees no worker
+    real_nthreads, real_fill = client.nthreads, AsyncBayesOptLoop._fill
+
+    def nthreads(*args, **kwargs):
+        if restarting["now"]:
+            restarting["now"] = False
+            return {}
+        return real_nthreads(*args, **kwargs)
+
+    def slow_fill(self, completed):
+        time.sleep(1.2)  # a slow acquisition, longer than NO_WORKERS_SECONDS
+        real_fill(self, completed)
+        restarting["now"] = True
+
+    monkeypatch.setattr(client, "nthreads", nthreads)
+    monkeypatch.setattr(AsyncBayesOptLoop, "_fill", slow_fill)
+    loop.run(steps=3)
+    assert loop.step_count == 3 and not loop.in_flight
+
+
 def test_a_cluster_without_workers_on_the_cli_says_how_to_continue(
     client, tmp_path, capsys, monkeypatch
 ):
