@@ -232,3 +232,35 @@ def test_inputs_outside_the_unit_cube_warn_as_botorch_does(name):
 
     assert torch.allclose(lengthscales(normalized), lengthscales(by_hand), rtol=1e-5)
     assert float(lengthscales(by_hand).std()) > 0.3  # the fit moved them: an informative test
+
+
+def test_wiski_on_inputs_outside_the_unit_cube_warns_as_the_other_models():
+    r"""WISKI's default kernel acts on a grid over its input box, with the same unit-cube
+    lengthscale prior: on Branin (20 points) in its own box [-5, 10] x [0, 15] the fit gave
+    lengthscales 2.1 and 1.0 (0.14 and 0.07 of the box) and a posterior mean up to 70 away from
+    the fit on the same data in the unit cube (0.15 and 0.39), without a word, where the other
+    models warned. It now warns too; with Normalize the fit equals the fit on the unit cube."""
+    from botorch.exceptions.warnings import InputDataWarning
+    from botorch.models.transforms.input import Normalize
+    from botorch.test_functions import Branin
+    from torch.quasirandom import SobolEngine
+
+    from bo_online.models import WISKI
+
+    box = Branin().bounds.to(torch.float64)
+    U = SobolEngine(2, scramble=True, seed=0).draw(20, dtype=torch.float64)
+    X = box[0] + (box[1] - box[0]) * U
+    Y = Branin()(X).unsqueeze(-1)
+    with pytest.warns(InputDataWarning, match=r"WISKI: the training inputs span \[-4.*Normalize"):
+        WISKI(X, Y, bounds=box)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputDataWarning)
+        normalized = WISKI(X, Y, input_transform=Normalize(2, bounds=box)).fit()
+        by_hand = WISKI(U, Y).fit()
+        WISKI(
+            X, Y, bounds=box, projection="tanh"
+        )  # a grid over the projection's (-1, 1)^k: no warning
+    torch.testing.assert_close(
+        normalized.covar_module.lengthscale, by_hand.covar_module.lengthscale, rtol=1e-5, atol=0
+    )
+    assert float(by_hand.covar_module.lengthscale.detach().min()) < 0.5  # the fit moved them

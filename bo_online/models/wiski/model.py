@@ -63,7 +63,7 @@ from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import detached, require_modules
+from bo_online.models.validation import detached, require_modules, warn_unless_unit_scaled
 from bo_online.models.wiski.additive import StackedGrid, additive_grid_size, input_groups
 from bo_online.models.wiski.caches import WISKICacheMixin
 from bo_online.models.wiski.conditioning import WISKIConditioningMixin
@@ -285,6 +285,9 @@ class WISKI(
             raise ValueError("Pass either train_Yvar (fixed noise) or a likelihood, not both.")
         require_modules(covar_module, likelihood)  # not names from --model-option
         self.lengthscale_floor = self._lengthscale_floor(lengthscale_floor, covar_module)
+        if covar_module is None and (self.input_groups is not None or projection is None):
+            # the default kernel acts on grids over the input box (not a projection's (-1, 1)^k)
+            warn_unless_unit_scaled(X, type(self).__name__)
         if covar_module is None and self.input_groups is not None:
             floors = [
                 max(self.lengthscale_floor, float(g.spacing.min()))
