@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 from typing import Any, NamedTuple
 
@@ -140,8 +141,19 @@ def warn_unless_unit_scaled(X: Tensor, model: str) -> None:
         "pass input_transform=Normalize(d, bounds=...) (botorch.models.transforms.input), as "
         "the loops do, or a kernel of your own.",
         InputDataWarning,
-        stacklevel=3,
+        stacklevel=_stacklevel_outside_models(),
     )
+
+
+def _stacklevel_outside_models() -> int:
+    r"""The ``stacklevel`` for a warning raised in this module's caller that names the first
+    frame outside ``bo_online.models``: the line that built the model, also where a subclass
+    (``TSVGPClassifier``) or a model built inside another (a WISKI classifier's class models)
+    called the constructor that warns."""
+    frame, level = sys._getframe(2), 2  # level 2: the function that calls warnings.warn
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("bo_online.models"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def warn_if_offset_hides_signal(train_Y: Tensor, dtype: torch.dtype) -> None:

@@ -264,3 +264,28 @@ def test_wiski_on_inputs_outside_the_unit_cube_warns_as_the_other_models():
         normalized.covar_module.lengthscale, by_hand.covar_module.lengthscale, rtol=1e-5, atol=0
     )
     assert float(by_hand.covar_module.lengthscale.detach().min()) < 0.5  # the fit moved them
+
+
+def test_the_unit_cube_warning_names_the_line_that_built_the_model():
+    r"""The warning named the caller of the constructor that warns (``stacklevel=3``): for a
+    subclass (``TSVGPClassifier``) or a model built inside another (a WISKI classifier's class
+    models) a line in bo_online, not the user's. It now names the first line outside
+    ``bo_online.models``."""
+    from botorch.exceptions.warnings import InputDataWarning
+
+    from bo_online.models import OnlineExactGP
+    from bo_online.models.classifiers import TSVGPClassifier, WISKIBinaryClassifier
+
+    X = torch.linspace(-5, 5, 12, dtype=torch.float64).reshape(6, 2)
+    y = (X[:, :1] > 0).to(X)
+    box = torch.tensor([[-5.0, -5.0], [5.0, 5.0]], dtype=torch.float64)
+    for build in (
+        lambda: OnlineExactGP(X, y),
+        lambda: TSVGPClassifier(X, y),
+        lambda: WISKIBinaryClassifier(X, y, bounds=box),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build()
+        named = {w.filename for w in caught if issubclass(w.category, InputDataWarning)}
+        assert named == {__file__}
