@@ -778,8 +778,14 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
 
 
 def _label(value: Any) -> str:
-    """A class label as the messages show it: a number as ``%g``, text quoted."""
-    return repr(str(value)) if isinstance(value, str) else f"{value:g}"
+    """A class label as the messages and the summary show it: text quoted, a number in full
+    (``1000001``, ``0.5``: as ``%g``, codes 1000001 and 1000002 both read ``1e+06``)."""
+    if isinstance(value, str):
+        return repr(str(value))
+    number = float(value)
+    if number.is_integer() and abs(number) < 2**53:
+        return str(int(number))
+    return repr(number)
 
 
 def _spec(kind: str, table: Table, **options: Any) -> dict[str, Any]:

@@ -1681,3 +1681,25 @@ def test_a_third_class_is_counted_and_one_only_in_the_test_rows_is_named(tmp_pat
         f"found 3 ('a', 'b', 'c'; rows: {a}, {b}, 4; 'c' only in test rows); only two classes "
         "are classified: drop or merge the rows of the others" in str(err.value)
     ), err.value
+
+
+def test_number_classes_are_named_in_full_in_the_summary_and_the_messages(tmp_path, capsys):
+    """Class labels that are numbers were shown with 5 (summary) or 6 (messages) significant
+    digits: codes 1000001 / 1000002 read '1e+06 / 1e+06' in the summary (which is class 1?)
+    and '1e+06' in a refusal. They are now written in full, as the file has them."""
+    X, y = _data(n=120, d=4)
+    flags = y > np.quantile(y, 0.8)
+    path = tmp_path / "codes.csv"
+    rows = (
+        ",".join(map(repr, x)) + f",{1000002 if f else 1000001}" for x, f in zip(X.tolist(), flags)
+    )
+    path.write_text("x0,x1,x2,x3,label\n" + "\n".join(rows) + "\n")
+    argv = ["stream", "--data", str(path), "--task", "classification", "--model", "tsvgp"]
+    argv += ["--n-init", "90", "--steps", "1", "--no-plots", "--out", str(tmp_path / "run")]
+    main(argv)
+    text = re.sub(r"[│┃]", "|", capsys.readouterr().out)
+    assert re.search(r"classes 0 / 1 \(pred_prob: p\(class 1\)\) +\| +1000001 / 1000002 ", text)
+    third = path.read_text().replace(",1000001\n", ",1000003\n", 1)
+    path.write_text(third)
+    with pytest.raises(DataFileError, match=r"found 3 \(1000001, 1000002, 1000003; rows"):
+        stream_from_file(path, task="classification")

@@ -47,7 +47,9 @@ def _class_rows(problem: Any) -> list[tuple[str, str]]:
     classes = (getattr(problem, "spec", None) or {}).get("classes")
     rows = []
     if classes is not None:
-        shown = [repr(c) if isinstance(c, str) else _fmt(c) for c in classes]
+        from bo_online.userdata import _label
+
+        shown = [_label(c) for c in classes]
         rows.append(("classes 0 / 1 (pred_prob: p(class 1))", f"{shown[0]} / {shown[1]}"))
     y = problem.y_test
     m, ones = int(y.numel()), int((y > 0.5).sum())
