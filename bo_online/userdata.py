@@ -410,9 +410,25 @@ def _read_npz(path: Path, vector: bool = False) -> Table:
     """An ``.npz`` file as a table; with ``vector``, one array of ``n`` values (a mask file)
     is one column."""
     try:
-        arrays = dict(np.load(path, allow_pickle=False))
+        npz = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise DataFileError(f"{path}: cannot be read as .npz ({e}).") from e
+    if not isinstance(npz, np.lib.npyio.NpzFile):  # an .npy or pickle under an .npz name
+        raise DataFileError(f"{path}: is not an .npz archive (np.savez writes one).")
+    arrays = {}
+    with npz:
+        for key in npz.files:
+            try:
+                arrays[key] = npz[key]
+            except ValueError as e:  # an array of Python objects: read only by unpickling
+                if "allow_pickle" not in str(e):
+                    raise DataFileError(f"{path}: cannot be read as .npz ({e}).") from e
+                raise DataFileError(
+                    f"{path}: array {key!r} holds Python objects (dtype object: text mixed with "
+                    "numbers or None, say), which are not read from an .npz; save numbers (two "
+                    "class labels as 0 / 1, a missing value as nan), or write the data as a "
+                    "CSV, whose text labels --task classification reads."
+                ) from e
     mask = None
     if "X" in arrays and "y" in arrays:
         X, y = np.asarray(arrays["X"]), np.asarray(arrays["y"])

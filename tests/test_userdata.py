@@ -1703,3 +1703,23 @@ def test_number_classes_are_named_in_full_in_the_summary_and_the_messages(tmp_pa
     path.write_text(third)
     with pytest.raises(DataFileError, match=r"found 3 \(1000001, 1000002, 1000003; rows"):
         stream_from_file(path, task="classification")
+
+
+def test_npz_object_arrays_are_refused_with_their_name_and_what_to_do(tmp_path):
+    """An .npz array of Python objects (text labels with a None among them, or text and numbers
+    in one array) was refused as 'cannot be read as .npz (Object arrays cannot be loaded when
+    allow_pickle=False)', which reads as a broken file and says nothing of what to save. It now
+    names the array and says to save numbers or write a CSV."""
+    X = np.random.default_rng(0).random((20, 2))
+    labels = np.array(["no", "yes"] * 9 + [None, "yes"], dtype=object)
+    np.savez(tmp_path / "labels.npz", X=X, y=labels)
+    with pytest.raises(DataFileError, match=r"array 'y' holds Python objects.*0 / 1.*CSV"):
+        stream_from_file(tmp_path / "labels.npz", task="classification")
+    np.savez(tmp_path / "mixed.npz", data=np.array([[1.0, "a"]] * 20, dtype=object))
+    with pytest.raises(DataFileError, match=r"array 'data' holds Python objects"):
+        stream_from_file(tmp_path / "mixed.npz")
+    # an .npy under an .npz name was read as a dict of its first row: "array np.float64(0.0)"
+    with open(tmp_path / "plain.npz", "wb") as fh:
+        np.save(fh, X)
+    with pytest.raises(DataFileError, match=r"is not an .npz archive \(np.savez writes one\)"):
+        stream_from_file(tmp_path / "plain.npz")
