@@ -645,15 +645,22 @@ def test_sigterm_before_the_run_starts_exits_with_143(tmp_path, capsys, monkeypa
     assert not out.exists()
 
 
-def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_path, capsys):
-    # with 5 digits the best of 1e6 + ((x - 0.3)^2).sum() read "1e+06" whatever the run found
+def _initial_design_summary(tmp_path, capsys, expression: str):
+    r"""``bo-online bo`` of the 2-D objective ``f(X) = expression`` for its initial design only:
+    (exit code, printed summary, last record)."""
     obj = tmp_path / "obj.py"
-    obj.write_text("def f(X):\n    return 1e6 + ((X - 0.3) ** 2).sum(-1)\n")
+    obj.write_text(f"def f(X):\n    return {expression}\n")
     argv = ["bo", "--objective", f"{obj}:f", "--bounds", "0,1 0,1", "--steps", "0"]
     code, out, _ = _run(
         [*argv, "--n-init", "3", "--no-plots", "--out", str(tmp_path / "r"), *SMALL], capsys
     )
     best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
+    return code, out, best
+
+
+def test_the_summary_shows_the_best_value_of_an_objective_on_a_large_offset(tmp_path, capsys):
+    # with 5 digits the best of 1e6 + ((x - 0.3)^2).sum() read "1e+06" whatever the run found
+    code, out, best = _initial_design_summary(tmp_path, capsys, "1e6 + ((X - 0.3) ** 2).sum(-1)")
     shown = f"{best['best_value']:.4f}".rstrip("0")  # 1e6 + O(1): 4 decimals
     assert code == 0 and shown in out and "1e+06" not in out
 
@@ -662,13 +669,7 @@ def test_the_summary_shows_values_with_6_significant_digits_and_the_records_all(
     r"""The summary printed the best value and the optimum with 10 significant digits
     (0.3978873577 for Branin's optimum): more than a person reads. It now shows 6, and the
     records keep the full value."""
-    obj = tmp_path / "obj.py"
-    obj.write_text("def f(X):\n    return 0.123456789123 + 0.0 * X.sum(-1)\n")
-    argv = ["bo", "--objective", f"{obj}:f", "--bounds", "0,1 0,1", "--steps", "0"]
-    code, out, _ = _run(
-        [*argv, "--n-init", "3", "--no-plots", "--out", str(tmp_path / "r"), *SMALL], capsys
-    )
-    best = json.loads((tmp_path / "r" / "records.jsonl").read_text().splitlines()[-1])
+    code, out, best = _initial_design_summary(tmp_path, capsys, "0.123456789123 + 0.0 * X.sum(-1)")
     assert code == 0 and best["best_value"] == 0.123456789123  # the record: full precision
     rows = [line for line in out.splitlines() if "best observed value" in line]
     assert len(rows) == 1 and "0.123457 " in rows[0] and "0.1234567" not in out

@@ -200,6 +200,16 @@ def test_integer_targets_build_the_model_of_the_same_numbers_as_floats(model_cls
     torch.testing.assert_close(counts.posterior(Xt).variance, floats.posterior(Xt).variance)
 
 
+def _sobol_data_in_box(function, box: torch.Tensor, n: int):
+    r"""``n`` scrambled Sobol points: unit-cube ``U``, the same points ``X`` in ``box`` and the
+    ``n x 1`` values of ``function`` there."""
+    from torch.quasirandom import SobolEngine
+
+    U = SobolEngine(box.shape[-1], scramble=True, seed=0).draw(n, dtype=torch.float64)
+    X = box[0] + (box[1] - box[0]) * U
+    return U, X, function(X).unsqueeze(-1)
+
+
 @pytest.mark.parametrize("name", ["OnlineExactGP", "TSVGP", "DecoupledSVGP", "QSGP"])
 def test_inputs_outside_the_unit_cube_warn_as_botorch_does(name):
     r"""The default kernels' lengthscale prior is made for unit-cube inputs: on Styblinski-Tang
@@ -210,15 +220,12 @@ def test_inputs_outside_the_unit_cube_warn_as_botorch_does(name):
     from botorch.exceptions.warnings import InputDataWarning
     from botorch.models.transforms.input import Normalize
     from botorch.test_functions import StyblinskiTang
-    from torch.quasirandom import SobolEngine
 
     import bo_online.models as models
 
     cls = getattr(models, name)
     box = torch.tensor([[-5.0] * 8, [5.0] * 8], dtype=torch.float64)
-    U = SobolEngine(8, scramble=True, seed=0).draw(17, dtype=torch.float64)
-    X = box[0] + (box[1] - box[0]) * U
-    Y = StyblinskiTang(dim=8)(X).unsqueeze(-1)
+    U, X, Y = _sobol_data_in_box(StyblinskiTang(dim=8), box, 17)
     with pytest.warns(InputDataWarning, match=r"span \[-4.*outside the unit cube.*Normalize"):
         cls(X, Y, bounds=box)
     with warnings.catch_warnings():
@@ -243,14 +250,11 @@ def test_wiski_on_inputs_outside_the_unit_cube_warns_as_the_other_models():
     from botorch.exceptions.warnings import InputDataWarning
     from botorch.models.transforms.input import Normalize
     from botorch.test_functions import Branin
-    from torch.quasirandom import SobolEngine
 
     from bo_online.models import WISKI
 
     box = Branin().bounds.to(torch.float64)
-    U = SobolEngine(2, scramble=True, seed=0).draw(20, dtype=torch.float64)
-    X = box[0] + (box[1] - box[0]) * U
-    Y = Branin()(X).unsqueeze(-1)
+    U, X, Y = _sobol_data_in_box(Branin(), box, 20)
     with pytest.warns(InputDataWarning, match=r"WISKI: the training inputs span \[-4.*Normalize"):
         WISKI(X, Y, bounds=box)
     with warnings.catch_warnings():
