@@ -91,9 +91,14 @@ def max_abs_output(dtype: torch.dtype) -> float:
 
 
 def whole_number(name: str, value: Any, low: int) -> int:
-    r"""``value`` as an ``int >= low`` (any integral number, or a float with a whole value),
-    else a ``ValueError`` naming ``name``; booleans, NaN and inf are refused."""
-    whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+    r"""``value`` as an ``int >= low`` (any integral number, a real number with a whole value
+    -- NumPy's float32 included -- or a 0-d tensor / array of either), else a ``ValueError``
+    naming ``name``; booleans, NaN and inf are refused."""
+    if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 0:
+        value = value.item()  # WISKI's grid_size takes these too
+    whole = isinstance(value, numbers.Integral) or (
+        isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer()
+    )
     if isinstance(value, bool) or not whole or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
     return int(value)

@@ -293,3 +293,39 @@ def test_the_unit_cube_warning_names_the_line_that_built_the_model():
             build()
         named = {w.filename for w in caught if issubclass(w.category, InputDataWarning)}
         assert named == {__file__}
+
+
+def test_whole_number_takes_every_whole_real_and_0d_tensor_and_refuses_the_rest():
+    r"""``whole_number`` (basis counts, inducing points, ...) refused ``np.float32(8.0)`` and 0-d
+    tensors / arrays, which WISKI's ``grid_size`` takes: one rule for every count option."""
+    import numpy as np
+
+    from bo_online.models.validation import whole_number
+
+    for value in (
+        8,
+        8.0,
+        np.int32(8),
+        np.float32(8.0),
+        np.float64(8.0),
+        torch.tensor(8),
+        torch.tensor(8.0),
+        np.array(8),
+        np.array(8.0),
+    ):
+        assert whole_number("n", value, 1) == 8 and type(whole_number("n", value, 1)) is int
+    for value in (
+        8.5,
+        np.float32(8.5),
+        torch.tensor(8.5),
+        float("nan"),
+        np.float32("inf"),
+        True,
+        np.array([8]),
+        torch.tensor([8]),
+        "8",
+        0,
+        torch.tensor(0),
+    ):
+        with pytest.raises(ValueError, match="n must be an integer >= 1"):
+            whole_number("n", value, 1)
