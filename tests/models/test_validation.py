@@ -329,3 +329,17 @@ def test_whole_number_takes_every_whole_real_and_0d_tensor_and_refuses_the_rest(
     ):
         with pytest.raises(ValueError, match="n must be an integer >= 1"):
             whole_number("n", value, 1)
+
+
+@pytest.mark.parametrize("cls", [DecoupledSVGP, QSGP])
+def test_a_seed_that_is_not_whole_is_refused_not_cut(cls):
+    r"""``seed=2.5`` (e.g. from Ax model_options or a JSON config) was cut to 2 without a word:
+    two different settings gave one model. It is refused; whole numbers of any type are taken
+    (as the int)."""
+    import numpy as np
+
+    X = torch.rand(10, 2, dtype=torch.float64)
+    Y = X.sum(-1, keepdim=True)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        cls(X, Y, seed=2.5)
+    assert cls(X, Y, seed=np.float32(3.0)).seed == 3 and cls(X, Y, seed=-4).seed == -4

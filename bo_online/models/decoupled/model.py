@@ -197,7 +197,7 @@ class DecoupledSVGP(
         self.hyperparameter_refit_growth = float(growth)
         self.max_basis_growth = int(max_basis_growth)
         self.exact_fit_points = int(exact_fit_points)
-        self.seed = int(seed)
+        self.seed = whole_number("seed", seed, -(2**63))  # any int a Generator takes
         self._generator = torch.Generator().manual_seed(self.seed)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise and likelihood is not None:

@@ -35,7 +35,7 @@ from bo_online.models.qsgp.fitting import QSGPFitMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
 from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
-from bo_online.models.validation import detached, warn_unless_unit_scaled
+from bo_online.models.validation import detached, warn_unless_unit_scaled, whole_number
 from bo_online.models.wiski.covariance import RootDifferenceLinearOperator
 
 #: Largest basis whose closed-form posterior on the data is set at construction (an m x m
@@ -183,7 +183,7 @@ class QSGP(
                 f"options {sorted(self._fit_option_names())}."
             )
         self.fit_options = dict(fit_options)
-        self.seed = int(seed)
+        self.seed = whole_number("seed", seed, -(2**63))  # 2.5 was cut to 2
         self.constant_mean = bool(constant_mean)
 
         # ---- basis dictionary
