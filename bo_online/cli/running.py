@@ -217,9 +217,8 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
     try:
         _run(loop, steps, address)
     except NoWorkers as e:
-        message = str(e).removesuffix(e.ADVICE).rstrip()
         _fail(
-            f"{message} Start workers (or fix the objective), then continue the run with "
+            f"{e.situation} Start workers (or fix the objective), then continue the run with "
             f"`{_resume_command(loop, address)}`.",
             1,
         )

@@ -96,13 +96,14 @@ class NoWorkers(RuntimeError):
     ADVICE = "Start workers (or fix the objective), then resume the run."
 
     def __init__(self, seconds: float, in_flight: int) -> None:
-        super().__init__(
+        #: what happened, without the advice (the CLI adds its own, with the resume command)
+        self.situation = (
             f"The Dask cluster has had no worker for {seconds:.0f} s with {in_flight} "
             "evaluation(s) in flight, which would wait forever: its workers died (an objective "
             "that crashes its process, by os._exit or a segfault, can kill them faster than a "
-            "cluster restarts them) or were stopped. The run is saved with the points in "
-            f"flight. {self.ADVICE}"
+            "cluster restarts them) or were stopped. The run is saved with the points in flight."
         )
+        super().__init__(f"{self.situation} {self.ADVICE}")
         self.seconds, self.in_flight = seconds, in_flight
 
 
