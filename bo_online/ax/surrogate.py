@@ -51,7 +51,7 @@ class AxOnlineMixin:
       have grown by 10% since its last fit (unlike the loops, WISKI with a learned projection
       refits its kernel, not the projection, at every trial). Where such a refit is due and
       the model is one a BoTorch user would refit from the defaults -- the exact GP, or
-      t-SVGP / the decoupled SVGP while they are the exact GP on their data
+      t-SVGP / the decoupled SVGP / QSGP while they are the exact GP on their data
       (``is_exact_gp_on_data()``) -- the model is rebuilt on all data and fitted from the
       defaults, as Ax does for its own models; otherwise the refit is warm-started.
       An integer k refits (warm-started) once k new observations have arrived since the last

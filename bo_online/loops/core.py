@@ -566,8 +566,9 @@ class OnlineLoop:
         fit cost grows with n (the exact GP: the rebuild costs what its refit costs anyway), and
         for one that says it is the exact GP on the data it holds (duck-typed
         ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a Gaussian likelihood
-        while every point is an inducing input / covariance basis, n <= 128 by default), where
-        the exact GP's reason holds; beyond that their refits are warm-started."""
+        while every point is an inducing input / covariance basis, n <= 128 by default; QSGP
+        while it predicts with its kernel's exact GP, n <= 512 by default), where the exact
+        GP's reason holds; beyond that their refits are warm-started."""
         return refits_from_defaults(self.model, self._fit_cost_grows_with_n())
 
     def _restart_due(self, n: int) -> bool:

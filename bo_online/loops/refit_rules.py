@@ -21,7 +21,8 @@ def refits_from_defaults(model: Any, fit_cost_grows_with_n: bool) -> bool:
     BoTorch refits its exact GP: always where the fit cost grows with n (the exact GP: the
     rebuild costs what its refit costs anyway), and for a model that says it is the exact GP on
     the data it holds (duck-typed ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a
-    Gaussian likelihood while every point is an inducing input / covariance basis)."""
+    Gaussian likelihood while every point is an inducing input / covariance basis, QSGP while it
+    predicts with its kernel's exact GP)."""
     if fit_cost_grows_with_n:
         return True
     is_exact = getattr(model, "is_exact_gp_on_data", None)

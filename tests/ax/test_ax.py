@@ -949,21 +949,24 @@ def test_num_initial_trials_must_be_a_whole_number():
         assert thresholds == [4, 4] and all(type(t) is int for t in thresholds)
 
 
-@pytest.mark.parametrize("model_name", ["DecoupledSVGP", "QSGP"])
-def test_a_cross_validation_fold_predicts_with_the_loaded_hyperparameters(model_name):
+@pytest.mark.parametrize(
+    "model_name, extra", [("DecoupledSVGP", {}), ("QSGP", {}), ("QSGP", {"exact_max_n": 0})]
+)
+def test_a_cross_validation_fold_predicts_with_the_loaded_hyperparameters(model_name, extra):
     r"""Ax's cross-validation folds load the fitted model's hyperparameters and predict without
     a fit. The decoupled SVGP's ``a, B`` and QSGP's ``q(w)`` stayed those of the default
     hyperparameters the fold was built with, so its predictions were far off (LOO RMSE 1.1 and
     2.4 where the exact GP's was 0.19, on 9 Sobol points of a 4-D function): Ax judged every
     fit poor and ``get_best_parameterization`` fell back on raw data. The fold's posterior is
     now the GP of its own data under the loaded hyperparameters, checked against the kernel
-    (function-space) form: the exact GP for the decoupled SVGP (its bases are the data), the
-    GP of QSGP's features ``Phi S^-1 Phi^T`` for QSGP."""
+    (function-space) form: the exact GP for the decoupled SVGP (its bases are the data) and for
+    QSGP in its kernel regime (11 points, 512 features), else the GP of QSGP's features
+    ``Phi S^-1 Phi^T``."""
     ax_cls = boax.available_models()[model_name]
     g = torch.Generator().manual_seed(6)
     X = torch.rand(12, 3, dtype=torch.float64, generator=g)
     Y = torch.sin(5 * X[:, :1]) + X[:, 1:2] ** 2 - X[:, 2:]
-    opts = {"fit_options": {"max_iter": 30}, "incremental": False}
+    opts = {"fit_options": {"max_iter": 30}, "incremental": False, **extra}
     main = _build(ax_cls, X, Y, **opts)
     with torch.no_grad():  # clearly away from the defaults the fold starts from
         for name, p in main.named_parameters():
@@ -983,6 +986,9 @@ def test_a_cross_validation_fold_predicts_with_the_loaded_hyperparameters(model_
             Kxx = fold.covar_module(Xf).to_dense()
             Ktx = fold.covar_module(Xt, Xf).to_dense()
             Ktt = fold.covar_module(Xt).to_dense()
+        elif fold.is_exact_gp_on_data():  # QSGP on 11 <= m points: its kernel's exact GP
+            c, k = fold.mean_constant, fold.basis.kernel
+            Kxx, Ktx, Ktt = k(Xf).to_dense(), k(Xt, Xf).to_dense(), k(Xt).to_dense()
         else:
             c = fold.mean_constant
             idx = fold.basis.all_indices()

@@ -18,16 +18,22 @@ Fitting (``fit``, settings :class:`QSGPFitSettings`):
 
 * ``method="closed_form"`` (Gaussian likelihood, moderate ``n m``): hyperparameters maximise the
   exact log marginal likelihood of the finite-basis model (equal to Eq. 2 maximised over the full
-  family) or, for the RFF basis while ``n <= m / 8``, the exact GP evidence of the kernel the
-  features approximate (``hyper_evidence="auto"``, the default); then ``mu``/``C`` are set to the
-  ELBO optimum within the chosen family (Prop. 1 for diagonal columns). This is what a BO loop
-  gets by default.
+  family) or, for the RFF basis in the kernel regime or while ``n <= m / 8``, the exact GP
+  evidence of the kernel the features approximate (``hyper_evidence="auto"``, the default);
+  then ``mu``/``C`` are set to the ELBO optimum within the chosen family (Prop. 1 for diagonal
+  columns). This is what a BO loop gets by default.
 * ``method="sgd"`` (settings :class:`QSGPSGDSettings`): the paper's procedure. Every step samples
   rows once and basis functions three times (Theorems 1-2, Prop. 2; Theorem 3 for
   Laplace/logistic likelihoods), adds the Eq. 3 / Prop. 3 control variates, and updates only the
   touched variational coordinates with sparse AdaGrad (so a step costs the same for any ``m``),
   the hyperparameters with Adam, both with exponentially decayed learning rates and a warm-up
   freeze of the hyperparameters.
+
+Kernel regime (:mod:`~bo_online.models.qsgp.kernel_regime`): while the model holds at most
+``exact_max_n`` points (default ``m``) an RFF basis with a Gaussian likelihood predicts with the
+exact GP of the kernel its features approximate, and its fits maximise that GP's evidence; the
+features' approximation error made spurious maxima that acquisition optimisers chased. Beyond, the
+weight-space posterior ``q(w)``, which the fits keep up to date all the while.
 
 Online use: ``condition_on_observations`` / ``update`` / ``fantasize`` condition the current
 Gaussian posterior exactly on new Gaussian observations ("posterior as prior", docs/math.md §5);
@@ -44,7 +50,7 @@ Modules: :mod:`~bo_online.models.qsgp.model` (the class), :mod:`~bo_online.model
 objectives), :mod:`~bo_online.models.qsgp.fitting` (settings, closed-form fit),
 :mod:`~bo_online.models.qsgp.sgd`, :mod:`~bo_online.models.qsgp.sgd_inputs` and
 :mod:`~bo_online.models.qsgp.estimators` (the stochastic procedure),
-:mod:`~bo_online.models.qsgp.sample_paths`.
+:mod:`~bo_online.models.qsgp.sample_paths`, :mod:`~bo_online.models.qsgp.kernel_regime`.
 """
 
 from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMBasis

@@ -21,6 +21,7 @@ from bo_online.linalg import (
     cholesky_update,
     psd_cholesky,
 )
+from bo_online.models.qsgp.kernel_regime import BorderedCholesky
 
 __all__ = ["QSGPConditioningMixin"]
 
@@ -145,6 +146,9 @@ class QSGPConditioningMixin:
         new.cond_L = factor.L  # the parent's, or a new one where a long chain folded (linalg)
         new.cond_r, new.cond_u = r, factor.solve(r)
         new._batch_shape = torch.broadcast_shapes(new.cond_y.shape[:-1], new.cond_X.shape[:-2])
+        new.__dict__["_kernel_cache"] = None
+        if new.is_exact_gp_on_data():  # the exact GP's factor bordered by the new rows
+            new._set_kernel_state(self._bordered_kernel_state(X, Y, point_noise))
         return new
 
     def _materialize_cond_factor(self) -> None:
@@ -168,5 +172,15 @@ class QSGPConditioningMixin:
         # A copy of X: the first points appended would otherwise be a view of the caller's
         # tensor (which a reused buffer changes, and which may carry an autograd graph).
         X = X.detach().clone()
+        kernel_state = None
+        if self.is_exact_gp_on_data() and self.num_data + X.shape[-2] <= self.exact_max_n:
+            kernel_state = self._bordered_kernel_state(X, Y, point_noise)
+            # one factor again (what the next update borders, without a fold)
+            kernel_state.inputs = kernel_state.all_inputs()
+            kernel_state.factor = BorderedCholesky(kernel_state.factor.dense())
+            kernel_state.border_inputs = None
         self.cond_X, self.cond_y, self.cond_noise = self._appended_data(X, Y, point_noise)
         self.cond_L, self.cond_r, self.cond_u = L, r, u
+        self.__dict__["_kernel_cache"] = None
+        if kernel_state is not None:
+            self._set_kernel_state(kernel_state)

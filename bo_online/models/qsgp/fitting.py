@@ -48,8 +48,9 @@ __all__ = [
 
 #: Closed-form fits of a model holding at most this many points start the hyperparameters from
 #: their values at construction, as a BoTorch loop that rebuilds ``SingleTaskGP`` every step
-#: (while ``n <= m / 8`` the fit's objective is the same exact-kernel evidence, so QSGP then gets
-#: the same hyperparameters; beyond, the basis's evidence from the same starting point). Warm
+#: (in the kernel regime, n <= m by default, the fit's objective is the same exact-kernel
+#: evidence, so QSGP then gets the same hyperparameters; beyond, the basis's evidence from the
+#: same starting point). Warm
 #: starts kept the basin of an earlier fit: in the BO suite (Ackley 5-D, 4 seeds) a warm fit often
 #: reached a higher evidence than the fit from the defaults with an interpolating, near-noiseless
 #: model (noise 0.007 against 0.09-0.12 on standardised outcomes) that the acquisition then
@@ -364,11 +365,13 @@ class QSGPFitMixin:
         reaches over the full family). ``"kernel"`` (RFF basis): the exact GP evidence of the
         kernel the features approximate, O(n^3) per iteration; the features' approximation error
         then does not move the hyperparameters. ``"auto"`` (default): ``"kernel"`` for the RFF
-        basis while ``n <= m / 8``
-        (:data:`~bo_online.models.qsgp.evidence.KERNEL_EVIDENCE_MAX_N_PER_FEATURE`), where it is
-        ``SingleTaskGP``'s fit, ``"basis"`` beyond: nearer ``n = m`` the kernel's
-        hyperparameters make the m-feature model overconfident (held-out NLL 3.0 against 0.64
-        at n = 300, m = 512, 8 inputs). In the BO suite (q = 1, 30 LogEI steps, 16 seeds) the
+        basis while the model predicts with the kernel's exact GP (``n <= exact_max_n``, default
+        m: :meth:`QSGP.is_exact_gp_on_data`), where it is ``SingleTaskGP``'s fit, and in weight
+        space while ``n <= m / 8``
+        (:data:`~bo_online.models.qsgp.evidence.KERNEL_EVIDENCE_MAX_N_PER_FEATURE`);
+        ``"basis"`` beyond: nearer ``n = m`` the kernel's hyperparameters make the m-feature
+        weight-space model overconfident (held-out NLL 3.0 against 0.64 at n = 300, m = 512, 8
+        inputs). In the BO suite (q = 1, 30 LogEI steps, 16 seeds) the
         two evidences gave mean final regrets within two standard errors of each other on
         Hartmann6, Ackley 5-D and Branin.
 

@@ -32,6 +32,7 @@ from bo_online.models.qsgp.bases import InducingBasis, QSGPBasis, RFFBasis, RVMB
 from bo_online.models.qsgp.conditioning import ZERO_NOISE, QSGPConditioningMixin
 from bo_online.models.qsgp.evidence import QSGPEvidenceMixin
 from bo_online.models.qsgp.fitting import QSGPFitMixin
+from bo_online.models.qsgp.kernel_regime import QSGPKernelRegimeMixin
 from bo_online.models.qsgp.sample_paths import QSGPSamplePathsMixin
 from bo_online.models.qsgp.sgd import QSGPSGDMixin
 from bo_online.models.qsgp.variational import QSGPVariationalMixin
@@ -46,6 +47,7 @@ __all__ = ["QSGP"]
 
 
 class QSGP(
+    QSGPKernelRegimeMixin,
     QSGPVariationalMixin,
     QSGPConditioningMixin,
     QSGPEvidenceMixin,
@@ -85,6 +87,12 @@ class QSGP(
             ``c``, as ``SingleTaskGP``'s ``ConstantMean``), kept in the buffer ``mean_constant``
             (standardised units); False keeps ``c = 0``, the data's mean. The SGD fit keeps
             ``c`` as it is.
+        exact_max_n: while the model holds at most this many points (fitted and conditioned
+            on), an RFF basis with a Gaussian likelihood predicts with the exact GP of its
+            kernel, and its fits maximise that GP's evidence (:meth:`is_exact_gp_on_data`;
+            :mod:`~bo_online.models.qsgp.kernel_regime`); beyond, with the weight-space
+            posterior ``q(w)``. Default: ``m``, at most 2,048 (up to ``m`` points the exact GP
+            costs no more than the weight space); 0: always the weight space.
         **fit_options: defaults for :meth:`fit`, by the field names of
             :class:`~bo_online.models.qsgp.fitting.QSGPFitSettings` (e.g. ``num_rows``,
             ``num_cols``, ``cv_rank``); a misspelt name raises ``TypeError`` listing them.
@@ -127,6 +135,7 @@ class QSGP(
         input_transform: Any | None = None,
         outcome_transform: Any | None = None,
         constant_mean: bool = True,
+        exact_max_n: int | None = None,
         **fit_options: Any,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
@@ -185,6 +194,9 @@ class QSGP(
         self.fit_options = dict(fit_options)
         self.seed = whole_number("seed", seed, -(2**63))  # 2.5 was cut to 2
         self.constant_mean = bool(constant_mean)
+        self._exact_max_n = (
+            None if exact_max_n is None else whole_number("exact_max_n", exact_max_n, 0)
+        )
 
         # ---- basis dictionary
         if isinstance(basis, QSGPBasis):
@@ -254,6 +266,10 @@ class QSGP(
         self.register_buffer("cond_u", None)  # sample x batch x m, P^-1 r
         #: a conditioned (fantasy) model's P as its parent's factor plus a low-rank term
         self._cond_factor: LowRankUpdatedCholesky | None = None
+        # The kernel regime's factor of K_HH + N_H and z (kernel_regime.py), set by state_dict
+        # so that a loaded model predicts bit for bit; the live caches are `_kernel_cache`.
+        self.register_buffer("kernel_L", None)  # batch x N x N
+        self.register_buffer("kernel_z", None)  # sample x batch x N
         #: the trainable hyperparameters at construction (see ``reset_hyperparameters``)
         self._initial_hypers = {k: v.detach().clone() for k, v in self._trainable_hypers().items()}
         if likelihood == "gaussian" and m <= _CLOSED_FORM_AT_CONSTRUCTION:
@@ -268,6 +284,14 @@ class QSGP(
     @property
     def num_features(self) -> int:
         return self.basis.num_features
+
+    @property
+    def exact_max_n(self) -> int:
+        r"""Up to this many held points the model is the exact GP of its kernel (RFF basis,
+        Gaussian likelihood; see :meth:`is_exact_gp_on_data`)."""
+        if self._exact_max_n is not None:
+            return self._exact_max_n
+        return min(self.num_features, _CLOSED_FORM_AT_CONSTRUCTION)
 
     # What BoTorch and Ax read about the data (``get_X_baseline``, proximal acquisition,
     # ``sample_around_best``, the loops' refit schedule): the training rows plus the rows
@@ -386,6 +410,13 @@ class QSGP(
         return self.cond_X is not None or q > self.num_features
 
     def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if self.is_exact_gp_on_data():
+            q = X.shape[-2]
+            mean, cov = self._kernel_moments(X, lazy=q > self.dense_posterior_max_q)
+            if isinstance(cov, Tensor):
+                cov = _psd(cov)
+            batch = broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
+            return MultivariateNormal(mean.expand(*batch, q), cov.expand(*batch, q, q))
         if self._lazy_posterior_due(X.shape[-2]):
             return self._lazy_latent_posterior(X)
         if self.cond_X is None:
@@ -456,7 +487,7 @@ class QSGP(
         for start in range(0, X.shape[-2], batch_size):
             Xb = self._transform_and_check(X[..., start : start + batch_size, :])
             self.ensure_caches()
-            if self.cond_X is None:
+            if self.cond_X is None and not self.is_exact_gp_on_data():
                 mean, var = self._moments(Xb, cov=False)
                 if self.augment_variance:
                     var = var + self._augmentation(Xb)
@@ -481,7 +512,17 @@ class QSGP(
         """The state with a conditioned model's factor whole (``cond_L``; see
         :meth:`_materialize_cond_factor`), so a load restores its covariance."""
         self._materialize_cond_factor()
+        self._kernel_state_to_buffers()
         return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As :meth:`OnlineModel.load_state_dict`; a complete state's kernel-regime factor is
+        adopted as the caches (a partial one's caches are rebuilt at the next use)."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.__dict__["_kernel_cache"] = None
+        if self._cache_key is not None and "kernel_L" in state_dict:
+            self._kernel_state_from_buffers()
+        return result
 
     def _after_load(self) -> None:
         self._cond_factor = None  # the loaded cond_L is whole (state_dict folds the term in)

@@ -2,7 +2,10 @@ r"""Explicit, deterministic posterior function draws of QSGP for Thompson sampli
 
 A draw is ``f_s(x) = c + phi(x)^T w_s`` with ``w_s ~ q(w)``, updated pathwise (Matheron's rule)
 by the conditioning data held since the last fit, so it is a draw of the exact conditional of
-the weight posterior; the same ``x`` always gives the same value.
+the weight posterior; the same ``x`` always gives the same value. In the kernel regime
+(:mod:`~bo_online.models.qsgp.kernel_regime`) a draw is a prior draw in the features updated
+pathwise with the exact kernel, ``f_s(x) = c + phi(x)^T w_s + k(x, H) v_s`` with ``w_s`` from the
+prior and ``v_s = (K_HH + N_H)^-1 (y_H - c - Phi_H w_s - e_s)``: its mean is the exact GP's.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class QSGPSamplePathsMixin:
         m = self.num_features
         dd = self._dtype_device
         eps = torch.randn(m, num_samples, generator=generator, **dd)
+        if self.is_exact_gp_on_data():
+            return self._kernel_regime_paths(eps, generator)
         W = self.var_mean.unsqueeze(-1) + self._C_times(eps)  # m x s
         if self.cond_X is not None:
             Xc = self.cond_X
@@ -66,6 +71,19 @@ class QSGPSamplePathsMixin:
             W = W + self._C_times(cholesky_solve(self.cond_L, CtPhiT @ t))
         return QSGPSamplePaths(self, W.transpose(-1, -2).contiguous())
 
+    def _kernel_regime_paths(
+        self, eps: Tensor, generator: torch.Generator | None
+    ) -> QSGPSamplePaths:
+        r"""Draws from the exact GP of the kernel: prior draws in the features (``eps``:
+        ``m x s`` standard normals) updated pathwise with the exact kernel."""
+        W = eps / self._prior_diag_all().sqrt().unsqueeze(-1)  # m x s, w_s ~ N(0, S^-1)
+        H = self.train_inputs[0]
+        prior = self.mean_constant.expand(H.shape[-2], eps.shape[-1])
+        for idx in self._chunks():
+            prior = prior + self.basis.features(H, idx) @ W[idx]
+        inputs, weights = self._kernel_path_update(prior, generator)
+        return QSGPSamplePaths(self, W.transpose(-1, -2).contiguous(), inputs, weights)
+
 
 class QSGPSamplePaths(nn.Module):
     r"""``s`` explicit posterior function draws of a :class:`QSGP`, ``f_s(x) = phi(x)^T w_s``.
@@ -74,10 +92,19 @@ class QSGPSamplePaths(nn.Module):
     the user's outcome units. Deterministic: the same ``X`` always gives the same values.
     """
 
-    def __init__(self, model: QSGP, weights: Tensor) -> None:
+    def __init__(
+        self,
+        model: QSGP,
+        weights: Tensor,
+        update_inputs: Tensor | None = None,
+        update_weights: Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.register_buffer("weights", weights)  # s x m
+        # the kernel regime's pathwise update: k(x, H) v_s with H N x d, v s x N
+        self.register_buffer("update_inputs", update_inputs)
+        self.register_buffer("update_weights", update_weights)
 
     @property
     def num_samples(self) -> int:
@@ -93,4 +120,7 @@ class QSGPSamplePaths(nn.Module):
         for idx in model._chunks():
             F = model.basis.features(Xt, idx)  # batch x q x b
             out = out + torch.einsum("...qb,sb->s...q", F, self.weights[:, idx])
+        if self.update_inputs is not None:
+            K = model.basis.kernel(Xt, self.update_inputs).to_dense()  # batch x q x N
+            out = out + torch.einsum("...qn,sn->s...q", K, self.update_weights)
         return (out + model.mean_constant) * model.outcome_std + model.outcome_mean

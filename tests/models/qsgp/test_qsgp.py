@@ -182,7 +182,7 @@ def test_inducing_basis_eq2_optimum_is_exact_gp_evidence():
 
 def test_full_family_posterior_equals_dense_gp_on_features():
     X, Y = _data(25, 2)
-    model = QSGP(X, Y, num_features=50, family="full", kernel=_kernel(2))
+    model = QSGP(X, Y, num_features=50, family="full", kernel=_kernel(2), exact_max_n=0)
     _set_noise(model, 0.02)
     model.set_optimal_variational()
     Xs = torch.rand(6, 2, generator=torch.Generator().manual_seed(5), dtype=DT)
@@ -258,7 +258,9 @@ def _joint(model, Xa):
 @pytest.mark.parametrize("family", ["full", "chevron", "mean_field"])
 def test_condition_equals_dense_gaussian_conditioning(family):
     X, Y = _data(25, 2)
-    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2))
+    model = QSGP(
+        X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2), exact_max_n=0
+    )
     _set_noise(model, 0.03)
     model.set_optimal_variational()
     g = torch.Generator().manual_seed(11)
@@ -292,7 +294,9 @@ def test_lazy_posterior_many_points_equals_dense_gaussian_algebra(family):
     hand before and after conditioning (in place and as a fantasy batch), and its variance equals
     ``predict``'s marginals."""
     X, Y = _data(25, 2)
-    model = QSGP(X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2))
+    model = QSGP(
+        X, Y, num_features=30, family=family, num_dense_columns=3, kernel=_kernel(2), exact_max_n=0
+    )
     _set_noise(model, 0.03)
     model.set_optimal_variational()
     model.dense_posterior_max_q = 4
@@ -392,7 +396,9 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
     from memory_profile import LargestAllocation
 
     X, Y = _data(25, 2)
-    model = QSGP(X, Y, num_features=30, family="full", num_dense_columns=3, kernel=_kernel(2))
+    model = QSGP(
+        X, Y, num_features=30, family="full", num_dense_columns=3, kernel=_kernel(2), exact_max_n=0
+    )
     _set_noise(model, 0.03)
     model.set_optimal_variational()
     g = torch.Generator().manual_seed(13)
@@ -422,7 +428,7 @@ def test_fantasy_posterior_at_shared_points_forms_no_per_candidate_covariance():
 
 def test_sample_paths_deterministic_and_match_posterior():
     X, Y = _data(20, 2)
-    model = QSGP(X, Y, num_features=30, kernel=_kernel(2))
+    model = QSGP(X, Y, num_features=30, kernel=_kernel(2), exact_max_n=0)
     _set_noise(model, 0.03)
     model.set_optimal_variational()
     model.update(torch.rand(2, 2, dtype=DT), torch.randn(2, 1, dtype=DT))
@@ -1050,7 +1056,7 @@ def test_a_built_model_holds_the_posterior_on_its_data_before_any_fit():
     its features and data, computed here densely (n x n), not the prior; an update then adds the
     new points to that posterior (the same as a model built on all points)."""
     X, Y = _data(20, 4)
-    model = QSGP(X, Y, num_features=40, kernel=_kernel(4))
+    model = QSGP(X, Y, num_features=40, kernel=_kernel(4), exact_max_n=0)
     Phi = model.basis.features(model.train_X).detach()
     y, noise = model.train_y, float(model.likelihood.noise)
     Xt = torch.rand(6, 4, generator=torch.Generator().manual_seed(8), dtype=DT)

@@ -92,7 +92,9 @@ def test_cached_factor_columns_follow_every_change_of_the_factor(family):
     g = torch.Generator().manual_seed(2)
     X = torch.rand(12, 3, generator=g, dtype=DT)
     Y = torch.sin(4 * X).sum(-1, keepdim=True)
-    model = QSGP(X, Y, num_features=48, family=family, num_dense_columns=5).fit(max_iter=20)
+    model = QSGP(X, Y, num_features=48, family=family, num_dense_columns=5, exact_max_n=0).fit(
+        max_iter=20
+    )
     Xs = torch.rand(4, 3, generator=g, dtype=DT)
 
     def check():
@@ -135,7 +137,9 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
 
     g = torch.Generator().manual_seed(4)
     X = torch.rand(10, 3, generator=g, dtype=DT)
-    model = QSGP(X, torch.sin(5 * X).sum(-1, keepdim=True), num_features=64).fit(max_iter=10)
+    model = QSGP(X, torch.sin(5 * X).sum(-1, keepdim=True), num_features=64, exact_max_n=0).fit(
+        max_iter=10
+    )
     Xs = torch.rand(5, 1, 3, generator=g, dtype=DT)
     with torch.inference_mode():
         inf_mean = model.posterior(Xs).mean.clone()
@@ -154,7 +158,9 @@ def test_kept_frequencies_and_blocks_stay_correct_across_inference_mode_and_dtyp
             rtol=0,
         )
     # frequencies first generated in float32, then the model in float64: regenerated
-    m32 = QSGP(X.float(), torch.sin(5 * X).sum(-1, keepdim=True).float(), num_features=64)
+    m32 = QSGP(
+        X.float(), torch.sin(5 * X).sum(-1, keepdim=True).float(), num_features=64, exact_max_n=0
+    )
     with torch.no_grad():
         m32.posterior(Xs.float())
         m32.double()
@@ -172,7 +178,9 @@ def test_update_after_unchecked_posterior_calls_uses_current_hyperparameters():
     by hand, of the fitted posterior at the new lengthscale on the new points."""
     g = torch.Generator().manual_seed(6)
     X = torch.rand(15, 2, generator=g, dtype=DT)
-    model = QSGP(X, torch.sin(4 * X).sum(-1, keepdim=True), num_features=40).fit(max_iter=10)
+    model = QSGP(X, torch.sin(4 * X).sum(-1, keepdim=True), num_features=40, exact_max_n=0).fit(
+        max_iter=10
+    )
     Xs, Xn = torch.rand(3, 2, generator=g, dtype=DT), torch.rand(2, 2, generator=g, dtype=DT)
     Yn = torch.randn(2, 1, generator=g, dtype=DT)
     with torch.no_grad():
@@ -272,15 +280,16 @@ def _held_out(model, X_test: torch.Tensor, y_test: torch.Tensor) -> tuple[float,
     return metrics["rmse"], metrics["nll"], cover
 
 
-def test_default_fit_is_calibrated_in_8d_as_n_nears_the_number_of_features():
-    r"""300 points of a coupled 8-D function, QSGP's defaults (512 random features): its first
-    fit predicts held-out points within 1.5x the RMSE and 0.4 nats the NLL of an exact GP fitted on
+def test_weight_space_fit_is_calibrated_in_8d_as_n_nears_the_number_of_features():
+    r"""300 points of a coupled 8-D function, 512 random features in weight space (the posterior
+    QSGP's defaults switch to beyond n = m; ``exact_max_n=0`` takes it here): its first fit
+    predicts held-out points within 1.5x the RMSE and 0.4 nats the NLL of an exact GP fitted on
     the same points (measured over seeds 1-3: 1.25-1.29x, +0.24-0.32), better than the constant
     predictor, and its 95% intervals cover >= 80% of held-out values (0.87-0.92). With the exact
     kernel's evidence (what ``"auto"`` chose up to n = m before) the m-feature model is confidently
     wrong: NLL 3.0 above the constant's 0.96, 51% coverage."""
     X, Y, X_test, y_test = _coupled_8d(300, 500, seed=1)
-    rmse, nll, cover = _held_out(QSGP(X, Y).fit(), X_test, y_test)
+    rmse, nll, cover = _held_out(QSGP(X, Y, exact_max_n=0).fit(), X_test, y_test)
     ref_rmse, ref_nll, _ = _held_out(_singletaskgp(X, Y), X_test, y_test)
     var = float(Y.var())
     const_nll = float(0.5 * (math.log(2 * math.pi * var) + (y_test - Y.mean()).pow(2).mean() / var))
@@ -290,22 +299,27 @@ def test_default_fit_is_calibrated_in_8d_as_n_nears_the_number_of_features():
     assert cover >= 0.8
 
     _, kernel_nll, kernel_cover = _held_out(
-        QSGP(X, Y, hyper_evidence="kernel").fit(), X_test, y_test
+        QSGP(X, Y, hyper_evidence="kernel", exact_max_n=0).fit(), X_test, y_test
     )
     # Premise: on these data the two evidences do differ (the failure the default avoids).
     assert kernel_nll > nll + 1.0 and kernel_cover < cover - 0.2
 
 
-def test_auto_evidence_is_the_kernels_only_up_to_an_eighth_of_the_features():
-    r"""``hyper_evidence="auto"`` resolves to the kernel's evidence for an RFF basis while
-    ``n <= m / 8`` (:data:`KERNEL_EVIDENCE_MAX_N_PER_FEATURE`) and to the basis's beyond; an
+def test_auto_evidence_is_the_kernels_in_the_kernel_regime_and_up_to_an_eighth_of_the_features():
+    r"""``hyper_evidence="auto"`` resolves to the kernel's evidence for an RFF basis while the
+    model is the exact GP of its kernel (``n <= exact_max_n``, default m) and, in weight space,
+    while ``n <= m / 8`` (:data:`KERNEL_EVIDENCE_MAX_N_PER_FEATURE`); to the basis's beyond; an
     inducing basis always takes its own; an explicit choice is kept."""
     from bo_online.models.qsgp import KERNEL_EVIDENCE_MAX_N_PER_FEATURE
 
     assert KERNEL_EVIDENCE_MAX_N_PER_FEATURE == 0.125
     X, Y, _, _ = _coupled_8d(65, 1, seed=0)
-    assert QSGP(X[:64], Y[:64], num_features=512)._resolve_evidence("auto") == "kernel"
-    assert QSGP(X, Y, num_features=512)._resolve_evidence("auto") == "basis"
-    assert QSGP(X, Y, num_features=520)._resolve_evidence("auto") == "kernel"  # 65 = 520 / 8
-    assert QSGP(X, Y, num_features=512)._resolve_evidence("kernel") == "kernel"
+    assert QSGP(X, Y, num_features=512)._resolve_evidence("auto") == "kernel"  # 65 <= m
+    assert QSGP(X, Y, num_features=64)._resolve_evidence("auto") == "basis"  # 65 > m
+    assert QSGP(X, Y, num_features=512, exact_max_n=64)._resolve_evidence("auto") == "basis"
+    weight_space = {"num_features": 512, "exact_max_n": 0}
+    assert QSGP(X[:64], Y[:64], **weight_space)._resolve_evidence("auto") == "kernel"
+    assert QSGP(X, Y, **weight_space)._resolve_evidence("auto") == "basis"
+    assert QSGP(X, Y, num_features=520, exact_max_n=0)._resolve_evidence("auto") == "kernel"
+    assert QSGP(X, Y, **weight_space)._resolve_evidence("kernel") == "kernel"
     assert QSGP(X[:8], Y[:8], basis="inducing")._resolve_evidence("auto") == "basis"
