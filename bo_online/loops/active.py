@@ -337,7 +337,7 @@ class ActiveLearningLoop(OnlineLoop):
         self._take(indices)  # the rows count as labelled only once the model has them
         t_update = self._now() - t0
         self.step_count += 1
-        refit = rescaled or self._refit_due()
+        refit = rescaled or self._refit_needed()
         # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
         budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):

@@ -399,7 +399,7 @@ class BayesOptLoop(OnlineLoop):
         self.y = torch.cat([self.y, y])
         self.y_true = torch.cat([self.y_true, y_true])
         self.step_count += 1
-        refit = rescaled or self._refit_due()
+        refit = rescaled or self._refit_needed()
         # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
         budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["WARM_REFIT_MAX_ITER", "refits_from_defaults", "growth_refit_due"]
+__all__ = [
+    "WARM_REFIT_MAX_ITER",
+    "growth_refit_due",
+    "is_exact_gp_on_data",
+    "refits_from_defaults",
+]
 
 #: Iteration cap of a warm-started refit (the loops' ``fit_max_iter``, Ax's refits of a model it
 #: has fitted before); a fit from the defaults gets four times as many. Warm starts begin near
@@ -23,8 +28,11 @@ def refits_from_defaults(model: Any, fit_cost_grows_with_n: bool) -> bool:
     the data it holds (duck-typed ``is_exact_gp_on_data()``: t-SVGP and the decoupled SVGP with a
     Gaussian likelihood while every point is an inducing input / covariance basis, QSGP while it
     predicts with its kernel's exact GP)."""
-    if fit_cost_grows_with_n:
-        return True
+    return fit_cost_grows_with_n or is_exact_gp_on_data(model)
+
+
+def is_exact_gp_on_data(model: Any) -> bool:
+    r"""What ``model.is_exact_gp_on_data()`` says (duck-typed; False for a model without it)."""
     is_exact = getattr(model, "is_exact_gp_on_data", None)
     return callable(is_exact) and bool(is_exact())
 

@@ -315,7 +315,7 @@ class StreamingLoop(OnlineLoop):
             self.sq_err_sum += pred["rmse"] ** 2 * q
         self.nll_sum += pred["nll"] * q
         self.num_predicted += q
-        refit = rescaled or self._refit_due()
+        refit = rescaled or self._refit_needed()
         # a rebuilt surrogate holds default hyperparameters: it gets the initial fit's budget
         budget = self.config["init_fit_max_iter" if rescaled else "fit_max_iter"]
         with self._seeded("tell"):

@@ -35,3 +35,31 @@ def test_growth_rule_matches_integer_arithmetic_for_every_n():
     for last in range(101, 2000, 7):
         for n in range(last, last + last // 5):
             assert growth_refit_due(n, last, 100, 0.1) is (10 * n >= 11 * last), (n, last)
+
+
+@pytest.mark.parametrize("refit_every", [7, 0])
+def test_a_surrogate_that_leaves_its_exact_regime_is_refit_at_once(refit_every):
+    r"""QSGP fitted as the exact GP of its kernel (n <= exact_max_n) and then updated past it
+    predicts in weight space with the kernel's hyperparameters, which are not the evidence of
+    what it now predicts with: the loop refits at the step that crosses, whatever the schedule
+    (not with refits off). The refit maximises the weight-space (basis) evidence."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import SyntheticProblem
+
+    loop = BayesOptLoop(
+        SyntheticProblem("hartmann", dim=6),
+        model="qsgp",
+        model_options={"exact_max_n": 14, "num_features": 64},
+        n_init=12,
+        refit_every=refit_every,
+        seed=0,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+    )
+    loop.run(4)  # n = 13, 14 (the exact GP), 15, 16
+    refits = [bool(r["refit"]) for r in loop.records if r.get("phase") != "init"][-4:]
+    assert not loop.model.is_exact_gp_on_data()
+    if refit_every == 0:
+        assert refits == [False] * 4
+        return
+    assert refits == [False, False, True, False]
+    assert loop.model._resolve_evidence("auto") == "basis"
