@@ -1069,6 +1069,8 @@ class OnlineLoop:
             },
             "state": self._state(),
             "target_scaling": [self.target_shift, self.target_scale],
+            # loop state the refit rule reads (_left_exact_regime): not derivable from the model
+            "exact_at_last_fit": self._exact_at_last_fit,
         }
 
     def _elapsed_now(self) -> float:
@@ -1129,6 +1131,8 @@ class OnlineLoop:
         self.wall_time = float(ckpt["wall_time"])
         self.elapsed = float(ckpt.get("elapsed", self.wall_time))  # absent in older checkpoints
         self.records = list(ckpt["records"])
+        # absent in checkpoints written before the loops refit on leaving the exact regime
+        self._exact_at_last_fit = bool(ckpt.get("exact_at_last_fit", False))
         if self.out_dir is not None:
             # the checkpoint on disk holds these steps (finished_on_disk: a resume of a finished
             # run writes none, and a stop during its summary said to resume it again)

@@ -63,3 +63,27 @@ def test_a_surrogate_that_leaves_its_exact_regime_is_refit_at_once(refit_every):
         return
     assert refits == [False, False, True, False]
     assert loop.model._resolve_evidence("auto") == "basis"
+
+
+def test_a_run_resumed_before_it_leaves_the_exact_regime_refits_there_as_the_uninterrupted(
+    tmp_path,
+):
+    r"""Whether the surrogate was the exact GP at its last fit is loop state: a run checkpointed
+    at n = 14 (exact_max_n) and resumed must still refit at the step that crosses to 15, as the
+    run that was never stopped does (bit for bit), not lose that to a fresh loop's default."""
+    from bo_online.loops import BayesOptLoop, load_loop, without_timing
+    from bo_online.problems import SyntheticProblem
+
+    kw = dict(
+        model="qsgp",
+        model_options={"exact_max_n": 14, "num_features": 64},
+        n_init=12,
+        refit_every=7,
+        seed=0,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+    )
+    reference = BayesOptLoop(SyntheticProblem("hartmann", dim=6), **kw).run(4)
+    BayesOptLoop(SyntheticProblem("hartmann", dim=6), out_dir=tmp_path, **kw).run(2)
+    resumed = load_loop(tmp_path).run(4)
+    assert [bool(r["refit"]) for r in resumed][-4:] == [False, False, True, False]
+    assert without_timing(resumed) == without_timing(reference)
