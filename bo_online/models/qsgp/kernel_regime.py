@@ -8,7 +8,7 @@ worse than uniform random points. While the model holds at most ``exact_max_n`` 
 ``m``) the exact GP of the kernel costs no more than the weight-space posterior (O(N^2) per test
 point and per conditioned point against O(m^2); O(N^3) per evidence against O(N m^2)), so QSGP
 predicts with it. With the held rows ``H`` (the fitted rows, then those conditioned on since),
-``K_HH + N_H = L L^T`` and ``z = L^-1 (y_H - c)`` (docs/math.md §5, "kernel regime"):
+``K_HH + N_H = L L^T`` and ``z = L^-1 (y_H - c)`` (docs/math.md §4, "Kernel regime"):
 
     mean(x) = c + v_x^T z,    cov(x, x') = k(x, x') - v_x^T v_x',    v_x = L^-1 k_H(x).
 
