@@ -120,8 +120,9 @@ class QSGPKernelRegimeMixin:
         r"""Whether this model predicts with the exact GP of its kernel on the data it holds: an
         RFF basis (whose kernel is known), a Gaussian likelihood and at most ``exact_max_n``
         points held. A BO loop then refits it as BoTorch refits its exact GP (rebuilt and fitted
-        from the defaults; ``OnlineLoop._rebuild_due``), and its fits maximise the kernel's
-        evidence."""
+        from the defaults; ``OnlineLoop._rebuild_due``), and its closed-form fits (the default
+        for a Gaussian likelihood) maximise the kernel's evidence; ``fit(method="sgd")`` still
+        maximises the weight-space ELBO."""
         return (
             self.likelihood_name == "gaussian"
             and isinstance(self.basis, RFFBasis)
