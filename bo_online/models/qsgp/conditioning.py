@@ -178,7 +178,7 @@ class QSGPConditioningMixin:
             # one factor again (what the next update borders, without a fold)
             kernel_state.inputs = kernel_state.all_inputs()
             kernel_state.factor = BorderedCholesky(kernel_state.factor.dense())
-            kernel_state.border_inputs = None
+            kernel_state.border_inputs = ()
         self.cond_X, self.cond_y, self.cond_noise = self._appended_data(X, Y, point_noise)
         self.cond_L, self.cond_r, self.cond_u = L, r, u
         self.__dict__["_kernel_cache"] = None

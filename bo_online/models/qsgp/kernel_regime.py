@@ -32,41 +32,61 @@ __all__ = ["BorderedCholesky", "QSGPKernelRegimeMixin"]
 
 
 class BorderedCholesky:
-    r"""The lower Cholesky factor of ``[[A, C^T], [C, D]]`` kept as ``[[L, 0], [B, L22]]``:
-    ``L = chol(A)`` (``... x N x N``, shared with the model it came from, not copied),
-    ``B = C L^-T`` (``... x p x N``) and ``L22 = chol(D - B B^T)`` (``... x p x p``); without a
-    border just ``L``."""
+    r"""A lower Cholesky factor kept as a base block and a chain of borders: the factor of
+    ``[[A, C^T], [C, D]]`` is ``[[F, 0], [B, L22]]`` with ``F`` the factor of ``A`` (itself
+    bordered or not), ``B = C F^-T`` and ``L22 = chol(D - B B^T)``. The base ``L``
+    (``... x N x N``) is shared with the model it came from, not copied, and so is every border
+    a conditioned model inherits: a fantasy of a fantasy adds its own border only.
 
-    def __init__(self, L: Tensor, B: Tensor | None = None, L22: Tensor | None = None) -> None:
-        self.L, self.B, self.L22 = L, B, L22
+    Args:
+        L: the base block, ``... x N x N``.
+        borders: ``(B_i, L22_i)`` in order, ``B_i``: ``... x p_i x (N + p_1 + ... + p_{i-1})``,
+            ``L22_i``: ``... x p_i x p_i``.
+    """
+
+    def __init__(self, L: Tensor, borders: tuple[tuple[Tensor, Tensor], ...] = ()) -> None:
+        self.L, self.borders = L, tuple(borders)
+
+    def block_roots(self, K: list[Tensor]) -> list[Tensor]:
+        r"""``F^-1 K`` by row blocks: ``K`` is ``[K_0, K_1, ...]``, the rows of the base
+        (``... x N x k``) and of each border (``... x p_i x k``), each with its own batch shape,
+        which the roots keep (the base's root is not expanded to a border's batch)."""
+        roots = [solve_lower(self.L, K[0])]
+        for (B, L22), K_i in zip(self.borders, K[1:]):
+            done = roots[0] if len(roots) == 1 else _cat_rows_all(roots)
+            roots.append(solve_lower(L22, K_i - B @ done))
+        return roots
 
     def whiten(self, K: Tensor) -> Tensor:
-        r"""``F^-1 K`` for the whole factor ``F`` (``K``: ``... x (N + p) x k``)."""
-        N = self.L.shape[-1]
-        V1 = solve_lower(self.L, K[..., :N, :])
-        if self.B is None:
-            return V1
-        V2 = solve_lower(self.L22, K[..., N:, :] - self.B @ V1)
-        return _cat_rows(V1, V2)
+        r"""``F^-1 K`` for the whole factor ``F`` (``K``: ``... x (N + sum p_i) x k``)."""
+        sizes = [self.L.shape[-1], *(L22.shape[-1] for _, L22 in self.borders)]
+        roots = self.block_roots(list(K.split(sizes, dim=-2)))
+        return roots[0] if len(roots) == 1 else _cat_rows_all(roots)
 
     def dense(self) -> Tensor:
-        r"""The whole factor as one ``... x (N + p) x (N + p)`` tensor."""
-        if self.B is None:
-            return self.L
-        L, B, L22 = self.L, self.B, self.L22
-        N, p = L.shape[-1], L22.shape[-1]
-        batch = broadcast_shapes(L.shape[:-2], B.shape[:-2], L22.shape[:-2])
-        top = torch.cat([L.expand(*batch, N, N), L.new_zeros(*batch, N, p)], dim=-1)
-        bottom = torch.cat([B.expand(*batch, p, N), L22.expand(*batch, p, p)], dim=-1)
-        return torch.cat([top, bottom], dim=-2)
+        r"""The whole factor as one ``... x (N + sum p_i) x (N + sum p_i)`` tensor."""
+        F = self.L
+        for B, L22 in self.borders:
+            n, p = F.shape[-1], L22.shape[-1]
+            batch = broadcast_shapes(F.shape[:-2], B.shape[:-2], L22.shape[:-2])
+            top = torch.cat([F.expand(*batch, n, n), F.new_zeros(*batch, n, p)], dim=-1)
+            bottom = torch.cat([B.expand(*batch, p, n), L22.expand(*batch, p, p)], dim=-1)
+            F = torch.cat([top, bottom], dim=-2)
+        return F
 
     def bordered(self, C: Tensor, D: Tensor) -> BorderedCholesky:
-        r"""The factor with ``p`` more rows: ``C`` (``... x p x (N + p_0)``) their covariance
-        with the rows already factored, ``D`` (``... x p x p``) their own (noise included). A
-        border on a border folds the first into one factor (a chain of conditionings)."""
-        L = self.dense()
-        B = solve_lower(L, C.transpose(-1, -2)).transpose(-1, -2)
-        return BorderedCholesky(L, B, psd_cholesky(D - B @ B.transpose(-1, -2)))
+        r"""The factor with ``p`` more rows: ``C`` (``... x p x (N + sum p_i)``) their
+        covariance with the rows already factored, ``D`` (``... x p x p``) their own (noise
+        included). O((N + sum p_i)^2 p); nothing of this factor is copied."""
+        B = self.whiten(C.transpose(-1, -2)).transpose(-1, -2)
+        L22 = psd_cholesky(D - B @ B.transpose(-1, -2))
+        return BorderedCholesky(self.L, (*self.borders, (B, L22)))
+
+
+def _cat_rows_all(blocks: list[Tensor]) -> Tensor:
+    r"""The ``blocks`` stacked along the row dim, their batch dims broadcast."""
+    batch = broadcast_shapes(*(b.shape[:-2] for b in blocks))
+    return torch.cat([b.expand(*batch, *b.shape[-2:]) for b in blocks], dim=-2)
 
 
 def _cat_rows(top: Tensor, bottom: Tensor) -> Tensor:
@@ -86,21 +106,21 @@ def _cat_last(a: Tensor, b: Tensor) -> Tensor:
 @dataclass
 class KernelState:
     r"""The exact GP on the held rows: their inputs (transformed; ``inputs``, ``batch x N x d``,
-    those of the factor's ``L``, then ``border_inputs``, ``batch x p x d``, those of its border,
-    if any), the factor of ``K_HH + N_H`` and ``z = L^-1 (y_H - c)`` (``sample x batch x
-    (N + p)``), with the key (hyperparameters and held data) they were built for."""
+    those of the factor's base block, then ``border_inputs``, ``batch x p_i x d``, those of each
+    border), the factor of ``K_HH + N_H`` and ``z = F^-1 (y_H - c)`` (``sample x batch x
+    (N + sum p_i)``), with the key (hyperparameters and held data) they were built for."""
 
     key: list[Tensor | None]
     inputs: Tensor
     factor: BorderedCholesky
     z: Tensor
-    border_inputs: Tensor | None = None
+    border_inputs: tuple[Tensor, ...] = ()
 
     def all_inputs(self) -> Tensor:
-        r"""Every held row's inputs, ``batch x (N + p) x d``."""
-        if self.border_inputs is None:
+        r"""Every held row's inputs, ``batch x (N + sum p_i) x d``."""
+        if not self.border_inputs:
             return self.inputs
-        return _cat_rows(self.inputs, self.border_inputs)
+        return _cat_rows_all([self.inputs, *self.border_inputs])
 
 
 def _negated_gram(V: Tensor, batch: torch.Size) -> LinearOperator:
@@ -222,10 +242,13 @@ class QSGPKernelRegimeMixin:
         C = self.basis.kernel(X, inputs).to_dense()  # batch x p x N
         D = self.basis.kernel(X).to_dense() + torch.diag_embed(noise)
         factor = state.factor.bordered(C, D)
+        B, L22 = factor.borders[-1]
         z_old = state.z
-        Bz = (factor.B @ z_old.unsqueeze(-1)).squeeze(-1)
-        z_new = solve_lower(factor.L22, (Y - self.mean_constant - Bz).unsqueeze(-1)).squeeze(-1)
-        return KernelState([], inputs, factor, _cat_last(z_old, z_new), X)
+        Bz = (B @ z_old.unsqueeze(-1)).squeeze(-1)
+        z_new = solve_lower(L22, (Y - self.mean_constant - Bz).unsqueeze(-1)).squeeze(-1)
+        return KernelState(
+            [], state.inputs, factor, _cat_last(z_old, z_new), (*state.border_inputs, X)
+        )
 
     def _set_kernel_state(self, state: KernelState) -> None:
         r"""Keep ``state`` as this model's caches (after its held data are set)."""
@@ -239,17 +262,17 @@ class QSGPKernelRegimeMixin:
         ``k(X, X) - V^T V`` when ``lazy`` or when ``X`` is shared by the model's batch) of the
         exact GP at ``X`` (``batch x q x d``, transformed), standardised units."""
         state, c = self._kernel_state(), self.mean_constant
-        factor, N = state.factor, state.factor.L.shape[-1]
-        # v_x = F^-1 k_H(x) in two blocks: V1 = L^-1 k(inputs, X) over the factor's L (shared
-        # by a fantasy model's batch) and V2 = L22^-1 (k(border, X) - B V1) over its border
-        V1 = solve_lower(factor.L, self.basis.kernel(state.inputs, X).to_dense())
-        mean = c + (state.z[..., :N].unsqueeze(-2) @ V1).squeeze(-2)
-        roots = [V1]
-        if factor.B is not None:
-            K2 = self.basis.kernel(state.border_inputs, X).to_dense()
-            V2 = solve_lower(factor.L22, K2 - factor.B @ V1)
-            mean = mean + (state.z[..., N:].unsqueeze(-2) @ V2).squeeze(-2)
-            roots.append(V2)
+        # v_x = F^-1 k_H(x) by blocks: V1 = L^-1 k(inputs, X) over the factor's base (shared by
+        # a fantasy model's batch), then V_i = L22_i^-1 (k(border_i, X) - B_i [V1; ...]) over
+        # each border, each with its own batch shape
+        K = [self.basis.kernel(rows, X).to_dense() for rows in (state.inputs, *state.border_inputs)]
+        roots = state.factor.block_roots(K)
+        mean, start = c, 0
+        for V in roots:
+            z = state.z[..., start : start + V.shape[-2]]
+            mean = mean + (z.unsqueeze(-2) @ V).squeeze(-2)
+            start += V.shape[-2]
+        V1 = roots[0]
         q = X.shape[-2]
         batch = broadcast_shapes(X.shape[:-2], *(V.shape[:-2] for V in roots))
         if lazy:  # many points: no q x q tensor at all
@@ -262,11 +285,17 @@ class QSGPKernelRegimeMixin:
             return mean, shared
         if V1.shape[:-2].numel() < batch.numel():
             # Points shared by the batch of a fantasy model (qNIPV's integration points): the
-            # shared block once, each element's border term lazily, so .variance forms no
+            # shared block once, each element's border terms lazily, so .variance forms no
             # batch x q x q tensor.
-            shared = DenseLinearOperator(0.5 * (shared + shared.transpose(-1, -2)))
-            return mean, shared.expand(*batch, q, q) + _negated_gram(roots[1], batch)
-        return mean, shared - roots[1].transpose(-1, -2) @ roots[1]
+            cov = DenseLinearOperator(0.5 * (shared + shared.transpose(-1, -2))).expand(
+                *batch, q, q
+            )
+            for V in roots[1:]:
+                cov = cov + _negated_gram(V, batch)
+            return mean, cov
+        for V in roots[1:]:
+            shared = shared - V.transpose(-1, -2) @ V
+        return mean, shared
 
     def _kernel_path_update(
         self, prior_values: Tensor, generator: torch.Generator | None

@@ -247,3 +247,32 @@ def test_state_dict_round_trip_and_float32():
         low = model.posterior(Xs.float())
     assert low.mean.dtype == torch.float32
     torch.testing.assert_close(low.mean.double(), expected.mean, atol=1e-3, rtol=0)
+
+
+def test_a_conditioned_model_of_a_conditioned_model_borders_without_copying_the_factor():
+    r"""A chain of conditionings over a batch of candidate sets (multi-step lookahead's pattern):
+    the grandchild keeps its parent's borders and adds its own, so no ``b x N x N`` factor is
+    formed (it was: 1 GB at n = 500, 256 + 256 points), and its posterior equals dense
+    conditioning on all rows per batch element."""
+    from memory_profile import LargestAllocation
+
+    model = _model(200)
+    X, Y = _data(200)
+    g = torch.Generator().manual_seed(12)
+    b, p, k = 64, 2, 5
+    X1, Y1 = torch.rand(b, p, D, generator=g, dtype=DT), torch.randn(b, p, 1, generator=g, dtype=DT)
+    X2, Y2 = torch.rand(b, p, D, generator=g, dtype=DT), torch.randn(b, p, 1, generator=g, dtype=DT)
+    Xs = torch.rand(k, D, generator=g, dtype=DT)
+    with torch.no_grad():
+        child = model.condition_on_observations(X1, Y1)
+        with LargestAllocation() as largest:
+            grandchild = child.condition_on_observations(X2, Y2)
+            post = grandchild.posterior(Xs)
+            var = post.variance
+    N = 200 + 2 * p  # the weight-space state's b x m x 2p terms (131,072) stay below b N^2 / 4
+    assert largest.numel < b * N * N // 4, (largest.numel, b * N * N)
+    for j in (0, 37, b - 1):
+        rows, ys = torch.cat([X, X1[j], X2[j]]), torch.cat([Y, Y1[j], Y2[j]])
+        mean, cov = _dense(model, rows, ys, _noise(model), Xs)
+        torch.testing.assert_close(post.mean[j].squeeze(-1), mean, atol=1e-9, rtol=0)
+        torch.testing.assert_close(var[j].squeeze(-1), cov.diagonal(), atol=1e-9, rtol=0)
