@@ -222,6 +222,7 @@ class AxOnlineMixin:
     # ------------------------------------------------------------------ Ax units <-> anchor units
 
     _ax_n_at_fit: int | None = None  # observations held at the last fit (None: never fitted)
+    _ax_exact_at_fit: bool = False  # the model was the exact GP on its data at the last fit
     _ax_scale: float = 1.0  # current Ax units = _ax_scale * anchor units + _ax_shift
     _ax_shift: float = 0.0
 
@@ -281,9 +282,21 @@ class AxOnlineMixin:
         if since is None:
             return True
         every = self._ax_refit_every
+        if every is not None and since >= 1 and self._ax_left_exact_regime():
+            return True
         if every == "auto":
             return _auto_refit_due(self, self._ax_num_obs, self._ax_n_at_fit, since)
         return every is not None and since >= every
+
+    def _ax_left_exact_regime(self) -> bool:
+        r"""Whether the model was the exact GP on its data at the last fit and is not any more
+        (QSGP past ``exact_max_n``, t-SVGP / the decoupled SVGP past their bases): its
+        hyperparameters then maximise the exact GP's evidence, not that of what it now predicts
+        with, so a refit is due whatever the schedule (as in the loops,
+        ``OnlineLoop._left_exact_regime``)."""
+        from bo_online.loops.refit_rules import is_exact_gp_on_data
+
+        return self._ax_exact_at_fit and not is_exact_gp_on_data(self)
 
     def ax_fit(self) -> None:
         """Refit if due (Ax's ``fit_botorch_model`` lands here), else keep the hyperparameters;
@@ -309,6 +322,9 @@ class AxOnlineMixin:
                 raise
             self._ax_obs_since_fit = 0
             self._ax_n_at_fit = self._ax_num_obs
+            from bo_online.loops.refit_rules import is_exact_gp_on_data
+
+            self._ax_exact_at_fit = is_exact_gp_on_data(self)
             _SESSIONS.stats.refits += 1
             _SESSIONS.stats.fit_seconds += time.perf_counter() - t0
         if self._ax_pending is not None:

@@ -1179,3 +1179,26 @@ def test_a_state_loaded_into_an_incrementally_built_model_leaves_the_stored_one(
         assert torch.equal(v.detach(), hyper[k]), k
     with torch.no_grad():
         torch.testing.assert_close(stored.posterior(test_X).mean, mean, atol=0, rtol=0)
+
+
+def test_a_model_that_leaves_its_exact_regime_is_refit_at_that_trial():
+    r"""QSGP fitted as the exact GP of its kernel (``exact_max_n``) and conditioned past it
+    predicts in weight space with the kernel's hyperparameters: the trial that crosses refits
+    whatever ``refit_every`` says (as the loops do); ``refit_every=None`` never refits."""
+    ax_cls = boax.AxQSGP
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(14, 3, dtype=torch.float64, generator=g)
+    Y = torch.cos(4 * X.sum(-1, keepdim=True))
+    for every, expected in (
+        (5, [True, False, False, True, False, False]),
+        (None, [True] + [False] * 5),
+    ):
+        boax.clear_sessions()
+        opts = {"refit_every": every, "fit_options": {"max_iter": 10}}
+        due = []
+        for n in range(6, 12):  # exact GP up to 8 observations
+            model = _build(ax_cls, X[:n], Y[:n], fit=False, exact_max_n=8, num_features=32, **opts)
+            due.append(model.refit_due)
+            model.ax_fit()
+        assert due == expected, every
+        assert not model.is_exact_gp_on_data()
