@@ -236,7 +236,7 @@ class QSGPKernelRegimeMixin:
     def _bordered_kernel_state(self, X: Tensor, Y: Tensor, noise: Tensor) -> KernelState:
         r"""The state after ``p`` new rows (its key still to be set): ``X`` (``batch x p x d``,
         transformed), ``Y`` (``sample x batch x p``, standardised), ``noise`` (``batch x p``).
-        O(N^2 p); the factor borders this model's (or, after a border already, folds it)."""
+        O(N^2 p); the new factor is this model's with one more border (nothing copied)."""
         state = self._kernel_state()
         inputs = state.all_inputs()
         C = self.basis.kernel(X, inputs).to_dense()  # batch x p x N
