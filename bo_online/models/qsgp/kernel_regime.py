@@ -89,14 +89,6 @@ def _cat_rows_all(blocks: list[Tensor]) -> Tensor:
     return torch.cat([b.expand(*batch, *b.shape[-2:]) for b in blocks], dim=-2)
 
 
-def _cat_rows(top: Tensor, bottom: Tensor) -> Tensor:
-    r"""``[top; bottom]`` along the row dim, the batch dims broadcast."""
-    batch = broadcast_shapes(top.shape[:-2], bottom.shape[:-2])
-    return torch.cat(
-        [top.expand(*batch, *top.shape[-2:]), bottom.expand(*batch, *bottom.shape[-2:])], dim=-2
-    )
-
-
 def _cat_last(a: Tensor, b: Tensor) -> Tensor:
     r"""``[a, b]`` along the last dim, the leading dims broadcast."""
     lead = broadcast_shapes(a.shape[:-1], b.shape[:-1])
@@ -191,7 +183,7 @@ class QSGPKernelRegimeMixin:
         if self.cond_X is None:
             return X, y, noise
         return (
-            _cat_rows(X, self.cond_X),
+            _cat_rows_all([X, self.cond_X]),
             _cat_last(y, self.cond_y),
             _cat_last(noise, self.cond_noise),
         )
