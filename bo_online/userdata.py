@@ -691,12 +691,107 @@ def _is_row_index(table: Table) -> bool:
     return any(np.array_equal(table.data[:, 0], rows + start) for start in (0, 1))
 
 
+#: Header names of a column that identifies rows (compared in lower case, without spaces,
+#: ``_``, ``-`` and ``.``: ``ID``, ``row_id``, ``Row No.``): no input by default
+#: (:func:`_inputs`).
+_IDENTIFIER_NAMES = frozenset(
+    {"id", "ids", "index", "idx", "row", "rowid", "rowindex", "rownumber", "rownum", "rowno"}
+)
+
+#: rows from which a column of distinct consecutive integers is warned of as a likely row
+#: number (in a few rows, integer levels 1, 2, 3 of a real input are as likely)
+_CONSECUTIVE_MIN_ROWS = 10
+
+
+def _is_identifier_name(name: str) -> bool:
+    """Whether a header name says its column identifies rows (``id``, ``ID``, ``index``,
+    ``row``, ``row_id``, ...)."""
+    key = "".join(c for c in name.lower() if c not in " _-.")
+    return key in _IDENTIFIER_NAMES
+
+
+def _is_unnamed(name: str) -> bool:
+    """Whether a header name is none: empty (pandas' ``to_csv`` index, R's ``write.csv`` row
+    names) or pandas' ``Unnamed: 0`` (``Unnamed: 3``, ``Unnamed: 0.1``) for an empty one."""
+    if name == "":
+        return True
+    head, _, number = name.partition("Unnamed: ")
+    return head == "" and number.replace(".", "", 1).isdecimal()
+
+
+def _holds_row_numbers(values: np.ndarray) -> bool:
+    """Whether ``values`` (``n``) are the row numbers ``0 .. n - 1`` or ``1 .. n`` in any order
+    (a data frame's index after its rows were shuffled)."""
+    ordered = np.sort(values)
+    rows = np.arange(values.shape[0])
+    return any(np.array_equal(ordered, rows + start) for start in (0, 1))
+
+
+def _consecutive_integers(values: np.ndarray) -> bool:
+    """Whether ``values`` (``n``, n >= :data:`_CONSECUTIVE_MIN_ROWS`) are ``n`` distinct
+    consecutive integers ``k, k + 1, ..., k + n - 1`` in any order."""
+    n = values.shape[0]
+    if n < _CONSECUTIVE_MIN_ROWS or not np.isfinite(values).all():
+        return False
+    ordered = np.sort(values)
+    return bool(
+        np.array_equal(ordered, np.round(ordered))
+        and np.array_equal(ordered, ordered[0] + np.arange(n))
+    )
+
+
+def _inputs_option(table: Table, cols: Sequence[int]) -> str:
+    """The ``--inputs`` value naming columns ``cols``: each by name, or by index where its name
+    cannot be given (empty, or holding a comma at which ``--inputs`` splits)."""
+    return ",".join(
+        name if name and "," not in name else str(j)
+        for j, name in ((j, table.columns[j]) for j in cols)
+    )
+
+
+def _identifier_columns(table: Table, cols: list[int]) -> list[int]:
+    """The columns among the default inputs ``cols`` that identify rows: a name of
+    :data:`_IDENTIFIER_NAMES` (whatever the column holds, numbers or text codes), or no name
+    (:func:`_is_unnamed`) over the row numbers in any order."""
+    return [
+        j
+        for j in cols
+        if _is_identifier_name(table.columns[j])
+        or (
+            _is_unnamed(table.columns[j])
+            and table.first_line >= 2  # a header's empty name, not a headerless file's "0"
+            and j not in table.problems
+            and _holds_row_numbers(table.data[:, j])
+        )
+    ]
+
+
+def _names(table: Table, cols: Sequence[int]) -> str:
+    """Columns as a message names them: ``'id'``, ``'id' and 'row'``, ``'a', 'b' and 'c'``."""
+    shown = [repr(table.columns[j]) for j in cols]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
 def _inputs(
     table: Table,
     inputs: Sequence[str | int] | None,
     exclude: set[int],
     drop_row_index: bool = True,
+    drop_identifiers: bool = True,
 ) -> list[int]:
+    r"""The input columns: ``inputs`` as named (always honoured), else every column not in
+    ``exclude`` (target, mask) but row identifiers, where other inputs remain:
+
+    - ``drop_row_index``: a first column of row numbers in file order that a data frame library
+      wrote (unnamed or ``Unnamed: 0``), left out with a warning;
+    - ``drop_identifiers``: a column named as an identifier (``id``, ``ID``, ``index``,
+      ``row``, ``row_id``, ...; :data:`_IDENTIFIER_NAMES`), or unnamed over the row numbers in
+      any order, left out with a warning that names it and how to keep it (``--inputs``).
+
+    A default input of distinct consecutive integers that stays (another name, or the only
+    input left) is warned of where other inputs remain, naming the ``--inputs`` that leaves it
+    out: the model would fit the row order. Runs recorded before a rule existed pass False for
+    it (:func:`problem_from_spec`), so they resume on the inputs they started with."""
     if inputs is None:
         cols = [j for j in range(len(table.columns)) if j not in exclude]
         if drop_row_index and len(cols) > 1 and cols[0] == 0 and _is_row_index(table):
@@ -709,6 +804,47 @@ def _inputs(
                 UserWarning,
                 stacklevel=4,  # the caller of stream_from_file / pool_from_file
             )
+        ids = _identifier_columns(table, cols) if drop_identifiers else []
+        if ids and len(ids) < len(cols):
+            kept = [j for j in cols if j not in ids]
+            for j in ids:
+                why = (
+                    "is named as a row identifier"
+                    if _is_identifier_name(table.columns[j])
+                    else "has no name and holds the row numbers"
+                )
+                warnings.warn(
+                    f"{table.path}: column {table.columns[j]!r} {why}, so it is not used as an "
+                    "input; to use it, name it among the inputs: --inputs "
+                    f"{_inputs_option(table, sorted(kept + [j]))}.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            cols = kept
+        elif ids:  # nothing else to learn from: kept, but not silently
+            warnings.warn(
+                f"{table.path}: input column{'s' if len(ids) > 1 else ''} {_names(table, ids)} "
+                f"{'look' if len(ids) > 1 else 'looks'} like a row identifier, but the file "
+                "holds no other input, so the model learns the target as a function of the "
+                "row order.",
+                UserWarning,
+                stacklevel=4,
+            )
+        if len(cols) > 1:  # an input of row numbers under another name: warned of, kept
+            for j in cols:
+                values = table.data[:, j]
+                if j in ids or j in table.problems or not _consecutive_integers(values):
+                    continue
+                others = [i for i in cols if i != j]
+                warnings.warn(
+                    f"{table.path}: input column {table.columns[j]!r} holds {len(values)} "
+                    f"distinct consecutive integers ({values.min():.0f} .. {values.max():.0f}), "
+                    "as a row number or identifier does, and the model would fit the row "
+                    "order; if it is not a real input, leave it out with --inputs "
+                    f"{_inputs_option(table, others)}.",
+                    UserWarning,
+                    stacklevel=4,
+                )
         table.require(cols)
     else:
         cols = [table.column(c, "an input") for c in inputs]
@@ -832,6 +968,7 @@ def stream_from_file(
     expected_sha256: str | None = None,
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
+    drop_identifiers: bool = True,
 ) -> StreamProblem:
     r"""A :class:`~bo_online.problems.StreamProblem` from a file.
 
@@ -854,6 +991,11 @@ def stream_from_file(
         drop_row_index: leave out of the default inputs a first column of row numbers that a
             data frame library wrote (unnamed or ``Unnamed: 0``, holding ``0, 1, ...`` or
             ``1, 2, ...``), with a warning, where other inputs remain.
+        drop_identifiers: likewise leave out a column named as a row identifier (``id``,
+            ``ID``, ``index``, ``row``, ``row_id``, ...) and an unnamed one holding the row
+            numbers in any order, each with a warning naming it and the ``--inputs`` that keeps
+            it. Either way a default input of distinct consecutive integers is warned of.
+            ``inputs``, where given, are always used as named.
     """
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
@@ -868,6 +1010,7 @@ def stream_from_file(
         expected_sha256,
         expected_mask_sha256,
         drop_row_index,
+        drop_identifiers,
         regression=task == "regression",
         classifiable=True,
     )
@@ -889,6 +1032,7 @@ def stream_from_file(
         target=target,
         inputs=None if inputs is None else list(inputs),
         drop_row_index=drop_row_index,
+        drop_identifiers=drop_identifiers,
         test_fraction=test_fraction,
         test_mask=test_mask,
         task=task,
@@ -931,6 +1075,7 @@ def pool_from_file(
     expected_sha256: str | None = None,
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
+    drop_identifiers: bool = True,
 ) -> PoolProblem:
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
@@ -946,6 +1091,7 @@ def pool_from_file(
         expected_sha256,
         expected_mask_sha256,
         drop_row_index,
+        drop_identifiers,
     )
     pool = np.flatnonzero(~mask)
     if pool_size is not None:
@@ -966,6 +1112,7 @@ def pool_from_file(
             target=target,
             inputs=None if inputs is None else list(inputs),
             drop_row_index=drop_row_index,
+            drop_identifiers=drop_identifiers,
             test_fraction=test_fraction,
             test_mask=test_mask,
             seed=seed,
@@ -990,6 +1137,7 @@ def _split_table(
     expected_sha256: str | None,
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
+    drop_identifiers: bool = True,
     regression: bool = True,
     classifiable: bool = False,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
@@ -1016,7 +1164,11 @@ def _split_table(
             "test mask."
         )
     cols = _inputs(
-        table, inputs, {t_col} | ({m_col} if m_col is not None else set()), drop_row_index
+        table,
+        inputs,
+        {t_col} | ({m_col} if m_col is not None else set()),
+        drop_row_index,
+        drop_identifiers,
     )
     _require_finite_widths(table, cols)
     y = table.data[:, t_col]
@@ -1116,5 +1268,9 @@ def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     mask_sha = spec.pop("test_mask_sha256", None)
     spec.pop("classes", None)  # what the file's labels were mapped to: read from it again
     build = stream_from_file if kind == "stream" else pool_from_file
-    spec.setdefault("drop_row_index", False)  # a run from before the rule kept the column
+    # a run from before a rule kept the columns it leaves out: one without drop_row_index
+    # predates both rules
+    before_both = "drop_row_index" not in spec
+    spec.setdefault("drop_row_index", False)
+    spec["drop_identifiers"] = bool(spec.get("drop_identifiers", False)) and not before_both
     return build(path, expected_sha256=sha, expected_mask_sha256=mask_sha, **spec)

@@ -1437,12 +1437,13 @@ def test_one_class_beside_a_missing_label_and_three_classes_beside_one_are_told_
 
 
 def test_the_first_bad_cell_is_named_in_file_order_not_by_column_name(tmp_path):
-    """Two text columns, 'id' first and 'cat' last, bad on the same line: the message names
-    'id' (column 1), the first bad cell in the file, not 'cat' (whose message sorted first)."""
+    """Two text columns, 'site' first and 'cat' last, bad on the same line: the message names
+    'site' (column 1), the first bad cell in the file, not 'cat' (whose message sorted first).
+    (The first column was 'id', now no default input: a row identifier.)"""
     path = tmp_path / "rows.csv"
-    path.write_text("id,x,y,cat\nr0,0.5,1.0,a\nr1,0.7,2.0,b\nr2,0.1,0.5,a\n")
-    with pytest.raises(DataFileError, match=r"line 2, column 'id' \(no\. 1\): 'r0'"):
-        pool_from_file(path, target="y", test_fraction=0.34)  # inputs: id, x, cat
+    path.write_text("site,x,y,cat\nr0,0.5,1.0,a\nr1,0.7,2.0,b\nr2,0.1,0.5,a\n")
+    with pytest.raises(DataFileError, match=r"line 2, column 'site' \(no\. 1\): 'r0'"):
+        pool_from_file(path, target="y", test_fraction=0.34)  # inputs: site, x, cat
     # the text cells of a later line come after those of an earlier one, whatever the column
     path.write_text("x,z,y,cat\n0.5,1,1.0,a\n0.7,q,2.0,4\n0.1,3,0.5,5\n")
     with pytest.raises(DataFileError, match=r"line 2, column 'cat' \(no\. 4\): 'a'"):
@@ -1723,3 +1724,126 @@ def test_npz_object_arrays_are_refused_with_their_name_and_what_to_do(tmp_path):
         np.save(fh, X)
     with pytest.raises(DataFileError, match=r"is not an .npz archive \(np.savez writes one\)"):
         stream_from_file(tmp_path / "plain.npz")
+
+
+def _with_columns(path, names, columns) -> None:
+    """Write a CSV of a header ``names`` over the ``columns`` (each ``n`` values)."""
+    rows = [",".join(f"{v:.17g}" for v in row) for row in np.column_stack(columns)]
+    path.write_text("\n".join([",".join(names), *rows]) + "\n")
+
+
+def test_an_identifier_column_is_no_default_input(tmp_path):
+    """A CSV with an ``id`` column (1, 2, ..., n) read it as an input: the model fitted the row
+    order, without a word. A column named as a row identifier (id, ID, index, row_id, ...) is
+    now left out of the default inputs with a warning naming it and the --inputs that keeps it;
+    the problem equals the one from the file without the column; named inputs are used as
+    given; a run recorded before the rule resumes on its inputs."""
+    X, y = _data(n=40, d=2)
+    plain = tmp_path / "plain.csv"
+    _write_csv(plain, X, y)
+    want = stream_from_file(plain, seed=2)
+    ids = np.arange(1, 41.0)
+    for name in ("id", "ID", "index", "row_id", "Row No."):
+        path = tmp_path / "with_id.csv"
+        _with_columns(path, [name, "x0", "x1", "target"], [ids, X, y])
+        with pytest.warns(UserWarning) as caught:
+            got = stream_from_file(path, seed=2)
+        assert len(caught) == 1, [str(w.message) for w in caught]
+        text = str(caught[0].message)
+        assert f"column {name!r} is named as a row identifier" in text, text
+        assert f"--inputs {name},x0,x1." in text and "\n" not in text, text
+        assert caught[0].filename == __file__  # points at the caller's line
+        assert got.dim == 2
+        for key in ("X_stream", "y_stream", "X_test", "y_test"):
+            assert torch.equal(getattr(got, key), getattr(want, key)), (name, key)
+    # anywhere in the file, and for a pool; an identifier of text codes is no error either
+    middle = tmp_path / "middle.csv"
+    codes = [f"A{i:03d}" for i in range(40)]
+    middle.write_text(
+        "x0,Id,x1,target\n"
+        + "\n".join(f"{a:.17g},{c},{b:.17g},{t:.17g}" for (a, b), c, t in zip(X, codes, y))
+        + "\n"
+    )
+    with pytest.warns(UserWarning, match="column 'Id' is named as a row identifier.*x0,Id,x1"):
+        pool = pool_from_file(middle, test_fraction=0.25, seed=2)
+    assert pool.dim == 2
+    # named: used as asked, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = stream_from_file(path, inputs=["Row No.", "x0"], seed=2)
+    assert chosen.dim == 2
+    assert torch.equal(
+        torch.sort(torch.cat([chosen.X_stream[:, 0], chosen.X_test[:, 0]])).values,
+        torch.as_tensor(ids),
+    )
+    # the only input: kept (nothing else to learn from), but not silently
+    alone = tmp_path / "alone.csv"
+    _with_columns(alone, ["id", "target"], [ids, y])
+    with pytest.warns(UserWarning, match="'id' looks like a row identifier.*no other input"):
+        assert stream_from_file(alone).dim == 1
+    # the spec records the rule; a run from before it (no drop_identifiers) keeps the column
+    spec = dict(got.spec)
+    assert spec.pop("drop_identifiers") is True
+    with pytest.warns(UserWarning, match="'Row No.' holds 40 distinct consecutive integers"):
+        assert problem_from_spec(spec).dim == 3
+
+
+def test_an_unnamed_column_of_shuffled_row_numbers_is_no_default_input(tmp_path):
+    """A data frame shuffled (df.sample(frac=1)) and written with pandas' to_csv keeps its
+    index as an unnamed column of the row numbers out of order; only row numbers in file order
+    were left out, so this one was an input. It is now left out too, wherever it is; an
+    unnamed column of other numbers stays."""
+    X, y = _data(n=30, d=2)
+    order = np.random.default_rng(4).permutation(30).astype(np.float64)
+    path = tmp_path / "shuffled.csv"
+    _with_columns(path, ["x0", "Unnamed: 0", "x1", "target"], [X[:, 0], order, X[:, 1], y])
+    with pytest.warns(UserWarning, match="'Unnamed: 0' has no name and holds the row numbers"):
+        assert stream_from_file(path).dim == 2
+    other = tmp_path / "other.csv"
+    _with_columns(other, ["", "x0", "x1", "target"], [order + 0.5, X, y])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stream_from_file(other).dim == 3
+
+
+def test_an_input_of_consecutive_integers_is_warned_of(tmp_path):
+    """A column of distinct consecutive integers under another name (a row number called
+    'sample', say) was used as an input without a word. It is kept (it may be a real input,
+    such as a year) but warned of, naming the column and the --inputs that leaves it out."""
+    X, y = _data(n=30, d=2)
+    sample = np.random.default_rng(5).permutation(30) + 100.0
+    path = tmp_path / "sample.csv"
+    _with_columns(path, ["sample", "x0", "x1", "target"], [sample, X, y])
+    with pytest.warns(UserWarning) as caught:
+        prob = stream_from_file(path)
+    assert prob.dim == 3
+    (text,) = [str(w.message) for w in caught]
+    assert "input column 'sample' holds 30 distinct consecutive integers (100 .. 129)" in text
+    assert text.endswith("leave it out with --inputs x0,x1."), text
+    # named among the inputs: no warning; integer levels that repeat: none either
+    levels = tmp_path / "levels.csv"
+    _with_columns(levels, ["level", "x0", "x1", "target"], [np.arange(30) % 3, X, y])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stream_from_file(path, inputs=["sample", "x0", "x1"]).dim == 3
+        assert stream_from_file(levels).dim == 3
+
+
+def test_cli_notice_of_an_identifier_column(tmp_path, capsys):
+    """`bo-online stream --data` / `active --pool` on a CSV with an id column: one line on
+    stderr naming the column and --inputs; the run's model has the other inputs only."""
+    X, y = _data(n=40, d=2)
+    path = tmp_path / "with_id.csv"
+    _with_columns(path, ["id", "x0", "x1", "target"], [np.arange(40.0), X, y])
+    common = ["--n-init", "10", "--steps", "1", "-Q", "--no-plots"]
+    for command, option in (("stream", "--data"), ("active", "--pool")):
+        out = tmp_path / command
+        extra = ["--q", "1", "--acq", "random"] if command == "active" else []
+        code, err = _run([command, option, str(path), *common, *extra, "--out", str(out)], capsys)
+        assert code == 0, err
+        notices = [line for line in err.splitlines() if "row identifier" in line]
+        assert len(notices) == 1 and notices[0].startswith("bo-online: warning: "), err
+        assert "column 'id'" in notices[0] and "--inputs id,x0,x1" in notices[0], err
+        assert json.loads((out / history.CONFIG_FILE).read_text())["problem"]["drop_identifiers"]
+        with pytest.warns(UserWarning, match="column 'id' is named as a row identifier"):
+            assert load_loop(out).problem.dim == 2  # a resume reads the file as the run did
