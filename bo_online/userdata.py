@@ -960,7 +960,7 @@ def stream_from_file(
     inputs: Sequence[str | int] | None = None,
     test_fraction: float | None = None,
     test_mask: str | int | os.PathLike | None = None,
-    task: str = "regression",
+    task: str | None = None,
     shuffle: bool = True,
     seed: int = 0,
     max_stream: int | None = None,
@@ -981,7 +981,10 @@ def stream_from_file(
         test_mask: instead, a column of the file, or a file (a path, as a string or
             :class:`~pathlib.Path`) with one 0/1 column, marking test rows.
         task: ``"regression"`` or ``"classification"`` (two distinct target values, numbers or
-            text labels, mapped to {0, 1} in sorted order: ``no`` / ``yes`` to 0 / 1).
+            text labels, mapped to {0, 1} in sorted order: ``no`` / ``yes`` to 0 / 1). Default
+            (None): regression, with a warning where the target holds two distinct values only
+            (0/1 labels, say), which names ``--task classification``; an explicit
+            ``"regression"`` gives none.
         shuffle: stream the training rows in a seeded random order (else in file order).
         seed: seed of the random test rows (``test_fraction``) and of the stream's order.
         max_stream: keep only the first this many stream rows.
@@ -997,6 +1000,8 @@ def stream_from_file(
             it. Either way a default input of distinct consecutive integers is warned of.
             ``inputs``, where given, are always used as named.
     """
+    task_given = task is not None
+    task = "regression" if task is None else task
     if task not in ("regression", "classification"):
         raise DataFileError(f"task must be 'regression' or 'classification', got {task!r}.")
     test_mask = _mask_option(test_mask)
@@ -1013,6 +1018,7 @@ def stream_from_file(
         drop_identifiers,
         regression=task == "regression",
         classifiable=True,
+        task_given=task_given,
     )
     X_stream, y_stream, X_test, y_test = stream_arrays(
         X[~mask], y[~mask], X[mask], y[mask], shuffle, seed, max_stream, max_test
@@ -1079,7 +1085,8 @@ def pool_from_file(
 ) -> PoolProblem:
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
-    seeded random subset of the pool)."""
+    seeded random subset of the pool). Active learning regresses on the target: one of two
+    distinct values only (0/1 labels) is warned of, as regression treats them as numbers."""
     test_mask = _mask_option(test_mask)
     table, X, y, mask = _split_table(
         path,
@@ -1140,13 +1147,16 @@ def _split_table(
     drop_identifiers: bool = True,
     regression: bool = True,
     classifiable: bool = False,
+    task_given: bool = True,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
     :func:`pool_from_file` read them (a ``regression`` target is checked against what a model
     accepts; class labels are mapped to 0/1 first). ``classifiable``: the caller reads class
     labels too (a stream), so a text target of a regression is told of ``--task
-    classification``; a pool's is not (``active`` has no such option)."""
+    classification``; a pool's is not (``active`` has no such option). ``task_given``: a
+    stream's task was chosen, not defaulted; a regression target of two distinct values only is
+    warned of (:func:`_warn_two_valued_target`) unless it was."""
     if test_mask is not None and test_fraction is not None:
         raise DataFileError("give a test fraction or a test mask, not both.")
     table = _checked(path, expected_sha256)
@@ -1174,9 +1184,40 @@ def _split_table(
     y = table.data[:, t_col]
     if regression:
         _require_modest_targets(table, t_col)
+        if not (classifiable and task_given):
+            _warn_two_valued_target(table, t_col, classifiable)
     else:  # named by t_col: the target need not be the last column (a last mask column)
         y = _labels(table, t_col, ~mask)
     return table, table.data[:, cols], y, mask
+
+
+def _warn_two_valued_target(table: Table, column: int, classifiable: bool) -> None:
+    r"""Warn where a regression's target column holds two distinct values only (``0`` / ``1``
+    labels, most often): the run regresses on them as numbers. ``classifiable``: a stream,
+    whose warning names ``--task classification``; a pool's says that active learning has no
+    classification."""
+    values = np.unique(table.data[:, column])
+    if values.size != 2:
+        return
+    name, (a, b) = table.columns[column], (_label(v) for v in values)
+    if classifiable:
+        advice = (
+            "if they are class labels, pass --task classification (Python: "
+            "task='classification'); --task regression keeps the regression without this "
+            "warning."
+        )
+    else:
+        advice = (
+            "active learning has no classification, so its RMSE and NLL are those of a "
+            f"regression on {a} / {b}; to classify these rows, stream them: bo-online stream "
+            "--data FILE --task classification."
+        )
+    warnings.warn(
+        f"{table.path}: target column {name!r} holds two distinct values only ({a} and {b}), "
+        f"and regression treats them as numbers; {advice}",
+        UserWarning,
+        stacklevel=4,  # the caller of stream_from_file / pool_from_file
+    )
 
 
 def _require_finite_widths(table: Table, cols: Sequence[int]) -> None:

@@ -1847,3 +1847,72 @@ def test_cli_notice_of_an_identifier_column(tmp_path, capsys):
         assert json.loads((out / history.CONFIG_FILE).read_text())["problem"]["drop_identifiers"]
         with pytest.warns(UserWarning, match="column 'id' is named as a row identifier"):
             assert load_loop(out).problem.dim == 2  # a resume reads the file as the run did
+
+
+def test_a_target_of_two_values_is_not_regressed_on_silently(tmp_path):
+    """A 0/1 target column was regressed on as numbers without a word, by a stream whose task
+    was left out (the default regression) and by a pool (active learning has no
+    classification). Both now warn, naming the column and, for a stream, --task
+    classification; an explicit task, and a continuous target, give no warning. The problem
+    is the same regression as before (the default task is unchanged)."""
+    X, y = _data(n=40, d=2)
+    labels = (y > np.median(y)).astype(np.float64)
+    path = tmp_path / "labels.csv"
+    _with_columns(path, ["x0", "x1", "label"], [X, labels])
+    with pytest.warns(UserWarning) as caught:
+        prob = stream_from_file(path, seed=1)
+    (text,) = [str(w.message) for w in caught]
+    assert "target column 'label' holds two distinct values only (0 and 1)" in text, text
+    assert "pass --task classification" in text and "\n" not in text, text
+    assert caught[0].filename == __file__
+    assert prob.task == "regression" and prob.spec["task"] == "regression"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = stream_from_file(path, seed=1, task="regression")
+        for key in ("X_stream", "y_stream", "X_test", "y_test"):
+            assert torch.equal(getattr(prob, key), getattr(same, key)), key
+        assert problem_from_spec(prob.spec).task == "regression"  # a resume: the task is set
+        assert stream_from_file(path, task="classification").task == "classification"
+    with pytest.warns(UserWarning) as caught:
+        pool = pool_from_file(path, target="label", test_fraction=0.25)
+    (text,) = [str(w.message) for w in caught]
+    assert "target column 'label' holds two distinct values only (0 and 1)" in text, text
+    assert "active learning has no classification" in text and "--task classification" in text
+    assert torch.equal(torch.unique(pool.y_pool), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    # two other numbers are two values all the same; a continuous target: no warning
+    _with_columns(path, ["x0", "x1", "label"], [X, 2.5 + 4.0 * labels])
+    with pytest.warns(UserWarning, match=r"'label' holds two distinct values only \(2.5 and 6.5"):
+        pool_from_file(path)
+    _with_columns(path, ["x0", "x1", "target"], [X, y])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream_from_file(path)
+        pool_from_file(path)
+
+
+def test_cli_notice_of_a_target_of_two_values(tmp_path, capsys):
+    """`bo-online stream --data` without --task and `active --pool` on a 0/1 target: one line
+    on stderr naming the column (and, for stream, --task classification); none with --task
+    given or a continuous target."""
+    X, y = _data(n=40, d=2)
+    labels = tmp_path / "labels.csv"
+    _with_columns(labels, ["x0", "x1", "label"], [X, (y > np.median(y)).astype(np.float64)])
+    smooth = tmp_path / "smooth.csv"
+    _with_columns(smooth, ["x0", "x1", "target"], [X, y])
+    common = ["--n-init", "10", "--steps", "1", "-Q", "--no-plots", "--overwrite"]
+    active = ["--q", "1", "--acq", "random"]
+    for argv, notice in (
+        (["stream", "--data", str(labels)], "pass --task classification"),
+        (["active", "--pool", str(labels), *active], "active learning has no classification"),
+        (["stream", "--data", str(labels), "--task", "regression"], None),
+        (["stream", "--data", str(smooth)], None),
+        (["active", "--pool", str(smooth), *active], None),
+    ):
+        code, err = _run([*argv, *common, "--out", str(tmp_path / "run")], capsys)
+        assert code == 0, err
+        lines = [line for line in err.splitlines() if "two distinct values" in line]
+        if notice is None:
+            assert not lines, err
+        else:
+            assert len(lines) == 1 and lines[0].startswith("bo-online: warning: "), err
+            assert "target column 'label'" in lines[0] and notice in lines[0], err

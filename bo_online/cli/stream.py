@@ -66,12 +66,14 @@ def stream(
     test_fraction: TestFractionOpt = None,
     test_mask: TestMaskOpt = None,
     task: Annotated[
-        str,
+        Optional[str],
         typer.Option(
             help="With --data: regression, or classification (two target values, numbers or "
-            "text labels, mapped to 0 / 1 in sorted order; models tsvgp, wiski)."
+            "text labels, mapped to 0 / 1 in sorted order; models tsvgp, wiski). Default: "
+            "regression, with a warning naming --task classification where the target holds "
+            "two distinct values only."
         ),
-    ] = "regression",
+    ] = None,
     data_dir: DataDirOpt = None,
     split: Annotated[
         Optional[int],
@@ -157,11 +159,11 @@ def stream(
         inputs=inputs,
     )
     _check(
-        task in ("regression", "classification"),
+        task in (None, "regression", "classification"),
         f"--task must be regression or classification, got {task!r}.",
     )
     _check(
-        data is not None or task == "regression",
+        data is not None or task in (None, "regression"),
         "--task applies to --data files; the shipped sets have a fixed task.",
     )
     key = (problem or "").lower()
