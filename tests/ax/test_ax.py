@@ -126,10 +126,15 @@ def test_registration_and_storage_registry():
 
 
 @pytest.mark.parametrize(
-    "model, refit_every",
-    [("OnlineExactGP", "auto"), ("OnlineExactGP", 10), ("WISKI", "auto")],
+    "model, refit_every, options",
+    [
+        ("OnlineExactGP", "auto", {}),
+        ("OnlineExactGP", 10, {}),
+        ("WISKI", "auto", {}),  # the exact GP of its kernel at these n (exact_max_n = 256)
+        ("WISKI", "auto", {"exact_max_n": 0}),  # SKI from the first point
+    ],
 )
-def test_branin_regret_40_trials(model, refit_every):
+def test_branin_regret_40_trials(model, refit_every, options):
     client, f = _client(
         "branin",
         model,
@@ -137,14 +142,15 @@ def test_branin_regret_40_trials(model, refit_every):
         num_initial_trials=6,
         fit_options={"max_iter": 30},
         refit_every=refit_every,
+        model_options=options,
     )
     values = _run(client, f, 40, batch_at=(8, 14, 20))
     regret = min(values) - f.optimal_value
     assert regret < 0.05, f"{model}: regret {regret:.4f} after 40 trials"
     stats = boax.session_stats()
-    if model == "OnlineExactGP" and refit_every == "auto":
+    if refit_every == "auto" and (model == "OnlineExactGP" or not options):
         # Up to 100 observations the exact GP is rebuilt and fitted from the defaults at every
-        # trial, as Ax's own GP is.
+        # trial, as Ax's own GP is; so is WISKI while it is the exact GP of its kernel.
         assert stats.incremental == 0 and stats.rebuilds == stats.refits >= 20
         assert all(r.startswith("refit from the defaults") for r in list(stats.reasons)[1:])
     else:
@@ -221,14 +227,16 @@ def _reference(model, X, Y):
     scale, shift = model._ax_scale, model._ax_shift
     Y_anchor = (Y - shift) / scale
     transform = getattr(model, "input_transform", None)
+    # the same regime as the model (WISKI's exact_max_n: the exact GP of its kernel at small n)
+    regime = {"exact_max_n": model.exact_max_n} if hasattr(model, "exact_max_n") else {}
     if any(t is model.outcome_mean for t in model.hyperparameters()):
-        ref = base(X, Y_anchor, input_transform=transform)
+        ref = base(X, Y_anchor, input_transform=transform, **regime)
         ref.outcome_mean, ref.outcome_std = model.outcome_mean.clone(), model.outcome_std.clone()
     else:
         if "standardize" not in inspect.signature(base.__init__).parameters:
             pytest.skip(f"{base.__name__} has no `standardize` option to build the reference.")
         Z = (Y_anchor - model.outcome_mean) / model.outcome_std
-        ref = base(X, Z, standardize=False, input_transform=transform)
+        ref = base(X, Z, standardize=False, input_transform=transform, **regime)
         ref.outcome_mean, ref.outcome_std = model.outcome_mean.clone(), model.outcome_std.clone()
     own = dict(model.named_parameters())
     with torch.no_grad():
@@ -803,7 +811,8 @@ def test_constrained_qlognei_without_a_feasible_point_evaluates_wiski_beyond_its
     X[0], X[1] = torch.tensor([0.01, 0.02]), torch.tensor([0.98, 0.99])  # data span the box
     Y = torch.sin(5 * X).sum(-1, keepdim=True)
     ax_model = _build(boax.AxWISKI, X, Y, fit=False)
-    plain = WISKI(X, Y)  # the same model (no fit: default hyperparameters), outside Ax
+    # the same model (no fit: default hyperparameters; the loops' options), outside Ax
+    plain = WISKI(X, Y, **WISKI.loop_default_options(2))
     outside = torch.tensor([[-0.07, 0.5], [1.05, -0.02], [0.3, 1.1]], dtype=torch.float64)
     with pytest.raises(ValueError, match="outside the model's input bounds"):
         plain.posterior(outside)  # the model itself still refuses them

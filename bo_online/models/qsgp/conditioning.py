@@ -21,7 +21,7 @@ from bo_online.linalg import (
     cholesky_update,
     psd_cholesky,
 )
-from bo_online.models.qsgp.kernel_regime import BorderedCholesky
+from bo_online.models.exact_regime import BorderedCholesky
 
 __all__ = ["QSGPConditioningMixin"]
 

@@ -129,8 +129,11 @@ class WISKIDirichletClassifier(nn.Module):
     ) -> dict[str, Any]:
         r"""The class models' structure above 3 inputs, as the loops give :class:`WISKI`
         (:meth:`WISKI.loop_default_options`): a classification stream of 4 inputs failed with
-        the message that names that default."""
-        return WISKI.loop_default_options(dim, user_options)
+        the message that names that default. Not the exact regime (``exact_max_n``): the class
+        models stay SKI from the first point (the regime is not measured on classification)."""
+        options = WISKI.loop_default_options(dim, user_options)
+        options.pop("exact_max_n", None)
+        return options
 
     #: :meth:`fit_projection` takes the class models' projection-fit settings by name
     fit_projection_settings_class = WISKI.fit_projection_settings_class

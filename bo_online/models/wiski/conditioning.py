@@ -79,7 +79,8 @@ class WISKIConditioningMixin:
         new._stats_shared = True
         self._stats_shared = True
         new.d_idx, new.d_val, new.d_D, new.d_y = idx, val, D, y
-        new.d_F, new.d_C, new.d_mean_coef, new.d_SF = self._delta_caches(idx, val, D, y)
+        if not self._holds_exact_rows():  # (the exact regime's posterior does not read them)
+            new.d_F, new.d_C, new.d_mean_coef, new.d_SF = self._delta_caches(idx, val, D, y)
         new._batch_shape = torch.broadcast_shapes(y.shape[:-1], idx.shape[:-2])
         return new
 

@@ -264,9 +264,29 @@ class WISKIFitMixin:
         evaluation at these sizes: 15 components of 100 points at 6 inputs. Equal to GPyTorch's
         ``RBFKernel`` to round-off (it forms distances through inner products)."""
         grid = self.grid
-        if self.input_groups is None or not grid.__dict__.get("_identical", False):
+        if not grid.__dict__.get("_identical", False):
+            return None
+        stacked = self._stacked_rbf_parameters()
+        if stacked is None:
+            return None
+        mj = grid.sizes_per_grid[0]
+        P = self.grid_points[:mj]  # m_j x k: every component's grid
+        diff2 = (P.unsqueeze(-2) - P.unsqueeze(-3)).pow(2)  # m_j x m_j x k
+        inv_ls2 = stacked[0].pow(-2)  # J x k
+        outputscales = stacked[1]  # J
+        K = outputscales.view(-1, 1, 1) * torch.exp(
+            -0.5 * torch.einsum("abk,jk->jab", diff2, inv_ls2)
+        )
+        return K, outputscales
+
+    def _stacked_rbf_parameters(self) -> tuple[Tensor, Tensor] | None:
+        r"""The lengthscales (``J x k``) and outputscales (``J``) of an additive model
+        whose every component is a plain ``ScaleKernel(RBFKernel)`` on its group's ``k`` inputs
+        (the loops' default), differentiable; else None."""
+        if self.input_groups is None:
             return None
         kernels = self.covar_module.kernels
+        k = len(self.input_groups[0])
         for kernel in kernels:
             base = getattr(kernel, "base_kernel", None)
             if (
@@ -275,18 +295,12 @@ class WISKIFitMixin:
                 or kernel.active_dims is not None
                 or base.active_dims is not None
                 or kernel.batch_shape != torch.Size()
-                or base.lengthscale.shape[-2:] != torch.Size([1, grid.component_dim])
+                or base.lengthscale.shape[-2:] != torch.Size([1, k])
             ):
                 return None
-        mj = grid.sizes_per_grid[0]
-        P = self.grid_points[:mj]  # m_j x k: every component's grid
-        diff2 = (P.unsqueeze(-2) - P.unsqueeze(-3)).pow(2)  # m_j x m_j x k
-        inv_ls2 = torch.cat([k.base_kernel.lengthscale for k in kernels], 0).pow(-2)  # J x k
-        outputscales = torch.stack([k.outputscale.reshape(()) for k in kernels])  # J
-        K = outputscales.view(-1, 1, 1) * torch.exp(
-            -0.5 * torch.einsum("abk,jk->jab", diff2, inv_ls2)
-        )
-        return K, outputscales
+        lengthscales = torch.cat([kernel.base_kernel.lengthscale for kernel in kernels], 0)
+        outputscales = torch.stack([kernel.outputscale.reshape(()) for kernel in kernels])
+        return lengthscales, outputscales
 
     def log_prior(self) -> Tensor:
         r"""Sum of the hyperparameter priors' log densities (kernel, mean, and the likelihood's

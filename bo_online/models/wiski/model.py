@@ -63,10 +63,20 @@ from torch import Tensor
 from typing_extensions import Self
 
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import detached, require_modules, warn_unless_unit_scaled
+from bo_online.models.validation import (
+    detached,
+    require_modules,
+    warn_unless_unit_scaled,
+    whole_number,
+)
 from bo_online.models.wiski.additive import StackedGrid, additive_grid_size, input_groups
 from bo_online.models.wiski.caches import WISKICacheMixin
 from bo_online.models.wiski.conditioning import WISKIConditioningMixin
+from bo_online.models.wiski.exact_regime import (
+    EXACT_FACTOR_NAMES,
+    EXACT_ROW_NAMES,
+    WISKIExactRegimeMixin,
+)
 from bo_online.models.wiski.fitting import WISKIFitMixin
 from bo_online.models.wiski.grid import RegularGrid
 from bo_online.models.wiski.kernels import (
@@ -117,8 +127,12 @@ def _grid_sizes(grid_size: Any, k: int) -> list[int]:
 #: Up to this many inputs the loops' default is the additive model over every pair of inputs.
 ALL_PAIRS_MAX_DIM = 6
 
+#: The loops' ``exact_max_n``: up to this many points WISKI is the exact GP of its kernel.
+LOOP_EXACT_MAX_N = 256
+
 
 class WISKI(
+    WISKIExactRegimeMixin,
     WISKIFitMixin,
     WISKIConditioningMixin,
     WISKIPosteriorMixin,
@@ -171,6 +185,12 @@ class WISKI(
             "deterministic training conditional" predictive, docs/math.md §1), so far from the
             data the variance is the kernel's own everywhere and an acquisition function is
             not drawn to grid nodes. Training and the marginal likelihood are unchanged.
+        exact_max_n: while the model holds at most this many points it keeps them and is the
+            exact GP of the kernel SKI interpolates (predictions, conditioning and the fit's
+            marginal likelihood; :mod:`bo_online.models.wiski.exact_regime`); past it the rows
+            are dropped and the model goes on as WISKI from its statistics, at a cost flat in
+            n. Default 0 (SKI from the first point, the paper's model); the loops use
+            :meth:`loop_default_options`' value. Not with a learned projection.
 
     Example:
         >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
@@ -201,6 +221,7 @@ class WISKI(
         lengthscale_floor: float | str | None = "grid",
         additive: str | Sequence[Sequence[int]] | None = None,
         prior_variance: str = "interpolated",
+        exact_max_n: int = 0,
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(
@@ -278,6 +299,7 @@ class WISKI(
                 f"prior_variance must be 'interpolated' or 'exact', got {prior_variance!r}."
             )
         self.prior_variance = prior_variance
+        self.exact_max_n = whole_number("exact_max_n", exact_max_n, 0)
         if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
@@ -323,6 +345,9 @@ class WISKI(
         # Pending conditioning (set only on models made by condition_on_observations/fantasize).
         for name in _DELTA_NAMES:
             self.register_buffer(name, None)
+        # The exact regime's held rows and saved factor (None outside it).
+        for name in (*EXACT_ROW_NAMES, *EXACT_FACTOR_NAMES):
+            self.register_buffer(name, None)
         self._shared: dict[str, Any] = {}  # lazy caches shared with conditioned models
         self._stats_shared = False
         D = None if train_Yvar is None else train_Yvar.to(X).squeeze(-1)
@@ -330,6 +355,7 @@ class WISKI(
         D = self._check_D(torch.ones_like(val[..., 0]) if D is None else D)
         with torch.no_grad():
             self._accumulate(idx.detach(), val.detach(), D, train_Y.to(X).squeeze(-1))
+        self._hold_rows(X, train_Y.to(X).squeeze(-1), D)
 
     def _lengthscale_floor(self, spec: float | str | None, covar_module: Kernel | None) -> float:
         r"""The default kernel's lower lengthscale bound (in grid coordinates): ``"grid"`` -- one
@@ -379,15 +405,21 @@ class WISKI(
           learned 2-D projection (``projection="pairs+tanh"``, see
           :mod:`bo_online.models.wiski.additive`).
 
+        Whatever the structure, ``exact_max_n=LOOP_EXACT_MAX_N`` (256): the exact GP of the
+        kernel while the model holds at most that many points (:mod:`.exact_regime`), WISKI
+        after. Unless the user passes ``exact_max_n`` (0: SKI from the first point).
+
         ``user_options`` (the options the user passes) that name a structure themselves
-        (``projection`` or ``additive``) get none of these: ``grid_size`` and ``prior_variance``
-        above belong to the all-pairs structure, so e.g. ``projection="tanh:2"`` or
-        ``additive=[[0, 2], [1, 3]]`` run as ``WISKI(X, Y, projection=...)`` /
-        ``WISKI(X, Y, additive=...)`` would."""
-        if dim <= 3 or any(k in (user_options or {}) for k in ("projection", "additive")):
-            return {}
+        (``projection`` or ``additive``) get none of the structure's options: ``grid_size`` and
+        ``prior_variance`` above belong to the all-pairs structure, so e.g.
+        ``projection="tanh:2"`` or ``additive=[[0, 2], [1, 3]]`` run as ``WISKI(X, Y,
+        projection=...)`` / ``WISKI(X, Y, additive=...)`` would."""
+        user_options = user_options or {}
+        regime = {} if "exact_max_n" in user_options else {"exact_max_n": LOOP_EXACT_MAX_N}
+        if dim <= 3 or any(k in user_options for k in ("projection", "additive")):
+            return regime
         if dim <= ALL_PAIRS_MAX_DIM:
-            return {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12}
+            return {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12, **regime}
         return {"projection": "pairs+tanh"}
 
     # ------------------------------------------------------------------ small helpers
@@ -544,10 +576,12 @@ class WISKI(
         # they kept the old dtype (a float32 model made float64 again failed in an einsum).
         self._shared = {}
         self._low_rank_cache = None  # of the statistics before the conversion
+        self.__dict__["_exact_cache"] = None  # the exact regime's, of the old dtype / device
 
     def _after_load(self) -> None:
         self._shared = {}
         self._stats_shared = False
+        self._exact_state_from_buffers()
         projection = getattr(self, "projection", None)
         if projection is not None and self.num_data >= self.dim + 2:
             # a loaded map is the saved model's, which had it from the data by this n (a model

@@ -24,7 +24,8 @@ __all__ = ["WISKIStatisticsMixin"]
 #: Names of the sufficient-statistics buffers.
 _STAT_NAMES = ("G", "z", "h", "s", "t", "c", "n", "logdet_D", "sum_y", "sum_y2", "sum_D")
 #: Names of the buffers of pending conditioning (models made by ``condition_on_observations``).
-_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef", "d_SF")
+# (d_X: a conditioned model's pending inputs, held in the exact regime only)
+_DELTA_NAMES = ("d_idx", "d_val", "d_D", "d_y", "d_F", "d_C", "d_mean_coef", "d_SF", "d_X")
 
 
 def _stats_with(

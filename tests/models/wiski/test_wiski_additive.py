@@ -177,7 +177,7 @@ def test_hartmann6_default_structure_is_accurate_and_calibrated():
     g = torch.Generator().manual_seed(1)
     X = torch.rand(500, 6, generator=g, dtype=DT)
     Y = Hartmann(dim=6)(X).unsqueeze(-1)
-    model = WISKI(X[:200], Y[:200], **WISKI.loop_default_options(6))
+    model = WISKI(X[:200], Y[:200], **{**WISKI.loop_default_options(6), "exact_max_n": 0})
     assert model.input_groups == input_groups("all-pairs", 6) and model.prior_variance == "exact"
     model.fit(max_iter=60)
     with torch.no_grad():
@@ -198,7 +198,7 @@ def test_a_float32_model_converted_back_to_float64_predicts_as_before():
     X = torch.rand(60, 5, generator=g, dtype=torch.float64)
     Y = torch.sin(4 * X).sum(-1, keepdim=True)
     Xt = torch.rand(7, 5, generator=g, dtype=torch.float64)
-    model = WISKI(X, Y, **WISKI.loop_default_options(5))
+    model = WISKI(X, Y, **{**WISKI.loop_default_options(5), "exact_max_n": 0})
     before = model.posterior(Xt)
     single = model.float()
     single.posterior(Xt.float()).variance  # fills the lazy caches in float32
@@ -225,7 +225,7 @@ def test_the_grid_follows_the_model_dtype_and_a_converted_child_leaves_its_paren
     X = torch.rand(40, dim, generator=g, dtype=DT)
     Y = torch.sin(4 * X).sum(-1, keepdim=True)
     Xt = torch.rand(7, dim, generator=g, dtype=DT)
-    model = WISKI(X.float(), Y.float(), **WISKI.loop_default_options(dim))
+    model = WISKI(X.float(), Y.float(), **{**WISKI.loop_default_options(dim), "exact_max_n": 0})
     before = model.posterior(Xt.float()).mean
     model.double()
     assert all(t.dtype == DT for t in _grid_tensors(model))

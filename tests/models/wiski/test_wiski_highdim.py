@@ -11,6 +11,7 @@ from wiski_reference import dense_posterior
 
 from bo_online.models import WISKI
 from bo_online.models.wiski.additive import input_groups
+from bo_online.models.wiski.model import LOOP_EXACT_MAX_N
 from bo_online.models.wiski.projection import TanhProjection, make_projection
 
 DT = torch.float64
@@ -57,7 +58,7 @@ def test_default_projection_beats_a_constant_and_is_calibrated(name, f, dim, str
     300 held-out values (not overconfident)."""
     Xtr, Ytr, Xte, Yte = _split(f, dim, 200)
     if structure == "default":
-        model = WISKI(Xtr, Ytr, **WISKI.loop_default_options(dim))
+        model = WISKI(Xtr, Ytr, **{**WISKI.loop_default_options(dim), "exact_max_n": 0})
         assert model.input_groups == input_groups("all-pairs", dim)
         assert not hasattr(model, "projection") and model.prior_variance == "exact"
     elif structure == "pairs+tanh":
@@ -127,9 +128,10 @@ def test_projection_shorthand_strings_and_error_hint():
             WISKI(X, Y, projection=spec)
         assert "k=2" not in str(err.value) and "out_dim=2" in str(err.value)
     all_pairs = {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12}
+    all_pairs["exact_max_n"] = LOOP_EXACT_MAX_N  # the exact regime at small n, every structure
     assert WISKI.loop_default_options(4) == WISKI.loop_default_options(6) == all_pairs
     assert WISKI.loop_default_options(7) == {"projection": "pairs+tanh"}
-    assert WISKI.loop_default_options(3) == {}
+    assert WISKI.loop_default_options(3) == {"exact_max_n": LOOP_EXACT_MAX_N}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2
 
@@ -178,8 +180,9 @@ def test_a_structure_named_by_the_user_gets_its_own_constructor_defaults():
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
-    assert WISKI.loop_default_options(5, {"projection": "tanh:2"}) == {}
-    assert WISKI.loop_default_options(5, {"additive": [[0, 1], [2, 3]]}) == {}
+    regime = {"exact_max_n": LOOP_EXACT_MAX_N}  # not the structure's: it stays
+    assert WISKI.loop_default_options(5, {"projection": "tanh:2"}) == regime
+    assert WISKI.loop_default_options(5, {"additive": [[0, 1], [2, 3]]}) == regime
     assert WISKI.loop_default_options(5, {"grid_size": 8})["projection"] == "all-pairs"
     for options in ({"additive": [[0, 2], [1, 3]]}, {"projection": "tanh:2"}):
         loop = BayesOptLoop(
@@ -193,7 +196,7 @@ def test_a_structure_named_by_the_user_gets_its_own_constructor_defaults():
         X = torch.rand(10, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
         Y = (X - 0.3).pow(2).sum(-1, keepdim=True)
         built = loop._build_model(X, Y)
-        direct = WISKI(X, Y, **options)
+        direct = WISKI(X, Y, **options, **WISKI.loop_default_options(4, options))
         assert built.num_grid_points == direct.num_grid_points
         assert built.prior_variance == direct.prior_variance
         Xte = torch.rand(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -210,7 +213,7 @@ def test_posterior_of_a_projected_model_carries_no_gradient_of_the_projection():
     g = torch.Generator().manual_seed(0)
     X = torch.rand(60, d, generator=g, dtype=torch.float64)
     Y = (6 * X).sin().sum(-1, keepdim=True)
-    model = WISKI(X, Y, **WISKI.loop_default_options(d))
+    model = WISKI(X, Y, **{**WISKI.loop_default_options(d), "exact_max_n": 0})
     assert any(p.requires_grad for p in model.projection.parameters())
     Xt = torch.rand(50, d, generator=g, dtype=torch.float64)
     post = model.posterior(Xt)

@@ -1,0 +1,336 @@
+r"""WISKI as the exact GP of its kernel while it holds few points (the "exact regime").
+
+At small n the SKI kernel ``w_x^T K_UU w_x'`` is a needless approximation: its grid cannot follow
+lengthscales shorter than a grid spacing, its interpolated prior variance dips between grid nodes,
+and its fit works on ``m`` grid points (m = 784 in 2-D, 600-1,500 for the additive models of 4-6
+inputs) where an exact GP on ``n <= 100`` points is cheaper. In the BO suite at q = 3 over 32
+seeds WISKI's mean final regret was 2.25x BoTorch's on Branin and 1.61x on Ackley 5-D, and a
+finer grid (which costs 5-10x the step) closed most of the Ackley gap (docs/results.md). So, with
+``exact_max_n > 0``, while the model holds at most ``exact_max_n`` points it keeps them (inputs,
+outcomes, noise) and predicts, conditions and fits with the exact GP of the kernel that SKI
+interpolates: ``covar_module`` on the inputs for one grid, the sum of the components' kernels on
+their groups of inputs for the additive model. The sufficient statistics (and SKI's factors) are
+kept up to date all along, so when the data outgrow ``exact_max_n`` the held rows are dropped and
+the model carries on as WISKI, at a cost flat in n, without a rebuild. The algebra (a bordered
+Cholesky factor of ``K_HH + N_H``) is :mod:`bo_online.models.exact_regime`'s (docs/math.md §4,
+"Kernel regime"; docs/surrogates/wiski.md).
+
+Not for a learned projection (its map is fitted on SKI's statistics; the loops' default above 6
+inputs), nor for the classifier (fixed per-class noise, built with ``exact_max_n=0``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator, LinearOperator
+from torch import Tensor
+
+from bo_online.linalg import broadcast_shapes, cholesky_logdet, psd_cholesky, solve_lower
+from bo_online.models.exact_regime import (
+    BorderedCholesky,
+    KernelState,
+    bordered_kernel_state,
+    cat_last,
+    cat_rows,
+    kernel_moments,
+    kernel_state,
+)
+
+__all__ = ["WISKIExactRegimeMixin"]
+
+#: The held rows' buffers (transformed inputs ``N x d``, user-unit outcomes ``N``, noise in D
+#: units ``N``) and the saved factor of the exact GP on them (``N x N``, ``N``).
+EXACT_ROW_NAMES = ("exact_X", "exact_y", "exact_D")
+EXACT_FACTOR_NAMES = ("exact_L", "exact_z")
+
+# Above this many test points the exact posterior's covariance is kept lazy (as roots).
+_DENSE_COVAR_MAX = 64
+
+
+class WISKIExactRegimeMixin:
+    r"""The exact-GP regime of :class:`~bo_online.models.wiski.WISKI` (a mixin placed before
+    its SKI mixins, whose methods it defers to outside the regime)."""
+
+    #: the exact GP's caches (not buffers: rebuilt from the held rows when needed)
+    _exact_cache: KernelState | None = None
+
+    # ------------------------------------------------------------------ the regime
+
+    def _exact_regime_allowed(self) -> bool:
+        r"""Whether this model may hold its rows: ``exact_max_n > 0`` and no learned projection."""
+        return int(getattr(self, "exact_max_n", 0)) > 0 and not hasattr(self, "projection")
+
+    def _holds_exact_rows(self) -> bool:
+        return self._buffers.get("exact_X") is not None
+
+    def is_exact_gp_on_data(self) -> bool:
+        r"""Whether this model predicts with, and fits, the exact GP of its kernel on the data it
+        holds (at most ``exact_max_n`` points). A BO loop then refits it as BoTorch refits its
+        exact GP (rebuilt and fitted from the defaults; ``OnlineLoop._rebuild_due``)."""
+        return self._holds_exact_rows()
+
+    def _hold_rows(self, X: Tensor | None, y: Tensor | None, D: Tensor | None) -> None:
+        r"""Hold these rows (``N x d`` transformed inputs, ``N`` user-unit outcomes, ``N`` noise
+        in D units) if the regime allows ``N`` of them, else drop any held rows (the model has
+        left the regime for good: its statistics carry on)."""
+        keep = X is not None and self._exact_regime_allowed() and X.shape[-2] <= self.exact_max_n
+        for name, value in zip(EXACT_ROW_NAMES, (X, y, D)):
+            setattr(self, name, value.detach() if keep else None)
+        for name in EXACT_FACTOR_NAMES:
+            setattr(self, name, None)
+        self.__dict__["_exact_cache"] = None
+
+    def _rows_with(self, X: Tensor, y: Tensor, D: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The held rows (pending conditioned ones included) followed by ``X`` (``q x d``),
+        ``y`` (``q``, user units), ``D`` (``q``, D units); one batch, for an in-place update."""
+        H, yH, DH = self._held_exact_rows()
+        return torch.cat([H, X], -2), torch.cat([yH, y], -1), torch.cat([DH, D], -1)
+
+    def _held_exact_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        r"""Inputs (``batch x N x d``), user-unit outcomes (``sample x batch x N``) and D-unit
+        noise (``batch x N``) of every held row: the model's, then a conditioned model's
+        pending ones."""
+        X, y, D = self.exact_X, self.exact_y, self.exact_D
+        if self.d_X is None:
+            return X, y, D
+        return cat_rows([X, self.d_X]), cat_last(y, self.d_y), cat_last(D, self.d_D)
+
+    # ------------------------------------------------------------------ the kernel
+
+    def _exact_kernel(self, A: Tensor, B: Tensor | None = None) -> Tensor:
+        r"""The kernel SKI interpolates, between transformed inputs ``A`` (``... x a x d``) and
+        ``B`` (``... x b x d``; ``A`` itself if None), dense: ``covar_module`` on one grid's
+        inputs, or the sum over the additive model's components of their kernels on their
+        groups of inputs."""
+        FA = self._features(A)
+        FB = FA if B is None else self._features(B)
+        if self.input_groups is None:
+            return self.covar_module(FA, FB).to_dense()
+        stacked = self._stacked_rbf_parameters()
+        if stacked is not None:
+            # every component a ScaleKernel(RBF) (the loops' default): written out for all J at
+            # once, s_j exp(-|(a - b) / l_j|^2 / 2) summed over j, where J GPyTorch kernel calls
+            # per posterior were 95% of an acquisition optimisation (Ackley 5-D, 10 components)
+            lengthscales, outputscales = stacked  # J x k, J
+            J, k = lengthscales.shape
+            A = FA.unflatten(-1, (J, k)) / lengthscales  # ... x a x J x k
+            B = FB.unflatten(-1, (J, k)) / lengthscales
+            d2 = (A.unsqueeze(-3) - B.unsqueeze(-4)).pow(2).sum(-1)  # ... x a x b x J
+            return (torch.exp(-0.5 * d2) * outputscales).sum(-1)
+        kernels = self.covar_module.kernels
+        k = FA.shape[-1] // len(kernels)
+        out = None
+        for j, kernel in enumerate(kernels):
+            cols = slice(j * k, (j + 1) * k)
+            part = kernel(FA[..., cols], FB[..., cols]).to_dense()
+            out = part if out is None else out + part
+        return out
+
+    def _exact_residuals(self, y: Tensor) -> Tensor:
+        r"""Standardised residuals ``(y - beta) / sd`` of user-unit outcomes (``beta``: the
+        constant mean in user units)."""
+        return (y - self._offset()) / self.outcome_std.reshape(())
+
+    def _exact_noise(self, D: Tensor) -> Tensor:
+        r"""Standardised noise variances ``sigma^2 D`` of D-unit noise."""
+        return self._sigma2() * D
+
+    # ------------------------------------------------------------------ caches
+
+    def _exact_key_tensors(self) -> list[Tensor | None]:
+        r"""What the exact GP's caches depend on: the hyperparameters, the outcome scaling and the
+        held rows (compared by value, so a deep copy or a loaded state keeps its caches)."""
+        return [
+            *(p.detach() for p in self.parameters()),
+            self.outcome_mean,
+            self.outcome_std,
+            *(self._buffers.get(name) for name in EXACT_ROW_NAMES),
+            self.d_X,
+            self.d_y,
+            self.d_D,
+        ]
+
+    def _exact_key(self) -> list[Tensor | None]:
+        return [None if t is None else t.detach().clone() for t in self._exact_key_tensors()]
+
+    def _exact_key_matches(self, key: list[Tensor | None]) -> bool:
+        current = self._exact_key_tensors()
+        if len(current) != len(key):
+            return False
+        for x, y in zip(current, key):
+            if (x is None) != (y is None):
+                return False
+            if x is None:
+                continue
+            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+                return False
+            if not torch.equal(x, y):
+                return False
+        return True
+
+    def _exact_state(self) -> KernelState:
+        r"""The exact GP's caches, rebuilt (O(N^3)) when the hyperparameters or the held rows
+        changed in a way no bordering followed."""
+        state = self._exact_cache
+        if state is not None and self._exact_key_matches(state.key):
+            return state
+        H, y, D = self._held_exact_rows()
+        with torch.no_grad():
+            state = kernel_state(
+                self._exact_kernel, H, self._exact_residuals(y), self._exact_noise(D)
+            )
+        self._set_exact_state(state)
+        return state
+
+    def _set_exact_state(self, state: KernelState) -> None:
+        state.key = self._exact_key()
+        self.__dict__["_exact_cache"] = state
+
+    # ------------------------------------------------------------------ posterior and evidence
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
+        if not self._holds_exact_rows():
+            return super()._latent_posterior(X)
+        q = X.shape[-2]
+        with torch.no_grad():
+            c = self.mean_module.constant.detach().reshape(())
+        mean, cov = kernel_moments(
+            self._exact_kernel, self._exact_state(), X, c, lazy=q > _DENSE_COVAR_MAX
+        )
+        if not isinstance(cov, LinearOperator):
+            cov = DenseLinearOperator(0.5 * (cov + cov.transpose(-1, -2)))
+        batch = broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
+        return MultivariateNormal(mean.expand(*batch, q), cov.expand(*batch, q, q))
+
+    def exact_log_marginal(self) -> Tensor:
+        r"""``log N(r | 0, K_HH + sigma^2 D)`` of the held rows' standardised residuals,
+        differentiable in the hyperparameters (kernel, constant mean, noise), O(N^3): the exact
+        GP's evidence, which the fit maximises in the regime."""
+        X, y, D = self.exact_X, self.exact_y, self.exact_D
+        r = self._exact_residuals(y)
+        K = self._exact_kernel(X) + torch.diag_embed(self._exact_noise(D))
+        L = psd_cholesky(K)
+        w = solve_lower(L, r.unsqueeze(-1))
+        n = r.shape[-1]
+        return -0.5 * (w.pow(2).sum() + cholesky_logdet(L) + n * math.log(2 * math.pi))
+
+    def marginal_log_likelihood(self, include_priors: bool = True) -> Tensor:
+        r"""In the regime the exact GP's log marginal likelihood (plus log priors) divided by n,
+        which ``fit`` then maximises; otherwise SKI's, from the statistics."""
+        self._materialize()
+        if not self._holds_exact_rows():
+            return super().marginal_log_likelihood(include_priors=include_priors)
+        mll = self.exact_log_marginal()
+        if include_priors:
+            mll = mll + self._log_prior()
+        return mll / self.exact_y.shape[-1]
+
+    # ------------------------------------------------------------------ new rows
+
+    def _condition(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> Any:
+        new = super()._condition(X, Y, noise)
+        if not self._holds_exact_rows():
+            return new
+        q = X.shape[-2]
+        new.d_X = X if self.d_X is None else cat_rows([self.d_X, X])
+        y, D = new.d_y[..., -q:], new.d_D[..., -q:]
+        state = bordered_kernel_state(
+            self._exact_kernel,
+            self._exact_state(),
+            X,
+            self._exact_residuals(y),
+            self._exact_noise(D),
+        )
+        new._set_exact_state(state)
+        return new
+
+    def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
+        if not self._holds_exact_rows():
+            return super()._update(X, Y, noise)
+        y = Y * self.outcome_std.reshape(()) + self.outcome_mean.reshape(())
+        D = self._to_D(X, noise).expand(X.shape[:-1])
+        rows = self._rows_with(X.detach(), y.detach(), D.detach())
+        state = None
+        if self.d_X is None and self._exact_cache is not None:
+            if self._exact_key_matches(self._exact_cache.key):  # border it: O(N^2 q)
+                state = bordered_kernel_state(
+                    self._exact_kernel,
+                    self._exact_cache,
+                    X.detach(),
+                    self._exact_residuals(y.detach()),
+                    self._exact_noise(D.detach()),
+                )
+        super()._update(X, Y, noise)
+        self._hold_rows(*rows)
+        if state is not None and self._holds_exact_rows():
+            # one dense factor again (a chain of borders would grow with every update)
+            state = KernelState([], rows[0], BorderedCholesky(state.factor.dense()), state.z)
+            self._set_exact_state(state)
+
+    def _materialize(self) -> None:
+        if self.d_idx is None or not self._holds_exact_rows():
+            return super()._materialize()
+        if self.batch_shape != torch.Size():
+            raise ValueError("A batched (fantasy) WISKI model cannot be refit or updated.")
+        rows = self._held_exact_rows()
+        super()._materialize()
+        self._hold_rows(*rows)
+
+    def add_observations(self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kw: Any):
+        held = self._holds_exact_rows()
+        if held:
+            self._materialize()
+            n_before = self.exact_y.shape[-1]
+        out = super().add_observations(X, Y, noise, **kw)
+        if held:
+            Xc, Yc, noise_c = self._checked_observations(X, Y, noise, "add_observations()")
+            noise_s = self._standardized_noise(noise_c, Xc, Yc.shape)
+            D = self._to_D(Xc, noise_s).expand(Xc.shape[:-1])
+            if n_before + Xc.shape[0] <= self.exact_max_n:
+                self._hold_rows(*self._rows_with(Xc, Yc.to(Xc).squeeze(-1), D))
+            else:
+                self._hold_rows(None, None, None)
+        return out
+
+    def _set_statistics(self, X: Tensor, D: Tensor, y: Tensor, zero: dict[str, Tensor]) -> None:
+        super()._set_statistics(X, D, y, zero)
+        self._hold_rows(X, y, D)
+
+    # ------------------------------------------------------------------ saved state
+
+    def _exact_state_to_buffers(self) -> None:
+        r"""The exact GP's factor and ``z`` as the buffers ``exact_L`` / ``exact_z`` (a loaded
+        state then predicts bit for bit, without refactorising), or None outside the regime."""
+        if self._holds_exact_rows() and self.d_X is None:
+            state = self._exact_state()
+            self.exact_L, self.exact_z = state.factor.dense(), state.z
+        else:
+            self.exact_L = self.exact_z = None
+
+    def _exact_state_from_buffers(self) -> None:
+        r"""Adopt a loaded ``exact_L`` / ``exact_z`` as the caches when they fit the loaded rows
+        (otherwise the caches are rebuilt at the next use)."""
+        self.__dict__["_exact_cache"] = None
+        L, z = self._buffers.get("exact_L"), self._buffers.get("exact_z")
+        # used once: a later partial load (strict=False, new hyperparameters) must not adopt
+        # this factor again
+        self.exact_L = self.exact_z = None
+        if L is None or z is None or not self._holds_exact_rows() or self.d_X is not None:
+            return
+        H = self.exact_X
+        if L.shape[-1] != H.shape[-2] or z.shape[-1] != H.shape[-2]:
+            return
+        self._set_exact_state(KernelState([], H, BorderedCholesky(L), z))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.batch_shape == torch.Size():
+            self._materialize()
+            self._exact_state_to_buffers()
+        try:
+            return super().state_dict(*args, **kwargs)
+        finally:  # in the saved state only (a partial load later must not find them here)
+            self.exact_L = self.exact_z = None
