@@ -11,6 +11,7 @@ of a user objective needs the same ``--objective`` spec given again (see :func:`
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import json
@@ -28,7 +29,14 @@ from bo_online.errors import NONE_RESULT, ObjectiveError, describe
 from bo_online.problems import CallableProblem, objective_values
 from bo_online.userdata import file_sha256
 
-__all__ = ["load_objective", "parse_bounds", "objective_problem", "check_resume"]
+__all__ = [
+    "load_objective",
+    "parse_bounds",
+    "objective_problem",
+    "check_resume",
+    "vectorised_objective",
+    "with_calling_convention",
+]
 
 
 def load_objective(spec: str) -> Callable[[Tensor], Any]:
@@ -328,6 +336,43 @@ class _Vectorised:
                 f"point{since if self._why_per_point else ''}"
             )
         return values[0]
+
+
+def vectorised_objective(problem: Any) -> _Vectorised | None:
+    r"""The :class:`_Vectorised` wrapper through which ``problem`` calls a user objective (a
+    :class:`~bo_online.problems.CallableProblem` of :func:`objective_problem`, or a problem that
+    wraps one as ``inner``, e.g. :class:`~bo_online.loops.async_bo.SlowProblem`), or None: the
+    problem has one calling convention only."""
+    for _ in range(16):  # a chain of wrappers, never a cycle
+        fn = getattr(problem, "fn", None)
+        if isinstance(fn, _Vectorised):
+            return fn
+        problem = getattr(problem, "inner", None)
+        if problem is None:
+            break
+    return None
+
+
+def with_calling_convention(problem: Any, per_point: bool) -> Any:
+    r"""A shallow copy of ``problem`` whose :class:`_Vectorised` wrapper (see
+    :func:`vectorised_objective`) has its calling convention decided: one point at a time
+    (``fn(x: d)``, ``per_point=True``) or the rows as given (``fn(X: n x d)``, ``False``). An
+    exception of the objective is then its own failure, after one call, where the undecided
+    wrapper tried the other convention on the same point. ``problem`` and its wrapper are left
+    as they are; a problem without such a wrapper is returned itself."""
+    fn = getattr(problem, "fn", None)
+    if isinstance(fn, _Vectorised):
+        wrapper = copy.copy(fn)
+        wrapper.per_point = bool(per_point)
+        out = copy.copy(problem)
+        out.fn = wrapper
+        return out
+    inner = getattr(problem, "inner", None)
+    if inner is None or vectorised_objective(inner) is None:
+        return problem
+    out = copy.copy(problem)
+    out.inner = with_calling_convention(inner, per_point)
+    return out
 
 
 def _count_message(got: int, n: int) -> str:

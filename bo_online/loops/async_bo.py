@@ -25,6 +25,12 @@ than ``max_failures`` evaluations have failed. A failed evaluation is a step as 
 (``steps`` counts evaluations, each record after the initial design has a step of its own), but
 adds no observation (``n``).
 
+A user objective (:func:`bo_online.objectives.objective_problem`) may be written for a batch or
+for one point; each task evaluates one ``1 x d`` point, which cannot tell them apart. The first
+evaluation that succeeds decides how the objective is called (until then the points go one at
+a time), and every later task is sent with that decision: an objective that raises is called
+once for the point, its own error recorded, not tried again the other way.
+
 Example:
     >>> from distributed import Client, LocalCluster
     >>> client = Client(LocalCluster(n_workers=4, threads_per_worker=1, processes=True))
@@ -47,6 +53,7 @@ from torch.quasirandom import SobolEngine
 
 from bo_online.loops import history
 from bo_online.loops.bayesopt import BayesOptLoop
+from bo_online.objectives import vectorised_objective, with_calling_convention
 from bo_online.problems import Problem, from_unit
 
 __all__ = [
@@ -160,7 +167,12 @@ def connect(address: str) -> Any:
 
 
 def _evaluate_point(problem: Problem, x: Tensor) -> dict[str, Any]:
-    r"""Worker task: the noiseless objective at ``x`` (``1 x d``) with who ran it and when."""
+    r"""Worker task: the noiseless objective at ``x`` (``1 x d``) with who ran it and when, and
+    ``per_point``: how a user objective's wrapper called it (see
+    :func:`bo_online.objectives.vectorised_objective`): ``True`` one point at a time (``fn(x:
+    d)``), ``False`` on the ``1 x d`` row as given; None for a problem without such a wrapper."""
+    from bo_online.objectives import vectorised_objective
+
     try:
         from distributed import get_worker
 
@@ -169,11 +181,14 @@ def _evaluate_point(problem: Problem, x: Tensor) -> dict[str, Any]:
         worker = "local"
     start = time.time()
     y = problem.evaluate_true(x)
+    wrapper = vectorised_objective(problem)
     return {
         "y_true": float(torch.as_tensor(y, dtype=torch.float64).reshape(-1)[0]),
         "worker": worker,
         "start_time": start,
         "finish_time": time.time(),
+        # undecided after a success: the 1 x d row gave one value, so rows work
+        "per_point": None if wrapper is None else bool(wrapper.per_point),
     }
 
 
@@ -266,6 +281,13 @@ class AsyncBayesOptLoop(BayesOptLoop):
         self.in_flight: dict[int, dict[str, Any]] = {}  # proposal id -> X, submit time, pending
         self.next_proposal = 0
         self.failures = 0
+        # How a user objective's wrapper calls it (objectives._Vectorised.per_point): decided on
+        # the driver, when the wrapper already knows, or by the first evaluation that succeeds,
+        # and shipped with every task after it. Undecided, a 1 x d task that raised was tried
+        # again on the d-vector: a failing point called the objective twice.
+        wrapper = vectorised_objective(problem)
+        self.objective_per_point = None if wrapper is None else wrapper.per_point
+        self._shipped: tuple[Problem, bool, Problem] | None = None
         self._futures: dict[Any, int] = {}
         self._hold_checkpoint = False
         self._run_t0 = time.perf_counter()
@@ -274,7 +296,11 @@ class AsyncBayesOptLoop(BayesOptLoop):
     # ------------------------------------------------------------------ proposals
 
     def slots(self) -> int:
-        """How many evaluations run at once."""
+        """How many evaluations run at once: one while a user objective's calling convention is
+        undecided (:meth:`convention_decided`), so that the first success decides it for all
+        the others."""
+        if not self.convention_decided():
+            return 1
         if self.max_in_flight is not None:
             return self.max_in_flight
         return max(1, sum(self.client.nthreads().values()))
@@ -307,6 +333,29 @@ class AsyncBayesOptLoop(BayesOptLoop):
         with torch.no_grad():
             return MaxPosteriorSampling(self.model, replacement=False)(cands, num_samples=k)
 
+    def convention_decided(self) -> bool:
+        r"""Whether every task calls the objective one way only: the problem has one calling
+        convention, or its user objective's (batch or per point) is decided."""
+        return self.objective_per_point is not None or vectorised_objective(self.problem) is None
+
+    def _learn_convention(self, result: dict[str, Any]) -> None:
+        r"""Adopt the calling convention a successful evaluation ``result`` reports, if the
+        loop has none yet (later tasks are sent with it)."""
+        if self.objective_per_point is None and result.get("per_point") is not None:
+            self.objective_per_point = bool(result["per_point"])
+
+    def _shipped_problem(self) -> Problem:
+        r"""The problem sent to the workers: with its user objective's calling convention
+        decided, once the loop knows it (a copy, made once; :attr:`problem` is left as it
+        is)."""
+        if self.objective_per_point is None:
+            return self.problem
+        cached = self._shipped
+        if cached is None or cached[0] is not self.problem or cached[1] != self.objective_per_point:
+            shipped = with_calling_convention(self.problem, self.objective_per_point)
+            self._shipped = cached = (self.problem, self.objective_per_point, shipped)
+        return cached[2]
+
     def _pending_X(self) -> Tensor:
         if not self.in_flight:
             return torch.empty(0, self.problem.dim, dtype=torch.float64)
@@ -315,7 +364,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
     def _submit(self, pid: int) -> Any:
         entry = self.in_flight[pid]
         entry["submit_time"] = time.time()
-        future = self.client.submit(_evaluate_point, self.problem, entry["X"], pure=False)
+        future = self.client.submit(
+            _evaluate_point, self._shipped_problem(), entry["X"], pure=False
+        )
         self._futures[future] = pid
         return future
 
@@ -346,24 +397,87 @@ class AsyncBayesOptLoop(BayesOptLoop):
         for i in range(k):
             completed.add(self._submit(pid + i))
 
-    def evaluate_batch(self, fn: Any, X: Tensor) -> Tensor:
-        r"""As :meth:`OnlineLoop.evaluate_batch`, on the cluster (the initial design): a point
-        whose workers kept dying (Dask's ``KilledWorker``) stops the run as the objective's
-        failure, as a dead worker of a process pool does, not with Dask's traceback."""
-        from distributed import KilledWorker
+    def _evaluate(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Observed and noiseless values of ``X`` (``n x d``, the initial design) on the
+        cluster, one task per point, the noise as the synchronous loop draws it; a failed
+        point stops the run with its error (the first in row order)."""
+        values, errors = self._evaluate_on_cluster(X)
+        if errors:
+            error = errors[min(errors)]
+            if self._gave_up(error):
+                raise self._as_objective_error(error) from error
+            raise error
+        y_true = torch.tensor([values[i] for i in range(X.shape[0])], dtype=torch.float64)
+        noise = torch.randn(y_true.shape, generator=self.noise_generator, dtype=torch.float64)
+        return y_true + self.problem.noise_std * noise, y_true
 
+    def _failure_text(self, error: BaseException, attempts: int = 1) -> str:
+        r"""A failed evaluation's ``error``, as its record holds it: the exception, and for
+        Dask's ``KilledWorker`` what it means (``attempts``: how often Dask gave up on the
+        point)."""
+        if not self._gave_up(error):
+            return f"{type(error).__name__}: {error}"
+        return (
+            f"{type(error).__name__}: {error} (Dask gave up on this point {attempts} times, "
+            "each after its workers died repeatedly: the objective may crash its process, e.g. "
+            "a segfault, os._exit or running out of memory)"
+        )
+
+    def _as_objective_error(
+        self, error: BaseException, what: str = "a point of the initial design"
+    ) -> Exception:
+        r"""Dask's ``KilledWorker`` for ``what`` as the objective's failure, as a dead worker of
+        a process pool is, not Dask's traceback (a task key, no objective named)."""
         from bo_online.errors import ObjectiveError
 
-        try:
-            return super().evaluate_batch(fn, X)
-        except KilledWorker as e:
-            name = self.problem.name
-            raise ObjectiveError(
-                f"Objective {name!r}: Dask gave up on a point of the initial design, whose "
-                "workers died repeatedly (the objective may crash its process, e.g. a segfault, "
-                "os._exit or running out of memory)",
-                name,
-            ) from e
+        name = self.problem.name
+        return ObjectiveError(
+            f"Objective {name!r}: Dask gave up on {what}, whose workers died repeatedly (the "
+            "objective may crash its process, e.g. a segfault, os._exit or running out of "
+            "memory)",
+            name,
+        )
+
+    @staticmethod
+    def _gave_up(error: BaseException) -> bool:
+        from distributed import KilledWorker
+
+        return isinstance(error, KilledWorker)
+
+    def _evaluate_on_cluster(self, X: Tensor) -> tuple[dict[int, float], dict[int, BaseException]]:
+        r"""The noiseless value of each row of ``X`` (``n x d``) on the cluster, one task per
+        row: ``(values, errors)``, each by row index, every row in one of them. While a user
+        objective's calling convention is undecided the rows go one at a time, until one
+        succeeds and decides it for the others (see :meth:`slots`)."""
+        from distributed import wait
+
+        X = X.detach().to(device="cpu", dtype=torch.float64)
+        values: dict[int, float] = {}
+        errors: dict[int, BaseException] = {}
+        rows = list(range(X.shape[0]))
+        while rows:
+            batch = rows if self.convention_decided() else rows[:1]
+            rows = rows[len(batch) :]
+            futures = {
+                i: self.client.submit(
+                    _evaluate_point, self._shipped_problem(), X[i : i + 1], pure=False
+                )
+                for i in batch
+            }
+            try:
+                wait(list(futures.values()))
+            finally:
+                for future in futures.values():
+                    if not future.done():
+                        future.cancel()
+            for i, future in futures.items():
+                if future.status == "error":
+                    errors[i] = future.exception()
+                else:
+                    result = future.result()
+                    self._learn_convention(result)
+                    values[i] = result["y_true"]
+        return values, errors
 
     # ------------------------------------------------------------------ folding results
 
@@ -390,17 +504,12 @@ class AsyncBayesOptLoop(BayesOptLoop):
         }
         if future.status == "error":
             exc = future.exception()
-            error = f"{type(exc).__name__}: {exc}"
+            attempts = entry.get("attempts", 1)
             if isinstance(exc, KilledWorker):  # Dask gave up after worker deaths
-                attempts = entry.get("attempts", 1)
                 if attempts < self.WORKER_DEATH_ATTEMPTS:  # a worker lost to something else
                     entry["attempts"] = attempts + 1
                     return None
-                error = (
-                    f"{error} (Dask gave up on this point {attempts} times, each after its "
-                    "workers died repeatedly: the objective may crash its process, e.g. a "
-                    "segfault, os._exit or running out of memory)"
-                )
+            error = self._failure_text(exc, attempts)
             del self.in_flight[pid]
             self.failures += 1
             # an evaluation of the budget, and a step of its own: numbered as the last folded-in
@@ -419,6 +528,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             return self._finish_record(record)
         result = future.result()
         del self.in_flight[pid]
+        self._learn_convention(result)
         y_true = torch.tensor([result["y_true"]], dtype=torch.float64)
         y = y_true + self._noise(pid)
         self._meta = {
@@ -569,6 +679,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             },
             "next_proposal": self.next_proposal,
             "failures": self.failures,
+            "objective_per_point": self.objective_per_point,
         }
 
     def _restore_state(self, state: dict[str, Any]) -> None:
@@ -576,6 +687,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
         self.in_flight = {int(k): dict(v) for k, v in state["in_flight"].items()}
         self.next_proposal = int(state["next_proposal"])
         self.failures = int(state["failures"])
+        decided = state.get("objective_per_point")  # absent in older runs: learnt again
+        if decided is not None:
+            self.objective_per_point = bool(decided)
 
     @classmethod
     def from_checkpoint(

@@ -497,6 +497,71 @@ def test_an_objective_from_a_file_runs_on_the_workers(client, tmp_path):
     assert float(future.result(timeout=30)[0]) == pytest.approx(1.3125)
 
 
+_COUNTED_OBJECTIVE = """
+import json, os
+
+ROOT = {root!r}
+
+
+def _called(X):
+    x = X.reshape(-1).tolist()
+    with open(os.path.join(ROOT, "calls.jsonl"), "a") as fh:  # O_APPEND: one line per call
+        fh.write(json.dumps({{"shape": list(X.shape), "x": x}}) + "\\n")
+    bad = os.path.join(ROOT, "bad-" + "_".join(f"{{v:.15g}}" for v in x))
+    try:  # the first call once armed claims the fault for its point (atomically)
+        os.rename(os.path.join(ROOT, "armed"), bad)
+    except FileNotFoundError:
+        pass
+    if os.path.exists(bad):
+        raise RuntimeError("instrument fault")
+
+
+def batch(X):
+    _called(X)
+    return (X ** 2).sum(-1)
+
+
+def per_point(x):
+    _called(x)
+    return float(x[0] ** 2 + x[1] ** 2)
+"""
+
+
+@pytest.mark.parametrize("kind", ["batch", "per_point"])
+def test_a_failing_evaluation_calls_the_objective_once(client, tmp_path, kind):
+    r"""Each task evaluates a ``1 x d`` batch, which cannot tell a batch objective from a
+    per-point one: when the objective raised it was called again on the ``d``-vector (an
+    expensive experiment run twice), and the record quoted both errors. The calling convention
+    is now decided by the first evaluation that succeeds and shipped with every later one: a
+    raise is that point's failure, with the objective's own error, after one call."""
+    from bo_online.objectives import objective_problem
+
+    path = tmp_path / f"counted_{kind}.py"
+    path.write_text(_COUNTED_OBJECTIVE.format(root=str(tmp_path)))
+    problem = objective_problem(f"{path}:{kind}", "[[-1, 1], [-1, 1]]")
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", **FAST)
+    loop.initialize()
+    (tmp_path / "armed").touch()
+    records = loop.run(steps=4)
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    (failed,) = [r for r in records if r.get("failed")]
+    assert failed["error"].count("instrument fault") == 1
+    assert "one point at a time" not in failed["error"]
+    x = torch.tensor(failed["X"], dtype=torch.float64).reshape(-1).tolist()
+    assert sum(c["x"] == x for c in calls) == 1  # the failing point: one call
+    # the campaign went on as after any failure: 4 evaluations, 3 folded in
+    assert loop.step_count == 4 and loop.failures == 1 and len(_evaluations(records)) == 3
+    assert loop.X.shape[0] == 5 + 3
+    # every point is called once, but the first of a per-point objective: tried as a batch first
+    first = 1 if kind == "per_point" else 0
+    assert len(calls) == 5 + 4 + first
+    shapes = {tuple(c["shape"]) for c in calls[first:]}
+    assert shapes == ({(1, 2)} if kind == "batch" else {(2,)})
+    # decided by the first success, saved with the run; the user's problem is left as it was
+    assert loop._state()["objective_per_point"] is (kind == "per_point")
+    assert problem.fn.per_point is None
+
+
 def _spec(path: Path, seeds: list[int]) -> Path:
     path.write_text(
         "steps = 3\nproblems = ['branin']\nmodels = ['exact']\nacqs = ['qucb', 'ts']\n"
