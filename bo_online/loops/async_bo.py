@@ -23,7 +23,9 @@ another worker); if Dask gives up (``KilledWorker``) the point is resubmitted. A
 raises is recorded as a failed evaluation (``"failed": true``) and the campaign goes on, until more
 than ``max_failures`` evaluations have failed. A failed evaluation is a step as a folded-in one is
 (``steps`` counts evaluations, each record after the initial design has a step of its own), but
-adds no observation (``n``).
+adds no observation (``n``). A point of the initial design that fails is recorded so too (a
+failed record of step 0, after the design's own) and the model starts from the others; with
+none left (and no ``initial_data``) the run stops as the synchronous loop does.
 
 A user objective (:func:`bo_online.objectives.objective_problem`) may be written for a batch or
 for one point; each task evaluates one ``1 x d`` point, which cannot tell them apart. The first
@@ -289,6 +291,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
         self.objective_per_point = None if wrapper is None else wrapper.per_point
         self._shipped: tuple[Problem, bool, Problem] | None = None
         self._futures: dict[Any, int] = {}
+        self._initial_failures: list[tuple[Tensor, str]] = []  # (X 1 x d, error): initialize
         self._hold_checkpoint = False
         self._run_t0 = time.perf_counter()
         self._wall0 = 0.0
@@ -398,25 +401,102 @@ class AsyncBayesOptLoop(BayesOptLoop):
             completed.add(self._submit(pid + i))
 
     def _evaluate(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Observed and noiseless values of ``X`` (``n x d``, the initial design) on the
-        cluster, one task per point, the noise as the synchronous loop draws it; a failed
-        point stops the run with its error (the first in row order)."""
+        r"""Observed and noiseless values of ``X`` (``n x d``) on the cluster, one task per
+        point, the noise as the synchronous loop draws it (:meth:`step` driven by hand); a
+        failed point raises its error (the first in row order)."""
         values, errors = self._evaluate_on_cluster(X)
         if errors:
             error = errors[min(errors)]
             if self._gave_up(error):
-                raise self._as_objective_error(error) from error
+                raise self._as_objective_error(error, "a point") from error
             raise error
         y_true = torch.tensor([values[i] for i in range(X.shape[0])], dtype=torch.float64)
         noise = torch.randn(y_true.shape, generator=self.noise_generator, dtype=torch.float64)
         return y_true + self.problem.noise_std * noise, y_true
 
-    def _failure_text(self, error: BaseException, attempts: int = 1) -> str:
+    def _evaluate_initial(self, X0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The initial design ``X0`` (``n0 x d``) on the cluster: the points that did not fail
+        and their observed and noiseless values (noise drawn for every point, as the
+        synchronous loop does, so a failure changes no other observation). Each failed point
+        is kept for :meth:`initialize`, which records it as a failed evaluation; a failure no
+        longer discards the whole design (11 good evaluations of 12 were thrown away with one).
+
+        Raises:
+            ObjectiveError: every point failed and there is no ``initial_data``: no observation
+                to build the model on (the synchronous loop stops on any failure of its design
+                the same way, before anything is written).
+        """
+        from bo_online.errors import ObjectiveError
+
+        n = X0.shape[0]
+        values, errors = self._evaluate_on_cluster(X0)
+        noise = torch.randn(n, generator=self.noise_generator, dtype=torch.float64)
+        self._initial_failures = [
+            (X0[i : i + 1], self._failure_text(errors[i], initial=True)) for i in sorted(errors)
+        ]
+        good = [i for i in range(n) if i in values]
+        if not good and self._initial_data is None:
+            name, first = self.problem.name, errors[min(errors)]
+            said = str(first) if isinstance(first, ObjectiveError) else self._initial_failures[0][1]
+            raise ObjectiveError(
+                f"Objective {name!r}: all {n} points of the initial design failed, so there is "
+                f"no observation to build the model on; the first error: {said}",
+                name,
+            ) from first
+        rows = torch.tensor(good, dtype=torch.long)
+        y_true = torch.tensor([values[i] for i in good], dtype=torch.float64)
+        return X0[rows], y_true + self.problem.noise_std * noise[rows], y_true
+
+    def initialize(self) -> dict[str, Any]:
+        r"""As :meth:`OnlineLoop.initialize`, on the cluster. A point of the initial design
+        that failed adds no observation: it is recorded as a failed evaluation (``"failed":
+        true`` and its ``error``, a record of step 0 after the design's own, since the steps
+        count evaluations after the initial design) and counts towards ``max_failures``, as a
+        failure later in the run does; one checkpoint holds them all.
+
+        Raises:
+            ObjectiveError: every point of the initial design failed (see
+                :meth:`_evaluate_initial`).
+            TooManyFailures: under :meth:`run`, more points failed than ``max_failures``
+                allows (the run is saved: a resume with a higher limit continues it).
+        """
+        self._initial_failures = []
+        self._hold_checkpoint = True
+        try:
+            record = super().initialize()
+            for X, error in self._initial_failures:
+                self.failures += 1
+                failure = {
+                    "step": 0,
+                    "X": X,
+                    **self._summary_fields(),
+                    "failed": True,
+                    "error": error,
+                    "refit": False,
+                    "wall_time": self.wall_time,
+                }
+                for key in ("time_fit", "time_acquisition", "time_evaluation", "time_update"):
+                    failure[key] = 0.0
+                failure["time_step"] = 0.0
+                self._commit(failure)
+        finally:
+            self._hold_checkpoint = False
+        failures, self._initial_failures = self._initial_failures, []
+        if self.out_dir is not None:
+            self.save_checkpoint()
+        unfinished = self.target_steps is not None and self.step_count < self.target_steps
+        if failures and self.failures > self.config["max_failures"] and unfinished:
+            raise TooManyFailures(self.failures, self.config["max_failures"], failures[-1][1])
+        return record
+
+    def _failure_text(self, error: BaseException, attempts: int = 1, initial: bool = False) -> str:
         r"""A failed evaluation's ``error``, as its record holds it: the exception, and for
         Dask's ``KilledWorker`` what it means (``attempts``: how often Dask gave up on the
-        point)."""
+        point; ``initial``: a point of the initial design, which is not submitted again)."""
         if not self._gave_up(error):
             return f"{type(error).__name__}: {error}"
+        if initial:
+            return str(self._as_objective_error(error))
         return (
             f"{type(error).__name__}: {error} (Dask gave up on this point {attempts} times, "
             "each after its workers died repeatedly: the objective may crash its process, e.g. "

@@ -262,7 +262,7 @@ class BayesOptLoop(OnlineLoop):
         X0 = from_unit(U0, self.problem.bounds)
         t0 = self._now()
         if n0 > 0:
-            y0, y0_true = self._evaluate(X0)
+            X0, y0, y0_true = self._evaluate_initial(X0)
         else:
             y0, y0_true = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)
         t_eval = self._now() - t0
@@ -283,6 +283,13 @@ class BayesOptLoop(OnlineLoop):
             **self._summary_fields(),
             **self._initial_costs(t_fit, t_eval, t_update),
         }
+
+    def _evaluate_initial(self, X0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The initial design's observations: ``(X, y, y_true)`` of the Sobol points ``X0``
+        (``n0 x d``) that the model starts from; here all of them (a failure stops the run),
+        in the asynchronous loop those that did not fail."""
+        y0, y0_true = self._evaluate(X0)
+        return X0, y0, y0_true
 
     # ------------------------------------------------------------------ ask / tell
 

@@ -1436,6 +1436,97 @@ def test_an_initial_design_point_that_kills_its_workers_is_the_objectives_failur
     assert loop.step_count == 0 and not loop.records
 
 
+def test_a_failure_in_the_initial_design_keeps_the_good_evaluations(client, tmp_path):
+    r"""One failed point of the asynchronous initial design discarded the whole design (11 good
+    evaluations of 12 were thrown away with it, and the run stopped). The good ones now build
+    the first model, the failed one is recorded as a failed evaluation (a record of step 0
+    after the design's own) and counts towards ``max_failures`` as a later failure does: over
+    the limit, the run stops saved, and a resume continues it."""
+    from torch.quasirandom import SobolEngine
+
+    from bo_online.problems import from_unit
+
+    problem = _Flaky(tmp_path, kill_at=-1, raise_at=(2,))
+    (tmp_path / "armed").touch()
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(
+        problem, client, model="exact", acq="qucb", max_failures=0, out_dir=out, **FAST
+    )
+    with pytest.raises(TooManyFailures, match="max_failures=0"):
+        loop.run(steps=2)
+    assert loop.failures == 1 and loop.step_count == 0
+    design, failure = loop.records
+    assert design["step"] == 0 and design["n"] == 4 and not design.get("failed")
+    assert failure["step"] == 0 and failure["failed"] and failure["n"] == 4
+    assert "RuntimeError: instrument fault at call 2" in failure["error"]
+    # The model holds the 4 good points of the Sobol design, with their values.
+    X0 = from_unit(
+        SobolEngine(2, scramble=True, seed=0).draw(5, dtype=torch.float64), problem.bounds
+    )
+    bad = torch.tensor(failure["X"], dtype=torch.float64).reshape(1, 2)
+    keep = (X0 - bad).abs().sum(-1) > 0
+    assert int(keep.sum()) == 4
+    torch.testing.assert_close(loop.X, X0[keep], rtol=0, atol=0)
+    torch.testing.assert_close(loop.y, problem.inner.evaluate_true(X0[keep]), rtol=0, atol=0)
+    U, Y = loop._training_data()
+    assert U.shape[0] == 4
+    Xs = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    mean, var = _dense_posterior(loop.model, U, Y, Xs)
+    with torch.no_grad():
+        post = loop.model.posterior(Xs)
+    torch.testing.assert_close(post.mean.reshape(-1), mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(post.variance.reshape(-1), var, rtol=1e-5, atol=1e-8)
+    # saved with its failure; a resume goes on (the limit stops the run at the next failure)
+    ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
+    assert ckpt["state"]["failures"] == 1 and history.read_records(out) == loop.records
+    resumed = load_loop(out, problem=problem, client=client)
+    records = resumed.run(steps=2)
+    assert resumed.step_count == 2 and len(_evaluations(records)) == 2
+    assert resumed.X.shape[0] == 4 + 2 and resumed.failures == 1
+
+
+def test_an_initial_design_that_all_failed_says_so_and_writes_nothing(client, tmp_path):
+    r"""With every point of the initial design failed there is nothing to build a model on:
+    the run stops with the objective's error as the synchronous loop's does, saying that all
+    points failed, before anything is written."""
+    from bo_online.errors import ObjectiveError
+
+    problem = _Flaky(tmp_path, kill_at=-1, raise_at=tuple(range(5)))
+    (tmp_path / "armed").touch()
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", out_dir=out, **FAST)
+    with pytest.raises(ObjectiveError, match="all 5 points of the initial design failed") as e:
+        loop.run(steps=2)
+    assert "RuntimeError: instrument fault at call" in str(e.value)
+    assert not loop.records and loop.model is None
+    assert not (out / history.RECORDS_FILE).exists()
+    assert not (out / history.CHECKPOINT_FILE).exists()
+
+
+def test_an_initial_design_that_all_failed_on_the_cli_says_what_to_do(
+    client, tmp_path, capsys, monkeypatch
+):
+    """The CLI's line for a design without a good point: what failed and what to do."""
+    import contextlib
+
+    import bo_online.cli as cli
+
+    monkeypatch.setattr(cli.running, "_dask_client", lambda a: contextlib.nullcontext(client))
+    (tmp_path / "always_fails.py").write_text(
+        "def f(X):\n    raise RuntimeError('no instrument')\n"
+    )
+    out = tmp_path / "run"
+    argv = ["bo", "--objective", f"{tmp_path / 'always_fails.py'}:f", "--bounds", "0,1 0,1"]
+    argv += ["--steps", "2", "--out", str(out), "--dask", "local:2", "--n-init", "3"]
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--quiet", "--no-plots"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "all 3 points of the initial design failed" in err
+    assert "RuntimeError: no instrument" in err
+    assert err.endswith("fix the objective, then run the same command again (nothing was kept)")
+
+
 def test_a_resumed_run_keeps_its_max_in_flight(client, tmp_path):
     """``max_in_flight`` was not saved: a run limited to one evaluation at a time resumed with
     one per worker of the cluster (and load_loop takes no such option), so its later points
