@@ -17,6 +17,7 @@ from bo_online.cli.checks import (
     _check_noise,
     _check_out,
     _check_seed,
+    _no_workers_timeout,
     _nonneg,
     _positive,
     _refit_schedule,
@@ -35,6 +36,7 @@ from bo_online.cli.options import (
     McOpt,
     ModelOpt,
     ModelOptionOpt,
+    NoWorkersTimeoutOpt,
     OutOpt,
     OverwriteOpt,
     PlotsOpt,
@@ -136,6 +138,7 @@ def bo(
     max_failures: Annotated[
         int, typer.Option(help="With --dask: stop after more than this many evaluations raised.")
     ] = 10,
+    no_workers_timeout: NoWorkersTimeoutOpt = 120.0,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     checkpoint_every: CkptOpt = None,
@@ -245,6 +248,7 @@ def bo(
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
         _nonneg("--max-failures", max_failures)
+        wait_for_workers = _no_workers_timeout(no_workers_timeout)
         from bo_online.loops.async_bo import AsyncBayesOptLoop
 
         _check(
@@ -260,7 +264,13 @@ def bo(
         U = torch.rand(4, prob.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         check._build_model(U, U.sum(-1, keepdim=True))
         with running._dask_client(dask) as client:
-            loop = AsyncBayesOptLoop(prob, client, max_failures=max_failures, **bo_options)
+            loop = AsyncBayesOptLoop(
+                prob,
+                client,
+                max_failures=max_failures,
+                no_workers_timeout=wait_for_workers,
+                **bo_options,
+            )
             _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return

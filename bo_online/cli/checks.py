@@ -26,6 +26,19 @@ def _positive(name: str, value: int) -> None:
     _check(value >= 1, f"{name} must be >= 1, got {value}.")
 
 
+def _no_workers_timeout(value: float) -> float | None:
+    r"""``--no-workers-timeout SECONDS``: a positive number of seconds, or ``inf`` (None: wait
+    for workers forever)."""
+    import math
+
+    _check(
+        value > 0,  # also refuses NaN
+        "--no-workers-timeout must be a positive number of seconds (how long the cluster may "
+        f"have no worker while evaluations are in flight) or inf to wait forever, got {value}.",
+    )
+    return None if math.isinf(value) else float(value)
+
+
 def _refit_schedule(value: str | None) -> int | str:
     """``--refit-every``: ``auto`` (also when left out) or a cadence in steps (>= 0)."""
     if value is None or value.strip().lower() == "auto":

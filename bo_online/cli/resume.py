@@ -13,6 +13,7 @@ from bo_online.cli.checks import (
     _check,
     _check_resume_steps,
     _check_resume_steps_within_data,
+    _no_workers_timeout,
     _nonneg,
 )
 from bo_online.cli.memory import _check_resume_memory
@@ -46,6 +47,16 @@ def resume(
         typer.Option(
             help="With --dask: a new limit on failed evaluations, counted over the whole run "
             "(a run stopped by the limit stops again at its next failure unless raised)."
+        ),
+    ] = None,
+    no_workers_timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            "--no-workers-timeout",
+            metavar="SECONDS",
+            help="With --dask: a new limit on how long the cluster may have no worker while "
+            "evaluations are in flight, in seconds, or inf to wait forever (default: the run's "
+            "own, 120 s unless set when it started).",
         ),
     ] = None,
     device: Annotated[
@@ -86,6 +97,10 @@ def resume(
     if max_failures is not None:
         _nonneg("--max-failures", max_failures)
         _check(dask is not None, "--max-failures applies to asynchronous runs: add --dask.")
+    wait_for_workers: float | None = None
+    if no_workers_timeout is not None:
+        wait_for_workers = _no_workers_timeout(no_workers_timeout)
+        _check(dask is not None, "--no-workers-timeout applies to asynchronous runs: add --dask.")
     _nonneg("--workers", workers)
     _check(workers == 0 or dask is None, "--workers and --dask exclude each other.")
     _check(run_dir.is_dir(), f"No run directory {str(run_dir)!r}.")
@@ -143,6 +158,9 @@ def resume(
             _check_resume_memory(loop, steps)
             if max_failures is not None:
                 loop.config["max_failures"] = int(max_failures)
+            if no_workers_timeout is not None:  # saved with the run's next checkpoint
+                loop.no_workers_timeout = wait_for_workers
+                loop.config["no_workers_timeout"] = wait_for_workers
             _run_async(loop, steps, dask)
         _finish(loop, plots, quiet)
         return

@@ -93,8 +93,8 @@ class TooManyFailures(RuntimeError):
 
 
 class NoWorkers(RuntimeError):
-    r"""The cluster has had no worker for ``AsyncBayesOptLoop.NO_WORKERS_SECONDS`` while
-    evaluations were in flight: they would wait forever.
+    r"""The cluster has had no worker for the loop's ``no_workers_timeout`` while evaluations
+    were in flight: they would wait forever.
 
     Attributes:
         seconds: how long the cluster had no worker.
@@ -114,6 +114,21 @@ class NoWorkers(RuntimeError):
         )
         super().__init__(f"{self.situation} {self.ADVICE}")
         self.seconds, self.in_flight = seconds, in_flight
+
+
+def _check_no_workers_timeout(value: Any) -> float | None:
+    r"""``no_workers_timeout`` as the loop holds it: a positive number of seconds (a float), or
+    None (also for ``inf``) to wait for workers forever; anything else is refused."""
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or math.isnan(value) or value <= 0:
+        raise ValueError(
+            "no_workers_timeout must be a positive number of seconds (how long the cluster may "
+            f"have no worker while evaluations are in flight) or None to wait forever, got "
+            f"{value!r}."
+        )
+    return None if math.isinf(value) else float(value)
 
 
 def connect(address: str) -> Any:
@@ -235,6 +250,11 @@ class AsyncBayesOptLoop(BayesOptLoop):
             finishes).
         max_in_flight: evaluations at once (default: the cluster's worker threads); a resumed
             run keeps it.
+        no_workers_timeout: seconds the cluster may have no worker at all while evaluations are
+            in flight before the run stops with :class:`NoWorkers` (checkpointed; default 120,
+            which a LocalCluster restarting a dead worker stays well within); raise it for a
+            cluster that scales from zero in a batch queue, or None to wait forever. A resumed
+            run keeps it.
         **kwargs: the other options of :class:`bo_online.loops.BayesOptLoop` (``q`` must be 1).
     """
 
@@ -246,10 +266,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
     WORKER_DEATH_ATTEMPTS: ClassVar[int] = 2
     #: how often the driver looks for finished evaluations (and for a stop signal)
     POLL_SECONDS: ClassVar[float] = 0.02
-    #: a cluster without any worker for this long, evaluations in flight, stops the run with
-    #: :class:`NoWorkers` (checkpointed); a LocalCluster restarts a dead worker within seconds,
-    #: a remote one may take a while (the check runs every ``WORKER_CHECK_SECONDS``)
-    NO_WORKERS_SECONDS: ClassVar[float] = 120.0
+    #: how often the driver looks for workers while it waits (see ``no_workers_timeout``)
     WORKER_CHECK_SECONDS: ClassVar[float] = 2.0
 
     def __init__(
@@ -259,6 +276,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
         acq: str = "qucb",
         max_failures: int = 10,
         max_in_flight: int | None = None,
+        no_workers_timeout: float | None = 120.0,
         **kwargs: Any,
     ) -> None:
         if acq.lower() not in ASYNC_ACQUISITIONS:
@@ -274,12 +292,15 @@ class AsyncBayesOptLoop(BayesOptLoop):
             raise ValueError("AsyncBayesOptLoop needs a distributed.Client (client=...).")
         if max_in_flight is not None and (int(max_in_flight) != max_in_flight or max_in_flight < 1):
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight}.")
+        no_workers_timeout = _check_no_workers_timeout(no_workers_timeout)
         super().__init__(problem, acq=acq, executor=client, **kwargs)
         self.client = client
         # as an int: a whole float (2.0) passed the check and failed later in range()
         self.max_in_flight = None if max_in_flight is None else int(max_in_flight)
         self.config["max_failures"] = int(max_failures)
         self.config["max_in_flight"] = self.max_in_flight  # kept by a resume, as max_failures
+        self.no_workers_timeout = no_workers_timeout
+        self.config["no_workers_timeout"] = no_workers_timeout  # kept by a resume too
         self.in_flight: dict[int, dict[str, Any]] = {}  # proposal id -> X, submit time, pending
         self.next_proposal = 0
         self.failures = 0
@@ -680,7 +701,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                         time.sleep(self.POLL_SECONDS)
                         continue
                     # A result came back: the cluster had a worker. Only a wait without one
-                    # counts towards NO_WORKERS_SECONDS, not the folds and acquisitions after.
+                    # counts towards no_workers_timeout, not the folds and acquisitions after.
                     self._no_workers_since = None
                     for future in batch:
                         self._fold(future, completed, advance, callback)
@@ -700,9 +721,11 @@ class AsyncBayesOptLoop(BayesOptLoop):
 
     def _check_workers(self) -> None:
         r"""Stop with :class:`NoWorkers` (after a checkpoint with the points in flight) once
-        the cluster has had no worker for :attr:`NO_WORKERS_SECONDS`: its futures would never
+        the cluster has had no worker for :attr:`no_workers_timeout`: its futures would never
         finish and the run waited without a word (an objective calling ``os._exit`` on some
         inputs left a LocalCluster without workers, and the driver polling for good)."""
+        if self.no_workers_timeout is None:  # waits for workers for good, as asked
+            return
         now = time.monotonic()
         if now - self._workers_checked < self.WORKER_CHECK_SECONDS:
             return
@@ -715,7 +738,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
             self._no_workers_since = None
         elif self._no_workers_since is None:
             self._no_workers_since = now
-        elif now - self._no_workers_since >= self.NO_WORKERS_SECONDS:
+        elif now - self._no_workers_since >= self.no_workers_timeout:
             if self.out_dir is not None:
                 self.save_checkpoint()
             raise NoWorkers(now - self._no_workers_since, len(self.in_flight))
@@ -796,5 +819,9 @@ class AsyncBayesOptLoop(BayesOptLoop):
             client=client,
             max_failures=ckpt["config"]["max_failures"],
             max_in_flight=ckpt["config"].get("max_in_flight"),  # absent in older runs
+            # absent in older runs as well; a resume may set another
+            no_workers_timeout=overrides.pop(
+                "no_workers_timeout", ckpt["config"].get("no_workers_timeout", 120.0)
+            ),
             **overrides,
         )

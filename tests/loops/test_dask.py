@@ -385,9 +385,8 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
     r"""An objective that killed its workers faster than the cluster restarted them left it
     with none: the futures in flight never finished and the driver polled for good, without a
     word. The run now stops with :class:`NoWorkers` once the cluster has had no worker for
-    ``NO_WORKERS_SECONDS``, its checkpoint holding the points in flight, and goes on when
-    workers are back."""
-    monkeypatch.setattr(AsyncBayesOptLoop, "NO_WORKERS_SECONDS", 1.0)
+    ``no_workers_timeout`` (a class attribute a user could not set: now an argument, saved with
+    the run), its checkpoint holding the points in flight, and goes on when workers are back."""
     monkeypatch.setattr(AsyncBayesOptLoop, "WORKER_CHECK_SECONDS", 0.05)
     problem = SlowProblem(synthetic_problem("branin"), mean_duration=0.3, sigma=0.1)
     out = tmp_path / "run"
@@ -396,7 +395,14 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
     )
     with cluster, distributed.Client(cluster) as client:
         loop = AsyncBayesOptLoop(
-            problem, client, model="exact", acq="qucb", max_in_flight=1, out_dir=out, **FAST
+            problem,
+            client,
+            model="exact",
+            acq="qucb",
+            max_in_flight=1,
+            no_workers_timeout=1.0,
+            out_dir=out,
+            **FAST,
         )
         loop.initialize()
 
@@ -409,6 +415,8 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
         assert loop.step_count == 1 and len(loop.in_flight) == 1
         ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
         assert ckpt["step_count"] == 1 and len(ckpt["state"]["in_flight"]) == 1
+        assert ckpt["config"]["no_workers_timeout"] == 1.0  # a resume keeps it
+        assert load_loop(out, problem=problem, client=client).no_workers_timeout == 1.0
         cluster.scale(1)
         client.wait_for_workers(1, timeout=60)
         loop.run(steps=4)
@@ -423,11 +431,12 @@ def test_no_workers_is_timed_over_one_wait_not_across_results_and_acquisitions(c
     run with :class:`NoWorkers`. Only the time the driver waits without a result counts."""
     import time
 
-    monkeypatch.setattr(AsyncBayesOptLoop, "NO_WORKERS_SECONDS", 1.0)
     # one check per wait: an evaluation (0.2 s) ends before the next check is due
     monkeypatch.setattr(AsyncBayesOptLoop, "WORKER_CHECK_SECONDS", 0.6)
     problem = SlowProblem(synthetic_problem("branin"), mean_duration=0.2, sigma=0.02)
-    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="qucb", max_in_flight=1, **FAST)
+    loop = AsyncBayesOptLoop(
+        problem, client, model="exact", acq="qucb", max_in_flight=1, no_workers_timeout=1, **FAST
+    )
     loop.initialize()
     restarting = {"now": True}  # the check after each acquisition sees no worker
     real_nthreads, real_fill = client.nthreads, AsyncBayesOptLoop._fill
@@ -439,7 +448,7 @@ def test_no_workers_is_timed_over_one_wait_not_across_results_and_acquisitions(c
         return real_nthreads(*args, **kwargs)
 
     def slow_fill(self, completed):
-        time.sleep(1.2)  # a slow acquisition, longer than NO_WORKERS_SECONDS
+        time.sleep(1.2)  # a slow acquisition, longer than no_workers_timeout
         real_fill(self, completed)
         restarting["now"] = True
 
@@ -447,6 +456,65 @@ def test_no_workers_is_timed_over_one_wait_not_across_results_and_acquisitions(c
     monkeypatch.setattr(AsyncBayesOptLoop, "_fill", slow_fill)
     loop.run(steps=3)
     assert loop.step_count == 3 and not loop.in_flight
+
+
+@pytest.mark.parametrize("bad", [0, -5.0, float("nan"), "120", True])
+def test_a_bad_no_workers_timeout_is_refused(client, bad):
+    with pytest.raises(ValueError, match="no_workers_timeout must be a positive number of sec"):
+        AsyncBayesOptLoop(synthetic_problem("branin"), client, no_workers_timeout=bad)
+
+
+def test_no_workers_timeout_none_or_inf_waits_for_workers_forever(client, monkeypatch):
+    r"""None (or inf) never stops the run however long the cluster has no worker."""
+    for forever in (None, float("inf")):
+        loop = AsyncBayesOptLoop(
+            synthetic_problem("branin"), client, no_workers_timeout=forever, **FAST
+        )
+        assert loop.no_workers_timeout is None and loop.config["no_workers_timeout"] is None
+    monkeypatch.setattr(client, "nthreads", lambda *a, **k: {})
+    loop._no_workers_since, loop._workers_checked = 0.0, -1e9
+    loop._check_workers()  # a day without workers: no NoWorkers
+
+
+def test_the_cli_passes_no_workers_timeout_to_the_async_loop(client, tmp_path, capsys, monkeypatch):
+    r"""``bo --dask ... --no-workers-timeout SECONDS`` reaches the loop and its saved options,
+    ``inf`` waits forever, a bad value is refused before a cluster starts, and ``resume
+    --no-workers-timeout`` sets a new one."""
+    import contextlib
+
+    import bo_online.cli as cli
+
+    seen = []
+
+    def record_it(self, callback):
+        seen.append(self.no_workers_timeout)
+
+    monkeypatch.setattr(cli.running, "_dask_client", lambda a: contextlib.nullcontext(client))
+    monkeypatch.setattr(AsyncBayesOptLoop, "_run_steps", record_it)
+    out = tmp_path / "run"
+    argv = ["bo", "--problem", "branin", "--steps", "2", "--out", str(out), "--dask", "local:2"]
+    fast = ["--n-init", "3", "--fit-max-iter", "5", "--quiet", "--no-plots"]
+    cli.main([*argv, *fast, "--no-workers-timeout", "3600"])
+    assert seen == [3600.0]
+    assert history.load_checkpoint(out / history.CHECKPOINT_FILE)["config"][
+        "no_workers_timeout"
+    ] == (3600.0)
+    cli.main(["resume", str(out), "--dask", "local:2", "--quiet", "--no-plots"])
+    assert seen[-1] == 3600.0  # kept by a resume
+    cli.main(["resume", str(out), "--dask", "local:2", "--no-workers-timeout", "inf", "--quiet"])
+    assert seen[-1] is None
+    cli.main([*argv, *fast, "--no-workers-timeout", "inf", "--overwrite"])
+    assert seen[-1] is None
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*argv, *fast, "--no-workers-timeout", bad, "--overwrite"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2, err
+        assert "--no-workers-timeout must be a positive number of seconds" in err
+    with pytest.raises(SystemExit):
+        cli.main(["resume", str(out), "--no-workers-timeout", "60"])
+    assert "applies to asynchronous runs: add --dask" in capsys.readouterr().err
+    assert len(seen) == 4
 
 
 def test_a_cluster_without_workers_on_the_cli_says_how_to_continue(
