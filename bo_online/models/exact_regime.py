@@ -35,6 +35,8 @@ __all__ = [
     "cat_rows",
     "kernel_moments",
     "kernel_state",
+    "key_matches",
+    "key_of",
 ]
 
 #: ``kernel(A, B=None)``: the covariance ``k(A, B)`` (``... x a x b``), or ``k(A, A)``.
@@ -133,6 +135,29 @@ def _negated_gram(V: Tensor, batch: torch.Size) -> LinearOperator:
     r"""``-V^T V`` (``batch x q x q``) as a lazy operator of its roots (``V``: ``... x r x q``)."""
     Vt = V.transpose(-1, -2).expand(*batch, V.shape[-1], V.shape[-2])
     return MatmulLinearOperator(Vt, V.expand(*batch, *V.shape[-2:])) * -1.0
+
+
+def key_of(tensors: list[Tensor | None]) -> list[Tensor | None]:
+    r"""Detached copies of ``tensors`` (None kept): the key a :class:`KernelState` was built for."""
+    return [None if t is None else t.detach().clone() for t in tensors]
+
+
+def key_matches(current: list[Tensor | None], key: list[Tensor | None]) -> bool:
+    r"""Whether ``current`` equals ``key`` entry by entry (None where None; the same shape,
+    dtype, device and values otherwise): compared by value, so a deep copy or a loaded state with
+    the same hyperparameters and data keeps its caches."""
+    if len(current) != len(key):
+        return False
+    for x, y in zip(current, key):
+        if (x is None) != (y is None):
+            return False
+        if x is None:
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+            return False
+        if not torch.equal(x, y):
+            return False
+    return True
 
 
 def kernel_state(kernel: KernelFn, inputs: Tensor, residual: Tensor, noise: Tensor) -> KernelState:

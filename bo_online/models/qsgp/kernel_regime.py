@@ -32,6 +32,8 @@ from bo_online.models.exact_regime import (
     cat_rows,
     kernel_moments,
     kernel_state,
+    key_matches,
+    key_of,
 )
 from bo_online.models.qsgp.bases import RFFBasis
 
@@ -76,22 +78,10 @@ class QSGPKernelRegimeMixin:
         ]
 
     def _kernel_key(self) -> list[Tensor | None]:
-        return [None if t is None else t.detach().clone() for t in self._kernel_key_tensors()]
+        return key_of(self._kernel_key_tensors())
 
     def _kernel_key_matches(self, key: list[Tensor | None]) -> bool:
-        current = self._kernel_key_tensors()
-        if len(current) != len(key):
-            return False
-        for x, y in zip(current, key):
-            if (x is None) != (y is None):
-                return False
-            if x is None:
-                continue
-            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-                return False
-            if not torch.equal(x, y):
-                return False
-        return True
+        return key_matches(self._kernel_key_tensors(), key)
 
     def _held_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         r"""The held rows: inputs (``batch x N x d``), standardised targets

@@ -38,6 +38,8 @@ from bo_online.models.exact_regime import (
     cat_rows,
     kernel_moments,
     kernel_state,
+    key_matches,
+    key_of,
 )
 
 __all__ = ["WISKIExactRegimeMixin"]
@@ -155,22 +157,10 @@ class WISKIExactRegimeMixin:
         ]
 
     def _exact_key(self) -> list[Tensor | None]:
-        return [None if t is None else t.detach().clone() for t in self._exact_key_tensors()]
+        return key_of(self._exact_key_tensors())
 
     def _exact_key_matches(self, key: list[Tensor | None]) -> bool:
-        current = self._exact_key_tensors()
-        if len(current) != len(key):
-            return False
-        for x, y in zip(current, key):
-            if (x is None) != (y is None):
-                return False
-            if x is None:
-                continue
-            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-                return False
-            if not torch.equal(x, y):
-                return False
-        return True
+        return key_matches(self._exact_key_tensors(), key)
 
     def _exact_state(self) -> KernelState:
         r"""The exact GP's caches, rebuilt (O(N^3)) when the hyperparameters or the held rows
@@ -249,8 +239,8 @@ class WISKIExactRegimeMixin:
         return new
 
     def _update(self, X: Tensor, Y: Tensor, noise: Tensor | None) -> None:
-        if not self._holds_exact_rows():
-            return super()._update(X, Y, noise)
+        if not self._holds_exact_rows() or self.batch_shape != torch.Size():
+            return super()._update(X, Y, noise)  # (a batched fantasy: its read-only error)
         y = Y * self.outcome_std.reshape(()) + self.outcome_mean.reshape(())
         D = self._to_D(X, noise).expand(X.shape[:-1])
         rows = self._rows_with(X.detach(), y.detach(), D.detach())
