@@ -22,6 +22,7 @@ inputs), nor for the classifier (fixed per-class noise, built with ``exact_max_n
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -315,6 +316,18 @@ class WISKIExactRegimeMixin:
         if L.shape[-1] != H.shape[-2] or z.shape[-1] != H.shape[-2]:
             return
         self._set_exact_state(KernelState([], H, BorderedCholesky(L), z))
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        r"""As :meth:`OnlineModel.load_state_dict`; where that drops the SKI caches (a partial
+        state, or one saved in a coarser dtype, whose factor holds that dtype's rounding), the
+        exact GP's loaded factor is dropped too and rebuilt from the loaded rows at the next
+        use (it was adopted: a float32 state made a float64 model predict 1e-6 off)."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if self._cache_key is None:
+            self.__dict__["_exact_cache"] = None
+        return result
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self.batch_shape == torch.Size():
