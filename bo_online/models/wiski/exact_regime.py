@@ -329,6 +329,16 @@ class WISKIExactRegimeMixin:
             self.__dict__["_exact_cache"] = None
         return result
 
+    def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
+        # A saved model's state (it holds the statistics) without held rows is one past its
+        # regime: the rows this model holds are not of those statistics. ``strict=True`` clears
+        # them anyway; with ``strict=False`` they stayed and the loaded model predicted as the
+        # exact GP on this model's earlier rows.
+        if prefix + "n" in state_dict and prefix + "exact_X" not in state_dict:
+            for name in (*EXACT_ROW_NAMES, *EXACT_FACTOR_NAMES):
+                self._buffers[name] = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self.batch_shape == torch.Size():
             self._materialize()

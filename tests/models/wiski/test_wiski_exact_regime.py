@@ -243,3 +243,21 @@ def test_a_float32_state_loaded_into_a_float64_model_refactorises_in_float64():
         post = m64.posterior(Xt)
     torch.testing.assert_close(post.mean.squeeze(-1), mean, rtol=0, atol=1e-10)
     torch.testing.assert_close(post.variance.squeeze(-1), var, rtol=0, atol=1e-10)
+
+
+def test_a_partial_load_of_a_state_past_the_regime_drops_the_held_rows():
+    """A complete state saved past ``exact_max_n`` (statistics, no rows) loaded with
+    ``strict=False`` into a model that holds rows: the model is the saved one (SKI on its
+    statistics), not the exact GP on its own earlier rows (before: 0.65 off in the mean)."""
+    big = WISKI(*_data(60, 2, seed=11), exact_max_n=40)
+    big.fit(max_iter=5)
+    assert not big.is_exact_gp_on_data()
+    small = WISKI(*_data(20, 2, seed=12), exact_max_n=40)
+    assert small.is_exact_gp_on_data()
+    small.load_state_dict(big.state_dict(), strict=False)
+    assert not small.is_exact_gp_on_data() and small.num_data == 60
+    Xt = torch.rand(6, 2, dtype=DT)
+    with torch.no_grad():
+        a, b = small.posterior(Xt), big.posterior(Xt)
+    torch.testing.assert_close(a.mean, b.mean, rtol=0, atol=1e-12)
+    torch.testing.assert_close(a.variance, b.variance, rtol=0, atol=1e-12)
