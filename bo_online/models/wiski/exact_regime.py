@@ -267,9 +267,23 @@ class WISKIExactRegimeMixin:
             return super()._materialize()
         if self.batch_shape != torch.Size():
             raise ValueError("A batched (fantasy) WISKI model cannot be refit or updated.")
+        # A change of representation, not of the model: it stays the exact GP on all its rows
+        # whatever their number (a conditioned model may hold more than exact_max_n; the next
+        # update or add_observations decides, as for the model it was built on). Dropping them
+        # here made ``state_dict`` turn a conditioned model past exact_max_n into SKI.
+        state = self._exact_cache
+        if state is not None and not self._exact_key_matches(state.key):
+            state = None
         rows = self._held_exact_rows()
         super()._materialize()
-        self._hold_rows(*rows)
+        for name, value in zip(EXACT_ROW_NAMES, rows):
+            setattr(self, name, value.detach())
+        for name in EXACT_FACTOR_NAMES:
+            setattr(self, name, None)
+        self.__dict__["_exact_cache"] = None
+        if state is not None:  # its factor, as one dense block (as after an update)
+            dense = BorderedCholesky(state.factor.dense())
+            self._set_exact_state(KernelState([], rows[0], dense, state.z))
 
     def add_observations(self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kw: Any):
         held = self._holds_exact_rows()
