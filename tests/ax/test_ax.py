@@ -458,9 +458,10 @@ def test_refit_schedule():
 def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewhere():
     r"""``refit_every="auto"`` (the default): the exact GP is rebuilt and fitted from the
     defaults at every trial up to 100 observations (the same model as Ax's rebuild), then
-    conditioned incrementally until its data have grown by 10%; WISKI, and t-SVGP with fewer
-    inducing inputs than points, are conditioned and warm-refit at every trial with new data;
-    t-SVGP while it is the exact GP on its data is rebuilt like the exact GP."""
+    conditioned incrementally until its data have grown by 10%; WISKI with ``exact_max_n=0``, and
+    t-SVGP with fewer inducing inputs than points, are conditioned and warm-refit at every trial
+    with new data; t-SVGP and WISKI while they are the exact GP on their data are rebuilt like the
+    exact GP."""
     g = torch.Generator().manual_seed(3)
     X = torch.rand(120, 2, dtype=torch.float64, generator=g)
     Y = torch.sin(5 * X.sum(-1, keepdim=True)) + 0.1 * X[:, :1]
@@ -490,7 +491,8 @@ def test_auto_refit_schedule_rebuilds_where_botorch_would_and_warm_starts_elsewh
     assert stats.reasons[-1].startswith("refit from the defaults")
 
     for ax_cls, options, rebuilds in (
-        (boax.AxWISKI, {}, False),
+        (boax.AxWISKI, {}, True),  # exact_max_n = 256 (the loops' default): the exact GP here
+        (boax.AxWISKI, {"exact_max_n": 0}, False),  # SKI from the first point
         (boax.AxTSVGP, {"inducing_points": 4}, False),
         (boax.AxTSVGP, {}, True),  # 128 inducing inputs: the exact GP on 9 points
     ):
