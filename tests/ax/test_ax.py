@@ -785,15 +785,17 @@ def test_a_warm_refit_in_ax_has_the_loops_iteration_budget(monkeypatch):
     g = torch.Generator().manual_seed(4)
     X = torch.rand(12, 2, dtype=torch.float64, generator=g)
     Y = torch.sin(5 * X.sum(-1, keepdim=True)) + 0.1 * X[:, :1]
+    # exact_max_n=0: SKI from the first point (in its exact regime WISKI is rebuilt and fitted
+    # from the defaults at every trial, as the exact GP is, and never warm-refit)
     for n in (10, 11):
-        _build(boax.AxWISKI, X[:n], Y[:n])
+        _build(boax.AxWISKI, X[:n], Y[:n], exact_max_n=0)
     assert boax.session_stats().incremental == 1
     assert budgets == [None, WARM_REFIT_MAX_ITER]
 
     boax.clear_sessions()
     budgets.clear()
     for n in (10, 11, 12):
-        _build(boax.AxWISKI, X[:n], Y[:n], fit_options={"max_iter": 3})
+        _build(boax.AxWISKI, X[:n], Y[:n], exact_max_n=0, fit_options={"max_iter": 3})
     assert budgets == [3, 3, 3]
 
 
