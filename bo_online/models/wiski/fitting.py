@@ -92,6 +92,28 @@ class WISKIProjectionFitSettings(OptimizerSettings):
     joint: bool = False
 
 
+def _component_priors(kernel: Any) -> tuple[Any, Any] | None:
+    r"""The (lengthscale, outputscale) priors of a ``ScaleKernel(RBFKernel)`` component when they
+    are its only priors and both are set; else None."""
+    names = {name for name, *_ in kernel.named_priors()}
+    if names != {"outputscale_prior", "base_kernel.lengthscale_prior"}:
+        return None
+    return kernel.base_kernel.lengthscale_prior, kernel.outputscale_prior
+
+
+def _same_priors(a: tuple[Any, Any] | None, b: tuple[Any, Any] | None) -> bool:
+    r"""Whether two components' priors are of the same types with equal parameters."""
+    if a is None or b is None:
+        return False
+    for p, q in zip(a, b):
+        if type(p) is not type(q):
+            return False
+        sp, sq = p.state_dict(), q.state_dict()
+        if sp.keys() != sq.keys() or any(not torch.equal(sp[k], sq[k]) for k in sp):
+            return False
+    return True
+
+
 def _restrict(M: Tensor, index: Tensor) -> Tensor:
     r"""``M[index][:, index]`` (``k x k`` of an ``m x m`` matrix) in one gather."""
     return M[index.unsqueeze(-1), index]
@@ -308,7 +330,31 @@ class WISKIFitMixin:
         modules = [self.covar_module, self.mean_module]
         if not self.fixed_noise:
             modules.append(self.likelihood)
+        stacked = self._stacked_component_log_prior()
+        if stacked is not None:  # the components' priors at once, then the others'
+            return stacked + sum_log_priors(modules[1:], self.G)
         return sum_log_priors(modules, self.G)
+
+    def _stacked_component_log_prior(self) -> Tensor | None:
+        r"""The log prior of an additive model's components whose kernels are all
+        ``ScaleKernel(RBFKernel)`` (:meth:`_stacked_rbf_parameters`) with the same two priors
+        (a lengthscale prior and an outputscale prior of equal type and parameters, the loops'
+        default), evaluated once on the stacked lengthscales (``J x 1 x k``) and outputscales
+        (``J``); else None. Equal to the per-module sum (elementwise densities); the
+        per-module walk over 15 components was a third of a 6-input fit (2.8 of 7.7 s)."""
+        stacked = self._stacked_rbf_parameters()
+        if stacked is None:
+            return None
+        kernels = list(self.covar_module.kernels)
+        first = _component_priors(kernels[0])
+        if first is None or any(not _same_priors(first, _component_priors(k)) for k in kernels):
+            return None
+        lengthscales, outputscales = stacked
+        ls_prior, os_prior = first
+        return (
+            ls_prior.log_prob(lengthscales.unsqueeze(-2)).sum()
+            + os_prior.log_prob(outputscales).sum()
+        )
 
     def _log_prior(self) -> Tensor:
         return self.log_prior()

@@ -237,3 +237,38 @@ def test_the_grid_follows_the_model_dtype_and_a_converted_child_leaves_its_paren
     assert all(t.dtype == torch.float32 for t in _grid_tensors(child))
     assert all(t.dtype == DT for t in _grid_tensors(model))
     assert child.posterior(Xt.float()).mean.dtype == torch.float32
+
+
+def test_stacked_component_priors_equal_the_per_module_sum():
+    """The additive default's log prior, evaluated once over the stacked components, equals
+    GPyTorch's per-module prior walk (value and gradient); components with other priors take
+    the walk."""
+    from gpytorch.priors import GammaPrior
+
+    from bo_online.models.fitting import sum_log_priors
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 5, generator=g, dtype=torch.float64)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = WISKI(X, Y, **WISKI.loop_default_options(5))
+    with torch.no_grad():
+        for j, kernel in enumerate(model.covar_module.kernels):
+            kernel.outputscale = 0.1 + 0.05 * j
+            kernel.base_kernel.lengthscale = torch.tensor([[0.2 + 0.01 * j, 0.5 - 0.02 * j]])
+    assert model._stacked_component_log_prior() is not None
+    modules = [model.covar_module, model.mean_module, model.likelihood]
+    params = list(model.parameters())
+    fast, slow = model.log_prior(), sum_log_priors(modules, model.G)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    for a, b in zip(
+        torch.autograd.grad(fast, params, allow_unused=True),
+        torch.autograd.grad(slow, params, allow_unused=True),
+    ):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    model.covar_module.kernels[3].register_prior(
+        "outputscale_prior", GammaPrior(3.0, 1.0), "outputscale"
+    )  # one component's prior differs: the per-module walk
+    assert model._stacked_component_log_prior() is None
+    torch.testing.assert_close(model.log_prior(), sum_log_priors(modules, model.G))
