@@ -272,3 +272,51 @@ def test_stacked_component_priors_equal_the_per_module_sum():
     )  # one component's prior differs: the per-module walk
     assert model._stacked_component_log_prior() is None
     torch.testing.assert_close(model.log_prior(), sum_log_priors(modules, model.G))
+
+
+def test_stacked_parameters_equal_each_components_own_through_its_constraint():
+    """The stacked lengthscales and outputscales equal GPyTorch's per-component properties,
+    whether the components' constraints agree (one transform of the stacked raw values) or one
+    differs (each through its own); a component prior below the default's two leaves the
+    stacked prior to the per-module walk, as GPyTorch's ``named_priors`` would."""
+    from gpytorch.constraints import GreaterThan
+    from gpytorch.priors import GammaPrior
+
+    from bo_online.models.wiski.fitting import _component_priors
+
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(30, 4, generator=g, dtype=DT)
+    Y = torch.cos(3 * X).sum(-1, keepdim=True)
+    model = WISKI(X, Y, **WISKI.loop_default_options(4))
+    kernels = list(model.covar_module.kernels)
+    with torch.no_grad():
+        for j, kernel in enumerate(kernels):
+            kernel.outputscale = 0.2 + 0.1 * j
+            kernel.base_kernel.lengthscale = torch.tensor([[0.3 + 0.02 * j, 0.6 - 0.05 * j]])
+
+    def per_component():
+        return (
+            torch.cat([k.base_kernel.lengthscale for k in kernels], 0),
+            torch.stack([k.outputscale for k in kernels]),
+        )
+
+    for ours, theirs in zip(model._stacked_rbf_parameters(), per_component()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    # one component's lengthscale under a shifted lower bound: its own transform applies
+    kernels[2].base_kernel.register_constraint("raw_lengthscale", GreaterThan(0.05))
+    with torch.no_grad():
+        kernels[2].base_kernel.lengthscale = torch.tensor([[0.41, 0.07]])
+    ls, os_ = model._stacked_rbf_parameters()
+    torch.testing.assert_close(ls[2], torch.tensor([0.41, 0.07], dtype=DT))
+    for ours, theirs in zip((ls, os_), per_component()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+    # the component priors read from the two modules' own tables agree with named_priors
+    def walk(kernel):
+        names = {name for name, *_ in kernel.named_priors()}
+        return names == {"outputscale_prior", "base_kernel.lengthscale_prior"}
+
+    assert all((_component_priors(k) is not None) == walk(k) for k in kernels)
+    kernels[1].base_kernel.register_prior("extra_prior", GammaPrior(2.0, 2.0), "lengthscale")
+    assert _component_priors(kernels[1]) is None and not walk(kernels[1])
+    assert model._stacked_component_log_prior() is None
