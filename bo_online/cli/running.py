@@ -218,8 +218,9 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
         _run(loop, steps, address)
     except NoWorkers as e:
         _fail(
-            f"{e.situation} Start workers (or fix the objective), then continue the run with "
-            f"`{_resume_command(loop, address)}`.",
+            f"{e.situation} Start workers (or fix the objective; for a cluster that starts its "
+            "workers slowly, add --no-workers-timeout with more seconds, or inf to wait for "
+            f"good), then continue the run with `{_resume_command(loop, address)}`.",
             1,
         )
     except TooManyFailures as e:

@@ -102,7 +102,11 @@ class NoWorkers(RuntimeError):
     """
 
     #: the advice that ends the message (the CLI words its own, with the command that resumes)
-    ADVICE = "Start workers (or fix the objective), then resume the run."
+    ADVICE = (
+        "Start workers (or fix the objective; for a cluster that starts its workers slowly, "
+        "give the loop a larger no_workers_timeout, or None to wait for good), then resume "
+        "the run."
+    )
 
     def __init__(self, seconds: float, in_flight: int) -> None:
         #: what happened, without the advice (the CLI adds its own, with the resume command)

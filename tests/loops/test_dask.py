@@ -410,8 +410,9 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
             if record["step"] == 1:
                 cluster.scale(0)
 
-        with pytest.raises(NoWorkers, match="no worker for 1 s with 1 evaluation"):
+        with pytest.raises(NoWorkers, match="no worker for 1 s with 1 evaluation") as stopped:
             loop.run(steps=4, callback=stop_the_workers)
+        assert "a larger no_workers_timeout, or None" in str(stopped.value)  # how to wait
         assert loop.step_count == 1 and len(loop.in_flight) == 1
         ckpt = history.load_checkpoint(out / history.CHECKPOINT_FILE)
         assert ckpt["step_count"] == 1 and len(ckpt["state"]["in_flight"]) == 1
@@ -542,6 +543,7 @@ def test_a_cluster_without_workers_on_the_cli_says_how_to_continue(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1, err
     assert "no worker for 121 s with 2 evaluation(s) in flight" in err
+    assert "add --no-workers-timeout with more seconds, or inf" in err  # the option that waits
     command = err.split("continue the run with `")[1].rstrip("`.")
     assert command.startswith(f"bo-online resume {out}") and "--dask local:2" in command
     cli.main(shlex.split(command)[1:] + ["--quiet", "--no-plots"])
