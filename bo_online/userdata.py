@@ -749,14 +749,31 @@ def _inputs_option(table: Table, cols: Sequence[int]) -> str:
     )
 
 
-def _identifier_columns(table: Table, cols: list[int]) -> list[int]:
+def _holds_codes(table: Table, column: int) -> bool:
+    """Whether ``column`` holds what identifies rows: text codes (``A001``) or whole numbers
+    (its missing cells aside). A column of fractions (``1.37``, ``0.52``) measures something,
+    whatever its name (a refractive or price ``index``)."""
+    if column in table.text:
+        return True
+    values = table.data[:, column]
+    values = values[np.isfinite(values)]
+    return bool(np.array_equal(values, np.round(values)))
+
+
+def _identifier_columns(
+    table: Table, cols: list[int], drop_fractional_identifiers: bool = False
+) -> list[int]:
     """The columns among the default inputs ``cols`` that identify rows: a name of
-    :data:`_IDENTIFIER_NAMES` (whatever the column holds, numbers or text codes), or no name
-    (:func:`_is_unnamed`) over the row numbers in any order."""
+    :data:`_IDENTIFIER_NAMES` over text codes or whole numbers (:func:`_holds_codes`; with
+    ``drop_fractional_identifiers``, as runs recorded before that check had it, whatever the
+    column holds), or no name (:func:`_is_unnamed`) over the row numbers in any order."""
     return [
         j
         for j in cols
-        if _is_identifier_name(table.columns[j])
+        if (
+            _is_identifier_name(table.columns[j])
+            and (drop_fractional_identifiers or _holds_codes(table, j))
+        )
         or (
             _is_unnamed(table.columns[j])
             and table.first_line >= 2  # a header's empty name, not a headerless file's "0"
@@ -778,6 +795,7 @@ def _inputs(
     exclude: set[int],
     drop_row_index: bool = True,
     drop_identifiers: bool = True,
+    drop_fractional_identifiers: bool = False,
 ) -> list[int]:
     r"""The input columns: ``inputs`` as named (always honoured), else every column not in
     ``exclude`` (target, mask) but row identifiers, where other inputs remain:
@@ -785,7 +803,8 @@ def _inputs(
     - ``drop_row_index``: a first column of row numbers in file order that a data frame library
       wrote (unnamed or ``Unnamed: 0``), left out with a warning;
     - ``drop_identifiers``: a column named as an identifier (``id``, ``ID``, ``index``,
-      ``row``, ``row_id``, ...; :data:`_IDENTIFIER_NAMES`), or unnamed over the row numbers in
+      ``row``, ``row_id``, ...; :data:`_IDENTIFIER_NAMES`) over text codes or whole numbers
+      (``drop_fractional_identifiers``: whatever it holds), or unnamed over the row numbers in
       any order, left out with a warning that names it and how to keep it (``--inputs``).
 
     A default input of distinct consecutive integers that stays (another name, or the only
@@ -804,7 +823,11 @@ def _inputs(
                 UserWarning,
                 stacklevel=4,  # the caller of stream_from_file / pool_from_file
             )
-        ids = _identifier_columns(table, cols) if drop_identifiers else []
+        ids = (
+            _identifier_columns(table, cols, drop_fractional_identifiers)
+            if drop_identifiers
+            else []
+        )
         if ids and len(ids) < len(cols):
             kept = [j for j in cols if j not in ids]
             for j in ids:
@@ -969,6 +992,7 @@ def stream_from_file(
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
     drop_identifiers: bool = True,
+    drop_fractional_identifiers: bool = False,
 ) -> StreamProblem:
     r"""A :class:`~bo_online.problems.StreamProblem` from a file.
 
@@ -995,10 +1019,15 @@ def stream_from_file(
             data frame library wrote (unnamed or ``Unnamed: 0``, holding ``0, 1, ...`` or
             ``1, 2, ...``), with a warning, where other inputs remain.
         drop_identifiers: likewise leave out a column named as a row identifier (``id``,
-            ``ID``, ``index``, ``row``, ``row_id``, ...) and an unnamed one holding the row
-            numbers in any order, each with a warning naming it and the ``--inputs`` that keeps
-            it. Either way a default input of distinct consecutive integers is warned of.
-            ``inputs``, where given, are always used as named.
+            ``ID``, ``index``, ``row``, ``row_id``, ...) that holds text codes or whole numbers
+            (one of fractions, such as a refractive ``index``, is a measurement and stays), and
+            an unnamed one holding the row numbers in any order, each with a warning naming it
+            and the ``--inputs`` that keeps it. Either way a default input of distinct
+            consecutive integers is warned of. ``inputs``, where given, are always used as
+            named.
+        drop_fractional_identifiers: leave out a column named as a row identifier even where
+            it holds fractions, as runs recorded before that check did (set by
+            :func:`problem_from_spec` only).
     """
     task_given = task is not None
     task = "regression" if task is None else task
@@ -1017,6 +1046,7 @@ def stream_from_file(
         drop_row_index,
         drop_identifiers,
         regression=task == "regression",
+        drop_fractional_identifiers=drop_fractional_identifiers,
         classifiable=True,
         task_given=task_given,
     )
@@ -1039,6 +1069,7 @@ def stream_from_file(
         inputs=None if inputs is None else list(inputs),
         drop_row_index=drop_row_index,
         drop_identifiers=drop_identifiers,
+        drop_fractional_identifiers=drop_fractional_identifiers,
         test_fraction=test_fraction,
         test_mask=test_mask,
         task=task,
@@ -1082,6 +1113,7 @@ def pool_from_file(
     expected_mask_sha256: str | None = None,
     drop_row_index: bool = True,
     drop_identifiers: bool = True,
+    drop_fractional_identifiers: bool = False,
 ) -> PoolProblem:
     r"""A :class:`~bo_online.problems.PoolProblem` from a file: the non-test rows are the pool,
     the test rows the held-out set (arguments as :func:`stream_from_file`; ``pool_size`` keeps a
@@ -1099,6 +1131,7 @@ def pool_from_file(
         expected_mask_sha256,
         drop_row_index,
         drop_identifiers,
+        drop_fractional_identifiers=drop_fractional_identifiers,
     )
     pool = np.flatnonzero(~mask)
     if pool_size is not None:
@@ -1120,6 +1153,7 @@ def pool_from_file(
             inputs=None if inputs is None else list(inputs),
             drop_row_index=drop_row_index,
             drop_identifiers=drop_identifiers,
+            drop_fractional_identifiers=drop_fractional_identifiers,
             test_fraction=test_fraction,
             test_mask=test_mask,
             seed=seed,
@@ -1148,6 +1182,7 @@ def _split_table(
     regression: bool = True,
     classifiable: bool = False,
     task_given: bool = True,
+    drop_fractional_identifiers: bool = False,
 ) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray]:
     r"""The checked table of a user's file, its input columns ``X`` (``n x d``), target ``y``
     (``n``) and test-row mask (``n``, bool), as :func:`stream_from_file` and
@@ -1179,6 +1214,7 @@ def _split_table(
         {t_col} | ({m_col} if m_col is not None else set()),
         drop_row_index,
         drop_identifiers,
+        drop_fractional_identifiers,
     )
     _require_finite_widths(table, cols)
     y = table.data[:, t_col]
@@ -1314,4 +1350,7 @@ def problem_from_spec(spec: dict[str, Any]) -> StreamProblem | PoolProblem:
     before_both = "drop_row_index" not in spec
     spec.setdefault("drop_row_index", False)
     spec["drop_identifiers"] = bool(spec.get("drop_identifiers", False)) and not before_both
+    # one recorded with drop_identifiers but not this key left out an identifier's name over
+    # fractions too
+    spec.setdefault("drop_fractional_identifiers", spec["drop_identifiers"])
     return build(path, expected_sha256=sha, expected_mask_sha256=mask_sha, **spec)

@@ -1829,6 +1829,41 @@ def test_an_input_of_consecutive_integers_is_warned_of(tmp_path):
         assert stream_from_file(levels).dim == 3
 
 
+def test_a_column_named_index_of_measurements_stays_an_input(tmp_path):
+    """A column named ``index`` (or ``id``, ``row``) holding fractions, such as a refractive or
+    price index, was left out as a row identifier by its name alone: the model lost a real
+    input. A row identifier holds text codes or whole numbers, so such a column now stays,
+    without a warning, and the problem equals the one read with it named among the inputs;
+    whole numbers under the name are still left out; a run recorded before the check resumes
+    on the inputs it started with."""
+    X, y = _data(n=40, d=2)
+    refraction = 1.3 + 0.2 * np.random.default_rng(6).random(40)
+    path = tmp_path / "index.csv"
+    _with_columns(path, ["index", "x0", "x1", "target"], [refraction, X, y])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = stream_from_file(path, seed=2)
+        named = stream_from_file(path, inputs=["index", "x0", "x1"], seed=2)
+        pool = pool_from_file(path, seed=2)
+    assert got.dim == 3 and pool.dim == 3
+    for key in ("X_stream", "y_stream", "X_test", "y_test"):
+        assert torch.equal(getattr(got, key), getattr(named, key)), key
+    assert got.spec["drop_fractional_identifiers"] is False
+    assert problem_from_spec(got.spec).dim == 3
+    # whole numbers under the name, in any order: an identifier, left out as before
+    whole = tmp_path / "whole.csv"
+    codes = np.random.default_rng(7).permutation(40) * 7.0 + 1000.0
+    _with_columns(whole, ["index", "x0", "x1", "target"], [codes, X, y])
+    with pytest.warns(UserWarning, match="column 'index' is named as a row identifier"):
+        assert stream_from_file(whole).dim == 2
+    # a run recorded before the check (drop_identifiers, no drop_fractional_identifiers) left
+    # the column out: its resume does too
+    spec = dict(got.spec)
+    del spec["drop_fractional_identifiers"]
+    with pytest.warns(UserWarning, match="column 'index' is named as a row identifier"):
+        assert problem_from_spec(spec).dim == 2
+
+
 def test_cli_notice_of_an_identifier_column(tmp_path, capsys):
     """`bo-online stream --data` / `active --pool` on a CSV with an id column: one line on
     stderr naming the column and --inputs; the run's model has the other inputs only."""
