@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import math
 import os
+import shlex
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -741,12 +742,20 @@ def _consecutive_integers(values: np.ndarray) -> bool:
 
 
 def _inputs_option(table: Table, cols: Sequence[int]) -> str:
-    """The ``--inputs`` value naming columns ``cols``: each by name, or by index where its name
-    cannot be given (empty, or holding a comma at which ``--inputs`` splits)."""
-    return ",".join(
-        name if name and "," not in name else str(j)
-        for j, name in ((j, table.columns[j]) for j in cols)
-    )
+    """The ``--inputs`` value naming columns ``cols``, as a shell reads it (quoted where a name
+    holds a space or another character a shell would split at or expand): each by name, or by
+    index where its name cannot be given (empty, holding a comma at which ``--inputs`` splits,
+    or shared by several columns, which :meth:`Table.column` refuses as ambiguous); an index
+    that is another column's name is given from the end (``-2``)."""
+    k = len(table.columns)
+
+    def key(j: int) -> str:
+        name = table.columns[j]
+        if name and "," not in name and table.columns.count(name) == 1:
+            return name
+        return str(j) if str(j) not in table.columns else str(j - k)
+
+    return shlex.quote(",".join(key(j) for j in cols))
 
 
 def _holds_codes(table: Table, column: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shlex
 import warnings
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from bo_online.cli import main
+from bo_online.cli.checks import _columns
 from bo_online.loops import StreamingLoop, history, load_loop, read_records, without_timing
 from bo_online.problems import make_problem, to_unit
 from bo_online.userdata import (
@@ -1751,7 +1753,7 @@ def test_an_identifier_column_is_no_default_input(tmp_path):
         assert len(caught) == 1, [str(w.message) for w in caught]
         text = str(caught[0].message)
         assert f"column {name!r} is named as a row identifier" in text, text
-        assert f"--inputs {name},x0,x1." in text and "\n" not in text, text
+        assert f"--inputs {shlex.quote(name + ',x0,x1')}." in text and "\n" not in text, text
         assert caught[0].filename == __file__  # points at the caller's line
         assert got.dim == 2
         for key in ("X_stream", "y_stream", "X_test", "y_test"):
@@ -1862,6 +1864,45 @@ def test_a_column_named_index_of_measurements_stays_an_input(tmp_path):
     del spec["drop_fractional_identifiers"]
     with pytest.warns(UserWarning, match="column 'index' is named as a row identifier"):
         assert problem_from_spec(spec).dim == 2
+
+
+def _suggested_inputs(message: str) -> list[str] | None:
+    """The columns a warning's ``--inputs VALUE.`` gives, as a shell and the CLI read them."""
+    words = shlex.split(message.split("--inputs ", 1)[1].rstrip("."))
+    assert len(words) == 1, words  # one shell word: the value of --inputs
+    return _columns(words[0])
+
+
+def test_the_suggested_inputs_can_be_pasted(tmp_path):
+    """The --inputs a warning suggested could not be used as given: a header naming a column
+    twice (x, x) gave '--inputs x,x,id', refused as ambiguous, and a name with a space (x 1)
+    gave '--inputs id,x 1,x2', which a shell splits into two arguments ('Got unexpected extra
+    argument'). Such columns are now given by index (from the end where the index is another
+    column's name) and the value is quoted for a shell; pasted, it selects the columns the
+    warning says."""
+    X, y = _data(n=40, d=3)
+    ids = np.arange(1, 41.0)
+    for names in (
+        ["x", "x", "id", "target"],
+        ["id", "x 1", "x(2)", "target"],
+        ["x", "x", "0", "id", "target"],  # the first x's index, 0, is the third column's name
+    ):
+        path = tmp_path / "cols.csv"
+        xs = iter(X.T)
+        values = [ids if name == "id" else next(xs) for name in names[:-1]]
+        _with_columns(path, names, [*values, y])
+        with pytest.warns(UserWarning, match="is named as a row identifier") as caught:
+            stream_from_file(path, seed=3)
+        (text,) = [str(w.message) for w in caught]
+        suggested = _suggested_inputs(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            prob = stream_from_file(path, inputs=suggested, seed=3)
+        # every input column, the identifier included, in file order
+        assert prob.dim == len(values), (names, suggested)
+        got = torch.cat([prob.X_stream, prob.X_test])
+        want = torch.as_tensor(np.column_stack(values))
+        assert torch.equal(torch.sort(got, 0).values, torch.sort(want, 0).values), suggested
 
 
 def test_cli_notice_of_an_identifier_column(tmp_path, capsys):
