@@ -217,10 +217,15 @@ def _run_async(loop: Any, steps: int | None, address: str) -> None:
     try:
         _run(loop, steps, address)
     except NoWorkers as e:
+        then = (
+            f"continue the run with `{_resume_command(loop, address)}`"
+            if e.saved
+            else "run the same command again"  # stopped in the initial design: nothing kept
+        )
         _fail(
             f"{e.situation} Start workers (or fix the objective; for a cluster that starts its "
             "workers slowly, add --no-workers-timeout with more seconds, or inf to wait for "
-            f"good), then continue the run with `{_resume_command(loop, address)}`.",
+            f"good), then {then}.",
             1,
         )
     except TooManyFailures as e:

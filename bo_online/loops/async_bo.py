@@ -99,6 +99,8 @@ class NoWorkers(RuntimeError):
     Attributes:
         seconds: how long the cluster had no worker.
         in_flight: evaluations in flight (kept in the checkpoint; a resume submits them again).
+        saved: whether the run was saved (False: the initial design had not been evaluated,
+            nothing was written, and the run is started again, not resumed).
     """
 
     #: the advice that ends the message (the CLI words its own, with the command that resumes)
@@ -108,16 +110,23 @@ class NoWorkers(RuntimeError):
         "the run."
     )
 
-    def __init__(self, seconds: float, in_flight: int) -> None:
+    def __init__(self, seconds: float, in_flight: int, saved: bool = True) -> None:
         #: what happened, without the advice (the CLI adds its own, with the resume command)
         self.situation = (
             f"The Dask cluster has had no worker for {seconds:.0f} s with {in_flight} "
-            "evaluation(s) in flight, which would wait forever: its workers died (an objective "
-            "that crashes its process, by os._exit or a segfault, can kill them faster than a "
-            "cluster restarts them) or were stopped. The run is saved with the points in flight."
+            f"evaluation(s){'' if saved else ' of the initial design'} in flight, which would "
+            "wait forever: its workers died (an objective that crashes its process, by os._exit "
+            "or a segfault, can kill them faster than a cluster restarts them), were stopped or "
+            "never started. "
+            + (
+                "The run is saved with the points in flight."
+                if saved
+                else "Nothing was kept (the initial design was not evaluated)."
+            )
         )
-        super().__init__(f"{self.situation} {self.ADVICE}")
-        self.seconds, self.in_flight = seconds, in_flight
+        advice = self.ADVICE if saved else self.ADVICE.replace("resume the run", "run it again")
+        super().__init__(f"{self.situation} {advice}")
+        self.seconds, self.in_flight, self.saved = seconds, in_flight, saved
 
 
 def _check_no_workers_timeout(value: Any) -> float | None:
@@ -554,8 +563,6 @@ class AsyncBayesOptLoop(BayesOptLoop):
         row: ``(values, errors)``, each by row index, every row in one of them. While a user
         objective's calling convention is undecided the rows go one at a time, until one
         succeeds and decides it for the others (see :meth:`slots`)."""
-        from distributed import wait
-
         X = X.detach().to(device="cpu", dtype=torch.float64)
         values: dict[int, float] = {}
         errors: dict[int, BaseException] = {}
@@ -570,7 +577,12 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 for i in batch
             }
             try:
-                wait(list(futures.values()))
+                # polled, as the run's own wait: a cluster without workers (none started yet,
+                # or all dead) stops after no_workers_timeout, where it waited forever
+                self._no_workers_since, self._workers_checked = None, time.monotonic()
+                while not all(future.done() for future in futures.values()):
+                    self._check_workers(len(futures), saved=self.model is not None)
+                    time.sleep(self.POLL_SECONDS)
             finally:
                 for future in futures.values():
                     if not future.done():
@@ -723,11 +735,13 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 future.cancel()
             self._futures.clear()
 
-    def _check_workers(self) -> None:
+    def _check_workers(self, in_flight: int | None = None, saved: bool = True) -> None:
         r"""Stop with :class:`NoWorkers` (after a checkpoint with the points in flight) once
         the cluster has had no worker for :attr:`no_workers_timeout`: its futures would never
         finish and the run waited without a word (an objective calling ``os._exit`` on some
-        inputs left a LocalCluster without workers, and the driver polling for good)."""
+        inputs left a LocalCluster without workers, and the driver polling for good).
+        ``in_flight``: the evaluations waited for (default: :attr:`in_flight`'s); ``saved``:
+        False while the initial design is evaluated, before there is a run to save."""
         if self.no_workers_timeout is None:  # waits for workers for good, as asked
             return
         now = time.monotonic()
@@ -743,9 +757,10 @@ class AsyncBayesOptLoop(BayesOptLoop):
         elif self._no_workers_since is None:
             self._no_workers_since = now
         elif now - self._no_workers_since >= self.no_workers_timeout:
-            if self.out_dir is not None:
+            if self.out_dir is not None and saved:
                 self.save_checkpoint()
-            raise NoWorkers(now - self._no_workers_since, len(self.in_flight))
+            waiting = len(self.in_flight) if in_flight is None else in_flight
+            raise NoWorkers(now - self._no_workers_since, waiting, saved)
 
     def _fold(self, future: Any, completed: Any, advance: Any, callback: Any) -> None:
         """Handle one finished future: fold it in, record a failure, or resubmit its point."""

@@ -424,6 +424,48 @@ def test_a_cluster_left_without_workers_stops_the_run_saved_instead_of_waiting(
     assert loop.step_count == 4 and loop.X.shape[0] == 5 + 4
 
 
+def test_a_cluster_without_workers_in_the_initial_design_stops_instead_of_hanging(
+    tmp_path, monkeypatch
+):
+    r"""The initial design waited for its evaluations without a limit: on a cluster with no
+    worker (none started yet, or all dead) ``run`` hung for good, past ``no_workers_timeout``
+    and past SIGTERM. It now stops with :class:`NoWorkers` after ``no_workers_timeout``, saying
+    that nothing was kept (there is no run to resume, so no checkpoint is written), and runs
+    again once workers are there."""
+    monkeypatch.setattr(AsyncBayesOptLoop, "WORKER_CHECK_SECONDS", 0.05)
+    out = tmp_path / "run"
+    cluster = distributed.LocalCluster(
+        n_workers=0, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    with cluster, distributed.Client(cluster) as client:
+        loop = AsyncBayesOptLoop(
+            synthetic_problem("branin"),
+            client,
+            model="exact",
+            acq="qucb",
+            no_workers_timeout=0.5,
+            out_dir=out,
+            **FAST,
+        )
+        start = time.monotonic()
+        with pytest.raises(
+            NoWorkers, match=r"with 5 evaluation\(s\) of the initial design"
+        ) as stopped:
+            loop.run(steps=1)
+        assert time.monotonic() - start < 30
+        assert not stopped.value.saved and "Nothing was kept" in str(stopped.value)
+        assert str(stopped.value).endswith("then run it again.")
+        assert loop.model is None and not loop.records
+        assert not (out / history.CHECKPOINT_FILE).exists()
+        cluster.scale(1)
+        client.wait_for_workers(1, timeout=60)
+        again = AsyncBayesOptLoop(
+            synthetic_problem("branin"), client, model="exact", acq="qucb", out_dir=out, **FAST
+        )
+        again.run(steps=1)
+    assert again.step_count == 1 and again.X.shape[0] == 5 + 1
+
+
 def test_no_workers_is_timed_over_one_wait_not_across_results_and_acquisitions(client, monkeypatch):
     r"""The time without workers ran from the first check that saw none until a check saw
     some, through results that arrived (a worker had run them) and the acquisitions between:
