@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import time
 from pathlib import Path
@@ -134,7 +135,8 @@ def _check_no_workers_timeout(value: Any) -> float | None:
     None (also for ``inf``) to wait for workers forever; anything else is refused."""
     if value is None:
         return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # numbers.Real: NumPy scalars too (np.int64(300) from a config array was refused)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok or math.isnan(value) or value <= 0:
         raise ValueError(
             "no_workers_timeout must be a positive number of seconds (how long the cluster may "

@@ -507,6 +507,18 @@ def test_a_bad_no_workers_timeout_is_refused(client, bad):
         AsyncBayesOptLoop(synthetic_problem("branin"), client, no_workers_timeout=bad)
 
 
+def test_a_numpy_no_workers_timeout_is_taken():
+    r"""A NumPy scalar (a value read from a config array) is a number of seconds too."""
+    import numpy as np
+
+    from bo_online.loops.async_bo import _check_no_workers_timeout
+
+    for value in (np.int64(300), np.float32(2.5)):
+        assert _check_no_workers_timeout(value) == float(value)
+    with pytest.raises(ValueError, match="no_workers_timeout must be a positive number of sec"):
+        _check_no_workers_timeout(np.float64(-1.0))
+
+
 def test_no_workers_timeout_none_or_inf_waits_for_workers_forever(client, monkeypatch):
     r"""None (or inf) never stops the run however long the cluster has no worker."""
     for forever in (None, float("inf")):
