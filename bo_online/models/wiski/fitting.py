@@ -362,13 +362,21 @@ class WISKIFitMixin:
                 or base._buffers.get("active_dims") is not None
             ):
                 return None
-            ls, os_ = base._parameters["raw_lengthscale"], kernel._parameters["raw_outputscale"]
+            # (a raw value held as a buffer, or a constraint removed: GPyTorch's own path)
+            ls, os_ = (
+                base._parameters.get("raw_lengthscale"),
+                kernel._parameters.get("raw_outputscale"),
+            )
+            ls_c = base._modules.get("raw_lengthscale_constraint")
+            os_c = kernel._modules.get("raw_outputscale_constraint")
+            if ls is None or os_ is None or ls_c is None or os_c is None:
+                return None
             if os_.shape != torch.Size() or ls.shape != torch.Size([1, k]):
                 return None
             raw_ls.append(ls)
             raw_os.append(os_)
-            ls_constraints.append(base._modules["raw_lengthscale_constraint"])
-            os_constraints.append(kernel._modules["raw_outputscale_constraint"])
+            ls_constraints.append(ls_c)
+            os_constraints.append(os_c)
         ls_c, os_c = ls_constraints[0], os_constraints[0]
         if all(_same_constraint(c, ls_c) for c in ls_constraints) and all(
             _same_constraint(c, os_c) for c in os_constraints

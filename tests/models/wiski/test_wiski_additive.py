@@ -320,3 +320,38 @@ def test_stacked_parameters_equal_each_components_own_through_its_constraint():
     kernels[1].base_kernel.register_prior("extra_prior", GammaPrior(2.0, 2.0), "lengthscale")
     assert _component_priors(kernels[1]) is None and not walk(kernels[1])
     assert model._stacked_component_log_prior() is None
+
+
+def test_a_component_whose_outputscale_is_a_buffer_takes_gpytorchs_path():
+    """A component whose raw outputscale is held as a buffer (fixed by the user) is no
+    stacked default: the model falls back to GPyTorch's per-component kernels instead of
+    failing, and its exact-regime posterior equals the one computed with them by hand."""
+    g = torch.Generator().manual_seed(2)
+    X = torch.rand(25, 4, generator=g, dtype=DT)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    model = WISKI(X, Y, **WISKI.loop_default_options(4))
+    kernel = model.covar_module.kernels[1]
+    value = kernel.raw_outputscale.detach().clone()
+    del kernel.raw_outputscale
+    kernel.register_buffer("raw_outputscale", value)
+    assert model._stacked_rbf_parameters() is None
+    Xt = torch.rand(5, 4, generator=g, dtype=DT)
+    F, Ft = model._features(X), model._features(Xt)
+    groups = model.input_groups
+    k = len(groups[0])
+
+    def K(A, B):
+        return sum(
+            comp(A[..., j * k : (j + 1) * k], B[..., j * k : (j + 1) * k]).to_dense()
+            for j, comp in enumerate(model.covar_module.kernels)
+        )
+
+    with torch.no_grad():
+        sd, mu = model.outcome_std.reshape(()), model.outcome_mean.reshape(())
+        c = model.mean_module.constant.reshape(())
+        noise = model.likelihood.noise.reshape(())
+        r = (Y.squeeze(-1) - mu) / sd - c
+        Kxx = K(F, F) + noise * torch.eye(25, dtype=DT)
+        mean = c + K(Ft, F) @ torch.linalg.solve(Kxx, r)
+        got = model.posterior(Xt).mean.squeeze(-1)
+    torch.testing.assert_close(got, mean * sd + mu, rtol=1e-8, atol=1e-8)
