@@ -107,8 +107,7 @@ class NoWorkers(RuntimeError):
     #: the advice that ends the message (the CLI words its own, with the command that resumes)
     ADVICE = (
         "Start workers (or fix the objective; for a cluster that starts its workers slowly, "
-        "give the loop a larger no_workers_timeout, or None to wait for good), then resume "
-        "the run."
+        "give the loop a larger no_workers_timeout, or None to wait for good), then {then}."
     )
 
     def __init__(self, seconds: float, in_flight: int, saved: bool = True) -> None:
@@ -125,7 +124,7 @@ class NoWorkers(RuntimeError):
                 else "Nothing was kept (the initial design was not evaluated)."
             )
         )
-        advice = self.ADVICE if saved else self.ADVICE.replace("resume the run", "run it again")
+        advice = self.ADVICE.format(then="resume the run" if saved else "run it again")
         super().__init__(f"{self.situation} {advice}")
         self.seconds, self.in_flight, self.saved = seconds, in_flight, saved
 

@@ -33,6 +33,7 @@ from torch import Tensor
 from bo_online.linalg import broadcast_shapes, cholesky_logdet, psd_cholesky, solve_lower
 from bo_online.models.exact_regime import (
     BorderedCholesky,
+    KernelFn,
     KernelState,
     bordered_kernel_state,
     cat_last,
@@ -109,32 +110,43 @@ class WISKIExactRegimeMixin:
         ``B`` (``... x b x d``; ``A`` itself if None), dense: ``covar_module`` on one grid's
         inputs, or the sum over the additive model's components of their kernels on their
         groups of inputs."""
-        FA = self._features(A)
-        FB = FA if B is None else self._features(B)
-        if self.input_groups is None:
-            return self.covar_module(FA, FB).to_dense()
-        stacked = self._stacked_rbf_parameters()
-        if stacked is not None:
-            # every component a ScaleKernel(RBF) (the loops' default): written out for all J at
-            # once, s_j exp(-|(a - b) / l_j|^2 / 2) summed over j, where J GPyTorch kernel calls
-            # per posterior were 95% of an acquisition optimisation (Ackley 5-D, 10 components)
-            lengthscales, outputscales = stacked  # J x k, J
-            J, k = lengthscales.shape
-            A = FA.unflatten(-1, (J, k)) / lengthscales  # ... x a x J x k
-            B = FB.unflatten(-1, (J, k)) / lengthscales
-            diff = A.unsqueeze(-3) - B.unsqueeze(-4)  # ... x a x b x J x k
-            # a sum of k squared slices and a product with s: a third quicker (with the
-            # gradient) than reducing the last dimensions of the broadcast tensors
-            d2 = sum(diff[..., i].square() for i in range(k))  # ... x a x b x J
-            return torch.exp(-0.5 * d2) @ outputscales
-        kernels = self.covar_module.kernels
-        k = FA.shape[-1] // len(kernels)
-        out = None
-        for j, kernel in enumerate(kernels):
-            cols = slice(j * k, (j + 1) * k)
-            part = kernel(FA[..., cols], FB[..., cols]).to_dense()
-            out = part if out is None else out + part
-        return out
+        return self._exact_kernel_fn()(A, B)
+
+    def _exact_kernel_fn(self) -> KernelFn:
+        r""":meth:`_exact_kernel` with the additive model's stacked component parameters
+        gathered once, for the several kernel calls of one posterior (test-train and
+        test-test)."""
+        stacked = None if self.input_groups is None else self._stacked_rbf_parameters()
+
+        def kernel(A: Tensor, B: Tensor | None = None) -> Tensor:
+            FA = self._features(A)
+            FB = FA if B is None else self._features(B)
+            if self.input_groups is None:
+                return self.covar_module(FA, FB).to_dense()
+            if stacked is not None:
+                # every component a ScaleKernel(RBF) (the loops' default): written out for all
+                # J at once, s_j exp(-|(a - b) / l_j|^2 / 2) summed over j, where J GPyTorch
+                # kernel calls per posterior were 95% of an acquisition optimisation (Ackley
+                # 5-D, 10 components)
+                lengthscales, outputscales = stacked  # J x k, J
+                J, k = lengthscales.shape
+                A = FA.unflatten(-1, (J, k)) / lengthscales  # ... x a x J x k
+                B = FB.unflatten(-1, (J, k)) / lengthscales
+                diff = A.unsqueeze(-3) - B.unsqueeze(-4)  # ... x a x b x J x k
+                # a sum of k squared slices and a product with s: a third quicker (with the
+                # gradient) than reducing the last dimensions of the broadcast tensors
+                d2 = sum(diff[..., i].square() for i in range(k))  # ... x a x b x J
+                return torch.exp(-0.5 * d2) @ outputscales
+            kernels = self.covar_module.kernels
+            k = FA.shape[-1] // len(kernels)
+            out = None
+            for j, component in enumerate(kernels):
+                cols = slice(j * k, (j + 1) * k)
+                part = component(FA[..., cols], FB[..., cols]).to_dense()
+                out = part if out is None else out + part
+            return out
+
+        return kernel
 
     def _exact_residuals(self, y: Tensor) -> Tensor:
         r"""Standardised residuals ``(y - beta) / sd`` of user-unit outcomes (``beta``: the
@@ -193,7 +205,7 @@ class WISKIExactRegimeMixin:
         with torch.no_grad():
             c = self.mean_module.constant.detach().reshape(())
         mean, cov = kernel_moments(
-            self._exact_kernel, self._exact_state(), X, c, lazy=q > _DENSE_COVAR_MAX
+            self._exact_kernel_fn(), self._exact_state(), X, c, lazy=q > _DENSE_COVAR_MAX
         )
         if not isinstance(cov, LinearOperator):
             cov = DenseLinearOperator(0.5 * (cov + cov.transpose(-1, -2)))
