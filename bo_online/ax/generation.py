@@ -121,6 +121,94 @@ def _check_option_names(
         resolve_settings(settings_class, fit_options.get("settings"), overrides)
 
 
+#: options the Ax subclass takes itself (not the model's constructor)
+_AX_OWN_OPTIONS = ("refit_every", "incremental", "experiment_key", "fit_options")
+
+#: input dimensions the option-value probe builds the model at, cheapest first: an option
+#: that fails at every one of them fails at any dimension (a structure such as WISKI's
+#: ``projection="none"`` is refused above 3 inputs, ``"all-pairs"`` below 2).
+_PROBE_DIMS = (1, 2, 6)
+
+
+def _is_plain_value(value: Any) -> bool:
+    r"""Whether a model option is a plain value (a number, a string, a bool or None), whose
+    validity does not depend on the number of inputs; tensors, sequences and modules
+    (``bounds``, ``grid_size=[..]``, ``covar_module``) are sized for the search space."""
+    return value is None or isinstance(value, (str, bool, numbers.Number))
+
+
+def _probe_error(base: type[OnlineModel], options: dict[str, Any]) -> Exception | None:
+    r"""The error the model's constructor raises for ``options`` at every probe dimension
+    (built on 8 points of the unit cube, with the loops' defaults for that many inputs, as Ax
+    gets them), or None if it takes them at one. Nothing is fitted; warnings are muted."""
+    defaults = getattr(base, "loop_default_options", None)
+    error: Exception | None = None
+    for dim in _PROBE_DIMS:
+        gen = torch.Generator().manual_seed(0)
+        X = torch.rand(8, dim, dtype=torch.float64, generator=gen)  # 8 x dim
+        Y = torch.sin(6.0 * X).sum(-1, keepdim=True)  # 8 x 1
+        built = {**defaults(dim, options), **options} if callable(defaults) else dict(options)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                base(X, Y, **built)
+        except Exception as err:  # the model's own check (or a failure deep inside it)
+            error = error or err
+            continue
+        return None
+    return error
+
+
+def _check_option_values(ax_cls: type, model_options: dict[str, Any]) -> None:
+    r"""Refuse model option values the model's constructor refuses, before any trial.
+
+    Ax builds the model only once the Sobol trials have data, so a value such as
+    ``inducing_points=0`` or ``grid_size="x"`` failed there, after those evaluations, with an
+    error from inside the model. The check is the model's own (its constructor, as the sweep's
+    ``_check_options`` builds the loop's model before a cluster starts), run on a few points:
+    the plain values (numbers, strings, bools, None) are given to the model alone, at each of
+    :data:`_PROBE_DIMS` inputs; where it refuses them at every one, each is tried alone to name
+    the one at fault. Options sized for the search space (tensors, sequences, modules) are
+    not probed (the number of inputs is not known yet); the model checks them at its first fit.
+
+    Raises:
+        ValueError: one line naming the option, its value, and what the model allows (its
+            message, or the constructor's annotation where the message does not name it).
+    """
+    import inspect
+
+    base = ax_cls._bo_online_base
+    plain = {
+        k: v for k, v in model_options.items() if k not in _AX_OWN_OPTIONS and _is_plain_value(v)
+    }
+    if not plain or _probe_error(base, plain) is None:
+        return
+    sized = [k for k in model_options if k not in _AX_OWN_OPTIONS and k not in plain]
+    culprits = {k: err for k in plain if (err := _probe_error(base, {k: plain[k]})) is not None}
+    if not culprits:
+        if sized:  # the plain values may need the sized options with them: leave it to the fit
+            return
+        culprits = {", ".join(plain): _probe_error(base, plain)}
+    params = inspect.signature(base.__init__).parameters
+    name, err = next(iter(culprits.items()))
+    lines = str(err).strip().splitlines()
+    reason = f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": .")
+    shown = (
+        f"{name}={plain[name]!r}"
+        if name in plain
+        else "{" + ", ".join(f"{k}={v!r}" for k, v in plain.items()) + "} together"
+    )
+    allowed = ""
+    if name in params and name not in str(err):
+        annotation = params[name].annotation
+        if annotation is not inspect.Parameter.empty:
+            allowed = f"; {base.__name__} takes {name}: {annotation}"
+    raise ValueError(
+        f"Model option {shown} is not valid for {base.__name__} ({reason}{allowed}); fix it in "
+        "model_options (checked before any trial)."
+    )
+
+
 def make_generation_strategy(
     model: type[OnlineModel] | str = "OnlineExactGP",
     botorch_acqf_class: type | None = None,
@@ -219,6 +307,7 @@ def make_generation_strategy(
             f"{fit_options!r}."
         )
     _check_option_names(ax_cls, options, fit_options)  # now, not after the Sobol trials
+    _check_option_values(ax_cls, options)  # ... and their values
     # One key per strategy, i.e. per experiment (a strategy drives one experiment); it is stored
     # with the strategy, so a client reloaded from JSON goes on with its own models.
     options.setdefault("experiment_key", uuid.uuid4().hex)

@@ -885,6 +885,61 @@ def test_fit_option_values_no_fit_can_run_with_are_refused_before_any_trial(mode
     boax.make_generation_strategy(model_name, fit_options={"max_iter": 0})
 
 
+_BAD_OPTION_VALUES = [
+    ("TSVGP", "inducing_points", 0, "num_inducing must be >= 1"),
+    ("TSVGP", "inducing_points", -5, "takes inducing_points: Tensor | int | None"),
+    ("TSVGP", "inducing_points", "abc", "takes inducing_points: Tensor | int | None"),
+    ("TSVGP", "num_init_e_steps", -1, "num_init_e_steps must be an integer >= 0"),
+    ("WISKI", "grid_size", 0, "Grid sizes must be >= 6"),
+    ("WISKI", "grid_size", "x", "grid_size must be a whole number"),
+    ("WISKI", "prior_variance", "nope", "prior_variance must be 'interpolated' or 'exact'"),
+    ("DecoupledSVGP", "num_mean_bases", 0, "num_mean_bases must be an integer >= 1"),
+    ("DecoupledSVGP", "num_cov_bases", "many", "num_cov_bases must be an integer >= 1"),
+    ("QSGP", "num_features", -8, "num_features must be >= 1"),
+    ("QSGP", "family", "nope", "family must be 'mean_field', 'chevron' or 'full'"),
+    ("OnlineExactGP", "standardize", "no", "standardize must be True or False"),
+    ("OnlineExactGP", "bounds", "unit", "takes bounds: Tensor | None"),
+]
+
+
+@pytest.mark.parametrize("model_name, option, value, allowed", _BAD_OPTION_VALUES)
+def test_bad_model_option_values_are_refused_before_any_trial(model_name, option, value, allowed):
+    """Option names were checked when the strategy was made, values not: ``inducing_points=0``,
+    ``grid_size="x"``, ``num_features=-8`` ... failed only at the first model-based trial, after
+    the Sobol evaluations, with an error from inside the model (``new(): invalid data type
+    'str'`` for ``bounds="unit"``). They are refused when the strategy is made, in one line
+    naming the option, its value and what the model allows (its own check's message, or the
+    constructor's annotation where that message does not name the option); another, valid,
+    option given with it is not blamed."""
+    others = {"TSVGP": {"condition_steps": 2}, "WISKI": {"exact_max_n": 0}}.get(model_name, {})
+    with pytest.raises(ValueError) as info:
+        boax.make_generation_strategy(model_name, model_options={**others, option: value})
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"Model option {option}={value!r} is not valid for {model_name}" in message
+    assert allowed in message
+    for name in others:
+        assert name not in message
+
+
+@pytest.mark.parametrize(
+    "model_name, options",
+    [
+        ("WISKI", {"projection": "none"}),  # refused above 3 inputs, valid below
+        ("WISKI", {"projection": "all-pairs", "grid_size": 20}),
+        ("WISKI", {"projection": "tanh:2"}),
+        ("TSVGP", {"inducing_points": 64, "condition_steps": 2}),
+        ("DecoupledSVGP", {"num_mean_bases": 32, "num_cov_bases": 16}),
+        ("QSGP", {"num_features": 64, "basis": "inducing", "family": "chevron"}),
+        ("QSGP", {"likelihood": "laplace", "exact_max_n": 0}),
+    ],
+)
+def test_valid_model_option_values_pass_the_early_check(model_name, options):
+    """The value check builds the model on a few points at 1, 2 and 6 inputs and refuses only
+    what fails at every one: options valid for some number of inputs pass."""
+    boax.make_generation_strategy(model_name, model_options=options)
+
+
 def test_option_check_passes_a_subclass_forwarding_keywords_and_a_settings_object():
     """The early option check refused every option of a user's subclass whose ``__init__``
     forwards ``**options`` to its parent (it took them for fit settings, QSGP's
