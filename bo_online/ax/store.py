@@ -20,6 +20,17 @@ from bo_online.models.base import OnlineModel
 # Relative tolerance when checking that earlier outcomes are an exact affine image of the ones
 # the previous model saw (Ax standardises in float64, so agreement is at round-off level).
 _AFFINE_RTOL = 1e-9
+# ... and in units of the coarsest dtype's epsilon, for outcomes given in float32 (each value
+# rounded to within half a float32 step: 1e-9 refused every float32 extension, so every trial
+# rebuilt); 32 eps is 3.8e-6 in float32 and below 1e-9 in float64.
+_AFFINE_EPS_FACTOR = 32
+
+
+def _affine_rtol(*tensors: Tensor) -> float:
+    r"""The relative tolerance of the affine check for outcomes held in these tensors' dtypes."""
+    eps = max(torch.finfo(t.dtype).eps for t in tensors if t.dtype.is_floating_point)
+    return max(_AFFINE_RTOL, _AFFINE_EPS_FACTOR * eps)
+
 
 #: guards the store and the class caches (Ax may build models from several threads)
 _LOCK = threading.RLock()
@@ -138,7 +149,9 @@ def _affine_map(y_old: Tensor, y_new: Tensor) -> tuple[float, float] | None:
     """
     if torch.equal(y_old, y_new):
         return 1.0, 0.0
-    y_old, y_new = y_old.reshape(-1), y_new.reshape(-1)
+    rtol = _affine_rtol(y_old, y_new)
+    # in float64 whatever the outcomes' dtype: the fit's own rounding stays below the tolerance
+    y_old, y_new = y_old.reshape(-1).double(), y_new.reshape(-1).double()
     if y_old.numel() < 3:
         return None
     xc = y_old - y_old.mean()
@@ -150,7 +163,7 @@ def _affine_map(y_old: Tensor, y_new: Tensor) -> tuple[float, float] | None:
     if not (a > 0 and math.isfinite(a) and math.isfinite(b)):
         return None
     scale = float(y_new.abs().max()) + abs(b) + 1.0
-    if float((a * y_old + b - y_new).abs().max()) > _AFFINE_RTOL * scale:
+    if float((a * y_old + b - y_new).abs().max()) > rtol * scale:
         return None
     return a, b
 
@@ -175,9 +188,9 @@ def _plan_reuse(
         return "earlier outcomes are not an affine image of the previous ones"
     a, _ = ab
     if Yvar is not None:
-        expected = session.Yvar * a**2
-        tol = _AFFINE_RTOL * (float(expected.abs().max()) + 1e-300)
-        if float((Yvar[:n_old] - expected).abs().max()) > tol:
+        expected = session.Yvar.double() * a**2
+        tol = _affine_rtol(session.Yvar, Yvar) * (float(expected.abs().max()) + 1e-300)
+        if float((Yvar[:n_old].double() - expected).abs().max()) > tol:
             return "earlier noise variances changed"
     return ab
 
