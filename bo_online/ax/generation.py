@@ -225,7 +225,8 @@ def make_generation_strategy(
     r"""A Sobol -> bo_online ``GenerationStrategy`` for ``Client.set_generation_strategy``.
 
     Args:
-        model: a bo_online model class or its name (``"OnlineExactGP"``, ``"WISKI"``, ...).
+        model: a bo_online model class or its name (``"OnlineExactGP"``, ``"WISKI"``, ...,
+            or the CLI's ``"exact"``, ``"wiski"``, ``"tsvgp"``, ``"decoupled"``, ``"qsgp"``).
         botorch_acqf_class: BoTorch acquisition function class (the class itself, not its
             name); default ``qLogNoisyExpectedImprovement`` (Ax's choice for single objectives).
         num_initial_trials: Sobol trials before the model takes over (at least 2).

@@ -536,6 +536,15 @@ def ax_model_class(model_class: type[OnlineModel] | str) -> type:
 
 
 def _resolve(model_class: type[OnlineModel] | str) -> type[OnlineModel]:
+    r"""The bo_online class named by ``model_class``: a class, its name (``"WISKI"``), a
+    dotted path, or the short name the CLI and the loops use (``"exact"``, ``"wiski"``,
+    ``"tsvgp"``, ``"decoupled"``, ``"qsgp"``; case-insensitive)."""
+    from bo_online.models.registry import MODEL_PATHS, get_model_class
+
+    if isinstance(model_class, str) and model_class.lower() in MODEL_PATHS:
+        # "exact" resolved to the module bo_online.models.exact ("<module ...> is not a subclass
+        # of OnlineModel"), "tsvgp" to a package: the loops' names did not work here.
+        model_class = get_model_class(model_class)
     if isinstance(model_class, str):
         if "." not in model_class:
             model_class = f"bo_online.models.{model_class}"
@@ -549,8 +558,28 @@ def _resolve(model_class: type[OnlineModel] | str) -> type[OnlineModel]:
     else:
         cls = model_class
     if not (isinstance(cls, type) and issubclass(cls, OnlineModel)):
-        raise ValueError(f"{cls!r} is not a subclass of bo_online.models.base.OnlineModel.")
+        raise ValueError(
+            f"{model_class!r} is not a subclass of bo_online.models.base.OnlineModel; bo_online "
+            f"models available: {sorted(available_models())}, or "
+            f"the loops' names {_online_short_names()}."
+        )
     return cls
+
+
+def _online_short_names() -> list[str]:
+    r"""The loops' model names (``bo_online.models.registry``) that name an :class:`OnlineModel`
+    (not ``"singletaskgp"``, BoTorch's GP refit every step: Ax's default surrogate is that)."""
+    from bo_online.models.registry import MODEL_PATHS, get_model_class
+
+    names = []
+    for name in MODEL_PATHS:
+        try:
+            cls = get_model_class(name)
+        except ValueError:
+            continue
+        if isinstance(cls, type) and issubclass(cls, OnlineModel):
+            names.append(name)
+    return names
 
 
 def available_models() -> dict[str, type]:

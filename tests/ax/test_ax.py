@@ -1000,6 +1000,31 @@ def test_option_check_passes_a_subclass_forwarding_keywords_and_a_settings_objec
         boax.make_generation_strategy("WISKI", fit_options={"settings": settings, "maxiter": 5})
 
 
+@pytest.mark.parametrize(
+    "short, name",
+    [
+        ("exact", "OnlineExactGP"),
+        ("wiski", "WISKI"),
+        ("TSVGP", "TSVGP"),
+        ("decoupled", "DecoupledSVGP"),
+        ("qsgp", "QSGP"),
+    ],
+)
+def test_the_loops_model_names_select_the_same_model_in_ax(short, name):
+    """The CLI's and the loops' names (``--model exact``, ``"wiski"``) failed in Ax with
+    "<module 'bo_online.models.exact' ...> is not a subclass of OnlineModel" (the name resolved
+    to a module of bo_online.models). They select the same class as its own name."""
+    gs = boax.make_generation_strategy(short)
+    assert gs.name.startswith(f"Sobol+{name}+")
+    assert boax.register_model_class(short) is boax.available_models()[name]
+
+
+def test_a_name_that_is_no_online_model_gets_the_names_to_use():
+    for bad in ("bo_online.models.exact", "singletaskgp"):
+        with pytest.raises(ValueError, match=r"not a subclass of .*OnlineModel.*'exact', 'wiski'"):
+            boax.make_generation_strategy(bad)
+
+
 def test_an_acquisition_function_given_by_name_is_refused_with_what_to_pass():
     """The model may be named (``"WISKI"``), so a user names the acquisition function as well:
     that failed with ``AttributeError: 'str' object has no attribute '__name__'``. It is refused
