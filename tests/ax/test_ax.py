@@ -927,9 +927,9 @@ def test_fit_option_values_no_fit_can_run_with_are_refused_before_any_trial(mode
 
 
 _BAD_OPTION_VALUES = [
-    ("TSVGP", "inducing_points", 0, "num_inducing must be >= 1"),
-    ("TSVGP", "inducing_points", -5, "takes inducing_points: Tensor | int | None"),
-    ("TSVGP", "inducing_points", "abc", "takes inducing_points: Tensor | int | None"),
+    ("TSVGP", "inducing_points", 0, "inducing_points must be a whole number m >= 1 or an m x"),
+    ("TSVGP", "inducing_points", 2.5, "inducing_points must be a whole number m >= 1 or an m x"),
+    ("TSVGP", "inducing_points", "abc", "inducing_points must be a whole number m >= 1"),
     ("TSVGP", "num_init_e_steps", -1, "num_init_e_steps must be an integer >= 0"),
     ("WISKI", "grid_size", 0, "Grid sizes must be >= 6"),
     ("WISKI", "grid_size", "x", "grid_size must be a whole number"),

@@ -7,9 +7,11 @@ r"""The t-SVGP model class: constructor, data layout, posterior and state.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import gpytorch
+import numpy as np
 import torch
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
@@ -42,6 +44,14 @@ from bo_online.models.validation import (
 __all__ = ["DEFAULT_NUM_INDUCING", "TSVGP"]
 
 DEFAULT_NUM_INDUCING = 128
+
+
+def _is_scalar(value: Any) -> bool:
+    r"""Whether ``inducing_points`` is given as one value (a number of points, or a bad value
+    such as a string) rather than an ``m x d`` array of inputs."""
+    if isinstance(value, (str, bool, numbers.Number)):
+        return True
+    return isinstance(value, (Tensor, np.ndarray)) and value.ndim == 0
 
 
 class TSVGP(
@@ -191,8 +201,18 @@ class TSVGP(
         self.mean_module = ConstantMean(batch_shape=self._out)
         self.condition_steps = int(condition_steps)
         self.to(dtype=dtype, device=device)
-        if inducing_points is None or isinstance(inducing_points, int):
-            m = DEFAULT_NUM_INDUCING if inducing_points is None else int(inducing_points)
+        if inducing_points is None or _is_scalar(inducing_points):
+            m = DEFAULT_NUM_INDUCING
+            if inducing_points is not None:
+                # 2.5 and "abc" failed as "inducing_points must be m x d, got ()" and "new():
+                # invalid data type 'str'"; NumPy's int64 took the tensor path the same way.
+                try:
+                    m = whole_number("inducing_points", inducing_points, 1)
+                except ValueError:
+                    raise ValueError(
+                        "inducing_points must be a whole number m >= 1 or an m x "
+                        f"{dim} tensor of inducing inputs, got {inducing_points!r}."
+                    ) from None
             Z = select_inducing_points(X, self._selection_kernel(), m, bounds=self.input_bounds)
         else:
             Z = torch.as_tensor(inducing_points).to(X)

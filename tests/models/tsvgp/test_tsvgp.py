@@ -865,3 +865,17 @@ def test_a_chain_of_conditionings_keeps_its_pending_rank_bounded_and_equals_upda
     assert torch.allclose(pc.variance, pu.variance, rtol=1e-9, atol=1e-12)
     # the root model is untouched by its descendants
     assert model._lr_U is None and model.num_data == 20
+
+
+def test_inducing_points_as_one_value_is_a_whole_number_or_a_clear_error():
+    """``inducing_points=2.5`` failed as "inducing_points must be m x d, got ()", ``"abc"`` as
+    "new(): invalid data type 'str'", and NumPy's ``int64(8)`` (a whole number) took the tensor
+    path and failed like 2.5. A whole number (any integral type, 8.0) is a number of points;
+    anything else one value is refused with what is accepted."""
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(-1, keepdim=True)
+    for m in (8, 8.0, np.int64(8), torch.tensor(8)):
+        assert TSVGP(X, Y, inducing_points=m).inducing_points.shape == (8, 2)
+    for bad in (2.5, "abc", 0, -5, True, float("nan")):
+        with pytest.raises(ValueError, match="inducing_points must be a whole number m >= 1 or"):
+            TSVGP(X, Y, inducing_points=bad)
