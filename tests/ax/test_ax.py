@@ -934,6 +934,7 @@ _BAD_OPTION_VALUES = [
     ("WISKI", "grid_size", 0, "Grid sizes must be >= 6"),
     ("WISKI", "grid_size", "x", "grid_size must be a whole number"),
     ("WISKI", "prior_variance", "nope", "prior_variance must be 'interpolated' or 'exact'"),
+    ("WISKI", "grid_jitter", -1.0, "grid_jitter must be a finite number >= 0"),
     ("DecoupledSVGP", "num_mean_bases", 0, "num_mean_bases must be an integer >= 1"),
     ("DecoupledSVGP", "num_cov_bases", "many", "num_cov_bases must be an integer >= 1"),
     ("QSGP", "num_features", -8, "num_features must be >= 1"),

@@ -293,6 +293,17 @@ class WISKI(
                 grids.append(RegularGrid(sizes, box, dtype=dtype, device=device))
             self.grid = StackedGrid(grids)
             self.num_features = self.grid.dim
+        # A negative jitter was taken and failed at the first fit ("not positive definite"),
+        # after the model had been built (in Ax: after the Sobol trials); "x" failed in float().
+        if (
+            isinstance(grid_jitter, bool)
+            or not isinstance(grid_jitter, numbers.Real)
+            or not (np.isfinite(float(grid_jitter)) and grid_jitter >= 0)
+        ):
+            raise ValueError(
+                "grid_jitter must be a finite number >= 0 (the grid kernel's relative jitter; "
+                f"default 1e-6), got {grid_jitter!r}."
+            )
         self.grid_jitter = float(grid_jitter)
         if prior_variance not in ("interpolated", "exact"):
             raise ValueError(

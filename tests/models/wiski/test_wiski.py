@@ -394,3 +394,16 @@ def test_grid_size_as_a_numpy_array_is_taken():
     for bad in (*bad_arrays, torch.full((2, 2), 12)):  # a 2-d tensor: a RuntimeError of .item()
         with pytest.raises(ValueError, match="grid_size must be a whole number or a sequence"):
             WISKI(X, Y, grid_size=bad)
+
+
+def test_a_grid_jitter_no_factorisation_can_use_is_refused_at_construction():
+    """``grid_jitter=-1.0`` was taken and failed only at the first fit with "not positive
+    definite" (in Ax: after the Sobol trials); ``"x"`` failed inside ``float()``. Both are
+    refused when the model is built, with what is accepted; 0 and the default pass."""
+    X = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(-1, keepdim=True)
+    for bad in (-1.0, float("nan"), float("inf"), "x", True):
+        with pytest.raises(ValueError, match="grid_jitter must be a finite number >= 0"):
+            WISKI(X, Y, grid_size=10, grid_jitter=bad)
+    assert WISKI(X, Y, grid_size=10, grid_jitter=0).grid_jitter == 0.0
+    assert WISKI(X, Y, grid_size=10).grid_jitter == 1e-6
