@@ -351,7 +351,11 @@ def make_generation_strategy(
             "optimizer_kwargs": dict(optimizer_options)
         }
     if torch_device is not None:
-        generator_kwargs["torch_device"] = torch.device(torch_device)
+        # "cuda" on a machine without it failed at the first model-based trial, after the
+        # Sobol evaluations (AssertionError: Torch not compiled with CUDA enabled)
+        from bo_online.loops.core import checked_device
+
+        generator_kwargs["torch_device"] = checked_device(torch_device, "torch_device")
     name = ax_cls._bo_online_base.__name__
     return GenerationStrategy(
         name=f"Sobol+{name}+{acqf.__name__}",

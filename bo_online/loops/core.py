@@ -65,6 +65,29 @@ class RunDirectoryError(ValueError):
     """The output directory already holds a run (resume it, or ask to overwrite)."""
 
 
+def checked_device(device: str | torch.device, name: str = "--device") -> torch.device:
+    r"""``device`` as a ``torch.device`` this machine can compute on (the CPU or an existing
+    CUDA device), else a one-line ``ValueError`` saying why (``name``: how the user gave it, for
+    the message)."""
+    try:
+        checked = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"Invalid device {device!r}: {e}") from e
+    if checked.type not in ("cpu", "cuda"):  # e.g. meta: no values to compute with
+        raise ValueError(
+            f"{name} must be cpu or cuda (cuda:N), got {device!r} (device={device!r} in Python)."
+        )
+    if checked.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available.")
+    if checked.type == "cuda" and (checked.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {device!r} requested but this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
+            f"cuda:{torch.cuda.device_count() - 1})."
+        )
+    return checked
+
+
 class OnlineLoop:
     r"""Base class of the BO, active-learning and streaming loops.
 
@@ -166,23 +189,7 @@ class OnlineLoop:
                 raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}.")
             dtype = _DTYPES[dtype]
         self.dtype = dtype
-        try:
-            self.device = torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"Invalid device {device!r}: {e}") from e
-        if self.device.type not in ("cpu", "cuda"):  # e.g. meta: no values to compute with
-            raise ValueError(
-                f"--device must be cpu or cuda (cuda:N), got {device!r} (device={device!r} in "
-                "Python)."
-            )
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available.")
-        if self.device.type == "cuda" and (self.device.index or 0) >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {device!r} requested but this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
-                f"cuda:{torch.cuda.device_count() - 1})."
-            )
+        self.device = checked_device(device)
         # Absolute from here on: an objective that changes the working directory must not send
         # the checkpoint and records somewhere else than the lock.
         self.out_dir = (

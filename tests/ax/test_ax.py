@@ -1026,6 +1026,28 @@ def test_a_name_that_is_no_online_model_gets_the_names_to_use():
             boax.make_generation_strategy(bad)
 
 
+def test_a_torch_device_this_machine_lacks_is_refused_before_any_trial(monkeypatch):
+    """``torch_device="cuda"`` on a machine without CUDA was taken, and the first model-based
+    trial failed after the Sobol evaluations ("AssertionError: Torch not compiled with CUDA
+    enabled"); ``"gpu"`` failed with torch's RuntimeError listing every device type. Both are
+    refused when the strategy is made, with the BO loops' device check (cuda:N beyond the
+    devices present too)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda' requested but CUDA is not available"):
+        boax.make_generation_strategy("OnlineExactGP", torch_device="cuda")
+    with pytest.raises(ValueError, match="Invalid device 'gpu'"):
+        boax.make_generation_strategy("OnlineExactGP", torch_device="gpu")
+    with pytest.raises(ValueError, match="torch_device must be cpu or cuda"):
+        boax.make_generation_strategy("OnlineExactGP", torch_device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="this machine has 1 CUDA device"):
+        boax.make_generation_strategy("OnlineExactGP", torch_device="cuda:1")
+    gs = boax.make_generation_strategy("OnlineExactGP", torch_device="cpu")
+    kwargs = gs._nodes[1].generator_specs[0].generator_kwargs
+    assert kwargs["torch_device"] == torch.device("cpu")
+
+
 def test_an_acquisition_function_given_by_name_is_refused_with_what_to_pass():
     """The model may be named (``"WISKI"``), so a user names the acquisition function as well:
     that failed with ``AttributeError: 'str' object has no attribute '__name__'``. It is refused
