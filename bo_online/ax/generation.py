@@ -153,7 +153,9 @@ def _probe_error(base: type[OnlineModel], options: dict[str, Any]) -> Exception 
                 warnings.simplefilter("ignore")
                 base(X, Y, **built)
         except Exception as err:  # the model's own check (or a failure deep inside it)
-            error = error or err
+            if error is None:
+                error = err
+                err.bo_online_probe_dim = dim  # type: ignore[attr-defined]  # for the message
             continue
         return None
     return error
@@ -193,6 +195,9 @@ def _check_option_values(ax_cls: type, model_options: dict[str, Any]) -> None:
     name, err = next(iter(culprits.items()))
     lines = str(err).strip().splitlines()
     reason = f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": .")
+    # the model's sizes in the message are the probe's, not the search space's
+    dim = getattr(err, "bo_online_probe_dim", None)
+    reason = reason if dim is None else f"built on a {dim}-input probe: {reason}"
     shown = (
         f"{name}={plain[name]!r}"
         if name in plain

@@ -1018,6 +1018,8 @@ def test_bad_model_option_values_are_refused_before_any_trial(model_name, option
     assert "\n" not in message
     assert f"Model option {option}={value!r} is not valid for {model_name}" in message
     assert allowed in message
+    # the model's own sizes in its message are the probe's: said so
+    assert "built on a 1-input probe" in message
     for name in others:
         assert name not in message
 
