@@ -89,6 +89,14 @@ def sweep(
             _fmt(r["se_regret"], 2),
         )
     console = Console()
+    # Rendered at the tables' natural width, wider than a terminal or a pipe's 80 columns if
+    # need be: rich would cut a long campaign name to "hartmann6d-exact-qucb…", losing the seed
+    # that tells its rows apart (a narrow terminal wraps the lines instead, dropping nothing).
+    unbounded = console.options.update_width(10_000)
+    width = max(
+        console.width, *(console.measure(t, options=unbounded).maximum for t in (table, means))
+    )
+    console = Console(width=width)
     console.print(table)
     console.print(means)
     typer.echo(f"summary: {results}")

@@ -1819,3 +1819,25 @@ def test_sweep_plot_band_stops_at_the_lowest_seed_on_the_log_axis(tmp_path):
     for ax in figures[0].axes:
         low, high = ax.get_ylim()
         assert 0.05 < low <= 0.2 and high >= 9.0, (low, high)
+
+
+def test_the_sweep_table_shows_whole_campaign_names(tmp_path, capsys, monkeypatch):
+    """Rich cut the campaign column to fit 80 columns (the width of a pipe or a log file):
+    `hartmann6d-exact-qucb…` twice, with different numbers, the seed that tells them apart cut
+    off. The names are printed whole; so are the numbers beside them."""
+    import contextlib
+
+    import bo_online.cli as cli
+    import bo_online.sweep as sweep
+
+    out = tmp_path / "o"
+    summaries = _hand_made_campaigns(out, {0: [3.0, 2.5], 1: [4.0, 1.25]}, "styblinskitang7d")
+    monkeypatch.setattr(cli.running, "_dask_client", lambda address: contextlib.nullcontext(None))
+    monkeypatch.setattr(sweep, "run_sweep", lambda *args: summaries)
+    monkeypatch.setenv("COLUMNS", "80")
+    cli.main(["sweep", str(_spec(tmp_path / "spec.toml", [0])), "--out", str(out), "--no-plots"])
+    lines = capsys.readouterr().out.splitlines()
+    for seed, regret in ((0, "2.5"), (1, "1.25")):
+        (row,) = [line for line in lines if f"styblinskitang7d-exact-qucb-s{seed} " in line]
+        assert f" {regret} " in row and " ran " in row, row
+    assert not any("…" in line for line in lines)
