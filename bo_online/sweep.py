@@ -625,7 +625,8 @@ def _band(curves: list[tuple[Any, Any]], grid: Any) -> tuple[Any, Any, Any]:
 
 def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[Path]:
     r"""One PNG per problem: mean regret (2-SE band over seeds) vs evaluations and vs wall time,
-    one line per (model, acq)."""
+    one line per (model, acq), from where every seed has its first record (a seed that ended
+    earlier counts with its last value)."""
     import warnings
 
     import numpy as np
@@ -662,11 +663,13 @@ def plot_sweep(summaries: list[dict[str, Any]], out: str | os.PathLike) -> list[
             if not by_n:
                 continue
             label = f"{method[0]}/{method[1]} ({len(by_n)} seeds)"
-            with warnings.catch_warnings():  # all-NaN columns before the first record
+            with warnings.catch_warnings():  # a single seed: no spread (ddof=1)
                 warnings.simplefilter("ignore", RuntimeWarning)
                 for ax, curves in zip(axes, (by_n, by_t)):
+                    # From where every seed has a value: before a slower seed's first record,
+                    # the mean would be the faster seeds' alone, jumping as the others arrive.
                     grid = np.linspace(
-                        min(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200
+                        max(c[0][0] for c in curves), max(c[0][-1] for c in curves), 200
                     )
                     mean, band, lowest = _band(curves, grid)
                     (line,) = ax.plot(grid, mean, label=label)

@@ -1841,3 +1841,37 @@ def test_the_sweep_table_shows_whole_campaign_names(tmp_path, capsys, monkeypatc
         (row,) = [line for line in lines if f"styblinskitang7d-exact-qucb-s{seed} " in line]
         assert f" {regret} " in row and " ran " in row, row
     assert not any("…" in line for line in lines)
+
+
+def test_sweep_plot_vs_wall_time_averages_every_seed_from_its_first_point(tmp_path):
+    """The wall-time panel started where the fastest seed's initial design ended: until the
+    other seeds' first records it drew that one seed's regret as the "mean over 2 seeds" (and
+    a band of width 0), then the curve dropped or rose as the others came in, which read as
+    progress. The curves now start once every seed has a value: there, the mean of all."""
+    from bo_online import plotting
+    from bo_online.sweep import plot_sweep
+
+    out = tmp_path / "sweep"
+    summaries = _hand_made_campaigns(out, {0: [3.0, 1.0], 1: [9.0, 5.0]})
+    path = out / summaries[1]["campaign"] / history.RECORDS_FILE
+    late = [{**r, "wall_time": r["wall_time"] + 2.0} for r in history.read_records(path.parent)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in late))  # seed 1 starts at 2.5 s
+    figures = []
+    real = plotting._save
+
+    def save(fig, path):
+        figures.append(fig)
+        return real(fig, path)
+
+    plotting._save, saved = save, plotting._save
+    try:
+        plot_sweep(summaries, out)
+    finally:
+        plotting._save = saved
+    by_n, by_t = (ax.get_lines()[0] for ax in figures[0].axes)
+    # by evaluations both start at n = 5; by wall time at 2.5 s, where seed 0 (done at 1 s)
+    # holds its last value
+    for line, start, first in ((by_n, 5.0, (3.0 + 9.0) / 2), (by_t, 2.5, (1.0 + 9.0) / 2)):
+        x, y = line.get_xdata(), line.get_ydata()
+        assert x[0] == pytest.approx(start) and y[0] == pytest.approx(first), (x, y)
+        assert y[-1] == pytest.approx((1.0 + 5.0) / 2)
