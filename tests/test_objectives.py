@@ -791,3 +791,27 @@ def test_points_and_values_cross_to_an_executor_as_plain_data():
         processed = BayesOptLoop(problem, executor=pool, **kw).run(1)
     assert len(sent) == 6 and all(isinstance(args[0], bytes) for args, _ in sent)
     assert [r["y"] for r in processed] == [r["y"] for r in alone]
+
+
+def test_cli_bounds_left_unquoted_are_told_to_be_quoted(tmp_path, capsys):
+    r"""`--bounds 0,1 0,1 0,1` without quotes (the shell splits it) said only "Got unexpected
+    extra argument(s) (0,1 0,1)", and `--bounds 0,1 -5,5` "No such option: -5": the pairs read
+    as mistakes of their own, not of the quoting. The line now gives the quoted form."""
+    (tmp_path / "obj.py").write_text("def f(X):\n    return X.sum(-1)\n")
+    spec = f"{tmp_path / 'obj.py'}:f"
+    pairs = ["0,1", "-5,5", "2,3"]
+    for bounds in (["--bounds", *pairs], [f"--bounds={pairs[0]}", *pairs[1:]]):
+        argv = ["bo", "--objective", spec, *bounds, "--steps", "1", "--out", str(tmp_path / "r")]
+        code, err = _cli(argv + ["-Q"], capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "--bounds takes one value: quote it, --bounds '0,1 -5,5 2,3'" in err, err
+        assert not (tmp_path / "r").exists()
+    pairs = ["0,1", "0,1", "2,3"]  # no negative number: "unexpected extra argument(s)"
+    argv = ["bo", "--objective", spec, "--bounds", *pairs, "--out", str(tmp_path / "r")]
+    code, err = _cli(argv, capsys)
+    assert code == 2 and "unexpected extra argument" in err, err
+    assert "quote it, --bounds '0,1 0,1 2,3'" in err and not (tmp_path / "r").exists()
+    # another stray argument gets no advice about --bounds
+    argv = ["bo", "--objective", spec, "--bounds", "0,1 -5,5", "stray", "--out", str(tmp_path)]
+    code, err = _cli(argv, capsys)
+    assert code == 2 and "unexpected extra argument" in err and "quote" not in err, err

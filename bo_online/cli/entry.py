@@ -3,6 +3,8 @@ interrupts and warnings into one line each on stderr, with the exit status."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
 from typing import Any
 
@@ -67,6 +69,29 @@ def _show_warning(
 _SHOWN_WARNINGS: set[tuple[str, str]] = set()
 
 
+#: one ``lo,hi`` pair of ``--bounds`` (``0,1``, ``-5,5``, ``1e-3,2.5``)
+_BOUNDS_PAIR = re.compile(r"^[^,\s]+,[^,\s]+$")
+
+
+def _unquoted_bounds_hint(args: list[str]) -> str:
+    r"""For ``--bounds 0,1 -5,5`` written without quotes, which the shell splits: the pairs after
+    the first are "unexpected extra argument(s)", or "No such option: -5" where one starts with
+    a minus sign, and the line reads as if they were wrong. The quoted form to give instead, or
+    ``""`` when ``args`` has no such ``--bounds``."""
+    for i, arg in enumerate(args):
+        if arg == "--bounds":
+            given = args[i + 1 : i + 2]
+        elif arg.startswith("--bounds="):
+            given = [arg.partition("=")[2]]
+        else:
+            continue
+        rest = args[i + 1 + (arg == "--bounds") :]
+        more = list(itertools.takewhile(_BOUNDS_PAIR.match, rest))
+        if given and _BOUNDS_PAIR.match(given[0]) and more:
+            return f"; --bounds takes one value: quote it, --bounds '{' '.join(given + more)}'"
+    return ""
+
+
 def _main(argv: list[str] | None) -> None:
     # Typer vendors click; its exception classes live here (ClickException, UsageError) and
     # typer.Abort is what click makes of Ctrl-C (KeyboardInterrupt) and of EOFError.
@@ -80,7 +105,11 @@ def _main(argv: list[str] | None) -> None:
         code = app(args=argv, prog_name="bo-online", standalone_mode=False)
     except click_exc.UsageError as e:
         hint = f" (see bo-online {e.ctx.info_name} --help)" if e.ctx is not None else ""
-        _fail(e.format_message() + hint)
+        _fail(
+            e.format_message()
+            + hint
+            + _unquoted_bounds_hint(sys.argv[1:] if argv is None else argv)
+        )
     except click_exc.ClickException as e:
         _fail(e.format_message())
     except typer.Abort:
