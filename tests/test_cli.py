@@ -1139,3 +1139,47 @@ def test_summary_medians_leave_out_failed_asynchronous_evaluations(capsys):
         if line.count("│") >= 3
     }
     assert rows["median update time (s)"] == "1" and rows["median time / step (s)"] == "2", out
+
+
+def test_summary_of_an_asynchronous_run_counts_its_failed_evaluations(capsys):
+    r"""An asynchronous run whose objective raised on 5 of its 12 evaluations printed "steps 6"
+    and "n (observations) 7" and nothing about the failures, so the numbers did not add up
+    (6 initial points + 6 steps, 7 observations). The summary now has the failures' count."""
+    from types import SimpleNamespace
+
+    from bo_online.cli.summary import _finish
+
+    def record(step: int, n: int, failed: bool) -> dict:
+        return {
+            "step": step,
+            "n": n,
+            "time_step": 0.5,
+            "time_update": 0.1,
+            "best_value": 1.0,
+            "wall_time": 10.0,
+            **({"failed": True} if failed else {}),
+        }
+
+    # the records of that run: two of the design's points failed, then steps 1, 2 and 4
+    failed = [True, True, True, True, False, True, False, False]
+    records = [record(0, 4, False), *(record(max(s - 1, 0), 4, f) for s, f in enumerate(failed))]
+    loop = SimpleNamespace(
+        out_dir=None,
+        records=records,
+        kind="bo_async",
+        problem=SimpleNamespace(name="f", optimal_value=None),
+        config={"model": "exact", "q": 1, "acq": "ts"},
+        step_count=6,
+        elapsed=12.0,
+    )
+    _finish(loop, plots=False, quiet=False)
+    out = capsys.readouterr().out
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in out.splitlines()
+        if line.count("│") >= 3
+    }
+    assert rows["failed evaluations (not in n)"] == "5", out
+    loop.kind, loop.records = "bo", records[:1]  # a synchronous run stops at a failure: no row
+    _finish(loop, plots=False, quiet=False)
+    assert "failed evaluations" not in capsys.readouterr().out

@@ -89,6 +89,8 @@ def _finish(loop: Any, plots: bool, quiet: bool) -> None:
     if "acq" in loop.config:
         rows.append(("acquisition", loop.config["acq"]))
     rows += [("q", loop.config["q"]), ("steps", loop.step_count), ("n (observations)", last["n"])]
+    if loop.kind == "bo_async":  # an evaluation that raised is a step but adds no observation
+        rows.append(("failed evaluations (not in n)", sum(1 for r in records if r.get("failed"))))
     if loop.kind in ("bo", "bo_async"):
         # readable digits that still show an objective's values on an offset (1e6 + O(1)),
         # which differ after the 5th significant digit
