@@ -345,6 +345,17 @@ def objective_values(result: Any) -> Tensor:
         ) from error
 
 
+def _is_box(bounds: Tensor) -> bool:
+    r"""Whether ``bounds`` is a ``2 x d`` box: finite, lower row < upper row, finite widths."""
+    return (
+        bounds.dim() == 2
+        and bounds.shape[0] == 2
+        and bool(torch.isfinite(bounds).all())
+        and bool((bounds[1] > bounds[0]).all())
+        and bool(torch.isfinite(bounds[1] - bounds[0]).all())
+    )
+
+
 class CallableProblem(Problem):
     r"""Any user objective on a box.
 
@@ -370,17 +381,19 @@ class CallableProblem(Problem):
         name: str = "objective",
     ) -> None:
         bounds = torch.as_tensor(bounds, dtype=torch.float64)
-        if (
-            bounds.dim() != 2
-            or bounds.shape[0] != 2
-            or not bool(torch.isfinite(bounds).all())
-            or not bool((bounds[1] > bounds[0]).all())
-            or not bool(torch.isfinite(bounds[1] - bounds[0]).all())
-        ):
+        if not _is_box(bounds):
+            # one [lo, hi] pair per input, as --bounds and objective_problem take them
+            pairs = bounds.dim() == 2 and bounds.shape[-1] == 2 and _is_box(bounds.T)
             raise ValueError(
                 "bounds must be 2 x d, finite, with lower < upper and a finite width "
                 "upper - lower in every column, got "
-                f"{bounds.tolist()}."
+                f"{bounds.tolist()}"
+                + (
+                    f", which reads as one [lo, hi] pair per input (as --bounds takes them): "
+                    f"pass the box transposed: {bounds.T.tolist()}."
+                    if pairs
+                    else "."
+                )
             )
         if fn is not None and not callable(fn):
             raise ValueError("fn must be callable (fn(X: n x d tensor) -> n values) or None.")

@@ -350,3 +350,23 @@ def test_classification_stream_with_other_labels_says_what_it_found_and_how_to_m
     # the mapped labels are taken
     mapped = (y == labels[1]).double()
     StreamProblem("mine", X[:15], mapped[:15], X[15:], mapped[15:], box, task="classification")
+
+
+def test_callable_problem_bounds_given_as_pairs_per_input_say_to_transpose():
+    r"""``--bounds`` and ``objective_problem`` take one ``[lo, hi]`` pair per input, a
+    ``CallableProblem`` the ``2 x d`` box of BoTorch (lower row, upper row); the pairs passed to
+    it were refused with "bounds must be 2 x d ..." and the pairs echoed back, leaving the user
+    to work out that the box was transposed. The error now says so, with the box it means."""
+    from bo_online.problems import CallableProblem
+
+    for pairs in ([[0, 1], [-5, 5], [2, 3]], [[0, 1], [-5, 5]]):
+        with pytest.raises(ValueError, match="bounds must be 2 x d") as e:
+            CallableProblem(None, bounds=pairs)
+        box = torch.tensor(pairs, dtype=torch.float64).T.tolist()
+        assert "one [lo, hi] pair per input" in str(e.value)
+        assert f"transposed: {box}" in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match="bounds must be 2 x d") as e:  # no box either way
+        CallableProblem(None, bounds=[[0, 1], [1, 0], [2, 3]])
+    assert "transposed" not in str(e.value)
+    problem = CallableProblem(None, bounds=[[0, -5], [1, 5]])  # a good box as it was
+    assert problem.bounds.tolist() == [[0, -5], [1, 5]]
