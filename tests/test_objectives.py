@@ -815,3 +815,19 @@ def test_cli_bounds_left_unquoted_are_told_to_be_quoted(tmp_path, capsys):
     argv = ["bo", "--objective", spec, "--bounds", "0,1 -5,5", "stray", "--out", str(tmp_path)]
     code, err = _cli(argv, capsys)
     assert code == 2 and "unexpected extra argument" in err and "quote" not in err, err
+
+
+def test_a_problem_without_objective_and_no_initial_data_says_to_pass_your_data(tmp_path):
+    r"""``BayesOptLoop(CallableProblem(None, bounds)).ask()`` (ask/tell, no ``initial_data``)
+    failed in ``ask`` with "evaluate the points of ask() yourself": the ask that raised it
+    proposed nothing. The loop must evaluate its Sobol design before the first proposal, which
+    needs an objective: the error says to start from points of your own, and nothing is
+    written."""
+    problem = CallableProblem(None, bounds=[[0.0, 0.0], [1.0, 1.0]])
+    loop = BayesOptLoop(problem, quiet=True, out_dir=tmp_path / "run")
+    with pytest.raises(ValueError) as e:
+        loop.ask()
+    message = str(e.value)
+    assert "no objective to call" in message and "initial design of 5 Sobol points" in message
+    assert "initial_data=(X, y), n_init=0" in message and "points of ask()" not in message
+    assert not (tmp_path / "run").exists() and not loop.initialized

@@ -260,6 +260,14 @@ class BayesOptLoop(OnlineLoop):
             else torch.empty(0, d, dtype=torch.float64)
         )
         X0 = from_unit(U0, self.problem.bounds)
+        if n0 > 0 and getattr(self.problem, "fn", ...) is None:  # CallableProblem(None, ...)
+            raise ValueError(
+                f"Problem {self.problem.name!r} has no objective to call, so the loop cannot "
+                f"evaluate its initial design of {n0} Sobol points (before the first ask() can "
+                "propose anything): evaluate points of your own and start from them, "
+                f"{type(self).__name__}(problem, initial_data=(X, y), n_init=0, ...); then ask() "
+                "proposes and tell() takes the values you measure."
+            )
         t0 = self._now()
         if n0 > 0:
             X0, y0, y0_true = self._evaluate_initial(X0)
