@@ -124,6 +124,15 @@ BAD = {
         ["bo", "--problem", "branin", "--steps", "1", "--device", "meta", *SMALL],
         "--device must be cpu or cuda",
     ),
+    # options of the asynchronous loop were silently ignored by a synchronous run
+    "max failures without dask": (
+        ["bo", "--problem", "branin", "--max-failures", "3"],
+        "--max-failures applies to asynchronous runs: add --dask",
+    ),
+    "no-workers timeout without dask": (
+        ["bo", "--problem", "branin", "--no-workers-timeout", "30"],
+        "--no-workers-timeout applies to asynchronous runs: add --dask",
+    ),
     "likelihood by name (exact)": (
         _bo_option("exact", "likelihood=gaussian"),
         "likelihood must be a GPyTorch GaussianLikelihood, got 'gaussian'",

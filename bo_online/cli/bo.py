@@ -60,6 +60,10 @@ from bo_online.cli.running import (
 )
 from bo_online.cli.summary import _finish
 
+#: ``--max-failures`` and ``--no-workers-timeout`` (seconds) of an asynchronous run (``--dask``)
+DEFAULT_MAX_FAILURES = 10
+DEFAULT_NO_WORKERS_TIMEOUT = 120.0
+
 
 @app.command()
 def bo(
@@ -136,9 +140,12 @@ def bo(
     ] = 0,
     dask: DaskOpt = None,
     max_failures: Annotated[
-        int, typer.Option(help="With --dask: stop after more than this many evaluations raised.")
-    ] = 10,
-    no_workers_timeout: NoWorkersTimeoutOpt = 120.0,
+        Optional[int],
+        typer.Option(
+            help="With --dask: stop after more than this many evaluations raised (default 10)."
+        ),
+    ] = None,
+    no_workers_timeout: NoWorkersTimeoutOpt = None,
     out: OutOpt = None,
     overwrite: OverwriteOpt = False,
     checkpoint_every: CkptOpt = None,
@@ -163,6 +170,16 @@ def bo(
         _check(1 <= dim <= MAX_DIM, f"--dim must be between 1 and {MAX_DIM}, got {dim}.")
     _check_seed(seed)
     _check_out(out)
+    # The asynchronous loop's own options were silently ignored by a synchronous run.
+    for flag, value in (
+        ("--max-failures", max_failures),
+        ("--no-workers-timeout", no_workers_timeout),
+    ):
+        _check(
+            dask is not None or value is None,
+            f"{flag} applies to asynchronous runs: add --dask local:N (or a scheduler address), "
+            f"or leave {flag} out.",
+        )
     from bo_online.acquisition import ACQUISITIONS, BETA_SCHEDULES, known_acq_options
     from bo_online.loops import BayesOptLoop
     from bo_online.problems import synthetic_problem
@@ -247,8 +264,11 @@ def bo(
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
+        max_failures = DEFAULT_MAX_FAILURES if max_failures is None else max_failures
         _nonneg("--max-failures", max_failures)
-        wait_for_workers = _no_workers_timeout(no_workers_timeout)
+        wait_for_workers = _no_workers_timeout(
+            DEFAULT_NO_WORKERS_TIMEOUT if no_workers_timeout is None else no_workers_timeout
+        )
         from bo_online.loops.async_bo import AsyncBayesOptLoop
 
         _check(

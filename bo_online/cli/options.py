@@ -198,14 +198,14 @@ DaskOpt = Annotated[
 ]
 
 NoWorkersTimeoutOpt = Annotated[
-    float,
+    Optional[float],
     typer.Option(
         "--no-workers-timeout",
         metavar="SECONDS",
         help="With --dask: stop the run (saved, to resume) once the cluster has had no worker "
         "for this many seconds while evaluations are in flight (workers that died or were "
         "stopped); raise it for a cluster that scales from zero in a batch queue, or give inf "
-        "to wait forever.",
+        "to wait forever (default 120).",
     ),
 ]
 
