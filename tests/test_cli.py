@@ -1111,13 +1111,25 @@ def test_summary_values_are_read_as_written_from_minus_zero_to_1e20():
     assert [(v, _fmt_value(v)) for v, _ in cases] == cases
 
 
+def _summary_rows(loop, capsys) -> tuple[dict[str, str], str]:
+    r"""The summary table ``_finish`` prints for ``loop``: ``{row name: value}`` and the text."""
+    from bo_online.cli.summary import _finish
+
+    _finish(loop, plots=False, quiet=False)
+    out = capsys.readouterr().out
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in out.splitlines()
+        if line.count("│") >= 3
+    }
+    return rows, out
+
+
 def test_summary_medians_leave_out_failed_asynchronous_evaluations(capsys):
     r"""A failed asynchronous evaluation is a step of its own with an update time of 0 (it adds
     no observation); the summary's median update time counted it, so a run whose evaluations
     failed more often than not showed the median of the failures: 0."""
     from types import SimpleNamespace
-
-    from bo_online.cli.summary import _finish
 
     def record(step: int, failed: bool) -> dict:
         return {
@@ -1140,13 +1152,7 @@ def test_summary_medians_leave_out_failed_asynchronous_evaluations(capsys):
         step_count=5,
         elapsed=12.0,
     )
-    _finish(loop, plots=False, quiet=False)
-    out = capsys.readouterr().out
-    rows = {
-        line.split("│")[1].strip(): line.split("│")[2].strip()
-        for line in out.splitlines()
-        if line.count("│") >= 3
-    }
+    rows, out = _summary_rows(loop, capsys)
     assert rows["median update time (s)"] == "1" and rows["median time / step (s)"] == "2", out
 
 
@@ -1155,8 +1161,6 @@ def test_summary_of_an_asynchronous_run_counts_its_failed_evaluations(capsys):
     and "n (observations) 7" and nothing about the failures, so the numbers did not add up
     (6 initial points + 6 steps, 7 observations). The summary now has the failures' count."""
     from types import SimpleNamespace
-
-    from bo_online.cli.summary import _finish
 
     def record(step: int, n: int, failed: bool) -> dict:
         return {
@@ -1181,14 +1185,7 @@ def test_summary_of_an_asynchronous_run_counts_its_failed_evaluations(capsys):
         step_count=6,
         elapsed=12.0,
     )
-    _finish(loop, plots=False, quiet=False)
-    out = capsys.readouterr().out
-    rows = {
-        line.split("│")[1].strip(): line.split("│")[2].strip()
-        for line in out.splitlines()
-        if line.count("│") >= 3
-    }
+    rows, out = _summary_rows(loop, capsys)
     assert rows["failed evaluations (not in n)"] == "5", out
     loop.kind, loop.records = "bo", records[:1]  # a synchronous run stops at a failure: no row
-    _finish(loop, plots=False, quiet=False)
-    assert "failed evaluations" not in capsys.readouterr().out
+    assert "failed evaluations" not in _summary_rows(loop, capsys)[1]

@@ -1795,14 +1795,11 @@ def test_sweep_summary_file_holds_every_campaign_and_the_table_over_seeds(tmp_pa
     assert hartmann["se_regret"] is None
 
 
-def test_sweep_plot_band_stops_at_the_lowest_seed_on_the_log_axis(tmp_path):
-    """Two seeds with spread regrets put the mean minus 2 SE below zero; the band was clipped
-    at 1e-12, which stretched the log axis over twelve decades and squashed the curves."""
+def _plot_sweep_figures(summaries, out):
+    r"""``plot_sweep(summaries, out)``'s written paths and the matplotlib figures it drew."""
     from bo_online import plotting
     from bo_online.sweep import plot_sweep
 
-    out = tmp_path / "sweep"
-    summaries = _hand_made_campaigns(out, {0: [3.0, 0.5, 0.2], 1: [9.0, 6.0, 4.0]})
     figures = []
     real = plotting._save
 
@@ -1812,9 +1809,18 @@ def test_sweep_plot_band_stops_at_the_lowest_seed_on_the_log_axis(tmp_path):
 
     plotting._save, saved = save, plotting._save
     try:
-        (written,) = plot_sweep(summaries, out)
+        written = plot_sweep(summaries, out)
     finally:
         plotting._save = saved
+    return written, figures
+
+
+def test_sweep_plot_band_stops_at_the_lowest_seed_on_the_log_axis(tmp_path):
+    """Two seeds with spread regrets put the mean minus 2 SE below zero; the band was clipped
+    at 1e-12, which stretched the log axis over twelve decades and squashed the curves."""
+    out = tmp_path / "sweep"
+    summaries = _hand_made_campaigns(out, {0: [3.0, 0.5, 0.2], 1: [9.0, 6.0, 4.0]})
+    (written,), figures = _plot_sweep_figures(summaries, out)
     assert written.is_file()
     for ax in figures[0].axes:
         low, high = ax.get_ylim()
@@ -1848,26 +1854,12 @@ def test_sweep_plot_vs_wall_time_averages_every_seed_from_its_first_point(tmp_pa
     other seeds' first records it drew that one seed's regret as the "mean over 2 seeds" (and
     a band of width 0), then the curve dropped or rose as the others came in, which read as
     progress. The curves now start once every seed has a value: there, the mean of all."""
-    from bo_online import plotting
-    from bo_online.sweep import plot_sweep
-
     out = tmp_path / "sweep"
     summaries = _hand_made_campaigns(out, {0: [3.0, 1.0], 1: [9.0, 5.0]})
     path = out / summaries[1]["campaign"] / history.RECORDS_FILE
     late = [{**r, "wall_time": r["wall_time"] + 2.0} for r in history.read_records(path.parent)]
     path.write_text("".join(json.dumps(r) + "\n" for r in late))  # seed 1 starts at 2.5 s
-    figures = []
-    real = plotting._save
-
-    def save(fig, path):
-        figures.append(fig)
-        return real(fig, path)
-
-    plotting._save, saved = save, plotting._save
-    try:
-        plot_sweep(summaries, out)
-    finally:
-        plotting._save = saved
+    _, figures = _plot_sweep_figures(summaries, out)
     by_n, by_t = (ax.get_lines()[0] for ax in figures[0].axes)
     # by evaluations both start at n = 5; by wall time at 2.5 s, where seed 0 (done at 1 s)
     # holds its last value
