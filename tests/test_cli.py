@@ -124,6 +124,11 @@ BAD = {
         ["bo", "--problem", "branin", "--steps", "1", "--device", "meta", *SMALL],
         "--device must be cpu or cuda",
     ),
+    # the message named the Python argument, not the option the user typed
+    "half precision": (
+        ["bo", "--problem", "branin", "--dtype", "float16"],
+        "dtype (--dtype on the command line) must be one of ['float64', 'float32']",
+    ),
     # options of the asynchronous loop were silently ignored by a synchronous run
     "max failures without dask": (
         ["bo", "--problem", "branin", "--max-failures", "3"],

@@ -186,7 +186,10 @@ class OnlineLoop:
         check_options(dict(model_options or {}))  # allow-listed classes only; builds nothing
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
-                raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}.")
+                raise ValueError(
+                    f"dtype (--dtype on the command line) must be one of {list(_DTYPES)}, got "
+                    f"{dtype!r}."
+                )
             dtype = _DTYPES[dtype]
         self.dtype = dtype
         self.device = checked_device(device)
