@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from ax.adapter.transforms.base import Transform
 from bo_online.ax.registration import register_model_class
 from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY, _checked_refit_every
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import require_bool
+from bo_online.models.validation import require_bool, whole_number
 
 
 class DropNonFiniteY(Transform):
@@ -214,6 +215,32 @@ def _check_option_values(ax_cls: type, model_options: dict[str, Any]) -> None:
     )
 
 
+def _check_optimizer_counts(optimizer_options: Mapping[str, Any] | None) -> None:
+    r"""Refuse bad values of ``optimize_acqf``'s counts in ``optimizer_options`` before any trial:
+    ``num_restarts`` and ``raw_samples`` whole numbers >= 1, and at least as many raw samples as
+    restarts (the restarts are chosen among them). ``num_restarts=-1`` failed at the first
+    model-based trial, after the Sobol evaluations. Other names are Ax's and BoTorch's to check
+    (Ax passes them to several optimisers, whose arguments differ)."""
+    if optimizer_options is None:
+        return
+    if not isinstance(optimizer_options, Mapping):
+        raise ValueError(
+            f"optimizer_options must be a dict of optimize_acqf arguments, got "
+            f"{type(optimizer_options).__name__}."
+        )
+    counts = {
+        name: whole_number(f"optimizer_options {name}", optimizer_options[name], 1)
+        for name in ("num_restarts", "raw_samples")
+        if name in optimizer_options
+    }
+    if counts.get("raw_samples", math.inf) < counts.get("num_restarts", 0):
+        raise ValueError(
+            f"optimizer_options raw_samples ({counts['raw_samples']}) must be at least "
+            f"num_restarts ({counts['num_restarts']}): the restarts are chosen among the raw "
+            "samples."
+        )
+
+
 def make_generation_strategy(
     model: type[OnlineModel] | str = "OnlineExactGP",
     botorch_acqf_class: type | None = None,
@@ -351,6 +378,7 @@ def make_generation_strategy(
     }
     if acquisition_options:
         generator_kwargs["acquisition_options"] = dict(acquisition_options)
+    _check_optimizer_counts(optimizer_options)  # now, not after the Sobol trials
     if optimizer_options:
         generator_kwargs["default_model_gen_options"] = {
             "optimizer_kwargs": dict(optimizer_options)

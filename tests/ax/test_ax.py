@@ -1086,6 +1086,31 @@ def test_a_name_that_is_no_online_model_gets_the_names_to_use():
             boax.make_generation_strategy(bad)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_restarts": -1}, "optimizer_options num_restarts must be an integer >= 1, got -1"),
+        ({"raw_samples": 2.5}, "optimizer_options raw_samples must be an integer >= 1, got 2.5"),
+        ({"num_restarts": True}, "optimizer_options num_restarts must be an integer >= 1"),
+        (
+            {"num_restarts": 4, "raw_samples": 3},
+            r"raw_samples \(3\) must be at least num_restarts \(4\)",
+        ),
+        ("num_restarts=4", "optimizer_options must be a dict of optimize_acqf arguments"),
+    ],
+)
+def test_bad_optimizer_counts_are_refused_before_any_trial(options, message):
+    """``optimizer_options={"num_restarts": -1}`` (or fewer raw samples than restarts) was
+    taken, and the first model-based trial failed after the Sobol evaluations, inside
+    BoTorch. The counts are checked when the strategy is made; valid ones pass on unchanged."""
+    with pytest.raises(ValueError, match=message):
+        boax.make_generation_strategy("OnlineExactGP", optimizer_options=options)
+    good = {"num_restarts": 4, "raw_samples": 64, "options": {"maxiter": 20}}
+    gs = boax.make_generation_strategy("OnlineExactGP", optimizer_options=good)
+    gen_options = gs._nodes[1].generator_specs[0].generator_kwargs["default_model_gen_options"]
+    assert gen_options == {"optimizer_kwargs": good}
+
+
 def test_a_torch_device_this_machine_lacks_is_refused_before_any_trial(monkeypatch):
     """``torch_device="cuda"`` on a machine without CUDA was taken, and the first model-based
     trial failed after the Sobol evaluations ("AssertionError: Torch not compiled with CUDA
