@@ -60,10 +60,6 @@ from bo_online.cli.running import (
 )
 from bo_online.cli.summary import _finish
 
-#: ``--max-failures`` and ``--no-workers-timeout`` (seconds) of an asynchronous run (``--dask``)
-DEFAULT_MAX_FAILURES = 10
-DEFAULT_NO_WORKERS_TIMEOUT = 120.0
-
 
 @app.command()
 def bo(
@@ -264,11 +260,13 @@ def bo(
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")
-        max_failures = DEFAULT_MAX_FAILURES if max_failures is None else max_failures
-        _nonneg("--max-failures", max_failures)
-        wait_for_workers = _no_workers_timeout(
-            DEFAULT_NO_WORKERS_TIMEOUT if no_workers_timeout is None else no_workers_timeout
-        )
+        # given ones only: the asynchronous loop's own defaults apply to the others
+        async_options: dict[str, float] = {}
+        if max_failures is not None:
+            _nonneg("--max-failures", max_failures)
+            async_options["max_failures"] = max_failures
+        if no_workers_timeout is not None:
+            async_options["no_workers_timeout"] = _no_workers_timeout(no_workers_timeout)
         from bo_online.loops.async_bo import AsyncBayesOptLoop
 
         _check(
@@ -287,8 +285,7 @@ def bo(
             loop = AsyncBayesOptLoop(
                 prob,
                 client,
-                max_failures=max_failures,
-                no_workers_timeout=wait_for_workers,
+                **async_options,
                 **bo_options,
             )
             _run_async(loop, steps, dask)
