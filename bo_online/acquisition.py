@@ -16,7 +16,7 @@ objectives that are minimised before the model sees them.
 from __future__ import annotations
 
 import math
-import numbers
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -38,16 +38,20 @@ from botorch.sampling import SobolQMCNormalSampler
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
+from bo_online.models.validation import whole_number
+
 __all__ = [
     "ACQUISITIONS",
     "BETA_SCHEDULES",
     "DEFAULT_OPTIMIZER_OPTIONS",
+    "OPTIMIZER_COUNTS",
     "ucb_beta",
     "build_acquisition",
     "thompson_sample",
     "propose",
     "propose_from_pool",
     "optimizer_kwargs",
+    "check_optimizer_counts",
 ]
 
 ACQUISITIONS = ("qucb", "ucb", "logei", "ei", "qlognei", "qnipv", "ts")
@@ -232,6 +236,28 @@ def thompson_sample(
         return MaxPosteriorSampling(model, replacement=False)(cands, num_samples=q)
 
 
+#: ``optimize_acqf`` settings that count something (whole numbers >= 1)
+OPTIMIZER_COUNTS = ("num_restarts", "raw_samples", "maxiter", "batch_limit")
+
+
+def check_optimizer_counts(options: Mapping[str, Any], label: str = "") -> None:
+    r"""Refuse ``options``' counts (:data:`OPTIMIZER_COUNTS`, those present) that are not whole
+    numbers >= 1, and fewer ``raw_samples`` than ``num_restarts``: ``optimize_acqf`` picks its
+    restarts among the raw samples, so either would fail at the first acquisition, after the
+    initial design has been evaluated. ``label`` starts each message (how the user named them).
+    """
+    counts = {
+        name: whole_number(f"{label}{name}", options[name], 1)
+        for name in OPTIMIZER_COUNTS
+        if name in options
+    }
+    if counts.get("raw_samples", math.inf) < counts.get("num_restarts", 0):
+        raise ValueError(
+            f"{label}raw_samples ({counts['raw_samples']}) must be at least num_restarts "
+            f"({counts['num_restarts']}): the restarts are chosen among the raw samples."
+        )
+
+
 def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]:
     r"""``optimize_acqf`` keyword arguments from the loops' flat settings (defaults filled in,
     unknown names rejected)."""
@@ -242,20 +268,7 @@ def optimizer_kwargs(optimizer_options: dict[str, Any] | None) -> dict[str, Any]
             f"Unknown optimize_acqf option(s) {sorted(unknown)}; known: "
             f"{sorted(DEFAULT_OPTIMIZER_OPTIONS)} and 'options' (a dict passed on)."
         )
-    for name in ("num_restarts", "raw_samples", "maxiter", "batch_limit"):
-        value = opts[name]
-        whole = isinstance(value, numbers.Integral) or (
-            isinstance(value, float) and value.is_integer()
-        )
-        if isinstance(value, bool) or not whole or value < 1:
-            raise ValueError(f"optimize_acqf option {name} must be an integer >= 1, got {value!r}.")
-    if opts["raw_samples"] < opts["num_restarts"]:
-        # optimize_acqf picks its restarts among the raw samples, so it would fail at the
-        # first acquisition, after the initial design has been evaluated.
-        raise ValueError(
-            f"raw_samples ({opts['raw_samples']}) must be at least num_restarts "
-            f"({opts['num_restarts']}): the restarts are chosen among the raw samples."
-        )
+    check_optimizer_counts(opts, "optimize_acqf option ")
     return {
         "num_restarts": int(opts["num_restarts"]),
         "raw_samples": int(opts["raw_samples"]),

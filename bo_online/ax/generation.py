@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from ax.adapter.transforms.base import Transform
 
+from bo_online.acquisition import check_optimizer_counts
 from bo_online.ax.registration import register_model_class
 from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY, _checked_refit_every
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import require_bool, whole_number
+from bo_online.models.validation import require_bool
 
 
 class DropNonFiniteY(Transform):
@@ -228,17 +229,8 @@ def _check_optimizer_counts(optimizer_options: Mapping[str, Any] | None) -> None
             f"optimizer_options must be a dict of optimize_acqf arguments, got "
             f"{type(optimizer_options).__name__}."
         )
-    counts = {
-        name: whole_number(f"optimizer_options {name}", optimizer_options[name], 1)
-        for name in ("num_restarts", "raw_samples")
-        if name in optimizer_options
-    }
-    if counts.get("raw_samples", math.inf) < counts.get("num_restarts", 0):
-        raise ValueError(
-            f"optimizer_options raw_samples ({counts['raw_samples']}) must be at least "
-            f"num_restarts ({counts['num_restarts']}): the restarts are chosen among the raw "
-            "samples."
-        )
+    # the top-level counts (Ax nests maxiter and batch_limit under "options")
+    check_optimizer_counts(optimizer_options, "optimizer_options ")
 
 
 def make_generation_strategy(
