@@ -176,6 +176,9 @@ class AxOnlineMixin:
                 except Exception as err:  # e.g. a factor update that lost definiteness
                     # A rebuild is always correct; input that is truly bad fails there as well.
                     plan = f"incremental update failed ({type(err).__name__}: {err}); rebuilt"
+            if extended is not None and _left_own_regime_kernel(session.model, extended):
+                extended = None
+                plan = "left the exact regime of its own kernel (SKI derived from all data)"
             if extended is not None and ax_refit_every == "auto":
                 since = session.model._ax_obs_since_fit
                 since = None if since is None else since + train_X.shape[0] - n_old
@@ -460,6 +463,20 @@ def _refits_from_defaults(model: Any) -> bool:
     from bo_online.loops.refit_rules import refits_from_defaults
 
     return refits_from_defaults(model, _fit_cost_grows_with_n(model))
+
+
+def _left_own_regime_kernel(stored: Any, extended: Any) -> bool:
+    r"""Whether the incremental update took WISKI out of an exact regime with a kernel of its
+    own (``regime_kernel="ard"``, the default above 6 inputs): its SKI part, learned map
+    included, was never derived or fitted, so it is rebuilt on all data (the constructor derives
+    the map; Ax's fit then fits SKI), as the loops refit it through ``fit_projection``."""
+    from bo_online.loops.refit_rules import is_exact_gp_on_data
+
+    return (
+        getattr(extended, "regime_kernel", "ski") == "ard"
+        and is_exact_gp_on_data(stored)
+        and not is_exact_gp_on_data(extended)
+    )
 
 
 def _auto_refit_due(model: Any, n: int, n_at_fit: int | None, since: int | None) -> bool:

@@ -519,8 +519,14 @@ class OnlineLoop:
         cannot learn that map from its statistics alone; the loop keeps every observation, so it
         refits through ``fit_projection`` on them (map and hyperparameters jointly, statistics
         rebuilt). ``fit_options`` that ``fit_projection`` accepts are passed on; its optimiser
-        defaults to L-BFGS here (bounded by ``max_iter``, like ``fit``).
+        defaults to L-BFGS here (bounded by ``max_iter``, like ``fit``). Not while the surrogate
+        is the exact GP of a kernel of its own on the data it holds (WISKI above 6 inputs with
+        ``regime_kernel="ard"``): that GP does not use the map, which is derived when it leaves
+        the regime (:meth:`_left_exact_regime`), with the initial fit's budget at least (its
+        SKI part starts from its defaults).
         """
+        if self._left_own_regime_kernel():
+            max_iter = max(max_iter, self.config["init_fit_max_iter"])
         if max_iter <= 0:
             return 0.0
         self._n_last_fit = self._num_data()
@@ -528,7 +534,8 @@ class OnlineLoop:
         fit_projection = getattr(self.model, "fit_projection", None)
         data = self._training_data()
         from_current = self.config.get("refit_from", "auto") == "current"
-        if self._refits_projection() and data is not None:
+        in_regime = is_exact_gp_on_data(self.model)
+        if self._refits_projection() and data is not None and not in_regime:
             import inspect
 
             accepted = set(inspect.signature(fit_projection).parameters)
@@ -571,9 +578,23 @@ class OnlineLoop:
         kernel's hyperparameters at n near m is confident and wrong (held-out NLL 3.0 against
         0.64 with its own evidence, 8 inputs, n = 300, m = 512), until the next refit; a stream
         refits every 50 points or 10%."""
+        if self._left_own_regime_kernel():
+            return True  # (whatever the schedule: its first fit, :meth:`_left_own_regime_kernel`)
         if self.config["refit_every"] == 0 or self.config["fit_max_iter"] == 0:
             return False
         return self._exact_at_last_fit and not is_exact_gp_on_data(self.model)
+
+    def _left_own_regime_kernel(self) -> bool:
+        r"""Whether the surrogate has just left an exact regime that used a kernel of its own
+        (duck-typed ``regime_kernel == "ard"``: WISKI above 6 inputs), so that what it now
+        predicts with (SKI, and its learned map) was never derived or fitted. It then gets that
+        first fit even with ``refit_every=0``, with the initial fit's budget (``fit_max_iter=0``
+        too: it is part of the initial fit, unless ``init_fit_max_iter=0``)."""
+        return (
+            self._exact_at_last_fit
+            and getattr(self.model, "regime_kernel", "ski") == "ard"
+            and not is_exact_gp_on_data(self.model)
+        )
 
     def _refit_from_defaults(self, data: tuple[Tensor, Tensor], max_iter: int) -> None:
         r"""Replace the surrogate by one built afresh on all data (``n x d``, ``n x 1``) and fit

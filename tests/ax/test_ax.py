@@ -309,6 +309,28 @@ def _reference(model, X, Y):
     return predict
 
 
+def test_wiski_leaving_the_regime_of_its_own_kernel_is_rebuilt_with_its_map_derived():
+    r"""Above 6 inputs Ax's WISKI (the loops' defaults: BoTorch's kernel in the exact regime)
+    is rebuilt from the defaults in the regime; the trial that takes it past ``exact_max_n``
+    rebuilds it on all data instead of conditioning it (its SKI part was never fitted), so the
+    learned map is derived from the data and the SKI kernel fitted, and the trial after that
+    conditions it incrementally."""
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(16, 7, dtype=torch.float64, generator=g)
+    Y = torch.sin(3 * X[:, :3].sum(-1, keepdim=True)) + X[:, 3:].sum(-1, keepdim=True)
+    opts = {"exact_max_n": 10, "fit_options": {"max_iter": 20}}
+    stats = boax.session_stats()
+    model = _build(boax.AxWISKI, X[:9], Y[:9], **opts)
+    assert model.regime_kernel == "ard" and model.is_exact_gp_on_data()
+    assert model.projection.needs_data_init  # not derived in the regime
+    model = _build(boax.AxWISKI, X[:12], Y[:12], **opts)
+    assert stats.rebuilds == 2 and stats.reasons[-1].startswith("left the exact regime")
+    assert not model.is_exact_gp_on_data() and not model.projection.needs_data_init
+    assert model.num_data == 12
+    model = _build(boax.AxWISKI, X[:14], Y[:14], **opts)
+    assert (stats.rebuilds, stats.incremental) == (2, 1) and model.num_data == 14
+
+
 @pytest.mark.parametrize("model_name", MODELS)
 def test_ax_construction_conditions_instead_of_rebuilding(model_name, monkeypatch):
     ax_cls = boax.available_models()[model_name]

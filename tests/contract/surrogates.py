@@ -91,6 +91,19 @@ def _wiski_kernel_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: T
         return gp_posterior(k(X, X), k(X, Xt), k(Xt, Xt), c, y, noise)
 
 
+def _ard_regime_dense(model: WISKI, X: Tensor, y: Tensor, noise: Tensor, Xt: Tensor):
+    r"""Exact GP with WISKI's own regime kernel (``regime_kernel="ard"``: BoTorch's RBF with one
+    lengthscale per input) through GPyTorch's kernel call, on the inputs scaled to the unit cube
+    by the model's input box."""
+    lower, upper = model.input_bounds
+    k = model.regime_covar_module
+    U, Ut = (X - lower) / (upper - lower), (Xt - lower) / (upper - lower)
+    with torch.no_grad():
+        c = model.mean_module.constant.reshape(())
+        Kxx, Kxs, Kss = (k(A, B).to_dense() for A, B in ((U, U), (U, Ut), (Ut, Ut)))
+        return gp_posterior(Kxx, Kxs, Kss, c, y, noise)
+
+
 def _ski_prior_variance(model: WISKI, Xt: Tensor) -> Tensor:
     r"""``k(x, x)`` of the model's kernel at each test point (plus the grid jitter per
     component), evaluated at the points themselves: per component for the additive model."""
@@ -314,6 +327,23 @@ def _make_wiski_exact_regime(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
     return model
 
 
+def _make_wiski_ard_regime(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
+    # the exact regime throughout, with its own kernel (BoTorch's ARD RBF; the loops' default
+    # above 6 inputs) over the SKI structure of the loops' defaults
+    if template is not None and getattr(template, "input_groups", None) is not None:
+        kw.setdefault("additive", template.input_groups)
+        kw.setdefault("prior_variance", template.prior_variance)
+    elif "input_transform" not in kw:
+        kw = {**WISKI.loop_default_options(X.shape[-1]), **kw}
+    own = {"grid_size": 9, "exact_max_n": 100_000, "regime_kernel": "ard"}
+    model = WISKI(X, Y, Yvar, **{**kw, **own})
+    _set_common(model)
+    with torch.no_grad():
+        ard = model.regime_covar_module
+        ard.lengthscale = torch.full_like(ard.lengthscale, LENGTHSCALE)
+    return model
+
+
 def _make_tsvgp(X, Y, Yvar=None, *, template=None, **kw) -> TSVGP:
     # The inducing inputs are part of the model: a rebuild on all data reuses the parent's.
     Z = 8 if template is None else template.inducing_points.detach().clone()
@@ -464,6 +494,7 @@ SURROGATES: list[Surrogate] = [
     Surrogate("exact", _make_exact, _kernel_dense),
     Surrogate("wiski", _make_wiski, _ski_dense, max_dim=3),
     Surrogate("wiski-exact-regime", _make_wiski_exact_regime, _wiski_kernel_dense),
+    Surrogate("wiski-ard-regime", _make_wiski_ard_regime, _ard_regime_dense),
     Surrogate(
         "tsvgp",
         _make_tsvgp,

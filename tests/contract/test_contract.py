@@ -821,9 +821,17 @@ def test_load_state_dict_failure_leaves_state_unchanged(s):
     assert torch.equal(m0, m1) and torch.equal(C0, C1)
 
 
+def kernel_in_use(model):
+    """The kernel the model predicts with: WISKI's exact-regime kernel of its own
+    (``regime_kernel="ard"``) where it has one, else ``covar_module`` (or the bases' kernel)."""
+    if getattr(model, "regime_kernel", "ski") == "ard":
+        return model.regime_covar_module
+    return model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+
+
 def _change_hyperparameters(model) -> None:
     """Lengthscale x 1.3 and (inferred) noise x 2, in place."""
-    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    kernel = kernel_in_use(model)
     lik = getattr(model.likelihood, "gaussian", model.likelihood)
     with torch.no_grad():
         for part in getattr(kernel, "kernels", [kernel]):
@@ -1617,7 +1625,7 @@ def test_caches_follow_hyperparameter_changes(s):
     model = s.make(X, Y)
     model.update(Xn, Yn)
     latent(model, Xt)
-    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    kernel = kernel_in_use(model)
     base = getattr(kernel, "base_kernel", kernel)
     with torch.no_grad():
         base.lengthscale = base.lengthscale * 1.3
@@ -1688,7 +1696,7 @@ def test_fit_respects_the_bounds_of_gpytorch_constraints(s):
     X, Y, _ = s.data(N0, D, seed=0)
     model = s.make(X, Y)
     model.update(*s.data(Q, D, seed=1))
-    kernel = model.covar_module if hasattr(model, "covar_module") else model.basis.kernel
+    kernel = kernel_in_use(model)
     base = getattr(kernel, "base_kernel", kernel)
     base.register_constraint("raw_lengthscale", Interval(0.2, 0.25, transform=None))
     with torch.no_grad():

@@ -430,7 +430,7 @@ def test_refit_from_current_fits_wiskis_projection_from_the_current_map(monkeypa
         refit_from="current",
     )
     loop._training_data = lambda: (X, Y)
-    loop.model = WISKI(X, Y, **WISKI.loop_default_options(8))
+    loop.model = WISKI(X, Y, **{**WISKI.loop_default_options(8), "exact_max_n": 0})
     loop._fit(20)  # the initial fit: the map from the data, then the kernel
     assert loop._refits_projection()
     by_hand = copy.deepcopy(loop.model)

@@ -11,7 +11,9 @@ grid points, whatever the number n of observations.
 Use it for long BO / active-learning / streaming runs on d <= 3 inputs, where an exact GP becomes
 too slow; above 3 inputs the loops' default is an additive model over every pair of inputs (4-6
 inputs, ``projection="all-pairs"``, ``prior_variance="exact"``) or over consecutive pairs plus a
-learned 2-D projection (more inputs, ``projection="pairs+tanh"``).
+learned 2-D projection (more inputs, ``projection="pairs+tanh"``). In the loops WISKI is the
+exact GP of its kernel up to 256 points (``exact_max_n``), above 6 inputs of BoTorch's kernel
+(``regime_kernel="ard"``; :mod:`~bo_online.models.wiski.exact_regime`).
 
 Modules, one job each:
 

@@ -133,6 +133,7 @@ class WISKIDirichletClassifier(nn.Module):
         models stay SKI from the first point (the regime is not measured on classification)."""
         options = WISKI.loop_default_options(dim, user_options)
         options.pop("exact_max_n", None)
+        options.pop("regime_kernel", None)
         return options
 
     #: :meth:`fit_projection` takes the class models' projection-fit settings by name

@@ -456,8 +456,11 @@ class WISKIFitMixin:
     ) -> tuple[dict[str, Tensor], dict[str, tuple[float | None, float | None]]]:
         r"""Parameters ``fit`` moves (kernel, mean, homoscedastic noise) and their bounds from
         the GPyTorch constraints (BoTorch's defaults use untransformed constraints that only the
-        optimiser's bounds enforce)."""
-        prefixes = ["covar_module", "mean_module"]
+        optimiser's bounds enforce). The kernel is the exact regime's own one where it is in use
+        (``regime_kernel="ard"``, :mod:`bo_online.models.wiski.exact_regime`), else SKI's."""
+        own = self._fits_regime_kernel() and not include_projection  # (the joint fit is SKI's)
+        kernel = "regime_covar_module" if own else "covar_module"
+        prefixes = [kernel, "mean_module"]
         if not self.fixed_noise:
             prefixes.append("likelihood")
         if include_projection and hasattr(self, "projection"):

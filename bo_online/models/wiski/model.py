@@ -37,7 +37,9 @@ projection of all inputs, re-derived from the raw data at each refit (an exact G
 points, and a rebuild of the statistics), which the loops keep. ``projection="pairs"`` drops the
 projection component
 (cheaper refits, exact for additive functions, but no better than a constant on a strongly
-coupled stream such as kin40k); ``projection="tanh:K"``
+coupled stream such as kin40k). In the loops, up to 256 points the model is the exact GP of its
+kernel (``exact_max_n``), above 6 inputs of BoTorch's own kernel (``regime_kernel="ard"``), and
+the structure above is derived and fitted when it leaves that regime; ``projection="tanh:K"``
 (:class:`bo_online.models.wiski.projection.TanhProjection`) is the projection alone (in BO no better
 than Sobol on several 4-6-D test functions).
 
@@ -55,7 +57,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from botorch.models.utils.gpytorch_modules import get_gaussian_likelihood_with_lognormal_prior
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
@@ -190,7 +195,17 @@ class WISKI(
             marginal likelihood; :mod:`bo_online.models.wiski.exact_regime`); past it the rows
             are dropped and the model goes on as WISKI from its statistics, at a cost flat in
             n. Default 0 (SKI from the first point, the paper's model); the loops use
-            :meth:`loop_default_options`' value. Not with a learned projection.
+            :meth:`loop_default_options`' value. With a learned projection only with
+            ``regime_kernel="ard"``.
+        regime_kernel: the exact regime's kernel: ``"ski"`` (default) the kernel SKI
+            interpolates, so the model carries on unchanged when it leaves the regime; or
+            ``"ard"``: BoTorch's ``SingleTaskGP`` kernel (an RBF kernel with one lengthscale
+            per input and dimension-scaled priors, on the inputs scaled to the unit cube), a
+            kernel as rich as BoTorch's where the SKI structure is additive (the loops'
+            default above 6 inputs). Its hyperparameters are separate from SKI's, and a learned
+            projection is derived from the data only when the model leaves the regime, so past
+            ``exact_max_n`` the SKI part must be fitted (``fit_projection(X, Y)`` with a
+            projection, else ``fit()``), which the loops do when the model leaves the regime.
 
     Example:
         >>> model = WISKI(train_X, train_Y)              # 2-D: 30 x 30 grid
@@ -222,6 +237,7 @@ class WISKI(
         additive: str | Sequence[Sequence[int]] | None = None,
         prior_variance: str = "interpolated",
         exact_max_n: int = 0,
+        regime_kernel: str = "ski",
     ) -> None:
         if not isinstance(train_X, Tensor) or train_X.dim() != 2:
             raise ValueError(
@@ -235,6 +251,14 @@ class WISKI(
         train_X, train_Y, train_Yvar = detached(train_X, train_Y, train_Yvar)
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
+        self.exact_max_n = whole_number("exact_max_n", exact_max_n, 0)
+        if regime_kernel not in ("ski", "ard"):
+            raise ValueError(
+                "regime_kernel must be 'ski' (the exact regime's kernel is the one SKI "
+                "interpolates) or 'ard' (BoTorch's kernel on all inputs), got "
+                f"{regime_kernel!r}."
+            )
+        self.regime_kernel = regime_kernel
         spec = projection.strip().lower() if isinstance(projection, str) else None
         if spec in ("pairs", "pairs+tanh", "all-pairs", "all-pairs+tanh"):
             if additive is not None:
@@ -310,7 +334,6 @@ class WISKI(
                 f"prior_variance must be 'interpolated' or 'exact', got {prior_variance!r}."
             )
         self.prior_variance = prior_variance
-        self.exact_max_n = whole_number("exact_max_n", exact_max_n, 0)
         if standardize:  # one point too: centred on it, as BoTorch's Standardize
             self._set_outcome_scaling(train_Y, X)
         self.fixed_noise = train_Yvar is not None
@@ -332,6 +355,8 @@ class WISKI(
         self.covar_module = covar_module or _default_kernel(k, self.lengthscale_floor)
         self.likelihood = likelihood or get_gaussian_likelihood_with_lognormal_prior()
         self.mean_module = ConstantMean()
+        if regime_kernel == "ard":  # the exact regime's own kernel (exact_regime.py)
+            self.regime_covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         self.to(dtype=dtype, device=device)
         m = self.grid.num_points
         self.register_buffer("grid_points", self.grid.points())
@@ -392,7 +417,15 @@ class WISKI(
         initial data: from data where it asks for it (``d + 2`` points at least), else its batch
         norm statistics, unless it is already normalised (a fitted map is kept as it is)."""
         self.projection = projection.to(dtype=X.dtype, device=X.device)
-        if getattr(projection, "needs_data_init", False) and X.shape[0] >= self.dim + 2:
+        # With BoTorch's kernel in the exact regime the map is not used while the model holds
+        # its rows; deriving it (an exact GP fit) at every rebuild in the regime would double a
+        # BO step, so it is derived when the model leaves the regime (fit_projection).
+        deferred = self.regime_kernel == "ard" and X.shape[0] <= self.exact_max_n
+        if (
+            getattr(projection, "needs_data_init", False)
+            and X.shape[0] >= self.dim + 2
+            and not deferred
+        ):
             projection.init_from_data(X, Y)  # see projection.py: random maps fail
         elif X.shape[0] > 1:
             # batch norm statistics of the initial data (if it has any and they are not set)
@@ -414,7 +447,9 @@ class WISKI(
           step time (docs/surrogates/wiski.md).
         * larger ``d``: pairs grow quadratically, so consecutive pairs plus one component on a
           learned 2-D projection (``projection="pairs+tanh"``, see
-          :mod:`bo_online.models.wiski.additive`).
+          :mod:`bo_online.models.wiski.additive`), and in the exact regime BoTorch's kernel
+          (``regime_kernel="ard"``): the exact GP of the additive kernel was 2-2.6x BoTorch's
+          mean regret on Rosenbrock 8-D and Levy 10-D (docs/results.md).
 
         Whatever the structure, ``exact_max_n=LOOP_EXACT_MAX_N`` (256): the exact GP of the
         kernel while the model holds at most that many points (:mod:`.exact_regime`), WISKI
@@ -431,7 +466,7 @@ class WISKI(
             return regime
         if dim <= ALL_PAIRS_MAX_DIM:
             return {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12, **regime}
-        return {"projection": "pairs+tanh"}
+        return {"projection": "pairs+tanh", "regime_kernel": "ard", **regime}
 
     # ------------------------------------------------------------------ small helpers
 
@@ -455,10 +490,13 @@ class WISKI(
         self.invalidate_caches()
 
     def hyperparameters(self):
-        """Kernel, mean and (homoscedastic) noise parameters, plus the outcome scaling."""
+        """Kernel, mean and (homoscedastic) noise parameters, plus the outcome scaling: what
+        SKI's caches depend on (the exact regime keys its own caches on every parameter)."""
         for name, p in self.named_parameters():
             if name.startswith("projection."):
                 continue  # the statistics themselves depend on it: see fit_projection
+            if name.startswith("regime_covar_module."):
+                continue  # the exact regime's own kernel: SKI's caches do not read it
             if self.fixed_noise and name.startswith("likelihood."):
                 continue
             yield p

@@ -198,12 +198,13 @@ def test_loaded_model_predicts_bit_for_bit():
 
 
 def test_loop_defaults_and_bad_values():
-    """The loops' options hold the regime for every structure but a learned projection, a
-    user's ``exact_max_n`` wins, and a bad value is refused before anything is built."""
+    """The loops' options hold the regime for every structure (above 6 inputs with a kernel of
+    its own: test_wiski_ard_regime.py), a user's ``exact_max_n`` wins, and a bad value is
+    refused before anything is built."""
     assert WISKI.loop_default_options(2) == {"exact_max_n": LOOP_EXACT_MAX_N}
     assert WISKI.loop_default_options(5)["exact_max_n"] == LOOP_EXACT_MAX_N
     assert "exact_max_n" not in WISKI.loop_default_options(5, {"exact_max_n": 0})
-    assert WISKI.loop_default_options(8) == {"projection": "pairs+tanh"}
+    assert WISKI.loop_default_options(8)["exact_max_n"] == LOOP_EXACT_MAX_N  # (its own kernel)
     X, Y = _data(10, 2, seed=9)
     for bad in (-1, 2.5, "many"):
         with pytest.raises(ValueError, match="exact_max_n"):

@@ -130,7 +130,11 @@ def test_projection_shorthand_strings_and_error_hint():
     all_pairs = {"projection": "all-pairs", "prior_variance": "exact", "grid_size": 12}
     all_pairs["exact_max_n"] = LOOP_EXACT_MAX_N  # the exact regime at small n, every structure
     assert WISKI.loop_default_options(4) == WISKI.loop_default_options(6) == all_pairs
-    assert WISKI.loop_default_options(7) == {"projection": "pairs+tanh"}
+    assert WISKI.loop_default_options(7) == {
+        "projection": "pairs+tanh",
+        "regime_kernel": "ard",
+        "exact_max_n": LOOP_EXACT_MAX_N,
+    }
     assert WISKI.loop_default_options(3) == {"exact_max_n": LOOP_EXACT_MAX_N}
     # the hint's suggestions work
     assert WISKI(X, Y, projection=TanhProjection(6, out_dim=2), grid_size=10).num_features == 2

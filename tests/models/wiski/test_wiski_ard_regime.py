@@ -1,0 +1,216 @@
+r"""WISKI's exact regime with its own kernel (``regime_kernel="ard"``, the loops' default above 6
+inputs): while it holds its rows it is BoTorch's ``SingleTaskGP`` (the same kernel, priors and
+fit), in ``b x q x d`` batches and for fantasies; its SKI part (structure and learned map) is
+derived and fitted when it leaves the regime, which the BO loop does by itself.
+
+References: BoTorch's ``SingleTaskGP`` fitted with ``fit_gpytorch_mll``, or given WISKI's
+hyperparameters, GPyTorch's ``ExactMarginalLogLikelihood`` and BoTorch's own
+``condition_on_observations``; held out, a constant predictor's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from botorch.exceptions.warnings import InputDataWarning
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from botorch.models.transforms import Standardize
+from gpytorch.mlls import ExactMarginalLogLikelihood
+
+from bo_online.models.wiski import WISKI
+from bo_online.models.wiski.model import LOOP_EXACT_MAX_N
+
+DT = torch.float64
+D = 8
+
+
+def _rosenbrock(X: torch.Tensor) -> torch.Tensor:
+    r"""Rosenbrock on ``[-2, 2]^d`` from the unit cube, scaled to O(1) (``n x d`` -> ``n x 1``):
+    consecutive inputs interact, which the pairs of WISKI's SKI structure only partly cover."""
+    Z = 4 * X - 2
+    f = (100 * (Z[:, 1:] - Z[:, :-1] ** 2) ** 2 + (1 - Z[:, :-1]) ** 2).sum(-1)
+    return (f / 1e3).unsqueeze(-1)
+
+
+def _data(n: int, seed: int, d: int = D) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=DT)
+    return X, _rosenbrock(X) + 0.01 * torch.randn(n, 1, generator=g, dtype=DT)
+
+
+def _twin(model: WISKI, X: torch.Tensor, Y: torch.Tensor) -> SingleTaskGP:
+    r"""``SingleTaskGP`` with the regime's hyperparameters (its kernel is BoTorch's default)."""
+    gp = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
+    gp.covar_module.load_state_dict(model.regime_covar_module.state_dict())
+    gp.likelihood.noise = model.likelihood.noise.detach()
+    gp.mean_module.constant.data.fill_(float(model.mean_module.constant.detach()))
+    return gp.eval()
+
+
+def test_loop_defaults_above_six_inputs_hold_botorchs_kernel():
+    """Above 6 inputs the loops' WISKI is the exact GP of BoTorch's kernel up to
+    ``LOOP_EXACT_MAX_N`` points; a user's ``exact_max_n`` or structure wins; a bad
+    ``regime_kernel`` is refused before anything is built."""
+    expected = {"projection": "pairs+tanh", "regime_kernel": "ard"}
+    assert WISKI.loop_default_options(8) == {**expected, "exact_max_n": LOOP_EXACT_MAX_N}
+    assert WISKI.loop_default_options(8, {"exact_max_n": 0}) == expected
+    assert "regime_kernel" not in WISKI.loop_default_options(6)
+    assert "regime_kernel" not in WISKI.loop_default_options(8, {"projection": "pairs"})
+    X, Y = _data(20, seed=0)
+    model = WISKI(X, Y, **WISKI.loop_default_options(D))
+    assert model.is_exact_gp_on_data()
+    assert model.projection.needs_data_init  # derived when the model leaves the regime
+    with pytest.raises(ValueError, match="regime_kernel must be 'ski'"):
+        WISKI(X, Y, projection="pairs+tanh", exact_max_n=50, regime_kernel="matern")
+    # the SKI kernel's regime with a learned map stays refused (its map is fitted on SKI's
+    # statistics); with regime_kernel="ard" the map is not used in the regime
+    assert not WISKI(X, Y, projection="pairs+tanh", exact_max_n=50).is_exact_gp_on_data()
+    assert WISKI(X[:, :2], Y, exact_max_n=50, regime_kernel="ard").is_exact_gp_on_data()
+
+
+def test_fit_and_posterior_are_botorchs_in_b_x_q_x_d_batches():
+    """``fit`` in the regime reaches BoTorch's fit from the same defaults (its evidence, and the
+    noise; the evidence is flat along some lengthscales, which the two L-BFGS runs leave up to
+    20% apart); at WISKI's hyperparameters the posterior (latent and with noise) on ``4 x 3 x 8``
+    test points and the posterior of a fantasy-conditioned model equal ``SingleTaskGP``'s."""
+    X, Y = _data(30, seed=1)
+    model = WISKI(X, Y, **WISKI.loop_default_options(D))
+    ski_before = [p.detach().clone() for p in model.covar_module.parameters()]
+    with torch.no_grad():
+        at_defaults = float(model.marginal_log_likelihood())
+    model.fit()
+    gp = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
+    botorch_mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
+    fit_gpytorch_mll(botorch_mll)
+    gp.train()  # the evidence, not the posterior at the training inputs
+    with torch.no_grad():
+        reached = float(botorch_mll(gp(X), gp.outcome_transform(Y)[0].squeeze(-1)))
+        ours = float(model.marginal_log_likelihood())
+    assert abs(ours - reached) < 1e-3 < reached - at_defaults, (ours, reached, at_defaults)
+    torch.testing.assert_close(
+        model.likelihood.noise.detach(), gp.likelihood.noise.detach(), rtol=1e-2, atol=0
+    )
+    # the SKI kernel is not what the regime fits
+    for before, after in zip(ski_before, model.covar_module.parameters()):
+        assert torch.equal(before, after.detach())
+
+    twin = _twin(model, X, Y).train()
+    mll = ExactMarginalLogLikelihood(twin.likelihood, twin)
+    y_std = twin.outcome_transform(Y)[0].squeeze(-1)
+    with torch.no_grad():
+        ref_mll = mll(twin(X), y_std)
+        torch.testing.assert_close(model.marginal_log_likelihood(), ref_mll, rtol=0, atol=1e-10)
+    twin.eval()
+    Xt = torch.rand(4, 3, D, generator=torch.Generator().manual_seed(2), dtype=DT)
+    with torch.no_grad():
+        for noise in (False, True):
+            ours = model.posterior(Xt, observation_noise=noise)
+            ref = twin.posterior(Xt, observation_noise=noise)
+            assert ours.mean.shape == (4, 3, 1)
+            torch.testing.assert_close(ours.mean, ref.mean, rtol=0, atol=1e-9)
+            torch.testing.assert_close(
+                ours.mvn.covariance_matrix, ref.mvn.covariance_matrix, rtol=0, atol=1e-9
+            )
+        Xf = torch.rand(2, 3, D, generator=torch.Generator().manual_seed(3), dtype=DT)
+        Yf = torch.randn(2, 3, 1, generator=torch.Generator().manual_seed(4), dtype=DT)
+        twin.posterior(X)  # BoTorch conditions a model whose caches exist
+        ours = model.condition_on_observations(Xf, Yf).posterior(Xt[:2])
+        ref = twin.condition_on_observations(Xf, Yf).posterior(Xt[:2])
+        torch.testing.assert_close(ours.mean, ref.mean, rtol=0, atol=1e-9)
+        torch.testing.assert_close(ours.variance, ref.variance, rtol=0, atol=1e-9)
+
+
+def test_a_box_other_than_the_unit_cube_is_scaled_as_botorch_normalizes():
+    """Inputs in a box: the regime's kernel sees them scaled to the unit cube, so the posterior
+    equals ``SingleTaskGP``'s on the scaled inputs; and in float32 it stays within float32's
+    accuracy of float64's."""
+    X, Y = _data(25, seed=5)
+    bounds = torch.stack([torch.full((D,), -3.0, dtype=DT), torch.full((D,), 5.0, dtype=DT)])
+    Xbox = bounds[0] + X * (bounds[1] - bounds[0])
+    options = {**WISKI.loop_default_options(D), "bounds": bounds}
+    with pytest.warns(InputDataWarning, match="unit cube"):  # (the SKI kernel's prior)
+        model = WISKI(Xbox, Y, **options).fit(max_iter=30)
+    twin = _twin(model, X, Y)
+    Xt = torch.rand(5, D, generator=torch.Generator().manual_seed(6), dtype=DT)
+    with torch.no_grad():
+        ours = model.posterior(bounds[0] + Xt * (bounds[1] - bounds[0]))
+        ref = twin.posterior(Xt)
+    torch.testing.assert_close(ours.mean, ref.mean, rtol=0, atol=1e-9)
+    torch.testing.assert_close(ours.variance, ref.variance, rtol=0, atol=1e-9)
+    with pytest.warns(InputDataWarning, match="unit cube"):
+        single = WISKI(Xbox.float(), Y.float(), **{**options, "bounds": bounds.float()})
+    single.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        low = single.posterior((bounds[0] + Xt * (bounds[1] - bounds[0])).float())
+    assert low.mean.dtype == torch.float32
+    torch.testing.assert_close(low.mean.double(), ours.mean, rtol=0, atol=1e-3)
+    torch.testing.assert_close(low.variance.double(), ours.variance, rtol=0, atol=1e-3)
+
+
+def test_saved_state_predicts_bit_for_bit():
+    X, Y = _data(20, seed=7)
+    model = WISKI(X, Y, **WISKI.loop_default_options(D)).fit(max_iter=20)
+    loaded = WISKI(X[:3], Y[:3], **WISKI.loop_default_options(D))
+    loaded.load_state_dict(model.state_dict())
+    Xt = torch.rand(2, 4, D, generator=torch.Generator().manual_seed(8), dtype=DT)
+    with torch.no_grad():
+        a, b = model.posterior(Xt), loaded.posterior(Xt)
+    assert loaded.is_exact_gp_on_data()
+    assert torch.equal(a.mean, b.mean)
+    assert torch.equal(a.mvn.covariance_matrix, b.mvn.covariance_matrix)
+
+
+def test_leaving_the_regime_then_fit_projection_gives_a_fitted_ski_model():
+    """Past ``exact_max_n`` the rows are dropped; ``fit_projection`` on all data (what the loops
+    call) derives the map and fits SKI, which then predicts 250 held-out points of Rosenbrock
+    8-D better than a constant and covers >= 80% of them with its 95% interval."""
+    X, Y = _data(450, seed=9)
+    Xtr, Ytr, Xte, Yte = X[:200], Y[:200], X[200:], Y[200:]
+    model = WISKI(Xtr[:30], Ytr[:30], **{**WISKI.loop_default_options(D), "exact_max_n": 40})
+    model.fit(max_iter=30)
+    model.update(Xtr[30:40], Ytr[30:40])
+    assert model.is_exact_gp_on_data() and model.projection.needs_data_init
+    model.update(Xtr[40:], Ytr[40:])
+    assert not model.is_exact_gp_on_data() and model.num_data == 200
+    model.fit_projection(Xtr, Ytr, method="lbfgs", max_iter=60)
+    assert not model.projection.needs_data_init and not model.is_exact_gp_on_data()
+    with torch.no_grad():
+        post = model.posterior(Xte, observation_noise=True)
+    mu, sd, y = post.mean.squeeze(-1), post.variance.squeeze(-1).sqrt(), Yte.squeeze(-1)
+    rmse = float(((mu - y) ** 2).mean().sqrt())
+    assert rmse < 0.8 * float(Ytr.std()), (rmse, float(Ytr.std()))
+    assert float(((y - mu).abs() <= 1.96 * sd).double().mean()) >= 0.8
+
+
+@pytest.mark.parametrize("refit_every", ["auto", 0])
+def test_bo_loop_refits_from_defaults_in_the_regime_and_derives_the_map_on_leaving(refit_every):
+    """``BayesOptLoop(model="wiski")`` on a 7-D problem at its defaults (with a small
+    ``exact_max_n`` so the run crosses it): in the regime every refit rebuilds the exact GP from
+    the defaults without deriving the map; the step that leaves the regime refits through
+    ``fit_projection``, after which the map is derived and the model is SKI on every point.
+    With ``refit_every=0`` (no refits after the initial fit) the model stays the one fitted on
+    the initial design until it leaves the regime, and still gets its SKI part's first fit."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    loop = BayesOptLoop(
+        synthetic_problem("rosenbrock", dim=7),
+        model="wiski",
+        n_init=14,
+        seed=0,
+        model_options={"exact_max_n": 15},
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+        refit_every=refit_every,
+        quiet=True,
+    )
+    loop.initialize()
+    first = loop.model
+    assert first.is_exact_gp_on_data() and first.projection.needs_data_init
+    assert loop.model.regime_kernel == "ard"
+    loop.step()  # 15 points: still in the regime, rebuilt from the defaults under "auto"
+    assert (loop.model is first) == (refit_every == 0) and loop.model.is_exact_gp_on_data()
+    assert loop.model.projection.needs_data_init
+    loop.step()  # 16 points: left the regime, refit through fit_projection
+    assert not loop.model.is_exact_gp_on_data() and loop.model.num_data == 16
+    assert not loop.model.projection.needs_data_init
+    assert loop.records[-1]["refit"]
