@@ -632,8 +632,12 @@ class WISKI(
         self._stats_shared = False
         self._exact_state_from_buffers()
         projection = getattr(self, "projection", None)
-        if projection is not None and self.num_data >= self.dim + 2:
+        deferred = self._has_regime_kernel() and self._holds_exact_rows()
+        if projection is not None and self.num_data >= self.dim + 2 and not deferred:
             # a loaded map is the saved model's, which had it from the data by this n (a model
             # rebuilt on fewer than d + 2 points to load into still asks for it; a resumed
-            # loop would otherwise re-derive the map at its next refit)
+            # loop would otherwise re-derive the map at its next refit). Not in the exact regime
+            # of its own kernel, where the saved model's map was not derived yet: marked
+            # derived, a resumed loop with refit_from="current" fitted it jointly from its
+            # random start when the model left the regime, where the run it resumed derived it.
             projection.needs_data_init = False

@@ -214,3 +214,32 @@ def test_bo_loop_refits_from_defaults_in_the_regime_and_derives_the_map_on_leavi
     assert not loop.model.is_exact_gp_on_data() and loop.model.num_data == 16
     assert not loop.model.projection.needs_data_init
     assert loop.records[-1]["refit"]
+
+
+def test_a_loaded_state_in_the_regime_leaves_the_map_to_derive():
+    """A state saved in the regime holds a map that was never derived (it is derived when the
+    model leaves the regime): the model it is loaded into (a resumed loop's, built on the
+    initial design) still says so, so leaving the regime through the joint ``fit_projection``
+    (a loop's ``refit_from="current"``) derives it first, as for the model that was saved: both
+    then predict bit for bit alike. (The loaded copy was marked derived, and its joint fit
+    started from the random map.)"""
+    X, Y = _data(60, seed=10)
+    options = {**WISKI.loop_default_options(D), "exact_max_n": 40}
+    model = WISKI(X[:30], Y[:30], **options).fit(max_iter=10)
+    loaded = WISKI(X[:12], Y[:12], **options)
+    loaded.load_state_dict(model.state_dict())
+    assert loaded.is_exact_gp_on_data() and loaded.projection.needs_data_init
+    Xt = torch.rand(6, D, generator=torch.Generator().manual_seed(11), dtype=DT)
+    posteriors = []
+    for m in (model, loaded):
+        m.update(X[30:], Y[30:])
+        assert not m.is_exact_gp_on_data()
+        m.fit_projection(X, Y, joint=True, method="lbfgs", max_iter=5)
+        with torch.no_grad():
+            posteriors.append(m.posterior(Xt))
+    assert torch.equal(posteriors[0].mean, posteriors[1].mean)
+    assert torch.equal(posteriors[0].variance, posteriors[1].variance)
+    # past the regime the saved map is the derived one, and a loaded copy keeps it
+    again = WISKI(X[:12], Y[:12], **options)
+    again.load_state_dict(loaded.state_dict())
+    assert not again.is_exact_gp_on_data() and not again.projection.needs_data_init
