@@ -395,7 +395,14 @@ class WISKIExactRegimeMixin:
         state, or one saved in a coarser dtype, whose factor holds that dtype's rounding), the
         exact GP's loaded factor is dropped too and rebuilt from the loaded rows at the next
         use (it was adopted: a float32 state made a float64 model predict 1e-6 off)."""
-        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        regime = getattr(self, "regime_kernel", "ski"), self._modules.get("regime_covar_module")
+        try:
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except Exception:  # as it was (see _load_from_state_dict)
+            self.regime_kernel = regime[0]
+            if regime[1] is not None:
+                self.regime_covar_module = regime[1]
+            raise
         if self._cache_key is None:
             self.__dict__["_exact_cache"] = None
         return result
@@ -408,6 +415,19 @@ class WISKIExactRegimeMixin:
         if prefix + "n" in state_dict and prefix + "exact_X" not in state_dict:
             for name in (*EXACT_ROW_NAMES, *EXACT_FACTOR_NAMES):
                 self._buffers[name] = None
+        # A saved model's state without a regime kernel of its own is that of a model with
+        # ``regime_kernel="ski"``, e.g. one saved before ``"ard"`` became the loops' default
+        # above 6 inputs: the loaded model goes on as that one (a learned map then has no
+        # regime), and its own unused kernel goes (a resumed run of such a model failed with
+        # the regime kernel's keys missing). The children are loaded after this, so it is not.
+        own = prefix + "regime_covar_module."
+        if (
+            prefix + "n" in state_dict
+            and "regime_covar_module" in self._modules
+            and not any(key.startswith(own) for key in state_dict)
+        ):
+            del self._modules["regime_covar_module"]
+            self.regime_kernel = "ski"
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

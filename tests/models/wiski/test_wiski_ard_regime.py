@@ -243,3 +243,35 @@ def test_a_loaded_state_in_the_regime_leaves_the_map_to_derive():
     again = WISKI(X[:12], Y[:12], **options)
     again.load_state_dict(loaded.state_dict())
     assert not again.is_exact_gp_on_data() and not again.projection.needs_data_init
+
+
+def test_a_state_without_a_regime_kernel_loads_as_the_model_that_saved_it():
+    """A saved model's state without ``regime_covar_module`` (a model with
+    ``regime_kernel="ski"``: above 6 inputs every state saved before ``"ard"`` became the loops'
+    default, which a resumed run loads into a model built with today's defaults) loads, and the
+    model goes on as the saved one: no regime with its learned map, the same posterior, and
+    after an update and ``fit_projection`` the same model bit for bit. (The load failed: the
+    regime kernel's keys were missing.) A load that fails leaves the model's kernel as it
+    was."""
+    X, Y = _data(40, seed=12)
+    saved = WISKI(X[:20], Y[:20], projection="pairs+tanh").fit(max_iter=10)  # as saved before
+    loaded = WISKI(X[:12], Y[:12], **WISKI.loop_default_options(D))
+    state = saved.state_dict()
+    broken = {k: v for k, v in state.items() if k != "mean_module.raw_constant"}
+    with pytest.raises(RuntimeError, match="raw_constant"):
+        loaded.load_state_dict(broken)
+    assert loaded.regime_kernel == "ard" and hasattr(loaded, "regime_covar_module")
+    assert loaded.is_exact_gp_on_data()
+    loaded.load_state_dict(state)
+    assert loaded.regime_kernel == "ski" and not hasattr(loaded, "regime_covar_module")
+    assert not loaded.is_exact_gp_on_data() and loaded.state_dict().keys() == state.keys()
+    Xt = torch.rand(6, D, generator=torch.Generator().manual_seed(13), dtype=DT)
+    for step in ("loaded", "updated and refitted"):
+        if step != "loaded":
+            for m in (saved, loaded):
+                m.update(X[20:], Y[20:])
+                m.fit_projection(X, Y, method="lbfgs", max_iter=5)
+        assert not loaded.is_exact_gp_on_data()
+        with torch.no_grad():
+            a, b = saved.posterior(Xt), loaded.posterior(Xt)
+        assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance), step
