@@ -536,23 +536,17 @@ class OnlineLoop:
         from_current = self.config.get("refit_from", "auto") == "current"
         in_regime = is_exact_gp_on_data(self.model)
         if self._refits_projection() and data is not None and not in_regime:
-            import inspect
-
-            accepted = set(inspect.signature(fit_projection).parameters)
-            settings_class = getattr(self.model, "fit_projection_settings_class", None)
-            if settings_class is not None:  # fit_projection(X, Y, Yvar, settings, **overrides)
-                accepted |= {f.name for f in dataclasses.fields(settings_class)}
             # from the current map: the joint gradient fit (re-deriving the map from the data
             # fits an exact GP on up to 400 points, seconds per refit whatever max_iter says)
             # (the initial fit derives the map from the data either way)
             joint = from_current and self.step_count > 0
             options = {"method": "lbfgs", "joint": joint, **self.config["fit_options"]}
-            options = {k: v for k, v in options.items() if k in accepted}
+            options = _accepted_options(fit_projection, self.model, "fit_projection", options)
             fit_projection(*data, max_iter=max_iter, **options)
         elif data is not None and self.step_count > 0 and not from_current and self._rebuild_due():
             self._refit_from_defaults(data, max_iter)  # (the initial fit starts there anyway)
         else:
-            self.model.fit(max_iter=max_iter, **self.config["fit_options"])
+            self.model.fit(max_iter=max_iter, **self._fit_options(self.model))
             if (
                 data is not None
                 and self.step_count > 0
@@ -612,8 +606,23 @@ class OnlineLoop:
         8.76); refitting from the defaults it reached 0.097."""
         fresh = self._build_model(*data)
         budget = max(max_iter, self.config["init_fit_max_iter"])
-        fresh.fit(max_iter=budget, **self.config["fit_options"])
+        fresh.fit(max_iter=budget, **self._fit_options(fresh))
         self.model = fresh
+
+    def _fit_options(self, model: Any) -> dict[str, Any]:
+        r"""``fit_options`` for ``model.fit``: all of them (a name it does not take is refused
+        there), except for a model that the loop otherwise refits through ``fit_projection``
+        (:meth:`_refits_projection`; ``fit`` only in WISKI's exact regime of its own kernel) and
+        declares the settings ``fit`` takes (``fit_settings_class``), which gets those ``fit``
+        takes, as ``fit_projection`` gets those it takes: ``joint`` made such a run (above 6
+        inputs) fail at its first fit."""
+        options = dict(self.config["fit_options"])
+        refits_projection = getattr(model, "projection", None) is not None and callable(
+            getattr(model, "fit_projection", None)
+        )
+        if not refits_projection or getattr(model, "fit_settings_class", None) is None:
+            return options
+        return _accepted_options(model.fit, model, "fit", options)
 
     def _rebuild_due(self) -> bool:
         r"""Whether a refit rebuilds the surrogate from its defaults
@@ -1293,6 +1302,22 @@ def _evaluate_rows(fn: Callable[[Tensor], Tensor] | bytes, rows: list[list[float
     if isinstance(fn, bytes):
         fn = pickle.loads(fn)
     return fn(torch.tensor(rows, dtype=torch.float64)).reshape(-1).tolist()
+
+
+def _accepted_options(
+    method: Callable[..., Any], model: Any, name: str, options: dict[str, Any]
+) -> dict[str, Any]:
+    r"""The ``options`` that ``model``'s ``method`` (its ``name``) takes by name: its own
+    parameters and, where the model has a settings class for it (``fit_settings_class``,
+    ``fit_projection_settings_class``: ``method(..., settings, **overrides)``), that class's
+    fields."""
+    import inspect
+
+    accepted = set(inspect.signature(method).parameters)
+    settings_class = getattr(model, f"{name}_settings_class", None)
+    if settings_class is not None:
+        accepted |= {f.name for f in dataclasses.fields(settings_class)}
+    return {k: v for k, v in options.items() if k in accepted}
 
 
 def resume_in_python_advice(what: str, out_dir: str | Path | None, kind: str | None) -> str:

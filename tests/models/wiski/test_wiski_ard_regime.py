@@ -275,3 +275,47 @@ def test_a_state_without_a_regime_kernel_loads_as_the_model_that_saved_it():
         with torch.no_grad():
             a, b = saved.posterior(Xt), loaded.posterior(Xt)
         assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance), step
+
+
+def test_bo_loop_passes_fit_and_fit_projection_each_the_fit_options_it_takes(monkeypatch):
+    """A loop's ``fit_options`` may name ``fit_projection``'s settings (``joint``) as well as
+    ones both take (``lr``): in the regime of its own kernel WISKI is fitted with ``fit``, which
+    gets the latter only (the run failed at its initial fit: "Unknown fit option 'joint'"), so
+    the loop's model is the one ``fit`` gives by hand; the step that leaves the regime passes
+    ``fit_projection`` its own."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    calls = []
+    original = WISKI.fit_projection
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(WISKI, "fit_projection", spy)
+    loop = BayesOptLoop(
+        synthetic_problem("rosenbrock", dim=7),
+        model="wiski",
+        n_init=10,
+        seed=0,
+        model_options={"exact_max_n": 10},
+        fit_options={"joint": True, "method": "adam", "lr": 0.03},
+        init_fit_max_iter=3,
+        fit_max_iter=3,
+        acq="ts",
+        acq_options={"num_candidates": 16},
+        quiet=True,
+    )
+    loop.initialize()
+    X, Y = loop._training_data()
+    by_hand = WISKI(X, Y, **WISKI.loop_default_options(7, {"exact_max_n": 10}), exact_max_n=10)
+    by_hand.fit(max_iter=3, method="adam", lr=0.03)
+    assert loop.model.is_exact_gp_on_data() and not calls
+    Xt = torch.rand(5, 7, generator=torch.Generator().manual_seed(14), dtype=DT)
+    with torch.no_grad():
+        ours, ref = loop.model.posterior(Xt), by_hand.posterior(Xt)
+    assert torch.equal(ours.mean, ref.mean) and torch.equal(ours.variance, ref.variance)
+    loop.step()  # 11 points: leaves the regime
+    assert not loop.model.is_exact_gp_on_data()
+    assert calls == [{"max_iter": 3, "method": "adam", "joint": True, "lr": 0.03}]
