@@ -252,6 +252,8 @@ class WISKI(
         X = self._checked_training_data(train_X, train_Y, train_Yvar)
         train_Yvar = self._floor_train_Yvar(train_Y, train_Yvar)  # noise floor, with a warning
         self.exact_max_n = whole_number("exact_max_n", exact_max_n, 0)
+        if isinstance(regime_kernel, str):  # as projection's names: "ARD" is "ard"
+            regime_kernel = regime_kernel.strip().lower()
         if regime_kernel not in ("ski", "ard"):
             raise ValueError(
                 "regime_kernel must be 'ski' (the exact regime's kernel is the one SKI "

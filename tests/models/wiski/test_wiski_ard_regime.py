@@ -65,7 +65,7 @@ def test_loop_defaults_above_six_inputs_hold_botorchs_kernel():
     # the SKI kernel's regime with a learned map stays refused (its map is fitted on SKI's
     # statistics); with regime_kernel="ard" the map is not used in the regime
     assert not WISKI(X, Y, projection="pairs+tanh", exact_max_n=50).is_exact_gp_on_data()
-    assert WISKI(X[:, :2], Y, exact_max_n=50, regime_kernel="ard").is_exact_gp_on_data()
+    assert WISKI(X[:, :2], Y, exact_max_n=50, regime_kernel=" ARD").is_exact_gp_on_data()
 
 
 def test_fit_and_posterior_are_botorchs_in_b_x_q_x_d_batches():
