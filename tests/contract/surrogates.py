@@ -330,14 +330,7 @@ def _make_wiski_exact_regime(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
 def _make_wiski_ard_regime(X, Y, Yvar=None, *, template=None, **kw) -> WISKI:
     # the exact regime throughout, with its own kernel (BoTorch's ARD RBF; the loops' default
     # above 6 inputs) over the SKI structure of the loops' defaults
-    if template is not None and getattr(template, "input_groups", None) is not None:
-        kw.setdefault("additive", template.input_groups)
-        kw.setdefault("prior_variance", template.prior_variance)
-    elif "input_transform" not in kw:
-        kw = {**WISKI.loop_default_options(X.shape[-1]), **kw}
-    own = {"grid_size": 9, "exact_max_n": 100_000, "regime_kernel": "ard"}
-    model = WISKI(X, Y, Yvar, **{**kw, **own})
-    _set_common(model)
+    model = _make_wiski_exact_regime(X, Y, Yvar, template=template, regime_kernel="ard", **kw)
     with torch.no_grad():
         ard = model.regime_covar_module
         ard.lengthscale = torch.full_like(ard.lengthscale, LENGTHSCALE)

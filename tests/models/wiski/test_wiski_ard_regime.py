@@ -38,6 +38,23 @@ def _data(n: int, seed: int, d: int = D) -> tuple[torch.Tensor, torch.Tensor]:
     return X, _rosenbrock(X) + 0.01 * torch.randn(n, 1, generator=g, dtype=DT)
 
 
+def _rosenbrock7_loop(n_init: int, exact_max_n: int, **options):
+    r"""``BayesOptLoop(model="wiski")`` on Rosenbrock 7-D at its defaults but for a small
+    ``exact_max_n`` (so that a few steps cross it) and ``options``."""
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    return BayesOptLoop(
+        synthetic_problem("rosenbrock", dim=7),
+        model="wiski",
+        n_init=n_init,
+        seed=0,
+        model_options={"exact_max_n": exact_max_n},
+        quiet=True,
+        **options,
+    )
+
+
 def _twin(model: WISKI, X: torch.Tensor, Y: torch.Tensor) -> SingleTaskGP:
     r"""``SingleTaskGP`` with the regime's hyperparameters (its kernel is BoTorch's default)."""
     gp = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
@@ -190,18 +207,11 @@ def test_bo_loop_refits_from_defaults_in_the_regime_and_derives_the_map_on_leavi
     ``fit_projection``, after which the map is derived and the model is SKI on every point.
     With ``refit_every=0`` (no refits after the initial fit) the model stays the one fitted on
     the initial design until it leaves the regime, and still gets its SKI part's first fit."""
-    from bo_online.loops import BayesOptLoop
-    from bo_online.problems import synthetic_problem
-
-    loop = BayesOptLoop(
-        synthetic_problem("rosenbrock", dim=7),
-        model="wiski",
-        n_init=14,
-        seed=0,
-        model_options={"exact_max_n": 15},
+    loop = _rosenbrock7_loop(
+        14,
+        15,
         optimizer_options={"num_restarts": 2, "raw_samples": 32},
         refit_every=refit_every,
-        quiet=True,
     )
     loop.initialize()
     first = loop.model
@@ -277,35 +287,23 @@ def test_a_state_without_a_regime_kernel_loads_as_the_model_that_saved_it():
         assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance), step
 
 
-def test_bo_loop_passes_fit_and_fit_projection_each_the_fit_options_it_takes(monkeypatch):
+def test_bo_loop_passes_fit_and_fit_projection_each_the_fit_options_it_takes(
+    fit_projection_calls,
+):
     """A loop's ``fit_options`` may name ``fit_projection``'s settings (``joint``) as well as
     ones both take (``lr``): in the regime of its own kernel WISKI is fitted with ``fit``, which
     gets the latter only (the run failed at its initial fit: "Unknown fit option 'joint'"), so
     the loop's model is the one ``fit`` gives by hand; the step that leaves the regime passes
     ``fit_projection`` its own."""
-    from bo_online.loops import BayesOptLoop
-    from bo_online.problems import synthetic_problem
-
-    calls = []
-    original = WISKI.fit_projection
-
-    def spy(self, *args, **kwargs):
-        calls.append(kwargs)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(WISKI, "fit_projection", spy)
-    loop = BayesOptLoop(
-        synthetic_problem("rosenbrock", dim=7),
-        model="wiski",
-        n_init=10,
-        seed=0,
-        model_options={"exact_max_n": 10},
+    calls = fit_projection_calls
+    loop = _rosenbrock7_loop(
+        10,
+        10,
         fit_options={"joint": True, "method": "adam", "lr": 0.03},
         init_fit_max_iter=3,
         fit_max_iter=3,
         acq="ts",
         acq_options={"num_candidates": 16},
-        quiet=True,
     )
     loop.initialize()
     X, Y = loop._training_data()

@@ -292,20 +292,13 @@ def test_a_run_config_naming_either_projection_path_builds_the_same_class(path) 
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in built.state_dict().items())
 
 
-def test_the_loop_passes_its_fit_options_to_fit_projection(monkeypatch) -> None:
+def test_the_loop_passes_its_fit_options_to_fit_projection(fit_projection_calls) -> None:
     r"""``fit_projection(X, Y, Yvar, settings, **overrides)``: the loop's refit still passes the
     settings' fields it has (its L-BFGS default, ``max_iter`` and ``fit_options``)."""
     from bo_online.loops.bayesopt import BayesOptLoop
     from bo_online.problems import synthetic_problem
 
-    calls = []
-    original = WISKI.fit_projection
-
-    def spy(self, *args, **kwargs):
-        calls.append(kwargs)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(WISKI, "fit_projection", spy)
+    calls = fit_projection_calls
     loop = BayesOptLoop(
         synthetic_problem("hartmann6"),
         model="wiski",
