@@ -44,6 +44,7 @@ from bo_online.models.exact_regime import (
     BorderedCholesky,
     KernelFn,
     KernelState,
+    _dense,
     bordered_kernel_state,
     cat_last,
     cat_rows,
@@ -63,6 +64,66 @@ EXACT_FACTOR_NAMES = ("exact_L", "exact_z")
 
 # Above this many test points the exact posterior's covariance is kept lazy (as roots).
 _DENSE_COVAR_MAX = 64
+# Largest a x b x J x k block of input differences the additive kernel forms at once (per batch
+# element; 32 MB in float64): larger requests are evaluated a block of rows at a time.
+_STACKED_BLOCK_NUMEL = 2**22
+
+
+def _stacked_rbf(FA: Tensor, FB: Tensor, lengthscales: Tensor, outputscales: Tensor) -> Tensor:
+    r"""``sum_j s_j exp(-|(a_j - b_j) / l_j|^2 / 2)`` (``... x a x b``) between the stacked
+    group inputs ``FA`` (``... x a x J k``) and ``FB`` (``... x b x J k``), ``lengthscales``
+    ``J x k``, ``outputscales`` ``J``: the additive model's kernel with every component a
+    ``ScaleKernel(RBFKernel)`` (the loops' default), written out for all ``J`` at once (``J``
+    GPyTorch kernel calls per posterior were 95% of an acquisition optimisation, Ackley 5-D, 10
+    components). Rows of ``FA`` go in blocks of ``_STACKED_BLOCK_NUMEL`` differences: at once,
+    the ``a x b x J x k`` differences and their squares took about 75 ``a x b`` matrices at
+    6 inputs (Thompson sampling over 4,000 candidates: 9.6 GB)."""
+    J, k = lengthscales.shape
+    A = FA.unflatten(-1, (J, k)) / lengthscales  # ... x a x J x k
+    B = FB.unflatten(-1, (J, k)) / lengthscales
+
+    def rows(Ai: Tensor) -> Tensor:
+        diff = Ai.unsqueeze(-3) - B.unsqueeze(-4)  # ... x a_i x b x J x k
+        # a sum of k squared slices and a product with s: a third quicker (with the gradient)
+        # than reducing the last dimensions of the broadcast tensors
+        d2 = sum(diff[..., i].square() for i in range(k))  # ... x a_i x b x J
+        return torch.exp(-0.5 * d2) @ outputscales
+
+    size = max(1, _STACKED_BLOCK_NUMEL // max(1, B.shape[-3] * J * k))
+    if A.shape[-3] <= size:
+        return rows(A)
+    return torch.cat([rows(Ai) for Ai in A.split(size, dim=-3)], dim=-2)
+
+
+class StackedRBFPrior(LinearOperator):
+    r"""``k(X, X)`` (``... x q x q``) of :func:`_stacked_rbf` at the stacked group inputs ``F``
+    (``... x q x J k``), formed only when asked for densely: its diagonal, all ``.variance``
+    needs, costs O(q J k). The hyperparameters are arguments of the operator, so gradients reach
+    them through every LinearOperator path."""
+
+    def __init__(self, F: Tensor, lengthscales: Tensor, outputscales: Tensor) -> None:
+        super().__init__(F, lengthscales, outputscales)
+        self.F, self.lengthscales, self.outputscales = F, lengthscales, outputscales
+
+    def _size(self) -> torch.Size:
+        return torch.Size((*self.F.shape[:-1], self.F.shape[-2]))
+
+    def _transpose_nonbatch(self) -> LinearOperator:
+        return self
+
+    def _expand_batch(self, batch_shape: torch.Size) -> LinearOperator:
+        F = self.F.expand(*batch_shape, *self.F.shape[-2:])
+        return StackedRBFPrior(F, self.lengthscales, self.outputscales)
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        return self.to_dense() @ rhs
+
+    def _diagonal(self) -> Tensor:
+        Fi = self.F.unsqueeze(-2)  # each point against itself: ... x q x 1 x 1
+        return _stacked_rbf(Fi, Fi, self.lengthscales, self.outputscales)[..., 0, 0]
+
+    def to_dense(self) -> Tensor:
+        return _stacked_rbf(self.F, self.F, self.lengthscales, self.outputscales)
 
 
 class WISKIExactRegimeMixin:
@@ -132,50 +193,46 @@ class WISKIExactRegimeMixin:
         ``B`` (``... x b x d``; ``A`` itself if None), dense: ``covar_module`` on one grid's
         inputs, or the sum over the additive model's components of their kernels on their
         groups of inputs."""
-        return self._exact_kernel_fn()(A, B)
+        return _dense(self._exact_kernel_fn()(A, B))
 
     def _exact_kernel_fn(self) -> KernelFn:
         r""":meth:`_exact_kernel` with the additive model's stacked component parameters
         gathered once, for the several kernel calls of one posterior (test-train and
-        test-test)."""
+        test-test). ``k(A, B)`` is dense; ``k(A)`` is a lazy operator whose diagonal costs O(a)
+        (the posterior's prior covariance at many points: ``.variance`` forms no ``a x a``
+        matrix, which took about 75 of them at 6 inputs)."""
         if self._has_regime_kernel():
             lower, upper = self.input_bounds[0], self.input_bounds[1]
 
             def unit(A: Tensor) -> Tensor:  # BoTorch's kernel and priors are for the unit cube
                 return (A - lower.to(A)) / (upper - lower).to(A)
 
-            def ard_kernel(A: Tensor, B: Tensor | None = None) -> Tensor:
+            def ard_kernel(A: Tensor, B: Tensor | None = None) -> Tensor | LinearOperator:
                 UA = unit(A)
-                return self.regime_covar_module(UA, UA if B is None else unit(B)).to_dense()
+                if B is None:
+                    return self.regime_covar_module(UA, UA)
+                return self.regime_covar_module(UA, unit(B)).to_dense()
 
             return ard_kernel
         stacked = None if self.input_groups is None else self._stacked_rbf_parameters()
 
-        def kernel(A: Tensor, B: Tensor | None = None) -> Tensor:
+        def kernel(A: Tensor, B: Tensor | None = None) -> Tensor | LinearOperator:
             FA = self._features(A)
             FB = FA if B is None else self._features(B)
             if self.input_groups is None:
-                return self.covar_module(FA, FB).to_dense()
+                K = self.covar_module(FA, FB)
+                return K if B is None else _dense(K)
             if stacked is not None:
-                # every component a ScaleKernel(RBF) (the loops' default): written out for all
-                # J at once, s_j exp(-|(a - b) / l_j|^2 / 2) summed over j, where J GPyTorch
-                # kernel calls per posterior were 95% of an acquisition optimisation (Ackley
-                # 5-D, 10 components)
-                lengthscales, outputscales = stacked  # J x k, J
-                J, k = lengthscales.shape
-                A = FA.unflatten(-1, (J, k)) / lengthscales  # ... x a x J x k
-                B = FB.unflatten(-1, (J, k)) / lengthscales
-                diff = A.unsqueeze(-3) - B.unsqueeze(-4)  # ... x a x b x J x k
-                # a sum of k squared slices and a product with s: a third quicker (with the
-                # gradient) than reducing the last dimensions of the broadcast tensors
-                d2 = sum(diff[..., i].square() for i in range(k))  # ... x a x b x J
-                return torch.exp(-0.5 * d2) @ outputscales
+                if B is None:
+                    return StackedRBFPrior(FA, *stacked)
+                return _stacked_rbf(FA, FB, *stacked)
             kernels = self.covar_module.kernels
             k = FA.shape[-1] // len(kernels)
             out = None
             for j, component in enumerate(kernels):
                 cols = slice(j * k, (j + 1) * k)
-                part = component(FA[..., cols], FB[..., cols]).to_dense()
+                part = component(FA[..., cols], FB[..., cols])
+                part = part if B is None else _dense(part)
                 out = part if out is None else out + part
             return out
 
