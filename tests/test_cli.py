@@ -945,6 +945,61 @@ def test_the_memory_checks_of_a_cuda_run_read_the_gpus_memory(monkeypatch):
         cli._check_sizes(grid, 2, "float32", "cuda:1")
 
 
+def test_thompson_sampling_over_more_candidates_than_memory_holds_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """``--acq ts --num-candidates 20000`` needs about 26 GB for its joint posterior sample
+    (the exact GP): on a 25 GB machine the run evaluated its initial design, then was killed
+    for memory at its first step (under a memory limit: a traceback). A count whose estimate
+    exceeds the memory is now refused before anything runs, naming the largest that fits, which
+    then runs; float32 halves the estimate."""
+    from bo_online.cli import memory as cli
+
+    # 12 x 400^2 x 8 bytes = 15.4 MB > 10 MB; the largest that fits: sqrt(10^7 / 96) = 322
+    monkeypatch.setattr(cli, "_memory_bytes", lambda device="cpu": 10**7)
+    argv = ["bo", "--problem", "branin", "--steps", "1", "--n-init", "4", *SMALL]
+    out = tmp_path / "run"
+    code, _, err = _run(
+        [*argv, "--acq", "ts", "--num-candidates", "400", "--out", str(out)], capsys
+    )
+    assert code == 2 and err.count("\n") == 1, err
+    assert "over its 400 candidates: about 0.0154 GB" in err and "this machine's 0.01 GB" in err
+    assert "give --num-candidates 322 or fewer." in err
+    assert not out.exists()
+    fits = (
+        ["--acq", "ts", "--num-candidates", "322"],
+        ["--acq", "ts", "--num-candidates", "400", "--dtype", "float32"],
+        ["--acq", "qucb", "--num-candidates", "400"],  # not read by other acquisitions
+    )
+    for i, extra in enumerate(fits):
+        run = tmp_path / f"run{i}"
+        code, _, err = _run([*argv, *extra, "-Q", "--no-plots", "--out", str(run)], capsys)
+        assert code == 0, err
+        assert len((run / "records.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_thompson_sampling_estimate_bounds_what_its_sample_allocates():
+    """:data:`TS_CANDIDATE_MATRICES` against the allocations of one joint sample over 1,500
+    candidates, each surrogate as a 6-input BO loop builds it (WISKI: 15 pairs of inputs): at
+    most the estimate, and at least the covariance and its factor (2 matrices)."""
+    from memory_profile import peak_allocated_bytes
+
+    from bo_online.acquisition import thompson_sample
+    from bo_online.cli.memory import TS_CANDIDATE_MATRICES
+    from bo_online.loops import BayesOptLoop
+    from bo_online.problems import synthetic_problem
+
+    c = 1500
+    for model in ("exact", "wiski", "tsvgp", "decoupled", "qsgp", "singletaskgp"):
+        loop = BayesOptLoop(
+            synthetic_problem("hartmann6"), model=model, n_init=12, fit_max_iter=5, seed=0
+        )
+        loop.initialize()
+        torch.manual_seed(0)
+        peak = peak_allocated_bytes(lambda: thompson_sample(loop.model, 3, 6, c, **loop.tkwargs))
+        assert 2 * c * c * 8 <= peak <= TS_CANDIDATE_MATRICES * c * c * 8, (model, peak)
+
+
 def test_a_bad_device_with_a_size_option_is_refused_as_a_bad_device(tmp_path, capsys):
     """With a size option the memory check parsed --device before the device check did."""
     argv = ["bo", "--problem", "branin", "--model", "wiski", "--model-option", "grid_size=10"]

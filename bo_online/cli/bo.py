@@ -22,7 +22,7 @@ from bo_online.cli.checks import (
     _positive,
     _refit_schedule,
 )
-from bo_online.cli.memory import _check_dense_memory
+from bo_online.cli.memory import _check_candidates_memory, _check_dense_memory
 from bo_online.cli.options import (
     _PROBLEM_HELP,
     AcqIterOpt,
@@ -257,6 +257,8 @@ def bo(
 
     n_first = n_init if n_init is not None else default_n_init(prob.dim)
     _check_dense_memory(model, n_first + q * steps, dtype, device=device)
+    if acq == "ts":
+        _check_candidates_memory(num_candidates, dtype, device=device)
     if dask is not None:  # asynchronous BO on a Dask cluster (bo_online.loops.async_bo)
         _check(workers == 0, "--workers and --dask exclude each other: use --dask local:N.")
         _check(q == 1, "--dask proposes one point per free worker: leave --q at 1.")

@@ -97,6 +97,38 @@ def _check_dense_memory(
     )
 
 
+#: Thompson sampling's joint posterior over ``c`` candidates allocated at its peak about 4
+#: (``SingleTaskGP``), 7-8 (the exact GP, WISKI, the decoupled SVGP, QSGP) and 10 (t-SVGP)
+#: ``c x c`` matrices (the covariance made dense, its scaling to the outcome's units, the
+#: Cholesky factor); the estimate rounds up.
+TS_CANDIDATE_MATRICES = 12
+
+
+def _check_candidates_memory(
+    num_candidates: int,
+    dtype: str,
+    option: str = "--num-candidates",
+    where: str = "",
+    device: str = "cpu",
+) -> None:
+    r"""Thompson sampling (``--acq ts``) draws one joint posterior sample over its ``c``
+    candidates, whose ``c x c`` covariance and factor must fit in memory: estimate
+    :data:`TS_CANDIDATE_MATRICES` ``c^2 x (8 or 4 bytes)``. ``--num-candidates 20000`` needs
+    about 26 GB with the exact GP: on a 25 GB machine the run was killed for memory at its first
+    step (under a memory limit, a traceback), after its initial design had been evaluated.
+    ``option`` names the setting, ``where`` (e.g. the sweep's campaign) ends the message."""
+    itemsize = 4 if dtype == "float32" else 8
+    c, have = int(num_candidates), _memory_bytes(device)
+    need = TS_CANDIDATE_MATRICES * c * c * itemsize
+    largest = math.isqrt(have // (TS_CANDIDATE_MATRICES * itemsize))
+    _check(
+        need <= have,
+        f"--acq ts samples jointly over its {c:,} candidates: about {need / 1e9:,.3g} GB "
+        f"({TS_CANDIDATE_MATRICES} c x c matrices), more than {_memory_name(device)} "
+        f"{have / 1e9:.3g} GB; give {option} {largest:,} or fewer{where}.",
+    )
+
+
 def _check_resume_memory(loop: Any, steps: int | None) -> None:
     r"""A resumed run into a dense model (the exact GP, SingleTaskGP) must fit in memory at its
     last ``n``, as a new run must: ``--steps`` can extend a run far beyond what it was started
@@ -123,16 +155,23 @@ def _check_resume_memory(loop: Any, steps: int | None) -> None:
 
 
 def _check_campaign_memory(campaign: Any) -> None:
-    r"""A sweep's campaign of a dense model must fit in memory at its last ``n``, as a ``bo``
-    run must (a worker that runs out of it fails the campaign hours in)."""
+    r"""A sweep's campaign must fit in memory as a ``bo`` run must (a worker that runs out of it
+    fails the campaign, hours in for a dense model): a dense model at its last ``n``, Thompson
+    sampling's joint posterior over its candidates."""
+    options = campaign.options
+    dtype = str(options.get("dtype", "float64"))
+    candidates = options.get("acq_options", {}).get("num_candidates", 1000)
+    if campaign.acq == "ts" and isinstance(candidates, int) and not isinstance(candidates, bool):
+        where = f" (campaign {campaign.name})"
+        _check_candidates_memory(candidates, dtype, "num_candidates in acq_options", where)
     if campaign.model not in ("exact", "singletaskgp"):
         return
     from bo_online.loops.bayesopt import default_n_init
     from bo_online.problems import synthetic_problem
 
-    p, options = campaign.problem, campaign.options
+    p = campaign.problem
     dim = p.get("dim") or synthetic_problem(p["name"]).dim
     n_init = options.get("n_init", default_n_init(dim))
     n = int(n_init) + int(options.get("q", 1)) * campaign.steps
     where = f"a smaller steps in the spec (campaign {campaign.name})"
-    _check_dense_memory(campaign.model, n, str(options.get("dtype", "float64")), where)
+    _check_dense_memory(campaign.model, n, dtype, where)

@@ -1386,6 +1386,28 @@ def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_star
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_of_thompson_sampling_beyond_memory_is_refused_before_a_cluster_starts(
+    tmp_path, capsys
+):
+    """`bo-online bo --acq ts` refuses a candidate count whose joint posterior sample does not
+    fit in memory; a sweep's campaign of it started its cluster and failed at its first step.
+    Refused with the campaign named, before anything starts (10^6 candidates: 96 TB)."""
+    import bo_online.cli as cli
+
+    spec = _spec(tmp_path / "spec.toml", [0])
+    spec.write_text(spec.read_text() + "acq_options = {num_candidates = 1000000}\n")
+    started = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep")])
+    assert e.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert "--acq ts samples jointly over its 1,000,000 candidates" in err, err
+    assert "or fewer (campaign branin-exact-ts-s0)." in err, err
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
