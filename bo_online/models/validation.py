@@ -77,11 +77,27 @@ def real_float64(value: Any, what: str) -> Tensor:
     r"""``value`` as a detached float64 tensor (a new one only where a conversion needs it).
 
     Raises:
-        ValueError: naming ``what`` if ``value`` holds complex numbers.
+        ValueError: naming ``what`` if ``value`` holds complex numbers, or anything that is not
+            a number (text, None for a failed measurement, ragged rows), which torch reported
+            without naming it (``too many dimensions 'str'``, ``must be real number, not
+            NoneType``).
     """
     if is_complex(value):
         raise ValueError(f"{what} holds complex values; pass real numbers.")
-    return torch.as_tensor(value, dtype=torch.float64).detach()
+    try:
+        return torch.as_tensor(value, dtype=torch.float64).detach()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(
+            f"{what} must hold real numbers only (a tensor, array or list of them), got "
+            f"{type(value).__name__} {_preview(value)} ({e}); leave out points that have no "
+            "value (a failed measurement) and convert text to numbers."
+        ) from e
+
+
+def _preview(value: Any, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def max_abs_output(dtype: torch.dtype) -> float:

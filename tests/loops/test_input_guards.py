@@ -278,6 +278,34 @@ def test_an_objective_that_returns_complex_values_is_reported_not_cut_to_its_rea
     assert not [w for w in recwarn if "imaginary" in str(w.message)]
 
 
+def test_values_that_are_not_numbers_are_refused_naming_the_argument(tmp_path):
+    """``tell(X, ["a", "b"])`` failed with torch's bare ``too many dimensions 'str'``, and a
+    failed measurement left as None with ``TypeError: must be real number, not NoneType``,
+    neither naming the argument. Both are a ValueError that names it and says what to do; the
+    loop is unchanged and takes the values once they are numbers."""
+    X = torch.tensor([[0.1, 0.0], [0.5, 2.0], [0.9, -3.0]], dtype=torch.float64)
+    y = _quadratic(X)
+    with pytest.raises(ValueError, match=r"initial_data y must hold real numbers only"):
+        _loop(None, initial_data=(X, [1.0, None, 2.0]), n_init=0)
+    loop = _loop(None, tmp_path, initial_data=(X, y), n_init=0)
+    loop.initialize()
+    x = loop.ask()
+    before = (loop.X.clone(), loop.y.clone(), loop.step_count)
+    for bad, why in (
+        (["a"] * x.shape[0], "too many dimensions 'str'"),
+        ([None] * x.shape[0], "must be real number, not NoneType"),
+    ):
+        with pytest.raises(ValueError, match=r"tell\(\) y must hold real numbers only") as e:
+            loop.tell(x, bad)
+        assert why in str(e.value) and "leave out points that have no value" in str(e.value)
+    with pytest.raises(ValueError, match=r"tell\(\) X must hold real numbers only"):
+        loop.tell([["0.5", "1"]], [1.0])
+    assert torch.equal(loop.X, before[0]) and torch.equal(loop.y, before[1])
+    assert loop.step_count == before[2]
+    record = loop.tell(x, [float(v) for v in _quadratic(x)])
+    assert record["n"] == X.shape[0] + x.shape[0]
+
+
 def test_complex_data_from_the_user_is_refused_not_cut_to_its_real_part(tmp_path, recwarn):
     X = torch.tensor([[0.1, 0.0], [0.5, 2.0], [0.9, -3.0]], dtype=torch.float64)
     y = _quadratic(X)
