@@ -602,10 +602,10 @@ def _test_mask(
             column = table.column(test_mask, "the test mask")
             values = table.data[:, column]
             source = f"column {table.columns[column]!r} of {table.path}"
-        mask = _zero_one(values, table.path)
+        mask = _zero_one(values, mask_table if mask_file is not None else table, source)
     elif table.mask is not None and test_fraction is None:
-        mask, column = _zero_one(table.mask, table.path), None
         source = f"{table.path}'s test_mask array"
+        mask, column = _zero_one(table.mask, table, source), None
     else:
         fraction = 0.1 if test_fraction is None else float(test_fraction)
         if not 0.0 < fraction < 1.0:
@@ -643,12 +643,20 @@ def _test_mask(
     return mask, column
 
 
-def _zero_one(values: np.ndarray, path: Path) -> np.ndarray:
-    """A test mask's values (``n``) as booleans, refusing anything but 0/1 (and booleans)."""
+def _zero_one(values: np.ndarray, table: Any, source: str) -> np.ndarray:
+    """A test mask's values (``n``, rows of ``table``, read from ``source``) as booleans,
+    refusing anything but 0/1 (and booleans), with the first other value and where it is: a mask
+    file's bad value was reported as the data file's, without the value."""
     if values.dtype != bool and not (
         np.issubdtype(values.dtype, np.number) and np.isin(values, (0, 1)).all()
     ):
-        raise DataFileError(f"{path}: the test mask must hold 0/1 values (1 = test row).")
+        bad = np.flatnonzero(~np.isin(values, (0, 1)))
+        first = (
+            f"; {table.where(int(bad[0]))} holds {values[bad[0]].item():g}"
+            if np.issubdtype(values.dtype, np.number) and bad.size
+            else ""
+        )
+        raise DataFileError(f"The test mask ({source}) must hold 0/1 values (1 = test row){first}.")
     return values.astype(bool)
 
 

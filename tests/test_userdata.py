@@ -705,7 +705,7 @@ def test_mask_files_are_checked_like_mask_columns_and_on_resume(tmp_path):
     X, y = _data(n=30, d=2)
     for bad in (np.where(np.arange(30) % 3 == 0, np.nan, 0.0), np.where(np.arange(30) % 3, 0, 2.5)):
         np.savez(tmp_path / "m.npz", X=X, y=y, test_mask=bad)
-        with pytest.raises(DataFileError, match="test mask must hold 0/1 values"):
+        with pytest.raises(DataFileError, match=r"test mask \(.*\) must hold 0/1 values"):
             stream_from_file(tmp_path / "m.npz")
     plain, mask_file = tmp_path / "plain.csv", tmp_path / "mask.csv"
     _write_csv(plain, X, y, header=False)
@@ -717,6 +717,38 @@ def test_mask_files_are_checked_like_mask_columns_and_on_resume(tmp_path):
     np.savetxt(mask_file, (np.arange(30) % 3 == 0).astype(int), fmt="%d")
     with pytest.raises(DataChangedError, match=r"mask\.csv has changed since the run started"):
         make_problem(prob.spec)
+
+
+def test_a_mask_value_other_than_0_or_1_is_reported_where_it_is(tmp_path):
+    """A mask file holding a 2 was reported as ``data.csv: the test mask must hold 0/1 values``:
+    the data file's name, not the mask's, and neither the value nor its line. Now the mask's
+    source (file, column of the data file, or an .npz's array) is named with the first bad
+    value and its line (0-based row in an .npz)."""
+    X, y = _data(n=30, d=2)
+    plain, mask_file = tmp_path / "plain.csv", tmp_path / "mask.csv"
+    _write_csv(plain, X, y, header=False)
+    mask = (np.arange(30) % 5 == 0).astype(float)
+    mask[7] = 2.0  # line 8 of a mask file without a header
+    np.savetxt(mask_file, mask, fmt="%g")
+    with pytest.raises(DataFileError) as e:
+        stream_from_file(plain, test_mask=str(mask_file))
+    assert str(e.value) == (
+        f"The test mask ({mask_file}) must hold 0/1 values (1 = test row); line 8 holds 2."
+    )
+    with_column = tmp_path / "col.csv"
+    mask[7] = 0.5  # line 9 of the data file, under its header
+    _write_csv(with_column, np.column_stack([X, y]), mask)
+    with pytest.raises(DataFileError) as e:
+        stream_from_file(with_column, target="x2", test_mask="target")
+    assert str(e.value) == (
+        f"The test mask (column 'target' of {with_column}) must hold 0/1 values (1 = test row); "
+        "line 9 holds 0.5."
+    )
+    np.savez(tmp_path / "m.npz", X=X, y=y, test_mask=mask)
+    with pytest.raises(
+        DataFileError, match=r"'s test_mask array\) must hold 0/1 .* row 7 \(0-based\) holds 0.5\."
+    ):
+        stream_from_file(tmp_path / "m.npz")
 
 
 def test_bom_and_a_first_row_with_an_empty_cell(tmp_path):
