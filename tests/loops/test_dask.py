@@ -1364,26 +1364,33 @@ def test_a_sweep_that_cannot_write_its_plots_says_to_run_the_sweep_again(
     assert "then try again (run the same `bo-online sweep` command again" in err
 
 
-def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_starts(
-    tmp_path, capsys
-):
-    """`bo-online bo` refuses an exact GP whose n x n factor will not fit by the run's end; a
-    sweep of the same campaign started its cluster and ran it until a worker ran out of
-    memory. Refused with the campaign named, before anything starts (n = 5 + 3 x 10^6)."""
+def _sweep_refused_before_its_cluster(spec, tmp_path, capsys) -> str:
+    """Run ``bo-online sweep spec``: it must exit with status 2 before a cluster starts or its
+    output folder exists; returns the error printed."""
     import bo_online.cli as cli
 
-    spec = _spec(tmp_path / "spec.toml", [0])
-    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1000000"))
     started = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
         with pytest.raises(SystemExit) as e:
             cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep")])
     assert e.value.code == 2 and started == []
-    err = capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+    return capsys.readouterr().err
+
+
+def test_a_sweep_of_a_dense_model_beyond_memory_is_refused_before_a_cluster_starts(
+    tmp_path, capsys
+):
+    """`bo-online bo` refuses an exact GP whose n x n factor will not fit by the run's end; a
+    sweep of the same campaign started its cluster and ran it until a worker ran out of
+    memory. Refused with the campaign named, before anything starts (n = 5 + 3 x 10^6)."""
+
+    spec = _spec(tmp_path / "spec.toml", [0])
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 1000000"))
+    err = _sweep_refused_before_its_cluster(spec, tmp_path, capsys)
     assert "--model exact holds an n x n factor" in err and "(n = 1,000,005)" in err, err
     assert "a smaller steps in the spec (campaign branin-exact-qucb-s0)" in err, err
-    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_sweep_of_thompson_sampling_beyond_memory_is_refused_before_a_cluster_starts(
@@ -1392,20 +1399,12 @@ def test_a_sweep_of_thompson_sampling_beyond_memory_is_refused_before_a_cluster_
     """`bo-online bo --acq ts` refuses a candidate count whose joint posterior sample does not
     fit in memory; a sweep's campaign of it started its cluster and failed at its first step.
     Refused with the campaign named, before anything starts (10^6 candidates: 96 TB)."""
-    import bo_online.cli as cli
 
     spec = _spec(tmp_path / "spec.toml", [0])
     spec.write_text(spec.read_text() + "acq_options = {num_candidates = 1000000}\n")
-    started = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli.running, "_dask_client", lambda address: started.append(address))
-        with pytest.raises(SystemExit) as e:
-            cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep")])
-    assert e.value.code == 2 and started == []
-    err = capsys.readouterr().err
+    err = _sweep_refused_before_its_cluster(spec, tmp_path, capsys)
     assert "--acq ts samples jointly over its 1,000,000 candidates" in err, err
     assert "or fewer (campaign branin-exact-ts-s0)." in err, err
-    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.parametrize(
