@@ -470,10 +470,10 @@ def _left_own_regime_kernel(stored: Any, extended: Any) -> bool:
     own (``regime_kernel="ard"``, the default above 6 inputs): its SKI part, learned map
     included, was never derived or fitted, so it is rebuilt on all data (the constructor derives
     the map; Ax's fit then fits SKI), as the loops refit it through ``fit_projection``."""
-    from bo_online.loops.refit_rules import is_exact_gp_on_data
+    from bo_online.loops.refit_rules import has_own_regime_kernel, is_exact_gp_on_data
 
     return (
-        getattr(extended, "regime_kernel", "ski") == "ard"
+        has_own_regime_kernel(extended)
         and is_exact_gp_on_data(stored)
         and not is_exact_gp_on_data(extended)
     )

@@ -45,6 +45,7 @@ from bo_online.loops.options import check_options, instantiate
 from bo_online.loops.refit_rules import (
     WARM_REFIT_MAX_ITER,
     growth_refit_due,
+    has_own_regime_kernel,
     is_exact_gp_on_data,
     refits_from_defaults,
 )
@@ -586,7 +587,7 @@ class OnlineLoop:
         too: it is part of the initial fit, unless ``init_fit_max_iter=0``)."""
         return (
             self._exact_at_last_fit
-            and getattr(self.model, "regime_kernel", "ski") == "ard"
+            and has_own_regime_kernel(self.model)
             and not is_exact_gp_on_data(self.model)
         )
 
@@ -617,10 +618,7 @@ class OnlineLoop:
         takes, as ``fit_projection`` gets those it takes: ``joint`` made such a run (above 6
         inputs) fail at its first fit."""
         options = dict(self.config["fit_options"])
-        refits_projection = getattr(model, "projection", None) is not None and callable(
-            getattr(model, "fit_projection", None)
-        )
-        if not refits_projection or getattr(model, "fit_settings_class", None) is None:
+        if not self._refits_projection(model) or getattr(model, "fit_settings_class", None) is None:
             return options
         return _accepted_options(model.fit, model, "fit", options)
 
@@ -694,12 +692,14 @@ class OnlineLoop:
             or self._refits_projection()
         )
 
-    def _refits_projection(self) -> bool:
+    def _refits_projection(self, model: Any = None) -> bool:
         r"""Whether the surrogate has a learned input map that :meth:`_fit` refits through its
         ``fit_projection`` (duck-typed: a ``projection`` attribute that is set and a
-        ``fit_projection`` method), where the loop keeps the raw data."""
-        return getattr(self.model, "projection", None) is not None and callable(
-            getattr(self.model, "fit_projection", None)
+        ``fit_projection`` method), where the loop keeps the raw data; ``model``: another
+        surrogate than the loop's (a rebuilt one) asked the same."""
+        model = self.model if model is None else model
+        return getattr(model, "projection", None) is not None and callable(
+            getattr(model, "fit_projection", None)
         )
 
     def _num_data(self) -> int | None:

@@ -9,6 +9,7 @@ from typing import Any
 __all__ = [
     "WARM_REFIT_MAX_ITER",
     "growth_refit_due",
+    "has_own_regime_kernel",
     "is_exact_gp_on_data",
     "refits_from_defaults",
 ]
@@ -35,6 +36,13 @@ def is_exact_gp_on_data(model: Any) -> bool:
     r"""What ``model.is_exact_gp_on_data()`` says (duck-typed; False for a model without it)."""
     is_exact = getattr(model, "is_exact_gp_on_data", None)
     return callable(is_exact) and bool(is_exact())
+
+
+def has_own_regime_kernel(model: Any) -> bool:
+    r"""Whether ``model``'s exact regime uses a kernel of its own (duck-typed
+    ``regime_kernel == "ard"``: WISKI above 6 inputs), so that what it predicts with once it
+    leaves the regime (SKI, a learned map) was never fitted there and needs a first fit."""
+    return getattr(model, "regime_kernel", "ski") == "ard"
 
 
 def growth_refit_due(n: int | None, n_last_fit: int | None, small_n: int, growth: float) -> bool:

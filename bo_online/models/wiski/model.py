@@ -422,7 +422,7 @@ class WISKI(
         # With BoTorch's kernel in the exact regime the map is not used while the model holds
         # its rows; deriving it (an exact GP fit) at every rebuild in the regime would double a
         # BO step, so it is derived when the model leaves the regime (fit_projection).
-        deferred = self.regime_kernel == "ard" and X.shape[0] <= self.exact_max_n
+        deferred = self._has_regime_kernel() and X.shape[0] <= self.exact_max_n
         if (
             getattr(projection, "needs_data_init", False)
             and X.shape[0] >= self.dim + 2
