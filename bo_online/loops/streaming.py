@@ -161,8 +161,10 @@ class StreamingLoop(OnlineLoop):
         self.num_predicted = 0
 
     def default_steps(self) -> int:
-        """Steps until the stream is exhausted."""
-        return (self.problem.X_stream.shape[0] - self.config["n_init"]) // self.config["q"]
+        """Steps until the stream is exhausted: the last takes the rows left when they are fewer
+        than ``q`` (they were dropped without a word)."""
+        rows_left = self.problem.X_stream.shape[0] - self.config["n_init"]
+        return -(-rows_left // self.config["q"])
 
     def max_steps(self) -> int:
         return self.default_steps()
@@ -228,13 +230,14 @@ class StreamingLoop(OnlineLoop):
         return self.U_stream[rows], self._model_targets(self.problem.y_stream[rows])
 
     def ask(self) -> Tensor:
-        r"""The next ``q`` stream rows (indices); also predicts them (prequential)."""
+        r"""The next ``q`` stream rows (indices; fewer at the stream's end, the rows left); also
+        predicts them (prequential)."""
         if not self.initialized:
             self.initialize()
-        q = self.config["q"]
-        if self.position + q > self.problem.X_stream.shape[0]:
+        total = self.problem.X_stream.shape[0]
+        if self.position >= total:
             raise ValueError("The stream is exhausted.")
-        rows = torch.arange(self.position, self.position + q)
+        rows = torch.arange(self.position, min(self.position + self.config["q"], total))
         t0 = self._now()
         pred = self._predict(self.U_stream[rows], self.problem.y_stream[rows], per_point=True)
         self._pending = {"rows": rows, "pred": pred, "time_acquisition": self._now() - t0}
