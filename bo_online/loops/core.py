@@ -526,10 +526,16 @@ class OnlineLoop:
         the regime (:meth:`_left_exact_regime`), with the initial fit's budget at least (its
         SKI part starts from its defaults).
         """
-        if self._left_own_regime_kernel():
+        leaving_own_kernel = self._left_own_regime_kernel()
+        if leaving_own_kernel:
             max_iter = max(max_iter, self.config["init_fit_max_iter"])
-        if max_iter <= 0:
+        if max_iter <= 0 and not leaving_own_kernel:
+            if has_own_regime_kernel(self.model):  # so that its leaving the regime is seen
+                self._exact_at_last_fit = is_exact_gp_on_data(self.model)
             return 0.0
+        # (leaving it with no fit budget at all, fit_projection below still derives the map
+        # from the data and rebuilds the statistics on it, fitting nothing: a map never derived
+        # is random, and the constructor derives it outside that regime whatever the budget)
         self._n_last_fit = self._num_data()
         t0 = self._now()
         fit_projection = getattr(self.model, "fit_projection", None)
@@ -584,7 +590,8 @@ class OnlineLoop:
         (duck-typed ``regime_kernel == "ard"``: WISKI above 6 inputs), so that what it now
         predicts with (SKI, and its learned map) was never derived or fitted. It then gets that
         first fit even with ``refit_every=0``, with the initial fit's budget (``fit_max_iter=0``
-        too: it is part of the initial fit, unless ``init_fit_max_iter=0``)."""
+        too: it is part of the initial fit). With no budget at all (``init_fit_max_iter=0`` as
+        well) its map is still derived from the data, and nothing is fitted."""
         return (
             self._exact_at_last_fit
             and has_own_regime_kernel(self.model)

@@ -17,7 +17,12 @@ from typing import Any, Callable, Literal, TypeVar
 
 import torch
 from botorch.optim.closures import ForwardBackwardClosure
-from botorch.optim.core import OptimizationResult, scipy_minimize, torch_minimize
+from botorch.optim.core import (
+    OptimizationResult,
+    OptimizationStatus,
+    scipy_minimize,
+    torch_minimize,
+)
 from botorch.optim.utils.model_utils import get_parameters_and_bounds
 from torch import Tensor
 from torch.nn import Module
@@ -231,13 +236,18 @@ def minimize_loss(
             keyword arguments of the same names.
 
     Returns:
-        BoTorch's ``OptimizationResult`` (final loss, step count, status).
+        BoTorch's ``OptimizationResult`` (final loss, step count, status). With ``max_iter=0``
+        nothing moves (SciPy's L-BFGS-B with ``maxiter=0`` still takes a step).
     """
     if settings is not None:
         method, max_iter, lr = settings.method, settings.max_iter, settings.lr
         timeout_sec = settings.timeout_sec
     if not parameters:
         raise ValueError("No hyperparameters to optimise (all frozen?).")
+    if max_iter == 0:
+        with torch.no_grad():
+            fval = float(loss())
+        return OptimizationResult(step=0, fval=fval, status=OptimizationStatus.STOPPED)
     closure = ForwardBackwardClosure(forward=loss, parameters=parameters)
     if method == "lbfgs":
         return scipy_minimize(

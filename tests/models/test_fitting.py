@@ -124,3 +124,16 @@ def test_standardization_equals_botorch_standardize() -> None:
     assert torch.allclose(std, tf.stdvs.squeeze(0), atol=1e-12)
     mean1, std1 = standardization(torch.full((5,), 2.5, dtype=torch.float64))
     assert mean1.tolist() == [2.5] and std1.tolist() == [1.0]
+
+
+def test_minimize_loss_with_max_iter_zero_moves_nothing():
+    """``max_iter=0`` (a loop's ``fit_max_iter=0``, a ``fit(max_iter=0)``): SciPy's L-BFGS-B
+    with ``maxiter=0`` still took a step; now nothing moves and the loss reported is the one at
+    the start (by hand)."""
+    from bo_online.models.fitting import minimize_loss
+
+    for method in ("lbfgs", "adam"):
+        x = torch.tensor([3.0, -1.0], dtype=torch.float64, requires_grad=True)
+        result = minimize_loss(lambda: ((x - 1.0) ** 2).sum(), {"x": x}, method=method, max_iter=0)
+        assert x.tolist() == [3.0, -1.0]
+        assert result.step == 0 and result.fval == 8.0

@@ -326,6 +326,13 @@ class WISKIExactRegimeMixin:
             mll = mll + (self._regime_log_prior() if fits_own else self._log_prior())
         return mll / self.exact_y.shape[-1]
 
+    def log_prior(self) -> Tensor:
+        r"""The log prior of what ``fit`` moves: in the regime with its own kernel, that
+        kernel's, the mean's and the noise's (:meth:`_regime_log_prior`); otherwise SKI's."""
+        if self._fits_regime_kernel():
+            return self._regime_log_prior()
+        return super().log_prior()
+
     def _regime_log_prior(self) -> Tensor:
         r"""The log prior of what ``fit`` moves with the regime's own kernel
         (:meth:`_fits_regime_kernel`): that kernel's, the constant mean's and the noise's."""

@@ -389,6 +389,10 @@ class WISKIFitMixin:
     def log_prior(self) -> Tensor:
         r"""Sum of the hyperparameter priors' log densities (kernel, mean, and the likelihood's
         noise unless the noise is fixed per point), a scalar tensor."""
+        return self._ski_log_prior()
+
+    def _ski_log_prior(self) -> Tensor:
+        r"""The log prior of SKI's hyperparameters (what SKI's evidence adds)."""
         modules = [self.covar_module, self.mean_module]
         if not self.fixed_noise:
             modules.append(self.likelihood)
@@ -419,7 +423,7 @@ class WISKIFitMixin:
         )
 
     def _log_prior(self) -> Tensor:
-        return self.log_prior()
+        return self._ski_log_prior()
 
     def fit(self, settings: WISKIFitSettings | None = None, **overrides: Any) -> Self:
         r"""Maximise the exact SKI marginal likelihood from the statistics, warm-started.

@@ -137,6 +137,29 @@ def test_fit_and_posterior_are_botorchs_in_b_x_q_x_d_batches():
         torch.testing.assert_close(ours.variance, ref.variance, rtol=0, atol=1e-9)
 
 
+def test_log_prior_in_the_regime_is_that_of_botorchs_kernel_and_noise():
+    """In the regime ``log_prior()`` is the log prior of what ``fit`` moves, BoTorch's kernel and
+    noise (summed over ``SingleTaskGP``'s registered priors by hand), and what the evidence
+    adds; past the regime it is SKI's again (it returned SKI's priors in the regime too)."""
+    X, Y = _data(30, seed=5)
+    options = {**WISKI.loop_default_options(D), "exact_max_n": 30}
+    model = WISKI(X, Y, **options).fit(max_iter=5)
+    twin = _twin(model, X, Y)
+    by_hand = sum(
+        prior.log_prob(closure(module)).sum()
+        for _, module, prior, closure, _ in twin.named_priors()
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(model.log_prior(), by_hand, rtol=0, atol=1e-10)
+        added = (model.marginal_log_likelihood(True) - model.marginal_log_likelihood(False)) * 30
+        torch.testing.assert_close(added, by_hand, rtol=0, atol=1e-9)
+    model.update(*_data(2, seed=6))  # 32 points: SKI
+    assert not model.is_exact_gp_on_data()
+    with torch.no_grad():
+        torch.testing.assert_close(model.log_prior(), model._ski_log_prior(), rtol=0, atol=0)
+        assert abs(float(model.log_prior() - by_hand)) > 1e-3
+
+
 def test_a_box_other_than_the_unit_cube_is_scaled_as_botorch_normalizes():
     """Inputs in a box: the regime's kernel sees them scaled to the unit cube, so the posterior
     equals ``SingleTaskGP``'s on the scaled inputs; and in float32 it stays within float32's
@@ -224,6 +247,33 @@ def test_bo_loop_refits_from_defaults_in_the_regime_and_derives_the_map_on_leavi
     assert not loop.model.is_exact_gp_on_data() and loop.model.num_data == 16
     assert not loop.model.projection.needs_data_init
     assert loop.records[-1]["refit"]
+
+
+def test_a_loop_without_any_fit_budget_still_derives_the_map_on_leaving():
+    """``init_fit_max_iter=0, fit_max_iter=0, refit_every=0``: nothing is ever fitted, but the
+    map is still derived when the model leaves the regime (the loop missed the leaving, since
+    it only noted the regime at a fit, and past 256 points predicted with the random map). The
+    model is then the one built by hand on the same data outside the regime, whose constructor
+    derives the map, with the default hyperparameters: the same posterior to round-off."""
+    loop = _rosenbrock7_loop(
+        14,
+        15,
+        optimizer_options={"num_restarts": 2, "raw_samples": 32},
+        refit_every=0,
+        init_fit_max_iter=0,
+        fit_max_iter=0,
+    )
+    loop.run(2)  # 16 points: left the regime
+    model = loop.model
+    assert not model.is_exact_gp_on_data() and not model.projection.needs_data_init
+    X, Y = loop._training_data()
+    by_hand = WISKI(X, Y, **{**WISKI.loop_default_options(7), "exact_max_n": 15})
+    assert not by_hand.projection.needs_data_init
+    Xt = torch.rand(5, 3, 7, generator=torch.Generator().manual_seed(3), dtype=DT)
+    with torch.no_grad():
+        ours, theirs = model.posterior(Xt), by_hand.posterior(Xt)
+    torch.testing.assert_close(ours.mean, theirs.mean, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(ours.variance, theirs.variance, rtol=1e-9, atol=1e-9)
 
 
 def test_a_loaded_state_in_the_regime_leaves_the_map_to_derive():
