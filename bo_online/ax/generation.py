@@ -3,6 +3,8 @@ generation going when an outcome is not finite."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
 import warnings
@@ -88,7 +90,6 @@ def _check_option_names(
     accepted ones: Ax builds the model only once the Sobol trials are done, so a misspelt name
     failed there, after as many evaluations."""
     import dataclasses
-    import inspect
 
     from bo_online.models.fitting import resolve_settings
 
@@ -179,8 +180,6 @@ def _check_option_values(ax_cls: type, model_options: dict[str, Any]) -> None:
         ValueError: one line naming the option, its value, and what the model allows (its
             message, or the constructor's annotation where the message does not name it).
     """
-    import inspect
-
     base = ax_cls._bo_online_base
     plain = {
         k: v for k, v in model_options.items() if k not in _AX_OWN_OPTIONS and _is_plain_value(v)
@@ -220,8 +219,9 @@ def _check_optimizer_counts(optimizer_options: Mapping[str, Any] | None) -> None
     r"""Refuse bad values of ``optimize_acqf``'s counts in ``optimizer_options`` before any trial:
     ``num_restarts`` and ``raw_samples`` whole numbers >= 1, and at least as many raw samples as
     restarts (the restarts are chosen among them). ``num_restarts=-1`` failed at the first
-    model-based trial, after the Sobol evaluations. Other names are Ax's and BoTorch's to check
-    (Ax passes them to several optimisers, whose arguments differ)."""
+    model-based trial, after the Sobol evaluations. So did a misspelt name (``num_restart``: a
+    ``TypeError`` from BoTorch): a name that none of the optimisers Ax may pick takes is refused
+    too (:func:`_optimizer_argument_names`); the others are Ax's and BoTorch's to check."""
     if optimizer_options is None:
         return
     if not isinstance(optimizer_options, Mapping):
@@ -229,8 +229,47 @@ def _check_optimizer_counts(optimizer_options: Mapping[str, Any] | None) -> None
             f"optimizer_options must be a dict of optimize_acqf arguments, got "
             f"{type(optimizer_options).__name__}."
         )
+    known = _optimizer_argument_names()
+    unknown = sorted(set(map(str, optimizer_options)) - known)
+    if unknown:
+        hints = [
+            f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+            for name in unknown
+            for close in [difflib.get_close_matches(name, known, n=1)]
+        ]
+        raise ValueError(
+            f"optimizer_options {', '.join(hints)}: no optimiser Ax may use takes "
+            f"{'it' if len(unknown) == 1 else 'them'}; known: {', '.join(sorted(known))} "
+            "(checked before any trial)."
+        )
     # the top-level counts (Ax nests maxiter and batch_limit under "options")
     check_optimizer_counts(optimizer_options, "optimizer_options ")
+
+
+def _optimizer_argument_names() -> set[str]:
+    r"""The argument names of every BoTorch optimiser Ax's ``optimizer_argparse`` may pass
+    ``optimizer_options`` to (which one depends on the search space), and of BoTorch's initial
+    condition generator, which ``optimize_acqf`` hands its extra arguments to."""
+    from botorch.optim import optimize as botorch_optimize
+    from botorch.optim.initializers import gen_batch_initial_conditions
+    from botorch.optim.optimize_homotopy import optimize_acqf_homotopy
+    from botorch.optim.optimize_mixed import optimize_acqf_mixed_alternating
+
+    functions = [
+        botorch_optimize.optimize_acqf,
+        botorch_optimize.optimize_acqf_mixed,
+        botorch_optimize.optimize_acqf_discrete,
+        botorch_optimize.optimize_acqf_discrete_local_search,
+        optimize_acqf_homotopy,
+        optimize_acqf_mixed_alternating,
+        gen_batch_initial_conditions,
+    ]
+    return {
+        name
+        for function in functions
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    }
 
 
 def make_generation_strategy(

@@ -1133,6 +1133,26 @@ def test_bad_optimizer_counts_are_refused_before_any_trial(options, message):
     assert gen_options == {"optimizer_kwargs": good}
 
 
+def test_a_misspelt_optimizer_option_is_refused_before_any_trial():
+    """``optimizer_options={"num_restart": 4}`` was taken, and the first model-based trial
+    failed after the Sobol evaluations (BoTorch's ``TypeError: gen_batch_initial_conditions()
+    got an unexpected keyword argument 'num_restart'``). A name no optimiser Ax may pick takes
+    is refused when the strategy is made, with the closest name; names of the mixed and
+    discrete optimisers (which Ax picks for choice parameters) still pass."""
+    with pytest.raises(ValueError, match=r"'num_restart' \(did you mean 'num_restarts'\?\)"):
+        boax.make_generation_strategy("OnlineExactGP", optimizer_options={"num_restart": 4})
+    with pytest.raises(ValueError, match=r"'foo'.*'rawsamples' \(did you mean 'raw_samples'"):
+        boax.make_generation_strategy(
+            "OnlineExactGP", optimizer_options={"rawsamples": 64, "foo": 1}
+        )
+    for good in (
+        {"num_restarts": 2, "raw_samples": 16, "sequential": True, "timeout_sec": 60.0},
+        {"max_batch_size": 512, "unique": True},  # optimize_acqf_discrete's
+        {"retry_on_optimization_warning": False, "options": {"maxiter": 20}},
+    ):
+        boax.make_generation_strategy("OnlineExactGP", optimizer_options=good)
+
+
 def test_a_torch_device_this_machine_lacks_is_refused_before_any_trial(monkeypatch):
     """``torch_device="cuda"`` on a machine without CUDA was taken, and the first model-based
     trial failed after the Sobol evaluations ("AssertionError: Torch not compiled with CUDA
