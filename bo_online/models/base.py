@@ -39,6 +39,7 @@ import torch
 from botorch import settings
 from botorch.acquisition.objective import PosteriorTransform, ScalarizedPosteriorTransform
 from botorch.models.model import FantasizeMixin, Model
+from botorch.models.transforms.input import ChainedInputTransform
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.sampling.base import MCSampler
 from gpytorch import settings as gpytorch_settings
@@ -354,6 +355,39 @@ class OnlineModel(Model, GP, FantasizeMixin, ABC):
 
     def _revert_to_original_inputs(self) -> None:
         r"""No-op counterpart of :meth:`_set_transformed_inputs` (called by ``Model.train()``)."""
+
+    @property
+    def _has_transformed_inputs(self) -> bool:
+        r"""BoTorch's flag that ``train_inputs`` are transformed: they are whenever the model has
+        an input transform (they are held as they arrive, transformed), in either mode. BoTorch's
+        ``get_X_baseline`` (``optimize_acqf``'s ``sample_around_best``, the spray points of
+        ``optimize_acqf_mixed_alternating``) then reads :attr:`_original_train_inputs`."""
+        return getattr(self, "input_transform", None) is not None
+
+    @property
+    def _original_train_inputs(self) -> Tensor | None:
+        r"""``train_inputs[0]`` (``batch x n x d_raw``) in the user's input space, as BoTorch's
+        models keep it while their ``train_inputs`` are transformed; None without an input
+        transform (``train_inputs`` are the originals then). The held inputs are mapped back
+        through the transform's ``untransform``, for each part of it that transformed the
+        training data (``transform_on_train``).
+
+        Raises:
+            AttributeError: the model holds no ``train_inputs`` (WISKI), or the transform is not
+                invertible (``FilterFeatures``, ``InteractionFeatures``): BoTorch then uses no
+                training points rather than transformed ones taken as originals.
+        """
+        transform = getattr(self, "input_transform", None)
+        if transform is None:
+            return None
+        X = self.train_inputs[0]
+        try:
+            return _untransform_training_inputs(transform, X)
+        except NotImplementedError as e:
+            raise AttributeError(
+                f"The original training inputs cannot be recovered: {type(transform).__name__} "
+                f"is not invertible ({e})"
+            ) from e
 
     # ------------------------------------------------------------------ outcome scaling
 
@@ -996,6 +1030,20 @@ def _check_fixed_transform(input_transform: Any) -> None:
             "`input_transform.requires_grad_(False)` (its parameters fixed at the values you "
             "want), or use BoTorch's SingleTaskGP for a learned transform (a learned warping)."
         )
+
+
+def _untransform_training_inputs(transform: Any, X: Tensor) -> Tensor:
+    r"""Training inputs ``X`` (``batch x n x d``, as held: through ``preprocess_transform``)
+    back in the user's space: each transform that applied to training data
+    (``transform_on_train``) undone with ``untransform``, a chain's last first."""
+    if isinstance(transform, ChainedInputTransform):
+        for part in reversed(list(transform.values())):
+            X = _untransform_training_inputs(part, X)
+        return X
+    if not getattr(transform, "transform_on_train", True):
+        return X
+    with torch.no_grad():
+        return transform.untransform(X)
 
 
 def _held_dtype(module: torch.nn.Module, name: str) -> torch.dtype | None:

@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 import torch
 from botorch.acquisition.objective import ScalarizedPosteriorTransform
+from botorch.exceptions.warnings import BotorchWarning
 from botorch.fit import fit_gpytorch_mll
 from botorch.models.transforms.input import FilterFeatures, InteractionFeatures, Normalize, Warp
 from botorch.models.transforms.outcome import Log, Standardize
@@ -1507,6 +1508,44 @@ def test_input_transform_equals_model_on_transformed_inputs(s, case):
     model.update(raw(Un), Yn)
     assert_close(latent(model, raw(Ut))[0], latent(plain, seen(Ut))[0], s.tol, "updated mean")
     assert_close(latent(model, raw(Ut))[1], latent(plain, seen(Ut))[1], s.tol, "updated covariance")
+
+
+@surrogates
+@pytest.mark.parametrize("case", list(_transform_cases()))
+def test_botorch_reads_the_training_inputs_in_the_users_space(s, case):
+    """BoTorch's ``get_X_baseline`` (the training points that ``optimize_acqf`` perturbs with
+    ``sample_around_best`` and ``optimize_acqf_mixed_alternating`` sprays around) reads
+    ``_original_train_inputs`` of a model whose ``train_inputs`` are transformed, as
+    ``SingleTaskGP``'s are in eval mode. The models hold them transformed but said they did not,
+    so it took the transformed inputs for raw ones: with ``Normalize`` from [10, 20]^5 every
+    point sampled around the best lay on the box's corner. They are now the raw inputs (after an
+    update and in a conditioned model too), as ``SingleTaskGP``'s; for a transform that cannot be
+    undone, none (BoTorch's warning) rather than wrong ones."""
+    from botorch.acquisition import PosteriorMean
+    from botorch.models import SingleTaskGP
+    from botorch.optim.utils import get_X_baseline
+
+    make_tf, raw, _ = _transform_cases()[case]
+    U, Y, _ = s.data(N0, D, seed=0)
+    Un, Yn, _ = s.data(Q, D, seed=1)
+    model = s.make(raw(U), Y, input_transform=make_tf())
+    if not hasattr(model, "train_inputs"):  # WISKI keeps statistics, not the points
+        pytest.skip(f"{s.name} holds no training inputs")
+    X_ref = get_X_baseline(PosteriorMean(SingleTaskGP(raw(U), Y, input_transform=make_tf())))
+    torch.testing.assert_close(X_ref, raw(U), rtol=0, atol=0)  # BoTorch's answer: the raw inputs
+    model.update(raw(Un), Yn)
+    child = model.condition_on_observations(raw(U[:Q]), Yn)
+    # the child: its held inputs (t-SVGP's hold the base data only) mapped back by hand
+    for m, X_raw in ((model, torch.cat([raw(U), raw(Un)])), (child, None)):
+        if case != "normalize":  # FilterFeatures, InteractionFeatures: no untransform
+            with pytest.warns(BotorchWarning, match="Failed to extract X_baseline"):
+                assert get_X_baseline(PosteriorMean(m)) is None
+            continue
+        X_raw = raw(m.train_inputs[0]) if X_raw is None else X_raw
+        torch.testing.assert_close(get_X_baseline(PosteriorMean(m)), X_raw, rtol=0, atol=1e-12)
+    plain = s.make(U, Y)
+    assert plain._original_train_inputs is None  # no transform: train_inputs are the originals
+    torch.testing.assert_close(get_X_baseline(PosteriorMean(plain)), U, rtol=0, atol=0)
 
 
 @surrogates
