@@ -16,7 +16,7 @@ from gpytorch.priors import GammaPrior
 
 from bo_online.models.wiski.additive import BlockGridKernel
 
-__all__ = ["default_grid_size"]
+__all__ = ["default_grid_size", "check_user_kernel"]
 
 #: BoTorch's lower lengthscale bound in its default kernel.
 _BOTORCH_MIN_LENGTHSCALE = 2.5e-2
@@ -64,3 +64,39 @@ def default_grid_size(k: int) -> int:
     if k == 3:
         return 10
     raise ValueError(f"WISKI grids are for k <= 3 dimensions, got {k}.")
+
+
+def check_user_kernel(covar_module: Kernel, sizes: Sequence[int] | None) -> None:
+    r"""Refuse a user's ``covar_module`` that does not fit WISKI's grids, with a ``ValueError``
+    saying what to pass.
+
+    Args:
+        covar_module: the kernel given to the constructor.
+        sizes: the numbers of points of the additive model's component grids (``J``), or None
+            for one grid.
+
+    The additive model takes a :class:`BlockGridKernel` with one kernel per component grid.
+    Another kernel was taken and evaluated on the stacked grid points as if they were one cloud
+    in k-D (covariances between the components' grids: not the additive model, silently), and
+    the first fit, or the exact regime's first posterior, failed with an ``AttributeError``."""
+    if sizes is None:
+        if isinstance(covar_module, BlockGridKernel):
+            raise ValueError(
+                "A BlockGridKernel is the additive model's kernel (additive=... or "
+                "projection='pairs' / 'all-pairs', with or without '+tanh'); with one grid pass a "
+                "kernel on its k features, or leave covar_module out for the default."
+            )
+        return
+    sizes = [int(m) for m in sizes]
+    if isinstance(covar_module, BlockGridKernel) and covar_module.sizes == sizes:
+        return
+    got = type(covar_module).__name__
+    if isinstance(covar_module, BlockGridKernel):
+        got += f" on grids of {covar_module.sizes} points"
+    raise ValueError(
+        f"The additive model needs covar_module to be a BlockGridKernel with one kernel per "
+        f"component grid ({len(sizes)} grids of {sizes} points), got {got}. Pass "
+        f"BlockGridKernel([ScaleKernel(MaternKernel(nu=2.5)) for _ in range({len(sizes)})], "
+        f"sizes={sizes}) (from bo_online.models.wiski.additive), or leave covar_module out for "
+        "the default."
+    )

@@ -88,6 +88,7 @@ from bo_online.models.wiski.kernels import (
     _BOTORCH_MIN_LENGTHSCALE,
     _default_additive_kernel,
     _default_kernel,
+    check_user_kernel,
     default_grid_size,
 )
 from bo_online.models.wiski.kronecker import kron_dense, kronecker_factors
@@ -346,6 +347,10 @@ class WISKI(
         if covar_module is None and (self.input_groups is not None or projection is None):
             # the default kernel acts on grids over the input box (not a projection's (-1, 1)^k)
             warn_unless_unit_scaled(X, type(self).__name__)
+        if covar_module is not None:
+            check_user_kernel(
+                covar_module, None if self.input_groups is None else self.grid.sizes_per_grid
+            )
         if covar_module is None and self.input_groups is not None:
             floors = [
                 max(self.lengthscale_floor, float(g.spacing.min()))

@@ -169,6 +169,59 @@ def test_groups_and_errors():
         model.covar_module(X[:, :2]).to_dense()
 
 
+def _exact_additive_posterior(model: WISKI, X, Y, Xs):
+    r"""The exact GP of the additive kernel ``sum_j k_j(x[g_j], x'[g_j])`` (no grid), each
+    component through GPyTorch's own kernel call: mean (user units) and covariance
+    (standardised) at ``Xs``."""
+
+    def k(A, B):
+        pairs = zip(model.covar_module.kernels, model.input_groups)
+        return sum(kern(A[:, g], B[:, g]).to_dense() for kern, g in pairs)
+
+    with torch.no_grad():
+        y = (Y.reshape(-1) - model.outcome_mean) / model.outcome_std
+        c = model.mean_module.constant.reshape(())
+        C = k(X, X) + model.likelihood.noise.reshape(()) * torch.eye(len(y), dtype=DT)
+        L = torch.linalg.cholesky(C)
+        Kxs = k(Xs, X)
+        mean = c + Kxs @ torch.cholesky_solve((y - c).unsqueeze(-1), L).squeeze(-1)
+        V = torch.linalg.solve_triangular(L, Kxs.T, upper=False)
+    return mean * model.outcome_std + model.outcome_mean, k(Xs, Xs).detach() - V.T @ V
+
+
+@pytest.mark.parametrize("exact_max_n", [0, 100], ids=["ski", "exact-regime"])
+def test_a_users_kernel_for_the_additive_model_must_be_one_per_component_grid(exact_max_n):
+    """A user's ``covar_module`` that is not a ``BlockGridKernel`` over the component grids was
+    taken by the additive model and evaluated on the stacked grid points as one cloud in 2-D
+    (covariances between components: not the additive model, silently), until the first fit,
+    or the exact regime's first posterior, failed with ``AttributeError: 'ScaleKernel' object
+    has no attribute 'kernels'``. It is refused, naming the kernel to pass; that kernel gives
+    the dense sum of the SKI components."""
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    X, Y = _data(40)
+    Xs = torch.rand(9, 5, generator=torch.Generator().manual_seed(5), dtype=DT)
+    opts = dict(projection="pairs", grid_size=12, exact_max_n=exact_max_n)
+    sizes = [100, 100, 100]  # 3 pairs, each on 10 x 10 interior points
+    with pytest.raises(ValueError, match=r"BlockGridKernel.*3 grids of \[100, 100, 100\]"):
+        WISKI(X, Y, covar_module=ScaleKernel(MaternKernel(nu=2.5)), **opts)
+    wrong = BlockGridKernel([ScaleKernel(MaternKernel(nu=2.5)) for _ in range(2)], sizes[:2])
+    with pytest.raises(ValueError, match=r"got BlockGridKernel on grids of \[100, 100\]"):
+        WISKI(X, Y, covar_module=wrong, **opts)
+    with pytest.raises(ValueError, match="additive model's kernel"):
+        WISKI(X[:, :2], Y, covar_module=BlockGridKernel([MaternKernel()], [100]))
+    kernel = BlockGridKernel([ScaleKernel(MaternKernel(nu=2.5)) for _ in range(3)], sizes)
+    model = WISKI(X, Y, covar_module=kernel, **opts)
+    model.fit(max_iter=5)
+    if exact_max_n:  # the exact GP of the additive kernel, component by component
+        ref = _exact_additive_posterior(model, X, Y, Xs)
+    else:
+        ref = _dense_posterior_and_mll(model, X, Y, Xs)[:2]
+    post = model.posterior(Xs)
+    assert _rel(post.mean.squeeze(-1), ref[0]) < 1e-9
+    assert _rel(post.mvn.covariance_matrix / model.outcome_std**2, ref[1]) < 1e-9
+
+
 def test_hartmann6_default_structure_is_accurate_and_calibrated():
     r"""The issue's held-out check at the loops' default above 3 inputs: 200 Hartmann6 points,
     held-out RMSE below the data's standard deviation and >= 80% coverage of the 95% interval
