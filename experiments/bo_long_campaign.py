@@ -11,12 +11,14 @@ points, qUCB with q = 3, ``optimize_acqf`` with 10 restarts, 512 raw samples, ba
 design is the loops' scrambled Sobol design (the paper draws it uniformly at random).
 
 Each (function, method, seed) is one run directory of the project's BO loop
-(``<out>/<function>/<method>/seed<k>``): records and a checkpoint after every step, so a run
-stopped by its time budget or killed continues with ``bo-online resume DIR`` or by running this
-script again. ``--shard i/k`` runs every k-th run starting at i (split over processes); ``--merge``
-(alone, or after the runs) reads every run directory and writes the JSON, the plots and the
-targets' PASS/FAIL. A method whose time per step grows with n (exact, SingleTaskGP) stops when its
-run's cumulative step time passes ``--budget-s``; the JSON and the printout say how far it got.
+(``<out>/<function>/<method>/seed<k>``): a record after every step, a checkpoint at most every
+30 s, at the end and where the time budget stops the run, so a run stopped by its time budget or
+killed continues with ``bo-online resume DIR`` or by running this script again (a killed run
+redoes the steps after its last checkpoint). ``--shard i/k`` runs every k-th run starting at i
+(split over processes); ``--merge`` (alone, or after the runs) reads every run directory and
+writes the JSON, the plots and the targets' PASS/FAIL. A method whose time per step grows with
+n (exact, SingleTaskGP) stops when its run's cumulative step time passes ``--budget-s``; the JSON
+and the printout say how far it got.
 
 Outputs (``--out``, default ``experiments/results/bo_long_campaign``): ``bo_long_campaign.json``
 and per function ``<function>.png`` with three panels: simple regret (best noiseless value minus
@@ -130,6 +132,9 @@ def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[s
 
     def stop_on_budget(record: dict[str, Any]) -> None:
         if budget and loop.wall_time > budget and loop.step_count < args.steps:
+            # the checkpoint is otherwise due only every 30 s: without this one the next call
+            # resumed from an earlier step and spent the budget again on the same steps
+            loop.save_checkpoint()
             raise _Budget
 
     stopped = False

@@ -166,3 +166,26 @@ def test_summary_regret_is_against_the_functions_optimum(campaign, tmp_path):
     assert f["wiski"][0]["regret"] == pytest.approx([b - optimum for b in best])
     (path,) = campaign.plot(summary["functions"], tmp_path)
     assert path.name == "styblinskitang.png" and path.stat().st_size > 0
+
+
+def test_a_run_stopped_by_its_budget_is_checkpointed_where_it_stopped(campaign, tmp_path):
+    """The budget stops a run between the loop's periodic checkpoints (every 30 s): its
+    checkpoint is written there, so the next call finds the run at its budget and leaves it
+    (it resumed from the earlier checkpoint and redid the steps after it, budget and all)."""
+    from bo_online.loops.history import load_checkpoint
+
+    out = str(tmp_path / "camp")
+    args = [*TOY, "--methods", "exact", "--out", out]
+    campaign.main([*args, "--steps", "1", "--budget-s", "0"])
+    exact_dir = campaign.run_dir(Path(out), "levy", "exact", 0)
+    wall = read_records(exact_dir / "records.jsonl")[-1]["wall_time"]
+    # a budget just above the time of the steps done: the next step passes it
+    longer = [*args, "--steps", "4", "--budget-s", repr(wall * (1 + 1e-12))]
+    campaign.main(longer)
+    recs = read_records(exact_dir / "records.jsonl")
+    assert [r["step"] for r in recs] == [0, 1, 2]
+    ckpt = load_checkpoint(exact_dir / "checkpoint.pt")
+    assert ckpt["step_count"] == 2 and ckpt["records"] == recs
+    stamp = (exact_dir / "records.jsonl").stat().st_mtime_ns
+    campaign.main(longer)
+    assert (exact_dir / "records.jsonl").stat().st_mtime_ns == stamp
