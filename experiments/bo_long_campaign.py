@@ -51,7 +51,7 @@ from torch.quasirandom import SobolEngine
 
 from bo_online.loops import BayesOptLoop, load_loop
 from bo_online.loops.core import RunDirectoryError
-from bo_online.loops.history import CHECKPOINT_FILE, RECORDS_FILE, read_records
+from bo_online.loops.history import CHECKPOINT_FILE, RECORDS_FILE, read_records, to_jsonable
 from bo_online.problems import from_unit, synthetic_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def run_dir(out: Path, fn: str, method: str, seed: int) -> Path:
 
 
 def make_loop(
-    args: argparse.Namespace, fn: str, method: str, seed: int, path: Path
+    args: argparse.Namespace, fn: str, method: str, seed: int, path: Path | None
 ) -> BayesOptLoop:
     problem = synthetic_problem(fn, dim=3, noise_std=NOISE[fn])
     model_options: dict = {}
@@ -120,11 +120,41 @@ def make_loop(
     )
 
 
+#: configuration keys that do not change a run's results (or may differ by machine)
+RUNTIME_KEYS = {"checkpoint_every", "checkpoint_seconds", "device"}
+#: the flags that set a run's configuration (all runs of one ``--out`` share them)
+SETTING_FLAGS = (
+    "--num-restarts / --raw-samples / --maxiter (optimizer_options), --fit-max-iter "
+    "(fit_max_iter), --wiski-grid / --wiski-exact-max-n (WISKI's model_options)"
+)
+
+
+def _settings(loop: BayesOptLoop) -> dict[str, Any]:
+    """The loop's configuration and problem as JSON reads them back (tuples as lists)."""
+    config = {**loop.config, "problem": loop.problem.spec}
+    return json.loads(json.dumps(to_jsonable(config)))
+
+
+def changed_settings(run: BayesOptLoop, wanted: BayesOptLoop) -> list[str]:
+    """``"key: run's -> wanted"`` for each setting in which ``run`` differs from ``wanted``
+    (only keys both hold: a run saved by an earlier version lacks the settings added since)."""
+    a, b = _settings(run), _settings(wanted)
+    keys = sorted((set(a) & set(b)) - RUNTIME_KEYS)
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in keys if a[k] != b[k]]
+
+
 def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[str, Any]:
     """Run (or continue) one campaign until ``args.steps`` or the time budget; returns a status."""
     path = run_dir(Path(args.out), fn, method, seed)
     if (path / CHECKPOINT_FILE).exists():
         loop = load_loop(path, quiet=True)
+        changed = changed_settings(loop, make_loop(args, fn, method, seed, None))
+        if changed:  # it would go on with its own settings, under this call's in the JSON
+            raise RunDirectoryError(
+                f"The run in {str(path)!r} was made with other settings ({'; '.join(changed)}): "
+                f"a run keeps the settings it started with. Give this call's {SETTING_FLAGS} as "
+                "the run had them, or another --out for these."
+            )
     else:
         loop = make_loop(args, fn, method, seed, path)
 

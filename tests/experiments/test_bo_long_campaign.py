@@ -189,3 +189,27 @@ def test_a_run_stopped_by_its_budget_is_checkpointed_where_it_stopped(campaign, 
     stamp = (exact_dir / "records.jsonl").stat().st_mtime_ns
     campaign.main(longer)
     assert (exact_dir / "records.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_a_run_is_not_continued_with_other_settings(campaign, tmp_path, capsys):
+    """A call whose settings differ from those a run started with is refused before anything
+    runs, naming the setting (the run went on with its own settings, while the JSON reported
+    the call's)."""
+    out = str(tmp_path / "camp")
+    args = [*TOY, "--methods", "wiski", "--out", out]
+    campaign.main([*args, "--steps", "1"])
+    wiski_dir = campaign.run_dir(Path(out), "levy", "wiski", 0)
+    before = read_records(wiski_dir / "records.jsonl")
+    capsys.readouterr()
+    for flag, value, shown in (
+        ("--wiski-grid", "7", "'grid_size': 6} -> {'exact_max_n': 0, 'grid_size': 7}"),
+        ("--num-restarts", "2", "'num_restarts': 1,"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            campaign.main([*args, "--steps", "2", flag, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bo_long_campaign: error: The run in ") and shown in err
+        assert read_records(wiski_dir / "records.jsonl") == before
+    campaign.main([*args, "--steps", "2"])  # its own settings: it goes on
+    assert [r["step"] for r in read_records(wiski_dir / "records.jsonl")] == [0, 1, 2]
