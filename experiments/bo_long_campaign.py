@@ -15,10 +15,13 @@ Each (function, method, seed) is one run directory of the project's BO loop
 30 s, at the end and where the time budget stops the run, so a run stopped by its time budget or
 killed continues with ``bo-online resume DIR`` or by running this script again (a killed run
 redoes the steps after its last checkpoint). ``--shard i/k`` runs every k-th run starting at i
-(split over processes); ``--merge`` (alone, or after the runs) reads every run directory and
-writes the JSON, the plots and the targets' PASS/FAIL. A method whose time per step grows with
-n (exact, SingleTaskGP) stops when its run's cumulative step time passes ``--budget-s``; the JSON
-and the printout say how far it got.
+(split over processes); ``--merge`` (alone, or after the runs) reads every run directory at
+``--steps`` steps (alone without ``--steps``: the longest run's; a run that went further is read
+at that length) and writes the JSON, the plots and the targets' PASS/FAIL. Every run under
+``--out`` must share the settings (a call with other settings refuses to continue a run, a merge
+of runs made with different ones is refused): give each setting its own ``--out``. A method
+whose time per step grows with n (exact, SingleTaskGP) stops when its run's cumulative step time
+passes ``--budget-s``; the JSON and the printout say how far it got.
 
 Outputs (``--out``, default ``experiments/results/bo_long_campaign``): ``bo_long_campaign.json``
 and per function ``<function>.png`` with three panels: simple regret (best noiseless value minus
@@ -51,7 +54,13 @@ from torch.quasirandom import SobolEngine
 
 from bo_online.loops import BayesOptLoop, load_loop
 from bo_online.loops.core import RunDirectoryError
-from bo_online.loops.history import CHECKPOINT_FILE, RECORDS_FILE, read_records, to_jsonable
+from bo_online.loops.history import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    RECORDS_FILE,
+    read_records,
+    to_jsonable,
+)
 from bo_online.problems import from_unit, synthetic_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +74,8 @@ NOISE = {
     "michalewicz": 5.0,
 }
 METHODS = ("wiski", "exact", "singletaskgp", "tsvgp")
+#: BO steps after the initial design when ``--steps`` is not given
+DEFAULT_STEPS = 300
 LABELS = {
     "wiski": "WISKI",
     "exact": "OnlineExactGP",
@@ -213,15 +224,66 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def load_runs(out: Path) -> dict[str, dict[str, dict[int, list[dict[str, Any]]]]]:
+def load_runs(
+    out: Path, steps: int | None = None
+) -> dict[str, dict[str, dict[int, list[dict[str, Any]]]]]:
+    """Every run's records under ``out`` by function, method and seed, up to step ``steps``
+    (a run that went further, in an earlier call with more steps, is read at ``steps``, as
+    every other run of the merge)."""
     runs: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}
     for rec_file in sorted(out.glob(f"*/*/seed*/{RECORDS_FILE}")):
         seed_dir = rec_file.parent
         method, fn = seed_dir.parent.name, seed_dir.parent.parent.name
         records = read_records(rec_file)
+        if steps is not None:
+            records = [r for r in records if r["step"] <= steps]
         if records:
             runs.setdefault(fn, {}).setdefault(method, {})[int(seed_dir.name[4:])] = records
     return runs
+
+
+#: configuration keys that differ between the runs of one campaign
+PER_RUN_KEYS = RUNTIME_KEYS | {"seed", "model", "problem", "model_options"}
+
+
+def run_settings(out: Path, runs: dict[str, Any]) -> dict[str, Any]:
+    """The settings the runs share, as the script's flags; ``SystemExit`` naming two runs and
+    a setting where they differ (shards run with other flags in one ``--out``: their merge
+    would mix settings in one table, under the flags of one call)."""
+    first: dict[str, tuple[str, dict[str, Any]]] = {}  # "" (shared) or method -> run, values
+    for fn, methods in runs.items():
+        for method, seeds in methods.items():
+            for seed in seeds:
+                path = run_dir(out, fn, method, seed)
+                try:
+                    config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue  # rewritten from the checkpoint when the run goes on
+                name = f"{fn}/{method}/seed{seed}"
+                shared = {k: v for k, v in config.items() if k not in PER_RUN_KEYS}
+                own = {"model_options": config.get("model_options", {})}
+                for group, values in (("", shared), (method, own)):
+                    ref_name, ref = first.setdefault(group, (name, values))
+                    diff = [k for k in sorted(set(ref) & set(values)) if ref[k] != values[k]]
+                    if diff:
+                        k = diff[0]
+                        raise SystemExit(
+                            f"bo_long_campaign: error: the runs under {str(out)!r} were made "
+                            f"with other settings: {k} {ref[k]!r} in {ref_name}, {values[k]!r} "
+                            f"in {name} ({SETTING_FLAGS}); merge runs of one setting (give each "
+                            "setting its own --out)."
+                        )
+    shared = first.get("", ("", {}))[1]
+    optimizer = shared.get("optimizer_options", {})
+    wiski = first.get("wiski", ("", {}))[1].get("model_options", {})
+    return {
+        "num_restarts": optimizer.get("num_restarts"),
+        "raw_samples": optimizer.get("raw_samples"),
+        "maxiter": optimizer.get("maxiter"),
+        "fit_max_iter": shared.get("fit_max_iter"),
+        "wiski_grid": wiski.get("grid_size", 0) if "wiski" in first else None,
+        "wiski_exact_max_n": wiski.get("exact_max_n") if "wiski" in first else None,
+    }
 
 
 def _step_time(r: dict[str, Any]) -> float:
@@ -407,11 +469,29 @@ def plot(functions: dict[str, Any], out: Path) -> list[Path]:
 
 def merge(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
-    runs = load_runs(out)
+    steps = args.steps
+    if steps is None:  # --merge alone: at the length of the longest run
+        runs = load_runs(out)
+        steps = max(
+            (r[-1]["step"] for m in runs.values() for s in m.values() for r in s.values()),
+            default=0,
+        )
+        print(f"merging at {steps} steps (the longest run; --steps N to choose)")
+    runs = load_runs(out, steps)
     if not runs:
         raise SystemExit(f"bo_long_campaign: error: no runs under {out}; run the campaign first.")
-    summary = summarise(runs, args.steps)
-    summary["config"] = {k: v for k, v in vars(args).items() if k != "merge"}
+    settings = run_settings(out, runs)
+    summary = summarise(runs, steps)
+    # what the runs were made with (not this call's flags, which --merge alone leaves at their
+    # defaults)
+    summary["config"] = {
+        "steps": steps,
+        "functions": list(runs),
+        "methods": [m for m in METHODS if any(m in f for f in runs.values())],
+        "seeds": sorted({s for f in runs.values() for m in f.values() for s in m}),
+        **settings,
+        "out": str(out),
+    }
     summary["noise_std"] = NOISE
     path = out / "bo_long_campaign.json"
     path.write_text(json.dumps(summary, indent=1, default=float))
@@ -435,6 +515,18 @@ def merge(args: argparse.Namespace) -> dict[str, Any]:
             )
         sob = [s["best_final"] for s in f["sobol"].values()]
         print(f"{fn:>15} {'Sobol':>24} {len(sob):>5} {'':>15} {sum(sob) / len(sob):>14.4g}")
+    short = [
+        f"{fn} {LABELS[m]} seed {k} ({s['steps']})"
+        for fn, f in summary["functions"].items()
+        for m in METHODS
+        for k, s in f.get(m, {}).items()
+        if not s["finished"]
+    ]
+    if short:
+        print(
+            f"short of {steps} steps (stopped by the time budget, or not run to the end yet): "
+            + "; ".join(short)
+        )
     print("\nTargets (requirement 2):")
     for fn, t in summary["targets"].items():
         for name, v in t.items():
@@ -456,7 +548,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--functions", nargs="+", default=list(NOISE), choices=list(NOISE))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--seeds", type=int, default=4, help="seeds 0 .. N-1")
-    ap.add_argument("--steps", type=int, default=300, help="BO steps after the 5 initial points")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"BO steps after the 5 initial points (default {DEFAULT_STEPS}; with --merge alone, "
+        "the longest run's: runs that went further are read at --steps)",
+    )
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -502,8 +600,10 @@ def main(argv: list[str] | None = None) -> None:
     # absolute: with --dask each task is given it, which a worker started in another folder
     # (dask worker on a shared file system) would read against its own
     args.out = str(Path(args.out).absolute())
+    if args.steps is None and not args.merge:
+        args.steps = DEFAULT_STEPS
     for name in ("seeds", "steps", "num_restarts", "raw_samples", "maxiter"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
         i, k = (int(x) for x in args.shard.split("/"))

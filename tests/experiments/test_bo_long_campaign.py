@@ -213,3 +213,42 @@ def test_a_run_is_not_continued_with_other_settings(campaign, tmp_path, capsys):
         assert read_records(wiski_dir / "records.jsonl") == before
     campaign.main([*args, "--steps", "2"])  # its own settings: it goes on
     assert [r["step"] for r in read_records(wiski_dir / "records.jsonl")] == [0, 1, 2]
+
+
+def test_merge_reads_the_runs_at_one_length_and_refuses_mixed_settings(campaign, tmp_path, capsys):
+    """``--merge`` alone merges at the longest run's length (it merged at the default 300 steps,
+    every run unfinished) and reports the settings the runs were made with (the JSON held the
+    merge call's defaults); ``--steps`` reads longer runs at that length; runs of other settings
+    under one ``--out`` are refused, naming both."""
+    out = str(tmp_path / "camp")
+    campaign.main([*TOY, "--steps", "2", "--budget-s", "0", "--out", out])
+    campaign.main([*TOY, "--methods", "wiski", "--steps", "3", "--out", out])
+    wiski = read_records(campaign.run_dir(Path(out), "levy", "wiski", 0) / "records.jsonl")
+    capsys.readouterr()
+
+    campaign.main(["--merge", "--no-plots", "--out", out])
+    printed = capsys.readouterr().out
+    assert "merging at 3 steps" in printed
+    assert "short of 3 steps" in printed and "OnlineExactGP seed 0 (2)" in printed
+    summary = json.loads((Path(out) / "bo_long_campaign.json").read_text())
+    config = summary["config"]
+    assert config["steps"] == 3 and config["methods"] == ["wiski", "exact"]
+    assert (config["num_restarts"], config["raw_samples"], config["maxiter"]) == (1, 8, 3)
+    assert (config["fit_max_iter"], config["wiski_grid"], config["wiski_exact_max_n"]) == (2, 6, 0)
+    f = summary["functions"]["levy"]
+    assert f["wiski"]["0"]["finished"] and not f["exact"]["0"]["finished"]
+
+    campaign.main(["--merge", "--no-plots", "--steps", "2", "--out", out])
+    f = json.loads((Path(out) / "bo_long_campaign.json").read_text())["functions"]["levy"]
+    assert f["wiski"]["0"]["steps"] == 2 and f["exact"]["0"]["finished"]
+    best = [min(v for r in wiski[: i + 1] for v in r["y_true"]) for i in range(3)]
+    assert f["wiski"]["0"]["best"] == pytest.approx(best)
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # runs, then refuses to merge them with the others
+        campaign.main(
+            [*TOY, "--functions", "ackley", "--methods", "exact", "--steps", "1"]
+            + ["--num-restarts", "2", "--budget-s", "0", "--out", out]
+        )
+    assert "optimizer_options" in str(e.value) and "ackley/exact/seed0" in str(e.value)
+    assert "levy/" in str(e.value) and str(e.value).startswith("bo_long_campaign: error:")
