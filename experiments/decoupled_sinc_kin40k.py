@@ -375,6 +375,58 @@ def summarize_sinc(per_seed: dict) -> dict:
     return summary
 
 
+def _sinc_settings(part: dict) -> dict:
+    """The settings of a result file's sinc part that its seeds share with other files'."""
+    sinc = {k: v for k, v in part["settings"]["sinc"].items() if k != "seeds"}
+    return {"sinc": sinc, "sinc_models": part["settings"]["sinc_models"]}
+
+
+def merge_sinc(paths: list[str]) -> dict:
+    r"""The sinc seeds of the result files ``paths`` in one result (settings of the first, the
+    summary over every seed). ``SystemExit`` with one line for a file that is missing, holds no
+    sinc part or was made with other sinc settings, and for a seed held by two files (a part
+    run twice): each would have been mixed in silently, or its seed replaced by the last."""
+    parts, owner = [], {}
+    for path in paths:
+        try:
+            part = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"decoupled_sinc_kin40k: error: cannot read {path!r} ({e}).") from e
+        if not isinstance(part, dict) or "sinc" not in part or "settings" not in part:
+            raise SystemExit(
+                f"decoupled_sinc_kin40k: error: {path!r} holds no sinc results (a file of "
+                "--only kin40k, or another file); give the files of the sinc runs."
+            )
+        if parts and _sinc_settings(part) != _sinc_settings(parts[0]):
+            a, b = _sinc_settings(parts[0]), _sinc_settings(part)
+            diff = [
+                f"{k}: {a['sinc'].get(k)!r} vs {b['sinc'].get(k)!r}"
+                for k in sorted(set(a["sinc"]) | set(b["sinc"]))
+                if a["sinc"].get(k) != b["sinc"].get(k)
+            ] or [f"sinc_models: {a['sinc_models']!r} vs {b['sinc_models']!r}"]
+            raise SystemExit(
+                f"decoupled_sinc_kin40k: error: {paths[0]!r} and {path!r} were made with other "
+                f"sinc settings ({'; '.join(diff)}); merge runs of one setting."
+            )
+        for seed in part["sinc"]["per_seed"]:
+            if seed in owner:
+                raise SystemExit(
+                    f"decoupled_sinc_kin40k: error: seed {seed} is in both {owner[seed]!r} and "
+                    f"{path!r}; give each seed once."
+                )
+            owner[seed] = path
+        parts.append(part)
+    per_seed = {k: v for part in parts for k, v in part["sinc"]["per_seed"].items()}
+    settings = json.loads(json.dumps(parts[0]["settings"]))
+    settings["sinc"]["seeds"] = sorted(int(k) for k in per_seed)  # every file's
+    return {
+        "settings": settings,
+        "env": parts[0]["env"],
+        "merged_from": list(paths),
+        "sinc": {"per_seed": per_seed, "summary": summarize_sinc(per_seed)},
+    }
+
+
 def sinc_checks(sinc: dict) -> dict:
     sm, seeds, checks = sinc["summary"], sinc["per_seed"].values(), {}
     dec = "decoupled Ma=100,Mb=10"
@@ -533,16 +585,7 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.merge_sinc:
-        parts = [json.loads(Path(f).read_text()) for f in args.merge_sinc]
-        merged = {
-            "settings": parts[0]["settings"],
-            "env": parts[0]["env"],
-            "merged_from": args.merge_sinc,
-            "sinc": {"per_seed": {}},
-        }
-        for part in parts:
-            merged["sinc"]["per_seed"].update(part["sinc"]["per_seed"])
-        merged["sinc"]["summary"] = summarize_sinc(merged["sinc"]["per_seed"])
+        merged = merge_sinc(args.merge_sinc)
         merged["checks"] = sinc_checks(merged["sinc"])
         for name, ok in merged["checks"].items():
             print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
