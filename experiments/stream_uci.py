@@ -43,7 +43,8 @@ was made with another ``--eval-every`` / ``--pretrain-iters`` (online) or ``--hi
 results made with other settings than its own). ``--part i --parts k`` runs only the
 jobs with index = i mod k (to split over processes); ``--merge`` reads every result file of the
 size given (``--max-stream``, ``--max-test``, ``--m``: runs at another size in the same ``--out``
-are left out), writes ``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means
+are left out), lists the jobs with no result file (of the sets and models it found: a part
+not run yet), writes ``summary.json``, the plots ``fig3_<set>.png`` / ``fig4_banana.png`` (means
 with 2-SE bands over trials, hindsight dotted) and prints the comparison with the paper's claim.
 
     PYTHONPATH=. python experiments/stream_uci.py --part 0 --parts 2 &   # 3 trials
@@ -242,6 +243,26 @@ def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.nan_to_num(se)
 
 
+def _missing_jobs(paths: list[Path], args: argparse.Namespace) -> list[tuple[str, str, int, str]]:
+    """(set, model, trial, kind) of the jobs with no result file among ``paths`` (this size's),
+    for every (set, model) with one (its online run and hindsight fit, trials ``0 .. --trials -
+    1`` and any found): a part of a split run (``--parts``) that has not run, which the merge
+    would leave out unsaid. Read from the names (a skipped job's file holds no job fields)."""
+    found = set()
+    for path in paths:
+        name, model, kind, trial = path.name.removesuffix(f"-{_size(args)}.json").split("-")
+        found.add((name, model, int(trial.removeprefix("trial")), kind))
+    pairs = sorted({(n, m) for n, m, _, _ in found})
+    trials = set(range(getattr(args, "trials", 0))) | {t for _, _, t, _ in found}
+    return [
+        (n, m, t, k)
+        for n, m in pairs
+        for t in sorted(trials)
+        for k in ("online", "hindsight")
+        if (n, m, t, k) not in found
+    ]
+
+
 def merge(args: argparse.Namespace) -> dict:
     import matplotlib
 
@@ -250,7 +271,15 @@ def merge(args: argparse.Namespace) -> dict:
 
     # only the results of this size (a run at another --max-stream, --max-test or --m in the
     # same folder is another experiment: its trials must not be averaged with these)
-    results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{_size(args)}.json"))]
+    paths = sorted(args.out.glob(f"*-{_size(args)}.json"))
+    results = [json.loads(p.read_text()) for p in paths]
+    missing = _missing_jobs(paths, args)
+    if missing:
+        print(
+            "missing, no result file: "
+            + "; ".join(f"{n} {m} {k} trial {t}" for n, m, t, k in missing)
+            + " (a part not run yet, or not this far: run it, then merge again)"
+        )
     failed = [r for r in results if "error" in r]
     results = [r for r in results if "curve" in r]
     other = [(r, _made_otherwise(r, r["kind"], args)) for r in results]
@@ -267,6 +296,7 @@ def merge(args: argparse.Namespace) -> dict:
         )
     results = [r for r, how in other if how is None]
     summary: dict[str, Any] = {"sets": {}, "claim": {}, "failed": failed}
+    summary["missing"] = [dict(zip(("set", "model", "trial", "kind"), job)) for job in missing]
     for name in sorted({r["set"] for r in results}):
         rows = [r for r in results if r["set"] == name]
         metric = rows[0]["metric"]

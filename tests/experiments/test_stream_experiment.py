@@ -218,3 +218,38 @@ def test_a_result_made_with_other_settings_is_rerun_and_kept_out_of_the_merge(
     assert [n for n, *_ in curve][:2] == [curve[0][0], curve[0][0] + 10]
     assert hindsight.read_text() == first_hindsight
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_merge_names_the_jobs_of_a_part_that_has_not_run(tmp_path, capsys):
+    """``--parts 2`` puts the online runs in one part and the hindsight fits in the other: a
+    merge before the second part ran left the claim out without saying what was missing."""
+    module = _load_experiment()
+    rows = [
+        _result("exact", "online", 0, [1.0, 0.8]),
+        _result("exact", "online", 1, [1.0, 0.7]),
+        _result("exact", "hindsight", 1, [0.4]),
+    ]
+    args = argparse.Namespace(out=tmp_path, max_stream=1500, max_test=1000, m=256, trials=3)
+    for r in rows:
+        module._path(tmp_path, (r["set"], r["model"], r["trial"], r["kind"]), args).write_text(
+            json.dumps(r)
+        )
+    # an exact GP skipped for its size writes a result without job fields: not missing
+    skipped = ("elevators", "wiski", 0, "online")
+    module._path(tmp_path, skipped, args).write_text(json.dumps({"skipped": "too many rows"}))
+    summary = module.merge(args)
+    said = capsys.readouterr().out
+    expected = [
+        ("exact", 0, "hindsight"),
+        ("exact", 2, "online"),
+        ("exact", 2, "hindsight"),
+        ("wiski", 0, "hindsight"),
+        ("wiski", 1, "online"),
+        ("wiski", 1, "hindsight"),
+        ("wiski", 2, "online"),
+        ("wiski", 2, "hindsight"),
+    ]
+    assert summary["missing"] == [
+        {"set": "elevators", "model": m, "trial": t, "kind": k} for m, t, k in expected
+    ]
+    assert "missing, no result file: elevators exact hindsight trial 0; " in said
