@@ -372,14 +372,8 @@ def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:
     from bo_online.loops.history import RunFileError
     from bo_online.problems import synthetic_problem
 
-    done = _done_steps(run_dir)
-    if done is not None:
-        try:
-            loop = load_loop(run_dir, quiet=True)
-        except RunFileError as e:
-            raise _sweep_advice(e, run_dir) from e
-        status = "resumed"
-    else:
+    loop, status = None, "ran"
+    if _done_steps(run_dir) is None:
         p = campaign.problem
         try:
             loop = BayesOptLoop(
@@ -393,10 +387,29 @@ def _run_campaign(campaign: Campaign, run_dir: Path) -> dict[str, Any]:
             )  # not overwrite: records past step 0 without a checkpoint (it was removed) are
             # results, refused; a campaign killed before its first checkpoint starts again
         except RunDirectoryError as e:  # a sweep names its campaigns' directories itself
-            raise _sweep_advice(e, run_dir) from e
-        status = "ran"
+            if _done_steps(run_dir) is None:
+                _raise_advised(e, run_dir)
+            # its run appeared since it was looked for (another sweep on this --out started
+            # it): continued as a run found, which the lock refuses while that sweep runs it
+    if loop is None:
+        try:
+            loop = load_loop(run_dir, quiet=True)
+        except RunFileError as e:
+            _raise_advised(e, run_dir)
+        status = "resumed"
     records = loop.run(campaign.steps)
     return _summary(campaign, records, status)
+
+
+def _raise_advised(error: Exception, run_dir: Path) -> None:
+    r"""Raise ``error`` with the sweep's advice (:func:`_sweep_advice`), from ``error``; as it
+    is where no advice changes (raised ``from`` itself it would be its own ``__cause__``, a
+    cycle that the Dask worker reporting the task's error follows forever, its memory growing
+    without bound: the sweep hung)."""
+    advised = _sweep_advice(error, run_dir)
+    if advised is error:
+        raise error
+    raise advised from error
 
 
 #: the advice of a run that cannot be resumed (bo-online resume), for an option the sweep lacks

@@ -362,7 +362,10 @@ class OnlineLoop:
             with self._seeded("init"):
                 record = self._initial_design()
         except (RuntimeError, IndexError) as e:
-            raise self._option_error(e) from e
+            error = self._option_error(e)
+            if error is e:  # not ``raise e from e``: an error its own cause hangs Dask (below)
+                raise
+            raise error from e
         # the initial design's whole time, less its test scoring (timed apart, ``time_test``)
         record.setdefault("time_step", time.perf_counter() - t0 - record.get("time_test", 0.0))
         self.wall_time += record["time_step"]
@@ -374,7 +377,10 @@ class OnlineLoop:
         becomes: where model options build objects (a kernel, a likelihood), a ``ValueError``
         naming them, since GPyTorch reports an object unfit for the data (a kernel with
         ``ard_num_dims`` for another number of inputs) only when first evaluated; anything
-        else (no such options, a failing objective) as it was."""
+        else (no such options, a failing objective) as it was, which the caller raises as it
+        is: raised ``from`` itself it would be its own ``__cause__``, a cycle that a Dask
+        worker reporting the error of a task follows forever, its memory growing without
+        bound."""
         from bo_online.errors import ObjectiveError
 
         built = [

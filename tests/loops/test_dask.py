@@ -837,6 +837,70 @@ def test_a_campaign_whose_checkpoint_was_removed_keeps_its_records(tmp_path):
     assert history.without_timing(history.read_records(run_dir)) == history.without_timing(records)
 
 
+def _causes(error: BaseException, limit: int = 20) -> list[BaseException]:
+    """``error``'s chain of ``__cause__``, as Dask's worker collects it to report a task's error
+    (``distributed.core.collect_causes``, which follows it with no end: an error that is its own
+    cause kept the worker in that loop, its memory growing, and the task never ended)."""
+    chain = []
+    while error.__cause__ is not None and len(chain) < limit:
+        chain.append(error.__cause__)
+        error = error.__cause__
+    return chain
+
+
+def test_a_campaign_whose_run_appears_after_it_was_looked_for_is_continued(tmp_path, monkeypatch):
+    """Two sweeps on one --out: the second looked for a campaign's run before the first sweep's
+    checkpoint of it appeared, so building its loop refused a directory that now holds a run,
+    and raised that error from itself, a cycle in which its Dask worker hung (the sweep never
+    ended, the worker's memory grew by gigabytes). The run found is now continued as any run
+    found (the lock refuses it while the other sweep runs it), to the records of one run."""
+    import dataclasses
+
+    import bo_online.sweep as sweep
+    from bo_online.sweep import campaigns, load_spec, run_campaign
+
+    spec = _spec(tmp_path / "spec.toml", [0])
+    spec.write_text(spec.read_text().replace("'ts'", ""))
+    (c,) = campaigns(load_spec(spec))
+    c1, c2 = dataclasses.replace(c, steps=1), dataclasses.replace(c, steps=2)
+    run_campaign(c2, tmp_path / "whole")
+    run_dir = tmp_path / "sweep" / c.name
+    run_campaign(c1, run_dir)  # the other sweep's run, found after the look
+    looks = iter([None])
+    real = sweep._done_steps
+    monkeypatch.setattr(sweep, "_done_steps", lambda d: next(looks, real(d)))
+    assert run_campaign(c2, run_dir)["status"] == "resumed"
+    whole, records = (history.read_records(d) for d in (tmp_path / "whole", run_dir))
+    assert history.without_timing(records) == history.without_timing(whole)
+
+
+def test_an_objective_error_of_the_initial_design_is_not_its_own_cause():
+    """An objective failing in the initial design was raised ``from`` itself: its own
+    ``__cause__``, on which a Dask worker reporting it (a loop run as a task) looped forever."""
+    from bo_online.errors import ObjectiveError
+    from bo_online.problems import CallableProblem
+
+    def broken(X):
+        raise RuntimeError("the lab is closed")
+
+    loop = BayesOptLoop(CallableProblem(broken, bounds=[[0, 0], [1, 1]]), quiet=True, **FAST)
+    with pytest.raises(ObjectiveError, match="the lab is closed") as e:
+        loop.run(1)
+    assert e.value not in _causes(e.value) and len(_causes(e.value)) < 20
+
+
+def test_a_sweep_error_without_advice_to_add_is_raised_as_it_is(tmp_path):
+    """A campaign's error that the sweep's advice leaves unchanged is raised as it was, not
+    ``from`` itself (its own cause, as above)."""
+    from bo_online.loops import RunDirectoryError
+    from bo_online.sweep import _raise_advised
+
+    error = RunDirectoryError("a message the sweep has no advice for")
+    with pytest.raises(RunDirectoryError) as e:
+        _raise_advised(error, tmp_path)
+    assert e.value is error and _causes(e.value) == []
+
+
 def test_a_campaign_directory_holding_other_files_says_to_move_them(tmp_path):
     """A campaign's directory (named by the sweep) that holds files of no run was refused with
     "Give a new or empty directory for the run", which a sweep user cannot do. It now says to
