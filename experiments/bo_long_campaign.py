@@ -58,6 +58,7 @@ from bo_online.loops.history import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     RECORDS_FILE,
+    RunFileError,
     read_records,
     to_jsonable,
 )
@@ -632,13 +633,17 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 for fn, m, s in jobs[i::k]:
                     run_one(args, fn, m, s)
-        except RunDirectoryError as e:
+        except (RunDirectoryError, RunFileError) as e:  # a damaged run file, too
             print(f"bo_long_campaign: error: {e}", file=sys.stderr)
             raise SystemExit(2)
         if k > 1:
             print("shard done; merge with --merge once every shard has finished.")
             return
-    merge(args)
+    try:
+        merge(args)
+    except RunFileError as e:  # a damaged records file
+        print(f"bo_long_campaign: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

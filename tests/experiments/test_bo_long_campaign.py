@@ -252,3 +252,27 @@ def test_merge_reads_the_runs_at_one_length_and_refuses_mixed_settings(campaign,
         )
     assert "optimizer_options" in str(e.value) and "ackley/exact/seed0" in str(e.value)
     assert "levy/" in str(e.value) and str(e.value).startswith("bo_long_campaign: error:")
+
+
+def test_a_damaged_run_file_is_one_line(campaign, tmp_path, capsys):
+    """A damaged records line stopped the merge, and a truncated checkpoint the run, with a
+    traceback; each is one line naming the file and what to do."""
+    out = str(tmp_path / "camp")
+    args = [*TOY, "--methods", "exact", "--budget-s", "0", "--out", out]
+    campaign.main([*args, "--steps", "1"])
+    run = campaign.run_dir(Path(out), "levy", "exact", 0)
+    records = (run / "records.jsonl").read_text().splitlines(keepends=True)
+    (run / "records.jsonl").write_text("garbage\n" + "".join(records[1:]))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        campaign.main(["--merge", "--no-plots", "--out", out])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "bo_long_campaign: error: The records file" in err and "damaged at line 1" in err
+    checkpoint = run / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:3000])
+    with pytest.raises(SystemExit) as e:
+        campaign.main([*args, "--steps", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "bo_long_campaign: error: The checkpoint" in err and "damaged or truncated" in err
