@@ -308,6 +308,42 @@ def test_model_option_help_names_the_allow_list():
             assert re.search(rf"gpytorch [a-z ,]*\b{family}\b", option.help), (module, option.help)
 
 
+@pytest.mark.parametrize("command", ["bo", "active", "stream"])
+def test_refit_help_names_each_surrogate_a_due_refit_rebuilds_and_up_to_which_n(command):
+    r"""``--refit-every`` and ``--refit-from`` say which surrogates a due refit rebuilds and fits
+    from the defaults (as BoTorch refits its exact GP) and up to which n: each that the loops
+    build as the exact GP on its data (``is_exact_gp_on_data()``). The help named t-SVGP and the
+    decoupled SVGP only, though WISKI (up to the loops' ``exact_max_n``) and QSGP (up to its
+    number of features) are rebuilt the same way. Checked against models built as the loops
+    build them, at the n the help gives and one more."""
+    from typer.main import get_command
+
+    from bo_online.models.registry import get_model_class
+
+    params = {p.name: p for p in get_command(app).commands[command].params}
+    for option in ("refit_every", "refit_from"):
+        text = " ".join(params[option].help.split())
+        assert "exact GP" in text and "from the defaults" in text, text
+        labels = {"wiski": "WISKI", "qsgp": "QSGP"}
+        if option == "refit_every" and command != "stream":
+            labels.update(tsvgp="t-SVGP", decoupled="the decoupled SVGP")
+        else:  # a long stream gives them more bases (512 / 1,024): named by the rule
+            assert re.search(r"t-SVGP [^()]*decoupled SVGP (while |\()every point", text), text
+        for name, label in labels.items():
+            found = re.search(rf"{re.escape(label)}[^()]*?\(n <= (\d+)\)", text)
+            assert found, (command, option, label, text)
+            n_max = int(found.group(1))
+            cls = get_model_class(name)
+            for n, exact in ((n_max, True), (n_max + 1, False)):
+                X = torch.rand(
+                    n, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(n)
+                )
+                Y = torch.sin(6 * X).sum(-1, keepdim=True)
+                defaults = getattr(cls, "loop_default_options", None)
+                options = defaults(2, {}) if callable(defaults) else {}
+                assert cls(X, Y, **options).is_exact_gp_on_data() is exact, (name, n)
+
+
 def test_plot_of_a_run_whose_records_file_is_gone_says_to_resume_it(tmp_path, capsys):
     """`bo-online plot` of a run directory whose records.jsonl was deleted (its checkpoint is
     there) said "No records at ... (expected a run directory)": it is one, and `bo-online

@@ -110,9 +110,10 @@ def bo(
         Optional[str],
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
-            "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
-            "n <= 128 (every point a basis), are rebuilt and fit from the defaults, as "
-            "BoTorch's loop does); 0 = never. Default (auto): every step, except that the "
+            "--fit-max-iter iterations; the exact GP, and while they are the exact GP on "
+            "their data t-SVGP and the decoupled SVGP (n <= 128), WISKI (n <= 256) and QSGP "
+            "(n <= 512), are rebuilt and fit from the defaults, as BoTorch's loop does); "
+            "0 = never. Default (auto): every step, except that the "
             "exact GP (a fit costs O(n^3)), t-SVGP, the decoupled SVGP and WISKI with a learned "
             "input projection (above 6 inputs) (a refit visits every point held) refit every "
             "step only up to n = 100 and then whenever n has grown by 10% since their last "

@@ -44,7 +44,8 @@ RefitOpt = Annotated[
     str,
     typer.Option(
         help="Refit hyperparameters every this many steps (warm-started; the exact GP, and "
-        "t-SVGP and the decoupled SVGP while n <= 128, refit from the defaults); 0 = never; "
+        "while they are the exact GP on their data t-SVGP and the decoupled SVGP (n <= 128), "
+        "WISKI (n <= 256) and QSGP (n <= 512), refit from the defaults); 0 = never; "
         "auto: every step, except that the exact GP, t-SVGP, the decoupled SVGP and WISKI "
         "with a learned input projection (above 6 inputs) refit every step only up to n = 100 "
         "and then whenever n has grown by 10% since their last fit (as bo's default)."
@@ -56,8 +57,10 @@ RefitFromOpt = Annotated[
     str,
     typer.Option(
         help="Where a refit starts. auto: from the current hyperparameters, except that the "
-        "exact GP (and t-SVGP / the decoupled SVGP while every point is a basis) is rebuilt "
-        "from the defaults, small-n refits of t-SVGP, the decoupled SVGP and QSGP also try the "
+        "exact GP (and t-SVGP / the decoupled SVGP while every point is a basis, WISKI "
+        "(n <= 256) and QSGP (n <= 512), while they are the exact GP on their data) is rebuilt "
+        "from the defaults, "
+        "small-n refits of t-SVGP, the decoupled SVGP and QSGP also try the "
         "defaults, and WISKI's learned projection is re-derived from the data. current: every "
         "refit continues from the current values (with --refit-every 1 --fit-max-iter 1: one "
         "optimisation step per step, as in the WISKI paper's streams)."

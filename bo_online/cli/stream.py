@@ -108,8 +108,10 @@ def stream(
         Optional[str],
         typer.Option(
             help="Refit hyperparameters every this many steps (warm-started, at most "
-            "--fit-max-iter iterations; the exact GP, and t-SVGP and the decoupled SVGP while "
-            "every point is one of their inducing inputs / bases, refit from the defaults); "
+            "--fit-max-iter iterations; the exact GP, and while they are the exact GP on "
+            "their data t-SVGP and the decoupled SVGP (every point one of their inducing "
+            "inputs / bases), WISKI (n <= 256) and QSGP (n <= 512), are rebuilt and fit from "
+            "the defaults); "
             "0 = never. Default (auto): whenever the data "
             "have grown by 50 points or 10% since the last fit, whichever is more, so the "
             "refits cost O(1) per point however long the stream."
