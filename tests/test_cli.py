@@ -73,6 +73,22 @@ BAD = {
         ["bo", "--problem", "branin", "--steps", "1", "--model-option", "no_such_option=3", *SMALL],
         "no_such_option",
     ),
+    # a misspelt option name: Python's message alone, now with the constructor's closest name
+    "misspelt model option": (
+        [
+            "bo",
+            "--problem",
+            "branin",
+            "--steps",
+            "1",
+            "--model",
+            "wiski",
+            "--model-option",
+            "gridsize=10",
+            *SMALL,
+        ],
+        "unexpected keyword argument 'gridsize' (did you mean 'grid_size'?)",
+    ),
     # a likelihood by name failed in the model with an AttributeError traceback
     "likelihood by name (tsvgp)": (
         _bo_option("tsvgp", "likelihood=poisson"),

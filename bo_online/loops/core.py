@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import fnmatch
 import functools
 import hashlib
+import inspect
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -497,7 +500,7 @@ class OnlineLoop:
         except TypeError as e:  # unknown option names: say which model rejected them
             raise ValueError(
                 f"Model {self.config['model']!r} rejected its options "
-                f"{self.config['model_options']}: {e}"
+                f"{self.config['model_options']}: {e}{_closest_option_hint(self.model_cls, e)}"
             ) from e
         return model.to(**self.tkwargs)
 
@@ -1315,6 +1318,20 @@ def _evaluate_rows(fn: Callable[[Tensor], Tensor] | bytes, rows: list[list[float
     if isinstance(fn, bytes):
         fn = pickle.loads(fn)
     return fn(torch.tensor(rows, dtype=torch.float64)).reshape(-1).tolist()
+
+
+def _closest_option_hint(model_cls: type, error: TypeError) -> str:
+    r"""``" (did you mean 'grid_size'?)"`` when ``error`` is Python's ``unexpected keyword
+    argument 'gridsize'`` and the constructor takes a name close to it; else ``""``."""
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(error))
+    if found is None:
+        return ""
+    try:
+        names = list(inspect.signature(model_cls.__init__).parameters)
+    except (TypeError, ValueError):
+        return ""
+    close = difflib.get_close_matches(found.group(1), names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _accepted_options(
