@@ -3,26 +3,19 @@ resumes from the run directories (not restarting), splits over shards and merges
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from experiment_scripts import load_experiment
 
 from bo_online.loops.history import read_records
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def campaign():
-    spec = importlib.util.spec_from_file_location(
-        "bo_long_campaign", ROOT / "experiments" / "bo_long_campaign.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("bo_long_campaign")
 
 
 TOY = [

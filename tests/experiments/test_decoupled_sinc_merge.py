@@ -3,25 +3,19 @@ processes, merged into one summary; files that cannot be merged are refused in o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+from experiment_scripts import load_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("coupled M=10", "decoupled Ma=100,Mb=10", "coupled M=100")
 
 
 @pytest.fixture(scope="module")
 def sinc():
-    spec = importlib.util.spec_from_file_location(
-        "decoupled_sinc_kin40k", ROOT / "experiments" / "decoupled_sinc_kin40k.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("decoupled_sinc_kin40k")
 
 
 def _part(path: Path, seeds: list[int], iters: int = 2000) -> str:

@@ -4,27 +4,20 @@ split over parts, are reused on a second call, and --merge writes plots and the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from experiment_scripts import load_experiment
 from synthetic_uci import write_uci_like
 
 from bo_online import datasets
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _load_experiment():
-    spec = importlib.util.spec_from_file_location(
-        "stream_uci", ROOT / "experiments" / "stream_uci.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("stream_uci")
 
 
 def _data_dir(root: Path) -> None:

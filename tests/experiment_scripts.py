@@ -1,0 +1,20 @@
+r"""Load a script of ``experiments/`` as a module, for the tests of that script."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_experiment(name: str) -> ModuleType:
+    r"""``experiments/<name>.py`` as the module ``name`` (registered in ``sys.modules``, so that
+    its dataclasses and pickling find it)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
