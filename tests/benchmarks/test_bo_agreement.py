@@ -3,7 +3,7 @@ r"""The agreement script: a loop's batch against BoTorch's reference step on the
 from __future__ import annotations
 
 import torch
-from benchmark_scripts import load_benchmark
+from script_modules import load_benchmark
 
 
 def test_a_step_is_classified_by_batch_then_by_botorchs_value():

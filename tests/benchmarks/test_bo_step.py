@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
+from script_modules import load_benchmark
 
 TINY = ["--reps", "1", "--restarts", "2", "--raw-samples", "16", "--maxiter", "5"]
 

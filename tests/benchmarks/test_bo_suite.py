@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
+from script_modules import load_benchmark
 from torch.quasirandom import SobolEngine
 
 from bo_online.loops import BayesOptLoop, load_loop

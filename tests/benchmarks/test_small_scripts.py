@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
+from script_modules import load_benchmark
 from synthetic_uci import write_uci_like
 
 from bo_online.models.tsvgp import TSVGP

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from experiment_scripts import load_experiment
+from script_modules import load_experiment
 
 from bo_online.loops.history import read_records
 

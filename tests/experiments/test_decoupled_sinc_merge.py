@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from experiment_scripts import load_experiment
+from script_modules import load_experiment
 
 MODELS = ("coupled M=10", "decoupled Ma=100,Mb=10", "coupled M=100")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from experiment_scripts import load_experiment
+from script_modules import load_experiment
 from synthetic_uci import write_uci_like
 
 from bo_online import datasets
