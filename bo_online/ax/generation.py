@@ -3,7 +3,6 @@ generation going when an outcome is not finite."""
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import numbers
@@ -19,7 +18,7 @@ from bo_online.acquisition import check_optimizer_counts
 from bo_online.ax.registration import register_model_class
 from bo_online.ax.surrogate import DEFAULT_REFIT_EVERY, _checked_refit_every
 from bo_online.models.base import OnlineModel
-from bo_online.models.validation import require_bool
+from bo_online.models.validation import closest_name_hint, require_bool
 
 
 class DropNonFiniteY(Transform):
@@ -232,11 +231,7 @@ def _check_optimizer_counts(optimizer_options: Mapping[str, Any] | None) -> None
     known = _optimizer_argument_names()
     unknown = sorted(set(map(str, optimizer_options)) - known)
     if unknown:
-        hints = [
-            f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
-            for name in unknown
-            for close in [difflib.get_close_matches(name, known, n=1)]
-        ]
+        hints = [f"{name!r}{closest_name_hint(name, known)}" for name in unknown]
         raise ValueError(
             f"optimizer_options {', '.join(hints)}: no optimiser Ax may use takes "
             f"{'it' if len(unknown) == 1 else 'them'}; known: {', '.join(sorted(known))} "

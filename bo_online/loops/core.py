@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import fnmatch
 import functools
 import hashlib
@@ -54,7 +53,7 @@ from bo_online.loops.refit_rules import (
 )
 from bo_online.models.fitting import standardization
 from bo_online.models.registry import get_model_class
-from bo_online.models.validation import max_abs_output
+from bo_online.models.validation import closest_name_hint, max_abs_output
 from bo_online.problems import make_problem
 from bo_online.userdata import DataChangedError
 
@@ -1327,11 +1326,10 @@ def _closest_option_hint(model_cls: type, error: TypeError) -> str:
     if found is None:
         return ""
     try:
-        names = list(inspect.signature(model_cls.__init__).parameters)
+        names = inspect.signature(model_cls.__init__).parameters
     except (TypeError, ValueError):
         return ""
-    close = difflib.get_close_matches(found.group(1), names, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return closest_name_hint(found.group(1), names)
 
 
 def _accepted_options(

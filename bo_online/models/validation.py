@@ -6,10 +6,12 @@ bad input raises a clear ``ValueError`` and the model is left exactly as it was.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import sys
 import warnings
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -104,6 +106,13 @@ def max_abs_output(dtype: torch.dtype) -> float:
     r"""Largest |y| accepted: 1e-4 x sqrt(largest float), so sums of squares over many points and
     standardisation cannot overflow (float64: ~1.3e150; float32: ~1.8e15)."""
     return 1e-4 * math.sqrt(torch.finfo(dtype).max)
+
+
+def closest_name_hint(name: str, names: Iterable[str]) -> str:
+    r"""``" (did you mean 'grid_size'?)"`` for a misspelt ``name`` (``"gridsize"``) when one of
+    ``names`` is close to it (``difflib``'s closeness); else ``""``."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def whole_number(name: str, value: Any, low: int) -> int:
