@@ -128,7 +128,7 @@ def make_loop(
         fit_max_iter=args.fit_max_iter,
         out_dir=path,
         quiet=True,
-        device=args.device,
+        device=args.device or "cpu",
     )
 
 
@@ -159,7 +159,9 @@ def run_one(args: argparse.Namespace, fn: str, method: str, seed: int) -> dict[s
     """Run (or continue) one campaign until ``args.steps`` or the time budget; returns a status."""
     path = run_dir(Path(args.out), fn, method, seed)
     if (path / CHECKPOINT_FILE).exists():
-        loop = load_loop(path, quiet=True)
+        # --device moves a run (e.g. one copied from a GPU machine); without it, its own
+        moved = {} if args.device is None else {"device": args.device}
+        loop = load_loop(path, quiet=True, **moved)
         changed = changed_settings(loop, make_loop(args, fn, method, seed, None))
         if changed:  # it would go on with its own settings, under this call's in the JSON
             raise RunDirectoryError(
@@ -585,7 +587,12 @@ def main(argv: list[str] | None = None) -> None:
         help="WISKI is the exact GP of its kernel up to this many points (0: SKI from the "
         "first point, the paper's model; the loops' default is 256)",
     )
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--device",
+        default=None,
+        help="torch device of new runs (default cpu); given when runs are continued, they "
+        "continue there instead of on their own (e.g. runs copied from a GPU machine)",
+    )
     ap.add_argument("--shard", default="0/1", help="i/k: run every k-th run starting at i")
     ap.add_argument("--merge", action="store_true", help="only merge existing runs")
     ap.add_argument("--no-plots", action="store_true")

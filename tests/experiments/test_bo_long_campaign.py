@@ -269,3 +269,23 @@ def test_a_damaged_run_file_is_one_line(campaign, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "bo_long_campaign: error: The checkpoint" in err and "damaged or truncated" in err
+
+
+def test_a_continued_run_moves_to_the_device_given(campaign, tmp_path):
+    """``--device`` on a call that continues runs moves them there (it was ignored: a run
+    copied from a GPU machine went on asking for its own device); without it a run keeps its
+    own. ``cpu:0`` stands for another device on a machine with none but the CPU."""
+    out = str(tmp_path / "camp")
+    args = [*TOY, "--methods", "exact", "--out", out]
+    campaign.main([*args, "--steps", "1"])
+    run = campaign.run_dir(Path(out), "levy", "exact", 0)
+
+    def device() -> str:
+        return torch.load(run / "checkpoint.pt", weights_only=True)["config"]["device"]
+
+    assert device() == "cpu"
+    campaign.main([*args, "--steps", "2", "--device", "cpu:0"])
+    assert device() == "cpu:0"
+    campaign.main([*args, "--steps", "3"])
+    assert device() == "cpu:0"
+    assert [r["step"] for r in read_records(run / "records.jsonl")] == [0, 1, 2, 3]
