@@ -1,9 +1,12 @@
 """Online GP surrogates; each subclasses :class:`bo_online.models.base.OnlineModel`.
 
 One subpackage per family (``wiski``, ``tsvgp``, ``decoupled``, ``qsgp``), the exact GP
-(``exact``) as the reference, the shared contract (``base``) and fit helpers (``fitting``).
+(``exact``) as the reference, the shared contract (``base``), fit helpers (``fitting``) and
+BoTorch's pathwise sampling for the surrogates (``pathwise``).
 """
 
+# registers the surrogates with BoTorch's pathwise samplers (draw_matheron_paths, ...)
+from bo_online.models import pathwise  # noqa: F401
 from bo_online.models.base import OnlineModel
 from bo_online.models.decoupled import DecoupledFitSettings, DecoupledSVGP
 from bo_online.models.exact import ExactFitSettings, OnlineExactGP
