@@ -24,6 +24,7 @@ mean) and an update on points ``P`` through BoTorch's ``_gaussian_update_exact``
   f(beta) + e`` (``e``'s covariance is ``H - L^T K_beta L`` where ``H`` holds a jitter);
 * :class:`~bo_online.models.QSGP`: its own weight-space draws (:meth:`QSGP.sample_paths`),
   evaluated with BoTorch's broadcasting;
+* ``RefitSingleTaskGP`` (the refit-every-step baseline): the paths of its ``SingleTaskGP``;
 * :class:`~bo_online.models.WISKI` and any other :class:`~bo_online.models.OnlineModel`: a
   ``NotImplementedError`` naming what to use instead.
 
@@ -65,6 +66,7 @@ from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.decoupled.statistics import site_dtype
 from bo_online.models.exact import OnlineExactGP
 from bo_online.models.qsgp import QSGP
+from bo_online.models.singletask import RefitSingleTaskGP
 from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski import WISKI
 
@@ -420,6 +422,23 @@ def _draw_matheron_paths_QSGP(
 
 
 # ---------------------------------------------------------------------------------- the rest
+
+
+@DrawMatheronPaths.register(RefitSingleTaskGP)
+def _draw_matheron_paths_RefitSingleTaskGP(
+    model: RefitSingleTaskGP,
+    *,
+    sample_shape: Size,
+    prior_sampler: TPathwisePriorSampler = draw_kernel_feature_paths,
+    update_strategy: TPathwiseUpdate = gaussian_update,
+) -> MatheronPath:
+    r"""The paths of the ``SingleTaskGP`` it wraps (BoTorch's own)."""
+    return DrawMatheronPaths(
+        model.model,
+        sample_shape=sample_shape,
+        prior_sampler=prior_sampler,
+        update_strategy=update_strategy,
+    )
 
 
 @DrawMatheronPaths.register(WISKI)

@@ -26,6 +26,7 @@ from botorch.sampling.pathwise import (
 from torch.quasirandom import SobolEngine
 
 from bo_online.models import QSGP, TSVGP, WISKI, DecoupledSVGP, OnlineExactGP
+from bo_online.models.singletask import RefitSingleTaskGP
 
 DT = torch.float64
 N_PATHS = 2000
@@ -398,6 +399,22 @@ def test_batch_inputs_and_dtype(name, dtype):
         post = model.posterior(Xq)
     se = (out[0].var(0) / 1000).sqrt()
     assert ((out[0].mean(0) - post.mean.squeeze(-1)).abs() <= Z_TOL * se + 1e-4).all()
+
+
+def test_refit_singletaskgp_paths_are_its_models():
+    r"""The refit-every-step baseline's paths are those of the SingleTaskGP it wraps (same seed);
+    ``get_optimal_samples`` takes it."""
+    X, Y = _data()
+    model = RefitSingleTaskGP(X, Y)
+    values = []
+    for m in (model, model.model):
+        torch.manual_seed(1)
+        with torch.no_grad():
+            values.append(draw_matheron_paths(m, torch.Size([4]))(_test_points()))
+    assert torch.equal(values[0], values[1])
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+    X_opt, _ = get_optimal_samples(model, bounds=bounds, num_optima=2, raw_samples=64)
+    assert X_opt.shape == (2, 2)
 
 
 def test_wiski_refused_with_what_to_use():
