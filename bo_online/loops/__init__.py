@@ -9,6 +9,8 @@ the same records an uninterrupted run would have.
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,10 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
         mask = overrides.pop("test_mask", None)
         if mask is not None:
             ckpt["problem"] = _relocated_mask(ckpt.get("problem"), mask, out_dir)
+        # what the call itself moves (a new device, a data file's new place) is no edit
+        moved = {"device"} if overrides.get("device") is not None else set()
+        if data is not None or mask is not None:
+            moved.add("problem")
         device = overrides.pop("device", None)
         if device is not None:
             ckpt["config"] = {**ckpt["config"], "device": str(device)}
@@ -141,11 +147,39 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
                 f"The checkpoint {str(ckpt_path)!r} is incomplete or not of this bo-online version "
                 f"({type(e).__name__}: {e}); start the run again with --overwrite."
             ) from e
+        _warn_edited_config(out_dir, loop, moved)
     except BaseException:
         lock.release()
         raise
     loop._lock = lock
     return loop
+
+
+def _warn_edited_config(out_dir: Path, loop: OnlineLoop, moved: set[str]) -> None:
+    r"""Warn, naming the settings, when the run's ``config.json`` disagrees with its checkpoint
+    (edited by hand to change a setting): the run goes on with its checkpoint's settings and
+    rewrites the file from them, so the edit would otherwise vanish without a word. Keys the
+    call ``moved`` (``device``, ``problem``) and keys only one side holds (a run saved by
+    another version) are not compared; an unreadable file is rewritten, as before."""
+    try:
+        stored = json.loads((out_dir / history.CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(stored, dict):
+        return
+    spec = {**loop.config, "problem": loop._problem_spec()}
+    current = json.loads(json.dumps(history.to_jsonable(spec)))
+    edited = sorted(k for k in (set(stored) & set(current)) - moved if stored[k] != current[k])
+    if edited:
+        shown = "; ".join(f"{k}: {current[k]!r} in the checkpoint" for k in edited)
+        warnings.warn(
+            f"{str(out_dir / history.CONFIG_FILE)!r} differs from the run's checkpoint in "
+            f"{', '.join(edited)} ({shown}): a resumed run keeps the settings it started with "
+            f"and rewrites {history.CONFIG_FILE} from them, so the edit changes nothing. For "
+            "other settings start a new run in another directory.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _relocated_problem(spec: Any, data: str | Path, out_dir: Path) -> dict[str, Any]:

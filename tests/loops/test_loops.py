@@ -444,6 +444,29 @@ def test_load_loop_refuses_settings_a_resumed_run_cannot_change(tmp_path):
     assert without_timing(load_loop(out, quiet=True).run(3)) == without_timing(reference)
 
 
+def test_a_hand_edited_config_is_named_on_resume_and_changes_nothing(tmp_path):
+    r"""A run continues with its checkpoint's settings and rewrites ``config.json`` from them,
+    so an edit there (here ``q`` and the acquisition) vanished without a word; the resume now
+    warns, naming the settings, and the run goes on as it would have. A resume of an unedited
+    run, and one moved to another device by ``device=``, warn nothing."""
+    out = tmp_path / "run"
+    kw = dict(acq="qucb", q=2, seed=2, **FAST)
+    reference = BayesOptLoop(synthetic_problem("branin"), **kw).run(3)
+    BayesOptLoop(synthetic_problem("branin"), out_dir=out, **kw).run(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing edited: no warning
+        load_loop(out, quiet=True, device="cpu:0")._lock.release()
+    config = json.loads((out / "config.json").read_text())
+    original = dict(config)
+    config.update(q=5, acq="ei")
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="differs from the run's checkpoint in acq, q ") as w:
+        loop = load_loop(out, quiet=True)
+    assert "'qucb' in the checkpoint" in str(w[0].message)
+    assert without_timing(loop.run(3)) == without_timing(reference)
+    assert json.loads((out / "config.json").read_text()) == original  # rewritten
+
+
 def test_resume_active_and_streaming_loops(tmp_path):
     pool = _data_or_skip()
     kw = dict(
