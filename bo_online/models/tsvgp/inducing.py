@@ -60,8 +60,18 @@ def select_inducing_points(
             hi = torch.maximum(hi, X.detach().max(0).values)
     else:
         lo, hi = bounds[0].to(X), bounds[1].to(X)
-    sobol = SobolEngine(d, scramble=True, seed=seed).draw(missing).to(X)
-    return torch.cat([picked, lo + (hi - lo) * sobol], dim=0)
+    # The loops' initial designs are scrambled Sobol points too (a BO run of seed 0 starts from
+    # this very sequence), so fill points can coincide with data points: a repeated inducing
+    # input made K_ZZ singular up to its jitter (50 of 128 repeated after 25 points). Draw as
+    # many more as there are picked points and keep the first ``missing`` that repeat none.
+    fill = lo + (hi - lo) * SobolEngine(d, scramble=True, seed=seed).draw(
+        missing + picked.shape[0]
+    ).to(X)
+    if picked.shape[0]:
+        scale = (hi - lo).abs().max().clamp_min(1.0)
+        fresh = torch.cdist(fill, picked).min(-1).values > 1e-6 * scale  # float32 round-off
+        fill = fill[fresh]
+    return torch.cat([picked, fill[:missing]], dim=0)
 
 
 def _greedy_variance_pivots(X: Tensor, kernel: Kernel, rank: int, tol: float) -> Tensor:

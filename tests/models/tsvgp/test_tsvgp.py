@@ -879,3 +879,27 @@ def test_inducing_points_as_one_value_is_a_whole_number_or_a_clear_error():
     for bad in (2.5, "abc", 0, -5, True, float("nan")):
         with pytest.raises(ValueError, match="inducing_points must be a whole number m >= 1 or"):
             TSVGP(X, Y, inducing_points=bad)
+
+
+def test_the_sobol_fill_of_the_inducing_inputs_repeats_no_data_point():
+    r"""A loop's initial design of seed 0 is the scrambled Sobol sequence the fill draws, so the
+    fill repeated the design's points (K_ZZ singular up to its jitter). Now every inducing
+    input is distinct, the data points come first, and the fill is still the Sobol sequence
+    (in its order, the repeated points left out)."""
+    from gpytorch.kernels import RBFKernel
+    from torch.quasirandom import SobolEngine
+
+    from bo_online.models.tsvgp.inducing import select_inducing_points
+
+    X = SobolEngine(2, scramble=True, seed=0).draw(10, dtype=torch.float64)  # a loop's design
+    kernel = RBFKernel().double()
+    Z = select_inducing_points(X, kernel, 30)
+    assert Z.shape == (30, 2)
+    assert torch.equal(Z[:10].sort(0).values, X.sort(0).values)  # every data point picked
+    distances = torch.cdist(Z, Z) + torch.eye(30, dtype=Z.dtype)
+    assert distances.min() > 1e-6  # no input repeated
+    sobol = SobolEngine(2, scramble=True, seed=0).draw(40).double()  # as the fill draws it
+    assert torch.equal(Z[10:], sobol[10:30])  # the sequence after the repeated points
+    # with an unrelated design the fill is the sequence from its start, as before
+    Y = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(select_inducing_points(Y, kernel, 30)[10:], sobol[:20])
