@@ -269,6 +269,9 @@ class ActiveLearningLoop(OnlineLoop):
                     q=q,
                     step=self.step_count + 1,
                     dim=d,
+                    # the labelled inputs give the Sobol points (integrate_over="sobol") the
+                    # model's dtype and device: float64 ones broke a float32 SingleTaskGP
+                    X_observed=self.U_pool[self.chosen.to(self.U_pool.device)],
                     mc_points=(
                         self.U_test[self.mc_idx]
                         if self.config["integrate_over"] == "test"

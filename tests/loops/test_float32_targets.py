@@ -77,6 +77,31 @@ def test_float32_active_learning_on_offset_targets_matches_float64():
         assert a["nll"] == pytest.approx(b["nll"], abs=0.05)
 
 
+def test_float32_qnipv_over_sobol_points_with_singletaskgp_matches_float64():
+    r"""qNIPV's Sobol integration points (``integrate_over="sobol"``) were drawn in float64
+    whatever the loop's dtype: BoTorch's ``SingleTaskGP`` in float32 (which, unlike the online
+    models, does not cast its inputs) stopped the first step with "expected scalar type Float but
+    found Double". They now come in the model's dtype, and the float32 run labels the points the
+    float64 run labels."""
+    problem = _pool()
+    kw = dict(
+        model="singletaskgp",
+        integrate_over="sobol",
+        selection="pool",
+        num_mc_points=64,
+        num_pool_candidates=200,  # the whole pool: no random subset to differ
+        n_init=8,
+        q=2,
+        seed=0,
+        fit_max_iter=20,
+    )
+    r64 = ActiveLearningLoop(problem, dtype="float64", **kw).run(2)
+    r32 = ActiveLearningLoop(problem, dtype="float32", **kw).run(2)
+    assert [r["indices"] for r in r32] == [r["indices"] for r in r64]
+    for a, b in zip(r32, r64):
+        assert a["rmse"] == pytest.approx(b["rmse"], rel=0.05, abs=1e-3)
+
+
 def test_float32_bo_minimises_an_objective_offset_by_1e8():
     r"""The bump is invisible to a surrogate fed float32 targets (all 1e8): before the fix the
     float32 loop never improved on its initial design (regret 0.57 after 6 steps, float64
