@@ -645,6 +645,22 @@ def test_active_summary_reports_the_last_evaluated_metrics_with_their_step(tmp_p
     assert lines["test RMSE (step 2), initial -> final"].endswith(f"-> {records[2]['rmse']:.4g}")
 
 
+def test_active_names_its_options_when_pool_candidates_are_fewer_than_q(tmp_path, capsys):
+    """`--selection pool --num-pool-candidates 1 --q 2` was refused with the loop's message,
+    which names its Python arguments (num_pool_candidates, q); the CLI's names the options, and
+    nothing is written."""
+    path = _field_csv(tmp_path, 60)
+    out = tmp_path / "run"
+    argv = ["active", "--pool", str(path), "--selection", "pool", "--num-pool-candidates", "1"]
+    code, _, err = _run([*argv, "--q", "2", "--steps", "1", "--out", str(out), *SMALL], capsys)
+    assert code == 2
+    assert err.strip() == (
+        "bo-online: error: --num-pool-candidates 1 is below --q 2: each step labels --q of the "
+        "pool points it scores; give --num-pool-candidates 2 or more."
+    )
+    assert not out.exists()
+
+
 def test_active_takes_the_auto_refit_schedule_as_bo_and_stream_do(tmp_path, capsys):
     """`bo-online active --refit-every auto` was refused by the option parser (an integer was
     expected), though the loop takes it and `bo` and `stream` name their default so. It is now

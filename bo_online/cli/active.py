@@ -169,6 +169,12 @@ def active(
         ("--eval-every", eval_every),
     ):
         _positive(name, value)
+    # the loop's own error names its Python arguments (num_pool_candidates, q)
+    _check(
+        selection != "pool" or num_pool_candidates >= q,
+        f"--num-pool-candidates {num_pool_candidates} is below --q {q}: each step labels --q "
+        f"of the pool points it scores; give --num-pool-candidates {q} or more.",
+    )
     _check_model(model)
     if pool is not None:
         from bo_online.userdata import pool_from_file
