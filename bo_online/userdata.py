@@ -947,6 +947,10 @@ def _labels(table: Table, column: int, train: np.ndarray) -> np.ndarray:
             counts = [int((y == v).sum()) for v in values]
             test_only = [_label(v) for v in values if not (train & (y == v)).any()]
             shown += "; rows: " + ", ".join(map(str, counts))
+            # where the rarest class (a stray label, most often) first is: a line to edit
+            rarest = values[int(np.argmin(counts))]
+            first = int(np.flatnonzero(y == rarest)[0])
+            shown += f"; {_label(rarest)} first on {table.where(first)}"
             if test_only:
                 shown += f"; {', '.join(test_only)} only in test rows"
             advice = (

@@ -1443,7 +1443,10 @@ def test_a_missing_value_marker_among_text_labels_is_named_as_a_missing_label(tm
     # three real classes are still refused as such
     _write_text_labels(path, X, np.arange(30) % 2, ("no", "yes"))
     path.write_text(path.read_text().replace(",no\n", ",maybe\n", 1))
-    with pytest.raises(DataFileError, match=r"found 3 \(.maybe., .no., .yes.; rows: 1, 14, 15\)"):
+    with pytest.raises(
+        DataFileError,
+        match=r"found 3 \(.maybe., .no., .yes.; rows: 1, 14, 15; .maybe. first on line 2\)",
+    ):
         stream_from_file(path, task="classification")
 
 
@@ -1465,9 +1468,28 @@ def test_one_class_beside_a_missing_label_and_three_classes_beside_one_are_told_
     rows = (f"{a!r},{b!r},{label}" for (a, b), label in zip(X.tolist(), labels))
     path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
     with pytest.raises(
-        DataFileError, match=r"found 4 \(.a., .b., .c., .none.; rows: 10, 9, 10, 1\)"
+        DataFileError,
+        match=r"found 4 \(.a., .b., .c., .none.; rows: 10, 9, 10, 1; .none. first on line 6\)",
     ):
         stream_from_file(path, task="classification")
+
+
+def test_a_stray_third_label_is_named_with_its_line(tmp_path):
+    """One row of 0 / 1 labels holding 2 (a typo) was refused as 'found 3 (0, 1, 2; rows: ...)'
+    without saying where the 2 is: in a file of thousands of rows the user had to search for it.
+    The message names the line of the rarest class's first row (here the 38th data row)."""
+    X, _ = _data(n=60, d=2)
+    labels = [str(k % 2) for k in range(60)]
+    labels[37] = "2"
+    rows = (f"{a!r},{b!r},{label}" for (a, b), label in zip(X.tolist(), labels))
+    path = tmp_path / "labels.csv"
+    path.write_text("x0,x1,label\n" + "\n".join(rows) + "\n")
+    lines = path.read_text().splitlines()
+    line = next(k + 1 for k, text in enumerate(lines) if text.endswith(",2"))  # by hand
+    assert line == 39
+    with pytest.raises(DataFileError) as err:
+        stream_from_file(path, task="classification")
+    assert f"found 3 (0, 1, 2; rows: 30, 29, 1; 2 first on line {line});" in str(err.value)
 
 
 def test_the_first_bad_cell_is_named_in_file_order_not_by_column_name(tmp_path):
@@ -1713,7 +1735,8 @@ def test_a_third_class_is_counted_and_one_only_in_the_test_rows_is_named(tmp_pat
     with pytest.raises(DataFileError) as err:
         stream_from_file(path, target="label", test_mask="is_test", task="classification")
     assert (
-        f"found 3 ('a', 'b', 'c'; rows: {a}, {b}, 4; 'c' only in test rows); only two classes "
+        f"found 3 ('a', 'b', 'c'; rows: {a}, {b}, 4; 'c' first on line 2; 'c' only in test rows); "
+        "only two classes "
         "are classified: drop or merge the rows of the others" in str(err.value)
     ), err.value
 
