@@ -163,6 +163,8 @@ class Table:
         return index
 
     def _index(self, key: str | int, what: str) -> int:
+        if isinstance(key, str) and key not in self.columns and key.strip() in self.columns:
+            key = key.strip()  # the header's names are read stripped (``--target " y"``)
         if isinstance(key, str) and key in self.columns:
             if self.columns.count(key) > 1:
                 raise DataFileError(
@@ -853,10 +855,18 @@ def _inputs(
                     if _is_identifier_name(table.columns[j])
                     else "has no name and holds the row numbers"
                 )
+                # text (codes such as "A017") is no input; nor are the other text columns,
+                # which a suggested --inputs naming them would only see refused
+                numeric = [k for k in kept if k not in table.text]
+                advice = (
+                    "; it holds text, which no model takes as an input"
+                    if j in table.text
+                    else "; to use it, name it among the inputs: --inputs "
+                    f"{_inputs_option(table, sorted(numeric + [j]))}"
+                )
                 warnings.warn(
                     f"{table.path}: column {table.columns[j]!r} {why}, so it is not used as an "
-                    "input; to use it, name it among the inputs: --inputs "
-                    f"{_inputs_option(table, sorted(kept + [j]))}.",
+                    f"input{advice}.",
                     UserWarning,
                     stacklevel=4,
                 )

@@ -52,6 +52,42 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def test_an_identifier_warning_suggests_no_text_column_among_the_inputs(tmp_path):
+    r"""The warning on a dropped identifier column suggested ``--inputs`` naming every other
+    column, a text column too, which that call would then refuse; it names the numeric ones."""
+    X, y = _data(n=40, d=2)
+    path = tmp_path / "with_text.csv"
+    path.write_text(
+        "id,x0,colour,x1,target\n"
+        + "\n".join(
+            f"{i},{a:.17g},{'red' if i % 2 else 'blue'},{b:.17g},{t:.17g}"
+            for i, ((a, b), t) in enumerate(zip(X, y))
+        )
+        + "\n"
+    )
+    with pytest.warns(UserWarning, match="column 'id' is named as a row identifier") as w:
+        with pytest.raises(DataFileError, match="colour"):  # the text column is no input
+            stream_from_file(path, seed=0)
+    assert "--inputs id,x0,x1." in str(w[0].message), str(w[0].message)
+    # and the call the warning suggests runs
+    prob = stream_from_file(path, inputs=["id", "x0", "x1"], seed=0)
+    assert prob.dim == 3
+
+
+def test_a_column_name_with_spaces_around_it_names_the_column(tmp_path):
+    r"""The header's names are read stripped, as ``--inputs`` names are, so ``--target " x1"``
+    was refused ("no column ' x1'"); it names column ``x1``, as ``target="x1"`` does."""
+    X, y = _data()
+    path = tmp_path / "mine.csv"
+    _write_csv(path, X, y)
+    plain = stream_from_file(path, target="x1", seed=3)
+    padded = stream_from_file(path, target=" x1 ", seed=3)
+    assert torch.equal(padded.y_stream, plain.y_stream)
+    assert torch.equal(padded.X_stream, plain.X_stream)
+    held = torch.cat([plain.y_stream.reshape(-1), plain.y_test.reshape(-1)])
+    assert torch.equal(held.sort().values, torch.as_tensor(X[:, 1]).sort().values)  # column x1
+
+
 def test_stream_from_csv_matches_hand_split_and_scaling(tmp_path):
     X, y = _data()
     path = tmp_path / "mine.csv"
@@ -1821,8 +1857,11 @@ def test_an_identifier_column_is_no_default_input(tmp_path):
         + "\n".join(f"{a:.17g},{c},{b:.17g},{t:.17g}" for (a, b), c, t in zip(X, codes, y))
         + "\n"
     )
-    with pytest.warns(UserWarning, match="column 'Id' is named as a row identifier.*x0,Id,x1"):
+    with pytest.warns(UserWarning, match="column 'Id' is named as a row identifier") as w:
         pool = pool_from_file(middle, test_fraction=0.25, seed=2)
+    # text codes cannot be an input: no --inputs naming them is suggested
+    assert "it holds text, which no model takes as an input" in str(w[0].message)
+    assert "--inputs" not in str(w[0].message)
     assert pool.dim == 2
     # named: used as asked, without a warning
     with warnings.catch_warnings():
