@@ -895,6 +895,27 @@ def _inputs(
                     UserWarning,
                     stacklevel=4,
                 )
+        # A column of one value tells the model nothing and costs it a dimension (for WISKI
+        # a grid dimension, or the additive structure past 3 inputs); kept, but not silently.
+        constant = [
+            j
+            for j in cols
+            if j not in table.problems
+            and table.data.shape[0] > 1
+            and float(np.ptp(table.data[:, j])) == 0.0
+        ]
+        varying = [j for j in cols if j not in constant]
+        if constant and varying:
+            many = len(constant) > 1
+            warnings.warn(
+                f"{table.path}: input column{'s' if many else ''} {_names(table, constant)} "
+                f"hold{'' if many else 's'} one value in every row, which tells the model "
+                "nothing but costs it an input dimension; leave "
+                f"{'them' if many else 'it'} out with --inputs "
+                f"{_inputs_option(table, varying)}.",
+                UserWarning,
+                stacklevel=4,
+            )
         table.require(cols)
     else:
         cols = [table.column(c, "an input") for c in inputs]

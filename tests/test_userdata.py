@@ -74,6 +74,28 @@ def test_an_identifier_warning_suggests_no_text_column_among_the_inputs(tmp_path
     assert prob.dim == 3
 
 
+def test_a_constant_input_column_is_warned_of_with_the_inputs_that_leave_it_out(tmp_path):
+    r"""A column of one value was taken as an input without a word (for WISKI a third grid
+    dimension on a 2-input problem); it is kept, with a warning naming the ``--inputs`` that
+    leave it out, and that call warns nothing."""
+    X, y = _data(n=40, d=2)
+    path = tmp_path / "constant.csv"
+    path.write_text(
+        "x0,site,x1,target\n"
+        + "\n".join(f"{a:.17g},7,{b:.17g},{t:.17g}" for (a, b), t in zip(X, y))
+        + "\n"
+    )
+    with pytest.warns(UserWarning, match="column 'site' holds one value in every row") as w:
+        kept = stream_from_file(path, seed=0)
+    assert kept.dim == 3
+    assert "--inputs x0,x1." in str(w[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = stream_from_file(path, inputs=["x0", "x1"], seed=0)
+    assert chosen.dim == 2
+    assert torch.equal(chosen.X_stream, kept.X_stream[:, [0, 2]])
+
+
 def test_a_column_name_with_spaces_around_it_names_the_column(tmp_path):
     r"""The header's names are read stripped, as ``--inputs`` names are, so ``--target " x1"``
     was refused ("no column ' x1'"); it names column ``x1``, as ``target="x1"`` does."""
