@@ -44,6 +44,7 @@ __all__ = [
     "SyntheticProblem",
     "CallableProblem",
     "ObjectiveError",
+    "checked_values",
     "PoolProblem",
     "StreamProblem",
     "SYNTHETIC_PROBLEMS",
@@ -439,36 +440,42 @@ class CallableProblem(Problem):
                 f"{_user_frame(error, self._shipped_file())} on {X.shape[0]} point(s)",
                 self.name,
             ) from error
-        values = values.reshape(-1)
-        if values.shape[0] != X.shape[0]:
-            raise ObjectiveError(
-                f"Objective {self.name!r} returned {values.shape[0]} values for "
-                f"{X.shape[0]} points.",
-                self.name,
-            )
-        bad = ~torch.isfinite(values)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0])
-            raise ObjectiveError(
-                f"Objective {self.name!r} returned {values[i].item()} at "
-                f"{[round(v, 6) for v in X[i].tolist()]} ({int(bad.sum())} of {X.shape[0]} "
-                "value(s) NaN/inf); it must return a finite value for every point",
-                self.name,
-            )
-        # Finite but too large for any model to standardise: refused here, where the objective
-        # can be named, not later by the model as "Y holds values ...".
-        limit = max_abs_output(torch.float64)
-        huge = values.abs() >= limit
-        if bool(huge.any()):
-            i = int(torch.nonzero(huge)[0])
-            raise ObjectiveError(
-                f"Objective {self.name!r} returned {values[i].item():.3g} at "
-                f"{[round(v, 6) for v in X[i].tolist()]} ({int(huge.sum())} of {X.shape[0]} "
-                f"value(s) of magnitude >= {limit:.3g}, beyond which a model's standardisation "
-                "overflows). Rescale the objective (e.g. divide it by a constant)",
-                self.name,
-            )
-        return values
+        return checked_values(self.name, X, values)
+
+
+def checked_values(name: str, X: Tensor, values: Tensor) -> Tensor:
+    r"""An objective's ``values`` at ``X`` (``n x d``) as ``n`` float64 values, else an
+    :class:`~bo_online.errors.ObjectiveError` naming the objective ``name``: a wrong number of
+    values, NaN/inf, or a magnitude beyond which a model's standardisation overflows."""
+    values = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    if values.shape[0] != X.shape[0]:
+        raise ObjectiveError(
+            f"Objective {name!r} returned {values.shape[0]} values for {X.shape[0]} points.",
+            name,
+        )
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        raise ObjectiveError(
+            f"Objective {name!r} returned {values[i].item()} at "
+            f"{[round(v, 6) for v in X[i].tolist()]} ({int(bad.sum())} of {X.shape[0]} "
+            "value(s) NaN/inf); it must return a finite value for every point",
+            name,
+        )
+    # Finite but too large for any model to standardise: refused here, where the objective
+    # can be named, not later by the model as "Y holds values ...".
+    limit = max_abs_output(torch.float64)
+    huge = values.abs() >= limit
+    if bool(huge.any()):
+        i = int(torch.nonzero(huge)[0])
+        raise ObjectiveError(
+            f"Objective {name!r} returned {values[i].item():.3g} at "
+            f"{[round(v, 6) for v in X[i].tolist()]} ({int(huge.sum())} of {X.shape[0]} "
+            f"value(s) of magnitude >= {limit:.3g}, beyond which a model's standardisation "
+            "overflows). Rescale the objective (e.g. divide it by a constant)",
+            name,
+        )
+    return values
 
 
 # ---------------------------------------------------------------------------------------- pools

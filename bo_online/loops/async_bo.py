@@ -20,7 +20,8 @@ loop resubmits them before proposing new ones, and ends with the same number of 
 
 Failures: a worker that dies mid-evaluation is handled by Dask (the scheduler reruns the task on
 another worker); if Dask gives up (``KilledWorker``) the point is resubmitted. An objective that
-raises is recorded as a failed evaluation (``"failed": true``) and the campaign goes on, until more
+raises, or returns NaN/inf or other than one value for the point, is recorded as a failed
+evaluation (``"failed": true``) and the campaign goes on, until more
 than ``max_failures`` evaluations have failed. A failed evaluation is a step as a folded-in one is
 (``steps`` counts evaluations, each record after the initial design has a step of its own), but
 adds no observation (``n``). A point of the initial design that fails is recorded so too (a
@@ -57,7 +58,7 @@ from torch.quasirandom import SobolEngine
 from bo_online.loops import history
 from bo_online.loops.bayesopt import BayesOptLoop
 from bo_online.objectives import vectorised_objective, with_calling_convention
-from bo_online.problems import Problem, from_unit
+from bo_online.problems import Problem, checked_values, from_unit
 
 __all__ = [
     "AsyncBayesOptLoop",
@@ -211,10 +212,13 @@ def _evaluate_point(problem: Problem, x: Tensor) -> dict[str, Any]:
     except ValueError:  # not on a worker (in-process fallback)
         worker = "local"
     start = time.time()
-    y = problem.evaluate_true(x)
+    # One finite value, else the objective's failure (a failed evaluation), as a user
+    # objective's own checks make it: a problem of the user's returning NaN stopped the run
+    # with the model's error, and again on every resume, which submitted the point again.
+    y = checked_values(getattr(problem, "name", "objective"), x, problem.evaluate_true(x))
     wrapper = vectorised_objective(problem)
     return {
-        "y_true": float(torch.as_tensor(y, dtype=torch.float64).reshape(-1)[0]),
+        "y_true": float(y[0]),
         "worker": worker,
         "start_time": start,
         "finish_time": time.time(),

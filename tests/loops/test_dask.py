@@ -318,6 +318,68 @@ def test_worker_killed_and_objective_raising(client, tmp_path):
     assert loop.failures == 2
 
 
+class _BadValues(Problem):
+    """Branin whose evaluations return NaN for x_1 > 12 and two values for x_0 > 8."""
+
+    def __init__(self) -> None:
+        inner = synthetic_problem("branin")
+        self.inner, self.bounds, self.noise_std, self.maximize = inner, inner.bounds, 0.0, False
+        self.optimal_value, self.name, self.spec = inner.optimal_value, "badvalues", None
+
+    def evaluate_true(self, X):
+        y = self.inner.evaluate_true(X)
+        if float(X[0, 0]) > 8:
+            return torch.cat([y, y])
+        return torch.where(X[:, 1] > 12, torch.full_like(y, float("nan")), y)
+
+
+def test_a_problem_returning_nan_or_several_values_is_a_failed_evaluation(client, tmp_path):
+    r"""A problem of the user's (not a ``CallableProblem``, which checks its objective's values)
+    that returned NaN stopped the asynchronous run with the model's error ("Y contains NaN" in
+    the initial design, "tell() got NaN/inf" later, a ``tell`` the user never called), and
+    every resume submitted the point again and stopped the same way; one that returned two
+    values for the point had its first taken silently. Both are failed evaluations now, as an
+    objective that raises: recorded with an error naming the problem, and the run goes on."""
+    X0 = torch.tensor(
+        [[-4.0, 1.0], [-3.0, 5.0], [-2.0, 13.0], [9.0, 3.0], [1.0, 2.0]], dtype=torch.float64
+    )
+    problem = _BadValues()
+    good = X0[[0, 1, 4]]
+    loop = AsyncBayesOptLoop(
+        problem,
+        client,
+        model="exact",
+        acq="ts",
+        max_failures=100,
+        initial_data=(good, problem.inner.evaluate_true(good)),
+        out_dir=tmp_path / "run",
+        **{**FAST, "n_init": 0},
+    )
+    records = loop.run(steps=8)
+    assert loop.step_count == 8
+    for r in records[1:]:  # every proposal folded in or failed, as its value says
+        x = torch.tensor(r["X"], dtype=torch.float64).reshape(-1)
+        if x[0] > 8:
+            assert r["failed"] and "'badvalues' returned 2 values for 1 points" in r["error"], r
+        elif x[1] > 12:
+            assert r["failed"] and "'badvalues' returned nan" in r["error"], r
+        else:
+            assert not r["failed"], r
+            assert r["y_true"] == problem.inner.evaluate_true(x.reshape(1, -1)).tolist()
+    assert loop.failures == sum(r["failed"] for r in records[1:]) >= 1
+    assert bool(torch.isfinite(loop.y).all()) and loop.X.shape[0] == 3 + 8 - loop.failures
+    # The initial design on the cluster too (its 5 Sobol points replaced by X0): its failed
+    # points are recorded, the model built from the others.
+    loop = AsyncBayesOptLoop(problem, client, model="exact", acq="ts", **FAST)
+    evaluate = loop._evaluate_initial
+    loop._evaluate_initial = lambda X: evaluate(X0)
+    record = loop.initialize()
+    failed = [r for r in loop.records if r.get("failed")]
+    assert record["n"] == 3 and len(failed) == 2 and loop.failures == 2
+    assert sorted(torch.tensor(r["X"]).reshape(-1).tolist()[0] for r in failed) == [-2.0, 9.0]
+    torch.testing.assert_close(loop.X, good, rtol=0, atol=0)
+
+
 def test_a_failure_at_the_last_step_finishes_the_run_it_cannot_stop(client, tmp_path):
     r"""A failed evaluation is a step of its own: when the last step of the budget failed and
     took the failures over ``max_failures``, the loop raised :class:`TooManyFailures` though
