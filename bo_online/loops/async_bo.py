@@ -212,10 +212,23 @@ def _evaluate_point(problem: Problem, x: Tensor) -> dict[str, Any]:
     except ValueError:  # not on a worker (in-process fallback)
         worker = "local"
     start = time.time()
-    # One finite value, else the objective's failure (a failed evaluation), as a user
-    # objective's own checks make it: a problem of the user's returning NaN stopped the run
-    # with the model's error, and again on every resume, which submitted the point again.
-    y = checked_values(getattr(problem, "name", "objective"), x, problem.evaluate_true(x))
+    try:
+        # One finite value, else the objective's failure (a failed evaluation), as a user
+        # objective's own checks make it: a problem of the user's returning NaN stopped the run
+        # with the model's error, and again on every resume, which submitted the point again.
+        y = checked_values(getattr(problem, "name", "objective"), x, problem.evaluate_true(x))
+    except Exception as error:
+        # Who ran it and when, for the failure's record (an exception's attributes travel
+        # with it to the driver); a failed record had no worker or evaluation times.
+        try:
+            error.bo_online_evaluation = {
+                "worker": worker,
+                "start_time": start,
+                "finish_time": time.time(),
+            }
+        except AttributeError:  # an exception that takes no attributes: its record has none
+            pass
+        raise
     wrapper = vectorised_objective(problem)
     return {
         "y_true": float(y[0]),
@@ -330,7 +343,8 @@ class AsyncBayesOptLoop(BayesOptLoop):
         self.objective_per_point = None if wrapper is None else wrapper.per_point
         self._shipped: tuple[Problem, bool, Problem] | None = None
         self._futures: dict[Any, int] = {}
-        self._initial_failures: list[tuple[Tensor, str]] = []  # (X 1 x d, error): initialize
+        # (X 1 x d, error, worker and times): for initialize
+        self._initial_failures: list[tuple[Tensor, str, dict[str, Any]]] = []
         self._hold_checkpoint = False
         self._run_t0 = time.perf_counter()
         self._wall0 = 0.0
@@ -471,7 +485,12 @@ class AsyncBayesOptLoop(BayesOptLoop):
         values, errors = self._evaluate_on_cluster(X0)
         noise = torch.randn(n, generator=self.noise_generator, dtype=torch.float64)
         self._initial_failures = [
-            (X0[i : i + 1], self._failure_text(errors[i], initial=True)) for i in sorted(errors)
+            (
+                X0[i : i + 1],
+                self._failure_text(errors[i], initial=True),
+                getattr(errors[i], "bo_online_evaluation", None) or {},
+            )
+            for i in sorted(errors)
         ]
         good = [i for i in range(n) if i in values]
         if not good and self._initial_data is None:
@@ -503,12 +522,13 @@ class AsyncBayesOptLoop(BayesOptLoop):
         self._hold_checkpoint = True
         try:
             record = super().initialize()
-            for X, error in self._initial_failures:
+            for X, error, evaluation in self._initial_failures:
                 self.failures += 1
                 failure = {
                     "step": 0,
                     "X": X,
                     **self._summary_fields(),
+                    **evaluation,  # worker, start_time, finish_time (not after a worker died)
                     "failed": True,
                     "error": error,
                     "refit": False,
@@ -632,6 +652,7 @@ class AsyncBayesOptLoop(BayesOptLoop):
                     entry["attempts"] = attempts + 1
                     return None
             error = self._failure_text(exc, attempts)
+            evaluation = getattr(exc, "bo_online_evaluation", None) or {}
             del self.in_flight[pid]
             self.failures += 1
             # an evaluation of the budget, and a step of its own: numbered as the last folded-in
@@ -642,11 +663,14 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 "X": entry["X"],
                 **self._summary_fields(),
                 **meta,
+                **evaluation,  # worker, start_time, finish_time (not after a worker died)
                 "failed": True,
                 "error": error,
                 "refit": False,
                 "time_acquisition": entry["time_acquisition"],
             }
+            if evaluation:
+                record["time_evaluation"] = evaluation["finish_time"] - evaluation["start_time"]
             return self._finish_record(record)
         result = future.result()
         del self.in_flight[pid]

@@ -368,6 +368,13 @@ def test_a_problem_returning_nan_or_several_values_is_a_failed_evaluation(client
             assert r["y_true"] == problem.inner.evaluate_true(x.reshape(1, -1)).tolist()
     assert loop.failures == sum(r["failed"] for r in records[1:]) >= 1
     assert bool(torch.isfinite(loop.y).all()) and loop.X.shape[0] == 3 + 8 - loop.failures
+    # A failed record says which worker evaluated the point and when, as a folded-in one does
+    # (it had neither worker nor start and finish times).
+    workers = set(client.nthreads())
+    for r in records[1:]:
+        assert r["worker"] in workers, r
+        assert r["submit_time"] <= r["start_time"] <= r["finish_time"] <= r["arrival_time"], r
+        assert r["time_evaluation"] == r["finish_time"] - r["start_time"], r
     # The initial design on the cluster too (its 5 Sobol points replaced by X0): its failed
     # points are recorded, the model built from the others.
     loop = AsyncBayesOptLoop(problem, client, model="exact", acq="ts", **FAST)
@@ -377,6 +384,7 @@ def test_a_problem_returning_nan_or_several_values_is_a_failed_evaluation(client
     failed = [r for r in loop.records if r.get("failed")]
     assert record["n"] == 3 and len(failed) == 2 and loop.failures == 2
     assert sorted(torch.tensor(r["X"]).reshape(-1).tolist()[0] for r in failed) == [-2.0, 9.0]
+    assert all(r["worker"] in workers and r["start_time"] <= r["finish_time"] for r in failed)
     torch.testing.assert_close(loop.X, good, rtol=0, atol=0)
 
 
