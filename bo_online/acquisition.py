@@ -17,6 +17,7 @@ objectives that are minimised before the model sees them.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -53,6 +54,8 @@ __all__ = [
     "propose_from_pool",
     "optimizer_kwargs",
     "check_optimizer_counts",
+    "check_acq_options",
+    "check_acq_option_values",
 ]
 
 ACQUISITIONS = ("qucb", "ucb", "logei", "ei", "qlognei", "qnipv", "ts")
@@ -81,7 +84,8 @@ def known_acq_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def check_acq_options(name: str, options: dict[str, Any]) -> None:
     r"""Raise ``ValueError`` for an ``acq_options`` key that acquisition ``name`` does not read
-    (a misspelt ``beta`` would otherwise leave the default in force without a word)."""
+    (a misspelt ``beta`` would otherwise leave the default in force without a word), or for a
+    value it cannot use (see :func:`check_acq_option_values`)."""
     known = ACQ_OPTIONS.get(name.lower())
     if known is None:
         return  # an unknown acquisition is reported where it is built
@@ -92,6 +96,47 @@ def check_acq_options(name: str, options: dict[str, Any]) -> None:
             f"{'is' if len(unknown) == 1 else 'are'} not read by {name}; its options: "
             f"{', '.join(known) or 'none'}."
         )
+    check_acq_option_values(options)
+
+
+#: ``acq_options`` that count something (whole numbers >= 1)
+ACQ_COUNTS = ("num_mc_samples", "num_candidates", "num_fantasies", "max_baseline")
+
+
+def check_acq_option_values(options: Mapping[str, Any]) -> None:
+    r"""Refuse ``acq_options`` values the acquisitions cannot use: counts
+    (:data:`ACQ_COUNTS`) that are not whole numbers >= 1, a ``beta`` that is not a finite number
+    >= 0, a ``delta`` outside (0, 1), a ``beta_schedule`` that is neither a name of
+    :data:`BETA_SCHEDULES` nor a callable, a ``prune_baseline`` that is not True or False. Each
+    failed only at the first acquisition, after the initial design had been evaluated (``beta =
+    -1``: "math domain error"; ``num_candidates = 0``: a tensor of negative size; in a sweep, on
+    the cluster, its campaign's directory then holding the bad setting), or was used in a form
+    nobody asked for (2.5 samples as 2, the string "no" as True)."""
+    for name in ACQ_COUNTS:
+        if name in options:
+            whole_number(f"acq_options {name}", options[name], 1)
+    if "beta" in options:
+        beta = options["beta"]
+        real = isinstance(beta, numbers.Real) and not isinstance(beta, bool)
+        if not real or not math.isfinite(beta) or beta < 0:
+            raise ValueError(f"acq_options beta must be a finite number >= 0, got {beta!r}.")
+    if "delta" in options:
+        delta = options["delta"]
+        real = isinstance(delta, numbers.Real) and not isinstance(delta, bool)
+        if not real or not 0 < delta < 1:
+            raise ValueError(
+                f"acq_options delta (the srinivas schedule's probability) must be a number in "
+                f"(0, 1), got {delta!r}."
+            )
+    schedule = options.get("beta_schedule", "constant")
+    if not callable(schedule) and schedule not in BETA_SCHEDULES:
+        raise ValueError(
+            f"acq_options beta_schedule must be one of {', '.join(BETA_SCHEDULES)} or a callable "
+            f"(step, dim) -> beta, got {schedule!r}."
+        )
+    prune = options.get("prune_baseline", True)
+    if isinstance(prune, str) or prune not in (True, False):  # NumPy's bool_ too
+        raise ValueError(f"acq_options prune_baseline must be true or false, got {prune!r}.")
 
 
 #: qLogNEI's baseline holds at most this many observed inputs (see :func:`likely_best_inputs`)

@@ -559,6 +559,74 @@ def test_acquisition_options_an_acquisition_does_not_read_are_refused(tmp_path):
     assert [r["best_value"] for r in resumed] == [r["best_value"] for r in reference]
 
 
+@pytest.mark.parametrize(
+    "acq, options, message",
+    [
+        ("qucb", {"beta": -1.0}, "beta must be a finite number >= 0, got -1.0"),
+        ("qucb", {"beta": float("nan")}, "beta must be a finite number >= 0"),
+        ("qucb", {"beta": "2"}, "beta must be a finite number >= 0, got '2'"),
+        ("qucb", {"beta_schedule": "kandasamyy"}, "beta_schedule must be one of constant"),
+        ("qucb", {"beta_schedule": "srinivas", "delta": 5}, r"delta .* in \(0, 1\), got 5"),
+        ("qucb", {"num_mc_samples": 0}, "num_mc_samples must be an integer >= 1, got 0"),
+        ("logei", {"num_mc_samples": 2.5}, "num_mc_samples must be an integer >= 1, got 2.5"),
+        ("ts", {"num_candidates": 0}, "num_candidates must be an integer >= 1, got 0"),
+        ("qlognei", {"max_baseline": 0}, "max_baseline must be an integer >= 1, got 0"),
+        ("qlognei", {"prune_baseline": "no"}, "prune_baseline must be true or false, got 'no'"),
+    ],
+)
+def test_acquisition_option_values_it_cannot_use_are_refused_before_any_evaluation(
+    tmp_path, acq, options, message
+):
+    """A value an acquisition cannot use (``beta = -1``, ``num_candidates = 0``, an unknown
+    ``beta_schedule``) was taken, the initial design evaluated and written, and the run failed
+    at its first acquisition ("math domain error", a tensor of negative size), in a sweep on
+    the cluster, its campaign's directory then holding the bad setting, which the sweep refused
+    to change; 2.5 MC samples ran as 2 and ``prune_baseline = "no"`` as True. Refused now when
+    the loop (or the sweep's campaigns) is built, before anything is evaluated or written."""
+    from bo_online.sweep import campaigns
+
+    calls = []
+    with pytest.raises(ValueError, match=message):
+        _loop(lambda X: calls.append(X) or _quadratic(X), tmp_path, acq=acq, acq_options=options)
+    assert not calls and not (tmp_path / "run").exists()
+    spec = {
+        "steps": 1,
+        "problems": ["branin"],
+        "models": ["exact"],
+        "acqs": [acq],
+        "seeds": [0],
+        "options": {"acq_options": options},
+    }
+    with pytest.raises(ValueError, match=message):
+        campaigns(spec)
+
+
+def test_acquisition_option_values_in_range_are_taken():
+    """The edges of the value checks: ``beta = 0`` (the posterior mean), a callable schedule,
+    NumPy's numbers and a whole float count are the values the acquisition then uses."""
+    import numpy as np
+
+    from bo_online.acquisition import build_acquisition, check_acq_options
+
+    for acq, options in [
+        ("qucb", {"beta": 0, "beta_schedule": lambda t, d: 0.25, "num_mc_samples": 64.0}),
+        ("qucb", {"beta": np.float32(0.5), "beta_schedule": "srinivas", "delta": 0.05}),
+        ("qlognei", {"prune_baseline": np.bool_(False), "max_baseline": np.int64(3)}),
+        ("ts", {"num_candidates": 64}),
+    ]:
+        check_acq_options(acq, options)
+    model = _loop(_quadratic)
+    model.initialize()
+    ucb = build_acquisition(
+        "qucb", model.model, q=1, step=3, dim=2, options={"beta_schedule": lambda t, d: 0.25}
+    )
+    assert ucb.beta_prime == pytest.approx(math.sqrt(0.25 * math.pi / 2))
+    ucb = build_acquisition(
+        "qucb", model.model, q=1, step=3, dim=2, options={"beta": np.float32(0.5)}
+    )
+    assert ucb.beta_prime == pytest.approx(math.sqrt(0.5 * math.pi / 2))
+
+
 def test_targets_given_n_by_1_and_a_box_given_as_a_list_are_the_same_problem():
     """A stream or pool with y given N x 1 (accepted by the problem's checks) broadcast the
     loop's prequential errors to q x q: other pred_rmse/NLL than the same data with y given N,
