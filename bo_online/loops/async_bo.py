@@ -606,6 +606,12 @@ class AsyncBayesOptLoop(BayesOptLoop):
                 # or all dead) stops after no_workers_timeout, where it waited forever
                 self._no_workers_since, self._workers_checked = None, time.monotonic()
                 while not all(future.done() for future in futures.values()):
+                    if self._stop_signal is not None:
+                        # Stopped as the run's wait stops (the points in flight are evaluated
+                        # again by the next run): a Ctrl-C in a terminal reaches the workers
+                        # of a local cluster too, which die of it, and the initial design
+                        # waited for them until no_workers_timeout, then blamed the objective.
+                        self._stop_now()
                     self._check_workers(len(futures), saved=self.model is not None)
                     time.sleep(self.POLL_SECONDS)
             finally:
@@ -719,7 +725,8 @@ class AsyncBayesOptLoop(BayesOptLoop):
         r"""Evaluate until ``steps`` evaluations after the initial design are done, folded in or
         failed (as :meth:`OnlineLoop.run`: the run directory is locked while it runs, SIGINT /
         SIGTERM stop it after the result being folded in and write the checkpoint, with the
-        points still in flight, which a resume submits again)."""
+        points still in flight, which a resume submits again; in the initial design they stop
+        it at once, before anything is written, and the next run evaluates the design again)."""
         self._run_t0, self._wall0 = time.perf_counter(), self.wall_time
         return super().run(steps, callback)
 

@@ -873,11 +873,16 @@ class OnlineLoop:
             self._driving = driving
             self._release_directory(created)
         if self._stop_signal is not None:
-            signum, self._stop_signal = self._stop_signal, None
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+            self._stop_now()
         return self.records
+
+    def _stop_now(self) -> None:
+        r"""Act on the stop signal :meth:`run` received (``_stop_signal``, cleared): raise
+        ``KeyboardInterrupt`` for SIGINT, else ``SystemExit(128 + signum)``."""
+        signum, self._stop_signal = self._stop_signal, None
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
 
     def _checkpoint_before_failure(self) -> None:
         r"""The user's objective raised mid-step: checkpoint the state after the last whole step

@@ -264,6 +264,71 @@ def test_a_stop_signal_acts_while_evaluations_run(client, tmp_path):
     assert ckpt["state"]["in_flight"] and ckpt["step_count"] == 0
 
 
+class _Held(Problem):
+    """Branin whose evaluations mark ``root/started`` and then wait (at most 8 s) for
+    ``root/release``."""
+
+    def __init__(self, root: Path) -> None:
+        inner = synthetic_problem("branin")
+        self.inner, self.root = inner, str(root)
+        self.bounds, self.noise_std, self.maximize = inner.bounds, 0.0, False
+        self.optimal_value, self.name, self.spec = inner.optimal_value, "held", None
+
+    def evaluate_true(self, X):
+        Path(self.root, "started").touch()
+        deadline = time.monotonic() + 8
+        while not os.path.exists(os.path.join(self.root, "release")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return self.inner.evaluate_true(X)
+
+
+def test_a_stop_signal_in_the_initial_design_stops_it_without_waiting(client, tmp_path):
+    """A stop signal in the initial design (evaluated on the cluster) was acted on only once
+    the design was done: a Ctrl-C in a terminal, which kills a local cluster's workers as well,
+    left the run waiting for them until ``no_workers_timeout`` (2 minutes), which then blamed
+    the objective. It now stops at once, as the run's own wait does, with nothing written (the
+    next run evaluates the design again), and the loop runs again as a new one would."""
+    import threading
+
+    from torch.quasirandom import SobolEngine
+
+    from bo_online.problems import from_unit
+
+    out = tmp_path / "run"
+    loop = AsyncBayesOptLoop(
+        _Held(tmp_path), client, model="exact", acq="qucb", out_dir=out, **FAST
+    )
+
+    sent = []
+
+    def interrupt():  # once an evaluation runs (the workers may be busy with earlier tasks)
+        while not (tmp_path / "started").exists():
+            time.sleep(0.02)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(steps=1)
+        elapsed = time.perf_counter() - sent[0]
+    finally:
+        (tmp_path / "release").touch()  # the workers' evaluations end
+        thread.join(timeout=10)
+    assert elapsed < 4  # not the 8 s an evaluation waits, nor the design's rounds of them
+    assert not out.exists() and not loop.initialized and not loop.records
+    records = loop.run(steps=1)  # the signal acted once: the loop runs as a new one
+    X0 = from_unit(
+        SobolEngine(2, scramble=True, seed=0).draw(5, dtype=torch.float64), loop.problem.bounds
+    )
+    torch.testing.assert_close(loop.X[:5], X0, rtol=0, atol=0)
+    torch.testing.assert_close(loop.y[:5], loop.problem.inner.evaluate_true(X0), rtol=0, atol=0)
+    assert [r["step"] for r in records] == [0, 1] and history.read_records(out) == records
+
+
 class _Flaky(Problem):
     """Branin whose evaluations, counted across workers through files in ``root``, kill their
     worker process on call ``kill_at`` and raise on the calls in ``raise_at``."""
