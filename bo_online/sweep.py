@@ -245,9 +245,32 @@ def _check_options(campaign: Campaign) -> None:
         X = torch.rand(4, loop.problem.dim, generator=torch.Generator().manual_seed(0))
         loop._build_model(X.to(torch.float64), X.sum(-1, keepdim=True).to(torch.float64))
     except TypeError as e:  # an unknown keyword
-        raise ValueError(f"[options] of the sweep spec: {e}") from e
+        raise ValueError(f"[options] of the sweep spec: {e}{_loop_option_hint(e)}") from e
     except ValueError as e:
         raise ValueError(f"[options] of the sweep spec ({campaign.name}): {e}") from e
+
+
+def _loop_option_hint(error: TypeError) -> str:
+    r"""``" (did you mean 'refit_every'?)"`` when ``error`` is Python's ``unexpected keyword
+    argument 'refit_evry'`` and ``BayesOptLoop`` (or the loop it builds on) takes a name close to
+    it; else ``""``."""
+    import inspect
+    import re
+
+    from bo_online.loops import BayesOptLoop
+    from bo_online.models.validation import closest_name_hint
+
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(error))
+    if found is None:
+        return ""
+    names = {
+        name
+        for cls in BayesOptLoop.__mro__
+        if "__init__" in vars(cls)
+        for name in inspect.signature(vars(cls)["__init__"]).parameters
+    }
+    names -= {"self", "args", "kwargs"} | _SET_PER_CAMPAIGN
+    return closest_name_hint(found.group(1), sorted(names))
 
 
 def _done_steps(run_dir: Path) -> int | None:

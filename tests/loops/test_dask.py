@@ -1240,6 +1240,15 @@ def test_sweep_spec_errors(tmp_path):
         ("problems = ['branin']\nseeds = [-1]\n", "integers >= 0"),
         # bad [options] failed inside a worker, or as a raw TypeError
         ("problems = ['branin']\nseeds = [0]\n[options]\nbogus = 3\n", "bogus"),
+        # a misspelt option is named with the one meant (as a misspelt model option is)
+        (
+            "problems = ['branin']\nseeds = [0]\n[options]\nrefit_evry = 3\n",
+            r"'refit_evry' \(did you mean 'refit_every'\?\)",
+        ),
+        (
+            "problems = ['branin']\nseeds = [0]\n[options]\ncheckpoint_evry = 3\n",
+            r"'checkpoint_evry' \(did you mean 'checkpoint_every'\?\)",
+        ),
         ("problems = ['branin']\nseeds = [0]\n[options]\nseed = 4\n", r"sets \['seed'\]"),
         (
             "problems = ['branin']\nseeds = [0]\n[options]\n"
