@@ -166,6 +166,14 @@ class BayesOptLoop(OnlineLoop):
             raise ValueError("n_init=0 needs initial_data=(X, y) to start from.")
         check_sendable(problem, kwargs.get("executor"))
         super().__init__(n_init=n_init, refit_every=refit_every, **kwargs)
+        n_cand = (acq_options or {}).get("num_candidates", 1000)
+        if acq.lower() == "ts" and n_cand < self.config["q"]:
+            # MaxPosteriorSampling draws q of them without replacement: "selected index k out
+            # of range" at the first step, after the initial design had been evaluated
+            raise ValueError(
+                f"Thompson sampling picks the q = {self.config['q']} points of a batch among its "
+                f"num_candidates = {n_cand} candidates: give at least q candidates."
+            )
         self.problem = problem
         self.sign = 1.0 if problem.maximize else -1.0  # the model always maximises
         self.config.update(

@@ -601,6 +601,26 @@ def test_acquisition_option_values_it_cannot_use_are_refused_before_any_evaluati
         campaigns(spec)
 
 
+def test_thompson_sampling_with_fewer_candidates_than_the_batch_is_refused(tmp_path):
+    """Thompson sampling draws the q points of a batch among its ``num_candidates`` without
+    replacement: fewer candidates than q failed at the first step, after the initial design
+    had been evaluated, with torch's "selected index k out of range". Refused when the loop is
+    built; q candidates give q distinct points."""
+    calls = []
+    with pytest.raises(ValueError, match="q = 3 points .* num_candidates = 2 candidates"):
+        _loop(
+            lambda X: calls.append(X) or _quadratic(X),
+            tmp_path,
+            acq="ts",
+            q=3,
+            acq_options={"num_candidates": 2},
+        )
+    assert not calls and not (tmp_path / "run").exists()
+    loop = _loop(_quadratic, acq="ts", q=3, acq_options={"num_candidates": 3})
+    X = loop.ask()
+    assert X.shape == (3, 2) and torch.pdist(X).min() > 0
+
+
 def test_acquisition_option_values_in_range_are_taken():
     """The edges of the value checks: ``beta = 0`` (the posterior mean), a callable schedule,
     NumPy's numbers and a whole float count are the values the acquisition then uses."""
