@@ -117,16 +117,14 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
             raise history.RunFileError(
                 f"{str(ckpt_path)!r}: unknown run kind {ckpt.get('kind')!r}."
             )
+        # config.json as the checkpoint wrote it, before this call moves anything
+        saved = {**ckpt.get("config", {}), "problem": ckpt.get("problem")}
         data = overrides.pop("data", None)
         if data is not None:
             ckpt["problem"] = _relocated_problem(ckpt.get("problem"), data, out_dir)
         mask = overrides.pop("test_mask", None)
         if mask is not None:
             ckpt["problem"] = _relocated_mask(ckpt.get("problem"), mask, out_dir)
-        # what the call itself moves (a new device, a data file's new place) is no edit
-        moved = {"device"} if overrides.get("device") is not None else set()
-        if data is not None or mask is not None:
-            moved.add("problem")
         device = overrides.pop("device", None)
         if device is not None:
             ckpt["config"] = {**ckpt["config"], "device": str(device)}
@@ -147,7 +145,7 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
                 f"The checkpoint {str(ckpt_path)!r} is incomplete or not of this bo-online version "
                 f"({type(e).__name__}: {e}); start the run again with --overwrite."
             ) from e
-        _warn_edited_config(out_dir, loop, moved)
+        _warn_edited_config(out_dir, saved)
     except BaseException:
         lock.release()
         raise
@@ -155,21 +153,21 @@ def load_loop(out_dir: str | Path, problem: Any = None, **overrides: Any) -> Onl
     return loop
 
 
-def _warn_edited_config(out_dir: Path, loop: OnlineLoop, moved: set[str]) -> None:
-    r"""Warn, naming the settings, when the run's ``config.json`` disagrees with its checkpoint
-    (edited by hand to change a setting): the run goes on with its checkpoint's settings and
-    rewrites the file from them, so the edit would otherwise vanish without a word. Keys the
-    call ``moved`` (``device``, ``problem``) and keys only one side holds (a run saved by
-    another version) are not compared; an unreadable file is rewritten, as before."""
+def _warn_edited_config(out_dir: Path, saved: dict[str, Any]) -> None:
+    r"""Warn, naming the settings, when the run's ``config.json`` disagrees with the
+    configuration its checkpoint ``saved`` (edited by hand to change a setting): the run goes
+    on with its checkpoint's settings and rewrites the file from them, so the edit would
+    otherwise vanish without a word. What the resume itself changes (a device, a data file's
+    place, an objective file's new hash) is not compared, nor are keys only one side holds (a
+    run saved by another version); an unreadable file is rewritten, as before."""
     try:
         stored = json.loads((out_dir / history.CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     if not isinstance(stored, dict):
         return
-    spec = {**loop.config, "problem": loop._problem_spec()}
-    current = json.loads(json.dumps(history.to_jsonable(spec)))
-    edited = sorted(k for k in (set(stored) & set(current)) - moved if stored[k] != current[k])
+    current = json.loads(json.dumps(history.to_jsonable(saved)))
+    edited = sorted(k for k in set(stored) & set(current) if stored[k] != current[k])
     if edited:
         shown = "; ".join(f"{k}: {current[k]!r} in the checkpoint" for k in edited)
         warnings.warn(
