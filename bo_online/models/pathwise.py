@@ -66,6 +66,7 @@ from bo_online.models.decoupled import DecoupledSVGP
 from bo_online.models.decoupled.statistics import site_dtype
 from bo_online.models.exact import OnlineExactGP
 from bo_online.models.qsgp import QSGP
+from bo_online.models.qsgp.sample_paths import weight_path_values
 from bo_online.models.singletask import RefitSingleTaskGP
 from bo_online.models.tsvgp import TSVGP
 from bo_online.models.wiski import WISKI
@@ -374,15 +375,9 @@ class QSGPPath(SamplePath):
 
     def forward(self, x: Tensor) -> Tensor:
         r"""``x``: ``batch x q x d`` transformed inputs; standardised values."""
-        model = self.model
-        out = model.mean_constant
-        for idx in model._chunks():
-            F = model.basis.features(x, idx)  # batch x q x b
-            out = out + (F @ self.weights[..., idx].unsqueeze(-1)).squeeze(-1)
-        if self.update_inputs is not None:
-            K = model.basis.kernel(x, self.update_inputs).to_dense()  # batch x q x N
-            out = out + (K @ self.update_weights.unsqueeze(-1)).squeeze(-1)
-        return out
+        return weight_path_values(
+            self.model, x, self.weights, self.update_inputs, self.update_weights, outer=False
+        )
 
     def set_ensemble_as_batch(self, ensemble_as_batch: bool) -> None:
         r"""No ensemble dimension: nothing to do."""

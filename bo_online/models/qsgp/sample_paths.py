@@ -21,7 +21,7 @@ from bo_online.models.validation import check_inputs
 if TYPE_CHECKING:
     from bo_online.models.qsgp.model import QSGP
 
-__all__ = ["QSGPSamplePaths", "QSGPSamplePathsMixin"]
+__all__ = ["QSGPSamplePaths", "QSGPSamplePathsMixin", "weight_path_values"]
 
 
 class QSGPSamplePathsMixin:
@@ -116,11 +116,44 @@ class QSGPSamplePaths(nn.Module):
             model.eval()
         check_inputs(X, dim=X.shape[-1])
         Xt = model._transform_and_check(X)
-        out = torch.zeros(self.num_samples, *Xt.shape[:-1], dtype=Xt.dtype, device=Xt.device)
-        for idx in model._chunks():
-            F = model.basis.features(Xt, idx)  # batch x q x b
-            out = out + torch.einsum("...qb,sb->s...q", F, self.weights[:, idx])
-        if self.update_inputs is not None:
-            K = model.basis.kernel(Xt, self.update_inputs).to_dense()  # batch x q x N
-            out = out + torch.einsum("...qn,sn->s...q", K, self.update_weights)
-        return (out + model.mean_constant) * model.outcome_std + model.outcome_mean
+        out = weight_path_values(
+            model, Xt, self.weights, self.update_inputs, self.update_weights, outer=True
+        )
+        return out * model.outcome_std + model.outcome_mean
+
+
+def weight_path_values(
+    model: QSGP,
+    X: Tensor,
+    weights: Tensor,
+    update_inputs: Tensor | None,
+    update_weights: Tensor | None,
+    outer: bool,
+) -> Tensor:
+    r"""Standardised values ``c + phi(x)^T w_s (+ k(x, H) v_s)`` of weight-space draws.
+
+    Args:
+        model: the QSGP whose basis (features, kernel) and mean constant the draws use.
+        X: ``batch x q x d`` inputs, already through the model's input transform.
+        weights: ``s x m`` (``outer``) or ``sample_shape x m`` basis weights ``w_s``.
+        update_inputs: ``N x d`` points ``H`` of the kernel regime's pathwise update, or None.
+        update_weights: ``s x N`` / ``sample_shape x N`` weights ``v_s`` of that update, or None.
+        outer: True evaluates every draw at every input (``s x batch x q``, memory linear in
+            ``s`` and ``batch``); False broadcasts ``sample_shape`` against ``batch`` as
+            BoTorch's sample paths do (``broadcast(sample_shape, batch) x q``).
+
+    Returns:
+        The draws' values in the model's standardised outcome units.
+    """
+
+    def apply(A: Tensor, w: Tensor) -> Tensor:  # A: batch x q x k, w: (s|sample_shape) x k
+        if outer:
+            return torch.einsum("...qk,sk->s...q", A, w)
+        return (A @ w.unsqueeze(-1)).squeeze(-1)
+
+    out = model.mean_constant
+    for idx in model._chunks():
+        out = out + apply(model.basis.features(X, idx), weights[..., idx])
+    if update_inputs is not None:
+        out = out + apply(model.basis.kernel(X, update_inputs).to_dense(), update_weights)
+    return out
