@@ -50,6 +50,8 @@ __all__ = [
     "StudentT",
 ]
 
+#: Gauss-Hermite nodes of :meth:`Bernoulli.predictive_prob` (logit link).
+PREDICTIVE_NODES = 128
 #: Smallest site precision (docs/math.md §2: clip beta_i >= 1e-8).
 BETA_MIN = 1e-8
 #: Smallest Gaussian noise variance used to form sites (a zero-noise site has infinite precision).
@@ -251,6 +253,22 @@ class Bernoulli(SiteLikelihood):
 
     def prob(self, f: Tensor) -> Tensor:
         return torch.special.ndtr(f) if self.link == "probit" else torch.sigmoid(f)
+
+    def predictive_prob(self, mean: Tensor, var: Tensor) -> Tensor:
+        r"""``p(y = 1) = E_{N(f; mean, var)}[link(f)]`` elementwise: ``Phi(mean / sqrt(1 + var))``
+        for the probit link; for the logit link Gauss-Hermite quadrature with
+        :data:`PREDICTIVE_NODES` nodes. The sigmoid's poles at ``+-i pi`` slow the quadrature's
+        convergence as the latent sd grows: 32 nodes err by 2e-4 at sd 4, 128 by 3e-8."""
+        if self.link == "probit":
+            return torch.special.ndtr(mean / torch.sqrt(1.0 + var.clamp_min(0.0)))
+        locs, weights = np.polynomial.hermite.hermgauss(PREDICTIVE_NODES)
+        like = {"dtype": mean.dtype, "device": mean.device}
+        locs, weights = (
+            torch.tensor(locs, **like),
+            torch.tensor(weights / math.sqrt(math.pi), **like),
+        )
+        f = mean.unsqueeze(-1) + torch.sqrt(2.0 * var.clamp_min(0.0)).unsqueeze(-1) * locs
+        return (torch.sigmoid(f) * weights).sum(-1)
 
     def log_prob(self, y, f, noise=None):
         s = 2 * y - 1

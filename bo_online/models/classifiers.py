@@ -9,9 +9,10 @@ classify:
 * ``tsvgp`` -- :class:`TSVGPClassifier`, a :class:`~bo_online.models.TSVGP` with a
   :class:`~bo_online.likelihoods.Bernoulli` likelihood (probit by default). Its predictive
   probability is ``E_{q(f)}[Phi(f)] = Phi(mu / sqrt(1 + s^2))`` for the probit link (closed form);
-  for the logit link the likelihood's Gauss-Hermite quadrature. Its constant mean has a weak
-  Gaussian prior (:data:`CONSTANT_PRIOR_SD`), which keeps it finite when every label seen so far
-  is one class.
+  for the logit link Gauss-Hermite quadrature (``Bernoulli.predictive_prob``). Its constant
+  mean has a weak Gaussian prior (:data:`CONSTANT_PRIOR_SD`), which keeps it finite when every
+  label seen so far is one class. Its default kernel has a learned outputscale (the latent scale
+  of labels is unknown; ``tsvgp.model.default_covar_module``).
 * ``wiski`` -- :class:`WISKIBinaryClassifier`, the two-class
   :class:`~bo_online.models.wiski.classification.WISKIDirichletClassifier` (Milios et al.
   Dirichlet regression); its probability is the (seeded) Monte-Carlo average of the softmax.
@@ -103,10 +104,8 @@ class TSVGPClassifier(TSVGP):
         with torch.no_grad():
             post = self.posterior(Xr)  # n x broadcast batch x 1 x 1
             mean = post.mean[..., 0, 0].movedim(0, -1)
-            var = post.variance[..., 0, 0].movedim(0, -1).clamp_min(0.0)
-            if self.likelihood.link == "probit":
-                return torch.special.ndtr(mean / torch.sqrt(1.0 + var))
-            return self.likelihood._expect(self.likelihood.prob, mean, var)
+            var = post.variance[..., 0, 0].movedim(0, -1)
+            return self.likelihood.predictive_prob(mean, var)
 
 
 class WISKIBinaryClassifier(WISKIDirichletClassifier):

@@ -529,8 +529,9 @@ def test_e_step_equals_gpytorch_ngd_step(lik_name):
     else:
         Y = (Y > 0).to(DT)
         model = TSVGP(X, Y, inducing_points=Z, likelihood=Bernoulli("probit"), num_init_e_steps=0)
-        with torch.no_grad():
-            model.covar_module.lengthscale = 0.3
+        with torch.no_grad():  # the default kernel of a Bernoulli model has an outputscale
+            model.covar_module.base_kernel.lengthscale = 0.3
+            model.covar_module.outputscale = 1.7
         model.invalidate_caches()
         glik = _ExactProbitBernoulli()
         y = Y.squeeze(-1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from botorch.fit import fit_gpytorch_mll
 from gpytorch.mlls import ExactMarginalLogLikelihood
-from gpytorch.priors import LogNormalPrior
+from gpytorch.priors import GammaPrior, LogNormalPrior
 
 from bo_online.likelihoods import Bernoulli
 from bo_online.models import TSVGP, TSVGPFitSettings
@@ -160,13 +160,31 @@ def test_log_prior_is_the_default_priors_written_out(outputs):
     torch.testing.assert_close(no_priors, model.elbo() / model.num_data, rtol=1e-12, atol=1e-12)
 
 
+def _gamma(value, concentration, rate):
+    """log density of Gamma(concentration, rate) at value, written out in float64."""
+    return (
+        concentration * math.log(rate)
+        - math.lgamma(concentration)
+        + (concentration - 1) * torch.log(value)
+        - rate * value
+    )
+
+
 def test_log_prior_of_a_bernoulli_model_is_the_kernel_prior_alone():
+    r"""The lengthscales' dimension-scaled LogNormal prior and, since labels are not
+    standardised, the default kernel's outputscale prior, Gamma(2, 0.5)."""
     X, Y = _data()
     model = TSVGP(X, (Y > 0).to(DT), likelihood=Bernoulli(), inducing_points=8)
-    ls = model.covar_module.lengthscale
+    with torch.no_grad():
+        model.covar_module.outputscale = 2.7
+    ls = model.covar_module.base_kernel.lengthscale
+    scale = model.covar_module.outputscale
     prior = LogNormalPrior(math.sqrt(2) + 0.5 * math.log(3), math.sqrt(3)).log_prob(ls).sum()
+    two, half = torch.tensor(2.0, dtype=DT), torch.tensor(0.5, dtype=DT)
+    prior = prior + GammaPrior(two, half).log_prob(scale).sum()
     torch.testing.assert_close(model.log_prior(), prior, rtol=1e-12, atol=1e-12)
     by_hand = _lognormal(ls, math.sqrt(2) + 0.5 * math.log(3), math.sqrt(3)).sum()
+    by_hand = by_hand + _gamma(scale, 2.0, 0.5)
     torch.testing.assert_close(model.log_prior(), by_hand, rtol=1e-6, atol=0)
 
 
