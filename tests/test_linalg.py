@@ -206,7 +206,7 @@ def test_low_rank_updated_cholesky_equals_dense_solves():
     P, H = F.whiten(A)
     assert torch.allclose(P.transpose(-1, -2) @ P - H.transpose(-1, -2) @ H, quad, atol=1e-11)
     assert torch.allclose(F.inv_quad_diag(A), quad.diagonal(dim1=-2, dim2=-1), atol=1e-11)
-    assert torch.allclose(F.cholesky(), torch.linalg.cholesky(dense), atol=1e-11)  # refactor
+    assert torch.allclose(F.cholesky(), torch.linalg.cholesky(dense), atol=1e-11)
     small = LowRankUpdatedCholesky(L, U1)  # rank 2: rank-one updates of the factor
     assert torch.allclose(
         small.cholesky(), torch.linalg.cholesky(B + U1 @ U1.transpose(-1, -2)), atol=1e-11
@@ -215,6 +215,35 @@ def test_low_rank_updated_cholesky_equals_dense_solves():
     plain = LowRankUpdatedCholesky(L)
     assert plain.cholesky() is L and plain.whiten(A)[1] is None
     assert torch.allclose(plain.solve(b[:, 0]), torch.linalg.solve(B, b[:, 0].T).T, atol=1e-11)
+
+
+def test_low_rank_updated_cholesky_updates_the_factor_below_a_third_of_m(monkeypatch):
+    r"""A pending term of rank ``r < m / 3`` (here 8 of 64) becomes the new factor by a rank-r
+    update, O(m^2 r): no ``m x m`` factorisation. With ``r >= 4`` it used to be refactorised
+    (O(m^3); a t-SVGP update of 4 or more points). At ``3 r >= m`` the refactorisation stays."""
+    import bo_online.linalg as linalg
+
+    m, g = 64, torch.Generator().manual_seed(3)
+    B = _spd_matrix(m, 4)
+    L = torch.linalg.cholesky(B)
+    U = torch.randn(m, 8, generator=g, dtype=torch.float64)
+    big = torch.randn(m, 22, generator=g, dtype=torch.float64)
+    factored = []
+    original = linalg.psd_cholesky
+
+    def spy(A, *args, **kwargs):
+        factored.append(A.shape[-1])
+        return original(A, *args, **kwargs)
+
+    monkeypatch.setattr(linalg, "psd_cholesky", spy)
+    F = linalg.LowRankUpdatedCholesky(L, U)
+    factored.clear()  # (the r x r Gram factor of the Woodbury form)
+    out = F.cholesky()
+    assert m not in factored
+    assert torch.allclose(out, torch.linalg.cholesky(B + U @ U.T), atol=1e-12, rtol=0)
+    out = linalg.LowRankUpdatedCholesky(L, big).cholesky()  # 3 r >= m: one refactorisation
+    assert m in factored
+    assert torch.allclose(out, torch.linalg.cholesky(B + big @ big.T), atol=1e-12, rtol=0)
 
 
 def test_broadcast_shapes_matches_torch():

@@ -868,6 +868,35 @@ def test_a_chain_of_conditionings_keeps_its_pending_rank_bounded_and_equals_upda
     assert model._lr_U is None and model.num_data == 20
 
 
+def test_update_of_several_points_is_a_rank_q_update_and_equals_dense_sgpr(monkeypatch):
+    r"""``update`` of q = 6 points (m = 40 inducing inputs) folds their sites into ``chol(B)`` by a
+    rank-q update, O(m^2 q) as documented: no ``m x m`` factorisation (with q >= 4 it
+    refactorised, O(m^3)); the result is dense SGPR on all the points."""
+    import bo_online.linalg as linalg
+
+    X, Y = _data(n=30, d=3, seed=2)
+    Xs, Ys = _data(n=6, d=3, seed=8)
+    Z = torch.rand(40, 3, generator=torch.Generator().manual_seed(5), dtype=DT)
+    model = _set_hypers(TSVGP(X, Y, inducing_points=Z))
+    model.ensure_caches()
+    factored = []
+    original = linalg.psd_cholesky
+
+    def spy(A, *args, **kwargs):
+        factored.append(A.shape[-1])
+        return original(A, *args, **kwargs)
+
+    monkeypatch.setattr(linalg, "psd_cholesky", spy)
+    model.update(Xs, Ys)
+    assert 40 not in factored
+    Xt = torch.rand(7, 3, dtype=DT, generator=torch.Generator().manual_seed(6))
+    y = model._standardize(torch.cat([Y, Ys])).squeeze(-1)
+    mean, cov, _ = _dense_sgpr(model, torch.cat([X, Xs]), y, Z, Xt, 0.05)
+    m, C = _latent(model, Xt)
+    assert torch.allclose(m, mean, atol=1e-8, rtol=0)
+    assert torch.allclose(C, cov, atol=1e-8, rtol=0)
+
+
 def test_inducing_points_as_one_value_is_a_whole_number_or_a_clear_error():
     """``inducing_points=2.5`` failed as "inducing_points must be m x d, got ()", ``"abc"`` as
     "new(): invalid data type 'str'", and NumPy's ``int64(8)`` (a whole number) took the tensor
