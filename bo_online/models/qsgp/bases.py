@@ -12,10 +12,12 @@ QSGP (Evans & Nair, 2018, arXiv:1812.03010) models ``f(x) = phi(x)^T w`` with a 
 Three dictionaries, as in the paper:
 
 * :class:`RFFBasis` -- random Fourier features for the SE-ARD kernel (Rahimi & Recht), ``S = I``,
-  ``phi_j(x) = sqrt(2 s^2 / m) cos(omega_j^T (x / ell) + b_j)``, ``omega_j ~ N(0, I)``,
-  ``b_j ~ U(0, 2 pi)``. Frequencies and phases are regenerated from ``(seed, j)`` by a counter-based
-  hash every time they are needed (Sec. 4: "we can just save the random seeds"), so memory is
-  independent of ``m`` and any column subset costs ``O(|idx| d)`` to produce.
+  ``phi_j(x) = sqrt(2 s^2 / m) cos(omega_j^T (x / ell) + b_j)``: by default (``sampling="qmc"``)
+  columns ``2p`` and ``2p + 1`` are the cosine and sine (``b = 0``, ``-pi / 2``) of one frequency
+  ``omega_p``, quasi-random normal; with ``sampling="random"`` the paper's ``omega_j ~ N(0, I)``,
+  ``b_j ~ U(0, 2 pi)``. Frequencies and phases are regenerated from ``(seed, j)`` every time they
+  are needed (Sec. 4: "we can just save the random seeds"), so memory is independent of ``m`` and
+  any column subset costs ``O(|idx| d)`` to produce.
 * :class:`InducingBasis` -- inducing points at the training inputs: ``Phi = K(X, Z)``,
   ``S = K(Z, Z)`` (App. G / I.2), fixed hyperparameters; the implied prior on the training inputs
   is the exact GP.
@@ -151,11 +153,12 @@ class RFFBasis(QSGPBasis):
         kernel: a ``ScaleKernel(RBFKernel(ard_num_dims=d))`` holding the lengthscales and the
             outputscale (GPyTorch's parameterisation, constraints and priors); default a fresh one.
         seed: integer seed; frequencies and phases are a deterministic function of it.
-        sampling: ``"qmc"`` (default): column j's frequency and phase come from the j-th point
-            of a randomly shifted Kronecker sequence in ``d + 1`` dimensions (Roberts' R-sequence,
-            ``frac(shift + j alpha)``, ``alpha_k = phi^-k`` with ``phi^(d+2) = phi + 1``), the
-            frequencies through the normal inverse CDF; ``"random"``: independent hashed draws
-            (Box-Muller), the Rahimi & Recht estimator. Both are a pure function of ``(seed,
+        sampling: ``"qmc"`` (default): columns ``2p`` and ``2p + 1`` are the cosine and the sine
+            of frequency ``p``, the p-th point of a randomly shifted Kronecker sequence in ``d``
+            dimensions (Roberts' R-sequence, ``frac(shift + (p + 1) alpha)``, ``alpha_k = phi^-k``
+            with ``phi^(d+1) = phi + 1``) through the normal inverse CDF; ``"random"``:
+            independent hashed draws of frequency (Box-Muller) and phase per column, the Rahimi
+            & Recht estimator. Both are a pure function of ``(seed,
             j)``. Quasi-Monte Carlo features approximate the kernel with an error that falls
             faster than ``m^-1/2`` in low dimension (Yang, Sindhwani, Avron & Mahoney, "Quasi-Monte
             Carlo Feature Maps for Shift-Invariant Kernels", 2014, arXiv:1412.8293), which a BO
@@ -193,8 +196,11 @@ class RFFBasis(QSGPBasis):
     def frequencies(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         r"""Standard-normal frequencies (``|idx| x d``) and phases (``|idx|``) of columns idx.
 
-        One hashed draw of ``2d + 1`` uniforms per column (Box-Muller for the frequencies). The
-        last result is kept, so the data rows and the control-variate rows of one SGD step share
+        ``"qmc"``: column ``j`` takes point ``j // 2`` of the shifted Kronecker sequence
+        (:func:`kronecker_uniform`) through the normal inverse CDF and phase ``0`` (even ``j``,
+        cosine) or ``-pi / 2`` (odd ``j``, sine); ``"random"``: one hashed draw of ``2d + 1``
+        uniforms per column (Box-Muller for the frequency, a uniform phase). The last result is
+        kept, so the data rows and the control-variate rows of one SGD step share
         a single generation, and a model's posterior calls (the same block index tensors every
         time) share one (not one generated under inference mode outside it)."""
         cached = self._freq_cache
