@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -343,12 +344,11 @@ def main() -> None:
     med = {}
     for label in procs:
         for k, v in samples[label].items():
-            s = sorted(v)
-            med[(label, k)] = s[len(s) // 2]
+            med[(label, k)] = statistics.median(v)  # of an even count: the mean of the middle two
             scale, unit = (1.0, "") if ("/" in k or k == "rel_err") else (1e3, " ms")
             print(
-                f"  {label} {k:>14}: median {s[len(s) // 2] * scale:10.4g}{unit}  "
-                f"[{s[0] * scale:.4g}, {s[-1] * scale:.4g}]"
+                f"  {label} {k:>14}: median {med[(label, k)] * scale:10.4g}{unit}  "
+                f"[{min(v) * scale:.4g}, {max(v) * scale:.4g}]"
             )
     if len(procs) == 2:
         for k in samples["A"]:

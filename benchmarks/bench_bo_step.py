@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import time
 import warnings
 
@@ -138,7 +139,7 @@ def run(args) -> dict:
             row = {"n": n, "method": m}
             for p in PARTS:
                 v = samples[(m, p)]
-                row[p] = Timing(sorted(v)[len(v) // 2], min(v), max(v), len(v)) if v else None
+                row[p] = Timing(statistics.median(v), min(v), max(v), len(v)) if v else None
             results["rows"].append(row)
             if any((m, p) in over for p in PARTS) and m in active:
                 active.remove(m)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -103,7 +104,7 @@ def main() -> int:
     total = time.perf_counter() - t_start
     rmse = [r["rmse"] for r in records]
     steps = [r["time_step"] for r in records[1:]]
-    acq = sorted(r["time_acquisition"] for r in records[1:])
+    acq = [r["time_acquisition"] for r in records[1:]]
     checks = {
         "completed": records[-1]["step"] == args.steps,
         "rmse_falls": rmse[-1] < rmse[0],
@@ -118,7 +119,7 @@ def main() -> int:
         },
         "rmse": rmse,
         "time_step": steps,
-        "median_time_acquisition": acq[len(acq) // 2] if acq else None,
+        "median_time_acquisition": statistics.median(acq) if acq else None,
         "total_wall_s": total,
         "checks": checks,
     }

@@ -3,7 +3,9 @@ not run at larger n, and an unavailable device is refused before anything runs."
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import sys
 
 import pytest
@@ -41,3 +43,23 @@ def test_cuda_without_a_device_is_refused(tmp_path, monkeypatch, capsys):
         _bench().main()
     assert e.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_even_number_of_repetitions_reports_the_mean_of_the_middle_two(monkeypatch):
+    r"""The median of 4 repetitions is the mean of the middle two (it was the upper one)."""
+    bench = _bench()
+    times = {"fit": [9.0, 4.0, 1.0, 3.0, 2.0], "acquisition": [9.0, 0.5, 0.25, 0.75, 1.5]}
+    times["update"] = [9.0, 8.0, 6.0, 7.0, 5.0]
+    calls = {p: iter(v) for p, v in times.items()}  # the first of each: the untimed warm-up
+
+    monkeypatch.setattr(bench, "_build", lambda *args: None)
+    monkeypatch.setattr(
+        bench, "_parts", lambda *args: {p: (lambda p=p: next(calls[p])) for p in bench.PARTS}
+    )
+    args = argparse.Namespace(
+        ns=[20], methods=["exact"], reps=4, budget_s=1e9, device="cpu", fit_max_iter=1
+    )
+    (row,) = bench.run(args)["rows"]
+    for p, v in times.items():
+        assert row[p].median == statistics.median(v[1:])
+        assert (row[p].min, row[p].max, row[p].reps) == (min(v[1:]), max(v[1:]), 4)

@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -236,3 +237,37 @@ def test_tsvgp_bound_script_times_two_equal_bounds(tmp_path, capsys):
     assert len(times["one-pass"]) == len(times["two-pass"]) == 1
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ": fit " in ln]
     assert len(lines) == 2 and lines[0].split("test ")[1] == lines[1].split("test ")[1]
+
+
+# ab_compare.py ------------------------------------------------------------------------------------
+
+
+class _FakeWorker:
+    r"""A worker process of ``ab_compare.py``: "ready", then one JSON line of timings per "go"."""
+
+    def __init__(self, samples: list[dict[str, float]]) -> None:
+        lines = ["ready\n", *(json.dumps(s) + "\n" for s in samples)]
+        self.stdout = SimpleNamespace(readline=iter(lines).__next__)
+        self.stdin = SimpleNamespace(
+            write=lambda text: None, flush=lambda: None, close=lambda: None
+        )
+
+    def wait(self) -> int:
+        return 0
+
+
+def test_ab_compare_median_of_an_even_number_of_repetitions(monkeypatch, capsys):
+    # The median of 4 repetitions is the mean of the middle two (it printed the upper one), and
+    # the A / B ratio divides those medians.
+    module = load_benchmark("ab_compare")
+    times = {"A": [0.004, 0.001, 0.003, 0.002], "B": [0.010, 0.050, 0.020, 0.060]}
+    workers = iter(_FakeWorker([{"update": t} for t in times[k]]) for k in ("A", "B"))
+    monkeypatch.setattr(module.subprocess, "Popen", lambda *args, **kwargs: next(workers))
+    argv = ["ab_compare.py", "--a", "old", "--b", "new", "--task", "update", "--reps", "4"]
+    monkeypatch.setattr(sys, "argv", argv)
+    module.main()
+    out = capsys.readouterr().out
+    median = {k: statistics.median(v) for k, v in times.items()}  # 0.0025 and 0.035 s
+    for k in ("A", "B"):
+        assert f"  {k}         update: median {1e3 * median[k]:10.4g} ms" in out
+    assert f"update: A / B = {median['A'] / median['B']:.2f}" in out  # 0.07 (was 0.06)
