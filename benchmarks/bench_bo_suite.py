@@ -24,7 +24,8 @@ a ratio to the BoTorch reference of the same process and seed (median over seeds
 ``--merge`` only reads the result files at ``--steps`` (by default the runs' most common
 length: a longer run is read at its first ``--steps`` steps, a shorter one is left out and
 listed, as are the (function, method, seed) with no result file), prints the table and the target
-checks (PASS/FAIL), writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
+checks (PASS/FAIL; the exit status is 1 when one fails, as after a run, which merges at its end),
+writes ``summary_q{q}.json`` and one regret-vs-evaluations plot per function;
 ``--merge-from DIR`` also reads an earlier run's folder for the results ``--out`` lacks (a rerun of
 some methods after a change, with its own BoTorch reference, merged with the methods it left
 alone; each time ratio still divides by the reference of its own process).
@@ -663,5 +664,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
 
 
+def exit_status(summary: dict[str, Any]) -> int:
+    """1 when a target check failed (an N/A, too few paired seeds to judge, is no failure),
+    else 0."""
+    return int(any(check["pass"] is False for check in summary["checks"]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(exit_status(main(sys.argv[1:])))

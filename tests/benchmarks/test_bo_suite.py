@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import runpy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -561,3 +564,29 @@ def test_merge_summary_is_strict_json_where_a_standard_error_does_not_exist(tmp_
     saved = json.loads((tmp_path / "summary_q1.json").read_text(), parse_constant=refuse)
     exact = saved["table"]["branin"]["exact"]
     assert exact["mean"] == pytest.approx(0.5) and exact["se"] is None
+
+
+def test_the_script_exits_with_status_1_when_a_target_check_fails(tmp_path, monkeypatch, capsys):
+    """docs/results.md: a script exits with status 1 when its check fails; the suite's --merge
+    printed FAIL and exited with 0. A check that cannot be judged (N/A) is no failure."""
+    bench = _bench()
+
+    def status(seeds: int) -> int:
+        argv = ["bench_bo_suite.py", "--functions", "branin", "--methods", "botorch,exact"]
+        argv += ["--seeds", str(seeds), "--out", str(tmp_path), "--merge", "--no-plot"]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(Path(bench.__file__)), run_name="__main__")
+        return e.value.code
+
+    for s in range(3):  # exact worse than botorch by 1.0 +- 0.1 on every seed: FAIL
+        _write_result(bench, tmp_path, "branin", "botorch", s, 1.0 + 0.1 * s)
+        _write_result(bench, tmp_path, "branin", "exact", s, 2.0 + 0.2 * s)
+    assert status(3) == 1
+    assert "FAIL  exact not worse than botorch by > 2 SE on branin" in capsys.readouterr().out
+    assert status(1) == 0  # one seed: N/A
+    assert "N/A   exact not worse than botorch" in capsys.readouterr().out
+    for s in range(3):  # the same values: PASS
+        _write_result(bench, tmp_path, "branin", "exact", s, 1.0 + 0.1 * s)
+    assert status(3) == 0
+    assert "PASS  exact not worse than botorch" in capsys.readouterr().out
