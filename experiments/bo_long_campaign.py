@@ -435,18 +435,28 @@ def plot(functions: dict[str, Any], out: Path) -> list[Path]:
             wall = torch.tensor([s["wall_time"][:L] for s in seeds]).mean(0)
             mean = vals.mean(0)
             steps = torch.arange(L)
-            (line,) = axes[0].plot(steps, mean, label=LABELS[m])
+            label = f"{LABELS[m]} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
+            (line,) = axes[0].plot(steps, mean, label=label)
             # the spread over seeds: min to max (a mean +- 2 sd band crosses zero on a log scale)
             axes[0].fill_between(
                 steps, vals.min(0).values, vals.max(0).values, color=line.get_color(), alpha=0.15
             )
-            axes[1].plot(wall, mean, label=LABELS[m])
+            axes[1].plot(wall, mean, label=label)
         sob = [s["regret"][-1] if use_regret else s["best_final"] for s in f["sobol"].values()]
-        axes[0].axhline(sum(sob) / len(sob), color="k", ls=":", label="Sobol (final)")
-        ylabel = "simple regret (mean over seeds)" if use_regret else "best noiseless value"
+        axes[0].axhline(
+            sum(sob) / len(sob), color="k", ls=":", label=f"Sobol (final, {len(sob)} seeds)"
+        )
+        # lower is better on both: the functions are minimised
+        what = "simple regret" if use_regret else "best noiseless value"
+        ylabel = f"{what} (mean over seeds; band: min-max)"
         yscale = "log" if use_regret else "linear"
         axes[0].set(xlabel="step", ylabel=ylabel, yscale=yscale, title=f"{fn} (3-D)")
-        axes[1].set(xlabel="cumulative wall time (s)", xscale="log", ylabel=ylabel, yscale=yscale)
+        axes[1].set(
+            xlabel="cumulative wall time (s, mean over seeds)",
+            xscale="log",
+            ylabel=f"{what} (mean over seeds)",
+            yscale=yscale,
+        )
         axes[0].legend(fontsize=7)
         # time per step vs n, stacked fit / acquisition / update, for WISKI and the exact GP.
         styles = {"time_fit": "fit", "time_acquisition": "acquisition", "time_update": "update"}

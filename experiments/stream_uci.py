@@ -319,14 +319,20 @@ def merge(args: argparse.Namespace) -> dict:
             ns = np.array([c[0] for c in online[0]["curve"][:length]])
             colour = f"C{i}"
             entry: dict[str, Any] = {"trials": len(online)}
-            for ax, col, label in ((axes[0], 2, "test NLL"), (axes[1], 1, f"test {metric[5:]}")):
+            regression = rows[0]["task"] != "classification"
+            units = " (standardised targets)" if regression else ""
+            labels = (f"test NLL{units}", f"test RMSE{units}" if regression else "test accuracy")
+            for ax, col, label in ((axes[0], 2, labels[0]), (axes[1], 1, labels[1])):
                 vals = np.array([[c[col] for c in r["curve"][:length]] for r in online], float)
                 mean, se = _mean_se(vals)
-                ax.plot(ns, mean, color=colour, label=f"{model} (online)")
+                trials = f"{len(online)} trial{'s' if len(online) > 1 else ''}"
+                ax.plot(ns, mean, color=colour, label=f"{model} (online, {trials})")
                 ax.fill_between(ns, mean - 2 * se, mean + 2 * se, color=colour, alpha=0.2)
                 if hind:
                     h = float(np.mean([r["curve"][-1][col] for r in hind]))
-                    ax.axhline(h, color=colour, linestyle=":", label=f"{model} (hindsight)")
+                    trials = f"{len(hind)} trial{'s' if len(hind) > 1 else ''}"
+                    hlabel = f"{model} (hindsight, {trials})"
+                    ax.axhline(h, color=colour, linestyle=":", label=hlabel)
                     entry[f"hindsight_{'nll' if col == 2 else metric[5:]}"] = h
                 ax.set_xlabel("points seen")
                 ax.set_ylabel(label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib.figure
 import pytest
 import torch
 from script_modules import load_experiment
@@ -289,3 +290,26 @@ def test_a_continued_run_moves_to_the_device_given(campaign, tmp_path):
     campaign.main([*args, "--steps", "3"])
     assert device() == "cpu:0"
     assert [r["step"] for r in read_records(run / "records.jsonl")] == [0, 1, 2, 3]
+
+
+def test_the_plot_says_how_many_seeds_its_means_are_over(campaign, tmp_path, monkeypatch):
+    """The legend named the methods but not how many seeds each mean is over (a run stopped by
+    its budget, or not run yet, leaves fewer), nor what the band around the mean is."""
+    shown = []
+
+    def savefig(fig, *args, **kwargs) -> None:
+        ax = fig.axes[0]
+        shown.append(([t.get_text() for t in ax.get_legend().get_texts()], ax.get_ylabel()))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    recs = [
+        {"step": i, "n": 5 + 3 * i, "best_true_value": 1.0 - 0.1 * i, "regret": 1.0 - 0.1 * i}
+        | {"wall_time": float(i), "time_fit": 0.1, "time_acquisition": 0.2, "time_update": 0.01}
+        for i in range(3)
+    ]
+    runs = {"levy": {"wiski": {0: recs, 1: recs, 2: recs}, "exact": {0: recs}}}
+    summary = campaign.summarise(runs, target_steps=2)
+    campaign.plot(summary["functions"], tmp_path)
+    ((legend, ylabel),) = shown
+    assert legend == ["WISKI (3 seeds)", "OnlineExactGP (1 seed)", "Sobol (final, 3 seeds)"]
+    assert ylabel == "simple regret (mean over seeds; band: min-max)"

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import matplotlib.figure
 import numpy as np
 import pytest
 from script_modules import load_experiment
@@ -246,3 +247,28 @@ def test_merge_names_the_jobs_of_a_part_that_has_not_run(tmp_path, capsys):
         {"set": "elevators", "model": m, "trial": t, "kind": k} for m, t, k in expected
     ]
     assert "missing, no result file: elevators exact hindsight trial 0; " in said
+
+
+def test_merge_plot_says_how_many_trials_and_in_what_units(tmp_path, monkeypatch):
+    """The legend named the models but not how many trials each mean (and its 2-SE band) is
+    over, and the axes did not say the targets are standardised."""
+    module = _load_experiment()
+    shown = []
+
+    def savefig(fig, *args, **kwargs) -> None:
+        legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        shown.append((legend, [ax.get_ylabel() for ax in fig.axes]))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    rows = [
+        _result("tsvgp", "online", 0, [1.2, 0.9]),
+        _result("tsvgp", "online", 1, [1.1, 0.9]),
+        _result("tsvgp", "hindsight", 0, [0.5]),
+        _result("wiski", "online", 0, [1.0, 0.8]),
+    ]
+    _merge_rows(module, tmp_path, rows)
+    ((legend, ylabels),) = shown
+    assert legend == ["tsvgp (online, 2 trials)", "tsvgp (hindsight, 1 trial)"] + [
+        "wiski (online, 1 trial)"
+    ]
+    assert ylabels == ["test NLL (standardised targets)", "test RMSE (standardised targets)"]
