@@ -191,8 +191,8 @@ class TSVGPFitMixin:
         self.ensure_caches()
 
     def _restandardize(self) -> None:
-        r"""Re-standardise on all held targets (``(m x) n``), per output."""
-        self._change_outcome_scaling(*standardization(self.train_targets))
+        r"""Re-standardise on all held targets (``(m x) n``, the base data's), per output."""
+        self._change_outcome_scaling(*standardization(self._user_units(self.train_y)))
 
     def _rescale_to_outcome_scaling(self, old_mean: Tensor, old_std: Tensor, ratio: Tensor) -> None:
         r"""The held targets and per-point noise (the ``(m x) n`` prefixes of ``_y`` and

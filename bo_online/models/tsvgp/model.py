@@ -334,12 +334,21 @@ class TSVGP(
 
     @property
     def train_inputs(self) -> tuple[Tensor]:
-        return (self.train_X,)
+        r"""``(X,)``: the held inputs, ``n x d``; a conditioned model's with the points it added
+        (``batch x (n + q) x d``), as BoTorch's conditioned and fantasy models have them."""
+        if self._cX is None:
+            return (self.train_X,)
+        X = self.train_X.expand(*self._cX.shape[:-2], *self.train_X.shape[-2:])
+        return (torch.cat([X, self._cX], dim=-2),)
 
     @property
     def train_targets(self) -> Tensor:
-        """Training targets in the user's units (``n``)."""
-        return self._user_units(self.train_y)
+        r"""Training targets in the user's units: ``(m x) n``; a conditioned model's with the
+        ones it added (``batch x (m x) (n + q)``, its fantasy samples among the batch dims)."""
+        if self._cy is None:
+            return self._user_units(self.train_y)
+        y = self.train_y.expand(*self._cy.shape[:-1], self.train_y.shape[-1])
+        return self._user_units(torch.cat([y, self._cy], dim=-1))
 
     def hyperparameters(self):
         r"""Kernel, mean and inducing points; the likelihood's parameters only for a Gaussian

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from botorch.models import SingleTaskGP
 from botorch.sampling.normal import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
@@ -933,3 +934,34 @@ def test_the_sobol_fill_of_the_inducing_inputs_repeats_no_data_point():
     # with an unrelated design the fill is the sequence from its start, as before
     Y = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     assert torch.equal(select_inducing_points(Y, kernel, 30)[10:], sobol[:20])
+
+
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_conditioned_model_holds_the_added_points_as_botorch_conditioned_models_do(outputs):
+    r"""``train_inputs`` / ``train_targets`` of a conditioned (and twice conditioned) t-SVGP equal
+    those of BoTorch's ``SingleTaskGP`` conditioned on the same points, batch and sample dims
+    included; they held only the base data before."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(15, 2, generator=g, dtype=DT)
+    Y = torch.sin(5 * X[:, :1]) + torch.arange(outputs, dtype=DT)
+    X1 = torch.rand(3, 2, 2, generator=g, dtype=DT)  # batch 3, q = 2
+    Y1 = torch.randn(4, 3, 2, outputs, generator=g, dtype=DT)  # 4 samples
+    X2 = torch.rand(3, 1, 2, generator=g, dtype=DT)
+    Y2 = torch.randn(4, 3, 1, outputs, generator=g, dtype=DT)
+    models = []
+    for model in (TSVGP(X, Y, inducing_points=8), SingleTaskGP(X, Y, outcome_transform=None)):
+        model.eval()
+        model.posterior(X1)  # BoTorch's conditioning needs a prediction cache
+        once = model.condition_on_observations(X1, Y1)
+        models.append((once, once.condition_on_observations(X2, Y2)))
+    for ours, reference in zip(*models):
+        X_ref = reference.train_inputs[0]
+        if outputs > 1:  # BoTorch repeats the inputs per output (batch dim -3); t-SVGP shares them
+            assert bool((X_ref == X_ref[..., :1, :, :]).all())
+            X_ref = X_ref[..., 0, :, :]
+        assert ours.train_inputs[0].shape == X_ref.shape
+        torch.testing.assert_close(ours.train_inputs[0], X_ref, rtol=0, atol=0)
+        # the targets make one round trip through the outcome scaling
+        torch.testing.assert_close(
+            ours.train_targets, reference.train_targets, rtol=1e-12, atol=1e-14
+        )
