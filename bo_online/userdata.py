@@ -902,7 +902,7 @@ def _inputs(
             for j in cols
             if j not in table.problems
             and table.data.shape[0] > 1
-            and float(np.ptp(table.data[:, j])) == 0.0
+            and table.data[:, j].max() == table.data[:, j].min()  # no ptp: it overflows
         ]
         varying = [j for j in cols if j not in constant]
         if constant and varying:

@@ -22,8 +22,9 @@ then every new point is folded in with ``update`` followed by one optimisation s
 current values (``refit_every = 1``, ``fit_max_iter = 1``, ``refit_from = "current"``: no
 rebuild from the defaults, and WISKI's projection is fitted jointly with its kernel from the
 current map, as in the paper). Test NLL and RMSE are recorded every ``--eval-every``
-points. The hindsight model of each method is the same model built on all training rows of the
-stream and fitted (``--hindsight-iters``); it is drawn as a dotted line.
+points and at the stream's end. The hindsight model of each method is the same model built on
+all training rows of the stream but the last (a stream loop streams at least one) and fitted
+(``--hindsight-iters``); it is drawn as a dotted line.
 
 Fig. 4: banana (2-D, 400 training / 4,900 test rows), binary classification: the WISKI Dirichlet
 classifier and t-SVGP with a Bernoulli likelihood, online (same schedule) and in hindsight; test

@@ -101,7 +101,10 @@ def stream(
     n_init: Annotated[int, typer.Option(help="Stream points the surrogate starts from.")] = 100,
     eval_every: Annotated[
         int,
-        typer.Option(help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps."),
+        typer.Option(
+            help="Test RMSE/NLL (classification: accuracy/NLL) every this many steps and at "
+            "the stream's last step."
+        ),
     ] = 50,
     seed: SeedOpt = 0,
     refit_every: Annotated[

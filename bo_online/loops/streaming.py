@@ -61,7 +61,7 @@ class StreamingLoop(OnlineLoop):
     Args:
         problem: the stream and its test set.
         eval_every: record the test metrics (RMSE/NLL, or accuracy/NLL) every this many steps
-            (and at step 0).
+            (and at step 0 and at the stream's last step).
         n_init: stream points the surrogate starts from.
         refit_every: the refit schedule (default ``"auto"``, :meth:`_refit_due`: whenever the
             data have grown by 50 points or 10% since the last fit, whichever is more) or an
@@ -180,11 +180,14 @@ class StreamingLoop(OnlineLoop):
         return f"prequential RMSE {math.sqrt(self.sq_err_sum / self.num_predicted):.4g}"
 
     def _test_metrics(self) -> dict[str, Any]:
-        # Only on the eval_every grid (not "at the end"): records must not depend on how many
-        # steps a run was asked for, or a run extended by resume would differ from a long one.
+        # On the eval_every grid and at the stream's last step, not at the end of a run: records
+        # must not depend on how many steps a run was asked for, or a run extended by resume
+        # would differ from a long one. The stream's last step is the same for every run, and
+        # without it the final metrics could miss up to eval_every - 1 points of the stream.
         # ``time_test``: the scoring's own time, outside the step's (it is the run's
         # measurement, not the loop's work), so the summary can account for elapsed time.
         due = self.step_count % self.config["eval_every"] == 0
+        due = due or self.step_count == self.default_steps()
         first = "test_accuracy" if self.classify else "test_rmse"
         if not due:
             return {first: None, "test_nll": None, "time_test": 0.0}

@@ -3,6 +3,7 @@ rows left, so every row is predicted and learned (the last 1 to q - 1 were dropp
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bo_online.loops import StreamingLoop
@@ -33,3 +34,19 @@ def test_the_last_step_takes_the_rows_left_and_the_model_holds_them_all():
     assert U.shape[0] == 27
     assert torch.equal(loop.model.train_X, loop.U_stream)
     torch.testing.assert_close(loop.model.train_targets.reshape(-1), y.reshape(-1))
+
+
+def test_the_streams_last_step_records_the_test_metrics_off_the_eval_grid():
+    r"""A stream whose last step (6) is off the ``eval_every`` grid (4) still records the test
+    metrics there, of the model that has learnt every row: its test RMSE equals the RMSE of that
+    model's predictive mean (mapped back to the targets' units) computed by hand."""
+    problem = _problem(27)
+    loop = StreamingLoop(problem, model="exact", n_init=5, q=4, eval_every=4, quiet=True)
+    records = loop.run()
+    assert [r["test_rmse"] is not None for r in records] == [s in (0, 4, 6) for s in range(7)]
+    with torch.no_grad():
+        mean = loop.model.posterior(loop.U_test).mean.reshape(-1)
+    mean = mean * loop.target_scale + loop.target_shift
+    rmse = float((mean - problem.y_test).pow(2).mean().sqrt())
+    assert records[-1]["n"] == 27
+    assert records[-1]["test_rmse"] == pytest.approx(rmse, rel=1e-6)
